@@ -1,0 +1,683 @@
+"""Kafka's RecordBatch v2 (magic 2): the one codec for the wire and the disk.
+
+Layout of a batch (all integers big-endian)::
+
+    offset  size  field
+         0     8  base_offset              assigned by the broker on append
+         8     4  batch_length             bytes after this field
+        12     4  partition_leader_epoch   assigned by the broker on append
+        16     1  magic                    always 2
+        17     4  crc                      CRC-32C (Castagnoli) of bytes 21..end
+        21     2  attributes               see the masks below
+        23     4  last_offset_delta
+        27     8  base_timestamp           (the delete horizon when that bit is set)
+        35     8  max_timestamp
+        43     8  producer_id
+        51     2  producer_epoch
+        53     4  base_sequence
+        57     4  record_count
+        61     -  records (compressed as one block when a codec is set)
+
+Because the CRC starts at ``attributes``, the broker assigns offsets and the
+leader epoch by patching bytes 0..15 in place; the CRC stays valid and the
+records are never decoded on the append path.
+
+A record::
+
+    length: varint            bytes after this field
+    attributes: int8          unused, 0
+    timestamp_delta: varlong  from base_timestamp
+    offset_delta: varint      from base_offset
+    key_length: varint        -1 for a null key
+    key: bytes
+    value_length: varint      -1 for a null value (a tombstone)
+    value: bytes
+    header_count: varint
+    headers: (key_length varint, key utf-8, value_length varint, value bytes)*
+
+A control record (in a batch with the control bit) has key = (version int16,
+type int16: 0 ABORT, 1 COMMIT) and value = (version int16, coordinator_epoch
+int32).
+
+Damaged bytes raise ``CorruptRecordError`` saying what is wrong and where
+(offset, position, expected and actual CRC); nothing deeper (IndexError,
+struct.error) escapes.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from typing import Iterable, Iterator, Sequence
+
+import attrs
+import crcmod.predefined
+
+from protocol.compression import Compression, codec_from_id, compress, decompress
+
+__all__ = [
+    "BATCH_HEADER_SIZE",
+    "LOG_OVERHEAD",
+    "MAGIC",
+    "BatchHeader",
+    "Compression",
+    "ControlRecord",
+    "ControlType",
+    "CorruptRecordError",
+    "Header",
+    "Record",
+    "RecordBatch",
+    "TimestampType",
+    "compute_crc",
+    "decode_batch",
+    "decode_control_record",
+    "encode_batch",
+    "encode_control_batch",
+    "iter_batches",
+    "read_batch_header",
+    "set_base_offset",
+]
+
+crc32c = crcmod.predefined.mkCrcFun("crc-32c")
+
+BATCH_HEADER = struct.Struct(
+    ">"
+    "q"  # base_offset
+    "i"  # batch_length
+    "i"  # partition_leader_epoch
+    "b"  # magic
+    "I"  # crc
+    "h"  # attributes
+    "i"  # last_offset_delta
+    "q"  # base_timestamp
+    "q"  # max_timestamp
+    "q"  # producer_id
+    "h"  # producer_epoch
+    "i"  # base_sequence
+    "i"  # record_count
+)
+BATCH_HEADER_SIZE = BATCH_HEADER.size  # 61
+LOG_OVERHEAD = struct.calcsize(">qi")  # base_offset + batch_length = 12
+MAGIC = 2
+
+BASE_OFFSET_AND_LENGTH = struct.Struct(">qi")
+BASE_OFFSET = struct.Struct(">q")
+PARTITION_LEADER_EPOCH_OFFSET = struct.calcsize(">qi")  # 12
+MAGIC_OFFSET = struct.calcsize(">qii")  # 16
+CRC_OFFSET = struct.calcsize(">qiib")  # 17
+ATTRIBUTES_OFFSET = struct.calcsize(">qiibI")  # 21
+MAX_TIMESTAMP_OFFSET = struct.calcsize(">qiibIhiq")  # 35
+# The smallest possible batch_length: the header after the length field, no records.
+MIN_BATCH_LENGTH = BATCH_HEADER_SIZE - LOG_OVERHEAD  # 49
+
+COMPRESSION_MASK = 0x07
+TIMESTAMP_TYPE_MASK = 0x08
+TRANSACTIONAL_MASK = 0x10
+CONTROL_MASK = 0x20
+DELETE_HORIZON_MASK = 0x40
+
+NO_PRODUCER_ID = -1
+NO_PRODUCER_EPOCH = -1
+NO_SEQUENCE = -1
+NO_PARTITION_LEADER_EPOCH = -1
+
+_INT16 = struct.Struct(">h")
+_INT32 = struct.Struct(">i")
+_CONTROL_KEY = struct.Struct(">hh")
+_CONTROL_VALUE = struct.Struct(">hi")
+
+
+class TimestampType(enum.IntEnum):
+    CREATE_TIME = 0
+    LOG_APPEND_TIME = 1
+
+
+class ControlType(enum.IntEnum):
+    ABORT = 0
+    COMMIT = 1
+
+
+class CorruptRecordError(ValueError):
+    """Bytes that are not a valid RecordBatch v2, with what and where."""
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        offset: int | None = None,
+        position: int | None = None,
+        expected_crc: int | None = None,
+        actual_crc: int | None = None,
+    ):
+        self.reason = reason
+        self.offset = offset
+        self.position = position
+        self.expected_crc = expected_crc
+        self.actual_crc = actual_crc
+        where = []
+        if offset is not None:
+            where.append(f"base offset {offset}")
+        if position is not None:
+            where.append(f"position {position}")
+        message = reason if not where else f"{reason} (batch at {', '.join(where)})"
+        if expected_crc is not None:
+            message += f": expected crc {expected_crc:#010x}, computed {actual_crc:#010x}"
+        super().__init__(message)
+
+
+# ---------------------------------------------------------------------------
+# varints
+
+
+def zigzag_encode(value: int) -> int:
+    return (value << 1) ^ (value >> 63)
+
+
+def write_varint(out: bytearray, value: int) -> None:
+    """Append a zigzag varint (Kafka's signed varint and varlong)."""
+    value = (value << 1) ^ (value >> 63)
+    value &= 0xFFFFFFFFFFFFFFFF
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+
+
+def read_varint(buf, position: int) -> tuple[int, int]:
+    """Read a zigzag varint at ``position``; return (value, next position).
+
+    Raises IndexError at the end of ``buf`` and ValueError for an overlong
+    encoding; callers turn both into CorruptRecordError with context.
+    """
+    shift = 0
+    raw = 0
+    while True:
+        byte = buf[position]
+        position += 1
+        raw |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            break
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint longer than 10 bytes")
+    return (raw >> 1) ^ -(raw & 1), position
+
+
+def varint_size(value: int) -> int:
+    value = ((value << 1) ^ (value >> 63)) & 0xFFFFFFFFFFFFFFFF
+    size = 1
+    while value > 0x7F:
+        value >>= 7
+        size += 1
+    return size
+
+
+# ---------------------------------------------------------------------------
+# values
+
+
+@attrs.frozen
+class BatchHeader:
+    """The 61 fixed bytes at the front of every batch."""
+
+    base_offset: int
+    batch_length: int
+    partition_leader_epoch: int
+    magic: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    base_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    record_count: int
+
+    @classmethod
+    def parse(cls, buf, position: int = 0) -> "BatchHeader":
+        """Parse the header at ``position`` (checks length and magic, not the CRC)."""
+        if position < 0 or len(buf) - position < BATCH_HEADER_SIZE:
+            available = max(0, len(buf) - position)
+            raise CorruptRecordError(
+                f"truncated: batch header needs {BATCH_HEADER_SIZE} bytes, {available} left",
+                offset=_peek_base_offset(buf, position),
+                position=position,
+            )
+        header = cls(*BATCH_HEADER.unpack_from(buf, position))
+        if header.magic != MAGIC:
+            raise CorruptRecordError(
+                f"unsupported magic {header.magic} (only RecordBatch v2, magic 2, is supported)",
+                offset=header.base_offset,
+                position=position,
+            )
+        return header
+
+    @property
+    def size(self) -> int:
+        """Bytes the whole batch takes, headers included."""
+        return self.batch_length + LOG_OVERHEAD
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta + 1
+
+    @property
+    def compression(self) -> int:
+        return self.attributes & COMPRESSION_MASK
+
+    @property
+    def timestamp_type(self) -> TimestampType:
+        return TimestampType((self.attributes & TIMESTAMP_TYPE_MASK) >> 3)
+
+    @property
+    def is_transactional(self) -> bool:
+        return bool(self.attributes & TRANSACTIONAL_MASK)
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.attributes & CONTROL_MASK)
+
+    @property
+    def has_delete_horizon(self) -> bool:
+        return bool(self.attributes & DELETE_HORIZON_MASK)
+
+    @property
+    def delete_horizon_ms(self) -> int | None:
+        return self.base_timestamp if self.has_delete_horizon else None
+
+    @property
+    def last_sequence(self) -> int:
+        if self.base_sequence == NO_SEQUENCE:
+            return NO_SEQUENCE
+        # Sequences wrap at int32 max, as Kafka's DefaultRecordBatch does.
+        return (self.base_sequence + self.last_offset_delta) % (2**31)
+
+
+@attrs.frozen
+class Header:
+    key: str
+    value: bytes | None
+
+
+@attrs.frozen
+class Record:
+    """A decoded record with its absolute offset and timestamp."""
+
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[Header, ...] = ()
+    attributes: int = 0
+
+
+@attrs.frozen
+class RecordBatch:
+    header: BatchHeader
+    records: tuple[Record, ...]
+
+    def __iter__(self):
+        return iter(self.records)
+
+    def __len__(self):
+        return len(self.records)
+
+
+@attrs.frozen
+class ControlRecord:
+    type: ControlType
+    version: int
+    coordinator_epoch: int
+
+
+# ---------------------------------------------------------------------------
+# validation and in-place patching
+
+
+def _peek_base_offset(buf, position: int) -> int | None:
+    if 0 <= position and len(buf) - position >= 8:
+        return BASE_OFFSET.unpack_from(buf, position)[0]
+    return None
+
+
+def compute_crc(buf, position: int, header: BatchHeader) -> int:
+    start = position + ATTRIBUTES_OFFSET
+    return crc32c(memoryview(buf)[start : position + header.size])
+
+
+def read_batch_header(buf, position: int = 0, *, verify_crc: bool = True) -> BatchHeader:
+    """Validate the whole batch at ``position`` and return its header.
+
+    Checks that the batch is complete, its length is sane, the magic is 2, the
+    record count is not negative and (unless told not to) the CRC matches.
+    """
+    available = len(buf) - position
+    if available < LOG_OVERHEAD:
+        raise CorruptRecordError(
+            f"truncated: {available} bytes left, a batch needs at least {BATCH_HEADER_SIZE}",
+            offset=_peek_base_offset(buf, position),
+            position=position,
+        )
+    base_offset, batch_length = BASE_OFFSET_AND_LENGTH.unpack_from(buf, position)
+    if batch_length < MIN_BATCH_LENGTH:
+        raise CorruptRecordError(
+            f"batch length {batch_length} is below the minimum {MIN_BATCH_LENGTH}",
+            offset=base_offset,
+            position=position,
+        )
+    if batch_length + LOG_OVERHEAD > available:
+        raise CorruptRecordError(
+            f"truncated: batch needs {batch_length + LOG_OVERHEAD} bytes, {available} left",
+            offset=base_offset,
+            position=position,
+        )
+    header = BatchHeader.parse(buf, position)
+    if header.record_count < 0:
+        raise CorruptRecordError(
+            f"negative record count {header.record_count}", offset=base_offset, position=position
+        )
+    if header.last_offset_delta < 0:
+        raise CorruptRecordError(
+            f"negative last offset delta {header.last_offset_delta}",
+            offset=base_offset,
+            position=position,
+        )
+    if verify_crc:
+        actual = compute_crc(buf, position, header)
+        if actual != header.crc:
+            raise CorruptRecordError(
+                "crc mismatch",
+                offset=base_offset,
+                position=position,
+                expected_crc=header.crc,
+                actual_crc=actual,
+            )
+    return header
+
+
+def iter_batches(buf, *, verify_crc: bool = True, start: int = 0) -> Iterator[tuple[int, BatchHeader]]:
+    """Yield (position, header) for each consecutive batch in ``buf``.
+
+    Raises CorruptRecordError at the first damaged or partial batch, after
+    yielding every good one before it.
+    """
+    position = start
+    end = len(buf)
+    while position < end:
+        header = read_batch_header(buf, position, verify_crc=verify_crc)
+        yield position, header
+        position += header.size
+
+
+def set_base_offset(buf, position: int, base_offset: int, partition_leader_epoch: int | None = None) -> None:
+    """Patch a batch's base offset (and leader epoch) in place; the CRC stays valid."""
+    BASE_OFFSET.pack_into(buf, position, base_offset)
+    if partition_leader_epoch is not None:
+        _INT32.pack_into(buf, position + PARTITION_LEADER_EPOCH_OFFSET, partition_leader_epoch)
+
+
+def set_max_timestamp_and_type(buf, position: int, header: BatchHeader, timestamp: int) -> None:
+    """Stamp LogAppendTime on a batch (this changes the CRC, so it is recomputed)."""
+    attributes = (header.attributes & ~TIMESTAMP_TYPE_MASK) | TIMESTAMP_TYPE_MASK
+    _INT16.pack_into(buf, position + ATTRIBUTES_OFFSET, attributes)
+    struct.pack_into(">q", buf, position + MAX_TIMESTAMP_OFFSET, timestamp)
+    header = attrs.evolve(header, attributes=attributes, max_timestamp=timestamp)
+    struct.pack_into(">I", buf, position + CRC_OFFSET, compute_crc(buf, position, header))
+
+
+# ---------------------------------------------------------------------------
+# encoding
+
+
+def _encode_record(
+    out: bytearray,
+    offset_delta: int,
+    timestamp_delta: int,
+    key: bytes | None,
+    value: bytes | None,
+    headers: Sequence,
+) -> None:
+    body = bytearray(b"\x00")  # attributes
+    write_varint(body, timestamp_delta)
+    write_varint(body, offset_delta)
+    if key is None:
+        write_varint(body, -1)
+    else:
+        write_varint(body, len(key))
+        body += key
+    if value is None:
+        write_varint(body, -1)
+    else:
+        write_varint(body, len(value))
+        body += value
+    write_varint(body, len(headers))
+    for header in headers:
+        header_key, header_value = (header.key, header.value) if isinstance(header, Header) else header
+        encoded_key = header_key.encode("utf-8")
+        write_varint(body, len(encoded_key))
+        body += encoded_key
+        if header_value is None:
+            write_varint(body, -1)
+        else:
+            write_varint(body, len(header_value))
+            body += header_value
+    write_varint(out, len(body))
+    out += body
+
+
+def encode_batch(
+    records: Iterable,
+    *,
+    base_offset: int = 0,
+    producer_id: int = NO_PRODUCER_ID,
+    producer_epoch: int = NO_PRODUCER_EPOCH,
+    base_sequence: int = NO_SEQUENCE,
+    is_transactional: bool = False,
+    is_control: bool = False,
+    compression: Compression | int = Compression.NONE,
+    timestamp_type: TimestampType = TimestampType.CREATE_TIME,
+    partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
+    delete_horizon_ms: int | None = None,
+    base_timestamp: int | None = None,
+) -> bytes:
+    """Encode one batch.
+
+    ``records`` holds ``Record`` objects (their offsets are absolute: the
+    deltas are taken from ``base_offset``) or ``(key, value, headers,
+    timestamp)`` tuples (offsets are consecutive from ``base_offset``).
+    """
+    normalized: list[tuple[int, int, bytes | None, bytes | None, Sequence]] = []
+    for index, item in enumerate(records):
+        if isinstance(item, Record):
+            normalized.append((item.offset - base_offset, item.timestamp, item.key, item.value, item.headers))
+        else:
+            key, value, headers, timestamp = item
+            normalized.append((index, timestamp, key, value, headers or ()))
+    if not normalized and not is_control:
+        raise ValueError("a record batch needs at least one record")
+    timestamps = [entry[1] for entry in normalized]
+    if delete_horizon_ms is not None:
+        first_timestamp = delete_horizon_ms
+    elif base_timestamp is not None:
+        first_timestamp = base_timestamp
+    else:
+        first_timestamp = timestamps[0] if timestamps else 0
+    max_timestamp = max(timestamps) if timestamps else first_timestamp
+    last_offset_delta = max((entry[0] for entry in normalized), default=0)
+
+    body = bytearray()
+    for offset_delta, timestamp, key, value, headers in normalized:
+        _encode_record(body, offset_delta, timestamp - first_timestamp, key, value, headers)
+    codec = Compression(compression)
+    if codec != Compression.NONE:
+        body = compress(codec, bytes(body))
+
+    attributes = codec | (timestamp_type << 3)
+    if is_transactional:
+        attributes |= TRANSACTIONAL_MASK
+    if is_control:
+        attributes |= CONTROL_MASK
+    if delete_horizon_ms is not None:
+        attributes |= DELETE_HORIZON_MASK
+
+    out = bytearray(BATCH_HEADER_SIZE)
+    out += body
+    BATCH_HEADER.pack_into(
+        out,
+        0,
+        base_offset,
+        len(out) - LOG_OVERHEAD,
+        partition_leader_epoch,
+        MAGIC,
+        0,  # crc, written last
+        attributes,
+        last_offset_delta,
+        first_timestamp,
+        max_timestamp,
+        producer_id,
+        producer_epoch,
+        base_sequence,
+        len(normalized),
+    )
+    struct.pack_into(">I", out, CRC_OFFSET, crc32c(memoryview(out)[ATTRIBUTES_OFFSET:]))
+    return bytes(out)
+
+
+def encode_control_batch(
+    control_type: ControlType,
+    *,
+    producer_id: int,
+    producer_epoch: int,
+    coordinator_epoch: int,
+    timestamp: int,
+    base_offset: int = 0,
+    partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
+) -> bytes:
+    """A transaction marker: one control record in a transactional control batch."""
+    key = _CONTROL_KEY.pack(0, control_type)
+    value = _CONTROL_VALUE.pack(0, coordinator_epoch)
+    return encode_batch(
+        [(key, value, (), timestamp)],
+        base_offset=base_offset,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        is_transactional=True,
+        is_control=True,
+        partition_leader_epoch=partition_leader_epoch,
+    )
+
+
+# ---------------------------------------------------------------------------
+# decoding
+
+
+def _decode_records(data, header: BatchHeader, position: int) -> tuple[Record, ...]:
+    records = []
+    cursor = 0
+    end = len(data)
+    base_offset = header.base_offset
+    base_timestamp = header.base_timestamp
+    for index in range(header.record_count):
+        where = f"record {index} at byte {cursor} of the records section"
+        try:
+            length, cursor = read_varint(data, cursor)
+            record_end = cursor + length
+            if length < 0 or record_end > end:
+                raise CorruptRecordError(
+                    f"{where}: length {length} overruns the batch", offset=base_offset, position=position
+                )
+            attributes = data[cursor]
+            cursor += 1
+            timestamp_delta, cursor = read_varint(data, cursor)
+            offset_delta, cursor = read_varint(data, cursor)
+            key_length, cursor = read_varint(data, cursor)
+            key, cursor = _read_nullable_bytes(data, cursor, key_length, record_end, where, "key")
+            value_length, cursor = read_varint(data, cursor)
+            value, cursor = _read_nullable_bytes(data, cursor, value_length, record_end, where, "value")
+            header_count, cursor = read_varint(data, cursor)
+            if header_count < 0 or header_count > record_end - cursor:
+                raise ValueError(f"header count {header_count} is impossible")
+            headers = []
+            for _ in range(header_count):
+                header_key_length, cursor = read_varint(data, cursor)
+                if header_key_length < 0:
+                    raise ValueError("header key is null")
+                header_key, cursor = _read_nullable_bytes(
+                    data, cursor, header_key_length, record_end, where, "header key"
+                )
+                header_value_length, cursor = read_varint(data, cursor)
+                header_value, cursor = _read_nullable_bytes(
+                    data, cursor, header_value_length, record_end, where, "header value"
+                )
+                headers.append(Header(header_key.decode("utf-8"), header_value))
+            if cursor != record_end:
+                raise ValueError(f"record fields end at byte {cursor}, its length says {record_end}")
+        except CorruptRecordError:
+            raise
+        except (IndexError, ValueError, UnicodeDecodeError) as exc:
+            raise CorruptRecordError(f"{where}: {exc}", offset=base_offset, position=position) from None
+        records.append(
+            Record(
+                offset=base_offset + offset_delta,
+                timestamp=base_timestamp + timestamp_delta,
+                key=key,
+                value=value,
+                headers=tuple(headers),
+                attributes=attributes,
+            )
+        )
+    if cursor != end:
+        raise CorruptRecordError(
+            f"{end - cursor} bytes left after the {header.record_count} records the header declares",
+            offset=base_offset,
+            position=position,
+        )
+    return tuple(records)
+
+
+def _read_nullable_bytes(data, cursor: int, length: int, limit: int, where: str, what: str):
+    if length == -1:
+        return None, cursor
+    if length < -1 or cursor + length > limit:
+        raise ValueError(f"{what} length {length} overruns the record")
+    return bytes(data[cursor : cursor + length]), cursor + length
+
+
+def decode_batch(buf, position: int = 0, *, verify_crc: bool = True) -> RecordBatch:
+    """Decode and validate the batch at ``position``, records included."""
+    header = read_batch_header(buf, position, verify_crc=verify_crc)
+    body = memoryview(buf)[position + BATCH_HEADER_SIZE : position + header.size]
+    try:
+        codec = codec_from_id(header.compression)
+    except Exception as exc:
+        raise CorruptRecordError(str(exc), offset=header.base_offset, position=position) from None
+    if codec != Compression.NONE:
+        try:
+            body = decompress(codec, body)
+        except ValueError as exc:
+            raise CorruptRecordError(str(exc), offset=header.base_offset, position=position) from None
+    return RecordBatch(header, _decode_records(body, header, position))
+
+
+def decode_batches(buf, *, verify_crc: bool = True) -> list[RecordBatch]:
+    return [decode_batch(buf, position, verify_crc=verify_crc) for position, _ in iter_batches(buf, verify_crc=verify_crc)]
+
+
+def decode_control_record(record: Record) -> ControlRecord:
+    """Read a COMMIT/ABORT marker's key and value."""
+    if record.key is None or len(record.key) < _CONTROL_KEY.size:
+        raise CorruptRecordError(f"control record at offset {record.offset} has a short key")
+    version, control_type = _CONTROL_KEY.unpack_from(record.key)
+    try:
+        kind = ControlType(control_type)
+    except ValueError:
+        raise CorruptRecordError(f"unknown control record type {control_type} at offset {record.offset}") from None
+    if record.value is None or len(record.value) < _CONTROL_VALUE.size:
+        raise CorruptRecordError(f"control record at offset {record.offset} has a short value")
+    _value_version, coordinator_epoch = _CONTROL_VALUE.unpack_from(record.value)
+    return ControlRecord(type=kind, version=version, coordinator_epoch=coordinator_epoch)
