@@ -1,0 +1,225 @@
+"""The broker process's composition: data directory, logs, handlers, listener.
+
+``Broker`` wires the rooms together and owns start-up and shutdown order:
+
+1. lock the data directory (one broker per directory) and check its identity;
+2. open every partition log (crash recovery runs here);
+3. bind the listener; only now is the broker "ready" (``start()`` returns);
+
+and on ``stop()`` the reverse: stop accepting, close connections, flush and
+close the logs (which writes their clean-shutdown markers), release the lock.
+
+``EmbeddedBroker`` runs the same broker on its own thread and event loop on an
+ephemeral port, for tests, examples and the demo.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import os
+import threading
+
+from broker.apis import SUPPORTED_APIS, KafkaApis
+from broker.config import BrokerConfig
+from broker.replica import ReplicaManager
+from broker.server import KafkaServer
+from broker.storage_adapter import log_config_defaults, open_partition_log, validate_log_properties
+
+log = logging.getLogger(__name__)
+
+
+class DataDirError(Exception):
+    """The data directory cannot be used (locked by another broker, unwritable, foreign)."""
+
+
+class Broker:
+    def __init__(self, config: BrokerConfig):
+        self.config = config.with_data_dir(config.data_dir)
+        self.replicas: ReplicaManager | None = None
+        self.apis: KafkaApis | None = None
+        self.server: KafkaServer | None = None
+        self._lock_file = None
+        self.port: int | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.config.host}:{self.port}"
+
+    async def start(self) -> None:
+        """Recover the logs and listen. Raises DataDirError or OSError (bind) on failure."""
+        data_dir = self.config.data_dir
+        try:
+            os.makedirs(data_dir, exist_ok=True)
+            self._lock_data_dir(data_dir)
+        except OSError as error:
+            raise DataDirError(f"cannot use data directory {data_dir}: {error.strerror or error}") from None
+        try:
+            from broker.metadata import MetadataStore
+
+            cluster_id = MetadataStore(data_dir).ensure_layout(self.config.node_id, self.config.cluster_id)
+            self.replicas = ReplicaManager(
+                data_dir,
+                self.config.log_defaults,
+                open_log=open_partition_log,
+                validate_config=validate_log_properties,
+            )
+            self.replicas.load()
+        except ValueError as error:
+            self._unlock()
+            raise DataDirError(str(error)) from None
+        except OSError as error:
+            self._unlock()
+            raise DataDirError(f"cannot use data directory {data_dir}: {error}") from None
+
+        self.server = KafkaServer(
+            self._dispatch,
+            host=self.config.host,
+            port=self.config.port,
+            max_frame_size=self.config.socket_request_max_bytes,
+            max_inflight_per_connection=self.config.max_inflight_requests_per_connection,
+            on_unsupported=self._answer_unsupported,
+        )
+        try:
+            self.port = await self.server.start()
+        except OSError:
+            self.replicas.close()
+            self._unlock()
+            raise
+        host, port = self.config.advertised
+        self.apis = KafkaApis(
+            config=self.config,
+            replicas=self.replicas,
+            cluster_id=cluster_id,
+            advertised=(host, self.config.advertised_port or self.port),
+            log_config_defaults=log_config_defaults(),
+        )
+        log.info("onceflow broker ready on %s:%d (data in %s)", self.config.host, self.port, data_dir)
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            await self.server.stop()
+            self.server = None
+        if self.replicas is not None:
+            self.replicas.close()
+            self.replicas = None
+        self._unlock()
+
+    async def _dispatch(self, request):
+        return await self.apis.dispatch(request)
+
+    def _answer_unsupported(self, error) -> bytes | None:
+        """Kafka answers an ApiVersions request of a version it does not know
+        with a v0 response carrying UNSUPPORTED_VERSION and its ranges, so the
+        client can retry with a version both sides know. Anything else unknown
+        closes the connection (returning None)."""
+        from protocol.errors import ErrorCode
+        from protocol.framing import encode_api_versions_fallback
+
+        if error.api_key != 18 or self.apis is None:
+            return None
+        return encode_api_versions_fallback(error.correlation_id, self.apis.api_versions_body(ErrorCode.UNSUPPORTED_VERSION))
+
+    def _lock_data_dir(self, data_dir: str) -> None:
+        path = os.path.join(data_dir, ".lock")
+        handle = open(path, "a+")
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.close()
+            raise DataDirError(f"data directory {data_dir} is in use by another broker (.lock is held)") from None
+        self._lock_file = handle
+
+    def _unlock(self) -> None:
+        if self._lock_file is not None:
+            try:
+                fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_UN)
+            finally:
+                self._lock_file.close()
+                self._lock_file = None
+
+
+class EmbeddedBroker:
+    """A broker on its own thread and event loop, for tests and examples.
+
+    >>> with EmbeddedBroker(data_dir) as broker:
+    ...     producer = confluent_kafka.Producer({"bootstrap.servers": broker.bootstrap})
+    """
+
+    def __init__(self, data_dir: str, *, port: int = 0, **config_fields):
+        properties = config_fields.pop("properties", {})
+        self.config = BrokerConfig.from_properties(properties, data_dir=data_dir, port=port, **config_fields)
+        self.broker: Broker | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stopped: asyncio.Event | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return self.broker.bootstrap
+
+    @property
+    def port(self) -> int:
+        return self.broker.port
+
+    def start(self) -> "EmbeddedBroker":
+        ready = threading.Event()
+        failure: list[BaseException] = []
+
+        def run():
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            asyncio.set_event_loop(loop)
+            try:
+                loop.run_until_complete(self._main(ready, failure))
+            finally:
+                loop.close()
+
+        self._thread = threading.Thread(target=run, name="onceflow-broker", daemon=True)
+        self._thread.start()
+        ready.wait()
+        if failure:
+            self._thread.join()
+            raise failure[0]
+        return self
+
+    async def _main(self, ready: threading.Event, failure: list) -> None:
+        self._stopped = asyncio.Event()
+        self.broker = Broker(self.config)
+        try:
+            await self.broker.start()
+        except BaseException as error:
+            failure.append(error)
+            ready.set()
+            return
+        ready.set()
+        try:
+            await self._stopped.wait()
+        finally:
+            await self.broker.stop()
+
+    def call(self, function, *args):
+        """Run ``function(broker, *args)`` on the broker's loop and return its result."""
+        async def invoke():
+            result = function(self.broker, *args)
+            if asyncio.iscoroutine(result):
+                result = await result
+            return result
+
+        return asyncio.run_coroutine_threadsafe(invoke(), self._loop).result()
+
+    def stop(self) -> None:
+        if self._loop is not None and self._thread is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stopped.set)
+            self._thread.join()
+        self._thread = None
+
+    def __enter__(self) -> "EmbeddedBroker":
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+
+__all__ = ["Broker", "DataDirError", "EmbeddedBroker", "SUPPORTED_APIS"]

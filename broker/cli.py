@@ -1,0 +1,113 @@
+"""The ``onceflow`` command line.
+
+    onceflow broker [--data-dir DIR] [--listen HOST:PORT] [--config KEY=VALUE ...]
+    onceflow dump-log FILE... [--print-data-log]
+    onceflow demo [--records N] [--seed S] [--keep-data DIR]
+
+Each subcommand is a thin shell over a library function; exit status 0 means
+success, 1 a failed check or damaged input, 2 a usage or start-up error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from broker.config import DEFAULT_DATA_DIR, DEFAULT_HOST, DEFAULT_PORT, BrokerConfig
+
+
+def _parse_listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"--listen wants HOST:PORT, not {text!r}")
+    return host or DEFAULT_HOST, int(port)
+
+
+def _parse_property(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"--config wants KEY=VALUE, not {text!r}")
+    return key.strip(), value.strip()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="onceflow", description="exactly-once streaming on a Kafka-protocol log")
+    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    broker = commands.add_parser("broker", help="run a broker")
+    broker.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help=f"where the logs live (default {DEFAULT_DATA_DIR})")
+    broker.add_argument("--listen", type=_parse_listen, default=(DEFAULT_HOST, DEFAULT_PORT), help=f"HOST:PORT (default {DEFAULT_HOST}:{DEFAULT_PORT})")
+    broker.add_argument("--advertise", type=_parse_listen, default=None, help="HOST:PORT put in metadata (default: --listen)")
+    broker.add_argument("--config", type=_parse_property, action="append", default=[], metavar="KEY=VALUE", help="a broker or default topic setting, Kafka's names (repeatable)")
+
+    dump = commands.add_parser("dump-log", help="print segment files like Kafka's DumpLogSegments")
+    dump.add_argument("files", nargs="+")
+    dump.add_argument("--print-data-log", action="store_true", help="print every record too")
+
+    demo = commands.add_parser("demo", help="the main job: see onceflow work end to end")
+    demo.add_argument("--records", type=int, default=20_000)
+    demo.add_argument("--seed", type=int, default=None)
+    demo.add_argument("--keep-data", default=None, metavar="DIR", help="keep the data directory here")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    if args.command == "broker":
+        return run_broker(args)
+    if args.command == "dump-log":
+        from broker.dump_log import dump
+
+        return dump(args.files, print_data_log=args.print_data_log)
+    if args.command == "demo":
+        from broker.demo import run_demo
+
+        return run_demo(records=args.records, seed=args.seed, keep_data=args.keep_data)
+    return 2
+
+
+def run_broker(args) -> int:
+    from broker.broker import Broker, DataDirError
+
+    host, port = args.listen
+    fields = {"data_dir": args.data_dir, "host": host, "port": port}
+    if args.advertise:
+        fields["advertised_host"], fields["advertised_port"] = args.advertise
+    try:
+        config = BrokerConfig.from_properties(dict(args.config), **fields)
+    except (ValueError, TypeError) as error:
+        print(f"onceflow broker: bad configuration: {error}", file=sys.stderr)
+        return 2
+
+    async def serve() -> int:
+        broker = Broker(config)
+        try:
+            await broker.start()
+        except DataDirError as error:
+            print(f"onceflow broker: {error}", file=sys.stderr)
+            return 2
+        except OSError as error:
+            print(f"onceflow broker: cannot listen on {host}:{port}: {error.strerror or error}", file=sys.stderr)
+            return 2
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        print(f"onceflow broker ready on {config.host}:{broker.port}", flush=True)
+        try:
+            await stop.wait()
+        finally:
+            await broker.stop()
+            logging.getLogger("onceflow").info("broker stopped cleanly")
+        return 0
+
+    return asyncio.run(serve())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

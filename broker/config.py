@@ -1,0 +1,88 @@
+"""Broker configuration: one attrs value with Kafka's property names.
+
+``BrokerConfig.from_properties({...})`` takes Kafka-style dotted names (as a
+``server.properties`` file or ``--config key=value`` flags give them); every
+other room receives the typed fields, never the raw dictionary.
+"""
+
+from __future__ import annotations
+
+import os
+
+import attrs
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 9092
+DEFAULT_DATA_DIR = "./onceflow-data"
+
+_INT_SETTINGS = {
+    "node.id": "node_id",
+    "num.partitions": "num_partitions",
+    "socket.request.max.bytes": "socket_request_max_bytes",
+    "connections.max.inflight.requests": "max_inflight_requests_per_connection",
+    "fetch.max.bytes": "fetch_max_bytes",
+    "message.max.bytes": "message_max_bytes",
+}
+_BOOL_SETTINGS = {"auto.create.topics.enable": "auto_create_topics"}
+
+
+def _parse_bool(name: str, value) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes", "on"):
+        return True
+    if text in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(f"{name} must be true or false, not {value!r}")
+
+
+@attrs.frozen
+class BrokerConfig:
+    data_dir: str = DEFAULT_DATA_DIR
+    host: str = DEFAULT_HOST
+    port: int = attrs.field(default=DEFAULT_PORT, validator=attrs.validators.and_(attrs.validators.ge(0), attrs.validators.le(65535)))
+    # Host and port put in Metadata responses; defaults to what we bind.
+    advertised_host: str | None = None
+    advertised_port: int | None = None
+    node_id: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    cluster_id: str | None = None
+    auto_create_topics: bool = True
+    num_partitions: int = attrs.field(default=1, validator=attrs.validators.ge(1))
+    socket_request_max_bytes: int = attrs.field(default=100 * 1024 * 1024, validator=attrs.validators.ge(1024))
+    max_inflight_requests_per_connection: int = attrs.field(default=64, validator=attrs.validators.ge(1))
+    fetch_max_bytes: int = attrs.field(default=55 * 1024 * 1024, validator=attrs.validators.ge(1024))
+    message_max_bytes: int = attrs.field(default=1024 * 1024 + 12, validator=attrs.validators.ge(64))
+    # Defaults for topic (log) settings, in Kafka's names: segment.bytes, flush.policy, ...
+    log_defaults: dict = attrs.field(factory=dict)
+
+    @property
+    def advertised(self) -> tuple[str, int]:
+        return (self.advertised_host or self.host, self.advertised_port or self.port)
+
+    @classmethod
+    def from_properties(cls, properties: dict, **fields) -> "BrokerConfig":
+        """Build from Kafka-style names; unknown names that are topic settings go to log_defaults."""
+        values = dict(fields)
+        log_defaults = dict(values.pop("log_defaults", {}) or {})
+        for name, raw in properties.items():
+            if name in _INT_SETTINGS:
+                try:
+                    values[_INT_SETTINGS[name]] = int(raw)
+                except ValueError:
+                    raise ValueError(f"{name} must be an integer, not {raw!r}") from None
+            elif name in _BOOL_SETTINGS:
+                values[_BOOL_SETTINGS[name]] = _parse_bool(name, raw)
+            elif name == "log.dirs" or name == "log.dir":
+                values["data_dir"] = str(raw)
+            elif name == "cluster.id":
+                values["cluster_id"] = str(raw)
+            elif name.startswith("log."):
+                # Broker-level topic defaults: log.segment.bytes -> segment.bytes
+                log_defaults[name[len("log.") :]] = raw
+            else:
+                log_defaults[name] = raw
+        return cls(log_defaults=log_defaults, **values)
+
+    def with_data_dir(self, data_dir: str) -> "BrokerConfig":
+        return attrs.evolve(self, data_dir=os.path.abspath(data_dir))

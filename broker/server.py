@@ -1,0 +1,177 @@
+"""The network edge: an asyncio TCP listener that feeds frames to the request
+handlers and writes their responses back, in order, per connection.
+
+Each connection owns one ``asyncio.TaskGroup``: a reader that turns bytes
+into requests (through the sans-I/O ``protocol.framing.ServerConnection``),
+one task per request so that a long-polling Fetch or a Produce waiting for its
+fsync does not hold up decoding, and a writer that sends the responses in the
+order the requests arrived (Kafka clients pipeline and match by order as well
+as by correlation id). The number of requests in flight per connection is
+bounded, so a client that never reads its responses stops being read from
+instead of growing our memory.
+
+No peer input crashes the process: a frame that cannot be decoded closes that
+connection (logged), an unsupported ApiVersions version is answered with
+UNSUPPORTED_VERSION as Kafka does, and an exception inside a handler is logged
+and closes only that connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Awaitable, Callable
+
+from protocol import framing
+from protocol.errors import MalformedFrameError
+
+log = logging.getLogger(__name__)
+
+# A handler gets the decoded request and returns the response body (a dict),
+# or None when no response is due (Produce with acks=0).
+Handler = Callable[[framing.DecodedRequest], Awaitable[dict | None]]
+
+
+class _CloseConnection(Exception):
+    """Raised inside a connection to end it after what was already answered."""
+
+
+class KafkaServer:
+    """Listens on one address and serves every connection with ``dispatch``."""
+
+    def __init__(
+        self,
+        dispatch: Callable[[framing.DecodedRequest], Awaitable[dict | None]],
+        *,
+        host: str,
+        port: int,
+        max_frame_size: int,
+        max_inflight_per_connection: int = 64,
+        on_unsupported: Callable[[Exception], bytes | None] | None = None,
+    ):
+        self._dispatch = dispatch
+        self._host = host
+        self._port = port
+        self._max_frame_size = max_frame_size
+        self._max_inflight = max_inflight_per_connection
+        self._on_unsupported = on_unsupported
+        self._server: asyncio.base_events.Server | None = None
+        self._connections: set[asyncio.Task] = set()
+        self.bound_port: int | None = None
+
+    async def start(self) -> int:
+        """Bind and listen; a bind failure raises here, to the caller."""
+        self._server = await asyncio.start_server(
+            self._accept, self._host, self._port, reuse_address=True, limit=1 << 20
+        )
+        self.bound_port = self._server.sockets[0].getsockname()[1]
+        return self.bound_port
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._connections):
+            task.cancel()
+        if self._connections:
+            await asyncio.gather(*self._connections, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        self._connections.add(task)
+        peer = writer.get_extra_info("peername")
+        try:
+            await self._serve(reader, writer, peer)
+        except asyncio.CancelledError:
+            pass
+        except Exception:  # a bug on our side: log it, lose only this connection
+            log.exception("connection from %s failed", peer)
+        finally:
+            self._connections.discard(task)
+            writer.close()
+            try:
+                await writer.wait_closed()
+            except (OSError, asyncio.CancelledError):
+                pass
+
+    async def _serve(self, reader, writer, peer) -> None:
+        connection = framing.ServerConnection(max_frame_size=self._max_frame_size)
+        pending: asyncio.Queue = asyncio.Queue(maxsize=self._max_inflight)
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                writer_task = tasks.create_task(self._write_responses(connection, pending, writer, peer))
+                try:
+                    await self._read_requests(connection, reader, pending, tasks, peer)
+                finally:
+                    # Let the writer finish what was already accepted, then stop it.
+                    if not writer_task.done():
+                        await pending.put(None)
+        except* _CloseConnection:
+            pass
+        except* (ConnectionError, OSError):
+            pass
+
+    async def _read_requests(self, connection, reader, pending, tasks, peer) -> None:
+        while True:
+            try:
+                data = await reader.read(256 * 1024)
+            except (ConnectionError, OSError):
+                return
+            if not data:
+                return
+            try:
+                connection.receive_data(data)
+                while True:
+                    try:
+                        request = connection.next_request()
+                    except framing.UnsupportedRequestError as error:
+                        answer = self._on_unsupported(error) if self._on_unsupported else None
+                        if answer is None:
+                            log.warning("closing connection from %s: %s", peer, error)
+                            raise _CloseConnection() from None
+                        await pending.put(_ready(answer))
+                        continue
+                    if request is None:
+                        break
+                    await pending.put(tasks.create_task(self._answer(connection, request, peer)))
+            except MalformedFrameError as error:
+                log.warning("closing connection from %s: malformed request: %s", peer, error)
+                # Answer what came before the bad frame, then close.
+                return
+
+    async def _answer(self, connection, request, peer) -> bytes | None:
+        try:
+            body = await self._dispatch(request)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception(
+                "handler for api %s v%s (correlation %s) from %s failed; closing the connection",
+                request.api_key,
+                request.api_version,
+                request.correlation_id,
+                peer,
+            )
+            raise _CloseConnection() from None
+        if body is None:
+            return None
+        return connection.encode_response(request, body)
+
+    async def _write_responses(self, connection, pending, writer, peer) -> None:
+        while True:
+            item = await pending.get()
+            if item is None:
+                return
+            frame = await item
+            if frame is None:
+                continue
+            writer.write(frame)
+            await writer.drain()
+
+
+def _ready(frame: bytes) -> asyncio.Future:
+    future = asyncio.get_running_loop().create_future()
+    future.set_result(frame)
+    return future
