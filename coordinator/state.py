@@ -1,0 +1,90 @@
+"""The transaction state machine: every state, every event, one table.
+
+Two rules, in the manner of h11's state module:
+
+- Everything that decides whether a transactional id may move from one state
+  to another lives here, in ``TRANSITIONS``. A (state, event) pair missing
+  from the table is illegal and ``transition()`` raises ``InvalidTransition``;
+  the coordinator maps that to the error code a client expects.
+- This module knows nothing of logs, sockets or clocks: the coordinator asks
+  it for the next state, writes that state to ``__transaction_state``, and
+  only then applies it (write-then-apply is the durability rule).
+
+States and their numbers in ``TransactionLogValue.TransactionStatus`` are
+Kafka's.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class TxnState(enum.IntEnum):
+    EMPTY = 0
+    ONGOING = 1
+    PREPARE_COMMIT = 2
+    PREPARE_ABORT = 3
+    COMPLETE_COMMIT = 4
+    COMPLETE_ABORT = 5
+    DEAD = 6
+    PREPARE_EPOCH_FENCE = 7
+
+    @property
+    def is_prepare(self) -> bool:
+        return self in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT)
+
+    @property
+    def is_complete(self) -> bool:
+        return self in (TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT)
+
+
+class TxnEvent(enum.Enum):
+    INIT_PRODUCER_ID = "InitProducerId"  # a (re)started producer: bump epoch, start clean
+    ADD_PARTITIONS = "AddPartitionsToTxn"  # also AddOffsetsToTxn (adds the offsets partition)
+    COMMIT = "EndTxn(commit)"
+    ABORT = "EndTxn(abort)"
+    MARKERS_WRITTEN = "markers written"  # every partition has its COMMIT/ABORT marker
+    FENCE = "fence"  # InitProducerId or timeout finds the transaction Ongoing
+    EXPIRE = "expire"  # transactional.id.expiration.ms without use
+
+
+S, E = TxnState, TxnEvent
+
+# (current state, event) -> next state. Nothing else is allowed.
+TRANSITIONS: dict[tuple[TxnState, TxnEvent], TxnState] = {
+    (S.EMPTY, E.INIT_PRODUCER_ID): S.EMPTY,
+    (S.COMPLETE_COMMIT, E.INIT_PRODUCER_ID): S.EMPTY,
+    (S.COMPLETE_ABORT, E.INIT_PRODUCER_ID): S.EMPTY,
+    (S.EMPTY, E.ADD_PARTITIONS): S.ONGOING,
+    (S.ONGOING, E.ADD_PARTITIONS): S.ONGOING,
+    (S.COMPLETE_COMMIT, E.ADD_PARTITIONS): S.ONGOING,
+    (S.COMPLETE_ABORT, E.ADD_PARTITIONS): S.ONGOING,
+    (S.ONGOING, E.COMMIT): S.PREPARE_COMMIT,
+    (S.ONGOING, E.ABORT): S.PREPARE_ABORT,
+    (S.PREPARE_EPOCH_FENCE, E.ABORT): S.PREPARE_ABORT,
+    (S.ONGOING, E.FENCE): S.PREPARE_EPOCH_FENCE,
+    (S.PREPARE_COMMIT, E.MARKERS_WRITTEN): S.COMPLETE_COMMIT,
+    (S.PREPARE_ABORT, E.MARKERS_WRITTEN): S.COMPLETE_ABORT,
+    (S.EMPTY, E.EXPIRE): S.DEAD,
+    (S.COMPLETE_COMMIT, E.EXPIRE): S.DEAD,
+    (S.COMPLETE_ABORT, E.EXPIRE): S.DEAD,
+}
+
+
+class InvalidTransition(Exception):
+    def __init__(self, state: TxnState, event: TxnEvent):
+        self.state = state
+        self.event = event
+        super().__init__(f"{event.value} is not allowed in state {state.name}")
+
+
+def transition(state: TxnState, event: TxnEvent) -> TxnState:
+    """The state after ``event`` in ``state``; raises InvalidTransition if illegal."""
+    try:
+        return TRANSITIONS[(state, event)]
+    except KeyError:
+        raise InvalidTransition(state, event) from None
+
+
+def allowed_events(state: TxnState) -> set[TxnEvent]:
+    return {event for (source, event) in TRANSITIONS if source == state}

@@ -1,0 +1,166 @@
+"""No peer input crashes the broker or stalls other connections.
+
+Garbage, truncated, oversized and mutated frames are thrown at a running
+broker over real sockets; after each, a well-behaved request on a separate
+connection must still be answered.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+
+def api_versions_v0(correlation_id: int = 7) -> bytes:
+    client_id = b"probe"
+    body = struct.pack(">hhih", 18, 0, correlation_id, len(client_id)) + client_id
+    return struct.pack(">i", len(body)) + body
+
+
+def metadata_v1_all(correlation_id: int = 9) -> bytes:
+    client_id = b"probe"
+    body = struct.pack(">hhih", 3, 1, correlation_id, len(client_id)) + client_id + struct.pack(">i", -1)
+    return struct.pack(">i", len(body)) + body
+
+
+def read_frame(sock: socket.socket, timeout: float = 10.0) -> bytes:
+    sock.settimeout(timeout)
+    header = _read_exactly(sock, 4)
+    (size,) = struct.unpack(">i", header)
+    return _read_exactly(sock, size)
+
+
+def _read_exactly(sock, n):
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError("closed")
+        data += chunk
+    return data
+
+
+def assert_broker_answers(port: int) -> None:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(api_versions_v0(1234))
+        response = read_frame(sock)
+        (correlation_id, error_code) = struct.unpack_from(">ih", response)
+        assert correlation_id == 1234 and error_code == 0
+
+
+def send_and_drain(port: int, payload: bytes, wait: float = 0.2) -> None:
+    """Send ``payload``, then read until the broker answers or closes (or we stop waiting)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        try:
+            sock.sendall(payload)
+            sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            return
+        sock.settimeout(wait)
+        try:
+            while sock.recv(65536):
+                pass
+        except (socket.timeout, OSError):
+            pass
+
+
+@pytest.fixture(scope="module")
+def shared_broker(tmp_path_factory):
+    from broker.broker import EmbeddedBroker
+
+    with EmbeddedBroker(str(tmp_path_factory.mktemp("robust"))) as broker:
+        yield broker
+
+
+def test_api_versions_answered(shared_broker):
+    assert_broker_answers(shared_broker.port)
+
+
+def test_unsupported_api_versions_version_gets_error_35_and_ranges(shared_broker):
+    client_id = b"probe"
+    body = struct.pack(">hhih", 18, 99, 5, len(client_id)) + client_id + b"\x00\x00\x00"
+    with socket.create_connection(("127.0.0.1", shared_broker.port), timeout=10) as sock:
+        sock.sendall(struct.pack(">i", len(body)) + body)
+        response = read_frame(sock)
+    correlation_id, error_code, count = struct.unpack_from(">ihi", response)
+    assert (correlation_id, error_code) == (5, 35)
+    keys = {struct.unpack_from(">hhh", response, 10 + 6 * i)[0] for i in range(count)}
+    assert {0, 1, 2, 3, 18} <= keys
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        struct.pack(">i", -5),
+        struct.pack(">i", 2**31 - 1),
+        struct.pack(">i", 200 * 1024 * 1024) + b"x" * 100,
+        struct.pack(">i", 3) + b"\x00\x00\x00",
+        struct.pack(">i", 8) + struct.pack(">hhi", 999, 0, 1),
+        struct.pack(">i", 10) + struct.pack(">hhih", 3, 1, 1, 500),
+        metadata_v1_all()[:-2],
+        struct.pack(">i", 14) + struct.pack(">hhih", 3, 1, 1, -1) + struct.pack(">i", 2**31 - 1),
+        b"\x00",
+        b"",
+    ],
+    ids=["negative-size", "huge-size", "over-max-frame", "short-header", "unknown-api", "bad-client-id", "truncated-body", "absurd-array", "one-byte", "empty"],
+)
+def test_bad_frames_do_not_hurt_the_broker(shared_broker, payload):
+    send_and_drain(shared_broker.port, payload)
+    assert_broker_answers(shared_broker.port)
+
+
+def test_slow_loris_does_not_stall_others(shared_broker):
+    """A peer that sends half a frame and stalls holds only its own connection."""
+    stalled = socket.create_connection(("127.0.0.1", shared_broker.port), timeout=5)
+    try:
+        stalled.sendall(api_versions_v0()[:6])
+        started = time.monotonic()
+        assert_broker_answers(shared_broker.port)
+        assert time.monotonic() - started < 5
+    finally:
+        stalled.close()
+
+
+def test_pipelined_requests_answered_in_order(shared_broker):
+    with socket.create_connection(("127.0.0.1", shared_broker.port), timeout=10) as sock:
+        sock.sendall(b"".join(api_versions_v0(i) if i % 2 else metadata_v1_all(i) for i in range(20)))
+        ids = [struct.unpack_from(">i", read_frame(sock))[0] for _ in range(20)]
+    assert ids == list(range(20))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    st.one_of(
+        st.binary(max_size=300),
+        st.builds(lambda body: struct.pack(">i", len(body)) + body, st.binary(max_size=300)),
+        st.builds(
+            lambda key, version, tail: (lambda body: struct.pack(">i", len(body)) + body)(
+                struct.pack(">hhih", key, version, 1, 3) + b"abc" + tail
+            ),
+            st.integers(-1, 70),
+            st.integers(-1, 20),
+            st.binary(max_size=200),
+        ),
+    )
+)
+def test_fuzzed_frames(shared_broker, payload):
+    send_and_drain(shared_broker.port, payload, wait=0.05)
+    assert_broker_answers(shared_broker.port)
+
+
+def test_mutated_real_requests(shared_broker):
+    """Every single-byte mutation of a real Metadata request leaves the broker serving."""
+    import random
+
+    rng = random.Random(42)
+    base = bytearray(metadata_v1_all())
+    for position in range(4, len(base)):
+        mutated = bytearray(base)
+        mutated[position] = rng.randrange(256)
+        send_and_drain(shared_broker.port, bytes(mutated), wait=0.05)
+    assert_broker_answers(shared_broker.port)

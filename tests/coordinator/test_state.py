@@ -1,0 +1,50 @@
+"""The transaction state table accepts exactly Kafka's transitions."""
+
+import itertools
+
+import pytest
+
+from coordinator.state import TRANSITIONS, InvalidTransition, TxnEvent, TxnState, transition
+
+
+def test_happy_paths():
+    state = TxnState.EMPTY
+    for event, expected in [
+        (TxnEvent.ADD_PARTITIONS, TxnState.ONGOING),
+        (TxnEvent.ADD_PARTITIONS, TxnState.ONGOING),
+        (TxnEvent.COMMIT, TxnState.PREPARE_COMMIT),
+        (TxnEvent.MARKERS_WRITTEN, TxnState.COMPLETE_COMMIT),
+        (TxnEvent.ADD_PARTITIONS, TxnState.ONGOING),
+        (TxnEvent.ABORT, TxnState.PREPARE_ABORT),
+        (TxnEvent.MARKERS_WRITTEN, TxnState.COMPLETE_ABORT),
+        (TxnEvent.INIT_PRODUCER_ID, TxnState.EMPTY),
+    ]:
+        state = transition(state, event)
+        assert state == expected
+
+
+def test_fencing_path():
+    state = transition(TxnState.ONGOING, TxnEvent.FENCE)
+    assert state == TxnState.PREPARE_EPOCH_FENCE
+    assert transition(state, TxnEvent.ABORT) == TxnState.PREPARE_ABORT
+
+
+@pytest.mark.parametrize("state,event", [
+    (s, e) for s, e in itertools.product(TxnState, TxnEvent) if (s, e) not in TRANSITIONS
+])
+def test_everything_else_is_rejected(state, event):
+    with pytest.raises(InvalidTransition):
+        transition(state, event)
+
+
+def test_a_decision_is_never_reversed():
+    for decided in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT, TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT):
+        for event in (TxnEvent.COMMIT, TxnEvent.ABORT):
+            with pytest.raises(InvalidTransition):
+                transition(decided, event)
+
+
+def test_dead_is_final():
+    for event in TxnEvent:
+        with pytest.raises(InvalidTransition):
+            transition(TxnState.DEAD, event)
