@@ -1,0 +1,380 @@
+"""The transaction coordinator: InitProducerId, AddPartitionsToTxn,
+AddOffsetsToTxn, EndTxn, timeouts and recovery, over injected I/O.
+
+The coordinator decides; three collaborators do the I/O and are passed in
+(so tests drive it with fakes and the fault harness with broken ones):
+
+- ``txn_log.write(metadata)``: append the transactional id's next metadata to
+  its ``__transaction_state`` partition and return once it is durable
+  (raising if it could not be written);
+- ``markers.write(metadata, commit)``: append a COMMIT/ABORT control batch to
+  every partition of the transaction (data partitions and
+  ``__consumer_offsets``) and return once all are durable;
+- ``producer_ids.allocate()``: a producer id never handed out before, even
+  across crashes.
+
+The durability rule is "write, then apply": the next metadata is computed
+(``TxnMetadata`` is frozen), written, and only then put in ``self.txns``. The
+commit decision (PrepareCommit/PrepareAbort) is durable before any marker is
+written, and Complete is written only after every marker is; after a crash,
+``recover()`` finishes every transaction found in a Prepare state.
+
+Only one state change per transactional id is in flight at a time; a request
+that arrives meanwhile gets CONCURRENT_TRANSACTIONS (retriable), as in Kafka.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Awaitable, Callable, Iterable, Protocol
+
+import attrs
+
+from coordinator.metadata import MAX_PRODUCER_EPOCH, NO_PRODUCER_EPOCH, NO_PRODUCER_ID, TopicPartition, TxnMetadata
+from coordinator.state import InvalidTransition, TxnState
+from protocol.errors import ErrorCode
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TRANSACTION_MAX_TIMEOUT_MS = 15 * 60 * 1000
+DEFAULT_TRANSACTIONAL_ID_EXPIRATION_MS = 7 * 24 * 3600 * 1000
+DEFAULT_ABORT_TIMED_OUT_INTERVAL_MS = 10_000
+
+
+class TxnLog(Protocol):
+    async def write(self, metadata: TxnMetadata) -> None: ...
+
+    async def tombstone(self, transactional_id: str) -> None: ...
+
+
+class MarkerWriter(Protocol):
+    async def write(self, metadata: TxnMetadata, commit: bool) -> None: ...
+
+
+class ProducerIdSource(Protocol):
+    def allocate(self) -> int: ...
+
+
+@attrs.frozen
+class InitResult:
+    error: ErrorCode
+    producer_id: int = NO_PRODUCER_ID
+    producer_epoch: int = NO_PRODUCER_EPOCH
+
+
+@attrs.frozen
+class CoordinatorSettings:
+    transaction_max_timeout_ms: int = DEFAULT_TRANSACTION_MAX_TIMEOUT_MS
+    transactional_id_expiration_ms: int = DEFAULT_TRANSACTIONAL_ID_EXPIRATION_MS
+    abort_timed_out_interval_ms: int = DEFAULT_ABORT_TIMED_OUT_INTERVAL_MS
+
+
+class TransactionCoordinator:
+    def __init__(
+        self,
+        *,
+        txn_log: TxnLog,
+        markers: MarkerWriter,
+        producer_ids: ProducerIdSource,
+        settings: CoordinatorSettings = CoordinatorSettings(),
+        clock: Callable[[], int] = lambda: int(time.time() * 1000),
+        coordinator_epoch: int = 0,
+    ):
+        self.txn_log = txn_log
+        self.markers = markers
+        self.producer_ids = producer_ids
+        self.settings = settings
+        self.clock = clock
+        self.coordinator_epoch = coordinator_epoch
+        self.txns: dict[str, TxnMetadata] = {}
+        self._busy: set[str] = set()
+        # Completion tasks (markers then Complete) each have this owner.
+        self._completions: set[asyncio.Task] = set()
+        self.loading = False
+
+    # -- recovery ---------------------------------------------------------------
+
+    def load(self, entries: Iterable[tuple[str, TxnMetadata | None]]) -> None:
+        """Rebuild from ``__transaction_state`` records in log order (None = tombstone)."""
+        for transactional_id, metadata in entries:
+            if metadata is None:
+                self.txns.pop(transactional_id, None)
+            else:
+                self.txns[transactional_id] = metadata
+
+    def recover(self) -> list[asyncio.Task]:
+        """Finish every transaction left in a Prepare state (and fence-aborts)."""
+        tasks = []
+        for transactional_id, metadata in list(self.txns.items()):
+            if metadata.state.is_prepare:
+                log.info("recovering transaction %s in %s: rewriting markers", transactional_id, metadata.state.name)
+                self._busy.add(transactional_id)
+                tasks.append(self._spawn_completion(metadata))
+        return tasks
+
+    # -- InitProducerId ---------------------------------------------------------
+
+    async def init_producer_id(
+        self,
+        transactional_id: str | None,
+        transaction_timeout_ms: int,
+        expected_producer_id: int = NO_PRODUCER_ID,
+        expected_producer_epoch: int = NO_PRODUCER_EPOCH,
+    ) -> InitResult:
+        if transactional_id is None or transactional_id == "":
+            # Idempotent producer without transactions: a fresh id, epoch 0.
+            return InitResult(ErrorCode.NONE, self.producer_ids.allocate(), 0)
+        if transaction_timeout_ms <= 0 or transaction_timeout_ms > self.settings.transaction_max_timeout_ms:
+            return InitResult(ErrorCode.INVALID_TRANSACTION_TIMEOUT)
+        if self.loading:
+            return InitResult(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
+        if transactional_id in self._busy:
+            return InitResult(ErrorCode.CONCURRENT_TRANSACTIONS)
+        now = self.clock()
+        current = self.txns.get(transactional_id)
+        if current is None or current.state == TxnState.DEAD:
+            metadata = TxnMetadata(
+                transactional_id=transactional_id,
+                producer_id=self.producer_ids.allocate(),
+                producer_epoch=0,
+                timeout_ms=transaction_timeout_ms,
+                state=TxnState.EMPTY,
+                last_update_ms=now,
+            )
+            return await self._write_then_apply(metadata, InitResult(ErrorCode.NONE, metadata.producer_id, 0))
+
+        # KIP-360: a producer that names its id and epoch may only bump from them.
+        if expected_producer_id != NO_PRODUCER_ID:
+            if expected_producer_id != current.producer_id and expected_producer_id != current.previous_producer_id:
+                return InitResult(ErrorCode.INVALID_PRODUCER_ID_MAPPING)
+            if expected_producer_id == current.producer_id and expected_producer_epoch not in (
+                current.producer_epoch,
+                current.last_producer_epoch,
+            ):
+                return InitResult(ErrorCode.PRODUCER_FENCED)
+            if (
+                expected_producer_id == current.producer_id
+                and expected_producer_epoch == current.last_producer_epoch
+                and current.state == TxnState.EMPTY
+            ):
+                # A retry of an InitProducerId that already bumped: answer the same.
+                return InitResult(ErrorCode.NONE, current.producer_id, current.producer_epoch)
+
+        if current.state.is_prepare:
+            return InitResult(ErrorCode.CONCURRENT_TRANSACTIONS)
+        if current.state in (TxnState.ONGOING, TxnState.PREPARE_EPOCH_FENCE):
+            # An older instance left a transaction open: fence it by bumping the
+            # epoch and aborting; the client retries and finds CompleteAbort.
+            await self._abort_with_bump(current)
+            return InitResult(ErrorCode.CONCURRENT_TRANSACTIONS)
+
+        if current.producer_epoch + 1 >= MAX_PRODUCER_EPOCH:
+            producer_id, epoch = self.producer_ids.allocate(), 0
+        else:
+            producer_id, epoch = current.producer_id, current.producer_epoch + 1
+        try:
+            metadata = current.init_producer(producer_id, epoch, transaction_timeout_ms, now)
+        except InvalidTransition:
+            return InitResult(ErrorCode.CONCURRENT_TRANSACTIONS)
+        return await self._write_then_apply(metadata, InitResult(ErrorCode.NONE, producer_id, epoch))
+
+    # -- AddPartitionsToTxn / AddOffsetsToTxn ------------------------------------
+
+    def _check_producer(self, transactional_id: str, producer_id: int, producer_epoch: int) -> tuple[ErrorCode, TxnMetadata | None]:
+        if self.loading:
+            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, None
+        current = self.txns.get(transactional_id)
+        if current is None or current.state == TxnState.DEAD:
+            return ErrorCode.INVALID_PRODUCER_ID_MAPPING, None
+        if current.producer_id != producer_id:
+            return ErrorCode.INVALID_PRODUCER_ID_MAPPING, None
+        if current.producer_epoch != producer_epoch:
+            return ErrorCode.PRODUCER_FENCED, None
+        return ErrorCode.NONE, current
+
+    async def add_partitions(
+        self, transactional_id: str, producer_id: int, producer_epoch: int, partitions: Iterable[TopicPartition], *, verify_only: bool = False
+    ) -> ErrorCode:
+        error, current = self._check_producer(transactional_id, producer_id, producer_epoch)
+        if error:
+            return error
+        partitions = frozenset(partitions)
+        if transactional_id in self._busy or current.state.is_prepare or current.state == TxnState.PREPARE_EPOCH_FENCE:
+            return ErrorCode.CONCURRENT_TRANSACTIONS
+        if verify_only:
+            ok = current.state == TxnState.ONGOING and partitions <= current.partitions
+            return ErrorCode.NONE if ok else ErrorCode.INVALID_TXN_STATE
+        if current.state == TxnState.ONGOING and partitions <= current.partitions:
+            return ErrorCode.NONE  # already part of the transaction: nothing to write
+        try:
+            metadata = current.add_partitions(partitions, self.clock())
+        except InvalidTransition:
+            return ErrorCode.INVALID_TXN_STATE
+        return (await self._write_then_apply(metadata, InitResult(ErrorCode.NONE))).error
+
+    def is_partition_in_transaction(self, producer_id: int, producer_epoch: int, partition: TopicPartition) -> bool:
+        """KIP-890 part 1: may a transactional batch of this producer go to this partition?"""
+        for metadata in self.txns.values():
+            if metadata.producer_id == producer_id:
+                return (
+                    metadata.state == TxnState.ONGOING
+                    and metadata.producer_epoch == producer_epoch
+                    and partition in metadata.partitions
+                )
+        return False
+
+    # -- EndTxn -------------------------------------------------------------------
+
+    async def end_transaction(self, transactional_id: str, producer_id: int, producer_epoch: int, commit: bool) -> ErrorCode:
+        if self.loading:
+            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+        current = self.txns.get(transactional_id)
+        if current is None or current.producer_id != producer_id:
+            return ErrorCode.INVALID_PRODUCER_ID_MAPPING
+        if transactional_id in self._busy:
+            return ErrorCode.CONCURRENT_TRANSACTIONS
+        wanted_complete = TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT
+        wanted_prepare = TxnState.PREPARE_COMMIT if commit else TxnState.PREPARE_ABORT
+        if producer_epoch != current.producer_epoch:
+            # A retry from the epoch that a timeout or fence just bumped away
+            # (KIP-360): answer by what happened, never start something new.
+            if producer_epoch == current.last_producer_epoch and current.state in (wanted_complete, wanted_prepare):
+                return ErrorCode.NONE if current.state == wanted_complete else ErrorCode.CONCURRENT_TRANSACTIONS
+            return ErrorCode.PRODUCER_FENCED
+        if current.state == wanted_complete:
+            return ErrorCode.NONE  # a retried EndTxn of what already happened
+        if current.state == wanted_prepare:
+            return ErrorCode.CONCURRENT_TRANSACTIONS
+        if current.state == TxnState.PREPARE_EPOCH_FENCE:
+            return ErrorCode.PRODUCER_FENCED
+        if current.state in (TxnState.EMPTY,) and not commit:
+            # Aborting a transaction that never started: Kafka answers success
+            # only if the previous one completed as abort; otherwise invalid.
+            return ErrorCode.INVALID_TXN_STATE
+        if current.state != TxnState.ONGOING:
+            return ErrorCode.INVALID_TXN_STATE
+        now = self.clock()
+        prepared = current.prepare_commit(now) if commit else current.prepare_abort(now)
+        self._busy.add(transactional_id)
+        try:
+            await self.txn_log.write(prepared)
+        except Exception as error:
+            self._busy.discard(transactional_id)
+            log.error("could not write %s for %s: %s", prepared.state.name, transactional_id, error)
+            return ErrorCode.NOT_COORDINATOR if isinstance(error, asyncio.CancelledError) else ErrorCode.KAFKA_STORAGE_ERROR
+        self.txns[transactional_id] = prepared
+        # The decision is durable: the client may go on; markers follow.
+        self._spawn_completion(prepared)
+        return ErrorCode.NONE
+
+    # -- timeouts and expiry --------------------------------------------------------
+
+    async def abort_timed_out(self) -> list[str]:
+        """Abort (with an epoch bump that fences the producer) every transaction
+        Ongoing past its timeout. Returns the ids aborted."""
+        now = self.clock()
+        aborted = []
+        for transactional_id, metadata in list(self.txns.items()):
+            deadline = metadata.transaction_deadline_ms()
+            if deadline is None or deadline > now or transactional_id in self._busy:
+                continue
+            log.info("transaction %s timed out after %d ms; aborting and fencing its producer", transactional_id, metadata.timeout_ms)
+            await self._abort_with_bump(metadata)
+            aborted.append(transactional_id)
+        return aborted
+
+    async def expire_transactional_ids(self) -> list[str]:
+        now = self.clock()
+        expired = []
+        for transactional_id, metadata in list(self.txns.items()):
+            if transactional_id in self._busy:
+                continue
+            idle = now - metadata.last_update_ms
+            if metadata.state in (TxnState.EMPTY, TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT) and idle >= self.settings.transactional_id_expiration_ms:
+                try:
+                    await self.txn_log.tombstone(transactional_id)
+                except Exception as error:
+                    log.error("could not expire %s: %s", transactional_id, error)
+                    continue
+                del self.txns[transactional_id]
+                expired.append(transactional_id)
+        return expired
+
+    async def _abort_with_bump(self, current: TxnMetadata) -> None:
+        transactional_id = current.transactional_id
+        self._busy.add(transactional_id)
+        now = self.clock()
+        bump = current.producer_epoch + 1 < MAX_PRODUCER_EPOCH
+        if current.state == TxnState.ONGOING:
+            fenced = current.fence(now)
+        else:
+            fenced = current
+        aborting = fenced.prepare_abort(now, bump_epoch=bump)
+        try:
+            await self.txn_log.write(aborting)
+        except Exception as error:
+            self._busy.discard(transactional_id)
+            log.error("could not write PrepareAbort for %s: %s", transactional_id, error)
+            return
+        self.txns[transactional_id] = aborting
+        self._spawn_completion(aborting)
+
+    # -- completion: markers, then Complete ---------------------------------------------
+
+    def _spawn_completion(self, prepared: TxnMetadata) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(self._complete(prepared))
+        self._completions.add(task)
+        task.add_done_callback(self._completions.discard)
+        return task
+
+    async def _complete(self, prepared: TxnMetadata) -> None:
+        transactional_id = prepared.transactional_id
+        commit = prepared.state == TxnState.PREPARE_COMMIT
+        delay = 0.05
+        try:
+            while True:
+                try:
+                    await self.markers.write(prepared, commit)
+                    completed = prepared.complete(self.clock())
+                    await self.txn_log.write(completed)
+                    self.txns[transactional_id] = completed
+                    return
+                except asyncio.CancelledError:
+                    raise
+                except Exception as error:
+                    # The decision stands; keep trying (a restart will too).
+                    log.warning("completing %s of %s failed (%s); retrying", prepared.state.name, transactional_id, error)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 2.0)
+        finally:
+            self._busy.discard(transactional_id)
+
+    async def wait_idle(self) -> None:
+        """Wait until every in-flight completion has finished (tests, shutdown)."""
+        while self._completions:
+            await asyncio.gather(*list(self._completions), return_exceptions=True)
+
+    async def close(self) -> None:
+        for task in list(self._completions):
+            task.cancel()
+        await asyncio.gather(*list(self._completions), return_exceptions=True)
+
+    # -- writing -------------------------------------------------------------------------
+
+    async def _write_then_apply(self, metadata: TxnMetadata, result: InitResult) -> InitResult:
+        transactional_id = metadata.transactional_id
+        self._busy.add(transactional_id)
+        try:
+            await self.txn_log.write(metadata)
+        except Exception as error:
+            log.error("could not write transaction metadata of %s: %s", transactional_id, error)
+            return InitResult(ErrorCode.KAFKA_STORAGE_ERROR if not isinstance(error, asyncio.CancelledError) else ErrorCode.NOT_COORDINATOR)
+        finally:
+            self._busy.discard(transactional_id)
+        self.txns[transactional_id] = metadata
+        return result
+
+
+__all__ = ["CoordinatorSettings", "InitResult", "TransactionCoordinator"]
