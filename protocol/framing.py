@@ -1,0 +1,256 @@
+"""Kafka framing, sans-I/O: bytes in, requests (or responses) out.
+
+Every Kafka message travels as ``size: int32`` followed by ``size`` bytes:
+a request header then the request body, or a response header then the body.
+
+Header versions (Kafka's rules):
+
+    request header v1: api_key int16, api_version int16, correlation_id int32,
+                       client_id nullable string (int16 length)
+    request header v2: v1 + tagged fields              (flexible API versions)
+    response header v0: correlation_id int32
+    response header v1: v0 + tagged fields             (flexible API versions)
+
+ApiVersions responses always use response header v0, so a client that does
+not yet know what the broker speaks can read the answer.
+
+``ServerConnection`` is the broker's side: ``receive_data(bytes)`` then call
+``next_request()`` until it returns None. A size prefix that is negative or
+above ``max_frame_size`` (``socket.request.max.bytes``) raises
+``FrameTooLargeError`` as soon as the 4 bytes arrive, before anything is
+buffered for it. A complete frame whose API or version we do not serve raises
+``UnsupportedRequestError`` (the frame is consumed; the next one can follow).
+``ClientConnection`` is the mirror image for clients.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import attrs
+
+from protocol import schema
+from protocol.errors import FrameTooLargeError, MalformedFrameError, UnsupportedRequestError
+from protocol.messages import APIS
+
+DEFAULT_MAX_FRAME_SIZE = 100 * 1024 * 1024
+API_VERSIONS_KEY = 18
+
+_SIZE = struct.Struct(">i")
+_REQUEST_HEADER = struct.Struct(">hhi")
+_CORRELATION = struct.Struct(">i")
+_INT16 = struct.Struct(">h")
+
+
+@attrs.frozen
+class DecodedRequest:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    body: dict
+    flexible: bool
+
+    @property
+    def api_name(self) -> str:
+        return APIS[self.api_key].name
+
+
+@attrs.frozen
+class DecodedResponse:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    body: dict
+
+
+def request_header_version(api_key: int, api_version: int) -> int:
+    return 2 if APIS[api_key].request.is_flexible(api_version) else 1
+
+
+def response_header_version(api_key: int, api_version: int) -> int:
+    if api_key == API_VERSIONS_KEY:
+        return 0
+    return 1 if APIS[api_key].response.is_flexible(api_version) else 0
+
+
+class _FrameBuffer:
+    """Accumulates bytes and cuts complete frames out of them."""
+
+    def __init__(self, max_frame_size: int):
+        self.max_frame_size = max_frame_size
+        self._buffer = bytearray()
+        self._start = 0
+
+    def feed(self, data: bytes) -> None:
+        if self._start and self._start >= len(self._buffer) // 2:
+            del self._buffer[: self._start]
+            self._start = 0
+        self._buffer += data
+
+    def next_frame(self) -> memoryview | None:
+        available = len(self._buffer) - self._start
+        if available < 4:
+            return None
+        (size,) = _SIZE.unpack_from(self._buffer, self._start)
+        if size < 0 or size > self.max_frame_size:
+            raise FrameTooLargeError(f"frame size {size} is outside 0..{self.max_frame_size}")
+        if available < 4 + size:
+            return None
+        begin = self._start + 4
+        frame = memoryview(bytes(self._buffer[begin : begin + size]))
+        self._start = begin + size
+        if self._start == len(self._buffer):
+            self._buffer.clear()
+            self._start = 0
+        return frame
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer) - self._start
+
+
+def _read_header_client_id(frame, pos: int) -> tuple[str | None, int]:
+    if pos + 2 > len(frame):
+        raise MalformedFrameError("request header: client_id length is missing")
+    (length,) = _INT16.unpack_from(frame, pos)
+    pos += 2
+    if length == -1:
+        return None, pos
+    if length < 0 or pos + length > len(frame):
+        raise MalformedFrameError(f"request header: client_id length {length} is invalid")
+    try:
+        return str(frame[pos : pos + length], "utf-8"), pos + length
+    except UnicodeDecodeError:
+        raise MalformedFrameError("request header: client_id is not UTF-8") from None
+
+
+def _skip_tagged_fields(frame, pos: int) -> int:
+    count, pos = schema.read_uvarint(frame, pos)
+    for _ in range(count):
+        _tag, pos = schema.read_uvarint(frame, pos)
+        size, pos = schema.read_uvarint(frame, pos)
+        pos += size
+        if pos > len(frame):
+            raise MalformedFrameError("header tagged field runs past the end of the frame")
+    return pos
+
+
+class ServerConnection:
+    """The broker's view of one connection's byte stream."""
+
+    def __init__(self, *, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, supported_versions: dict[int, tuple[int, int]] | None = None):
+        self._frames = _FrameBuffer(max_frame_size)
+        # api key -> (min, max) this side serves; default: everything the tables know.
+        self.supported_versions = supported_versions or {
+            key: (api.request.valid[0], api.request.valid[1]) for key, api in APIS.items()
+        }
+
+    def receive_data(self, data: bytes) -> None:
+        self._frames.feed(data)
+
+    def next_request(self) -> DecodedRequest | None:
+        frame = self._frames.next_frame()
+        if frame is None:
+            return None
+        if len(frame) < _REQUEST_HEADER.size:
+            raise MalformedFrameError(f"request of {len(frame)} bytes is shorter than a request header")
+        api_key, api_version, correlation_id = _REQUEST_HEADER.unpack_from(frame)
+        supported = self.supported_versions.get(api_key)
+        if supported is None or api_key not in APIS:
+            raise UnsupportedRequestError(
+                f"api key {api_key} is not supported", api_key=api_key, api_version=api_version, correlation_id=correlation_id
+            )
+        if not supported[0] <= api_version <= supported[1]:
+            raise UnsupportedRequestError(
+                f"{APIS[api_key].name} v{api_version} is not supported (we serve v{supported[0]}-v{supported[1]})",
+                api_key=api_key,
+                api_version=api_version,
+                correlation_id=correlation_id,
+            )
+        client_id, pos = _read_header_client_id(frame, _REQUEST_HEADER.size)
+        api = APIS[api_key]
+        flexible = api.request.is_flexible(api_version)
+        if flexible:
+            pos = _skip_tagged_fields(frame, pos)
+        body, _ = schema.decode(api.request, api_version, frame, pos)
+        return DecodedRequest(api_key, api_version, correlation_id, client_id, body, flexible)
+
+    def encode_response(self, request: DecodedRequest, body: dict) -> bytes:
+        return encode_response(request.api_key, request.api_version, request.correlation_id, body)
+
+    @property
+    def buffered_bytes(self) -> int:
+        return self._frames.buffered
+
+
+def encode_response(api_key: int, api_version: int, correlation_id: int, body: dict) -> bytes:
+    out = bytearray(8)
+    _CORRELATION.pack_into(out, 4, correlation_id)
+    if response_header_version(api_key, api_version) == 1:
+        out.append(0)  # no tagged fields in the header
+    schema.encode_into(out, APIS[api_key].response, api_version, body)
+    _SIZE.pack_into(out, 0, len(out) - 4)
+    return bytes(out)
+
+
+def encode_api_versions_fallback(correlation_id: int, body: dict) -> bytes:
+    """The v0 ApiVersions response Kafka sends for a version it does not know."""
+    return encode_response(API_VERSIONS_KEY, 0, correlation_id, body)
+
+
+def encode_request(api_key: int, api_version: int, correlation_id: int, client_id: str | None, body: dict) -> bytes:
+    api = APIS[api_key]
+    out = bytearray(4)
+    out += _REQUEST_HEADER.pack(api_key, api_version, correlation_id)
+    if client_id is None:
+        out += _INT16.pack(-1)
+    else:
+        encoded = client_id.encode("utf-8")
+        out += _INT16.pack(len(encoded)) + encoded
+    if api.request.is_flexible(api_version):
+        out.append(0)
+    schema.encode_into(out, api.request, api_version, body)
+    _SIZE.pack_into(out, 0, len(out) - 4)
+    return bytes(out)
+
+
+class ClientConnection:
+    """A client's view: encodes requests, matches responses by correlation id."""
+
+    def __init__(self, *, client_id: str | None = "onceflow", max_frame_size: int = DEFAULT_MAX_FRAME_SIZE):
+        self.client_id = client_id
+        self._frames = _FrameBuffer(max_frame_size)
+        self._in_flight: dict[int, tuple[int, int]] = {}
+        self._next_correlation_id = 0
+
+    def send_request(self, api_key: int, api_version: int, body: dict, *, expect_response: bool = True) -> tuple[int, bytes]:
+        correlation_id = self._next_correlation_id
+        self._next_correlation_id = (self._next_correlation_id + 1) & 0x7FFFFFFF
+        if expect_response:
+            self._in_flight[correlation_id] = (api_key, api_version)
+        return correlation_id, encode_request(api_key, api_version, correlation_id, self.client_id, body)
+
+    def receive_data(self, data: bytes) -> None:
+        self._frames.feed(data)
+
+    def next_response(self) -> DecodedResponse | None:
+        frame = self._frames.next_frame()
+        if frame is None:
+            return None
+        if len(frame) < 4:
+            raise MalformedFrameError("response shorter than its header")
+        (correlation_id,) = _CORRELATION.unpack_from(frame)
+        expected = self._in_flight.pop(correlation_id, None)
+        if expected is None:
+            raise MalformedFrameError(f"response for unknown correlation id {correlation_id}")
+        api_key, api_version = expected
+        pos = 4
+        if response_header_version(api_key, api_version) == 1:
+            pos = _skip_tagged_fields(frame, pos)
+        body, _ = schema.decode(APIS[api_key].response, api_version, frame, pos, exact=False)
+        return DecodedResponse(api_key, api_version, correlation_id, body)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
