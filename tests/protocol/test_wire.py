@@ -1,0 +1,199 @@
+"""The wire layer: every version of every API round-trips, frames split
+anywhere decode the same, and garbage only ever raises MalformedFrameError."""
+
+from __future__ import annotations
+
+import random
+import struct
+import uuid
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from protocol import schema
+from protocol.errors import ErrorCode, FrameTooLargeError, MalformedFrameError, UnsupportedRequestError
+from protocol.framing import ClientConnection, ServerConnection, encode_request, encode_response
+from protocol.messages import APIS
+
+PRIMITIVE_SAMPLES = {
+    schema.BOOL: lambda r: r.random() < 0.5,
+    schema.INT8: lambda r: r.randint(-128, 127),
+    schema.INT16: lambda r: r.randint(-(2**15), 2**15 - 1),
+    schema.UINT16: lambda r: r.randint(0, 2**16 - 1),
+    schema.INT32: lambda r: r.randint(-(2**31), 2**31 - 1),
+    schema.INT64: lambda r: r.randint(-(2**63), 2**63 - 1),
+    schema.FLOAT64: lambda r: r.choice([0.0, 1.5, -2.25, 1e300]),
+    schema.STRING: lambda r: r.choice(["", "a", "topic-1", "ünïcødé", "x" * 300]),
+    schema.BYTES: lambda r: r.randbytes(r.randint(0, 40)),
+    schema.RECORDS: lambda r: r.randbytes(r.randint(0, 80)),
+    schema.UUID: lambda r: uuid.UUID(int=r.getrandbits(128)),
+}
+
+
+def sample(kind, version: int, rng: random.Random, nullable: bool = False, depth: int = 0):
+    if nullable and rng.random() < 0.2:
+        return None
+    if isinstance(kind, schema.ArrayOf):
+        return [sample(kind.element, version, rng, depth=depth + 1) for _ in range(rng.randint(0, 3 if depth < 2 else 1))]
+    if isinstance(kind, schema.Struct):
+        value = {}
+        for field in kind.fields:
+            if schema.in_range(version, field.versions):
+                value[field.name] = sample(field.type, version, rng, schema.in_range(version, field.nullable), depth)
+        return value
+    return PRIMITIVE_SAMPLES[kind](rng)
+
+
+def normalize(value):
+    if isinstance(value, dict):
+        return {k: normalize(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [normalize(v) for v in value]
+    if isinstance(value, memoryview):
+        return bytes(value)
+    return value
+
+
+CASES = [
+    (api.name, side_name, version)
+    for api in APIS.values()
+    for side_name in ("request", "response")
+    for version in range(getattr(api, side_name).valid[0], getattr(api, side_name).valid[1] + 1)
+]
+
+
+@pytest.mark.parametrize("api_name,side,version", CASES, ids=[f"{a}-{s}-v{v}" for a, s, v in CASES])
+def test_every_version_round_trips(api_name, side, version):
+    api = next(a for a in APIS.values() if a.name == api_name)
+    message = getattr(api, side)
+    rng = random.Random(f"{api_name}{side}{version}")
+    for _ in range(5):
+        value = sample(message.body, version, rng)
+        data = schema.encode(message, version, value)
+        decoded, end = schema.decode(message, version, data)
+        assert end == len(data)
+        assert normalize(decoded) == normalize(value)
+        assert schema.encode(message, version, decoded) == data
+
+
+def test_sparse_values_take_defaults():
+    api = APIS[3]
+    data = schema.encode(api.response, 1, {"brokers": [{"node_id": 1, "host": "h", "port": 9}]})
+    decoded, _ = schema.decode(api.response, 1, data)
+    assert decoded["controller_id"] == -1
+    assert decoded["brokers"][0]["rack"] is None
+    assert decoded["topics"] == []
+
+
+def test_known_bytes_of_a_metadata_v1_request():
+    # size, api_key 3, version 1, correlation 9, client id "probe", topics null
+    frame = struct.pack(">ihhih5si", 19, 3, 1, 9, 5, b"probe", -1)
+    connection = ServerConnection()
+    connection.receive_data(frame)
+    request = connection.next_request()
+    assert (request.api_key, request.api_version, request.correlation_id, request.client_id) == (3, 1, 9, "probe")
+    assert request.body["topics"] is None
+
+
+def _sample_frames():
+    rng = random.Random(7)
+    frames = []
+    for key in (0, 1, 3, 18, 22):
+        api = APIS[key]
+        for version in (api.request.valid[0], api.request.valid[1]):
+            frames.append(encode_request(key, version, len(frames), "client", sample(api.request.body, version, rng)))
+    return frames
+
+
+def test_whole_and_byte_at_a_time_give_the_same_requests():
+    frames = _sample_frames()
+    stream = b"".join(frames)
+    whole = ServerConnection()
+    whole.receive_data(stream)
+    requests_whole = []
+    while (request := whole.next_request()) is not None:
+        requests_whole.append(request)
+    trickle = ServerConnection()
+    requests_trickle = []
+    for byte in stream:
+        trickle.receive_data(bytes([byte]))
+        while (request := trickle.next_request()) is not None:
+            requests_trickle.append(request)
+    assert len(requests_whole) == len(frames)
+    assert [normalize(r.body) for r in requests_whole] == [normalize(r.body) for r in requests_trickle]
+
+
+def test_oversized_and_negative_frames_rejected_before_buffering():
+    connection = ServerConnection(max_frame_size=1000)
+    connection.receive_data(struct.pack(">i", 1001))
+    with pytest.raises(FrameTooLargeError):
+        connection.next_request()
+    connection = ServerConnection(max_frame_size=1000)
+    connection.receive_data(struct.pack(">i", -1))
+    with pytest.raises(FrameTooLargeError):
+        connection.next_request()
+
+
+def test_unsupported_version_is_reported_and_the_stream_continues():
+    connection = ServerConnection(supported_versions={18: (0, 3), 3: (0, 12)})
+    connection.receive_data(encode_request(18, 4, 1, "c", {}) + encode_request(18, 3, 2, "c", {}))
+    with pytest.raises(UnsupportedRequestError) as info:
+        connection.next_request()
+    assert (info.value.api_key, info.value.api_version, info.value.correlation_id) == (18, 4, 1)
+    assert connection.next_request().correlation_id == 2
+
+
+def test_client_matches_responses_by_correlation_id():
+    client = ClientConnection(client_id="me")
+    correlation_id, frame = client.send_request(18, 3, {"client_software_name": "x", "client_software_version": "1"})
+    server = ServerConnection()
+    server.receive_data(frame)
+    request = server.next_request()
+    assert request.body["client_software_name"] == "x"
+    body = {"error_code": 0, "api_keys": [{"api_key": 0, "min_version": 3, "max_version": 11}], "throttle_time_ms": 0}
+    client.receive_data(server.encode_response(request, body))
+    response = client.next_response()
+    assert response.correlation_id == correlation_id
+    assert response.body["api_keys"] == body["api_keys"]
+
+
+def test_error_codes_have_kafka_numbers():
+    assert ErrorCode.CONCURRENT_TRANSACTIONS == 51 and ErrorCode.CONCURRENT_TRANSACTIONS.is_retriable
+    assert ErrorCode.PRODUCER_FENCED == 90 and not ErrorCode.PRODUCER_FENCED.is_retriable
+    assert ErrorCode.UNSTABLE_OFFSET_COMMIT == 88
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.binary(max_size=300))
+def test_random_frames_only_raise_protocol_errors(body):
+    connection = ServerConnection(max_frame_size=10_000)
+    connection.receive_data(struct.pack(">i", len(body)) + body)
+    try:
+        connection.next_request()
+    except (MalformedFrameError, UnsupportedRequestError):
+        pass
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 10_000), st.integers(0, 255), st.sampled_from(range(len(_sample_frames()))))
+def test_mutated_real_frames_only_raise_protocol_errors(position, value, which):
+    frame = bytearray(_sample_frames()[which])
+    position = 4 + position % max(1, len(frame) - 4)
+    frame[position] = value
+    connection = ServerConnection()
+    connection.receive_data(bytes(frame))
+    try:
+        connection.next_request()
+    except (MalformedFrameError, UnsupportedRequestError):
+        pass
+
+
+def test_truncated_bodies_are_malformed():
+    frame = _sample_frames()[0]
+    for cut in range(12, len(frame) - 1):
+        body = frame[4:cut]
+        connection = ServerConnection()
+        connection.receive_data(struct.pack(">i", len(body)) + body)
+        with pytest.raises(MalformedFrameError):
+            connection.next_request()
