@@ -484,12 +484,16 @@ def encode_batch(
     partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
     delete_horizon_ms: int | None = None,
     base_timestamp: int | None = None,
+    last_offset_delta: int | None = None,
+    allow_empty: bool = False,
 ) -> bytes:
     """Encode one batch.
 
     ``records`` holds ``Record`` objects (their offsets are absolute: the
     deltas are taken from ``base_offset``) or ``(key, value, headers,
     timestamp)`` tuples (offsets are consecutive from ``base_offset``).
+    The compactor passes ``last_offset_delta`` (and ``allow_empty``) so a
+    cleaned batch spans the same offsets, and sequences, as the original.
     """
     normalized: list[tuple[int, int, bytes | None, bytes | None, Sequence]] = []
     for index, item in enumerate(records):
@@ -498,7 +502,7 @@ def encode_batch(
         else:
             key, value, headers, timestamp = item
             normalized.append((index, timestamp, key, value, headers or ()))
-    if not normalized and not is_control:
+    if not normalized and not (is_control or allow_empty):
         raise ValueError("a record batch needs at least one record")
     timestamps = [entry[1] for entry in normalized]
     if delete_horizon_ms is not None:
@@ -508,7 +512,8 @@ def encode_batch(
     else:
         first_timestamp = timestamps[0] if timestamps else 0
     max_timestamp = max(timestamps) if timestamps else first_timestamp
-    last_offset_delta = max((entry[0] for entry in normalized), default=0)
+    if last_offset_delta is None:
+        last_offset_delta = max((entry[0] for entry in normalized), default=0)
 
     body = bytearray()
     for offset_delta, timestamp, key, value, headers in normalized:

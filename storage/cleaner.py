@@ -1,0 +1,248 @@
+"""Log compaction (``cleanup.policy=compact``): keep the last value of every key.
+
+One cleaning pass over a partition log:
+
+1. Choose the cleanable range: every segment before the active one that lies
+   wholly below the last stable offset (open transactions are never cleaned).
+2. Build the offset map: key -> offset of its latest record in that range,
+   skipping records of aborted transactions (they must never win over a
+   committed value).
+3. Rewrite each cleanable segment into ``<base>.log.cleaned`` (+ indexes):
+   a record survives if it is the latest for its key; a tombstone (null
+   value) survives until its batch's delete horizon (set to now +
+   ``delete.retention.ms`` the first time the cleaner sees it) has passed;
+   records of aborted transactions are dropped. Batch headers are kept as
+   Kafka keeps them: same base offset, last offset delta, producer id, epoch,
+   base sequence, transactional and control bits, compression codec; a batch
+   left with no records is kept as an empty batch when it is its producer's
+   last one (so idempotence state survives), dropped otherwise. Control
+   batches are always kept. Offsets never change.
+4. Swap, crash-safely, the way Kafka does:
+   a. write and fsync ``.cleaned`` files and a ``<base>.swap.range`` note
+      naming the segment they replace;
+   b. rename ``.cleaned`` -> ``.swap`` (the point of no return);
+   c. rename the old segment's files to ``.deleted``;
+   d. rename ``.swap`` -> the live names; remove the range note and ``.deleted``.
+
+``complete_interrupted_swaps()`` runs before a log opens: ``.cleaned`` files
+are discarded (before the point of no return), ``.swap`` files are finished
+(the old files are removed and the swap renamed into place), ``.deleted``
+files are removed. Either way the log is exactly the before or the after.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from protocol.records import decode_batch, encode_batch, read_batch_header
+from storage.segment import (
+    CLEANED_SUFFIX,
+    DELETED_SUFFIX,
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    SWAP_SUFFIX,
+    TIME_INDEX_SUFFIX,
+    TXN_INDEX_SUFFIX,
+    LogSegment,
+    file_stem,
+)
+from storage.txn_index import TransactionIndex
+
+log = logging.getLogger(__name__)
+
+RANGE_NOTE_SUFFIX = ".swap.range"
+SEGMENT_SUFFIXES = (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX)
+
+
+def _no_crash(stage: str) -> None:
+    return None
+
+
+def _fsync_path(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def complete_interrupted_swaps(directory: str) -> None:
+    names = os.listdir(directory)
+    for name in names:
+        if name.endswith(CLEANED_SUFFIX):
+            os.remove(os.path.join(directory, name))
+    for name in names:
+        if not name.endswith(RANGE_NOTE_SUFFIX):
+            continue
+        stem = name[: -len(RANGE_NOTE_SUFFIX)]
+        swap_log = os.path.join(directory, stem + LOG_SUFFIX + SWAP_SUFFIX)
+        note = os.path.join(directory, name)
+        if os.path.exists(swap_log):
+            with open(note, encoding="ascii") as file:
+                replaced = [int(line) for line in file.read().split() if line.strip()]
+            for base in replaced:
+                for suffix in SEGMENT_SUFFIXES:
+                    old = os.path.join(directory, file_stem(base) + suffix)
+                    if os.path.exists(old):
+                        os.remove(old)
+            for suffix in SEGMENT_SUFFIXES:
+                swapped = os.path.join(directory, stem + suffix + SWAP_SUFFIX)
+                if os.path.exists(swapped):
+                    os.replace(swapped, os.path.join(directory, stem + suffix))
+            log.warning("finished an interrupted compaction swap of %s in %s", stem, directory)
+        os.remove(note)
+    for name in os.listdir(directory):
+        if name.endswith(DELETED_SUFFIX) or name.endswith(SWAP_SUFFIX):
+            # A .swap without its note cannot be placed safely; the note is
+            # written before any .swap exists, so this is only reachable after
+            # the note was removed, i.e. the swap already completed.
+            os.remove(os.path.join(directory, name))
+    _fsync_path(directory)
+
+
+class Cleaner:
+    def __init__(self, partition_log, *, crash_point=_no_crash):
+        self.log = partition_log
+        self.crash_point = crash_point
+
+    def cleanable_segments(self) -> list[LogSegment]:
+        limit = self.log.last_stable_offset
+        return [s for s in self.log.segments[:-1] if s.size and s.next_offset <= limit]
+
+    def _aborted_ranges(self) -> dict[int, list[tuple[int, int]]]:
+        ranges: dict[int, list[tuple[int, int]]] = {}
+        for segment in self.log.segments:
+            for entry in segment.txn_index.entries:
+                ranges.setdefault(entry.producer_id, []).append((entry.first_offset, entry.last_offset))
+        return ranges
+
+    @staticmethod
+    def _is_aborted(ranges, producer_id: int, offset: int) -> bool:
+        return any(first <= offset <= last for first, last in ranges.get(producer_id, ()))
+
+    def build_offset_map(self, segments: list[LogSegment], aborted) -> dict[bytes, int]:
+        offsets: dict[bytes, int] = {}
+        for segment in segments:
+            for position, header in segment.iter_headers():
+                if header.is_control:
+                    continue
+                batch = decode_batch(segment.read_at(position, header.size))
+                aborted_batch = header.is_transactional and self._is_aborted(aborted, header.producer_id, header.base_offset)
+                if aborted_batch:
+                    continue
+                for record in batch.records:
+                    if record.key is not None:
+                        offsets[record.key] = record.offset
+        return offsets
+
+    def clean(self) -> int:
+        """One pass; returns the number of bytes removed."""
+        if not self.log.config.compact:
+            return 0
+        segments = self.cleanable_segments()
+        if not segments:
+            return 0
+        aborted = self._aborted_ranges()
+        offset_map = self.build_offset_map(segments, aborted)
+        now = self.log.clock()
+        last_batch_of_producer = {pid: entry.last_offset for pid, entry in self.log.producer_state.producers.items()}
+        removed = 0
+        for segment in segments:
+            removed += self._clean_segment(segment, offset_map, aborted, now, last_batch_of_producer)
+        return removed
+
+    def _clean_segment(self, segment: LogSegment, offset_map, aborted, now: int, last_batch_of_producer) -> int:
+        directory = self.log.directory
+        stem = file_stem(segment.base_offset)
+        cleaned = LogSegment(directory, segment.base_offset, segment.io, index_interval_bytes=segment.index_interval_bytes, suffix=CLEANED_SUFFIX, rebuild_indexes=True)
+        delete_retention = self.log.config.delete_retention_ms
+        for position, header in segment.iter_headers():
+            raw = segment.read_at(position, header.size)
+            if header.is_control:
+                cleaned.append(raw, [(0, header)])
+                continue
+            batch = decode_batch(raw)
+            aborted_batch = header.is_transactional and self._is_aborted(aborted, header.producer_id, header.base_offset)
+            horizon = header.delete_horizon_ms
+            kept = []
+            has_tombstone = False
+            for record in batch.records:
+                if aborted_batch:
+                    continue
+                superseded = record.key is not None and offset_map.get(record.key, -1) > record.offset
+                if superseded:
+                    continue
+                if record.value is None:
+                    if horizon is not None and now >= horizon:
+                        continue
+                    has_tombstone = True
+                kept.append(record)
+            if len(kept) == len(batch.records) and not (has_tombstone and horizon is None):
+                cleaned.append(raw, [(0, header)])
+                continue
+            if not kept and last_batch_of_producer.get(header.producer_id) != header.last_offset:
+                continue
+            new_horizon = horizon if horizon is not None else (now + delete_retention if has_tombstone else None)
+            data = encode_batch(
+                kept,
+                base_offset=header.base_offset,
+                producer_id=header.producer_id,
+                producer_epoch=header.producer_epoch,
+                base_sequence=header.base_sequence,
+                is_transactional=header.is_transactional,
+                compression=header.compression,
+                timestamp_type=header.timestamp_type,
+                partition_leader_epoch=header.partition_leader_epoch,
+                delete_horizon_ms=new_horizon,
+                base_timestamp=None if new_horizon is not None else header.base_timestamp,
+                last_offset_delta=header.last_offset_delta,
+                allow_empty=True,
+            )
+            cleaned.append(data, [(0, read_batch_header(data))])
+        # Aborted transactions stay indexed while their markers remain.
+        cleaned_txn = TransactionIndex(cleaned.txn_index.path)
+        cleaned_txn.replace(segment.txn_index.entries)
+        cleaned.fsync()
+        cleaned.flush_indexes(fsync=True)
+        removed = segment.size - cleaned.size
+        cleaned.close()
+        self.crash_point("cleaned_written")
+
+        note = os.path.join(directory, stem + RANGE_NOTE_SUFFIX)
+        with open(note, "w", encoding="ascii") as file:
+            file.write(f"{segment.base_offset}\n")
+            file.flush()
+            os.fsync(file.fileno())
+        for suffix in SEGMENT_SUFFIXES:
+            source = os.path.join(directory, stem + suffix + CLEANED_SUFFIX)
+            if os.path.exists(source):
+                os.replace(source, os.path.join(directory, stem + suffix + SWAP_SUFFIX))
+        _fsync_path(directory)
+        self.crash_point("swap_renamed")
+
+        # Past the point of no return: replace the live segment.
+        index = self.log.segments.index(segment)
+        segment.close()
+        for suffix in SEGMENT_SUFFIXES:
+            live = os.path.join(directory, stem + suffix)
+            if os.path.exists(live):
+                os.replace(live, live + DELETED_SUFFIX)
+        self.crash_point("old_renamed_deleted")
+        for suffix in SEGMENT_SUFFIXES:
+            swapped = os.path.join(directory, stem + suffix + SWAP_SUFFIX)
+            if os.path.exists(swapped):
+                os.replace(swapped, os.path.join(directory, stem + suffix))
+        os.remove(note)
+        for suffix in SEGMENT_SUFFIXES:
+            deleted = os.path.join(directory, stem + suffix + DELETED_SUFFIX)
+            if os.path.exists(deleted):
+                os.remove(deleted)
+        _fsync_path(directory)
+        replacement = LogSegment(directory, segment.base_offset, segment.io, index_interval_bytes=segment.index_interval_bytes)
+        replacement.load_clean()
+        replacement.created_ms = segment.created_ms
+        self.log.segments[index] = replacement
+        if segment in self.log._unflushed:
+            self.log._unflushed.remove(segment)
+        return removed

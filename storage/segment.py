@@ -1,0 +1,264 @@
+"""One log segment: ``<base offset, 20 digits>.log`` with its ``.index``,
+``.timeindex`` and ``.txnindex``.
+
+The ``.log`` file is a plain concatenation of RecordBatch v2 batches exactly
+as they travel on the wire (offsets already assigned). Every file operation
+goes through a ``DiskIO`` object, the seam tests and the fault harness replace
+to make a write or an fsync fail.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+
+from protocol.records import BATCH_HEADER_SIZE, LOG_OVERHEAD, BatchHeader, CorruptRecordError, read_batch_header
+from storage.index import OffsetIndex, TimeIndex
+from storage.txn_index import TransactionIndex
+
+log = logging.getLogger(__name__)
+
+LOG_SUFFIX = ".log"
+INDEX_SUFFIX = ".index"
+TIME_INDEX_SUFFIX = ".timeindex"
+TXN_INDEX_SUFFIX = ".txnindex"
+SNAPSHOT_SUFFIX = ".snapshot"
+CLEANED_SUFFIX = ".cleaned"
+SWAP_SUFFIX = ".swap"
+DELETED_SUFFIX = ".deleted"
+READ_CHUNK = 64 * 1024
+
+
+def file_stem(base_offset: int) -> str:
+    return f"{base_offset:020d}"
+
+
+class DiskIO:
+    """The system calls the log makes; replace methods to inject disk faults."""
+
+    def open(self, path: str, flags: int) -> int:
+        return os.open(path, flags, 0o644)
+
+    def write(self, fd: int, data) -> None:
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            if written <= 0:
+                raise OSError(errno.EIO, "write made no progress")
+            view = view[written:]
+
+    def fsync(self, fd: int) -> None:
+        os.fsync(fd)
+
+    def pread(self, fd: int, size: int, position: int) -> bytes:
+        return os.pread(fd, size, position)
+
+    def truncate(self, fd: int, size: int) -> None:
+        os.ftruncate(fd, size)
+
+    def close(self, fd: int) -> None:
+        os.close(fd)
+
+
+class LogSegment:
+    def __init__(self, directory: str, base_offset: int, io: DiskIO, *, index_interval_bytes: int, suffix: str = "", rebuild_indexes: bool = False):
+        self.directory = directory
+        self.base_offset = base_offset
+        self.io = io
+        self.index_interval_bytes = index_interval_bytes
+        stem = os.path.join(directory, file_stem(base_offset))
+        self.log_path = stem + LOG_SUFFIX + suffix
+        self.fd = io.open(self.log_path, os.O_RDWR | os.O_CREAT)
+        self.size = os.fstat(self.fd).st_size
+        self.offset_index = OffsetIndex(stem + INDEX_SUFFIX + suffix, base_offset, load=not rebuild_indexes)
+        self.time_index = TimeIndex(stem + TIME_INDEX_SUFFIX + suffix, base_offset, load=not rebuild_indexes)
+        self.txn_index = TransactionIndex(stem + TXN_INDEX_SUFFIX + suffix)
+        self.bytes_since_index_entry = 0
+        self.next_offset = base_offset  # set by load()/recover()
+        self.max_timestamp = -1
+        self.max_timestamp_offset = -1
+        self.created_ms: int | None = None
+        self.closed = False
+
+    # -- writing -----------------------------------------------------------------
+
+    def append(self, data, headers: list[tuple[int, BatchHeader]]) -> None:
+        """Write ``data`` (whole batches with offsets assigned) at the end.
+
+        Raises OSError if the write fails; the caller then stops the log."""
+        start = self.size
+        self.io.write(self.fd, data)
+        self.size += len(data)
+        for relative_position, header in headers:
+            self._index_batch(start + relative_position, header)
+
+    def _index_batch(self, position: int, header: BatchHeader) -> None:
+        if self.bytes_since_index_entry >= self.index_interval_bytes:
+            self.offset_index.append(header.base_offset, position)
+            self.bytes_since_index_entry = 0
+        self.bytes_since_index_entry += header.size
+        if header.max_timestamp > self.max_timestamp:
+            self.max_timestamp = header.max_timestamp
+            self.max_timestamp_offset = header.base_offset
+            self.time_index.maybe_append(header.max_timestamp, header.base_offset)
+        self.next_offset = header.next_offset
+
+    def fsync(self) -> None:
+        self.io.fsync(self.fd)
+
+    def flush_indexes(self, fsync: bool = False) -> None:
+        self.offset_index.flush(fsync)
+        self.time_index.flush(fsync)
+
+    # -- reading -------------------------------------------------------------------
+
+    def read_at(self, position: int, size: int) -> bytes:
+        return self.io.pread(self.fd, size, position)
+
+    def find_position(self, offset: int) -> tuple[int, BatchHeader] | None:
+        """(position, header) of the first batch whose last offset >= ``offset``."""
+        _indexed_offset, position = self.offset_index.lookup(offset)
+        while position < self.size:
+            header = self._header_at(position)
+            if header.last_offset >= offset:
+                return position, header
+            position += header.size
+        return None
+
+    def _header_at(self, position: int) -> BatchHeader:
+        data = self.io.pread(self.fd, BATCH_HEADER_SIZE, position)
+        return BatchHeader.parse(data)
+
+    def iter_headers(self, position: int = 0):
+        """Yield (position, header) of each batch from ``position`` (no CRC checks)."""
+        while position < self.size:
+            header = self._header_at(position)
+            yield position, header
+            position += header.size
+
+    def read(self, offset: int, max_bytes: int, *, max_offset: int | None, min_one_batch: bool) -> bytes:
+        found = self.find_position(offset)
+        if found is None:
+            return b""
+        start, header = found
+        end = start
+        position = start
+        total = 0
+        while position < self.size:
+            header = self._header_at(position) if position != start else header
+            if max_offset is not None and header.base_offset >= max_offset:
+                break
+            if total + header.size > max_bytes and not (min_one_batch and total == 0):
+                break
+            total += header.size
+            position += header.size
+            end = position
+        if end == start:
+            return b""
+        return self.io.pread(self.fd, end - start, start)
+
+    def first_batch_at_or_after_timestamp(self, timestamp: int) -> BatchHeader | None:
+        start_offset = self.time_index.lookup(timestamp)
+        found = self.find_position(start_offset)
+        if found is None:
+            return None
+        for _position, header in self.iter_headers(found[0]):
+            if header.max_timestamp >= timestamp:
+                return header
+        return None
+
+    # -- recovery --------------------------------------------------------------------
+
+    def recover(self, *, expected_start: int | None = None) -> tuple[int, str | None]:
+        """Validate every batch, rebuild the indexes, truncate at the first bad
+        batch. Returns (bytes truncated, reason or None)."""
+        self.offset_index.reset()
+        self.time_index.reset()
+        self.bytes_since_index_entry = 0
+        self.max_timestamp = -1
+        self.max_timestamp_offset = -1
+        self.next_offset = self.base_offset if expected_start is None else expected_start
+        position = 0
+        reason = None
+        previous_next = None
+        while position < self.size:
+            head = self.io.pread(self.fd, LOG_OVERHEAD, position)
+            if len(head) < LOG_OVERHEAD:
+                reason = f"truncated batch header at position {position}"
+                break
+            whole = int.from_bytes(head[8:12], "big", signed=True) + LOG_OVERHEAD
+            if whole < BATCH_HEADER_SIZE or position + whole > self.size:
+                reason = f"batch at position {position} claims {whole} bytes, {self.size - position} remain (torn write)"
+                break
+            try:
+                header = read_batch_header(self.io.pread(self.fd, whole, position), 0)
+            except CorruptRecordError as error:
+                reason = f"position {position}: {error}"
+                break
+            if header.base_offset < self.base_offset or (previous_next is not None and header.base_offset < previous_next):
+                reason = f"position {position}: offset {header.base_offset} goes backwards"
+                break
+            previous_next = header.next_offset
+            self._index_batch(position, header)
+            position += whole
+        truncated = self.size - position
+        if truncated:
+            self.truncate_to_position(position)
+        self.flush_indexes()
+        return truncated, reason
+
+    def load_clean(self) -> None:
+        """After a clean shutdown: trust the indexes and find the end by
+        scanning only from the last offset-index entry."""
+        _offset, position = self.offset_index.lookup(2**62)
+        last = None
+        for _position, header in self.iter_headers(position):
+            last = header
+        if last is not None:
+            self.next_offset = last.next_offset
+        self.bytes_since_index_entry = self.size - position
+        self.max_timestamp = self.time_index.max_timestamp
+        if len(self.time_index):
+            self.max_timestamp_offset = self.time_index.base_offset + self.time_index.relative_offsets[-1]
+
+    def truncate_to_position(self, position: int) -> None:
+        self.io.truncate(self.fd, position)
+        self.size = position
+        self.offset_index.truncate_to_position(position)
+
+    def truncate_to_offset(self, offset: int) -> None:
+        """Remove every batch at or after ``offset``."""
+        found = self.find_position(offset)
+        if found is None:
+            return
+        position, header = found
+        if header.base_offset < offset:
+            position += header.size  # offset falls inside this batch: keep the batch
+        self.truncate_to_position(position)
+        self.time_index.truncate_to_offset(offset)
+        self.txn_index.truncate_to(offset)
+        self.next_offset = max(self.base_offset, min(self.next_offset, offset))
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.flush_indexes()
+        self.io.close(self.fd)
+        self.closed = True
+
+    def delete(self) -> None:
+        self.close()
+        for path in (self.log_path, self.offset_index.path, self.time_index.path, self.txn_index.path):
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                pass
+
+    def is_empty(self) -> bool:
+        return self.size == 0
+
+    def __repr__(self) -> str:
+        return f"LogSegment({self.base_offset}, size={self.size}, next_offset={self.next_offset})"
