@@ -1,0 +1,284 @@
+"""The partition log on real files: appends, reads, rolls, recovery from torn
+and corrupt files, durability failures, retention and DeleteRecords."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+
+import pytest
+
+from protocol.records import decode_batch, encode_batch, iter_batches, read_batch_header
+from storage.config import LogConfig
+from storage.log import LogFailedError, OffsetOutOfRangeError, PartitionLog
+from storage.segment import DiskIO
+
+
+def batch(i: int, records: int = 3, size: int = 40, ts: int | None = None) -> bytes:
+    timestamp = 1_000_000 + i if ts is None else ts
+    return encode_batch([(b"key-%d" % i, b"v" * size, (), timestamp) for _ in range(records)])
+
+
+def fill(partition_log: PartitionLog, count: int, records: int = 3) -> list[int]:
+    firsts = []
+    for i in range(count):
+        firsts.append(partition_log.append(batch(i, records)).first_offset)
+    return firsts
+
+
+def small_config(**overrides) -> LogConfig:
+    values = {"segment_bytes": 1500, "index_interval_bytes": 300, "flush_policy": "os"}
+    values.update(overrides)
+    return LogConfig(**values)
+
+
+def all_batches(partition_log: PartitionLog) -> list:
+    data = partition_log.read(partition_log.log_start_offset, 1 << 30)
+    out = []
+    offset = partition_log.log_start_offset
+    while offset < partition_log.high_watermark:
+        data = partition_log.read(offset, 1 << 30)
+        if not data:
+            break
+        for position, header in iter_batches(data):
+            out.append(decode_batch(data, position))
+            offset = header.next_offset
+    return out
+
+
+def index_files(directory: str) -> dict[str, bytes]:
+    files = {}
+    for name in sorted(os.listdir(directory)):
+        if name.endswith((".index", ".timeindex")):
+            with open(os.path.join(directory, name), "rb") as file:
+                files[name] = file.read()
+    return files
+
+
+def test_append_assigns_offsets_and_read_finds_every_offset(tmp_path):
+    partition_log = PartitionLog.open(str(tmp_path), small_config())
+    firsts = fill(partition_log, 60)
+    assert firsts == [3 * i for i in range(60)]
+    assert len(partition_log.segments) > 5, "small segment.bytes must roll"
+    for offset in range(0, 180):
+        data = partition_log.read(offset, 1)  # max_bytes 1: still one whole batch
+        header = read_batch_header(data)
+        assert header.base_offset <= offset <= header.last_offset
+        assert len(data) == header.size
+    assert partition_log.read(180, 1000) == b""
+    with pytest.raises(OffsetOutOfRangeError):
+        partition_log.read(181, 1000)
+    batches = all_batches(partition_log)
+    assert [r.offset for b in batches for r in b.records] == list(range(180))
+
+
+def test_segment_files_are_named_by_base_offset(tmp_path):
+    partition_log = PartitionLog.open(str(tmp_path), small_config())
+    fill(partition_log, 30)
+    logs = sorted(n for n in os.listdir(tmp_path) if n.endswith(".log"))
+    assert logs[0] == "00000000000000000000.log"
+    for segment, name in zip(partition_log.segments, logs):
+        assert name == f"{segment.base_offset:020d}.log"
+
+
+def test_read_respects_max_bytes_and_max_offset(tmp_path):
+    partition_log = PartitionLog.open(str(tmp_path), small_config(segment_bytes=1 << 20))
+    fill(partition_log, 10)
+    one = len(batch(0))
+    assert len(partition_log.read(0, one * 3 + 5)) == one * 3
+    assert len(partition_log.read(0, 10 ** 6, max_offset=6)) == one * 2
+
+
+def test_offset_for_timestamp(tmp_path):
+    partition_log = PartitionLog.open(str(tmp_path), small_config())
+    for i in range(40):
+        partition_log.append(batch(i, ts=10_000 + 10 * i))
+    assert partition_log.offset_for_timestamp(10_000) == (0, 10_000)
+    assert partition_log.offset_for_timestamp(10_205) == (63, 10_210)
+    assert partition_log.offset_for_timestamp(99_999) is None
+
+
+def test_clean_restart_keeps_everything(tmp_path):
+    partition_log = PartitionLog.open(str(tmp_path), small_config())
+    fill(partition_log, 50)
+    before = all_batches(partition_log)
+    partition_log.close()
+    indexes = index_files(str(tmp_path))
+    assert os.path.exists(tmp_path / ".clean_shutdown")
+    reopened = PartitionLog.open(str(tmp_path), small_config())
+    assert not os.path.exists(tmp_path / ".clean_shutdown")
+    assert all_batches(reopened) == before
+    assert reopened.recovery_report == []
+    assert index_files(str(tmp_path)) == indexes
+
+
+def _crash_copy(partition_log: PartitionLog) -> None:
+    """Simulate SIGKILL: flush what the OS would have, but no clean close."""
+    for segment in partition_log.segments:
+        segment.flush_indexes()
+
+
+def test_torn_tail_at_every_byte_of_the_last_batch(tmp_path):
+    source = tmp_path / "source"
+    partition_log = PartitionLog.open(str(source), small_config(segment_bytes=1 << 20))
+    fill(partition_log, 8)
+    last_size = len(batch(7))
+    _crash_copy(partition_log)
+    log_file = source / "00000000000000000000.log"
+    full = log_file.read_bytes()
+    for cut in range(1, last_size + 1):
+        target = tmp_path / f"cut{cut}"
+        target.mkdir()
+        for name in os.listdir(source):
+            if not name.startswith("."):
+                (target / name).write_bytes((source / name).read_bytes())
+        (target / "00000000000000000000.log").write_bytes(full[: len(full) - cut])
+        recovered = PartitionLog.open(str(target), small_config(segment_bytes=1 << 20))
+        offsets = [r.offset for b in all_batches(recovered) for r in b.records]
+        assert offsets == list(range(21)), f"cut {cut}: every earlier batch, nothing after"
+        assert recovered.log_end_offset == 21
+        assert os.path.getsize(target / "00000000000000000000.log") == len(full) - last_size
+        assert bool(recovered.recovery_report) == (cut < last_size), "a partial batch is reported"
+        # New appends continue cleanly after the truncation point.
+        assert recovered.append(batch(99)).first_offset == 21
+        recovered.close()
+
+
+def test_flipped_byte_in_an_earlier_segment_truncates_there(tmp_path):
+    partition_log = PartitionLog.open(str(tmp_path), small_config())
+    fill(partition_log, 40)
+    _crash_copy(partition_log)
+    segments = [(s.base_offset, s.log_path) for s in partition_log.segments]
+    assert len(segments) >= 4
+    damaged_base, damaged_path = segments[1]
+    data = bytearray(open(damaged_path, "rb").read())
+    one = len(batch(0))
+    data[one + 30] ^= 0x55  # inside the second batch of segment 1
+    open(damaged_path, "wb").write(bytes(data))
+    recovered = PartitionLog.open(str(tmp_path), small_config())
+    assert recovered.log_end_offset == damaged_base + 3
+    assert len(recovered.segments) == 2
+    for _base, path in segments[2:]:
+        assert not os.path.exists(path)
+    assert any("crc" in line for line in recovered.recovery_report)
+    offsets = [r.offset for b in all_batches(recovered) for r in b.records]
+    assert offsets == list(range(damaged_base + 3))
+
+
+def test_indexes_rebuilt_by_recovery_equal_the_live_ones(tmp_path):
+    partition_log = PartitionLog.open(str(tmp_path), small_config(segment_bytes=1 << 20, index_interval_bytes=200))
+    for i in range(30):
+        partition_log.append(batch(i, ts=5_000 + (i * 7) % 50))
+    partition_log.close()
+    live = index_files(str(tmp_path))
+    assert any(len(v) > 8 for v in live.values())
+    os.remove(tmp_path / ".clean_shutdown")
+    for name in live:
+        os.remove(tmp_path / name)
+    with open(tmp_path / "checkpoint", "w") as file:
+        file.write("recovery-point 0\nlog-start-offset 0\n")
+    recovered = PartitionLog.open(str(tmp_path), small_config(segment_bytes=1 << 20, index_interval_bytes=200))
+    recovered.close()
+    assert index_files(str(tmp_path)) == live
+
+
+class FailingIO(DiskIO):
+    def __init__(self):
+        self.fail_write = False
+        self.fail_fsync = False
+        self.fsyncs = 0
+
+    def write(self, fd, data):
+        if self.fail_write:
+            # A partial write then the error: the worst case for a log.
+            os.write(fd, bytes(data[: len(data) // 2]))
+            raise OSError(errno.ENOSPC, "No space left on device")
+        super().write(fd, data)
+
+    def fsync(self, fd):
+        if self.fail_fsync:
+            raise OSError(errno.EIO, "Input/output error")
+        self.fsyncs += 1
+        super().fsync(fd)
+
+
+def test_failed_write_is_not_acknowledged_and_the_log_refuses_appends(tmp_path):
+    io = FailingIO()
+    partition_log = PartitionLog.open(str(tmp_path), small_config(segment_bytes=1 << 20, flush_policy="always"), io=io)
+    fill(partition_log, 5)
+    io.fail_write = True
+    with pytest.raises(LogFailedError):
+        partition_log.append(batch(5))
+    io.fail_write = False
+    with pytest.raises(LogFailedError, match="refuses appends"):
+        partition_log.append(batch(6))
+    assert partition_log.high_watermark == 15
+    partition_log.close()  # unclean: the log failed
+    reopened = PartitionLog.open(str(tmp_path), small_config(segment_bytes=1 << 20))
+    assert reopened.log_end_offset == 15, "the half-written batch is cut away"
+    assert reopened.append(batch(7)).first_offset == 15
+
+
+def test_group_commit_acknowledges_only_after_fsync(tmp_path):
+    io = FailingIO()
+    partition_log = PartitionLog.open(str(tmp_path), small_config(segment_bytes=1 << 20, flush_policy="group", flush_interval_ms=20), io=io)
+
+    async def scenario():
+        infos = [partition_log.append(batch(i)) for i in range(5)]
+        waiters = [partition_log.wait_durable(info.last_offset) for info in infos]
+        assert partition_log.high_watermark == 0, "nothing visible before the fsync"
+        assert not any(w.done() for w in waiters)
+        await asyncio.wait_for(asyncio.gather(*waiters), 5)
+        assert io.fsyncs == 1, "five appends share one fsync"
+        assert partition_log.high_watermark == 15
+        # Now the fsync fails: the waiter fails, the high watermark stays.
+        io.fail_fsync = True
+        info = partition_log.append(batch(9))
+        with pytest.raises(LogFailedError):
+            await asyncio.wait_for(partition_log.wait_durable(info.last_offset), 5)
+        assert partition_log.high_watermark == 15
+        with pytest.raises(LogFailedError):
+            partition_log.append(batch(10))
+
+    asyncio.run(scenario())
+
+
+def test_time_retention_deletes_whole_old_segments(tmp_path):
+    now = [10_000_000]
+    config = small_config(retention_ms=1000)
+    partition_log = PartitionLog.open(str(tmp_path), config, clock=lambda: now[0])
+    for i in range(30):
+        partition_log.append(batch(i, ts=now[0] - 5000 if i < 15 else now[0]))
+    segments_before = len(partition_log.segments)
+    deleted = partition_log.enforce_retention()
+    assert deleted > 0 and len(partition_log.segments) == segments_before - deleted
+    assert partition_log.log_start_offset == partition_log.segments[0].base_offset
+    assert partition_log.log_start_offset <= 45  # nothing new was deleted
+    with pytest.raises(OffsetOutOfRangeError):
+        partition_log.read(0, 100)
+
+
+def test_size_retention(tmp_path):
+    partition_log = PartitionLog.open(str(tmp_path), small_config(retention_bytes=3000, retention_ms=-1))
+    fill(partition_log, 60)
+    partition_log.enforce_retention()
+    assert partition_log.size_bytes - partition_log.segments[0].size < 3000
+    assert partition_log.size_bytes >= 1500
+
+
+def test_delete_records_moves_the_start_and_survives_restart(tmp_path):
+    partition_log = PartitionLog.open(str(tmp_path), small_config())
+    fill(partition_log, 40)
+    segments_before = len(partition_log.segments)
+    assert partition_log.delete_records_before(61) == 61
+    assert len(partition_log.segments) < segments_before
+    with pytest.raises(OffsetOutOfRangeError):
+        partition_log.read(60, 100)
+    assert read_batch_header(partition_log.read(61, 1)).base_offset == 60  # the batch holding 61
+    with pytest.raises(OffsetOutOfRangeError):
+        partition_log.delete_records_before(10_000)
+    partition_log.close()
+    reopened = PartitionLog.open(str(tmp_path), small_config())
+    assert reopened.log_start_offset == 61
+    os.remove(tmp_path / ".clean_shutdown") if os.path.exists(tmp_path / ".clean_shutdown") else None
