@@ -1,0 +1,34 @@
+"""Topic names from users can never escape the data directory."""
+
+import pytest
+
+from storage.names import InvalidTopicError, parse_partition_dir, partition_dir_name, partition_path, validate_topic_name
+
+
+@pytest.mark.parametrize("name", ["orders", "a", "A.b_c-9", "x" * 249, "__consumer_offsets"])
+def test_legal_names(name):
+    assert validate_topic_name(name) == name
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["", ".", "..", "x" * 250, "a/b", "../etc", "..\\x", "a b", "tab\t", "naïve", "a\x00b", "/abs", "semi;colon", None, 7],
+)
+def test_illegal_names(name):
+    with pytest.raises(InvalidTopicError):
+        validate_topic_name(name)
+
+
+def test_partition_path_stays_inside(tmp_path):
+    assert partition_path(str(tmp_path), "orders", 3) == str(tmp_path.resolve() / "orders-3")
+    with pytest.raises(InvalidTopicError):
+        partition_path(str(tmp_path), "../../etc", 0)
+    with pytest.raises(ValueError):
+        partition_dir_name("orders", -1)
+
+
+def test_parse_partition_dir():
+    assert parse_partition_dir("orders-12") == ("orders", 12)
+    assert parse_partition_dir("my-topic-0") == ("my-topic", 0)
+    assert parse_partition_dir("orders") is None
+    assert parse_partition_dir("__cluster_metadata") is None
