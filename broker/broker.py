@@ -41,6 +41,7 @@ class Broker:
         self.apis: KafkaApis | None = None
         self.server: KafkaServer | None = None
         self._lock_file = None
+        self._housekeeping: asyncio.Task | None = None
         self.port: int | None = None
 
     @property
@@ -95,9 +96,34 @@ class Broker:
             advertised=(host, self.config.advertised_port or self.port),
             log_config_defaults=log_config_defaults(),
         )
+        self._housekeeping = asyncio.get_running_loop().create_task(self._housekeep())
         log.info("onceflow broker ready on %s:%d (data in %s)", self.config.host, self.port, data_dir)
 
+    async def _housekeep(self) -> None:
+        """Retention, compaction and producer-id expiry, every
+        ``log.retention.check.interval.ms`` (Kafka's name; default 5 minutes)."""
+        from storage.cleaner import Cleaner
+
+        interval = self.config.retention_check_interval_ms / 1000.0
+        while True:
+            await asyncio.sleep(interval)
+            for (topic, partition), partition_log in list(self.replicas.logs.items()):
+                try:
+                    partition_log.enforce_retention()
+                    if partition_log.config.compact:
+                        Cleaner(partition_log).clean()
+                    partition_log.remove_expired_producers()
+                except Exception:
+                    log.exception("housekeeping of %s-%d failed", topic, partition)
+
     async def stop(self) -> None:
+        if self._housekeeping is not None:
+            self._housekeeping.cancel()
+            try:
+                await self._housekeeping
+            except asyncio.CancelledError:
+                pass
+            self._housekeeping = None
         if self.server is not None:
             await self.server.stop()
             self.server = None

@@ -80,6 +80,9 @@ def run_broker(args) -> int:
         fields["advertised_host"], fields["advertised_port"] = args.advertise
     try:
         config = BrokerConfig.from_properties(dict(args.config), **fields)
+        from broker.storage_adapter import validate_log_properties
+
+        validate_log_properties(config.log_defaults)
     except (ValueError, TypeError) as error:
         print(f"onceflow broker: bad configuration: {error}", file=sys.stderr)
         return 2

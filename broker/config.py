@@ -22,6 +22,7 @@ _INT_SETTINGS = {
     "connections.max.inflight.requests": "max_inflight_requests_per_connection",
     "fetch.max.bytes": "fetch_max_bytes",
     "message.max.bytes": "message_max_bytes",
+    "log.retention.check.interval.ms": "retention_check_interval_ms",
 }
 _BOOL_SETTINGS = {"auto.create.topics.enable": "auto_create_topics"}
 
@@ -53,6 +54,7 @@ class BrokerConfig:
     max_inflight_requests_per_connection: int = attrs.field(default=64, validator=attrs.validators.ge(1))
     fetch_max_bytes: int = attrs.field(default=55 * 1024 * 1024, validator=attrs.validators.ge(1024))
     message_max_bytes: int = attrs.field(default=1024 * 1024 + 12, validator=attrs.validators.ge(64))
+    retention_check_interval_ms: int = attrs.field(default=300_000, validator=attrs.validators.ge(10))
     # Defaults for topic (log) settings, in Kafka's names: segment.bytes, flush.policy, ...
     log_defaults: dict = attrs.field(factory=dict)
 

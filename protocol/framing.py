@@ -173,7 +173,9 @@ class ServerConnection:
         flexible = api.request.is_flexible(api_version)
         if flexible:
             pos = _skip_tagged_fields(frame, pos)
-        body, _ = schema.decode(api.request, api_version, frame, pos)
+        # Like Kafka's own parser we ignore bytes after the body: librdkafka, for
+        # one, sends a few more than the schema of Metadata v12 has.
+        body, _ = schema.decode(api.request, api_version, frame, pos, exact=False)
         return DecodedRequest(api_key, api_version, correlation_id, client_id, body, flexible)
 
     def encode_response(self, request: DecodedRequest, body: dict) -> bytes:
