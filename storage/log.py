@@ -360,23 +360,16 @@ class PartitionLog:
                 raise ValueError(f"offset {first_offset} is below the log end {self.log_end_offset}")
         last_offset = next_offset - 1
         self._maybe_roll(len(buffer), first_offset, last_offset, max_timestamp)
-        # Headers again with assigned offsets, for the indexes.
-        if assign_offsets:
-            indexed = [
-                (position, attrs.evolve(header, base_offset=offset, partition_leader_epoch=0))
-                for (position, header), (_change, offset) in zip(headers, producer_changes)
-            ]
-        else:
-            indexed = headers
+        base_offsets = [offset for _change, offset in producer_changes]
         segment = self.active_segment
         try:
-            segment.append(buffer, indexed)
+            segment.append(buffer, headers, base_offsets)
         except OSError as error:
             self._fail(error)
             raise LogFailedError(f"write to {segment.log_path} failed: {error}") from error
-        for (change, offset), (_position, header) in zip(producer_changes, indexed):
+        for (change, offset), (_position, header) in zip(producer_changes, headers):
             if change is not None:
-                self.producer_state.apply_append(change, offset, header.last_offset)
+                self.producer_state.apply_append(change, offset, offset + header.last_offset_delta)
         self.log_end_offset = last_offset + 1
         self._after_write(segment)
         return AppendInfo(first_offset, last_offset, max_timestamp)
@@ -394,9 +387,8 @@ class PartitionLog:
         set_base_offset(buffer, 0, offset, 0)
         self._maybe_roll(len(buffer), offset, offset, header.max_timestamp)
         segment = self.active_segment
-        indexed = [(0, attrs.evolve(header, base_offset=offset, partition_leader_epoch=0))]
         try:
-            segment.append(buffer, indexed)
+            segment.append(buffer, [(0, header)], [offset])
         except OSError as error:
             self._fail(error)
             raise LogFailedError(f"write to {segment.log_path} failed: {error}") from error

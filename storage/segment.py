@@ -69,7 +69,8 @@ class LogSegment:
         self.index_interval_bytes = index_interval_bytes
         stem = os.path.join(directory, file_stem(base_offset))
         self.log_path = stem + LOG_SUFFIX + suffix
-        self.fd = io.open(self.log_path, os.O_RDWR | os.O_CREAT)
+        # O_APPEND: every write lands at the end, also after a reopen or a truncation.
+        self.fd = io.open(self.log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
         self.size = os.fstat(self.fd).st_size
         self.offset_index = OffsetIndex(stem + INDEX_SUFFIX + suffix, base_offset, load=not rebuild_indexes)
         self.time_index = TimeIndex(stem + TIME_INDEX_SUFFIX + suffix, base_offset, load=not rebuild_indexes)
@@ -83,26 +84,31 @@ class LogSegment:
 
     # -- writing -----------------------------------------------------------------
 
-    def append(self, data, headers: list[tuple[int, BatchHeader]]) -> None:
-        """Write ``data`` (whole batches with offsets assigned) at the end.
+    def append(self, data, headers: list[tuple[int, BatchHeader]], base_offsets: list[int] | None = None) -> None:
+        """Write ``data`` (whole batches) at the end. ``headers`` are the
+        batches' (position in data, header); ``base_offsets`` the offsets
+        assigned to them, when they differ from the headers' own.
 
         Raises OSError if the write fails; the caller then stops the log."""
         start = self.size
         self.io.write(self.fd, data)
         self.size += len(data)
-        for relative_position, header in headers:
-            self._index_batch(start + relative_position, header)
+        for index, (relative_position, header) in enumerate(headers):
+            base = header.base_offset if base_offsets is None else base_offsets[index]
+            self._index_batch(start + relative_position, header, base)
 
-    def _index_batch(self, position: int, header: BatchHeader) -> None:
+    def _index_batch(self, position: int, header: BatchHeader, base_offset: int | None = None) -> None:
+        if base_offset is None:
+            base_offset = header.base_offset
         if self.bytes_since_index_entry >= self.index_interval_bytes:
-            self.offset_index.append(header.base_offset, position)
+            self.offset_index.append(base_offset, position)
             self.bytes_since_index_entry = 0
         self.bytes_since_index_entry += header.size
         if header.max_timestamp > self.max_timestamp:
             self.max_timestamp = header.max_timestamp
-            self.max_timestamp_offset = header.base_offset
-            self.time_index.maybe_append(header.max_timestamp, header.base_offset)
-        self.next_offset = header.next_offset
+            self.max_timestamp_offset = base_offset
+            self.time_index.maybe_append(header.max_timestamp, base_offset)
+        self.next_offset = base_offset + header.last_offset_delta + 1
 
     def fsync(self) -> None:
         self.io.fsync(self.fd)

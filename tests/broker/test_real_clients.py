@@ -18,7 +18,7 @@ RECORDS = 10_000
 PARTITIONS = 3
 
 
-def _expected(n=RECORDS):
+def _expected(n: int = RECORDS):
     return [(f"key-{i % 101}".encode(), f"value-{i}".encode(), f"h{i}".encode()) for i in range(n)]
 
 
@@ -241,3 +241,9 @@ def test_acknowledged_records_survive_restart(client, restart, broker_process):
     after, watermarks = consume(broker.bootstrap, topic, len(rows))
     assert after == before
     assert sum(high for _low, high in watermarks.values()) == len(rows)
+
+
+@pytest.mark.parametrize("client", list(CLIENTS))
+def test_smoke_each_client(client, embedded_broker):
+    """The fast set's version of the round trip: 300 records per client."""
+    _round_trip(client, embedded_broker.bootstrap, f"smoke-{client}", _expected(300))

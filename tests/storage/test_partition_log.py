@@ -282,3 +282,23 @@ def test_delete_records_moves_the_start_and_survives_restart(tmp_path):
     reopened = PartitionLog.open(str(tmp_path), small_config())
     assert reopened.log_start_offset == 61
     os.remove(tmp_path / ".clean_shutdown") if os.path.exists(tmp_path / ".clean_shutdown") else None
+
+
+@pytest.mark.parametrize("clean", [True, False])
+def test_appends_after_a_reopen_land_at_the_end(tmp_path, clean):
+    partition_log = PartitionLog.open(str(tmp_path), small_config(segment_bytes=1 << 20))
+    fill(partition_log, 10)
+    if clean:
+        partition_log.close()
+    else:
+        _crash_copy(partition_log)
+    reopened = PartitionLog.open(str(tmp_path), small_config(segment_bytes=1 << 20))
+    for i in range(10, 20):
+        reopened.append(batch(i))
+    offsets = [r.offset for b in all_batches(reopened) for r in b.records]
+    assert offsets == list(range(60))
+    keys = [r.key for b in all_batches(reopened) for r in b.records[:1]]
+    assert keys == [b"key-%d" % i for i in range(20)]
+    reopened.close()
+    again = PartitionLog.open(str(tmp_path), small_config(segment_bytes=1 << 20))
+    assert again.recovery_report == [] and again.log_end_offset == 60

@@ -1,0 +1,1 @@
+"""Benchmarks: speed figures measured beside the machine's own limits, in one run."""
