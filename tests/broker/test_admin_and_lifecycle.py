@@ -121,3 +121,27 @@ def test_port_in_use_and_locked_data_dir_fail_clearly(tmp_path):
         assert result.returncode == 2 and "bad configuration" in result.stderr
     finally:
         assert first.terminate() == 0
+
+
+def test_acks_zero_and_describe_cluster_with_kafka_python(embedded_broker):
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+    from kafka.admin import KafkaAdminClient, NewTopic
+
+    client = KafkaAdminClient(bootstrap_servers=embedded_broker.bootstrap)
+    client.create_topics([NewTopic("fire-and-forget", 1, 1)])
+    cluster = client.describe_cluster()
+    assert cluster["controller_id"] == 0
+    assert [b["port"] for b in cluster["brokers"]] == [embedded_broker.port]
+    client.close()
+    producer = KafkaProducer(bootstrap_servers=embedded_broker.bootstrap, acks=0, enable_idempotence=False)
+    for i in range(200):
+        producer.send("fire-and-forget", value=b"%d" % i)
+    producer.flush(10)
+    producer.close()
+    consumer = KafkaConsumer(bootstrap_servers=embedded_broker.bootstrap, consumer_timeout_ms=3000)
+    partition = TopicPartition("fire-and-forget", 0)
+    consumer.assign([partition])
+    consumer.seek_to_beginning()
+    values = [m.value for m in consumer]
+    consumer.close()
+    assert values == [b"%d" % i for i in range(200)]
