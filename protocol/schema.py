@@ -363,7 +363,9 @@ def _struct_codec(schema: Struct, version: int, flexible: bool, nullable: bool, 
     regular = []  # (name, default, encode, decode)
     tagged = {}  # tag -> (name, default, encode, decode)
     for field in schema.fields:
-        if not in_range(version, field.versions):
+        # A field exists in a version by its versions, or (tagged-only fields,
+        # which declare no versions) by its tagged versions in flexible ones.
+        if not (in_range(version, field.versions) or (flexible and in_range(version, field.tagged))):
             continue
         is_nullable = in_range(version, field.nullable)
         encode, decode = _type_codec(field.type, version, flexible, is_nullable, field.name)
