@@ -24,7 +24,9 @@ from broker.replica import (
 )
 from protocol.errors import ErrorCode
 from protocol.records import CorruptRecordError, iter_batches
+from storage.log import RecordTooLargeError
 from storage.names import InvalidTopicError
+from storage.producer_state import ProducerStateError
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +47,15 @@ SUPPORTED_APIS: dict[int, tuple[str, int, int]] = {
     37: ("CreatePartitions", 0, 3),
     44: ("IncrementalAlterConfigs", 0, 1),
     60: ("DescribeCluster", 0, 1),
+    10: ("FindCoordinator", 0, 6),
+    22: ("InitProducerId", 0, 5),
+    24: ("AddPartitionsToTxn", 0, 5),
+    25: ("AddOffsetsToTxn", 0, 4),
+    26: ("EndTxn", 0, 5),
+    27: ("WriteTxnMarkers", 0, 1),
+    61: ("DescribeProducers", 0, 0),
+    65: ("DescribeTransactions", 0, 0),
+    66: ("ListTransactions", 0, 1),
 }
 
 # ListOffsets special timestamps
@@ -68,7 +79,17 @@ SOURCE_DEFAULT = 5
 class KafkaApis:
     """Dispatches decoded requests to handlers."""
 
-    def __init__(self, *, config, replicas: ReplicaManager, cluster_id: str, advertised: tuple[str, int], log_config_defaults: dict):
+    def __init__(
+        self,
+        *,
+        config,
+        replicas: ReplicaManager,
+        cluster_id: str,
+        advertised: tuple[str, int],
+        log_config_defaults: dict,
+        extra_handlers: dict | None = None,
+        partition_in_transaction=None,
+    ):
         self.config = config
         self.replicas = replicas
         self.cluster_id = cluster_id
@@ -90,6 +111,10 @@ class KafkaApis:
             44: self.handle_incremental_alter_configs,
             60: self.handle_describe_cluster,
         }
+        self._handlers.update(extra_handlers or {})
+        # KIP-890 part 1: (producer id, epoch, topic, partition) -> may a
+        # transactional batch go there? None: no transaction coordinator.
+        self.partition_in_transaction = partition_in_transaction
 
     async def dispatch(self, request) -> dict | None:
         handler = self._handlers.get(request.api_key)
@@ -231,9 +256,7 @@ class KafkaApis:
             return result
         data = records if isinstance(records, (bytes, bytearray, memoryview)) else bytes(records)
         try:
-            count = 0
-            for _position, header in iter_batches(data):
-                count += 1
+            for _position, header in iter_batches(data, verify_crc=False):
                 if header.size > self.max_message_bytes(topic):
                     result["error_code"] = ErrorCode.MESSAGE_TOO_LARGE
                     result["error_message"] = f"batch of {header.size} bytes exceeds max.message.bytes"
@@ -252,8 +275,29 @@ class KafkaApis:
             result["error_code"] = ErrorCode.CORRUPT_MESSAGE
             result["error_message"] = str(error)
             return result
+        if header.is_transactional and header.producer_id >= 0 and self.partition_in_transaction is not None:
+            # Every batch of one request has the same producer (Kafka checks that too).
+            if not self.partition_in_transaction(header.producer_id, header.producer_epoch, topic, partition):
+                result["error_code"] = ErrorCode.INVALID_TXN_STATE
+                result["error_message"] = (
+                    f"{topic}-{partition} is not part of an ongoing transaction of producer "
+                    f"{header.producer_id} epoch {header.producer_epoch} (AddPartitionsToTxn first)"
+                )
+                return result
         try:
             appended = partition_log.append(data)
+        except ProducerStateError as error:
+            result["error_code"] = ErrorCode[error.error_name]
+            result["error_message"] = str(error)
+            return result
+        except RecordTooLargeError as error:
+            result["error_code"] = ErrorCode.MESSAGE_TOO_LARGE
+            result["error_message"] = str(error)
+            return result
+        except CorruptRecordError as error:
+            result["error_code"] = ErrorCode.CORRUPT_MESSAGE
+            result["error_message"] = str(error)
+            return result
         except Exception as error:  # storage refuses (failed disk, full disk): never acknowledge
             log.error("append to %s-%d failed: %s", topic, partition, error)
             result["error_code"] = ErrorCode.KAFKA_STORAGE_ERROR
@@ -262,9 +306,11 @@ class KafkaApis:
         result["base_offset"] = appended.first_offset
         result["log_start_offset"] = partition_log.log_start_offset
         result["_where"] = f"{topic}-{partition}"
-        if acks == -1:
+        if acks == -1 or appended.duplicate:
+            # A duplicate is answered like the original: once that is durable.
             result["_durable"] = partition_log.wait_durable(appended.last_offset)
-        self._after_append(topic, partition, partition_log, appended)
+        if not appended.duplicate:
+            self._after_append(topic, partition, partition_log, appended)
         return result
 
     def _after_append(self, topic, partition, partition_log, appended) -> None:

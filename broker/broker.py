@@ -42,6 +42,7 @@ class Broker:
         self.server: KafkaServer | None = None
         self._lock_file = None
         self._housekeeping: asyncio.Task | None = None
+        self.transactions = None
         self.port: int | None = None
 
     @property
@@ -67,12 +68,19 @@ class Broker:
                 validate_config=validate_log_properties,
             )
             self.replicas.load()
+            self._ensure_offsets_topic()
         except ValueError as error:
             self._unlock()
             raise DataDirError(str(error)) from None
         except OSError as error:
             self._unlock()
             raise DataDirError(f"cannot use data directory {data_dir}: {error}") from None
+
+        from broker.transactions import TransactionManager
+        from faults.points import point as crash_point
+
+        self.transactions = TransactionManager(replicas=self.replicas, config=self.config, crash_point=crash_point)
+        await self.transactions.start()
 
         self.server = KafkaServer(
             self._dispatch,
@@ -85,16 +93,36 @@ class Broker:
         try:
             self.port = await self.server.start()
         except OSError:
+            await self.transactions.stop()
             self.replicas.close()
             self._unlock()
             raise
-        host, port = self.config.advertised
+        host, _port = self.config.advertised
+        advertised = (host, self.config.advertised_port or self.port)
+        from broker.txn_apis import TransactionApis
+
+        txn_apis = TransactionApis(
+            transactions=self.transactions,
+            replicas=self.replicas,
+            node_id=self.config.node_id,
+            advertised=advertised,
+            offsets_partitions=self.config.offsets_topic_partitions,
+        )
+        coordinator = self.transactions.coordinator
+
+        def partition_in_transaction(producer_id, producer_epoch, topic, partition):
+            from coordinator.metadata import TopicPartition
+
+            return coordinator.is_partition_in_transaction(producer_id, producer_epoch, TopicPartition(topic, partition))
+
         self.apis = KafkaApis(
             config=self.config,
             replicas=self.replicas,
             cluster_id=cluster_id,
-            advertised=(host, self.config.advertised_port or self.port),
+            advertised=advertised,
             log_config_defaults=log_config_defaults(),
+            extra_handlers=txn_apis.handlers(),
+            partition_in_transaction=partition_in_transaction,
         )
         self._housekeeping = asyncio.get_running_loop().create_task(self._housekeep())
         log.info("onceflow broker ready on %s:%d (data in %s)", self.config.host, self.port, data_dir)
@@ -127,10 +155,24 @@ class Broker:
         if self.server is not None:
             await self.server.stop()
             self.server = None
+        if self.transactions is not None:
+            await self.transactions.stop()
+            self.transactions = None
         if self.replicas is not None:
             self.replicas.close()
             self.replicas = None
         self._unlock()
+
+    def _ensure_offsets_topic(self) -> None:
+        """``__consumer_offsets`` exists from the first start: transactions that
+        commit offsets put markers in it (the group coordinator reads it)."""
+        if "__consumer_offsets" not in self.replicas.topics:
+            self.replicas.create_topic(
+                "__consumer_offsets",
+                self.config.offsets_topic_partitions,
+                {"cleanup.policy": "compact", "segment.bytes": str(100 * 1024 * 1024)},
+                internal=True,
+            )
 
     async def _dispatch(self, request):
         return await self.apis.dispatch(request)

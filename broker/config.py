@@ -23,6 +23,11 @@ _INT_SETTINGS = {
     "fetch.max.bytes": "fetch_max_bytes",
     "message.max.bytes": "message_max_bytes",
     "log.retention.check.interval.ms": "retention_check_interval_ms",
+    "transaction.state.log.num.partitions": "transaction_state_partitions",
+    "transaction.max.timeout.ms": "transaction_max_timeout_ms",
+    "transactional.id.expiration.ms": "transactional_id_expiration_ms",
+    "transaction.abort.timed.out.transaction.cleanup.interval.ms": "transaction_abort_interval_ms",
+    "offsets.topic.num.partitions": "offsets_topic_partitions",
 }
 _BOOL_SETTINGS = {"auto.create.topics.enable": "auto_create_topics"}
 
@@ -55,6 +60,11 @@ class BrokerConfig:
     fetch_max_bytes: int = attrs.field(default=55 * 1024 * 1024, validator=attrs.validators.ge(1024))
     message_max_bytes: int = attrs.field(default=1024 * 1024 + 12, validator=attrs.validators.ge(64))
     retention_check_interval_ms: int = attrs.field(default=300_000, validator=attrs.validators.ge(10))
+    transaction_state_partitions: int = attrs.field(default=50, validator=attrs.validators.ge(1))
+    transaction_max_timeout_ms: int = attrs.field(default=900_000, validator=attrs.validators.ge(1))
+    transactional_id_expiration_ms: int = attrs.field(default=7 * 24 * 3600 * 1000, validator=attrs.validators.ge(1))
+    transaction_abort_interval_ms: int = attrs.field(default=10_000, validator=attrs.validators.ge(10))
+    offsets_topic_partitions: int = attrs.field(default=50, validator=attrs.validators.ge(1))
     # Defaults for topic (log) settings, in Kafka's names: segment.bytes, flush.policy, ...
     log_defaults: dict = attrs.field(factory=dict)
 

@@ -81,6 +81,7 @@ class TransactionCoordinator:
         settings: CoordinatorSettings = CoordinatorSettings(),
         clock: Callable[[], int] = lambda: int(time.time() * 1000),
         coordinator_epoch: int = 0,
+        crash_point: Callable[[str], None] = lambda name: None,
     ):
         self.txn_log = txn_log
         self.markers = markers
@@ -88,6 +89,8 @@ class TransactionCoordinator:
         self.settings = settings
         self.clock = clock
         self.coordinator_epoch = coordinator_epoch
+        # The fault harness's seam: named points where a test may kill us.
+        self.crash_point = crash_point
         self.txns: dict[str, TxnMetadata] = {}
         self._busy: set[str] = set()
         # Completion tasks (markers then Complete) each have this owner.
@@ -334,9 +337,11 @@ class TransactionCoordinator:
         commit = prepared.state == TxnState.PREPARE_COMMIT
         delay = 0.05
         try:
+            self.crash_point("coordinator.after_prepare_commit" if commit else "coordinator.after_prepare_abort")
             while True:
                 try:
                     await self.markers.write(prepared, commit)
+                    self.crash_point("coordinator.before_complete")
                     completed = prepared.complete(self.clock())
                     await self.txn_log.write(completed)
                     self.txns[transactional_id] = completed

@@ -1,0 +1,188 @@
+"""Wires the transaction coordinator to the broker's logs.
+
+``TransactionManager`` owns:
+
+- the ``__transaction_state`` internal topic (compacted,
+  ``transaction.state.log.num.partitions`` partitions), created on first start;
+- ``StateLogWriter``: appends a transactional id's metadata record to its
+  partition and waits until it is durable;
+- ``MarkerWriter``: appends COMMIT/ABORT control batches to every partition of
+  a transaction (``__consumer_offsets`` included) and waits until all are
+  durable, then tells the fetch long-poll and the group coordinator;
+- the producer-id allocator (blocks in ``__cluster_metadata/producer-ids``);
+- the timer that aborts timed-out transactions and expires idle ids;
+- loading at start: every ``__transaction_state`` partition is replayed and
+  the coordinator finishes what was left in a Prepare state.
+
+Named crash points (``faults``) are passed to the coordinator as a callable,
+so a test can kill the broker between the durable decision and the markers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from typing import Callable
+
+from coordinator.coordinator import CoordinatorSettings, TransactionCoordinator
+from coordinator.metadata import TxnMetadata
+from coordinator.producer_ids import ProducerIdAllocator
+from coordinator.txn_log import (
+    DEFAULT_PARTITIONS,
+    TRANSACTION_STATE_TOPIC,
+    decode_key,
+    decode_value,
+    encode_key,
+    encode_value,
+    partition_for,
+)
+from protocol.records import ControlType, decode_batch, encode_batch, encode_control_batch, iter_batches
+
+log = logging.getLogger(__name__)
+
+COORDINATOR_EPOCH = 0
+
+
+class StateLogWriter:
+    def __init__(self, replicas, partitions: int, clock):
+        self.replicas = replicas
+        self.partitions = partitions
+        self.clock = clock
+
+    def _log_for(self, transactional_id: str):
+        partition = partition_for(transactional_id, self.partitions)
+        partition_log = self.replicas.get_log(TRANSACTION_STATE_TOPIC, partition)
+        if partition_log is None:
+            raise RuntimeError(f"{TRANSACTION_STATE_TOPIC}-{partition} is not open")
+        return partition_log
+
+    async def write(self, metadata: TxnMetadata) -> None:
+        await self._append(metadata.transactional_id, encode_value(metadata))
+
+    async def tombstone(self, transactional_id: str) -> None:
+        await self._append(transactional_id, None)
+
+    async def _append(self, transactional_id: str, value: bytes | None) -> None:
+        partition_log = self._log_for(transactional_id)
+        info = partition_log.append(encode_batch([(encode_key(transactional_id), value, (), self.clock())]))
+        await partition_log.wait_durable(info.last_offset)
+
+
+class MarkerWriter:
+    def __init__(self, replicas, clock, crash_point: Callable[[str], None], on_marker: Callable | None = None):
+        self.replicas = replicas
+        self.clock = clock
+        self.crash_point = crash_point
+        self.on_marker = on_marker
+
+    async def write(self, metadata: TxnMetadata, commit: bool) -> None:
+        control = ControlType.COMMIT if commit else ControlType.ABORT
+        waits = []
+        written = 0
+        for partition in sorted(metadata.partitions, key=lambda p: (p.topic, p.partition)):
+            partition_log = self.replicas.get_log(partition.topic, partition.partition)
+            if partition_log is None:
+                log.warning("no log for %s (deleted?); skipping its %s marker", partition, control.name)
+                continue
+            if written == 1:
+                self.crash_point("coordinator.markers_partial")
+            data = encode_control_batch(
+                control,
+                producer_id=metadata.producer_id,
+                producer_epoch=metadata.producer_epoch,
+                coordinator_epoch=COORDINATOR_EPOCH,
+                timestamp=self.clock(),
+            )
+            info, _aborted = partition_log.append_control(data, coordinator_epoch=COORDINATOR_EPOCH)
+            written += 1
+            waits.append((partition, partition_log.wait_durable(info.last_offset)))
+        for partition, waiter in waits:
+            await waiter
+            self.replicas.notify_appended(partition.topic, partition.partition)
+            if self.on_marker is not None:
+                self.on_marker(partition.topic, partition.partition, metadata.producer_id, commit)
+
+
+class TransactionManager:
+    def __init__(self, *, replicas, config, crash_point: Callable[[str], None] = lambda name: None, on_marker=None):
+        self.replicas = replicas
+        self.config = config
+        self.crash_point = crash_point
+        self.partitions = config.transaction_state_partitions
+        clock = lambda: int(time.time() * 1000)  # noqa: E731
+        self.state_log = StateLogWriter(replicas, self.partitions, clock)
+        self.markers = MarkerWriter(replicas, clock, crash_point, on_marker)
+        self.producer_ids = ProducerIdAllocator(os.path.join(replicas.data_dir, "__cluster_metadata"))
+        self.coordinator = TransactionCoordinator(
+            txn_log=self.state_log,
+            markers=self.markers,
+            producer_ids=self.producer_ids,
+            settings=CoordinatorSettings(
+                transaction_max_timeout_ms=config.transaction_max_timeout_ms,
+                transactional_id_expiration_ms=config.transactional_id_expiration_ms,
+                abort_timed_out_interval_ms=config.transaction_abort_interval_ms,
+            ),
+            clock=clock,
+            coordinator_epoch=COORDINATOR_EPOCH,
+            crash_point=crash_point,
+        )
+        self._timer: asyncio.Task | None = None
+
+    def ensure_topic(self) -> None:
+        if TRANSACTION_STATE_TOPIC not in self.replicas.topics:
+            self.replicas.create_topic(
+                TRANSACTION_STATE_TOPIC,
+                self.partitions,
+                {"cleanup.policy": "compact", "segment.bytes": str(100 * 1024 * 1024)},
+                internal=True,
+            )
+
+    def load(self) -> None:
+        """Replay ``__transaction_state`` into the coordinator (latest record per id wins)."""
+        entries = []
+        for partition in range(self.replicas.topics[TRANSACTION_STATE_TOPIC].partitions):
+            partition_log = self.replicas.get_log(TRANSACTION_STATE_TOPIC, partition)
+            offset = partition_log.log_start_offset
+            while offset < partition_log.log_end_offset:
+                data = partition_log.read(offset, 1 << 24, max_offset=partition_log.log_end_offset)
+                if not data:
+                    break
+                for position, header in iter_batches(data):
+                    offset = header.next_offset
+                    if header.is_control:
+                        continue
+                    for record in decode_batch(data, position).records:
+                        try:
+                            transactional_id = decode_key(record.key)
+                            entries.append((transactional_id, decode_value(transactional_id, record.value)))
+                        except (ValueError, TypeError) as error:
+                            log.error("skipping an unreadable %s record at offset %d: %s", TRANSACTION_STATE_TOPIC, record.offset, error)
+        self.coordinator.load(entries)
+        log.info("loaded %d transactional ids from %s", len(self.coordinator.txns), TRANSACTION_STATE_TOPIC)
+
+    async def start(self) -> None:
+        self.ensure_topic()
+        self.load()
+        self.coordinator.recover()
+        self._timer = asyncio.get_running_loop().create_task(self._timers())
+
+    async def _timers(self) -> None:
+        interval = self.config.transaction_abort_interval_ms / 1000.0
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.coordinator.abort_timed_out()
+                await self.coordinator.expire_transactional_ids()
+            except Exception:
+                log.exception("transaction timers failed")
+
+    async def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            try:
+                await self._timer
+            except asyncio.CancelledError:
+                pass
+        await self.coordinator.close()
