@@ -1,0 +1,209 @@
+"""The transaction coordinator's decisions, driven with in-memory I/O fakes."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from coordinator.coordinator import CoordinatorSettings, TransactionCoordinator
+from coordinator.metadata import TopicPartition
+from coordinator.producer_ids import ProducerIdAllocator
+from coordinator.state import TxnState
+from coordinator.txn_log import decode_key, decode_value, encode_key, encode_value, java_string_hash, partition_for
+from protocol.errors import ErrorCode
+
+P0, P1 = TopicPartition("t", 0), TopicPartition("t", 1)
+
+
+class FakeLog:
+    def __init__(self):
+        self.records = []
+        self.fail = False
+
+    async def write(self, metadata):
+        if self.fail:
+            raise OSError("disk gone")
+        self.records.append(metadata)
+
+    async def tombstone(self, transactional_id):
+        self.records.append((transactional_id, None))
+
+
+class FakeMarkers:
+    def __init__(self):
+        self.written = []
+        self.fail_times = 0
+
+    async def write(self, metadata, commit):
+        if self.fail_times:
+            self.fail_times -= 1
+            raise OSError("partition unavailable")
+        self.written.append((metadata.producer_id, metadata.producer_epoch, commit, sorted(metadata.partitions, key=str)))
+
+
+class FakeIds:
+    def __init__(self):
+        self.next = 1000
+
+    def allocate(self):
+        self.next += 1
+        return self.next
+
+
+def make(clock=None, **settings):
+    now = clock or [1_000_000]
+    coordinator = TransactionCoordinator(
+        txn_log=FakeLog(), markers=FakeMarkers(), producer_ids=FakeIds(), settings=CoordinatorSettings(**settings), clock=lambda: now[0]
+    )
+    return coordinator, now
+
+
+def run(coroutine):
+    return asyncio.run(coroutine)
+
+
+def test_commit_writes_prepare_then_markers_then_complete():
+    async def scenario():
+        coordinator, _ = make()
+        init = await coordinator.init_producer_id("tx", 60_000)
+        assert init.error == ErrorCode.NONE and init.producer_epoch == 0
+        assert await coordinator.add_partitions("tx", init.producer_id, 0, [P0, P1]) == ErrorCode.NONE
+        assert await coordinator.end_transaction("tx", init.producer_id, 0, True) == ErrorCode.NONE
+        states = [m.state for m in coordinator.txn_log.records]
+        assert states[:3] == [TxnState.EMPTY, TxnState.ONGOING, TxnState.PREPARE_COMMIT]
+        await coordinator.wait_idle()
+        assert coordinator.txn_log.records[-1].state == TxnState.COMPLETE_COMMIT
+        assert coordinator.markers.written == [(init.producer_id, 0, True, [P0, P1])]
+        # A retried EndTxn(commit) is answered success; the opposite is refused.
+        assert await coordinator.end_transaction("tx", init.producer_id, 0, True) == ErrorCode.NONE
+        assert await coordinator.end_transaction("tx", init.producer_id, 0, False) == ErrorCode.INVALID_TXN_STATE
+
+    run(scenario())
+
+
+def test_end_txn_while_markers_are_being_written_is_concurrent():
+    async def scenario():
+        coordinator, _ = make()
+        init = await coordinator.init_producer_id("tx", 60_000)
+        await coordinator.add_partitions("tx", init.producer_id, 0, [P0])
+        coordinator.markers.fail_times = 2  # markers keep failing for a while
+        assert await coordinator.end_transaction("tx", init.producer_id, 0, False) == ErrorCode.NONE
+        assert await coordinator.end_transaction("tx", init.producer_id, 0, False) == ErrorCode.CONCURRENT_TRANSACTIONS
+        assert await coordinator.add_partitions("tx", init.producer_id, 0, [P1]) == ErrorCode.CONCURRENT_TRANSACTIONS
+        await coordinator.wait_idle()
+        assert coordinator.txns["tx"].state == TxnState.COMPLETE_ABORT, "markers are retried until written"
+
+    run(scenario())
+
+
+def test_new_instance_fences_the_old_and_aborts_its_transaction():
+    async def scenario():
+        coordinator, _ = make()
+        old = await coordinator.init_producer_id("tx", 60_000)
+        await coordinator.add_partitions("tx", old.producer_id, 0, [P0])
+        first_try = await coordinator.init_producer_id("tx", 60_000)
+        assert first_try.error == ErrorCode.CONCURRENT_TRANSACTIONS
+        await coordinator.wait_idle()
+        assert coordinator.markers.written == [(old.producer_id, 1, False, [P0])], "aborted with the bumped epoch"
+        new = await coordinator.init_producer_id("tx", 60_000)
+        assert (new.error, new.producer_id, new.producer_epoch) == (ErrorCode.NONE, old.producer_id, 2)
+        # Every later call of the old instance fails with a fencing error.
+        assert await coordinator.add_partitions("tx", old.producer_id, 0, [P1]) == ErrorCode.PRODUCER_FENCED
+        assert await coordinator.end_transaction("tx", old.producer_id, 0, True) == ErrorCode.PRODUCER_FENCED
+
+    run(scenario())
+
+
+def test_timed_out_transaction_is_aborted_and_its_producer_fenced():
+    async def scenario():
+        coordinator, now = make()
+        init = await coordinator.init_producer_id("tx", 5_000)
+        await coordinator.add_partitions("tx", init.producer_id, 0, [P0])
+        now[0] += 4_000
+        assert await coordinator.abort_timed_out() == []
+        now[0] += 2_000
+        assert await coordinator.abort_timed_out() == ["tx"]
+        await coordinator.wait_idle()
+        assert coordinator.txns["tx"].state == TxnState.COMPLETE_ABORT
+        assert coordinator.txns["tx"].producer_epoch == 1
+        assert await coordinator.end_transaction("tx", init.producer_id, 0, True) == ErrorCode.PRODUCER_FENCED
+        # KIP-360: the fenced producer learns what happened to its transaction.
+        assert await coordinator.end_transaction("tx", init.producer_id, 0, False) == ErrorCode.NONE
+
+    run(scenario())
+
+
+def test_failed_state_write_changes_nothing():
+    async def scenario():
+        coordinator, _ = make()
+        init = await coordinator.init_producer_id("tx", 60_000)
+        await coordinator.add_partitions("tx", init.producer_id, 0, [P0])
+        coordinator.txn_log.fail = True
+        assert await coordinator.end_transaction("tx", init.producer_id, 0, True) == ErrorCode.KAFKA_STORAGE_ERROR
+        assert coordinator.txns["tx"].state == TxnState.ONGOING
+        assert coordinator.markers.written == []
+
+    run(scenario())
+
+
+def test_recovery_completes_prepared_transactions():
+    async def scenario():
+        coordinator, _ = make()
+        init = await coordinator.init_producer_id("tx", 60_000)
+        await coordinator.add_partitions("tx", init.producer_id, 0, [P0, P1])
+        prepared = coordinator.txns["tx"].prepare_commit(1)
+        restarted, _ = make()
+        restarted.load([("tx", prepared), ("gone", None)])
+        await asyncio.gather(*restarted.recover())
+        assert restarted.markers.written == [(init.producer_id, 0, True, [P0, P1])]
+        assert restarted.txns["tx"].state == TxnState.COMPLETE_COMMIT
+
+    run(scenario())
+
+
+def test_timeouts_are_validated_and_idempotent_producers_get_fresh_ids():
+    async def scenario():
+        coordinator, _ = make(transaction_max_timeout_ms=10_000)
+        assert (await coordinator.init_producer_id("tx", 20_000)).error == ErrorCode.INVALID_TRANSACTION_TIMEOUT
+        a = await coordinator.init_producer_id(None, 0)
+        b = await coordinator.init_producer_id(None, 0)
+        assert a.error == b.error == ErrorCode.NONE and a.producer_id != b.producer_id
+
+    run(scenario())
+
+
+def test_expired_transactional_ids_are_tombstoned():
+    async def scenario():
+        coordinator, now = make(transactional_id_expiration_ms=1000)
+        await coordinator.init_producer_id("tx", 500)
+        now[0] += 1500
+        assert await coordinator.expire_transactional_ids() == ["tx"]
+        assert coordinator.txn_log.records[-1] == ("tx", None)
+
+    run(scenario())
+
+
+def test_state_log_records_round_trip_and_partitioning():
+    coordinator, _ = make()
+
+    async def scenario():
+        init = await coordinator.init_producer_id("payments-copier", 60_000)
+        await coordinator.add_partitions("payments-copier", init.producer_id, 0, [P0, P1, TopicPartition("__consumer_offsets", 7)])
+        return coordinator.txns["payments-copier"]
+
+    metadata = run(scenario())
+    assert decode_key(encode_key("payments-copier")) == "payments-copier"
+    assert decode_value("payments-copier", encode_value(metadata)) == metadata
+    assert java_string_hash("hello") == 99162322
+    assert java_string_hash("Aa") == java_string_hash("BB")
+    assert partition_for("my-transactional-id", 50) == abs(java_string_hash("my-transactional-id")) % 50
+
+
+def test_producer_ids_are_never_reused_across_restarts(tmp_path):
+    first = ProducerIdAllocator(str(tmp_path), block_size=10)
+    handed = [first.allocate() for _ in range(15)]
+    second = ProducerIdAllocator(str(tmp_path), block_size=10)  # a crash: no clean close
+    more = [second.allocate() for _ in range(5)]
+    assert len(set(handed + more)) == 20
+    assert min(more) > max(handed)
