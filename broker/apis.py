@@ -112,8 +112,8 @@ class KafkaApis:
             60: self.handle_describe_cluster,
         }
         self._handlers.update(extra_handlers or {})
-        # KIP-890 part 1: (producer id, epoch, topic, partition) -> may a
-        # transactional batch go there? None: no transaction coordinator.
+        # KIP-890 part 1: (producer id, epoch, topic, partition) -> the error
+        # code for a transactional batch there (NONE: allowed).
         self.partition_in_transaction = partition_in_transaction
 
     async def dispatch(self, request) -> dict | None:
@@ -277,8 +277,9 @@ class KafkaApis:
             return result
         if header.is_transactional and header.producer_id >= 0 and self.partition_in_transaction is not None:
             # Every batch of one request has the same producer (Kafka checks that too).
-            if not self.partition_in_transaction(header.producer_id, header.producer_epoch, topic, partition):
-                result["error_code"] = ErrorCode.INVALID_TXN_STATE
+            verdict = self.partition_in_transaction(header.producer_id, header.producer_epoch, topic, partition)
+            if verdict != ErrorCode.NONE:
+                result["error_code"] = verdict
                 result["error_message"] = (
                     f"{topic}-{partition} is not part of an ongoing transaction of producer "
                     f"{header.producer_id} epoch {header.producer_epoch} (AddPartitionsToTxn first)"

@@ -113,7 +113,7 @@ class Broker:
         def partition_in_transaction(producer_id, producer_epoch, topic, partition):
             from coordinator.metadata import TopicPartition
 
-            return coordinator.is_partition_in_transaction(producer_id, producer_epoch, TopicPartition(topic, partition))
+            return coordinator.verify_transactional_produce(producer_id, producer_epoch, TopicPartition(topic, partition))
 
         self.apis = KafkaApis(
             config=self.config,

@@ -217,16 +217,19 @@ class TransactionCoordinator:
             return ErrorCode.INVALID_TXN_STATE
         return (await self._write_then_apply(metadata, InitResult(ErrorCode.NONE))).error
 
-    def is_partition_in_transaction(self, producer_id: int, producer_epoch: int, partition: TopicPartition) -> bool:
-        """KIP-890 part 1: may a transactional batch of this producer go to this partition?"""
+    def verify_transactional_produce(self, producer_id: int, producer_epoch: int, partition: TopicPartition) -> ErrorCode:
+        """KIP-890 part 1: may a transactional batch of this producer go to this
+        partition? NONE if the partition is in its ongoing transaction;
+        INVALID_PRODUCER_EPOCH if a newer epoch fenced it; else INVALID_TXN_STATE."""
         for metadata in self.txns.values():
-            if metadata.producer_id == producer_id:
-                return (
-                    metadata.state == TxnState.ONGOING
-                    and metadata.producer_epoch == producer_epoch
-                    and partition in metadata.partitions
-                )
-        return False
+            if metadata.producer_id != producer_id:
+                continue
+            if producer_epoch < metadata.producer_epoch:
+                return ErrorCode.INVALID_PRODUCER_EPOCH
+            if metadata.state == TxnState.ONGOING and metadata.producer_epoch == producer_epoch and partition in metadata.partitions:
+                return ErrorCode.NONE
+            return ErrorCode.INVALID_TXN_STATE
+        return ErrorCode.INVALID_TXN_STATE
 
     # -- EndTxn -------------------------------------------------------------------
 

@@ -18,10 +18,11 @@ READY = re.compile(r"onceflow broker ready on (\S+):(\d+)")
 class BrokerProcess:
     """``onceflow broker`` as a child process on an ephemeral port."""
 
-    def __init__(self, data_dir: str, *config: str, port: int = 0):
+    def __init__(self, data_dir: str, *config: str, port: int = 0, env: dict | None = None):
         self.data_dir = data_dir
         self.config = config
         self.port = port
+        self.env = env
         self.process: subprocess.Popen | None = None
         self.log_path = os.path.join(os.path.dirname(data_dir.rstrip("/")), os.path.basename(data_dir.rstrip("/")) + ".broker.log")
 
@@ -34,7 +35,10 @@ class BrokerProcess:
         for item in self.config:
             command += ["--config", item]
         log_file = open(self.log_path, "ab")
-        self.process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=log_file, text=True)
+        environment = dict(os.environ)
+        environment.pop("ONCEFLOW_CRASH_POINTS", None)
+        environment.update(self.env or {})
+        self.process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=log_file, text=True, env=environment)
         log_file.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -69,20 +73,24 @@ class BrokerProcess:
             return self.process.wait(60)
         return self.process.returncode if self.process else 0
 
-    def restart(self, *, clean: bool) -> "BrokerProcess":
+    def restart(self, *, clean: bool, env: dict | None = None) -> "BrokerProcess":
         if clean:
             assert self.terminate() == 0, self.read_log()[-2000:]
         else:
             self.kill()
+        self.env = env
         return self.start()
+
+    def wait_exit(self, timeout: float = 30) -> int:
+        return self.process.wait(timeout)
 
 
 @pytest.fixture
 def broker_process(tmp_path):
     brokers = []
 
-    def make(*config: str) -> BrokerProcess:
-        broker = BrokerProcess(str(tmp_path / f"broker{len(brokers)}"), *config)
+    def make(*config: str, env: dict | None = None) -> BrokerProcess:
+        broker = BrokerProcess(str(tmp_path / f"broker{len(brokers)}"), *config, env=env)
         brokers.append(broker)
         return broker.start()
 

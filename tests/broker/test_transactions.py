@@ -1,0 +1,369 @@
+"""Transactions and idempotence with real clients over real sockets, and
+their crash behaviour with a real broker process."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import time
+import uuid
+
+import pytest
+
+TOPIC_PARTITIONS = 3
+SMALL_TXN_CONFIG = ("transaction.abort.timed.out.transaction.cleanup.interval.ms=200",)
+
+
+def create_topic(bootstrap, topic, partitions=TOPIC_PARTITIONS):
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(10)
+
+
+def read_values(bootstrap, topic, isolation, *, partitions=TOPIC_PARTITIONS, idle=1.5, expect=None):
+    """Everything a fresh confluent consumer with ``isolation`` reads."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"r-{uuid.uuid4()}", "isolation.level": isolation, "enable.auto.commit": False, "enable.partition.eof": False})
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    values = []
+    last = time.monotonic()
+    deadline = time.monotonic() + 30
+    while time.monotonic() - last < idle and time.monotonic() < deadline:
+        for message in consumer.consume(500, 0.2):
+            assert message.error() is None, message.error()
+            values.append(message.value())
+            last = time.monotonic()
+        if expect is not None and len(values) >= expect:
+            break
+    consumer.close()
+    return values
+
+
+# ----------------------------------------------------------------- per client producers
+
+
+def run_confluent(bootstrap, topic, plan):
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"tx-confluent-{uuid.uuid4()}", "linger.ms": 1})
+    producer.init_transactions(20)
+    for commit, values in plan:
+        producer.begin_transaction()
+        for value in values:
+            producer.produce(topic, key=value, value=value)
+        producer.flush(20)
+        (producer.commit_transaction if commit else producer.abort_transaction)(20)
+
+
+def run_kafka_python(bootstrap, topic, plan):
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=bootstrap, transactional_id=f"tx-kp-{uuid.uuid4()}", linger_ms=1)
+    producer.init_transactions()
+    for commit, values in plan:
+        producer.begin_transaction()
+        for value in values:
+            producer.send(topic, key=value, value=value)
+        producer.flush()
+        (producer.commit_transaction if commit else producer.abort_transaction)()
+    producer.close()
+
+
+def run_aiokafka(bootstrap, topic, plan):
+    from aiokafka import AIOKafkaProducer
+
+    async def run():
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, transactional_id=f"tx-aio-{uuid.uuid4()}", linger_ms=1)
+        await producer.start()
+        try:
+            for commit, values in plan:
+                await producer.begin_transaction()
+                for value in values:
+                    await producer.send(topic, key=value, value=value)
+                await producer.flush()
+                if commit:
+                    await producer.commit_transaction()
+                else:
+                    await producer.abort_transaction()
+        finally:
+            await producer.stop()
+
+    asyncio.run(run())
+
+
+CLIENTS = {"confluent-kafka": run_confluent, "kafka-python": run_kafka_python, "aiokafka": run_aiokafka}
+
+
+def client_read_committed(client, bootstrap, topic, expect):
+    """Read back with the same client's own read_committed consumer."""
+    if client == "kafka-python":
+        from kafka import KafkaConsumer, TopicPartition
+
+        consumer = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed", consumer_timeout_ms=3000)
+        partitions = [TopicPartition(topic, p) for p in range(TOPIC_PARTITIONS)]
+        consumer.assign(partitions)
+        consumer.seek_to_beginning()
+        values = [m.value for m in consumer]
+        consumer.close()
+        return values
+    if client == "aiokafka":
+        from aiokafka import AIOKafkaConsumer, TopicPartition
+
+        async def run():
+            consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed", auto_offset_reset="earliest")
+            await consumer.start()
+            try:
+                partitions = [TopicPartition(topic, p) for p in range(TOPIC_PARTITIONS)]
+                consumer.assign(partitions)
+                await consumer.seek_to_beginning(*partitions)
+                values = []
+                deadline = time.monotonic() + 5
+                while time.monotonic() < deadline and len(values) < expect:
+                    batches = await consumer.getmany(timeout_ms=300)
+                    values.extend(m.value for ms in batches.values() for m in ms)
+                await asyncio.sleep(0.5)
+                batches = await consumer.getmany(timeout_ms=300)
+                values.extend(m.value for ms in batches.values() for m in ms)
+                return values
+            finally:
+                await consumer.stop()
+
+        return asyncio.run(run())
+    return read_values(bootstrap, topic, "read_committed", expect=expect)
+
+
+@pytest.mark.parametrize("client", list(CLIENTS))
+def test_commit_abort_commit(client, embedded_broker):
+    topic = f"txn-{client}"
+    create_topic(embedded_broker.bootstrap, topic)
+    first = [b"c1-%d" % i for i in range(30)]
+    aborted = [b"a-%d" % i for i in range(30)]
+    second = [b"c2-%d" % i for i in range(30)]
+    CLIENTS[client](embedded_broker.bootstrap, topic, [(True, first), (False, aborted), (True, second)])
+    committed = read_values(embedded_broker.bootstrap, topic, "read_committed", expect=60)
+    assert sorted(committed) == sorted(first + second), "exactly the committed records"
+    everything = read_values(embedded_broker.bootstrap, topic, "read_uncommitted", expect=90)
+    assert sorted(everything) == sorted(first + aborted + second), "read_uncommitted sees all, and no control records"
+    own = client_read_committed(client, embedded_broker.bootstrap, topic, 60)
+    assert sorted(own) == sorted(first + second), f"{client}'s own read_committed consumer"
+
+
+def test_open_transaction_holds_read_committed_until_it_ends(embedded_broker):
+    from confluent_kafka import Producer
+
+    topic = "lso"
+    create_topic(embedded_broker.bootstrap, topic, 1)
+    plain = Producer({"bootstrap.servers": embedded_broker.bootstrap})
+    plain.produce(topic, value=b"before")
+    plain.flush(10)
+    producer = Producer({"bootstrap.servers": embedded_broker.bootstrap, "transactional.id": "lso-tx"})
+    producer.init_transactions(10)
+    producer.begin_transaction()
+    producer.produce(topic, value=b"in-txn")
+    producer.flush(10)
+    plain.produce(topic, value=b"after")  # behind the open transaction
+    plain.flush(10)
+    assert read_values(embedded_broker.bootstrap, topic, "read_committed", partitions=1) == [b"before"]
+    assert read_values(embedded_broker.bootstrap, topic, "read_uncommitted", partitions=1, expect=3) == [b"before", b"in-txn", b"after"]
+    producer.commit_transaction(10)
+    assert read_values(embedded_broker.bootstrap, topic, "read_committed", partitions=1, expect=3) == [b"before", b"in-txn", b"after"]
+
+
+def test_zombie_is_fenced_and_nothing_it_sent_becomes_visible(embedded_broker):
+    from confluent_kafka import KafkaException, Producer
+
+    topic = "zombies"
+    create_topic(embedded_broker.bootstrap, topic)
+    zombie = Producer({"bootstrap.servers": embedded_broker.bootstrap, "transactional.id": "same-id", "linger.ms": 1})
+    zombie.init_transactions(10)
+    zombie.begin_transaction()
+    for i in range(20):
+        zombie.produce(topic, value=b"zombie-%d" % i)
+    zombie.flush(10)
+    successor = Producer({"bootstrap.servers": embedded_broker.bootstrap, "transactional.id": "same-id"})
+    successor.init_transactions(20)  # fences the zombie and aborts its transaction
+    successor.begin_transaction()
+    successor.produce(topic, value=b"successor")
+    successor.commit_transaction(10)
+    with pytest.raises(KafkaException) as info:
+        zombie.produce(topic, value=b"zombie-late")
+        zombie.flush(5)
+        zombie.commit_transaction(10)
+    error = info.value.args[0]
+    assert error.fatal() or "fenced" in error.str().lower() or error.code() in (47, 90), error
+    assert read_values(embedded_broker.bootstrap, topic, "read_committed", expect=1) == [b"successor"]
+
+
+def test_timed_out_transaction_is_aborted_and_producer_fenced(broker_process):
+    from confluent_kafka import KafkaException, Producer
+
+    broker = broker_process(*SMALL_TXN_CONFIG)
+    topic = "timeouts"
+    create_topic(broker.bootstrap, topic)
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": "slow", "transaction.timeout.ms": 1000, "linger.ms": 1})
+    producer.init_transactions(10)
+    producer.begin_transaction()
+    for i in range(10):
+        producer.produce(topic, value=b"slow-%d" % i)
+    producer.flush(10)
+    time.sleep(2.5)
+    with pytest.raises(KafkaException):
+        producer.commit_transaction(10)
+    assert read_values(broker.bootstrap, topic, "read_committed", idle=1.0) == []
+    everything = read_values(broker.bootstrap, topic, "read_uncommitted", expect=10)
+    assert len(everything) == 10, "the records are there, aborted"
+
+
+def raw_request(port, api_key, version, body):
+    import socket
+
+    from protocol.framing import ClientConnection
+
+    connection = ClientConnection(client_id="raw")
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        _cid, frame = connection.send_request(api_key, version, body)
+        sock.sendall(frame)
+        while True:
+            connection.receive_data(sock.recv(1 << 16))
+            response = connection.next_response()
+            if response is not None:
+                return response.body
+
+
+def test_duplicates_and_out_of_order_batches_on_the_wire(embedded_broker):
+    from protocol.records import encode_batch
+
+    create_topic(embedded_broker.bootstrap, "idem", 1)
+    init = raw_request(embedded_broker.port, 22, 4, {"transactional_id": None, "transaction_timeout_ms": 0})
+    pid, epoch = init["producer_id"], init["producer_epoch"]
+    assert init["error_code"] == 0 and pid >= 0
+
+    def produce(sequence, values):
+        batch = encode_batch([(None, v, (), 1) for v in values], producer_id=pid, producer_epoch=epoch, base_sequence=sequence)
+        body = {"acks": -1, "timeout_ms": 5000, "topic_data": [{"name": "idem", "partition_data": [{"index": 0, "records": batch}]}]}
+        return raw_request(embedded_broker.port, 0, 9, body)["responses"][0]["partition_responses"][0]
+
+    first = produce(0, [b"a", b"b"])
+    assert (first["error_code"], first["base_offset"]) == (0, 0)
+    again = produce(0, [b"a", b"b"])  # a retry after a lost response
+    assert (again["error_code"], again["base_offset"]) == (0, 0)
+    gap = produce(5, [b"c"])
+    assert gap["error_code"] == 45  # OUT_OF_ORDER_SEQUENCE_NUMBER
+    assert produce(2, [b"c"])["base_offset"] == 2
+    assert read_values(embedded_broker.bootstrap, "idem", "read_uncommitted", partitions=1, expect=3) == [b"a", b"b", b"c"]
+
+
+def test_transactional_batch_outside_the_transaction_is_rejected(embedded_broker):
+    from protocol.records import encode_batch
+
+    create_topic(embedded_broker.bootstrap, "kip890", 2)
+    init = raw_request(embedded_broker.port, 22, 4, {"transactional_id": "raw-tx", "transaction_timeout_ms": 60000})
+    pid, epoch = init["producer_id"], init["producer_epoch"]
+    add = raw_request(embedded_broker.port, 24, 3, {"v3_and_below_transactional_id": "raw-tx", "v3_and_below_producer_id": pid, "v3_and_below_producer_epoch": epoch, "v3_and_below_topics": [{"name": "kip890", "partitions": [0]}]})
+    assert add["results_by_topic_v3_and_below"][0]["results_by_partition"][0]["partition_error_code"] == 0
+    batch = encode_batch([(None, b"x", (), 1)], producer_id=pid, producer_epoch=epoch, base_sequence=0, is_transactional=True)
+    body = lambda p: {"transactional_id": "raw-tx", "acks": -1, "timeout_ms": 5000, "topic_data": [{"name": "kip890", "partition_data": [{"index": p, "records": batch}]}]}  # noqa: E731
+    assert raw_request(embedded_broker.port, 0, 9, body(0))["responses"][0]["partition_responses"][0]["error_code"] == 0
+    late = raw_request(embedded_broker.port, 0, 9, body(1))["responses"][0]["partition_responses"][0]
+    assert late["error_code"] == 48  # INVALID_TXN_STATE: partition 1 was never added
+    listed = raw_request(embedded_broker.port, 66, 1, {"state_filters": ["Ongoing"], "producer_id_filters": []})
+    assert [t["transactional_id"] for t in listed["transaction_states"]] == ["raw-tx"]
+    described = raw_request(embedded_broker.port, 65, 0, {"transactional_ids": ["raw-tx", "nope"]})
+    states = described["transaction_states"]
+    assert states[0]["transaction_state"] == "Ongoing" and states[0]["topics"] == [{"topic": "kip890", "partitions": [0]}]
+    assert states[1]["error_code"] == 105  # TRANSACTIONAL_ID_NOT_FOUND
+    producers = raw_request(embedded_broker.port, 61, 0, {"topics": [{"name": "kip890", "partition_indexes": [0]}]})
+    [active] = producers["topics"][0]["partitions"][0]["active_producers"]
+    assert active["producer_id"] == pid and active["current_txn_start_offset"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("decision", ["commit", "abort"])
+def test_broker_killed_after_the_decision_finishes_it_on_restart(decision, broker_process):
+    from confluent_kafka import Producer
+
+    point = "coordinator.after_prepare_commit" if decision == "commit" else "coordinator.after_prepare_abort"
+    broker = broker_process(env={"ONCEFLOW_CRASH_POINTS": f"{point}@1:exit"})
+    topic = f"crash-{decision}"
+    create_topic(broker.bootstrap, topic)
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": f"crash-{decision}", "linger.ms": 1, "message.timeout.ms": 5000})
+    producer.init_transactions(10)
+    producer.begin_transaction()
+    values = [b"%s-%d" % (decision.encode(), i) for i in range(30)]
+    for value in values:
+        producer.produce(topic, key=value, value=value)
+    producer.flush(10)
+    try:
+        (producer.commit_transaction if decision == "commit" else producer.abort_transaction)(5)
+    except Exception:
+        pass  # the broker died under the client; what counts is what recovery does
+    assert broker.wait_exit(30) == 86, "the crash point fired"
+    del producer
+    broker.restart(clean=False, env={})
+    committed = read_values(broker.bootstrap, topic, "read_committed", expect=30 if decision == "commit" else None)
+    assert sorted(committed) == (sorted(values) if decision == "commit" else [])
+    # Every partition got its marker: the LSO is not held back anywhere.
+    from confluent_kafka import Producer as Plain
+
+    plain = Plain({"bootstrap.servers": broker.bootstrap})
+    for partition in range(TOPIC_PARTITIONS):
+        plain.produce(topic, value=b"later-%d" % partition, partition=partition)
+    plain.flush(10)
+    after = read_values(broker.bootstrap, topic, "read_committed", expect=len(committed) + TOPIC_PARTITIONS)
+    assert sorted(v for v in after if v.startswith(b"later")) == [b"later-%d" % p for p in range(TOPIC_PARTITIONS)]
+    described = raw_request(broker.port, 65, 0, {"transactional_ids": [f"crash-{decision}"]})
+    assert described["transaction_states"][0]["transaction_state"] == ("CompleteCommit" if decision == "commit" else "CompleteAbort")
+
+
+@pytest.mark.slow
+def test_idempotent_stream_through_broker_kills_has_no_duplicates(broker_process):
+    import threading
+
+    from confluent_kafka import Producer
+
+    broker = broker_process()
+    create_topic(broker.bootstrap, "stream", 2)
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "enable.idempotence": True, "linger.ms": 2, "message.timeout.ms": 60000, "retry.backoff.ms": 50})
+    delivered = []
+    failed = []
+
+    def on_delivery(error, message):
+        (failed if error else delivered).append(message.value())
+
+    stop = threading.Event()
+
+    def chaos():
+        for _ in range(2):
+            time.sleep(0.7)
+            broker.restart(clean=False)
+        stop.set()
+
+    killer = threading.Thread(target=chaos)
+    killer.start()
+    sent = 0
+    while not stop.is_set() or sent < 3000:
+        producer.produce("stream", value=b"%d" % sent, on_delivery=on_delivery)
+        sent += 1
+        producer.poll(0)
+        if sent % 500 == 0:
+            time.sleep(0.05)
+    killer.join()
+    assert producer.flush(60) == 0
+    assert not failed, failed[:3]
+    values = read_values(broker.bootstrap, "stream", "read_uncommitted", partitions=2, expect=sent)
+    assert len(values) == len(set(values)), "no duplicates"
+    assert sorted(values, key=int) == [b"%d" % i for i in range(sent)], "every acknowledged record"
+
+
+def test_producer_ids_and_epochs_survive_restart(broker_process):
+    broker = broker_process()
+    first = raw_request(broker.port, 22, 4, {"transactional_id": "keeper", "transaction_timeout_ms": 60000})
+    idempotent = raw_request(broker.port, 22, 4, {"transactional_id": None, "transaction_timeout_ms": 0})
+    broker.restart(clean=False)
+    again = raw_request(broker.port, 22, 4, {"transactional_id": "keeper", "transaction_timeout_ms": 60000})
+    assert again["producer_id"] == first["producer_id"] and again["producer_epoch"] == first["producer_epoch"] + 1
+    fresh = raw_request(broker.port, 22, 4, {"transactional_id": None, "transaction_timeout_ms": 0})
+    assert fresh["producer_id"] not in (first["producer_id"], idempotent["producer_id"])
+    assert fresh["producer_id"] > idempotent["producer_id"]
