@@ -2,6 +2,7 @@
 
     onceflow broker [--data-dir DIR] [--listen HOST:PORT] [--config KEY=VALUE ...]
     onceflow dump-log FILE... [--print-data-log]
+    onceflow transactions [--bootstrap-server H:P] list|describe ID|find-hanging|abort ...
     onceflow demo [--records N] [--seed S] [--keep-data DIR]
 
 Each subcommand is a thin shell over a library function; exit status 0 means
@@ -48,6 +49,21 @@ def build_parser() -> argparse.ArgumentParser:
     dump.add_argument("files", nargs="+")
     dump.add_argument("--print-data-log", action="store_true", help="print every record too")
 
+    transactions = commands.add_parser("transactions", help="list, describe, find hanging, abort transactions (KIP-664)")
+    transactions.add_argument("--bootstrap-server", default=f"{DEFAULT_HOST}:{DEFAULT_PORT}")
+    actions = transactions.add_subparsers(dest="action", required=True)
+    actions.add_parser("list")
+    describe = actions.add_parser("describe")
+    describe.add_argument("transactional_id")
+    hanging = actions.add_parser("find-hanging")
+    hanging.add_argument("--max-age-ms", type=int, default=15 * 60 * 1000)
+    abort = actions.add_parser("abort")
+    abort.add_argument("--topic", required=True)
+    abort.add_argument("--partition", type=int, required=True)
+    abort.add_argument("--producer-id", type=int, required=True)
+    abort.add_argument("--producer-epoch", type=int, required=True)
+    abort.add_argument("--coordinator-epoch", type=int, default=0)
+
     demo = commands.add_parser("demo", help="the main job: see onceflow work end to end")
     demo.add_argument("--records", type=int, default=20_000)
     demo.add_argument("--seed", type=int, default=None)
@@ -64,6 +80,22 @@ def main(argv: list[str] | None = None) -> int:
         from broker.dump_log import dump
 
         return dump(args.files, print_data_log=args.print_data_log)
+    if args.command == "transactions":
+        from broker import txn_tools
+
+        try:
+            if args.action == "list":
+                return txn_tools.list_transactions(args.bootstrap_server)
+            if args.action == "describe":
+                return txn_tools.describe_transaction(args.bootstrap_server, args.transactional_id)
+            if args.action == "find-hanging":
+                return txn_tools.find_hanging(args.bootstrap_server, max_age_ms=args.max_age_ms)
+            return txn_tools.abort_transaction(
+                args.bootstrap_server, args.topic, args.partition, args.producer_id, args.producer_epoch, args.coordinator_epoch
+            )
+        except (OSError, ConnectionError) as error:
+            print(f"onceflow transactions: cannot reach {args.bootstrap_server}: {error}", file=sys.stderr)
+            return 2
     if args.command == "demo":
         from broker.demo import run_demo
 
