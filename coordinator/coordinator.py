@@ -95,6 +95,7 @@ class TransactionCoordinator:
         self._busy: set[str] = set()
         # Completion tasks (markers then Complete) each have this owner.
         self._completions: set[asyncio.Task] = set()
+        self._completing: dict[str, asyncio.Task] = {}
         self.loading = False
 
     # -- recovery ---------------------------------------------------------------
@@ -197,9 +198,21 @@ class TransactionCoordinator:
             return ErrorCode.PRODUCER_FENCED, None
         return ErrorCode.NONE, current
 
+    async def _await_completion(self, transactional_id: str, timeout: float = 2.0) -> None:
+        """A client that starts its next transaction while the markers of the
+        previous one are still being written waits here briefly, instead of
+        being told CONCURRENT_TRANSACTIONS and backing off (tens of ms)."""
+        task = self._completing.get(transactional_id)
+        if task is not None and not task.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(task), timeout)
+            except (asyncio.TimeoutError, Exception):
+                pass
+
     async def add_partitions(
         self, transactional_id: str, producer_id: int, producer_epoch: int, partitions: Iterable[TopicPartition], *, verify_only: bool = False
     ) -> ErrorCode:
+        await self._await_completion(transactional_id)
         error, current = self._check_producer(transactional_id, producer_id, producer_epoch)
         if error:
             return error
@@ -332,7 +345,9 @@ class TransactionCoordinator:
     def _spawn_completion(self, prepared: TxnMetadata) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(self._complete(prepared))
         self._completions.add(task)
+        self._completing[prepared.transactional_id] = task
         task.add_done_callback(self._completions.discard)
+        task.add_done_callback(lambda _t, tid=prepared.transactional_id: self._completing.get(tid) is _t and self._completing.pop(tid))
         return task
 
     async def _complete(self, prepared: TxnMetadata) -> None:
