@@ -56,6 +56,17 @@ SUPPORTED_APIS: dict[int, tuple[str, int, int]] = {
     61: ("DescribeProducers", 0, 0),
     65: ("DescribeTransactions", 0, 0),
     66: ("ListTransactions", 0, 1),
+    8: ("OffsetCommit", 0, 9),
+    9: ("OffsetFetch", 0, 9),
+    11: ("JoinGroup", 0, 9),
+    12: ("Heartbeat", 0, 4),
+    13: ("LeaveGroup", 0, 5),
+    14: ("SyncGroup", 0, 5),
+    15: ("DescribeGroups", 0, 5),
+    16: ("ListGroups", 0, 5),
+    28: ("TxnOffsetCommit", 0, 4),
+    42: ("DeleteGroups", 0, 2),
+    47: ("OffsetDelete", 0, 0),
 }
 
 # ListOffsets special timestamps

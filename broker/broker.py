@@ -43,6 +43,7 @@ class Broker:
         self._lock_file = None
         self._housekeeping: asyncio.Task | None = None
         self.transactions = None
+        self.groups = None
         self.port: int | None = None
 
     @property
@@ -79,7 +80,11 @@ class Broker:
         from broker.transactions import TransactionManager
         from faults.points import point as crash_point
 
-        self.transactions = TransactionManager(replicas=self.replicas, config=self.config, crash_point=crash_point)
+        from broker.groups import GroupApis, GroupManager
+
+        self.groups = GroupManager(replicas=self.replicas, config=self.config)
+        await self.groups.start()
+        self.transactions = TransactionManager(replicas=self.replicas, config=self.config, crash_point=crash_point, on_marker=self.groups.on_marker)
         await self.transactions.start()
 
         self.server = KafkaServer(
@@ -94,6 +99,7 @@ class Broker:
             self.port = await self.server.start()
         except OSError:
             await self.transactions.stop()
+            await self.groups.stop()
             self.replicas.close()
             self._unlock()
             raise
@@ -121,7 +127,7 @@ class Broker:
             cluster_id=cluster_id,
             advertised=advertised,
             log_config_defaults=log_config_defaults(),
-            extra_handlers=txn_apis.handlers(),
+            extra_handlers={**txn_apis.handlers(), **GroupApis(groups=self.groups, transactions=self.transactions, replicas=self.replicas).handlers()},
             partition_in_transaction=partition_in_transaction,
         )
         self._housekeeping = asyncio.get_running_loop().create_task(self._housekeep())
@@ -158,6 +164,9 @@ class Broker:
         if self.transactions is not None:
             await self.transactions.stop()
             self.transactions = None
+        if self.groups is not None:
+            await self.groups.stop()
+            self.groups = None
         if self.replicas is not None:
             self.replicas.close()
             self.replicas = None

@@ -28,6 +28,11 @@ _INT_SETTINGS = {
     "transactional.id.expiration.ms": "transactional_id_expiration_ms",
     "transaction.abort.timed.out.transaction.cleanup.interval.ms": "transaction_abort_interval_ms",
     "offsets.topic.num.partitions": "offsets_topic_partitions",
+    "group.initial.rebalance.delay.ms": "group_initial_rebalance_delay_ms",
+    "group.min.session.timeout.ms": "group_min_session_timeout_ms",
+    "group.max.session.timeout.ms": "group_max_session_timeout_ms",
+    "offsets.retention.minutes": "offsets_retention_minutes",
+    "offsets.retention.check.interval.ms": "offsets_retention_check_interval_ms",
 }
 _BOOL_SETTINGS = {"auto.create.topics.enable": "auto_create_topics"}
 
@@ -65,6 +70,11 @@ class BrokerConfig:
     transactional_id_expiration_ms: int = attrs.field(default=7 * 24 * 3600 * 1000, validator=attrs.validators.ge(1))
     transaction_abort_interval_ms: int = attrs.field(default=10_000, validator=attrs.validators.ge(10))
     offsets_topic_partitions: int = attrs.field(default=50, validator=attrs.validators.ge(1))
+    group_initial_rebalance_delay_ms: int = attrs.field(default=3000, validator=attrs.validators.ge(0))
+    group_min_session_timeout_ms: int = attrs.field(default=6000, validator=attrs.validators.ge(1))
+    group_max_session_timeout_ms: int = attrs.field(default=1_800_000, validator=attrs.validators.ge(1))
+    offsets_retention_minutes: int = attrs.field(default=7 * 24 * 60, validator=attrs.validators.ge(1))
+    offsets_retention_check_interval_ms: int = attrs.field(default=600_000, validator=attrs.validators.ge(10))
     # Defaults for topic (log) settings, in Kafka's names: segment.bytes, flush.policy, ...
     log_defaults: dict = attrs.field(factory=dict)
 

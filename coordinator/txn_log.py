@@ -18,6 +18,7 @@ import struct
 from coordinator.metadata import TopicPartition, TxnMetadata
 from coordinator.state import TxnState
 from protocol import schema
+from protocol.partitioning import java_string_hash, partition_for  # noqa: F401 (re-exported)
 from protocol.messages import TRANSACTION_LOG_KEY, TRANSACTION_LOG_VALUE
 
 TRANSACTION_STATE_TOPIC = "__transaction_state"
@@ -25,26 +26,6 @@ DEFAULT_PARTITIONS = 50
 KEY_VERSION = 0
 VALUE_VERSION = 0
 _VERSION = struct.Struct(">h")
-
-
-def java_string_hash(text: str) -> int:
-    """Java's String.hashCode over UTF-16 code units, as a signed int32."""
-    value = 0
-    for unit in _utf16_units(text):
-        value = (31 * value + unit) & 0xFFFFFFFF
-    return value - (1 << 32) if value >= 1 << 31 else value
-
-
-def _utf16_units(text: str):
-    data = text.encode("utf-16-be")
-    for index in range(0, len(data), 2):
-        yield (data[index] << 8) | data[index + 1]
-
-
-def partition_for(key: str, partitions: int) -> int:
-    # Kafka's Utils.abs maps Integer.MIN_VALUE to 0 rather than overflowing.
-    value = java_string_hash(key)
-    return (0 if value == -(1 << 31) else abs(value)) % partitions
 
 
 def encode_key(transactional_id: str) -> bytes:

@@ -166,6 +166,14 @@ class ProducerStateManager:
             return None
         epoch = header.producer_epoch
         entry = self.producers.get(producer_id)
+        if header.base_sequence == NO_SEQUENCE:
+            # Written by a coordinator (transactional offset commits), not a
+            # client: no sequence to check, and never a duplicate.
+            if entry is not None and epoch < entry.producer_epoch:
+                raise InvalidProducerEpochError(
+                    f"producer {producer_id} epoch {epoch} is older than the current epoch {entry.producer_epoch}"
+                )
+            return ProducerAppend(producer_id, epoch, NO_SEQUENCE, NO_SEQUENCE, header.is_transactional, header.max_timestamp, header.last_offset_delta)
         if entry is not None:
             if epoch < entry.producer_epoch:
                 raise InvalidProducerEpochError(

@@ -90,7 +90,7 @@ def broker_process(tmp_path):
     brokers = []
 
     def make(*config: str, env: dict | None = None) -> BrokerProcess:
-        broker = BrokerProcess(str(tmp_path / f"broker{len(brokers)}"), *config, env=env)
+        broker = BrokerProcess(str(tmp_path / f"broker{len(brokers)}"), "group.initial.rebalance.delay.ms=0", *config, env=env)
         brokers.append(broker)
         return broker.start()
 
@@ -103,5 +103,5 @@ def broker_process(tmp_path):
 def embedded_broker(tmp_path):
     from broker.broker import EmbeddedBroker
 
-    with EmbeddedBroker(str(tmp_path / "data")) as broker:
+    with EmbeddedBroker(str(tmp_path / "data"), group_initial_rebalance_delay_ms=0) as broker:
         yield broker

@@ -1,0 +1,629 @@
+"""The group coordinator: classic consumer-group membership, offset commits,
+and transactional offset commits (KIP-98, KIP-447), over injected I/O.
+
+Membership follows the state table in ``groupcoord.state``: JoinGroup
+requests wait until every known member has rejoined (or the rebalance
+timeout, or for a new group ``group.initial.rebalance.delay.ms``, passes),
+then all get the new generation and the leader gets the members'
+subscriptions; SyncGroup requests wait for the leader's assignment, which is
+written to ``__consumer_offsets`` before anyone gets it. Heartbeats keep a
+member alive; a member silent past its session timeout is removed and the
+group rebalances. Member ids are handed out with MEMBER_ID_REQUIRED
+(KIP-394) so a retried JoinGroup cannot create ghosts; a static member
+(``group.instance.id``) that rejoins replaces its old member id.
+
+Offsets: an OffsetCommit from the current generation (or a "simple" commit
+to a group with no members) is written, made durable, then cached. A
+TxnOffsetCommit is written in a transactional batch of the producer and kept
+pending per producer id; the COMMIT marker on the group's offsets partition
+makes it the committed offset, ABORT discards it (``on_marker``). While an
+offset is pending, OffsetFetch with require_stable answers
+UNSTABLE_OFFSET_COMMIT for it. A TxnOffsetCommit carrying a generation is
+fenced like a plain commit (KIP-447): a copier that lost its partitions in a
+rebalance cannot commit offsets for them.
+
+The coordinator never touches files; ``offsets_log`` appends records to the
+group's ``__consumer_offsets`` partition and waits until they are durable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from typing import Callable, Protocol
+
+import attrs
+
+from groupcoord.records import (
+    GroupKey,
+    OffsetAndMetadata,
+    OffsetKey,
+    decode_group_value,
+    decode_key,
+    decode_offset_value,
+    group_key,
+    group_value,
+    offset_key,
+    offset_value,
+    subscribed_topics,
+)
+from groupcoord.state import GroupEvent, GroupState, InvalidGroupTransition, transition
+from protocol.errors import ErrorCode
+
+log = logging.getLogger(__name__)
+
+TopicPartition = tuple[str, int]
+
+
+class OffsetsLog(Protocol):
+    async def append(self, group_id: str, records: list[tuple[bytes, bytes | None]], *, producer_id: int = -1, producer_epoch: int = -1) -> None: ...
+
+
+@attrs.frozen
+class GroupSettings:
+    initial_rebalance_delay_ms: int = 3000
+    min_session_timeout_ms: int = 6000
+    max_session_timeout_ms: int = 1_800_000
+    offsets_retention_ms: int = 7 * 24 * 3600 * 1000
+    max_group_size: int = 2**31 - 1
+
+
+@attrs.define(eq=False)
+class Member:
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
+    client_host: str
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    protocol_type: str
+    protocols: list[tuple[str, bytes]]
+    assignment: bytes = b""
+    last_heartbeat: float = 0.0
+    join_future: asyncio.Future | None = None
+    sync_future: asyncio.Future | None = None
+
+    def metadata_for(self, protocol: str) -> bytes:
+        for name, metadata in self.protocols:
+            if name == protocol:
+                return metadata
+        return b""
+
+
+@attrs.define(eq=False)
+class Group:
+    group_id: str
+    state: GroupState = GroupState.EMPTY
+    generation: int = 0
+    protocol_type: str | None = None
+    protocol_name: str | None = None
+    leader: str | None = None
+    members: dict[str, Member] = attrs.field(factory=dict)
+    pending_member_ids: set[str] = attrs.field(factory=set)
+    static_members: dict[str, str] = attrs.field(factory=dict)
+    offsets: dict[TopicPartition, OffsetAndMetadata] = attrs.field(factory=dict)
+    pending_txn_offsets: dict[int, dict[TopicPartition, OffsetAndMetadata]] = attrs.field(factory=dict)
+    join_deadline: float | None = None
+    new_group_delay_until: float | None = None
+    state_timestamp: int = -1
+
+    def move(self, event: GroupEvent) -> None:
+        self.state = transition(self.state, event)
+        self.state_timestamp = int(time.time() * 1000)
+
+    def has_pending_txn(self, partition: TopicPartition) -> bool:
+        return any(partition in pending for pending in self.pending_txn_offsets.values())
+
+
+STATE_NAMES = {s: s.value for s in GroupState}
+
+
+class GroupCoordinator:
+    def __init__(self, *, offsets_log: OffsetsLog, settings: GroupSettings = GroupSettings(), clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], int] = lambda: int(time.time() * 1000)):
+        self.offsets_log = offsets_log
+        self.settings = settings
+        self.clock = clock
+        self.wall_clock = wall_clock
+        self.groups: dict[str, Group] = {}
+        self._timer: asyncio.Task | None = None
+
+    # -- loading -------------------------------------------------------------------
+
+    def load_record(self, key: bytes, value: bytes | None, *, producer_id: int = -1, transactional: bool = False) -> None:
+        """Replay one ``__consumer_offsets`` record (log order)."""
+        decoded = decode_key(key)
+        if isinstance(decoded, OffsetKey):
+            group = self.groups.get(decoded.group) or self.groups.setdefault(decoded.group, Group(decoded.group))
+            partition = (decoded.topic, decoded.partition)
+            offset = decode_offset_value(value)
+            if transactional:
+                if offset is not None:
+                    group.pending_txn_offsets.setdefault(producer_id, {})[partition] = offset
+            elif offset is None:
+                group.offsets.pop(partition, None)
+            else:
+                group.offsets[partition] = offset
+        elif isinstance(decoded, GroupKey):
+            body = decode_group_value(value)
+            if body is None:
+                group = self.groups.get(decoded.group)
+                if group is not None:
+                    group.members.clear()
+                    group.generation = 0
+                    group.state = GroupState.EMPTY
+                return
+            group = self.groups.get(decoded.group) or self.groups.setdefault(decoded.group, Group(decoded.group))
+            group.generation = body["generation"]
+            group.protocol_type = body["protocol_type"] or None
+            group.protocol_name = body["protocol"]
+            group.leader = body["leader"]
+            group.members.clear()
+            group.static_members.clear()
+            now = self.clock()
+            for entry in body["members"]:
+                member = Member(
+                    member_id=entry["member_id"],
+                    group_instance_id=entry.get("group_instance_id"),
+                    client_id=entry["client_id"],
+                    client_host=entry["client_host"],
+                    session_timeout_ms=entry["session_timeout"],
+                    rebalance_timeout_ms=entry.get("rebalance_timeout", -1),
+                    protocol_type=group.protocol_type or "",
+                    protocols=[(group.protocol_name or "", entry["subscription"])],
+                    assignment=entry["assignment"],
+                    last_heartbeat=now,  # members get a fresh session after a restart
+                )
+                group.members[member.member_id] = member
+                if member.group_instance_id:
+                    group.static_members[member.group_instance_id] = member.member_id
+            group.state = GroupState.STABLE if group.members else GroupState.EMPTY
+
+    # -- timers ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._timer = asyncio.get_running_loop().create_task(self._tick())
+
+    async def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            try:
+                await self._timer
+            except asyncio.CancelledError:
+                pass
+        for group in self.groups.values():
+            for member in group.members.values():
+                for future in (member.join_future, member.sync_future):
+                    if future is not None and not future.done():
+                        future.cancel()
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(0.1)
+            try:
+                await self.check_timeouts()
+            except Exception:
+                log.exception("group timers failed")
+
+    async def check_timeouts(self) -> None:
+        now = self.clock()
+        for group in list(self.groups.values()):
+            expired = [
+                m for m in group.members.values()
+                if (m.join_future is None or m.join_future.done()) and now - m.last_heartbeat > m.session_timeout_ms / 1000.0
+            ]
+            for member in expired:
+                log.info("group %s: member %s missed its session timeout; removing it", group.group_id, member.member_id)
+                await self._remove_member(group, member, ErrorCode.UNKNOWN_MEMBER_ID)
+            if group.state == GroupState.PREPARING_REBALANCE:
+                await self._maybe_complete_join(group)
+
+    # -- JoinGroup ----------------------------------------------------------------------
+
+    async def join_group(self, *, group_id: str, member_id: str, group_instance_id: str | None, client_id: str, client_host: str, session_timeout_ms: int, rebalance_timeout_ms: int, protocol_type: str, protocols: list[tuple[str, bytes]], require_known_member_id: bool) -> dict:
+        if not group_id:
+            return {"error_code": ErrorCode.INVALID_GROUP_ID, "member_id": member_id}
+        if not self.settings.min_session_timeout_ms <= session_timeout_ms <= self.settings.max_session_timeout_ms:
+            return {"error_code": ErrorCode.INVALID_SESSION_TIMEOUT, "member_id": member_id}
+        group = self.groups.get(group_id)
+        if group is None:
+            group = self.groups[group_id] = Group(group_id)
+        if group.state == GroupState.DEAD:
+            return {"error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE, "member_id": member_id}
+        if not protocols or (group.members and (protocol_type != group.protocol_type or not self._common_protocols(group, protocols))):
+            return {"error_code": ErrorCode.INCONSISTENT_GROUP_PROTOCOL, "member_id": member_id}
+        rebalance_timeout_ms = rebalance_timeout_ms if rebalance_timeout_ms > 0 else session_timeout_ms
+
+        if group_instance_id and group_instance_id in group.static_members:
+            old_id = group.static_members[group_instance_id]
+            if member_id and member_id != old_id:
+                return {"error_code": ErrorCode.FENCED_INSTANCE_ID, "member_id": member_id}
+            member_id = old_id
+        elif not member_id:
+            member_id = f"{client_id or 'member'}-{uuid.uuid4()}"
+            if group_instance_id:
+                group.static_members[group_instance_id] = member_id
+            elif require_known_member_id:
+                group.pending_member_ids.add(member_id)
+                return {"error_code": ErrorCode.MEMBER_ID_REQUIRED, "member_id": member_id}
+        elif member_id not in group.members and member_id not in group.pending_member_ids:
+            return {"error_code": ErrorCode.UNKNOWN_MEMBER_ID, "member_id": member_id}
+        group.pending_member_ids.discard(member_id)
+        if member_id not in group.members and len(group.members) >= self.settings.max_group_size:
+            return {"error_code": ErrorCode.GROUP_MAX_SIZE_REACHED, "member_id": member_id}
+
+        member = group.members.get(member_id)
+        if member is None:
+            member = Member(member_id, group_instance_id, client_id, client_host, session_timeout_ms, rebalance_timeout_ms, protocol_type, list(protocols))
+            group.members[member_id] = member
+        else:
+            member.protocols = list(protocols)
+            member.session_timeout_ms = session_timeout_ms
+            member.rebalance_timeout_ms = rebalance_timeout_ms
+        member.last_heartbeat = self.clock()
+        if member.join_future is not None and not member.join_future.done():
+            member.join_future.set_result({"error_code": ErrorCode.UNKNOWN_MEMBER_ID, "member_id": member_id})
+        member.join_future = asyncio.get_running_loop().create_future()
+        group.protocol_type = protocol_type
+        self._prepare_rebalance(group)
+        await self._maybe_complete_join(group)
+        return await member.join_future
+
+    def _common_protocols(self, group: Group, protocols) -> list[str]:
+        names = [name for name, _ in protocols]
+        for member in group.members.values():
+            supported = {name for name, _ in member.protocols}
+            names = [n for n in names if n in supported]
+        return names
+
+    def _prepare_rebalance(self, group: Group, event: GroupEvent = GroupEvent.MEMBER_JOIN) -> None:
+        if group.state == GroupState.PREPARING_REBALANCE:
+            return
+        was_empty = group.state == GroupState.EMPTY
+        for member in group.members.values():
+            if member.sync_future is not None and not member.sync_future.done():
+                member.sync_future.set_result({"error_code": ErrorCode.REBALANCE_IN_PROGRESS, "assignment": b""})
+        group.move(event)
+        timeout = max((m.rebalance_timeout_ms for m in group.members.values()), default=0) / 1000.0
+        now = self.clock()
+        group.join_deadline = now + timeout
+        group.new_group_delay_until = now + self.settings.initial_rebalance_delay_ms / 1000.0 if was_empty else None
+
+    async def _maybe_complete_join(self, group: Group) -> None:
+        if group.state != GroupState.PREPARING_REBALANCE:
+            return
+        now = self.clock()
+        all_joined = all(m.join_future is not None and not m.join_future.done() for m in group.members.values())
+        in_initial_delay = group.new_group_delay_until is not None and now < group.new_group_delay_until
+        timed_out = group.join_deadline is not None and now >= group.join_deadline
+        if not (timed_out or (all_joined and not in_initial_delay)):
+            return
+        for member in [m for m in group.members.values() if m.join_future is None or m.join_future.done()]:
+            log.info("group %s: member %s did not rejoin in time; removing it", group.group_id, member.member_id)
+            del group.members[member.member_id]
+            if member.group_instance_id:
+                group.static_members.pop(member.group_instance_id, None)
+        group.generation += 1
+        if not group.members:
+            group.protocol_name = None
+            group.leader = None
+            group.move(GroupEvent.ALL_MEMBERS_GONE)
+            await self._persist_group(group)
+            return
+        members = list(group.members.values())
+        if group.leader not in group.members:
+            group.leader = members[0].member_id
+        leader = group.members[group.leader]
+        candidates = self._common_protocols(group, leader.protocols)
+        group.protocol_name = candidates[0] if candidates else leader.protocols[0][0]
+        group.move(GroupEvent.JOIN_COMPLETE)
+        for member in members:
+            response = {
+                "error_code": ErrorCode.NONE,
+                "generation_id": group.generation,
+                "protocol_type": group.protocol_type,
+                "protocol_name": group.protocol_name,
+                "leader": group.leader,
+                "member_id": member.member_id,
+                "members": [
+                    {"member_id": m.member_id, "group_instance_id": m.group_instance_id, "metadata": m.metadata_for(group.protocol_name)}
+                    for m in members
+                ]
+                if member.member_id == group.leader
+                else [],
+            }
+            if member.join_future is not None and not member.join_future.done():
+                member.join_future.set_result(response)
+
+    # -- SyncGroup ----------------------------------------------------------------------
+
+    async def sync_group(self, *, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None, assignments: list[tuple[str, bytes]]) -> dict:
+        group = self.groups.get(group_id)
+        error = self._check_member(group, member_id, generation_id, group_instance_id)
+        if error:
+            return {"error_code": error, "assignment": b""}
+        member = group.members[member_id]
+        member.last_heartbeat = self.clock()
+        if group.state == GroupState.PREPARING_REBALANCE:
+            return {"error_code": ErrorCode.REBALANCE_IN_PROGRESS, "assignment": b""}
+        if group.state == GroupState.STABLE:
+            return self._sync_answer(group, member)
+        member.sync_future = asyncio.get_running_loop().create_future()
+        if member_id == group.leader:
+            given = dict(assignments)
+            for other in group.members.values():
+                other.assignment = given.get(other.member_id, b"")
+            try:
+                await self._persist_group(group)
+            except Exception as error:
+                log.error("group %s: could not store the assignment: %s", group_id, error)
+                for other in group.members.values():
+                    if other.sync_future is not None and not other.sync_future.done():
+                        other.sync_future.set_result({"error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE, "assignment": b""})
+                self._prepare_rebalance_after_failure(group)
+                return await member.sync_future
+            if group.state == GroupState.COMPLETING_REBALANCE and group.generation == generation_id:
+                group.move(GroupEvent.LEADER_SYNC)
+                for other in group.members.values():
+                    if other.sync_future is not None and not other.sync_future.done():
+                        other.sync_future.set_result(self._sync_answer(group, other))
+        return await member.sync_future
+
+    def _prepare_rebalance_after_failure(self, group: Group) -> None:
+        try:
+            group.move(GroupEvent.MEMBER_LEAVE)
+        except InvalidGroupTransition:
+            pass
+
+    def _sync_answer(self, group: Group, member: Member) -> dict:
+        return {"error_code": ErrorCode.NONE, "protocol_type": group.protocol_type, "protocol_name": group.protocol_name, "assignment": member.assignment}
+
+    def _check_member(self, group: Group | None, member_id: str, generation_id: int, group_instance_id: str | None = None) -> ErrorCode:
+        if group is None or group.state == GroupState.DEAD:
+            return ErrorCode.UNKNOWN_MEMBER_ID
+        if group_instance_id and group.static_members.get(group_instance_id) not in (None, member_id):
+            return ErrorCode.FENCED_INSTANCE_ID
+        if member_id not in group.members:
+            return ErrorCode.UNKNOWN_MEMBER_ID
+        if generation_id != group.generation:
+            return ErrorCode.ILLEGAL_GENERATION
+        return ErrorCode.NONE
+
+    # -- Heartbeat / LeaveGroup -------------------------------------------------------------
+
+    async def heartbeat(self, *, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None) -> ErrorCode:
+        group = self.groups.get(group_id)
+        error = self._check_member(group, member_id, generation_id, group_instance_id)
+        if error:
+            return error
+        group.members[member_id].last_heartbeat = self.clock()
+        if group.state == GroupState.PREPARING_REBALANCE:
+            return ErrorCode.REBALANCE_IN_PROGRESS
+        return ErrorCode.NONE
+
+    async def leave_group(self, *, group_id: str, members: list[tuple[str, str | None]]) -> tuple[ErrorCode, list[dict]]:
+        group = self.groups.get(group_id)
+        if group is None:
+            return ErrorCode.NONE, [{"member_id": m, "group_instance_id": i, "error_code": ErrorCode.UNKNOWN_MEMBER_ID} for m, i in members]
+        results = []
+        for member_id, instance_id in members:
+            if instance_id and not member_id:
+                member_id = group.static_members.get(instance_id, "")
+            member = group.members.get(member_id)
+            if member is None:
+                results.append({"member_id": member_id, "group_instance_id": instance_id, "error_code": ErrorCode.UNKNOWN_MEMBER_ID})
+                continue
+            await self._remove_member(group, member, ErrorCode.UNKNOWN_MEMBER_ID)
+            results.append({"member_id": member_id, "group_instance_id": instance_id, "error_code": ErrorCode.NONE})
+        top = results[0]["error_code"] if len(results) == 1 else ErrorCode.NONE
+        return top, results
+
+    async def _remove_member(self, group: Group, member: Member, error: ErrorCode) -> None:
+        group.members.pop(member.member_id, None)
+        if member.group_instance_id:
+            group.static_members.pop(member.group_instance_id, None)
+        for future in (member.join_future, member.sync_future):
+            if future is not None and not future.done():
+                future.set_result({"error_code": error, "member_id": member.member_id, "assignment": b""})
+        if group.leader == member.member_id:
+            group.leader = None
+        if group.state == GroupState.EMPTY:
+            return
+        if not group.members:
+            group.move(GroupEvent.ALL_MEMBERS_GONE)
+            group.generation += 1
+            group.protocol_name = None
+            await self._persist_group(group)
+            return
+        if group.state in (GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
+            self._prepare_rebalance(group, GroupEvent.MEMBER_LEAVE)
+        await self._maybe_complete_join(group)
+
+    # -- offsets ------------------------------------------------------------------------------
+
+    def _commit_allowed(self, group: Group | None, generation_id: int, member_id: str, group_instance_id: str | None) -> ErrorCode:
+        if generation_id < 0 and not member_id:
+            # A "simple" commit (assign() consumers, tools): only to a group with no members.
+            if group is not None and group.members:
+                return ErrorCode.UNKNOWN_MEMBER_ID
+            return ErrorCode.NONE
+        error = self._check_member(group, member_id, generation_id, group_instance_id)
+        if error:
+            return error
+        if group.state == GroupState.COMPLETING_REBALANCE:
+            return ErrorCode.REBALANCE_IN_PROGRESS
+        return ErrorCode.NONE
+
+    async def commit_offsets(self, *, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None, offsets: dict[TopicPartition, OffsetAndMetadata]) -> ErrorCode:
+        if not group_id:
+            return ErrorCode.INVALID_GROUP_ID
+        group = self.groups.get(group_id)
+        error = self._commit_allowed(group, generation_id, member_id, group_instance_id)
+        if error:
+            return error
+        if group is None:
+            group = self.groups[group_id] = Group(group_id)
+        records = [(offset_key(group_id, t, p), offset_value(value)) for (t, p), value in offsets.items()]
+        try:
+            await self.offsets_log.append(group_id, records)
+        except Exception as error:
+            log.error("group %s: offset commit not written: %s", group_id, error)
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        group.offsets.update(offsets)
+        return ErrorCode.NONE
+
+    async def txn_commit_offsets(self, *, group_id: str, producer_id: int, producer_epoch: int, generation_id: int, member_id: str, group_instance_id: str | None, offsets: dict[TopicPartition, OffsetAndMetadata]) -> ErrorCode:
+        group = self.groups.get(group_id)
+        if generation_id >= 0 or member_id:
+            # KIP-447: the producer's consumer must still be a member of this generation.
+            error = self._check_member(group, member_id, generation_id, group_instance_id)
+            if error:
+                return error
+        if group is None:
+            group = self.groups[group_id] = Group(group_id)
+        records = [(offset_key(group_id, t, p), offset_value(value)) for (t, p), value in offsets.items()]
+        try:
+            await self.offsets_log.append(group_id, records, producer_id=producer_id, producer_epoch=producer_epoch)
+        except Exception as error:
+            code = getattr(ErrorCode, getattr(error, "error_name", ""), None)
+            log.error("group %s: transactional offset commit not written: %s", group_id, error)
+            return code if code is not None else ErrorCode.COORDINATOR_NOT_AVAILABLE
+        group.pending_txn_offsets.setdefault(producer_id, {}).update(offsets)
+        return ErrorCode.NONE
+
+    def on_marker(self, producer_id: int, commit: bool, owns_group: Callable[[str], bool] = lambda g: True) -> None:
+        """A COMMIT/ABORT marker reached an offsets partition: settle that
+        producer's pending offsets of the groups in that partition."""
+        for group in self.groups.values():
+            if not owns_group(group.group_id):
+                continue
+            pending = group.pending_txn_offsets.pop(producer_id, None)
+            if pending and commit:
+                group.offsets.update(pending)
+
+    def fetch_offsets(self, group_id: str, partitions: list[TopicPartition] | None, require_stable: bool) -> dict[TopicPartition, tuple[OffsetAndMetadata | None, ErrorCode]]:
+        group = self.groups.get(group_id)
+        if partitions is None:
+            partitions = sorted(group.offsets) if group else []
+        result = {}
+        for partition in partitions:
+            if group is not None and require_stable and group.has_pending_txn(partition):
+                result[partition] = (None, ErrorCode.UNSTABLE_OFFSET_COMMIT)
+            else:
+                result[partition] = ((group.offsets.get(partition) if group else None), ErrorCode.NONE)
+        return result
+
+    # -- administration --------------------------------------------------------------------------
+
+    def describe(self, group_id: str) -> dict:
+        group = self.groups.get(group_id)
+        if group is None:
+            return {"error_code": ErrorCode.NONE, "group_id": group_id, "group_state": "Dead", "protocol_type": "", "protocol_data": "", "members": []}
+        return {
+            "error_code": ErrorCode.NONE,
+            "group_id": group_id,
+            "group_state": STATE_NAMES[group.state],
+            "protocol_type": group.protocol_type or "",
+            "protocol_data": group.protocol_name or "",
+            "members": [
+                {
+                    "member_id": m.member_id,
+                    "group_instance_id": m.group_instance_id,
+                    "client_id": m.client_id,
+                    "client_host": m.client_host,
+                    "member_metadata": m.metadata_for(group.protocol_name or ""),
+                    "member_assignment": m.assignment,
+                }
+                for m in group.members.values()
+            ],
+        }
+
+    def list_groups(self, states: list[str] | None = None) -> list[dict]:
+        return [
+            {"group_id": g.group_id, "protocol_type": g.protocol_type or "", "group_state": STATE_NAMES[g.state], "group_type": "classic"}
+            for g in self.groups.values()
+            if g.state != GroupState.DEAD and (not states or STATE_NAMES[g.state] in states)
+        ]
+
+    async def delete_group(self, group_id: str) -> ErrorCode:
+        group = self.groups.get(group_id)
+        if group is None or group.state == GroupState.DEAD:
+            return ErrorCode.GROUP_ID_NOT_FOUND
+        if group.state != GroupState.EMPTY:
+            return ErrorCode.NON_EMPTY_GROUP
+        records = [(offset_key(group_id, t, p), None) for (t, p) in group.offsets] + [(group_key(group_id), None)]
+        try:
+            await self.offsets_log.append(group_id, records)
+        except Exception:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        group.move(GroupEvent.DELETE)
+        del self.groups[group_id]
+        return ErrorCode.NONE
+
+    async def delete_offsets(self, group_id: str, partitions: list[TopicPartition]) -> tuple[ErrorCode, dict[TopicPartition, ErrorCode]]:
+        group = self.groups.get(group_id)
+        if group is None:
+            return ErrorCode.GROUP_ID_NOT_FOUND, {}
+        subscribed = set()
+        if group.state != GroupState.EMPTY:
+            for member in group.members.values():
+                subscribed |= subscribed_topics(group.protocol_type, member.metadata_for(group.protocol_name or ""))
+        results = {}
+        deletable = []
+        for partition in partitions:
+            if partition[0] in subscribed:
+                results[partition] = ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC
+            else:
+                results[partition] = ErrorCode.NONE
+                deletable.append(partition)
+        if deletable:
+            try:
+                await self.offsets_log.append(group_id, [(offset_key(group_id, t, p), None) for t, p in deletable])
+            except Exception:
+                return ErrorCode.COORDINATOR_NOT_AVAILABLE, {}
+            for partition in deletable:
+                group.offsets.pop(partition, None)
+        return ErrorCode.NONE, results
+
+    async def expire_offsets(self) -> int:
+        """Offset retention (``offsets.retention.minutes``) for groups with no members."""
+        now = self.wall_clock()
+        removed = 0
+        for group in list(self.groups.values()):
+            if group.state != GroupState.EMPTY:
+                continue
+            old = [p for p, v in group.offsets.items() if v.commit_timestamp >= 0 and now - v.commit_timestamp > self.settings.offsets_retention_ms]
+            if not old:
+                continue
+            try:
+                await self.offsets_log.append(group.group_id, [(offset_key(group.group_id, t, p), None) for t, p in old])
+            except Exception:
+                continue
+            for partition in old:
+                del group.offsets[partition]
+            removed += len(old)
+        return removed
+
+    async def _persist_group(self, group: Group) -> None:
+        body = {
+            "protocol_type": group.protocol_type or "",
+            "generation": group.generation,
+            "protocol": group.protocol_name,
+            "leader": group.leader,
+            "current_state_timestamp": group.state_timestamp,
+            "members": [
+                {
+                    "member_id": m.member_id,
+                    "group_instance_id": m.group_instance_id,
+                    "client_id": m.client_id,
+                    "client_host": m.client_host,
+                    "rebalance_timeout": m.rebalance_timeout_ms,
+                    "session_timeout": m.session_timeout_ms,
+                    "subscription": m.metadata_for(group.protocol_name or ""),
+                    "assignment": m.assignment,
+                }
+                for m in group.members.values()
+            ],
+        }
+        await self.offsets_log.append(group.group_id, [(group_key(group.group_id), group_value(body))])
