@@ -249,7 +249,11 @@ class ProducerStateManager:
         entry = self.producers.get(producer_id)
         if entry is None:
             entry = self.producers[producer_id] = ProducerEntry(producer_id, producer_epoch)
-        entry.producer_epoch = max(entry.producer_epoch, producer_epoch)
+        if producer_epoch > entry.producer_epoch:
+            # A marker written with a bumped epoch (a fence or a timeout abort):
+            # the old epoch's batches say nothing about the new epoch's sequences.
+            entry.producer_epoch = producer_epoch
+            entry.batches.clear()
         entry.coordinator_epoch = coordinator_epoch
         entry.last_timestamp = timestamp
         first_offset = entry.current_txn_first_offset
