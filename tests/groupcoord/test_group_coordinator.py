@@ -1,0 +1,171 @@
+"""The group coordinator's membership and offset rules, with an in-memory offsets log."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from groupcoord.coordinator import GroupCoordinator, GroupSettings
+from groupcoord.records import OffsetAndMetadata, decode_key, decode_offset_value, group_key, offset_key, offset_value
+from groupcoord.state import GroupState
+from protocol.errors import ErrorCode
+
+
+class MemoryOffsetsLog:
+    def __init__(self):
+        self.batches = []
+
+    async def append(self, group_id, records, *, producer_id=-1, producer_epoch=-1):
+        self.batches.append((group_id, records, producer_id))
+
+
+def make(**settings):
+    """A coordinator on the real clock plus an adjustable offset (to skip time)."""
+    import time
+
+    skew = [0.0]
+    settings.setdefault("initial_rebalance_delay_ms", 200)
+    settings.setdefault("min_session_timeout_ms", 100)
+    coordinator = GroupCoordinator(offsets_log=MemoryOffsetsLog(), settings=GroupSettings(**settings), clock=lambda: time.monotonic() + skew[0])
+    return coordinator, skew
+
+
+def join(coordinator, member_id="", session=1000, group="g", instance=None, protocols=(("range", b"meta"),)):
+    return coordinator.join_group(
+        group_id=group, member_id=member_id, group_instance_id=instance, client_id="c", client_host="h",
+        session_timeout_ms=session, rebalance_timeout_ms=session, protocol_type="consumer", protocols=list(protocols), require_known_member_id=True,
+    )
+
+
+async def join_two(coordinator):
+    coordinator.start()  # timers: the initial rebalance delay ends on a tick
+    first = await join(coordinator)
+    second = await join(coordinator)
+    assert first["error_code"] == second["error_code"] == ErrorCode.MEMBER_ID_REQUIRED
+    a, b = await asyncio.gather(join(coordinator, first["member_id"]), join(coordinator, second["member_id"]))
+    return a, b
+
+
+def test_two_members_join_sync_and_become_stable():
+    async def scenario():
+        coordinator, _ = make()
+        a, b = await join_two(coordinator)
+        assert a["generation_id"] == b["generation_id"] == 1
+        leader = a if a["members"] else b
+        follower = b if leader is a else a
+        assert leader["leader"] == leader["member_id"] and len(leader["members"]) == 2 and follower["members"] == []
+        assignments = [(leader["member_id"], b"L"), (follower["member_id"], b"F")]
+        synced = await asyncio.gather(
+            coordinator.sync_group(group_id="g", generation_id=1, member_id=follower["member_id"], group_instance_id=None, assignments=[]),
+            coordinator.sync_group(group_id="g", generation_id=1, member_id=leader["member_id"], group_instance_id=None, assignments=assignments),
+        )
+        assert [s["assignment"] for s in synced] == [b"F", b"L"]
+        assert coordinator.groups["g"].state == GroupState.STABLE
+        assert coordinator.offsets_log.batches[-1][1][0][0] == group_key("g"), "the assignment is written before anyone gets it"
+        await coordinator.stop()
+
+    asyncio.run(scenario())
+
+
+def test_stale_generation_and_unknown_member_are_refused():
+    async def scenario():
+        coordinator, _ = make()
+        a, _b = await join_two(coordinator)
+        await coordinator.stop()
+        assert await coordinator.heartbeat(group_id="g", generation_id=0, member_id=a["member_id"], group_instance_id=None) == ErrorCode.ILLEGAL_GENERATION
+        assert await coordinator.heartbeat(group_id="g", generation_id=1, member_id="ghost", group_instance_id=None) == ErrorCode.UNKNOWN_MEMBER_ID
+        offsets = {("t", 0): OffsetAndMetadata(5)}
+        assert await coordinator.commit_offsets(group_id="g", generation_id=0, member_id=a["member_id"], group_instance_id=None, offsets=offsets) == ErrorCode.ILLEGAL_GENERATION
+        assert await coordinator.txn_commit_offsets(group_id="g", producer_id=7, producer_epoch=0, generation_id=0, member_id=a["member_id"], group_instance_id=None, offsets=offsets) == ErrorCode.ILLEGAL_GENERATION
+        assert await coordinator.commit_offsets(group_id="g", generation_id=-1, member_id="", group_instance_id=None, offsets=offsets) == ErrorCode.UNKNOWN_MEMBER_ID, "no simple commits into a live group"
+
+    asyncio.run(scenario())
+
+
+def test_a_silent_member_is_removed_and_the_group_rebalances():
+    async def scenario():
+        coordinator, skew = make()
+        a, b = await join_two(coordinator)
+        leader = a if a["members"] else b
+        await asyncio.gather(*(
+            coordinator.sync_group(group_id="g", generation_id=1, member_id=m["member_id"], group_instance_id=None, assignments=[(a["member_id"], b"1"), (b["member_id"], b"2")] if m is leader else [])
+            for m in (a, b)
+        ))
+        skew[0] += 0.6
+        await coordinator.heartbeat(group_id="g", generation_id=1, member_id=a["member_id"], group_instance_id=None)
+        skew[0] += 0.6  # b has been silent for 1.2 s > its 1 s session
+        await coordinator.check_timeouts()
+        group = coordinator.groups["g"]
+        assert set(group.members) == {a["member_id"]}
+        assert group.state == GroupState.PREPARING_REBALANCE
+        assert await coordinator.heartbeat(group_id="g", generation_id=1, member_id=a["member_id"], group_instance_id=None) == ErrorCode.REBALANCE_IN_PROGRESS
+        rejoined = await asyncio.wait_for(join(coordinator, a["member_id"]), 5)
+        assert rejoined["generation_id"] == 2 and rejoined["leader"] == a["member_id"]
+        await coordinator.stop()
+
+    asyncio.run(scenario())
+
+
+def test_leave_group_empties_the_group():
+    async def scenario():
+        coordinator, _ = make()
+        coordinator.start()
+        first = await join(coordinator)
+        joined = await asyncio.wait_for(join(coordinator, first["member_id"]), 5)
+        await coordinator.stop()
+        error, results = await coordinator.leave_group(group_id="g", members=[(joined["member_id"], None)])
+        assert error == ErrorCode.NONE and results[0]["error_code"] == ErrorCode.NONE
+        assert coordinator.groups["g"].state == GroupState.EMPTY
+        assert await coordinator.delete_group("g") == ErrorCode.NONE
+        assert "g" not in coordinator.groups
+        assert await coordinator.delete_group("g") == ErrorCode.GROUP_ID_NOT_FOUND
+
+    asyncio.run(scenario())
+
+
+def test_transactional_offsets_count_only_after_commit_marker():
+    async def scenario():
+        coordinator, _ = make()
+        offsets = {("t", 0): OffsetAndMetadata(10)}
+        assert await coordinator.txn_commit_offsets(group_id="g", producer_id=7, producer_epoch=0, generation_id=-1, member_id="", group_instance_id=None, offsets=offsets) == ErrorCode.NONE
+        assert coordinator.fetch_offsets("g", [("t", 0)], False)[("t", 0)] == (None, ErrorCode.NONE)
+        assert coordinator.fetch_offsets("g", [("t", 0)], True)[("t", 0)] == (None, ErrorCode.UNSTABLE_OFFSET_COMMIT)
+        coordinator.on_marker(7, commit=False)
+        assert coordinator.fetch_offsets("g", [("t", 0)], True)[("t", 0)] == (None, ErrorCode.NONE), "abort discards"
+        await coordinator.txn_commit_offsets(group_id="g", producer_id=7, producer_epoch=1, generation_id=-1, member_id="", group_instance_id=None, offsets=offsets)
+        coordinator.on_marker(7, commit=True)
+        value, error = coordinator.fetch_offsets("g", [("t", 0)], True)[("t", 0)]
+        assert error == ErrorCode.NONE and value.offset == 10
+
+    asyncio.run(scenario())
+
+
+def test_replay_rebuilds_offsets_and_pending_transactions():
+    coordinator, _ = make()
+    coordinator.load_record(offset_key("g", "t", 0), offset_value(OffsetAndMetadata(3, metadata="m", commit_timestamp=1)))
+    coordinator.load_record(offset_key("g", "t", 1), offset_value(OffsetAndMetadata(4)))
+    coordinator.load_record(offset_key("g", "t", 1), None)
+    coordinator.load_record(offset_key("g", "t", 2), offset_value(OffsetAndMetadata(9)), producer_id=5, transactional=True)
+    group = coordinator.groups["g"]
+    assert group.offsets == {("t", 0): OffsetAndMetadata(3, -1, "m", 1)}
+    assert group.has_pending_txn(("t", 2))
+    coordinator.on_marker(5, commit=True)
+    assert group.offsets[("t", 2)].offset == 9
+    key = decode_key(offset_key("g", "t", 0))
+    assert (key.group, key.topic, key.partition) == ("g", "t", 0)
+    assert decode_offset_value(offset_value(OffsetAndMetadata(1, 2, "x", 3))) == OffsetAndMetadata(1, 2, "x", 3)
+
+
+def test_join_validates_session_timeout_and_protocols():
+    async def scenario():
+        coordinator, _ = make(min_session_timeout_ms=1000)
+        coordinator.start()
+        assert (await join(coordinator, session=10))["error_code"] == ErrorCode.INVALID_SESSION_TIMEOUT
+        first = await join(coordinator)
+        await asyncio.wait_for(join(coordinator, first["member_id"]), 5)
+        await coordinator.stop()
+        other = await join(coordinator, protocols=(("roundrobin-only", b""),))
+        assert other["error_code"] == ErrorCode.INCONSISTENT_GROUP_PROTOCOL
+
+    asyncio.run(scenario())
