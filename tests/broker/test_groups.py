@@ -1,0 +1,188 @@
+"""Consumer groups with the three real clients over real sockets: members share
+partitions, a member leaves and another dies (SIGKILL, no more heartbeats),
+partitions move, every record is consumed, committed offsets survive a broker
+restart; and a copier that lost its partitions cannot commit offsets for them."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from tests.broker.test_transactions import create_topic, raw_request
+from tests.conftest import REPO
+
+MEMBER_SCRIPT = r'''
+import sys, time, signal
+client, bootstrap, topic, group = sys.argv[1:5]
+stop = []
+signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
+def report(partition, offset, value):
+    print(f"{partition} {offset} {value.decode()}", flush=True)
+if client == "confluent-kafka":
+    from confluent_kafka import Consumer
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                  "session.timeout.ms": 2000, "heartbeat.interval.ms": 300, "partition.assignment.strategy": "range"})
+    c.subscribe([topic])
+    while not stop:
+        for m in c.consume(100, 0.2):
+            if m.error() is None:
+                report(m.partition(), m.offset(), m.value())
+                c.commit(m, asynchronous=False)
+    c.close()
+elif client == "kafka-python":
+    from kafka import KafkaConsumer
+    c = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False, auto_offset_reset="earliest",
+                      session_timeout_ms=2000, heartbeat_interval_ms=300)
+    while not stop:
+        batches = c.poll(200)
+        for tp, messages in batches.items():
+            for m in messages:
+                report(m.partition, m.offset, m.value)
+        if batches:
+            c.commit()
+    c.close()
+else:
+    import asyncio
+    from aiokafka import AIOKafkaConsumer
+    async def run():
+        c = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False, auto_offset_reset="earliest",
+                             session_timeout_ms=2000, heartbeat_interval_ms=300)
+        await c.start()
+        while not stop:
+            batches = await c.getmany(timeout_ms=200)
+            for tp, messages in batches.items():
+                for m in messages:
+                    report(m.partition, m.offset, m.value)
+            if batches:
+                await c.commit()
+        await c.stop()
+    asyncio.run(run())
+print("closed", flush=True)
+'''
+
+CLIENTS = ["confluent-kafka", "kafka-python", "aiokafka"]
+
+
+class Member:
+    def __init__(self, client, bootstrap, topic, group, log_path):
+        self.log = open(log_path, "wb")
+        self.process = subprocess.Popen([sys.executable, "-c", MEMBER_SCRIPT, client, bootstrap, topic, group], cwd=REPO, stdout=subprocess.PIPE, stderr=self.log, text=True)
+        self.seen: list[tuple[int, int, str]] = []
+        import threading
+
+        def pump():
+            for line in self.process.stdout:
+                parts = line.split()
+                if len(parts) == 3:
+                    self.seen.append((int(parts[0]), int(parts[1]), parts[2]))
+
+        self.thread = threading.Thread(target=pump, daemon=True)
+        self.thread.start()
+
+
+def produce(bootstrap, topic, start, count):
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for i in range(start, start + count):
+        producer.produce(topic, key=b"%d" % i, value=b"%d" % i)
+    producer.flush(30)
+
+
+def wait_for(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("client", CLIENTS)
+def test_three_members_share_six_partitions_through_leave_and_death(client, broker_process, tmp_path):
+    # A short initial delay lets all three members join the first generation.
+    broker = broker_process("group.min.session.timeout.ms=1000", "group.initial.rebalance.delay.ms=1500")
+    topic, group = "shared", f"group-{client}"
+    create_topic(broker.bootstrap, topic, 6)
+    members = [Member(client, broker.bootstrap, topic, group, tmp_path / f"m{i}.log") for i in range(3)]
+    try:
+        produce(broker.bootstrap, topic, 0, 600)
+        wait_for(lambda: len({v for m in members for _, _, v in m.seen}) >= 600, 60, "the first 600 records")
+        busy = [m for m in members if m.seen]
+        assert len(busy) == 3, "the six partitions are shared by the three members"
+        owners = {}
+        for index, member in enumerate(members):
+            for partition, _, _ in member.seen:
+                owners.setdefault(partition, set()).add(index)
+        assert all(len(o) == 1 for o in owners.values()), f"one owner per partition in the first generation: {owners}"
+        members[0].process.send_signal(signal.SIGTERM)  # leaves the group
+        members[0].process.wait(30)
+        members[1].process.send_signal(signal.SIGKILL)  # dies: no leave, no heartbeats
+        members[1].process.wait(30)
+        produce(broker.bootstrap, topic, 600, 600)
+        wait_for(lambda: {str(i) for i in range(600, 1200)} <= {v for _, _, v in members[2].seen}, 60, "the survivor to take over every partition")
+        assert {p for p, _, v in members[2].seen if int(v) >= 600} == set(range(6))
+        consumed = {v for m in members for _, _, v in m.seen}
+        assert consumed == {str(i) for i in range(1200)}, "every record was consumed"
+        members[2].process.send_signal(signal.SIGTERM)
+        members[2].process.wait(30)
+    finally:
+        for member in members:
+            if member.process.poll() is None:
+                member.process.kill()
+    # Committed offsets survive a broker restart.
+    committed_before = raw_request(broker.port, 9, 6, {"group_id": group, "topics": None})
+    broker.restart(clean=False)
+    committed_after = raw_request(broker.port, 9, 6, {"group_id": group, "topics": None})
+    assert committed_after == committed_before
+    total = sum(p["committed_offset"] for t in committed_after["topics"] for p in t["partitions"])
+    assert total == 1200, "every consumed record's offset is committed"
+
+
+def test_a_member_of_an_old_generation_cannot_commit_offsets(embedded_broker):
+    """KIP-447: the transactional commit of a copier whose partitions moved in a
+    rebalance (its generation is old) is refused."""
+    port = embedded_broker.port
+    create_topic(embedded_broker.bootstrap, "fenced-in", 1)
+
+    def join(member_id=""):
+        return raw_request(port, 11, 5, {"group_id": "copy", "session_timeout_ms": 10000, "rebalance_timeout_ms": 10000, "member_id": member_id, "protocol_type": "consumer", "protocols": [{"name": "range", "metadata": b""}]})
+
+    first = join()
+    assert first["error_code"] == 79  # MEMBER_ID_REQUIRED
+    joined = join(first["member_id"])
+    old_generation, member = joined["generation_id"], joined["member_id"]
+    raw_request(port, 14, 3, {"group_id": "copy", "generation_id": old_generation, "member_id": member, "assignments": [{"member_id": member, "assignment": b""}]})
+    # A second member joins: a rebalance moves the group to a new generation.
+    second = join()
+    import threading
+
+    results = {}
+    newcomer = threading.Thread(target=lambda: results.__setitem__("b", join(second["member_id"])))
+    newcomer.start()
+    time.sleep(0.5)
+    heartbeat = raw_request(port, 12, 3, {"group_id": "copy", "generation_id": old_generation, "member_id": member})
+    assert heartbeat["error_code"] == 27  # REBALANCE_IN_PROGRESS: time to rejoin
+    results["a"] = join(member)
+    newcomer.join(30)
+    assert results["a"]["generation_id"] == results["b"]["generation_id"] == old_generation + 1
+    init = raw_request(port, 22, 4, {"transactional_id": "zombie-copier", "transaction_timeout_ms": 60000})
+    pid, epoch = init["producer_id"], init["producer_epoch"]
+    added = raw_request(port, 25, 3, {"transactional_id": "zombie-copier", "producer_id": pid, "producer_epoch": epoch, "group_id": "copy"})
+    assert added["error_code"] == 0
+
+    def txn_commit(generation):
+        body = {"transactional_id": "zombie-copier", "group_id": "copy", "producer_id": pid, "producer_epoch": epoch, "generation_id": generation, "member_id": member, "group_instance_id": None,
+                "topics": [{"name": "fenced-in", "partitions": [{"partition_index": 0, "committed_offset": 42, "committed_metadata": ""}]}]}
+        return raw_request(port, 28, 3, body)["topics"][0]["partitions"][0]["error_code"]
+
+    assert txn_commit(old_generation) == 22  # ILLEGAL_GENERATION
+    assert txn_commit(old_generation + 1) == 0
