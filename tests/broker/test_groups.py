@@ -186,3 +186,32 @@ def test_a_member_of_an_old_generation_cannot_commit_offsets(embedded_broker):
 
     assert txn_commit(old_generation) == 22  # ILLEGAL_GENERATION
     assert txn_commit(old_generation + 1) == 0
+
+
+def test_admin_lists_describes_and_deletes_groups(embedded_broker):
+    from confluent_kafka import Consumer, ConsumerGroupTopicPartitions
+    from confluent_kafka.admin import AdminClient
+
+    bootstrap = embedded_broker.bootstrap
+    create_topic(bootstrap, "admin-groups", 2)
+    produce(bootstrap, "admin-groups", 0, 10)
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "admin-g", "auto.offset.reset": "earliest", "enable.auto.commit": False, "session.timeout.ms": 6000})
+    consumer.subscribe(["admin-groups"])
+    seen = 0
+    deadline = time.monotonic() + 20
+    while seen < 10 and time.monotonic() < deadline:
+        seen += sum(1 for m in consumer.consume(10, 0.5) if m.error() is None)
+    consumer.commit(asynchronous=False)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    described = admin.describe_consumer_groups(["admin-g"])["admin-g"].result(10)
+    assert described.state.name == "STABLE" and len(described.members) == 1
+    listed = admin.list_consumer_groups().result(10)
+    assert "admin-g" in {g.group_id for g in listed.valid}
+    offsets = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions("admin-g")])["admin-g"].result(10)
+    assert sum(tp.offset for tp in offsets.topic_partitions) == 10
+    with pytest.raises(Exception):
+        admin.delete_consumer_groups(["admin-g"])["admin-g"].result(10)  # NON_EMPTY_GROUP
+    consumer.close()
+    admin.delete_consumer_groups(["admin-g"])["admin-g"].result(10)
+    after = raw_request(embedded_broker.port, 9, 6, {"group_id": "admin-g", "topics": None})
+    assert after["topics"] == []

@@ -166,6 +166,12 @@ def test_open_transaction_holds_read_committed_until_it_ends(embedded_broker):
     plain.produce(topic, value=b"after")  # behind the open transaction
     plain.flush(10)
     assert read_values(embedded_broker.bootstrap, topic, "read_committed", partitions=1) == [b"before"]
+
+    def latest(isolation):
+        body = {"replica_id": -1, "isolation_level": isolation, "topics": [{"name": topic, "partitions": [{"partition_index": 0, "timestamp": -1}]}]}
+        return raw_request(embedded_broker.port, 2, 5, body)["topics"][0]["partitions"][0]["offset"]
+
+    assert (latest(0), latest(1)) == (3, 1), "ListOffsets: high watermark vs last stable offset"
     assert read_values(embedded_broker.bootstrap, topic, "read_uncommitted", partitions=1, expect=3) == [b"before", b"in-txn", b"after"]
     producer.commit_transaction(10)
     assert read_values(embedded_broker.bootstrap, topic, "read_committed", partitions=1, expect=3) == [b"before", b"in-txn", b"after"]

@@ -206,3 +206,19 @@ def test_producer_ids_are_never_reused_across_restarts(tmp_path):
     more = [second.allocate() for _ in range(5)]
     assert len(set(handed + more)) == 20
     assert min(more) > max(handed)
+
+
+def test_kip360_epoch_bump_from_a_known_producer():
+    async def scenario():
+        coordinator, _ = make()
+        first = await coordinator.init_producer_id("tx", 60_000)
+        bumped = await coordinator.init_producer_id("tx", 60_000, first.producer_id, first.producer_epoch)
+        assert (bumped.error, bumped.producer_id, bumped.producer_epoch) == (ErrorCode.NONE, first.producer_id, first.producer_epoch + 1)
+        retried = await coordinator.init_producer_id("tx", 60_000, first.producer_id, first.producer_epoch)
+        assert (retried.producer_id, retried.producer_epoch) == (bumped.producer_id, bumped.producer_epoch), "a retried bump answers the same"
+        stale = await coordinator.init_producer_id("tx", 60_000, first.producer_id, first.producer_epoch - 1 if first.producer_epoch else 7)
+        assert stale.error == ErrorCode.PRODUCER_FENCED
+        wrong = await coordinator.init_producer_id("tx", 60_000, 999_999, 0)
+        assert wrong.error == ErrorCode.INVALID_PRODUCER_ID_MAPPING
+
+    run(scenario())

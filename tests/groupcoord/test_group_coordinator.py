@@ -169,3 +169,33 @@ def test_join_validates_session_timeout_and_protocols():
         assert other["error_code"] == ErrorCode.INCONSISTENT_GROUP_PROTOCOL
 
     asyncio.run(scenario())
+
+
+def test_static_member_keeps_its_member_id_and_fences_impostors():
+    async def scenario():
+        coordinator, _ = make(initial_rebalance_delay_ms=0)
+        coordinator.start()
+        first = await asyncio.wait_for(join(coordinator, instance="worker-1"), 5)
+        assert first["error_code"] == ErrorCode.NONE, "static members need no MEMBER_ID_REQUIRED round trip"
+        again = await asyncio.wait_for(join(coordinator, instance="worker-1"), 5)
+        assert again["member_id"] == first["member_id"], "a restarted static member keeps its id"
+        impostor = await join(coordinator, member_id="someone-else", instance="worker-1")
+        assert impostor["error_code"] == ErrorCode.FENCED_INSTANCE_ID
+        await coordinator.stop()
+
+    asyncio.run(scenario())
+
+
+def test_offsets_of_empty_groups_expire_after_retention():
+    async def scenario():
+        import time as clock
+
+        coordinator, _ = make(offsets_retention_ms=1000)
+        now = int(clock.time() * 1000)
+        await coordinator.commit_offsets(group_id="idle", generation_id=-1, member_id="", group_instance_id=None, offsets={("t", 0): OffsetAndMetadata(5, commit_timestamp=now - 5000)})
+        await coordinator.commit_offsets(group_id="idle", generation_id=-1, member_id="", group_instance_id=None, offsets={("t", 1): OffsetAndMetadata(6, commit_timestamp=now)})
+        assert await coordinator.expire_offsets() == 1
+        assert set(coordinator.groups["idle"].offsets) == {("t", 1)}
+        assert coordinator.offsets_log.batches[-1][1] == [(offset_key("idle", "t", 0), None)], "a tombstone is written"
+
+    asyncio.run(scenario())
