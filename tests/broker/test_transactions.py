@@ -202,6 +202,7 @@ def test_zombie_is_fenced_and_nothing_it_sent_becomes_visible(embedded_broker):
     assert read_values(embedded_broker.bootstrap, topic, "read_committed", expect=1) == [b"successor"]
 
 
+@pytest.mark.slow
 def test_timed_out_transaction_is_aborted_and_producer_fenced(broker_process):
     from confluent_kafka import KafkaException, Producer
 

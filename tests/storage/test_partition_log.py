@@ -119,6 +119,7 @@ def _crash_copy(partition_log: PartitionLog) -> None:
         segment.flush_indexes()
 
 
+@pytest.mark.slow
 def test_torn_tail_at_every_byte_of_the_last_batch(tmp_path):
     source = tmp_path / "source"
     partition_log = PartitionLog.open(str(source), small_config(segment_bytes=1 << 20))
