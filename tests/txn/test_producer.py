@@ -1,0 +1,92 @@
+"""onceflow's own producer (txn) against the broker, checked with confluent-kafka."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+import uuid
+
+import pytest
+
+from tests.broker.test_transactions import create_topic, raw_request, read_values
+from txn.producer import Producer, ProducerFencedError, default_partition, murmur2
+
+
+def test_partitioner_matches_kafkas_murmur2():
+    from kafka.partitioner.default import murmur2 as reference
+
+    for key in [b"", b"a", b"ab", b"abc", b"abcd", b"order-17", bytes(range(200))]:
+        assert murmur2(key) & 0xFFFFFFFF == reference(key) & 0xFFFFFFFF
+        # kafka-python's (and the Java client's) default partition for a key
+        assert default_partition(key, 12, None) == (reference(key) & 0x7FFFFFFF) % 12
+
+
+def test_idempotent_producer_keeps_order_per_key(embedded_broker):
+    create_topic(embedded_broker.bootstrap, "own", 3)
+    producer = Producer(embedded_broker.bootstrap, linger_ms=2)
+    futures = [producer.send("own", b"%d" % i, key=b"key-%d" % (i % 5)) for i in range(2000)]
+    producer.flush()
+    results = [f.result(10) for f in futures]
+    producer.close()
+    assert producer.producer_id >= 0
+    by_key = {}
+    for i, metadata in enumerate(results):
+        by_key.setdefault(i % 5, []).append(metadata)
+    for key, metadatas in by_key.items():
+        assert len({m.partition for m in metadatas}) == 1, "one partition per key"
+        assert [m.offset for m in metadatas] == sorted(m.offset for m in metadatas), "send order kept"
+    values = read_values(embedded_broker.bootstrap, "own", "read_uncommitted", expect=2000)
+    assert sorted(values, key=int) == [b"%d" % i for i in range(2000)], "each record exactly once"
+
+
+def test_transactions_commit_abort_and_offsets(embedded_broker):
+    create_topic(embedded_broker.bootstrap, "own-txn", 2)
+    create_topic(embedded_broker.bootstrap, "own-in", 1)
+    producer = Producer(embedded_broker.bootstrap, transactional_id=f"own-{uuid.uuid4()}")
+    producer.init_transactions()
+    with producer.transaction():
+        for i in range(20):
+            producer.send("own-txn", b"kept-%d" % i)
+        producer.send_offsets_to_transaction({("own-in", 0): 5}, {"group_id": "own-group"})
+    producer.begin_transaction()
+    for i in range(20):
+        producer.send("own-txn", b"dropped-%d" % i)
+    producer.send_offsets_to_transaction({("own-in", 0): 99}, {"group_id": "own-group"})
+    producer.flush()
+    producer.abort_transaction()
+    with pytest.raises(RuntimeError):
+        with producer.transaction():
+            producer.send("own-txn", b"aborted-by-exception")
+            raise RuntimeError("processing failed")
+    producer.close()
+    values = read_values(embedded_broker.bootstrap, "own-txn", "read_committed", partitions=2, expect=20)
+    assert sorted(values) == sorted(b"kept-%d" % i for i in range(20))
+    committed = raw_request(embedded_broker.port, 9, 7, {"group_id": "own-group", "topics": None, "require_stable": True})
+    assert committed["topics"][0]["partitions"][0]["committed_offset"] == 5, "offsets commit with the transaction, not the aborted one"
+
+
+def test_a_second_instance_fences_the_first(embedded_broker):
+    create_topic(embedded_broker.bootstrap, "own-fence", 1)
+    first = Producer(embedded_broker.bootstrap, transactional_id="own-fenced")
+    first.init_transactions()
+    first.begin_transaction()
+    first.send("own-fence", b"zombie")
+    first.flush()
+    second = Producer(embedded_broker.bootstrap, transactional_id="own-fenced")
+    deadline = time.monotonic() + 10
+    while True:  # CONCURRENT_TRANSACTIONS while the zombie's transaction is aborted
+        try:
+            second.init_transactions()
+            break
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+    with second.transaction():
+        second.send("own-fence", b"successor")
+    with pytest.raises((ProducerFencedError, concurrent.futures.CancelledError, Exception)) as info:
+        first.send("own-fence", b"late").result(10)
+        first.commit_transaction()
+    assert isinstance(info.value, ProducerFencedError) or "FENCED" in str(info.value) or "EPOCH" in str(info.value)
+    second.close()
+    assert read_values(embedded_broker.bootstrap, "own-fence", "read_committed", partitions=1, expect=1) == [b"successor"]
