@@ -1,0 +1,74 @@
+"""onceflow's own consumer: read_committed drops aborted transactions and
+control batches; read_uncommitted sees all; positions and commits."""
+
+from __future__ import annotations
+
+import uuid
+
+from tests.broker.test_transactions import create_topic, raw_request
+from txn.consumer import Consumer
+
+
+def produce_mixed(bootstrap, topic):
+    from confluent_kafka import Producer
+
+    plain = Producer({"bootstrap.servers": bootstrap})
+    transactional = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"mix-{uuid.uuid4()}", "linger.ms": 1})
+    transactional.init_transactions(10)
+    expected_committed = []
+    for round_ in range(4):
+        transactional.begin_transaction()
+        for i in range(5):
+            value = b"t%d-%d" % (round_, i)
+            transactional.produce(topic, value=value, partition=0)
+            if round_ % 2 == 0:
+                expected_committed.append(value)
+        plain.produce(topic, value=b"plain-%d" % round_, partition=0)
+        plain.flush(10)
+        expected_committed.append(b"plain-%d" % round_)
+        transactional.flush(10)
+        (transactional.commit_transaction if round_ % 2 == 0 else transactional.abort_transaction)(10)
+    return expected_committed
+
+
+def read_all(consumer, expect):
+    seen = []
+    for _ in range(50):
+        seen.extend(consumer.poll(200))
+        if len(seen) >= expect:
+            break
+    return seen
+
+
+def test_read_committed_and_uncommitted(embedded_broker):
+    create_topic(embedded_broker.bootstrap, "mixed", 1)
+    expected = produce_mixed(embedded_broker.bootstrap, "mixed")
+    committed = Consumer(embedded_broker.bootstrap)
+    committed.assign([("mixed", 0)])
+    records = read_all(committed, len(expected))
+    assert sorted(r.value for r in records) == sorted(expected), "exactly the committed records, no control records"
+    assert [r.offset for r in records] == sorted(r.offset for r in records)
+    committed.close()
+    everything = Consumer(embedded_broker.bootstrap, isolation_level="read_uncommitted")
+    everything.assign([("mixed", 0)])
+    assert len(read_all(everything, 24)) == 24, "20 transactional + 4 plain, markers excluded"
+    everything.close()
+
+
+def test_seek_position_and_simple_commit(embedded_broker):
+    from confluent_kafka import Producer
+
+    create_topic(embedded_broker.bootstrap, "seekable", 1)
+    producer = Producer({"bootstrap.servers": embedded_broker.bootstrap})
+    for i in range(10):
+        producer.produce("seekable", value=b"%d" % i)
+    producer.flush(10)
+    consumer = Consumer(embedded_broker.bootstrap, group_id="own-consumers")
+    consumer.assign([("seekable", 0)])
+    consumer.seek(("seekable", 0), 7)
+    assert [r.value for r in read_all(consumer, 3)] == [b"7", b"8", b"9"]
+    assert consumer.position(("seekable", 0)) == 10
+    consumer.commit()
+    fetched = raw_request(embedded_broker.port, 9, 6, {"group_id": "own-consumers", "topics": None})
+    assert fetched["topics"][0]["partitions"][0]["committed_offset"] == 10
+    consumer.close()
