@@ -28,7 +28,8 @@ import sys
 import tempfile
 import time
 
-from protocol.records import decode_batch, encode_batch, iter_batches
+from broker.replay import replay
+from protocol.records import encode_batch
 from storage.config import LogConfig
 from storage.log import PartitionLog
 
@@ -75,16 +76,7 @@ def writer_main(directory: str, start_seq: int, total: int, seed: int) -> None:
 def _read_all(directory: str) -> tuple[list[int], list[str]]:
     partition_log = PartitionLog.open(directory, DEMO_CONFIG)
     report = list(partition_log.recovery_report)
-    sequences = []
-    offset = partition_log.log_start_offset
-    while offset < partition_log.log_end_offset:
-        data = partition_log.read(offset, 1 << 24, max_offset=partition_log.log_end_offset)
-        if not data:
-            break
-        for position, header in iter_batches(data):
-            for record in decode_batch(data, position).records:
-                sequences.append(json.loads(record.value)["seq"])
-            offset = header.next_offset
+    sequences = [json.loads(record.value)["seq"] for batch in replay(partition_log) for record in batch.records]
     partition_log.close()
     return sequences, report
 

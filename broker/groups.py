@@ -20,7 +20,8 @@ from groupcoord.coordinator import GroupCoordinator, GroupSettings
 from groupcoord.records import OFFSETS_TOPIC, OffsetAndMetadata
 from protocol.errors import ErrorCode
 from protocol.partitioning import partition_for
-from protocol.records import ControlType, decode_batch, decode_control_record, encode_batch, iter_batches
+from broker.replay import cancel_and_wait, replay
+from protocol.records import ControlType, decode_control_record, encode_batch
 
 log = logging.getLogger(__name__)
 
@@ -66,26 +67,18 @@ class GroupManager:
         return lambda group_id: partition_for(group_id, self.partitions) == partition
 
     def load(self) -> None:
-        info = self.replicas.topics[OFFSETS_TOPIC]
-        for partition in range(info.partitions):
-            partition_log = self.replicas.get_log(OFFSETS_TOPIC, partition)
-            offset = partition_log.log_start_offset
-            while offset < partition_log.log_end_offset:
-                data = partition_log.read(offset, 1 << 24, max_offset=partition_log.log_end_offset)
-                if not data:
-                    break
-                for position, header in iter_batches(data):
-                    offset = header.next_offset
-                    batch = decode_batch(data, position)
-                    if header.is_control:
-                        marker = decode_control_record(batch.records[0])
-                        self.coordinator.on_marker(header.producer_id, marker.type == ControlType.COMMIT, self.owns(partition))
-                        continue
-                    for record in batch.records:
-                        try:
-                            self.coordinator.load_record(record.key, record.value, producer_id=header.producer_id, transactional=header.is_transactional)
-                        except (ValueError, TypeError) as error:
-                            log.error("skipping an unreadable %s record at offset %d: %s", OFFSETS_TOPIC, record.offset, error)
+        for partition in range(self.replicas.topics[OFFSETS_TOPIC].partitions):
+            for batch in replay(self.replicas.get_log(OFFSETS_TOPIC, partition)):
+                header = batch.header
+                if header.is_control:
+                    marker = decode_control_record(batch.records[0])
+                    self.coordinator.on_marker(header.producer_id, marker.type == ControlType.COMMIT, self.owns(partition))
+                    continue
+                for record in batch.records:
+                    try:
+                        self.coordinator.load_record(record.key, record.value, producer_id=header.producer_id, transactional=header.is_transactional)
+                    except (ValueError, TypeError) as error:
+                        log.error("skipping an unreadable %s record at offset %d: %s", OFFSETS_TOPIC, record.offset, error)
         log.info("loaded %d groups from %s", len(self.coordinator.groups), OFFSETS_TOPIC)
 
     def on_marker(self, topic: str, partition: int, producer_id: int, commit: bool) -> None:
@@ -106,12 +99,7 @@ class GroupManager:
                 log.exception("offset retention failed")
 
     async def stop(self) -> None:
-        if self._retention is not None:
-            self._retention.cancel()
-            try:
-                await self._retention
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(self._retention)
         await self.coordinator.stop()
 
 

@@ -38,7 +38,8 @@ from coordinator.txn_log import (
     encode_value,
     partition_for,
 )
-from protocol.records import ControlType, decode_batch, encode_batch, encode_control_batch, iter_batches
+from broker.replay import cancel_and_wait, replay
+from protocol.records import ControlType, encode_batch, encode_control_batch
 
 log = logging.getLogger(__name__)
 
@@ -143,22 +144,15 @@ class TransactionManager:
         """Replay ``__transaction_state`` into the coordinator (latest record per id wins)."""
         entries = []
         for partition in range(self.replicas.topics[TRANSACTION_STATE_TOPIC].partitions):
-            partition_log = self.replicas.get_log(TRANSACTION_STATE_TOPIC, partition)
-            offset = partition_log.log_start_offset
-            while offset < partition_log.log_end_offset:
-                data = partition_log.read(offset, 1 << 24, max_offset=partition_log.log_end_offset)
-                if not data:
-                    break
-                for position, header in iter_batches(data):
-                    offset = header.next_offset
-                    if header.is_control:
-                        continue
-                    for record in decode_batch(data, position).records:
-                        try:
-                            transactional_id = decode_key(record.key)
-                            entries.append((transactional_id, decode_value(transactional_id, record.value)))
-                        except (ValueError, TypeError) as error:
-                            log.error("skipping an unreadable %s record at offset %d: %s", TRANSACTION_STATE_TOPIC, record.offset, error)
+            for batch in replay(self.replicas.get_log(TRANSACTION_STATE_TOPIC, partition)):
+                if batch.header.is_control:
+                    continue
+                for record in batch.records:
+                    try:
+                        transactional_id = decode_key(record.key)
+                        entries.append((transactional_id, decode_value(transactional_id, record.value)))
+                    except (ValueError, TypeError) as error:
+                        log.error("skipping an unreadable %s record at offset %d: %s", TRANSACTION_STATE_TOPIC, record.offset, error)
         self.coordinator.load(entries)
         log.info("loaded %d transactional ids from %s", len(self.coordinator.txns), TRANSACTION_STATE_TOPIC)
 
@@ -179,10 +173,5 @@ class TransactionManager:
                 log.exception("transaction timers failed")
 
     async def stop(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            try:
-                await self._timer
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(self._timer)
         await self.coordinator.close()
