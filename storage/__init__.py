@@ -1,5 +1,13 @@
 """The partition log on disk: segments (.log, .index, .timeindex), crash
 recovery, retention, DeleteRecords, compaction, and topic-name validation.
 
-Later: producer-state snapshots, the .txnindex, and the last stable offset.
+Modules: ``log`` (PartitionLog, the API the broker uses: append, read,
+wait_durable, offset_for_timestamp, retention, DeleteRecords, close),
+``segment`` (one segment's files and the DiskIO seam for fault injection),
+``index`` (the sparse .index and .timeindex), ``cleaner`` (compaction and its
+crash-safe swap), ``config`` (LogConfig with Kafka's setting names),
+``names`` (topic names and partition directories), ``checksum`` (CRC-32C on
+the append and recovery paths), ``producer_state`` (idempotence, fencing,
+open transactions and their snapshots, which give the last stable offset)
+and ``txn_index`` (aborted transactions per segment).
 """

@@ -17,17 +17,25 @@ One cleaning pass over a partition log:
    left with no records is kept as an empty batch when it is its producer's
    last one (so idempotence state survives), dropped otherwise. Control
    batches are always kept. Offsets never change.
-4. Swap, crash-safely, the way Kafka does:
-   a. write and fsync ``.cleaned`` files and a ``<base>.swap.range`` note
-      naming the segment they replace;
-   b. rename ``.cleaned`` -> ``.swap`` (the point of no return);
+4. Swap, crash-safely, the way Kafka does. Files of a segment are renamed
+   indexes first and the ``.log`` last, so the ``.log`` file's name tells
+   where a swap stands:
+   a. write and fsync the four ``.cleaned`` files (``.log``, ``.index``,
+      ``.timeindex``, ``.txnindex``) and a ``<base>.swap.range`` note naming
+      the segment they replace;
+   b. rename each ``.cleaned`` -> ``.swap``, fsync the directory; the
+      ``.log.swap`` rename is the point of no return;
    c. rename the old segment's files to ``.deleted``;
-   d. rename ``.swap`` -> the live names; remove the range note and ``.deleted``.
+   d. rename each ``.swap`` -> its live name (``.log`` last), remove the note
+      and the ``.deleted`` files, fsync the directory.
 
-``complete_interrupted_swaps()`` runs before a log opens: ``.cleaned`` files
-are discarded (before the point of no return), ``.swap`` files are finished
-(the old files are removed and the swap renamed into place), ``.deleted``
-files are removed. Either way the log is exactly the before or the after.
+``complete_interrupted_swaps()`` runs before a log opens. For a note whose
+``<base>.log.swap`` exists the swap is past its point of no return: every
+remaining ``.swap`` file replaces its live file (all four exist until step d
+moves them, index files before the log). Otherwise the swap either never
+reached it (the old files are intact) or finished: leftover ``.cleaned``,
+``.swap`` and ``.deleted`` files are removed. Either way each segment is
+exactly its before or its after.
 """
 
 from __future__ import annotations
@@ -53,6 +61,9 @@ log = logging.getLogger(__name__)
 
 RANGE_NOTE_SUFFIX = ".swap.range"
 SEGMENT_SUFFIXES = (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX)
+# Rename order in a swap: the .log last, so that "<base>.log.swap exists"
+# means every other file of the swap is a .swap (or already in place).
+SWAP_ORDER = (INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX, LOG_SUFFIX)
 
 
 def _no_crash(stage: str) -> None:
@@ -70,33 +81,25 @@ def _fsync_path(path: str) -> None:
 def complete_interrupted_swaps(directory: str) -> None:
     names = os.listdir(directory)
     for name in names:
-        if name.endswith(CLEANED_SUFFIX):
-            os.remove(os.path.join(directory, name))
-    for name in names:
         if not name.endswith(RANGE_NOTE_SUFFIX):
             continue
         stem = name[: -len(RANGE_NOTE_SUFFIX)]
-        swap_log = os.path.join(directory, stem + LOG_SUFFIX + SWAP_SUFFIX)
-        note = os.path.join(directory, name)
-        if os.path.exists(swap_log):
-            with open(note, encoding="ascii") as file:
-                replaced = [int(line) for line in file.read().split() if line.strip()]
-            for base in replaced:
-                for suffix in SEGMENT_SUFFIXES:
-                    old = os.path.join(directory, file_stem(base) + suffix)
-                    if os.path.exists(old):
-                        os.remove(old)
-            for suffix in SEGMENT_SUFFIXES:
+        if os.path.exists(os.path.join(directory, stem + LOG_SUFFIX + SWAP_SUFFIX)):
+            for suffix in SWAP_ORDER:
                 swapped = os.path.join(directory, stem + suffix + SWAP_SUFFIX)
                 if os.path.exists(swapped):
                     os.replace(swapped, os.path.join(directory, stem + suffix))
-            log.warning("finished an interrupted compaction swap of %s in %s", stem, directory)
-        os.remove(note)
+            _fsync_path(directory)
+            log.warning("finished an interrupted compaction swap of segment %s in %s", stem, directory)
+        else:
+            log.warning("rolled back (or tidied) an interrupted compaction of segment %s in %s", stem, directory)
+    # Whatever is left is from before a point of no return, or after a swap
+    # completed: the live files are right either way. The note goes last.
     for name in os.listdir(directory):
-        if name.endswith(DELETED_SUFFIX) or name.endswith(SWAP_SUFFIX):
-            # A .swap without its note cannot be placed safely; the note is
-            # written before any .swap exists, so this is only reachable after
-            # the note was removed, i.e. the swap already completed.
+        if name.endswith((CLEANED_SUFFIX, SWAP_SUFFIX, DELETED_SUFFIX)):
+            os.remove(os.path.join(directory, name))
+    for name in os.listdir(directory):
+        if name.endswith(RANGE_NOTE_SUFFIX):
             os.remove(os.path.join(directory, name))
     _fsync_path(directory)
 
@@ -155,6 +158,10 @@ class Cleaner:
     def _clean_segment(self, segment: LogSegment, offset_map, aborted, now: int, last_batch_of_producer) -> int:
         directory = self.log.directory
         stem = file_stem(segment.base_offset)
+        for suffix in SEGMENT_SUFFIXES:  # left by an earlier pass that failed
+            stale = os.path.join(directory, stem + suffix + CLEANED_SUFFIX)
+            if os.path.exists(stale):
+                os.remove(stale)
         cleaned = LogSegment(directory, segment.base_offset, segment.io, index_interval_bytes=segment.index_interval_bytes, suffix=CLEANED_SUFFIX, rebuild_indexes=True)
         delete_retention = self.log.config.delete_retention_ms
         for position, header in segment.iter_headers():
@@ -214,33 +221,50 @@ class Cleaner:
             file.write(f"{segment.base_offset}\n")
             file.flush()
             os.fsync(file.fileno())
-        for suffix in SEGMENT_SUFFIXES:
-            source = os.path.join(directory, stem + suffix + CLEANED_SUFFIX)
-            if os.path.exists(source):
-                os.replace(source, os.path.join(directory, stem + suffix + SWAP_SUFFIX))
         _fsync_path(directory)
-        self.crash_point("swap_renamed")
+        self.crash_point("note_written")
+        committed = False  # past the point of no return (the .log.swap rename)
+        try:
+            for suffix in SWAP_ORDER:
+                source = os.path.join(directory, stem + suffix + CLEANED_SUFFIX)
+                os.replace(source, os.path.join(directory, stem + suffix + SWAP_SUFFIX))
+                committed = suffix == LOG_SUFFIX
+                self.crash_point(f"swap_renamed{suffix}")
+            _fsync_path(directory)
+            self.crash_point("swap_renamed")
+            # Past the point of no return: replace the live segment.
+            return self._replace(segment, stem, note, removed)
+        except BaseException as error:
+            if committed:
+                # Half swapped: the files are right only after
+                # complete_interrupted_swaps, which runs when the log is
+                # reopened; until then it takes no appends.
+                self.log._fail(error if isinstance(error, Exception) else RuntimeError(repr(error)))
+            raise
 
-        # Past the point of no return: replace the live segment.
+    def _replace(self, segment: LogSegment, stem: str, note: str, removed: int) -> int:
+        directory = self.log.directory
         index = self.log.segments.index(segment)
         segment.close()
         for suffix in SEGMENT_SUFFIXES:
             live = os.path.join(directory, stem + suffix)
             if os.path.exists(live):
                 os.replace(live, live + DELETED_SUFFIX)
+                self.crash_point(f"old_renamed{suffix}")
         self.crash_point("old_renamed_deleted")
-        for suffix in SEGMENT_SUFFIXES:
-            swapped = os.path.join(directory, stem + suffix + SWAP_SUFFIX)
-            if os.path.exists(swapped):
-                os.replace(swapped, os.path.join(directory, stem + suffix))
+        for suffix in SWAP_ORDER:
+            os.replace(os.path.join(directory, stem + suffix + SWAP_SUFFIX), os.path.join(directory, stem + suffix))
+            self.crash_point(f"live_renamed{suffix}")
         os.remove(note)
+        self.crash_point("note_removed")
         for suffix in SEGMENT_SUFFIXES:
             deleted = os.path.join(directory, stem + suffix + DELETED_SUFFIX)
             if os.path.exists(deleted):
                 os.remove(deleted)
         _fsync_path(directory)
         replacement = LogSegment(directory, segment.base_offset, segment.io, index_interval_bytes=segment.index_interval_bytes)
-        replacement.load_clean()
+        if replacement.load_clean() is not None:
+            replacement.recover()
         replacement.created_ms = segment.created_ms
         self.log.segments[index] = replacement
         if segment in self.log._unflushed:

@@ -18,14 +18,15 @@ FLUSH_OS = "os"
 FLUSH_POLICIES = (FLUSH_GROUP, FLUSH_ALWAYS, FLUSH_OS)
 
 DAY_MS = 24 * 3600 * 1000
+INT32_MAX = 2**31 - 1  # index entries hold positions and relative offsets as int32
 
 
 @attrs.frozen
 class LogConfig:
-    segment_bytes: int = attrs.field(default=1024 * 1024 * 1024, validator=attrs.validators.ge(128))
+    segment_bytes: int = attrs.field(default=1024 * 1024 * 1024, validator=[attrs.validators.ge(128), attrs.validators.le(INT32_MAX)])
     segment_ms: int = attrs.field(default=7 * DAY_MS, validator=attrs.validators.ge(1))
-    segment_index_bytes: int = attrs.field(default=10 * 1024 * 1024, validator=attrs.validators.ge(64))
-    index_interval_bytes: int = attrs.field(default=4096, validator=attrs.validators.ge(0))
+    segment_index_bytes: int = attrs.field(default=10 * 1024 * 1024, validator=[attrs.validators.ge(64), attrs.validators.le(INT32_MAX)])
+    index_interval_bytes: int = attrs.field(default=4096, validator=[attrs.validators.ge(0), attrs.validators.le(INT32_MAX)])
     retention_ms: int = attrs.field(default=7 * DAY_MS, validator=attrs.validators.ge(-1))
     retention_bytes: int = attrs.field(default=-1, validator=attrs.validators.ge(-1))
     cleanup_policy: frozenset = frozenset({CLEANUP_DELETE})
@@ -67,7 +68,10 @@ class LogConfig:
         try:
             return cls(**values)
         except ValueError as error:
-            raise ValueError(f"invalid topic setting: {error}") from None
+            message = str(error)
+            for name, (field, _convert) in _SETTINGS.items():
+                message = message.replace(f"'{field}'", f"{name}")
+            raise ValueError(f"invalid topic setting: {message}") from None
 
     def to_properties(self) -> dict[str, str]:
         result = {}

@@ -30,12 +30,13 @@ class _IndexFile:
         self.base_offset = base_offset
         self._pending = bytearray()
         data = b""
+        self.missing = False  # True when a file to load was not there
         if load:
             try:
                 with open(path, "rb") as file:
                     data = file.read()
             except FileNotFoundError:
-                data = b""
+                self.missing = True
         size = self.entry.size
         whole = len(data) - len(data) % size
         self._load([self.entry.unpack_from(data, p) for p in range(0, whole, size)])
@@ -94,6 +95,16 @@ class OffsetIndex(_IndexFile):
         self.positions.append(position)
         self._queue(relative, position)
 
+    def problem(self, log_size: int) -> str | None:
+        """What makes this index unusable for a log of ``log_size`` bytes, or
+        None (the checks Kafka makes on the indexes of a clean shutdown)."""
+        for relatives, name in ((self.relative_offsets, "offsets"), (self.positions, "positions")):
+            if any(b <= a for a, b in zip(relatives, relatives[1:])) or (relatives and relatives[0] < 0):
+                return f"{self.path}: {name} are not increasing"
+        if self.positions and self.positions[-1] >= log_size:
+            return f"{self.path}: last entry points at {self.positions[-1]}, the log has {log_size} bytes"
+        return None
+
     def lookup(self, offset: int) -> tuple[int, int]:
         """The last entry at or before ``offset``: (offset, position); (base, 0) if none."""
         index = bisect.bisect_right(self.relative_offsets, offset - self.base_offset) - 1
@@ -130,6 +141,15 @@ class TimeIndex(_IndexFile):
     @property
     def max_timestamp(self) -> int:
         return self.timestamps[-1] if self.timestamps else -1
+
+    def problem(self, next_offset: int) -> str | None:
+        if any(b <= a for a, b in zip(self.timestamps, self.timestamps[1:])):
+            return f"{self.path}: timestamps are not increasing"
+        if any(b < a for a, b in zip(self.relative_offsets, self.relative_offsets[1:])) or (self.relative_offsets and self.relative_offsets[0] < 0):
+            return f"{self.path}: offsets go backwards"
+        if self.relative_offsets and self.base_offset + self.relative_offsets[-1] >= next_offset:
+            return f"{self.path}: last entry is past the end of the log"
+        return None
 
     def maybe_append(self, timestamp: int, offset: int) -> None:
         if self.timestamps and timestamp <= self.timestamps[-1]:

@@ -8,23 +8,42 @@ Files in a partition directory::
     00000000000000000000.timeindex   sparse time index            (storage.index)
     00000000000000000000.txnindex    aborted transactions         (storage.txn_index)
     00000000000000001234.snapshot    producer state at offset 1234 (storage.producer_state)
-    checkpoint                       "recovery-point N" and "log-start-offset M" lines
+    checkpoint                       recovery point and log start offset (below)
     .clean_shutdown                  present only between a clean close and the next open
+    <base>.swap.range, *.cleaned, *.swap, *.deleted   a compaction swap in progress (storage.cleaner)
+
+The ``checkpoint`` file is two ASCII lines, ``recovery-point <offset>`` and
+``log-start-offset <offset>``, replaced atomically (write ``checkpoint.tmp``,
+fsync, rename, fsync the directory). Everything below the recovery point is
+known durable with its indexes; it moves at open, at a clean close, and when
+the group committer has fsynced the segments below a roll. The log start
+offset moves with retention and DeleteRecords and is written before any
+segment is deleted. ``.clean_shutdown`` is an empty file written (and
+fsynced) last by ``close()`` and removed at open.
 
 Durability (``flush.policy``): "group" (default) fsyncs at most every
 ``flush.interval.ms`` covering every append since the last fsync; "always"
 fsyncs before any append is acknowledged (appends that arrive during an fsync
-share the next one); "os" never fsyncs. The high watermark is the end of the
-durable data: consumers never see what a crash could take back, and
-``wait_durable(offset)`` is how a Produce with acks=all waits for its fsync.
-If a write or fsync fails, nothing after the last durable offset is ever
-acknowledged, the log goes into a failed state and refuses appends until it
-is reopened (which runs recovery and truncates whatever is not whole).
+share the next one, back to back); "os" never fsyncs (a machine crash loses
+what the page cache held; a process crash loses nothing). The high watermark
+is the end of the durable data: consumers never see what a crash could take
+back, and ``wait_durable(offset)`` is how a Produce with acks=all waits for
+its fsync. Under asyncio one flusher task per log runs the fsyncs on the
+default executor; every state change (high watermark, waiters, checkpoint)
+stays on the loop. Without a running loop appends fsync synchronously. If a
+write or fsync fails, nothing after the last durable offset is ever
+acknowledged, the log goes into a failed state and refuses appends
+(LogFailedError) until it is reopened, which runs recovery and truncates
+whatever is not whole.
 
 Recovery after an unclean stop scans every segment from the one holding the
-recovery point, validates each batch's CRC and offsets, truncates at the
-first torn or corrupt batch (deleting any later segments), rebuilds the
-indexes of what it scanned, and logs what it dropped. Producer state is
+recovery point, validates each batch's CRC and offsets (increasing, never
+overlapping the previous segment), truncates at the first torn or corrupt
+batch (deleting any later segments), rebuilds the indexes of what it
+scanned, and logs at WARNING what it dropped. After a clean shutdown the
+files are trusted once their indexes pass a sanity check (present, entries
+increasing, nothing past the end of the .log); a segment that fails it is
+scanned as after a crash, and so is everything after it. Producer state is
 rebuilt from the newest valid snapshot plus the log after it.
 """
 
@@ -43,9 +62,12 @@ from protocol.records import (
     ControlType,
     decode_batch,
     decode_control_record,
-    iter_batches,
     set_base_offset,
+    TIMESTAMP_TYPE_MASK,
+    TimestampType,
+    set_max_timestamp_and_type,
 )
+from storage.checksum import checked_batches
 from storage.config import FLUSH_ALWAYS, FLUSH_OS, LogConfig
 from storage.producer_state import (
     CorruptSnapshotError,
@@ -56,9 +78,12 @@ from storage.producer_state import (
 from storage.segment import (
     CLEANED_SUFFIX,
     DELETED_SUFFIX,
+    INDEX_SUFFIX,
     LOG_SUFFIX,
     SNAPSHOT_SUFFIX,
     SWAP_SUFFIX,
+    TIME_INDEX_SUFFIX,
+    TXN_INDEX_SUFFIX,
     DiskIO,
     LogSegment,
     file_stem,
@@ -113,9 +138,10 @@ class PartitionLog:
         self.closed = False
         self._waiters: list[tuple[int, asyncio.Future]] = []
         self._flush_task: asyncio.Task | None = None
-        self._flush_scheduled = False
         self._last_flush = float("-inf")
-        self._unflushed: list[LogSegment] = []
+        self._unflushed: list[LogSegment] = []  # written since the last fsync
+        self._syncing: list[LogSegment] = []  # being fsynced by the flusher now
+        self._next_recovery_point: int | None = None  # a roll's base, once what is below it is durable
         self.recovery_report: list[str] = []
 
     # ------------------------------------------------------------------ opening
@@ -131,6 +157,7 @@ class PartitionLog:
         from storage.cleaner import complete_interrupted_swaps
 
         complete_interrupted_swaps(self.directory)
+        self._remove_leftovers()
         clean = os.path.exists(os.path.join(self.directory, CLEAN_SHUTDOWN_FILE))
         recovery_point, log_start = self._read_checkpoint()
         bases = sorted(
@@ -142,13 +169,10 @@ class PartitionLog:
             self.segments.append(LogSegment(self.directory, base, self.io, index_interval_bytes=self.config.index_interval_bytes))
         if not self.segments:
             self.segments.append(LogSegment(self.directory, max(log_start, 0), self.io, index_interval_bytes=self.config.index_interval_bytes))
-        if clean:
-            for segment in self.segments:
-                segment.load_clean()
-                if segment.size == 0:
-                    segment.next_offset = segment.base_offset
-        else:
-            self._recover(recovery_point)
+        # After a clean shutdown every segment is trusted (after a sanity
+        # check of its indexes); otherwise those from the recovery point on
+        # are scanned.
+        self._recover(None if clean else recovery_point)
         for segment in self.segments:
             if segment.created_ms is None:
                 segment.created_ms = self._segment_created_ms(segment)
@@ -165,10 +189,35 @@ class PartitionLog:
             pass
         self._write_checkpoint()
 
-    def _recover(self, recovery_point: int) -> None:
-        start_index = max(0, bisect.bisect_right([s.base_offset for s in self.segments], recovery_point) - 1)
-        for segment in self.segments[:start_index]:
-            segment.load_clean()
+    def _remove_leftovers(self) -> None:
+        """Temporary files of an interrupted write (``*.tmp``: the original
+        is intact) and index files whose ``.log`` is gone (a crash while
+        retention deleted the segment)."""
+        names = os.listdir(self.directory)
+        logs = {name[: -len(LOG_SUFFIX)] for name in names if name.endswith(LOG_SUFFIX)}
+        for name in names:
+            stem, _dot, suffix = name.partition(".")
+            orphan = stem.isdigit() and "." + suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX) and stem not in logs
+            if name.endswith(".tmp") or orphan:
+                log.warning("removing leftover %s from %s", name, self.directory)
+                os.remove(os.path.join(self.directory, name))
+
+    def _recover(self, recovery_point: int | None) -> None:
+        """Load trusted segments, scan the rest (``recovery_point`` None: trust
+        all). A trusted segment whose files fail the sanity check is scanned,
+        and so is everything after it."""
+        if recovery_point is None:
+            start_index = len(self.segments)
+        else:
+            start_index = max(0, bisect.bisect_right([s.base_offset for s in self.segments], recovery_point) - 1)
+        for index, segment in enumerate(self.segments[:start_index]):
+            problem = segment.load_clean()
+            if problem is not None:
+                message = f"{self.directory}: {problem}; rebuilding from {os.path.basename(segment.log_path)} on"
+                log.warning("recovery %s", message)
+                self.recovery_report.append(message)
+                start_index = index
+                break
         previous_end = self.segments[start_index - 1].next_offset if start_index else None
         for index in range(start_index, len(self.segments)):
             segment = self.segments[index]
@@ -191,6 +240,15 @@ class PartitionLog:
         for segment in self.segments:
             if segment.size == 0:
                 segment.next_offset = segment.base_offset
+        # What the scan kept may have been only in the page cache (a process
+        # crash): make it durable before the recovery point and the high
+        # watermark move past it.
+        for segment in self.segments[start_index:]:
+            if not segment.size:
+                continue
+            segment.fsync()
+            segment.flush_indexes(fsync=True)
+            segment.txn_index.fsync()
 
     def _segment_created_ms(self, segment: LogSegment) -> int:
         try:
@@ -326,23 +384,51 @@ class PartitionLog:
             raise LogFailedError(f"log {self.directory} failed earlier ({self.failed}); it refuses appends until reopened")
 
     def append(self, data, *, assign_offsets: bool = True) -> AppendInfo:
-        """Append client batches (one or more, concatenated). Validates CRCs,
-        checks producer state, assigns offsets in place, writes.
+        """Append one or more concatenated batches.
 
-        Raises CorruptRecordError, a ProducerStateError, RecordTooLargeError or
-        LogFailedError; nothing is written in any of those cases."""
+        With ``assign_offsets`` (a producer's batches) the log end offset and
+        leader epoch are patched into each batch's bytes in place: the CRC does
+        not cover them, so nothing is re-encoded and no record is decoded.
+        Without it (batches that already carry offsets: a follower, a
+        rewrite) the offsets must be increasing and start at or after the log
+        end; gaps are allowed, as compaction leaves them.
+
+        Every batch's CRC is verified first. Raises CorruptRecordError, a
+        ProducerStateError, RecordTooLargeError or LogFailedError; nothing is
+        written in any of those cases. The data is durable (and readable
+        below the high watermark) once ``wait_durable(info.last_offset)``
+        completes.
+        """
         self._check_writable()
-        buffer = bytearray(data)
-        headers = list(iter_batches(buffer))
+        # Patch the caller's buffer when it is writable (the request's bytes,
+        # which nobody reads after the append); copy read-only bytes once.
+        writable = isinstance(data, bytearray) or (isinstance(data, memoryview) and not data.readonly and data.format == "B" and data.contiguous)
+        buffer = data if writable else bytearray(data)
+        headers = checked_batches(buffer)
         if not headers:
             raise CorruptRecordError("no record batches to append")
-        producer_changes: list[tuple[ProducerAppend | None, int]] = []
+        producer_changes: list[ProducerAppend | None] = []
+        base_offsets: list[int] = []
         next_offset = self.log_end_offset
-        first_offset = next_offset
         max_timestamp = -1
-        for position, header in headers:
+        append_time = self.clock() if self.config.message_timestamp_type == "LogAppendTime" else -1
+        for index, (position, header) in enumerate(headers):
             if header.size > self.config.max_message_bytes:
                 raise RecordTooLargeError(f"batch of {header.size} bytes exceeds max.message.bytes={self.config.max_message_bytes}")
+            if assign_offsets and header.record_count != header.last_offset_delta + 1:
+                # Kafka's check: the offsets a batch claims must match its
+                # record count, or in-place assignment would leave holes.
+                raise CorruptRecordError(
+                    f"batch claims {header.last_offset_delta + 1} offsets but holds {header.record_count} records",
+                    offset=header.base_offset,
+                    position=position,
+                )
+            if not assign_offsets and header.base_offset < next_offset:
+                raise CorruptRecordError(
+                    f"batch offset {header.base_offset} is below {next_offset} (the log end or the previous batch's end)",
+                    offset=header.base_offset,
+                    position=position,
+                )
             change = self.producer_state.check_append(header)
             if isinstance(change, DuplicateBatch):
                 if len(headers) == 1:
@@ -350,43 +436,52 @@ class PartitionLog:
                 raise CorruptRecordError("a duplicate batch inside a multi-batch request")
             if assign_offsets:
                 set_base_offset(buffer, position, next_offset, 0)
+                if append_time >= 0 and not header.is_control:
+                    set_max_timestamp_and_type(buffer, position, header, append_time)
+                    header = attrs.evolve(header, attributes=header.attributes | TIMESTAMP_TYPE_MASK, max_timestamp=append_time)
+                    headers[index] = (position, header)
             else:
                 next_offset = header.base_offset
-            producer_changes.append((change, next_offset))
+            producer_changes.append(change)
+            base_offsets.append(next_offset)
             max_timestamp = max(max_timestamp, header.max_timestamp)
             next_offset += header.last_offset_delta + 1
-        if not assign_offsets:
-            first_offset = headers[0][1].base_offset
-            if first_offset < self.log_end_offset:
-                raise ValueError(f"offset {first_offset} is below the log end {self.log_end_offset}")
+        first_offset = base_offsets[0]
         last_offset = next_offset - 1
-        self._maybe_roll(len(buffer), first_offset, last_offset, max_timestamp)
-        base_offsets = [offset for _change, offset in producer_changes]
+        try:
+            self._maybe_roll(len(buffer), first_offset, last_offset, max_timestamp)
+        except OSError as error:
+            self._fail(error)
+            raise LogFailedError(f"rolling a new segment in {self.directory} failed: {error}") from error
         segment = self.active_segment
         try:
             segment.append(buffer, headers, base_offsets)
         except OSError as error:
             self._fail(error)
             raise LogFailedError(f"write to {segment.log_path} failed: {error}") from error
-        for (change, offset), (_position, header) in zip(producer_changes, headers):
+        for change, offset, (_position, header) in zip(producer_changes, base_offsets, headers):
             if change is not None:
                 self.producer_state.apply_append(change, offset, offset + header.last_offset_delta)
         self.log_end_offset = last_offset + 1
         self._after_write(segment)
-        return AppendInfo(first_offset, last_offset, max_timestamp)
+        return AppendInfo(first_offset, last_offset, max_timestamp, log_append_time=append_time)
 
     def append_control(self, data, *, coordinator_epoch: int) -> tuple[AppendInfo, AbortedTxn | None]:
         """Append one COMMIT/ABORT marker batch (written by the transaction coordinator)."""
         self._check_writable()
         buffer = bytearray(data)
-        _position, header = next(iter_batches(buffer))
+        _position, header = checked_batches(buffer)[0]
         if not header.is_control:
             raise ValueError("append_control needs a control batch")
         marker = decode_control_record(decode_batch(buffer).records[0])
         self.producer_state.check_marker(header.producer_id, header.producer_epoch, coordinator_epoch)
         offset = self.log_end_offset
         set_base_offset(buffer, 0, offset, 0)
-        self._maybe_roll(len(buffer), offset, offset, header.max_timestamp)
+        try:
+            self._maybe_roll(len(buffer), offset, offset, header.max_timestamp)
+        except OSError as error:
+            self._fail(error)
+            raise LogFailedError(f"rolling a new segment in {self.directory} failed: {error}") from error
         segment = self.active_segment
         try:
             segment.append(buffer, [(0, header)], [offset])
@@ -411,16 +506,14 @@ class PartitionLog:
                 # DeleteRecords or truncation): re-base it so names match content.
                 self._replace_empty_active(first_offset)
             return
-        reasons = []
-        if segment.size + size > self.config.segment_bytes:
-            reasons.append("segment.bytes")
-        if segment.created_ms is not None and self.clock() - segment.created_ms >= self.config.segment_ms:
-            reasons.append("segment.ms")
-        if len(segment.offset_index) >= self.config.max_index_entries or len(segment.time_index) >= self.config.segment_index_bytes // 12:
-            reasons.append("index full")
-        if last_offset - segment.base_offset > INT32_MAX:
-            reasons.append("offset overflow")
-        if reasons:
+        config = self.config
+        if (
+            segment.size + size > config.segment_bytes
+            or (segment.created_ms is not None and self.clock() - segment.created_ms >= config.segment_ms)
+            or len(segment.offset_index) >= config.max_index_entries
+            or len(segment.time_index) >= config.segment_index_bytes // 12
+            or last_offset - segment.base_offset > INT32_MAX  # relative offsets are int32
+        ):
             self.roll(first_offset)
 
     def _replace_empty_active(self, base_offset: int) -> None:
@@ -433,9 +526,14 @@ class PartitionLog:
     def roll(self, next_base: int | None = None) -> LogSegment:
         base = self.log_end_offset if next_base is None else next_base
         old = self.active_segment
-        old.flush_indexes()
+        # The old segment's indexes are final: make them durable now (small
+        # files), so that once the group committer has fsynced its .log the
+        # recovery point can move past it (see _advance_recovery_point).
+        old.flush_indexes(fsync=True)
+        old.txn_index.fsync()
         if old not in self._unflushed and old.size:
             self._unflushed.append(old)
+        self._next_recovery_point = base
         segment = LogSegment(self.directory, base, self.io, index_interval_bytes=self.config.index_interval_bytes)
         segment.created_ms = self.clock()
         self.segments.append(segment)
@@ -458,67 +556,90 @@ class PartitionLog:
     # ------------------------------------------------------------------ durability
 
     def _schedule_flush(self) -> None:
-        if self._flush_scheduled:
-            return
+        if self._flush_task is not None:
+            return  # the running flusher picks up this append (it loops while data is unflushed)
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            # Not under asyncio (tools, benchmarks): fsync now, synchronously.
+            # Not under asyncio (tools, tests of the sync API): fsync now.
             self.flush()
             return
-        self._flush_scheduled = True
-        if self.config.flush_policy == FLUSH_ALWAYS:
-            delay = 0.0
-        else:
-            # At most one fsync per interval, but no waiting when the last one
-            # is older than that: sparse writes (a transaction's few records)
-            # are acknowledged at fsync speed, busy logs share fsyncs.
-            delay = max(0.0, self._last_flush + self.config.flush_interval_ms / 1000.0 - loop.time())
-        self._flush_task = loop.create_task(self._flush_after(delay))
+        self._flush_task = loop.create_task(self._flusher())
 
-    async def _flush_after(self, delay: float) -> None:
+    async def _flusher(self) -> None:
+        """The group committer of this log: one task at a time, each round one
+        fsync (on a worker thread) covering every append made before it
+        started; rounds start at most every ``flush.interval.ms`` ("group") or
+        back to back ("always"). Appends made during an fsync wait for the
+        next round. State (high watermark, waiters) changes only here, on the
+        loop, never on the worker thread."""
+        loop = asyncio.get_running_loop()
+        interval = self.config.flush_interval_ms / 1000.0
         try:
-            if delay:
-                await asyncio.sleep(delay)
-            while self._flush_scheduled:
+            while self._unflushed and self.failed is None and not self.closed:
+                if self.config.flush_policy != FLUSH_ALWAYS:
+                    # At most one fsync per interval, but no wait when the last
+                    # one is older than that: a lone append is acknowledged at
+                    # fsync speed, a busy log shares fsyncs.
+                    delay = self._last_flush + interval - loop.time()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                if self.closed or self.failed is not None:
+                    return
                 target = self.log_end_offset
-                segments = list(self._unflushed)
+                self._syncing = [segment for segment in self._unflushed if not segment.closed]
                 self._unflushed.clear()
-                self._flush_scheduled = False
-                loop = asyncio.get_running_loop()
-                try:
-                    for segment in segments:
-                        if not segment.closed:
-                            await loop.run_in_executor(None, segment.fsync)
-                except OSError as error:
-                    self._fail(error)
-                    return
-                if self.failed is not None:
-                    return
                 self._last_flush = loop.time()
+                try:
+                    for segment in self._syncing:
+                        await loop.run_in_executor(None, segment.fsync_unless_closed)
+                except OSError as error:
+                    if not self.closed:  # close() fsyncs itself; a late EBADF is no failure
+                        self._fail(error)
+                    return
+                finally:
+                    self._syncing = []
+                if self.failed is not None or self.closed:
+                    return
                 self.durable_offset = max(self.durable_offset, target)
+                self._advance_recovery_point(target)
                 self._release_waiters()
-                if self._unflushed and self.config.flush_policy == FLUSH_ALWAYS:
-                    self._flush_scheduled = True  # appends that came during the fsync
         finally:
             self._flush_task = None
 
     def flush(self) -> None:
-        """fsync everything written so far, synchronously."""
+        """fsync everything written so far, synchronously (also what an
+        in-flight group commit is still syncing), then acknowledge it."""
         if self.failed is not None or self.closed:
             return
         target = self.log_end_offset
-        segments = list(self._unflushed)
+        segments = list(dict.fromkeys(self._syncing + self._unflushed))
         self._unflushed.clear()
         try:
             for segment in segments:
-                if not segment.closed:
-                    segment.fsync()
+                segment.fsync_unless_closed()
         except OSError as error:
             self._fail(error)
             raise LogFailedError(f"fsync failed: {error}") from error
         self.durable_offset = max(self.durable_offset, target)
+        self._advance_recovery_point(target)
         self._release_waiters()
+
+    def _advance_recovery_point(self, synced_to: int) -> None:
+        """After an fsync that covered every segment below the last roll, the
+        recovery point moves to that roll's base offset and is checkpointed:
+        recovery after a crash then scans only from the active segment on
+        (Kafka flushes a rolled segment and moves its recovery point the
+        same way). Under "os" nothing is fsynced, so it moves only on close."""
+        point = self._next_recovery_point
+        if point is None or synced_to < point or point <= self.recovery_point:
+            return
+        self._next_recovery_point = None
+        self.recovery_point = point
+        try:
+            self._write_checkpoint()
+        except OSError as error:
+            self._fail(error)
 
     def _fail(self, error: Exception) -> None:
         log.error("log %s failed: %s; refusing appends until it is reopened", self.directory, error)
@@ -593,18 +714,26 @@ class PartitionLog:
         return result
 
     def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
-        """(offset, timestamp) of the first record with timestamp >= ``timestamp``."""
+        """(offset, timestamp) of the first record at or after the log start
+        offset with timestamp >= ``timestamp`` (ListOffsets), found through
+        the time index; None if there is none."""
+        start_offset = self.log_start_offset
         for segment in self.segments:
-            if segment.max_timestamp < timestamp:
+            if segment.max_timestamp < timestamp or (segment.size and segment.next_offset <= start_offset):
                 continue
-            header = segment.first_batch_at_or_after_timestamp(timestamp)
-            if header is None:
+            found = segment.find_position(max(segment.time_index.lookup(timestamp), start_offset))
+            if found is None:
                 continue
-            found = segment.find_position(header.base_offset)
-            batch = decode_batch(segment.read_at(found[0], header.size))
-            for record in batch.records:
-                if record.timestamp >= timestamp and record.offset >= self.log_start_offset:
-                    return record.offset, record.timestamp
+            for position, header in segment.iter_headers(found[0]):
+                if header.max_timestamp < timestamp or header.last_offset < start_offset:
+                    continue
+                batch = decode_batch(segment.read_at(position, header.size))
+                log_append_time = header.timestamp_type == TimestampType.LOG_APPEND_TIME
+                for record in batch.records:
+                    # With LogAppendTime every record's timestamp is the batch's.
+                    record_timestamp = header.max_timestamp if log_append_time else record.timestamp
+                    if record_timestamp >= timestamp and record.offset >= start_offset:
+                        return record.offset, record_timestamp
         return None
 
     def max_timestamp_offset(self) -> tuple[int, int] | None:

@@ -14,7 +14,7 @@ import os
 import re
 
 MAX_TOPIC_NAME_LENGTH = 249
-_LEGAL = re.compile(r"^[a-zA-Z0-9._-]+$")
+_LEGAL = re.compile(r"[a-zA-Z0-9._-]+")  # used with fullmatch: "$" would let a trailing newline through
 
 
 class InvalidTopicError(ValueError):
@@ -28,8 +28,8 @@ def validate_topic_name(name) -> str:
         raise InvalidTopicError(f"topic name cannot be '{name}'")
     if len(name) > MAX_TOPIC_NAME_LENGTH:
         raise InvalidTopicError(f"topic name is {len(name)} characters; the limit is {MAX_TOPIC_NAME_LENGTH}")
-    if not _LEGAL.match(name):
-        bad = sorted({c for c in name if not re.match(r"[a-zA-Z0-9._-]", c)})
+    if not _LEGAL.fullmatch(name):
+        bad = sorted({c for c in name if not _LEGAL.fullmatch(c)})
         raise InvalidTopicError(
             f"topic name {name!r} has illegal characters {''.join(bad)!r}; allowed are ASCII letters, digits, '.', '_' and '-'"
         )
@@ -38,7 +38,7 @@ def validate_topic_name(name) -> str:
 
 def partition_dir_name(topic: str, partition: int) -> str:
     validate_topic_name(topic)
-    if not isinstance(partition, int) or partition < 0:
+    if not isinstance(partition, int) or isinstance(partition, bool) or partition < 0:
         raise ValueError(f"partition must be a non-negative integer, not {partition!r}")
     return f"{topic}-{partition}"
 
@@ -53,7 +53,9 @@ def partition_path(data_dir: str, topic: str, partition: int) -> str:
 
 def parse_partition_dir(name: str) -> tuple[str, int] | None:
     topic, sep, partition = name.rpartition("-")
-    if not sep or not partition.isdigit():
+    # Only the canonical form partition_dir_name() writes: ASCII digits, no
+    # leading zero ("t-012" or "t-١٢" would name a directory no topic owns).
+    if not sep or not (partition.isascii() and partition.isdigit()) or str(int(partition)) != partition:
         return None
     try:
         validate_topic_name(topic)

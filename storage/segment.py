@@ -13,7 +13,8 @@ import errno
 import logging
 import os
 
-from protocol.records import BATCH_HEADER_SIZE, LOG_OVERHEAD, BatchHeader, CorruptRecordError, read_batch_header
+from protocol.records import BATCH_HEADER_SIZE, LOG_OVERHEAD, BatchHeader, CorruptRecordError
+from storage.checksum import checked_header
 from storage.index import OffsetIndex, TimeIndex
 from storage.txn_index import TransactionIndex
 
@@ -113,6 +114,12 @@ class LogSegment:
     def fsync(self) -> None:
         self.io.fsync(self.fd)
 
+    def fsync_unless_closed(self) -> None:
+        # A segment deleted by retention or replaced by the cleaner after it
+        # was queued for fsync needs none (it was durable before either).
+        if not self.closed:
+            self.io.fsync(self.fd)
+
     def flush_indexes(self, fsync: bool = False) -> None:
         self.offset_index.flush(fsync)
         self.time_index.flush(fsync)
@@ -187,7 +194,7 @@ class LogSegment:
         self.next_offset = self.base_offset if expected_start is None else expected_start
         position = 0
         reason = None
-        previous_next = None
+        previous_next = expected_start  # offsets never overlap the previous segment's
         while position < self.size:
             head = self.io.pread(self.fd, LOG_OVERHEAD, position)
             if len(head) < LOG_OVERHEAD:
@@ -198,7 +205,7 @@ class LogSegment:
                 reason = f"batch at position {position} claims {whole} bytes, {self.size - position} remain (torn write)"
                 break
             try:
-                header = read_batch_header(self.io.pread(self.fd, whole, position), 0)
+                header = checked_header(self.io.pread(self.fd, whole, position), 0)
             except CorruptRecordError as error:
                 reason = f"position {position}: {error}"
                 break
@@ -214,19 +221,35 @@ class LogSegment:
         self.flush_indexes()
         return truncated, reason
 
-    def load_clean(self) -> None:
-        """After a clean shutdown: trust the indexes and find the end by
-        scanning only from the last offset-index entry."""
+    def load_clean(self) -> str | None:
+        """After a clean shutdown (or for a segment below the recovery point):
+        trust the indexes and find the end by scanning only from the last
+        offset-index entry. Returns None, or why the files cannot be trusted
+        (an index missing or inconsistent, a header past the end); the caller
+        then runs ``recover()`` on this segment."""
+        if self.size and (self.offset_index.missing or self.time_index.missing):
+            return f"{os.path.basename(self.log_path)}: index files are missing"
+        problem = self.offset_index.problem(self.size)
+        if problem:
+            return problem
         _offset, position = self.offset_index.lookup(2**62)
         last = None
-        for _position, header in self.iter_headers(position):
-            last = header
-        if last is not None:
-            self.next_offset = last.next_offset
+        try:
+            for _position, header in self.iter_headers(position):
+                if _position + header.size > self.size or header.size < BATCH_HEADER_SIZE:
+                    return f"{os.path.basename(self.log_path)}: batch at {_position} runs past the end of the file"
+                last = header
+        except CorruptRecordError as error:
+            return f"{os.path.basename(self.log_path)}: {error}"
+        self.next_offset = last.next_offset if last is not None else self.base_offset
+        problem = self.time_index.problem(self.next_offset)
+        if problem:
+            return problem
         self.bytes_since_index_entry = self.size - position
         self.max_timestamp = self.time_index.max_timestamp
         if len(self.time_index):
             self.max_timestamp_offset = self.time_index.base_offset + self.time_index.relative_offsets[-1]
+        return None
 
     def truncate_to_position(self, position: int) -> None:
         self.io.truncate(self.fd, position)
@@ -245,6 +268,8 @@ class LogSegment:
         self.time_index.truncate_to_offset(offset)
         self.txn_index.truncate_to(offset)
         self.next_offset = max(self.base_offset, min(self.next_offset, offset))
+        self.max_timestamp = self.time_index.max_timestamp
+        self.max_timestamp_offset = self.time_index.base_offset + self.time_index.relative_offsets[-1] if len(self.time_index) else -1
 
     # -- lifecycle ------------------------------------------------------------------------
 

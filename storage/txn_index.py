@@ -85,6 +85,16 @@ class TransactionIndex:
         self.entries = list(entries)
         self._rewrite()
 
+    def fsync(self) -> None:
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return  # no aborted transaction in this segment
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
     def delete(self) -> None:
         try:
             os.remove(self.path)

@@ -5,13 +5,14 @@ stage of its segment swap."""
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 
-from protocol.records import ControlType, decode_batch, encode_batch, encode_control_batch, iter_batches
+from protocol.records import Compression, ControlType, decode_batch, encode_batch, encode_control_batch, iter_batches
 from storage.cleaner import Cleaner
 from storage.config import LogConfig
-from storage.log import PartitionLog
+from storage.log import LogFailedError, PartitionLog
 
 
 def config(**overrides):
@@ -124,15 +125,61 @@ def test_aborted_transaction_never_wins_over_a_committed_value(tmp_path):
     assert len(markers) == 1, "control batches are kept"
 
 
-@pytest.mark.parametrize("stage", ["cleaned_written", "swap_renamed", "old_renamed_deleted"])
-def test_crash_during_compaction_leaves_before_or_after(tmp_path, stage):
-    partition_log = PartitionLog.open(str(tmp_path), config())
+SWAP_STAGES = [
+    "cleaned_written",
+    "note_written",
+    "swap_renamed.index",
+    "swap_renamed.timeindex",
+    "swap_renamed.txnindex",
+    "swap_renamed.log",
+    "swap_renamed",
+    "old_renamed.log",
+    "old_renamed.index",
+    "old_renamed.timeindex",
+    "old_renamed_deleted",
+    "live_renamed.index",
+    "live_renamed.timeindex",
+    "live_renamed.txnindex",
+    "live_renamed.log",
+    "note_removed",
+]
+
+
+def rebuilt_index_files(directory) -> dict[str, bytes]:
+    """The index files a full recovery scan builds from the .log files alone."""
+    scratch = str(directory) + "-rebuilt"
+    shutil.copytree(directory, scratch)
+    for name in os.listdir(scratch):
+        if name.endswith((".index", ".timeindex")) or name in ("checkpoint", ".clean_shutdown"):
+            os.remove(os.path.join(scratch, name))
+    PartitionLog.open(scratch, config()).close()
+    return index_files(scratch)
+
+
+def index_files(directory) -> dict[str, bytes]:
+    return {
+        name: open(os.path.join(directory, name), "rb").read()
+        for name in sorted(os.listdir(directory))
+        if name.endswith((".index", ".timeindex"))
+    }
+
+
+@pytest.mark.parametrize("restarted_before", [False, True], ids=["fresh", "after-clean-restart"])
+@pytest.mark.parametrize("stage", SWAP_STAGES)
+def test_crash_during_compaction_leaves_before_or_after(tmp_path, stage, restarted_before):
+    directory = tmp_path / "log"
+    partition_log = PartitionLog.open(str(directory), config())
     for i in range(40):
         partition_log.append(encode_batch([(b"k%d" % (i % 3), b"v%d" % i, (), 1000 + i)]))
+    if restarted_before:
+        # The recovery point is then past every segment: after the crash the
+        # swapped segments are trusted, not rescanned, so their index files
+        # must be right by themselves.
+        partition_log.close()
+        partition_log = PartitionLog.open(str(directory), config())
     partition_log.flush()
     before = records(partition_log)
-    reference_dir = tmp_path.parent / f"{tmp_path.name}-reference"
-    reference = PartitionLog.open(str(reference_dir), config())
+    reference = PartitionLog.open(str(tmp_path / "reference"), config())
     for i in range(40):
         reference.append(encode_batch([(b"k%d" % (i % 3), b"v%d" % i, (), 1000 + i)]))
     Cleaner(reference).clean()
@@ -151,7 +198,7 @@ def test_crash_during_compaction_leaves_before_or_after(tmp_path, stage):
     for segment in partition_log.segments:
         if not segment.closed:
             segment.flush_indexes()
-    reopened = PartitionLog.open(str(tmp_path), config())
+    reopened = PartitionLog.open(str(directory), config())
     result = records(reopened)
     # Each segment swaps atomically, so the log holds, segment by segment,
     # either the old records or the cleaned ones: every record is one it had
@@ -161,8 +208,73 @@ def test_crash_during_compaction_leaves_before_or_after(tmp_path, stage):
     assert {r.offset for _h, r in after} <= {r.offset for _h, r in result}
     latest = lambda rows: {r.key: r.value for _h, r in rows}
     assert latest(result) == latest(before)
-    leftovers = [n for n in os.listdir(tmp_path) if n.endswith((".cleaned", ".swap", ".deleted", ".range"))]
+    leftovers = [n for n in os.listdir(directory) if n.endswith((".cleaned", ".swap", ".deleted", ".range"))]
     assert leftovers == []
+    # Every segment's indexes match its .log, whichever state it is in.
+    assert reopened.offset_for_timestamp(1039) == (39, 1039)
+    reopened.close()
+    assert index_files(directory) == rebuilt_index_files(directory)
     # A later clean still works and reaches the same result.
+    reopened = PartitionLog.open(str(directory), config())
     Cleaner(reopened).clean()
     assert {r.key: r.value for _h, r in records(reopened)} == {r.key: r.value for _h, r in after}
+
+
+def test_a_failure_past_the_point_of_no_return_stops_appends_until_reopened(tmp_path):
+    partition_log = PartitionLog.open(str(tmp_path), config())
+    for i in range(40):
+        partition_log.append(encode_batch([(b"k%d" % (i % 3), b"v%d" % i, (), 1000 + i)]))
+
+    def crash_point(name):
+        if name == "old_renamed_deleted":
+            raise OSError(5, "Input/output error")
+
+    with pytest.raises(OSError):
+        Cleaner(partition_log, crash_point=crash_point).clean()
+    with pytest.raises(LogFailedError):
+        partition_log.append(encode_batch([(b"k", b"v", (), 2000)]))
+    reopened = PartitionLog.open(str(tmp_path), config())
+    assert reopened.append(encode_batch([(b"k", b"v", (), 2000)])).first_offset == 40
+
+
+@pytest.mark.parametrize("codec", [Compression.GZIP, Compression.ZSTD])
+def test_compressed_batches_are_re_encoded_with_their_codec(tmp_path, codec):
+    if codec != Compression.GZIP:
+        pytest.importorskip("cramjam")
+    partition_log = PartitionLog.open(str(tmp_path), config(segment_bytes=2000))
+    for i in range(30):
+        rows = [(b"k%d" % (j % 4), b"value-%d-%d" % (i, j) * 5, (), 1000 + i) for j in range(8)]
+        partition_log.append(encode_batch(rows, compression=codec))
+    before = {r.offset: r for _h, r in records(partition_log)}
+    Cleaner(partition_log).clean()
+    after = records(partition_log)
+    active_base = partition_log.active_segment.base_offset
+    for header, record in after:
+        assert header.compression == codec
+        assert before[record.offset] == record
+    cleaned = [r.key for _h, r in after if r.offset < active_base]
+    assert len(cleaned) == len(set(cleaned))
+
+
+def test_emptied_batches_go_except_each_producers_last(tmp_path):
+    partition_log = PartitionLog.open(str(tmp_path), config())
+    # Producer 9 writes key "a" many times; producer -1 (no idempotence) too.
+    for i in range(12):
+        partition_log.append(encode_batch([(b"a", b"%d" % i, (), 1)], producer_id=9, producer_epoch=0, base_sequence=i))
+        partition_log.append(encode_batch([(b"b", b"%d" % i, (), 1)]))
+    partition_log.append(encode_batch([(b"a", b"final", (), 1)]))  # supersedes producer 9's last record
+    for i in range(20):
+        partition_log.append(encode_batch([(b"pad", b"%d" % i, (), 1)]))
+    Cleaner(partition_log).clean()
+    batches = []
+    offset = 0
+    while offset < partition_log.log_end_offset:
+        data = partition_log.read(offset, 1 << 30)
+        for position, header in iter_batches(data):
+            batches.append(decode_batch(data, position))
+            offset = header.next_offset
+    of_producer_9 = [b for b in batches if b.header.producer_id == 9]
+    assert len(of_producer_9) == 1, "only the producer's last batch survives, emptied"
+    assert of_producer_9[0].records == () and of_producer_9[0].header.base_sequence == 11
+    assert partition_log.producer_state.producers[9].last_sequence == 11
+    assert all(b.records for b in batches if b.header.producer_id != 9), "other emptied batches are dropped"

@@ -12,7 +12,10 @@ def test_legal_names(name):
 
 @pytest.mark.parametrize(
     "name",
-    ["", ".", "..", "x" * 250, "a/b", "../etc", "..\\x", "a b", "tab\t", "naïve", "a\x00b", "/abs", "semi;colon", None, 7],
+    [
+        "", ".", "..", "x" * 250, "a/b", "../etc", "..\\x", "a b", "tab\t", "naïve", "a\x00b", "/abs", "semi;colon",
+        "orders\n", "\norders", "orders\r", "ｏrders", "a:b", "~", None, 7, b"orders",
+    ],
 )
 def test_illegal_names(name):
     with pytest.raises(InvalidTopicError):
@@ -25,6 +28,20 @@ def test_partition_path_stays_inside(tmp_path):
         partition_path(str(tmp_path), "../../etc", 0)
     with pytest.raises(ValueError):
         partition_dir_name("orders", -1)
+    with pytest.raises(ValueError):
+        partition_dir_name("orders", True)
+    with pytest.raises(InvalidTopicError):
+        partition_path(str(tmp_path), "..", 0)
+
+
+def test_a_symlinked_partition_dir_pointing_outside_is_refused(tmp_path):
+    data = tmp_path / "data"
+    outside = tmp_path / "outside"
+    data.mkdir()
+    outside.mkdir()
+    (data / "orders-0").symlink_to(outside)
+    with pytest.raises(InvalidTopicError, match="outside"):
+        partition_path(str(data), "orders", 0)
 
 
 def test_parse_partition_dir():
@@ -32,3 +49,6 @@ def test_parse_partition_dir():
     assert parse_partition_dir("my-topic-0") == ("my-topic", 0)
     assert parse_partition_dir("orders") is None
     assert parse_partition_dir("__cluster_metadata") is None
+    assert parse_partition_dir("orders-012") is None
+    assert parse_partition_dir("orders-\u0661\u0662") is None
+    assert parse_partition_dir("orders\n-1") is None

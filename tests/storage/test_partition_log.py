@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import os
 
 import pytest
@@ -146,7 +147,7 @@ def test_torn_tail_at_every_byte_of_the_last_batch(tmp_path):
         recovered.close()
 
 
-def test_flipped_byte_in_an_earlier_segment_truncates_there(tmp_path):
+def test_flipped_byte_in_an_earlier_segment_truncates_there(tmp_path, caplog):
     partition_log = PartitionLog.open(str(tmp_path), small_config())
     fill(partition_log, 40)
     _crash_copy(partition_log)
@@ -157,7 +158,10 @@ def test_flipped_byte_in_an_earlier_segment_truncates_there(tmp_path):
     one = len(batch(0))
     data[one + 30] ^= 0x55  # inside the second batch of segment 1
     open(damaged_path, "wb").write(bytes(data))
-    recovered = PartitionLog.open(str(tmp_path), small_config())
+    with caplog.at_level(logging.WARNING, logger="storage.log"):
+        recovered = PartitionLog.open(str(tmp_path), small_config())
+    dropped = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "dropped" in r.getMessage()]
+    assert len(dropped) == 1 and f"position {one}" in dropped[0] and "crc" in dropped[0], dropped
     assert recovered.log_end_offset == damaged_base + 3
     assert len(recovered.segments) == 2
     for _base, path in segments[2:]:
