@@ -35,12 +35,22 @@ class BrokerClient:
         self._read_task: asyncio.Task | None = None
         self.versions: dict[int, tuple[int, int]] = {}
         self._lock = asyncio.Lock()
+        self._connect_lock = asyncio.Lock()
+        self._ready = False  # connected and the broker's API versions known
 
     @property
     def connected(self) -> bool:
-        return self._writer is not None and not self._writer.is_closing()
+        return self._ready and self._writer is not None and not self._writer.is_closing()
 
     async def connect(self) -> None:
+        async with self._connect_lock:
+            if not self.connected:
+                await self._connect()
+
+    async def _connect(self) -> None:
+        if self._read_task is not None:
+            self._read_task.cancel()
+        self._ready = False
         self._framing = ClientConnection(client_id=self.client_id)
         self._reader, self._writer = await asyncio.wait_for(asyncio.open_connection(self.host, self.port), self.request_timeout)
         self._read_task = asyncio.get_running_loop().create_task(self._read_loop())
@@ -48,6 +58,7 @@ class BrokerClient:
         if body["error_code"]:
             body = await self._send(API_VERSIONS, 0, {})
         self.versions = {entry["api_key"]: (entry["min_version"], entry["max_version"]) for entry in body["api_keys"]}
+        self._ready = True
 
     def version_for(self, api_key: int) -> int:
         ours = APIS[api_key].request.valid
@@ -59,29 +70,51 @@ class BrokerClient:
             raise ConnectionError(f"no common version of {APIS[api_key].name}")
         return high
 
-    async def request(self, api_key: int, body: dict, *, version: int | None = None, expect_response: bool = True) -> dict | None:
+    async def request(self, api_key: int, body: dict, *, version: int | None = None, expect_response: bool = True, timeout: float | None = None) -> dict | None:
+        """Send and wait for the answer (``timeout`` overrides the client's
+        request timeout, for requests the broker holds, like JoinGroup)."""
         if not self.connected:
             await self.connect()
-        return await self._send(api_key, self.version_for(api_key) if version is None else version, body, expect_response=expect_response)
+        awaitable = await self._submit(api_key, self.version_for(api_key) if version is None else version, body, expect_response=expect_response, timeout=timeout)
+        return await awaitable
 
-    async def _send(self, api_key: int, version: int, body: dict, *, expect_response: bool = True) -> dict | None:
+    async def submit(self, api_key: int, body: dict, *, version: int | None = None, expect_response: bool = True):
+        """Write the request now; return an awaitable of its response (None
+        without one). Requests submitted one after another reach the broker
+        in that order, which the producer relies on for its sequences."""
+        if not self.connected:
+            await self.connect()
+        return await self._submit(api_key, self.version_for(api_key) if version is None else version, body, expect_response=expect_response)
+
+    async def _submit(self, api_key: int, version: int, body: dict, *, expect_response: bool = True, timeout: float | None = None):
         correlation_id, frame = self._framing.send_request(api_key, version, body, expect_response=expect_response)
         future = asyncio.get_running_loop().create_future() if expect_response else None
         if future is not None:
             self._pending[correlation_id] = future
+        writer = self._writer
+        if writer is None:
+            self._pending.pop(correlation_id, None)
+            raise ConnectionError(f"connection to {self.host}:{self.port} is closed")
         try:
-            async with self._lock:
-                self._writer.write(frame)
-                await self._writer.drain()
-        except (ConnectionError, OSError) as error:
+            writer.write(frame)
+            if writer.transport.get_write_buffer_size() > 1 << 20:
+                async with self._lock:
+                    await writer.drain()
+        except (ConnectionError, OSError, RuntimeError) as error:
             self._fail(ConnectionError(f"send to {self.host}:{self.port} failed: {error}"))
             raise ConnectionError(str(error)) from error
+        return self._response(correlation_id, future, timeout)
+
+    async def _response(self, correlation_id: int, future: asyncio.Future | None, timeout: float | None) -> dict | None:
         if future is None:
             return None
         try:
-            return await asyncio.wait_for(future, self.request_timeout)
+            return await asyncio.wait_for(future, timeout or self.request_timeout)
         finally:
             self._pending.pop(correlation_id, None)
+
+    async def _send(self, api_key: int, version: int, body: dict, *, expect_response: bool = True) -> dict | None:
+        return await (await self._submit(api_key, version, body, expect_response=expect_response))
 
     async def _read_loop(self) -> None:
         try:
@@ -104,6 +137,7 @@ class BrokerClient:
             if not future.done():
                 future.set_exception(error)
         self._pending.clear()
+        self._ready = False
         if self._writer is not None:
             self._writer.close()
         self._writer = None

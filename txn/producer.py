@@ -1,77 +1,68 @@
 """onceflow's producer: idempotent by default, transactional on request.
 
-Asyncio at the core (``AsyncProducer``); ``Producer`` is a thin synchronous
-facade that runs one on its own event-loop thread.
+Asyncio at the core (``AsyncProducer``, also ``txn.aio.Producer``);
+``Producer`` is the synchronous facade that runs one on its own loop thread.
 
 What it does, in Kafka's terms:
 
 - ``InitProducerId`` (through the transaction coordinator when a
-  ``transactional_id`` is set) gives the producer id and epoch; each
-  partition gets its own sequence numbers, so a retried batch is recognized
-  by the broker and never written twice.
-- Records are batched per partition (``linger_ms``, ``batch_size``) and the
-  default partitioner is Kafka's (murmur2 of the key; round robin without a
+  ``transactional_id`` is set) gives the producer id and epoch; every
+  partition gets its own sequence numbers, so the broker recognizes a
+  retried batch and never writes it twice.
+- Records are batched per partition (``linger_ms``, ``batch_size``); the
+  default partitioner is Kafka's (murmur2 of the key, round robin without a
   key), so keys land where the Java client would put them.
-- One batch per partition is in flight at a time, which keeps order through
-  retries trivially (Kafka allows up to five; that is left for later).
-  Retriable errors are retried with backoff (tenacity) until
-  ``delivery_timeout_ms``.
-- Transactions: ``begin_transaction``, ``send_offsets_to_transaction``
-  (AddOffsetsToTxn, then TxnOffsetCommit with the consumer's group metadata),
-  ``commit_transaction``, ``abort_transaction``. Errors follow KIP-1050:
-  ``ProducerFencedError`` is fatal, ``TransactionAbortableError`` means abort
-  and go on, ``CommitOutcomeUnknownError`` means the commit may or may not
-  have happened: the producer refuses to abort after it (an abort could hit
-  the next transaction) and must be re-initialized.
+- Up to ``max_in_flight_requests_per_connection`` (at most 5) batches per
+  partition are in flight. Order survives retries because each batch's
+  request is written only after its predecessor's, and a batch that fails
+  waits for its predecessor's final outcome before it is sent again (the
+  batches behind a failed one come back OUT_OF_ORDER_SEQUENCE_NUMBER, which
+  is then expected and retried). A batch that fails for good takes the
+  batches behind it along and the producer bumps its epoch (KIP-360) so
+  sequences restart cleanly.
+- Errors follow KIP-1050 (``txn.errors``): retriable ones are retried until
+  ``delivery_timeout_ms``; in a transaction a failed send makes the
+  transaction abortable (``commit_transaction`` raises
+  ``TransactionAbortableError``); fencing is fatal for this instance; a
+  commit whose answer never came raises ``CommitOutcomeUnknownError`` and
+  the producer refuses to abort after it.
+- For an external two-phase commit (the Spark sink): after ``flush()``,
+  ``transaction_handle()`` names the open transaction (transactional id,
+  producer id, epoch), and ``AsyncProducer.resume(handle)`` in another
+  process commits or aborts it without re-initializing (which would abort).
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-import threading
 import time
 from collections import defaultdict
 
 import attrs
-import tenacity
 
-from protocol.compression import Compression
 from protocol.errors import ErrorCode, error_name
 from protocol.records import encode_batch
-from txn.connection import BrokerClient
+from txn.cluster import TRANSACTION_KEY, Cluster
+from txn.config import ProducerConfig, build
+from txn.errors import (
+    ApplicationRecoverableError,
+    CommitOutcomeUnknownError,
+    FatalError,
+    InvalidConfigurationError,
+    KafkaError,
+    ProducerFencedError,
+    RetriableError,
+    TransactionAbortableError,
+    classify,
+    is_retriable,
+)
+from txn.loop_thread import LoopThread
+from txn.types import GroupMetadata, RecordMetadata, TopicPartition, as_topic_partition
 
-PRODUCE, METADATA, FIND_COORDINATOR, INIT_PRODUCER_ID = 0, 3, 10, 22
+PRODUCE, INIT_PRODUCER_ID = 0, 22
 ADD_PARTITIONS, ADD_OFFSETS, END_TXN, TXN_OFFSET_COMMIT = 24, 25, 26, 28
-
-
-class KafkaError(Exception):
-    def __init__(self, code: int, context: str = ""):
-        self.code = ErrorCode(code) if code in ErrorCode._value2member_map_ else code
-        super().__init__(f"{context}{': ' if context else ''}{error_name(code)}")
-
-    @property
-    def retriable(self) -> bool:
-        return isinstance(self.code, ErrorCode) and self.code.is_retriable
-
-
-class ProducerFencedError(KafkaError):
-    """Another instance with the same transactional id took over: fatal."""
-
-
-class TransactionAbortableError(Exception):
-    """The transaction cannot commit; abort it and continue."""
-
-
-class CommitOutcomeUnknownError(Exception):
-    """EndTxn(commit) was sent but its answer never came: do not abort."""
-
-
-@attrs.frozen
-class RecordMetadata:
-    topic: str
-    partition: int
-    offset: int
+RECORD_OVERHEAD = 20  # a record's framing bytes, roughly, for batch sizing
 
 
 def murmur2(data: bytes) -> int:
@@ -106,110 +97,120 @@ def default_partition(key: bytes | None, partitions: int, counter) -> int:
     return (murmur2(key) & 0x7FFFFFFF) % partitions
 
 
-FENCING = {ErrorCode.PRODUCER_FENCED, ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED}
+@attrs.frozen
+class TransactionHandle:
+    """Names an open transaction so another process can finish it."""
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+
+
+@attrs.define(eq=False)
+class _Batch:
+    partition: TopicPartition
+    records: list
+    futures: list
+    created: float
+    base_sequence: int = -1
+    predecessor: "_Batch | None" = None
+    written: asyncio.Event = attrs.field(factory=asyncio.Event)  # its request is on the wire (or it is finished)
+    finished: asyncio.Event = attrs.field(factory=asyncio.Event)
+    failed_attempt: bool = False  # some attempt failed: batches behind it see OUT_OF_ORDER
+    error: BaseException | None = None
+
+
+@attrs.define(eq=False)
+class _PartitionQueue:
+    records: list = attrs.field(factory=list)  # (record tuple, future)
+    size: int = 0
+    timer: asyncio.TimerHandle | None = None
+    inflight: int = 0
+    last_batch: _Batch | None = None
+    next_sequence: int = 0
+    retrying: int = 0  # batches between a failed attempt and their outcome
+    calm: asyncio.Event = attrs.field(factory=lambda: _set(asyncio.Event()))  # set while retrying == 0
 
 
 class AsyncProducer:
-    def __init__(
-        self,
-        bootstrap: str,
-        *,
-        transactional_id: str | None = None,
-        enable_idempotence: bool = True,
-        acks: int = -1,
-        linger_ms: int = 5,
-        batch_size: int = 16384,
-        compression: Compression = Compression.NONE,
-        transaction_timeout_ms: int = 60_000,
-        delivery_timeout_ms: int = 120_000,
-        client_id: str = "onceflow-producer",
-    ):
-        host, _, port = bootstrap.rpartition(":")
-        self.bootstrap = (host or "127.0.0.1", int(port))
-        self.transactional_id = transactional_id
-        self.idempotent = enable_idempotence or transactional_id is not None
-        self.acks = -1 if self.idempotent else acks
-        self.linger = linger_ms / 1000.0
-        self.batch_size = batch_size
-        self.compression = compression
-        self.transaction_timeout_ms = transaction_timeout_ms
-        self.delivery_timeout = delivery_timeout_ms / 1000.0
-        self.client_id = client_id
+    def __init__(self, bootstrap_servers=None, transactional_id: str | None = None, config: dict | ProducerConfig | None = None, **options):
+        if bootstrap_servers is not None:
+            options["bootstrap_servers"] = bootstrap_servers
+        if transactional_id is not None:
+            options["transactional_id"] = transactional_id
+        self.config = build(ProducerConfig, config, **options)
+        self.transactional_id = self.config.transactional_id
+        self.cluster = Cluster(self.config)
         self.producer_id, self.producer_epoch = -1, -1
-        self._brokers: dict[tuple[str, int], BrokerClient] = {}
-        self._leaders: dict[tuple[str, int], tuple[str, int]] = {}
-        self._partition_counts: dict[str, int] = {}
-        self._sequences: dict[tuple[str, int], int] = defaultdict(int)
-        self._buffers: dict[tuple[str, int], list] = defaultdict(list)
-        self._buffer_bytes: dict[tuple[str, int], int] = defaultdict(int)
-        self._inflight: dict[tuple[str, int], asyncio.Task] = {}
-        self._flush_timers: dict[tuple[str, int], asyncio.TimerHandle] = {}
+        self._queues: dict[TopicPartition, _PartitionQueue] = defaultdict(_PartitionQueue)
+        self._tasks: set[asyncio.Task] = set()
         self._round_robin = itertools.count()
-        self._coordinator: BrokerClient | None = None
+        self._started = False
         self._in_transaction = False
-        self._txn_partitions: set[tuple[str, int]] = set()
-        self._txn_failed: Exception | None = None
-        self._fatal: Exception | None = None
-        self._metadata_lock = asyncio.Lock()
-        self._offsets_added = False
+        self._added: dict[TopicPartition, asyncio.Future] = {}
+        self._offsets_added: set[str] = set()
+        self._txn_error: BaseException | None = None
+        self._fatal: BaseException | None = None
+        self._needs_epoch_bump = False
+        self._resumed = False
 
-    # -- connections and metadata -----------------------------------------------------
+    def __reduce__(self):
+        return (_rebuild, (type(self), self.config))
 
-    async def _broker(self, address: tuple[str, int]) -> BrokerClient:
-        client = self._brokers.get(address)
-        if client is None:
-            client = self._brokers[address] = BrokerClient(*address, client_id=self.client_id)
-        if not client.connected:
-            await client.connect()
-        return client
+    @property
+    def idempotent(self) -> bool:
+        return self.config.idempotent
 
-    async def _refresh_metadata(self, topics: list[str]) -> None:
-        client = await self._broker(self.bootstrap)
-        body = await client.request(METADATA, {"topics": [{"name": t} for t in topics], "allow_auto_topic_creation": True})
-        brokers = {b["node_id"]: (b["host"], b["port"]) for b in body["brokers"]}
-        for topic in body["topics"]:
-            if topic["error_code"]:
-                raise KafkaError(topic["error_code"], f"metadata for {topic['name']}")
-            self._partition_counts[topic["name"]] = len(topic["partitions"])
-            for partition in topic["partitions"]:
-                self._leaders[(topic["name"], partition["partition_index"])] = brokers[partition["leader_id"]]
+    async def __aenter__(self) -> "AsyncProducer":
+        if self.transactional_id is None:
+            await self.start()
+        return self
 
-    async def _find_coordinator(self, key: str, key_type: int) -> BrokerClient:
-        client = await self._broker(self.bootstrap)
-        version = client.version_for(FIND_COORDINATOR)
-        body = await client.request(FIND_COORDINATOR, {"key": key, "key_type": key_type, "coordinator_keys": [key]}, version=version)
-        entry = body["coordinators"][0] if version >= 4 else body
-        if entry["error_code"]:
-            raise KafkaError(entry["error_code"], f"FindCoordinator({key})")
-        return await self._broker((entry["host"], entry["port"]))
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
 
-    def _retrying(self):
-        return tenacity.AsyncRetrying(
-            retry=tenacity.retry_if_exception(lambda e: isinstance(e, ConnectionError) or (isinstance(e, KafkaError) and e.retriable)),
-            wait=tenacity.wait_exponential(multiplier=0.05, max=1.0),
-            stop=tenacity.stop_after_delay(self.delivery_timeout),
-            reraise=True,
-        )
-
-    # -- producer id and transactions ------------------------------------------------------
+    # -- producer id ------------------------------------------------------------------------
 
     async def start(self) -> None:
-        if not self.idempotent:
-            return
-        async for attempt in self._retrying():
+        """Get a producer id (non-transactional producers call this on creation)."""
+        if self.idempotent:
+            await self._init_producer_id(-1, -1)
+        self._started = True
+
+    async def init_transactions(self) -> None:
+        """Register the transactional id: fences older instances and finishes
+        (commits or aborts, as decided) whatever transaction they left."""
+        if self.transactional_id is None:
+            raise FatalError(message="init_transactions needs a transactional_id")
+        await self._init_producer_id(-1, -1)
+        self._fatal = None
+        self._started = True
+
+    async def _init_producer_id(self, producer_id: int, producer_epoch: int) -> None:
+        body = {"transactional_id": self.transactional_id, "transaction_timeout_ms": self.config.transaction_timeout_ms, "producer_id": producer_id, "producer_epoch": producer_epoch}
+        async for attempt in self.cluster.retrying(self.config.delivery_timeout_ms / 1000):
             with attempt:
                 if self.transactional_id is not None:
-                    client = await self._find_coordinator(self.transactional_id, 1)
-                    self._coordinator = client
+                    response = await self.cluster.coordinator_request(self.transactional_id, TRANSACTION_KEY, INIT_PRODUCER_ID, body)
                 else:
-                    client = await self._broker(self.bootstrap)
-                body = await client.request(INIT_PRODUCER_ID, {"transactional_id": self.transactional_id, "transaction_timeout_ms": self.transaction_timeout_ms, "producer_id": -1, "producer_epoch": -1})
-                if body["error_code"]:
-                    raise KafkaError(body["error_code"], "InitProducerId")
-        self.producer_id, self.producer_epoch = body["producer_id"], body["producer_epoch"]
-        self._sequences.clear()
+                    response = await (await self.cluster.any_broker()).request(INIT_PRODUCER_ID, body)
+                if response["error_code"]:
+                    raise classify(response["error_code"], "InitProducerId")
+        self.producer_id, self.producer_epoch = response["producer_id"], response["producer_epoch"]
+        for queue in self._queues.values():
+            queue.next_sequence = 0
+            queue.last_batch = None
+        self._needs_epoch_bump = False
 
-    init_transactions = start
+    async def _bump_epoch(self) -> None:
+        """Restart sequences after a batch failed for good (KIP-360)."""
+        await asyncio.gather(*[t for t in self._tasks if t is not asyncio.current_task()], return_exceptions=True)
+        if self.transactional_id is not None:
+            await self._init_producer_id(self.producer_id, self.producer_epoch)
+        else:
+            await self._init_producer_id(-1, -1)
+
+    # -- transactions -------------------------------------------------------------------------
 
     def _check_usable(self) -> None:
         if self._fatal is not None:
@@ -218,248 +219,413 @@ class AsyncProducer:
     def begin_transaction(self) -> None:
         self._check_usable()
         if self.transactional_id is None:
-            raise RuntimeError("begin_transaction needs a transactional_id")
+            raise FatalError(message="begin_transaction needs a transactional_id")
+        if not self._started:
+            raise FatalError(message="call init_transactions() first")
         if self._in_transaction:
-            raise RuntimeError("a transaction is already open")
+            raise FatalError(message="a transaction is already open")
         self._in_transaction = True
-        self._txn_partitions = set()
-        self._offsets_added = False
-        self._txn_failed = None
+        self._added = {}
+        self._offsets_added = set()
+        self._txn_error = None
 
-    async def _coordinator_request(self, api_key: int, body: dict, what: str, max_version: int | None = None) -> dict:
-        async for attempt in self._retrying():
+    @property
+    def in_transaction(self) -> bool:
+        return self._in_transaction
+
+    def transaction_handle(self) -> TransactionHandle:
+        """The open transaction's names, for another process to finish it
+        (call ``flush()`` first so every record is in it)."""
+        if not self._in_transaction:
+            raise FatalError(message="no open transaction")
+        if self._txn_error is not None:
+            raise TransactionAbortableError(message=f"the transaction cannot commit: {self._txn_error}")
+        return TransactionHandle(self.transactional_id, self.producer_id, self.producer_epoch)
+
+    @classmethod
+    def resume(cls, handle: TransactionHandle, bootstrap_servers=None, **options) -> "AsyncProducer":
+        """A producer bound to another process's open transaction; it can only
+        ``commit_transaction`` or ``abort_transaction`` it."""
+        producer = cls(bootstrap_servers, transactional_id=handle.transactional_id, **options)
+        producer.producer_id, producer.producer_epoch = handle.producer_id, handle.producer_epoch
+        producer._started = producer._in_transaction = producer._resumed = True
+        return producer
+
+    async def _txn_request(self, api_key: int, body: dict, what: str, *, max_version: int | None = None) -> dict:
+        async for attempt in self.cluster.retrying(self.config.delivery_timeout_ms / 1000):
             with attempt:
-                if self._coordinator is None or not self._coordinator.connected:
-                    self._coordinator = await self._find_coordinator(self.transactional_id, 1)
-                version = self._coordinator.version_for(api_key)
-                if max_version is not None:
-                    version = min(version, max_version)
-                response = await self._coordinator.request(api_key, body, version=version)
-                code = self._first_error(response)
-                if code in FENCING:
-                    self._fatal = ProducerFencedError(code, what)
-                    raise self._fatal
+                response = await self.cluster.coordinator_request(self.transactional_id, TRANSACTION_KEY, api_key, body, max_version=max_version)
+                code = _first_error(response)
                 if code:
-                    raise KafkaError(code, what)
+                    raise self._judge(classify(code, what, in_transaction=True))
         return response
 
-    @staticmethod
-    def _first_error(body: dict) -> int:
-        if body.get("error_code"):
-            return body["error_code"]
-        for topic in body.get("results_by_topic_v3_and_below", []) + [t for r in body.get("results_by_transaction", []) for t in r["topic_results"]]:
-            for partition in topic["results_by_partition"]:
-                if partition["partition_error_code"]:
-                    return partition["partition_error_code"]
-        for topic in body.get("topics", []):
-            for partition in topic.get("partitions", []):
-                if partition.get("error_code"):
-                    return partition["error_code"]
-        return 0
+    def _judge(self, error: KafkaError) -> KafkaError:
+        """Remember what an error means for the producer and return it."""
+        if isinstance(error, (ApplicationRecoverableError, InvalidConfigurationError, FatalError)):
+            if self._fatal is None:
+                self._fatal = error
+        elif isinstance(error, TransactionAbortableError) and self._txn_error is None:
+            self._txn_error = error
+        return error
 
-    async def _add_partition(self, key: tuple[str, int]) -> None:
-        if key in self._txn_partitions:
-            return
-        await self._coordinator_request(
-            ADD_PARTITIONS,
-            {
-                "v3_and_below_transactional_id": self.transactional_id,
-                "v3_and_below_producer_id": self.producer_id,
-                "v3_and_below_producer_epoch": self.producer_epoch,
-                "v3_and_below_topics": [{"name": key[0], "partitions": [key[1]]}],
-            },
-            f"AddPartitionsToTxn({key[0]}-{key[1]})",
-            max_version=3,  # v4+ is the brokers' batched form (KIP-890)
-        )
-        self._txn_partitions.add(key)
+    async def _add_partition(self, partition: TopicPartition) -> None:
+        pending = self._added.get(partition)
+        if pending is None:
+            pending = self._added[partition] = asyncio.ensure_future(
+                self._txn_request(
+                    ADD_PARTITIONS,
+                    {
+                        "v3_and_below_transactional_id": self.transactional_id,
+                        "v3_and_below_producer_id": self.producer_id,
+                        "v3_and_below_producer_epoch": self.producer_epoch,
+                        "v3_and_below_topics": [{"name": partition.topic, "partitions": [partition.partition]}],
+                    },
+                    f"AddPartitionsToTxn({partition})",
+                    max_version=3,  # v4+ is the brokers' batched form (KIP-890)
+                )
+            )
+        await asyncio.shield(pending)
 
-    async def send_offsets_to_transaction(self, offsets: dict[tuple[str, int], int], group_metadata: dict) -> None:
-        """Commit consumer positions with this transaction. ``group_metadata``:
-        group_id, generation_id, member_id, group_instance_id (KIP-447)."""
+    async def send_offsets_to_transaction(self, offsets, group_metadata) -> None:
+        """Commit consumer positions with this transaction (KIP-447).
+
+        ``offsets``: {TopicPartition or (topic, partition): next offset to
+        read}; ``group_metadata``: ``consumer.group_metadata()`` (or a group
+        id for a consumer outside any group)."""
         self._check_usable()
-        group_id = group_metadata["group_id"]
-        await self._coordinator_request(
-            ADD_OFFSETS,
-            {"transactional_id": self.transactional_id, "producer_id": self.producer_id, "producer_epoch": self.producer_epoch, "group_id": group_id},
-            "AddOffsetsToTxn",
-        )
-        self._offsets_added = True
+        if not self._in_transaction:
+            raise FatalError(message="send_offsets_to_transaction outside a transaction")
+        group = GroupMetadata.of(group_metadata)
+        if group.group_id not in self._offsets_added:
+            await self._txn_request(
+                ADD_OFFSETS,
+                {"transactional_id": self.transactional_id, "producer_id": self.producer_id, "producer_epoch": self.producer_epoch, "group_id": group.group_id},
+                "AddOffsetsToTxn",
+            )
+            self._offsets_added.add(group.group_id)
         by_topic: dict[str, list] = defaultdict(list)
-        for (topic, partition), offset in offsets.items():
-            by_topic[topic].append({"partition_index": partition, "committed_offset": offset, "committed_metadata": ""})
+        for partition, offset in offsets.items():
+            partition = as_topic_partition(partition)
+            offset, metadata = (offset.offset, offset.metadata) if hasattr(offset, "offset") else (offset, "")
+            by_topic[partition.topic].append({"partition_index": partition.partition, "committed_offset": offset, "committed_metadata": metadata})
         body = {
             "transactional_id": self.transactional_id,
-            "group_id": group_id,
+            "group_id": group.group_id,
             "producer_id": self.producer_id,
             "producer_epoch": self.producer_epoch,
-            "generation_id": group_metadata.get("generation_id", -1),
-            "member_id": group_metadata.get("member_id", ""),
-            "group_instance_id": group_metadata.get("group_instance_id"),
+            "generation_id": group.generation_id,
+            "member_id": group.member_id,
+            "group_instance_id": group.group_instance_id,
             "topics": [{"name": t, "partitions": p} for t, p in by_topic.items()],
         }
-        async for attempt in self._retrying():
+        async for attempt in self.cluster.retrying(self.config.delivery_timeout_ms / 1000):
             with attempt:
-                group_coordinator = await self._find_coordinator(group_id, 0)
-                response = await group_coordinator.request(TXN_OFFSET_COMMIT, body)
-                code = self._first_error(response)
-                if code in FENCING:
-                    self._fatal = ProducerFencedError(code, "TxnOffsetCommit")
-                    raise self._fatal
-                if code in (ErrorCode.ILLEGAL_GENERATION, ErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.FENCED_INSTANCE_ID):
-                    self._txn_failed = TransactionAbortableError(f"TxnOffsetCommit: {error_name(code)} (the group moved on)")
-                    raise self._txn_failed
+                response = await self.cluster.coordinator_request(group.group_id, 0, TXN_OFFSET_COMMIT, body)
+                code = _first_error(response)
+                if code in (ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE):
+                    self.cluster.forget_coordinator(group.group_id, 0)
                 if code:
-                    raise KafkaError(code, "TxnOffsetCommit")
-
-    async def _end(self, commit: bool) -> None:
-        await self.flush()
-        if commit and self._txn_failed is not None:
-            raise TransactionAbortableError(f"cannot commit: {self._txn_failed}")
-        if not self._txn_partitions and not self._offsets_added:
-            # Nothing reached the coordinator: there is no transaction to end.
-            self._in_transaction = False
-            return
-        try:
-            await self._coordinator_request(
-                END_TXN,
-                {"transactional_id": self.transactional_id, "producer_id": self.producer_id, "producer_epoch": self.producer_epoch, "committed": commit},
-                "EndTxn",
-            )
-        except (ConnectionError, asyncio.TimeoutError) as error:
-            if commit:
-                # The commit may have happened: never follow it with an abort.
-                self._fatal = CommitOutcomeUnknownError(f"commit outcome unknown: {error}")
-                raise self._fatal from error
-            raise
-        self._in_transaction = False
-        self._txn_partitions = set()
-        self._offsets_added = False
+                    raise self._judge(classify(code, "TxnOffsetCommit", in_transaction=True))
 
     async def commit_transaction(self) -> None:
         self._check_usable()
-        await self._end(True)
+        await self._end(commit=True)
 
     async def abort_transaction(self) -> None:
         self._check_usable()
-        self._buffers.clear()  # unsent records of an aborted transaction are dropped
-        await self._end(False)
+        for queue in self._queues.values():  # unsent records of an aborted transaction are dropped
+            for _record, future in queue.records:
+                if not future.done():
+                    future.set_exception(TransactionAbortableError(message="the transaction was aborted"))
+            queue.records, queue.size = [], 0
+        await self._end(commit=False)
 
-    # -- sending -------------------------------------------------------------------------------
+    async def _end(self, *, commit: bool) -> None:
+        if not self._in_transaction:
+            raise FatalError(message="no open transaction")
+        await self.flush()
+        if commit and self._txn_error is not None:
+            raise TransactionAbortableError(message=f"cannot commit, abort instead: {self._txn_error}")
+        if self._added or self._offsets_added or self._resumed:
+            body = {"transactional_id": self.transactional_id, "producer_id": self.producer_id, "producer_epoch": self.producer_epoch, "committed": commit}
+            try:
+                await self._txn_request(END_TXN, body, "EndTxn")
+            except (RetriableError, ConnectionError, TimeoutError) as error:
+                if commit:
+                    # The commit may have happened: never follow it with an abort.
+                    self._fatal = CommitOutcomeUnknownError(message=f"commit outcome unknown ({error}); call init_transactions() to resolve it")
+                    raise self._fatal from error
+                raise
+        self._in_transaction = False
+        self._added = {}
+        self._offsets_added = set()
+        self._txn_error = None
+        if self._needs_epoch_bump:
+            await self._bump_epoch()
 
-    async def send(self, topic: str, value: bytes | None, *, key: bytes | None = None, headers=(), partition: int | None = None, timestamp: int | None = None) -> asyncio.Future:
-        """Queue a record; the returned future resolves to its RecordMetadata."""
+    # -- sending ----------------------------------------------------------------------------------
+
+    async def send(self, topic: str, value: bytes | None, key: bytes | None = None, partition: int | None = None, headers=None, timestamp: int | None = None, on_delivery=None) -> asyncio.Future:
+        """Queue a record; the returned future resolves to its ``RecordMetadata``.
+
+        ``on_delivery(error, metadata)`` is called once it is known."""
         self._check_usable()
         if self.transactional_id is not None and not self._in_transaction:
-            raise RuntimeError("send outside a transaction (call begin_transaction)")
-        if topic not in self._partition_counts:
-            async with self._metadata_lock:  # FIFO: records keep their send order
-                if topic not in self._partition_counts:
-                    await self._refresh_metadata([topic])
+            raise FatalError(message="send outside a transaction (call begin_transaction)")
+        if self._resumed:
+            raise FatalError(message="a resumed transaction can only be committed or aborted")
+        if not self._started:
+            await self.start()
         if partition is None:
-            partition = default_partition(key, self._partition_counts[topic], self._round_robin)
+            partition = default_partition(key, await self.cluster.partitions_for(topic), self._round_robin)
         future = asyncio.get_running_loop().create_future()
-        key_tp = (topic, partition)
-        record = (key, value, tuple(headers), int(time.time() * 1000) if timestamp is None else timestamp)
-        self._buffers[key_tp].append((record, future))
-        self._buffer_bytes[key_tp] += len(value or b"") + len(key or b"") + 20
-        if self._buffer_bytes[key_tp] >= self.batch_size:
-            self._drain(key_tp)
-        elif key_tp not in self._flush_timers:
-            self._flush_timers[key_tp] = asyncio.get_running_loop().call_later(self.linger, self._drain, key_tp)
+        if on_delivery is not None:
+            future.add_done_callback(lambda f: on_delivery(f.exception(), None) if f.exception() else on_delivery(None, f.result()))
+        tp = TopicPartition(topic, partition)
+        queue = self._queues[tp]
+        record = (key, value, tuple(headers or ()), int(time.time() * 1000) if timestamp is None else timestamp)
+        queue.records.append((record, future))
+        queue.size += len(value or b"") + len(key or b"") + RECORD_OVERHEAD
+        if queue.size >= self.config.batch_size:
+            self._drain(tp)
+        elif queue.timer is None:
+            queue.timer = asyncio.get_running_loop().call_later(self.config.linger_ms / 1000, self._drain, tp)
         return future
 
-    def _drain(self, key_tp) -> None:
-        timer = self._flush_timers.pop(key_tp, None)
-        if timer is not None:
-            timer.cancel()
-        if key_tp in self._inflight or not self._buffers.get(key_tp):
+    def _drain(self, tp: TopicPartition) -> None:
+        """Turn queued records into batches while the in-flight limit allows."""
+        queue = self._queues[tp]
+        if queue.timer is not None:
+            queue.timer.cancel()
+            queue.timer = None
+        while queue.records and queue.inflight < self.config.max_in_flight_requests_per_connection and not self._needs_epoch_bump:
+            taken, size = 0, 0
+            while taken < len(queue.records) and (size < self.config.batch_size or taken == 0):
+                record = queue.records[taken][0]
+                size += len(record[1] or b"") + len(record[0] or b"") + RECORD_OVERHEAD
+                taken += 1
+            chunk, queue.records = queue.records[:taken], queue.records[taken:]
+            queue.size = max(0, queue.size - size)
+            batch = _Batch(tp, [r for r, _f in chunk], [f for _r, f in chunk], time.monotonic(), predecessor=queue.last_batch)
+            if self.idempotent:
+                batch.base_sequence = queue.next_sequence
+                queue.next_sequence = (queue.next_sequence + len(chunk)) % (2**31)
+            queue.last_batch = batch
+            queue.inflight += 1
+            task = asyncio.get_running_loop().create_task(self._deliver(batch))
+            self._tasks.add(task)
+            task.add_done_callback(lambda t, tp=tp: self._delivered(t, tp))
+
+    def _delivered(self, task: asyncio.Task, tp: TopicPartition) -> None:
+        self._tasks.discard(task)
+        self._queues[tp].inflight -= 1
+        if self._needs_epoch_bump and self.transactional_id is None and not self._tasks and self._fatal is None:
+            # An idempotent producer recovers by itself: new epoch, then the queue moves on.
+            recovery = asyncio.get_running_loop().create_task(self._recover())
+            self._tasks.add(recovery)
+            recovery.add_done_callback(self._tasks.discard)
+        elif self._queues[tp].records:
+            self._drain(tp)
+
+    async def _recover(self) -> None:
+        try:
+            await self._bump_epoch()
+        except Exception as error:
+            self._fatal = error if isinstance(error, KafkaError) else FatalError(message=f"cannot restart sequences: {error}")
             return
-        batch = self._buffers.pop(key_tp)
-        self._buffer_bytes.pop(key_tp, None)
-        task = asyncio.get_running_loop().create_task(self._send_batch(key_tp, batch))
-        self._inflight[key_tp] = task
+        for tp, queue in self._queues.items():
+            if queue.records:
+                self._drain(tp)
 
-        def done(_task, key_tp=key_tp):
-            self._inflight.pop(key_tp, None)
-            if self._buffers.get(key_tp):
-                self._drain(key_tp)
+    async def _deliver(self, batch: _Batch) -> None:
+        try:
+            result = await self._deliver_with_retries(batch)
+        except BaseException as error:
+            batch.error = error if isinstance(error, Exception) else FatalError(message="cancelled")
+            if self.idempotent and not isinstance(error, ProducerFencedError):
+                self._needs_epoch_bump = True  # the sequence has a hole now
+            if self.transactional_id is not None and not isinstance(error, (ProducerFencedError,)) and self._txn_error is None:
+                self._txn_error = error
+            for future in batch.futures:
+                if not future.done():
+                    future.set_exception(batch.error)
+            return
+        finally:
+            batch.written.set()
+            batch.finished.set()
+        base, log_append_time = result
+        for index, future in enumerate(batch.futures):
+            if not future.done():
+                future.set_result(RecordMetadata(batch.partition.topic, batch.partition.partition, base + index if base >= 0 else -1, log_append_time if log_append_time >= 0 else batch.records[index][3]))
 
-        task.add_done_callback(done)
+    async def _deliver_with_retries(self, batch: _Batch):
+        deadline = batch.created + self.config.delivery_timeout_ms / 1000
+        if self.transactional_id is not None:
+            await self._add_partition(batch.partition)
+        predecessor = batch.predecessor
+        if predecessor is not None:
+            await predecessor.written.wait()  # requests go out in sequence order
+        queue = self._queues[batch.partition]
+        # While an earlier batch is being retried, a new one waits: were it
+        # written first, the broker could move more than five batches past the
+        # retried one, out of its duplicate window.
+        await queue.calm.wait()
+        delay = self.config.retry_backoff_ms / 1000
+        try:
+            return await self._attempts(batch, predecessor, deadline, delay)
+        finally:
+            if batch.failed_attempt:
+                queue.retrying -= 1
+                if queue.retrying == 0:
+                    queue.calm.set()
 
-    async def _send_batch(self, key_tp, batch) -> None:
-        topic, partition = key_tp
-        futures = [future for _record, future in batch]
-        sequence = self._sequences[key_tp] if self.idempotent else -1
+    async def _attempts(self, batch: _Batch, predecessor: _Batch | None, deadline: float, delay: float):
+        queue = self._queues[batch.partition]
+        while True:
+            if predecessor is not None and predecessor.finished.is_set() and predecessor.error is not None:
+                raise FatalError(message=f"an earlier batch to {batch.partition} failed: {predecessor.error}")
+            try:
+                return await self._produce(batch)
+            except Exception as error:
+                if not batch.failed_attempt:
+                    batch.failed_attempt = True
+                    queue.retrying += 1
+                    queue.calm.clear()
+                collateral = _is_code(error, ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER) and predecessor is not None and (predecessor.failed_attempt or not predecessor.finished.is_set())
+                if not (is_retriable(error) or collateral):
+                    raise
+                if time.monotonic() + delay > deadline:
+                    raise RetriableError(getattr(error, "code", 0), f"delivery to {batch.partition} timed out", message=str(error)) from error
+                batch.written.set()  # let the batches behind go out and fail fast too
+                if predecessor is not None:
+                    await predecessor.finished.wait()  # retry strictly after the batch before
+                if isinstance(error, KafkaError) and error.code in (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.LEADER_NOT_AVAILABLE):
+                    self.cluster.forget_leader(batch.partition.topic, batch.partition.partition)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.config.retry_backoff_max_ms / 1000)
+
+    async def _produce(self, batch: _Batch) -> tuple[int, int]:
+        tp = batch.partition
         data = encode_batch(
-            [record for record, _future in batch],
+            batch.records,
             producer_id=self.producer_id,
             producer_epoch=self.producer_epoch,
-            base_sequence=sequence,
+            base_sequence=batch.base_sequence,
             is_transactional=self.transactional_id is not None,
-            compression=self.compression,
+            compression=self.config.compression_type,
         )
-        try:
-            if self.transactional_id is not None:
-                await self._add_partition(key_tp)
-            async for attempt in self._retrying():
-                with attempt:
-                    leader = self._leaders.get(key_tp) or self.bootstrap
-                    client = await self._broker(leader)
-                    body = {"transactional_id": self.transactional_id, "acks": self.acks, "timeout_ms": 30_000, "topic_data": [{"name": topic, "partition_data": [{"index": partition, "records": data}]}]}
-                    response = await client.request(PRODUCE, body, expect_response=self.acks != 0)
-                    if response is None:
-                        result = {"error_code": 0, "base_offset": -1}
-                    else:
-                        result = response["responses"][0]["partition_responses"][0]
-                    code = result["error_code"]
-                    if code in FENCING:
-                        self._fatal = ProducerFencedError(code, f"produce to {topic}-{partition}")
-                        raise self._fatal
-                    if code:
-                        raise KafkaError(code, f"produce to {topic}-{partition}")
-        except Exception as error:
-            if self.transactional_id is not None and self._txn_failed is None:
-                self._txn_failed = error
-            for future in futures:
-                if not future.done():
-                    future.set_exception(error)
-            return
-        if self.idempotent:
-            self._sequences[key_tp] = (sequence + len(batch)) % (2**31)
-        base = result["base_offset"]
-        for index, future in enumerate(futures):
-            if not future.done():
-                future.set_result(RecordMetadata(topic, partition, base + index if base >= 0 else -1))
+        client = await self.cluster.leader(tp.topic, tp.partition)
+        body = {"transactional_id": self.transactional_id, "acks": self.config.acks, "timeout_ms": self.config.request_timeout_ms, "topic_data": [{"name": tp.topic, "partition_data": [{"index": tp.partition, "records": data}]}]}
+        response_awaitable = await client.submit(PRODUCE, body, expect_response=self.config.acks != 0)
+        batch.written.set()
+        response = await response_awaitable
+        if response is None:
+            return -1, -1
+        result = response["responses"][0]["partition_responses"][0]
+        code = result["error_code"]
+        if code == ErrorCode.DUPLICATE_SEQUENCE_NUMBER:
+            return -1, -1  # written before: success, offset unknown
+        if code:
+            raise self._judge_produce(classify(code, f"produce to {tp}", in_transaction=self.transactional_id is not None))
+        return result["base_offset"], result.get("log_append_time_ms", -1)
+
+    def _judge_produce(self, error: KafkaError) -> KafkaError:
+        if isinstance(error, ApplicationRecoverableError):
+            self._fatal = self._fatal or error
+        return error
 
     async def flush(self) -> None:
-        for key_tp in list(self._buffers):
-            self._drain(key_tp)
-        while self._inflight or any(self._buffers.values()):
-            await asyncio.gather(*list(self._inflight.values()), return_exceptions=True)
-            for key_tp in list(self._buffers):
-                self._drain(key_tp)
+        """Send everything queued and wait until every batch has its outcome."""
+        while True:
+            for tp in list(self._queues):
+                if self._queues[tp].records:
+                    self._drain(tp)
+            if not self._tasks:
+                if self._needs_epoch_bump and self.transactional_id is None:
+                    await self._bump_epoch()
+                    continue
+                if not any(q.records for q in self._queues.values()) or self._needs_epoch_bump:
+                    break
+                continue
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        if self._needs_epoch_bump and self.transactional_id is not None:
+            for queue in self._queues.values():  # nothing more can be sent in this transaction
+                for _record, future in queue.records:
+                    if not future.done():
+                        future.set_exception(TransactionAbortableError(message="an earlier send failed; abort the transaction"))
+                queue.records, queue.size = [], 0
 
     async def close(self) -> None:
+        """Flush and close the connections (an open transaction is left to
+        time out, or to whoever holds its handle)."""
         try:
-            await self.flush()
+            if self._fatal is None:
+                await self.flush()
         finally:
-            for client in self._brokers.values():
-                await client.close()
+            await self.cluster.close()
+
+
+def _set(event: asyncio.Event) -> asyncio.Event:
+    event.set()
+    return event
+
+
+def _is_code(error: BaseException, code: ErrorCode) -> bool:
+    return isinstance(error, KafkaError) and error.code == code
+
+
+def _first_error(body: dict) -> int:
+    if body.get("error_code"):
+        return body["error_code"]
+    for topic in body.get("results_by_topic_v3_and_below", []) + [t for r in body.get("results_by_transaction", []) for t in r["topic_results"]]:
+        for partition in topic["results_by_partition"]:
+            if partition["partition_error_code"]:
+                return partition["partition_error_code"]
+    for topic in body.get("topics", []):
+        for partition in topic.get("partitions", []):
+            if partition.get("error_code"):
+                return partition["error_code"]
+    return 0
+
+
+def _rebuild(cls, config):
+    return cls(config=config)
 
 
 class Producer:
-    """The synchronous facade: every call runs on the producer's own loop thread."""
+    """The synchronous producer: every call runs on the producer's own loop thread.
 
-    def __init__(self, bootstrap: str, **options):
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="onceflow-producer", daemon=True)
-        self._thread.start()
-        self._async = AsyncProducer(bootstrap, **options)
-        if self._async.transactional_id is None:
-            self._call(self._async.start())
+    ``Producer(bootstrap_servers="host:9092", transactional_id=None, **config)``;
+    Kafka property names are accepted too: ``Producer({"bootstrap.servers": ...})``.
+    """
 
-    def _call(self, coroutine, timeout: float | None = None):
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
+    def __init__(self, bootstrap_servers=None, transactional_id: str | None = None, config: dict | ProducerConfig | None = None, *, _async: AsyncProducer | None = None, **options):
+        if isinstance(bootstrap_servers, dict):
+            config, bootstrap_servers = bootstrap_servers, None
+        self._thread = LoopThread("onceflow-producer")
+        try:
+            if _async is None:
+                _async = self._thread.run(lambda: AsyncProducer(bootstrap_servers, transactional_id, config, **options))
+            self._async = _async
+            if self._async.transactional_id is None:
+                self._thread.call(self._async.start())
+        except BaseException:
+            self._thread.stop()
+            raise
+
+    def __reduce__(self):
+        return (_rebuild, (type(self), self._async.config))
+
+    def __enter__(self) -> "Producer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def config(self) -> ProducerConfig:
+        return self._async.config
 
     @property
     def producer_id(self) -> int:
@@ -470,57 +636,66 @@ class Producer:
         return self._async.producer_epoch
 
     def init_transactions(self) -> None:
-        self._call(self._async.init_transactions())
+        self._thread.call(self._async.init_transactions())
 
     def begin_transaction(self) -> None:
-        async def begin():
-            self._async.begin_transaction()
+        self._thread.run(self._async.begin_transaction)
 
-        self._call(begin())
-
-    def send(self, topic: str, value: bytes | None, **kwargs):
+    def send(self, topic: str, value: bytes | None, key: bytes | None = None, partition: int | None = None, headers=None, timestamp: int | None = None, on_delivery=None):
         """Queue a record (returns once it is queued, so a later commit covers
-        it); the returned concurrent.futures.Future resolves to RecordMetadata."""
-        inner = self._call(self._async.send(topic, value, **kwargs))
+        it); the returned ``concurrent.futures.Future`` resolves to RecordMetadata."""
+        inner = self._thread.call(self._async.send(topic, value, key=key, partition=partition, headers=headers, timestamp=timestamp, on_delivery=on_delivery))
 
         async def delivered():
             return await inner
 
-        return asyncio.run_coroutine_threadsafe(delivered(), self._loop)
+        return self._thread.submit(delivered())
 
     def flush(self, timeout: float | None = None) -> None:
-        self._call(self._async.flush(), timeout)
+        self._thread.call(self._async.flush(), timeout)
 
     def send_offsets_to_transaction(self, offsets, group_metadata) -> None:
-        self._call(self._async.send_offsets_to_transaction(offsets, group_metadata))
+        self._thread.call(self._async.send_offsets_to_transaction(offsets, group_metadata))
 
     def commit_transaction(self) -> None:
-        self._call(self._async.commit_transaction())
+        self._thread.call(self._async.commit_transaction())
 
     def abort_transaction(self) -> None:
-        self._call(self._async.abort_transaction())
+        self._thread.call(self._async.abort_transaction())
+
+    def transaction_handle(self) -> TransactionHandle:
+        return self._thread.run(self._async.transaction_handle)
+
+    @classmethod
+    def resume(cls, handle: TransactionHandle, bootstrap_servers=None, **options) -> "Producer":
+        """Bind to another process's open transaction (see ``AsyncProducer.resume``)."""
+        producer = cls.__new__(cls)
+        producer._thread = LoopThread("onceflow-producer")
+        producer._async = producer._thread.run(lambda: AsyncProducer.resume(handle, bootstrap_servers, **options))
+        return producer
 
     def transaction(self):
         """``with producer.transaction(): ...`` commits on success, aborts on error."""
-        producer = self
+        return _TransactionScope(self)
 
-        class _Transaction:
-            def __enter__(self_inner):
-                producer.begin_transaction()
-                return producer
-
-            def __exit__(self_inner, exc_type, exc, tb):
-                if exc_type is None:
-                    producer.commit_transaction()
-                elif not isinstance(exc, (ProducerFencedError, CommitOutcomeUnknownError)):
-                    producer.abort_transaction()
-                return False
-
-        return _Transaction()
-
-    def close(self) -> None:
+    def close(self, timeout: float | None = 60) -> None:
         try:
-            self._call(self._async.close(), 60)
+            self._thread.call(self._async.close(), timeout)
         finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(10)
+            self._thread.stop()
+
+
+class _TransactionScope:
+    def __init__(self, producer: Producer):
+        self.producer = producer
+
+    def __enter__(self) -> Producer:
+        self.producer.begin_transaction()
+        return self.producer
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is None:
+            self.producer.commit_transaction()
+        elif not isinstance(exc, (ProducerFencedError, CommitOutcomeUnknownError, FatalError)):
+            self.producer.abort_transaction()
+        return False

@@ -19,7 +19,10 @@ import pytest
 
 from tests.conftest import REPO
 
-COPIER = os.path.join(REPO, "examples", "transactional_copier.py")
+COPIERS = {
+    "confluent": os.path.join(REPO, "examples", "transactional_copier.py"),
+    "txn": os.path.join(REPO, "examples", "txn_copier.py"),
+}
 BROKER_CONFIG = ("group.min.session.timeout.ms=1000", "transaction.abort.timed.out.transaction.cleanup.interval.ms=500")
 
 
@@ -59,7 +62,8 @@ class OutputReader(threading.Thread):
 
 
 class Copiers:
-    def __init__(self, bootstrap: str, count: int, log_dir: str, abort_ratio: float):
+    def __init__(self, bootstrap: str, count: int, log_dir: str, abort_ratio: float, program: str):
+        self.program = program
         self.bootstrap = bootstrap
         self.log_dir = log_dir
         self.abort_ratio = abort_ratio
@@ -72,7 +76,7 @@ class Copiers:
         self.starts += 1
         log = open(os.path.join(self.log_dir, f"copier-{index}.log"), "ab")
         self.processes[index] = subprocess.Popen(
-            [sys.executable, COPIER, "--bootstrap", self.bootstrap, "--input", "input", "--output", "output", "--group", "copiers",
+            [sys.executable, self.program, "--bootstrap", self.bootstrap, "--input", "input", "--output", "output", "--group", "copiers",
              "--transactional-id", f"copier-{index}", "--abort-ratio", str(self.abort_ratio), "--session-timeout-ms", "3000", "--seed", str(self.starts)],
             cwd=REPO, stdout=log, stderr=log,
         )
@@ -100,7 +104,7 @@ class Copiers:
                 process.kill()
 
 
-def run_copy(broker, tmp_path, *, records: int, kill_broker: bool, kills: int = 4) -> None:
+def run_copy(broker, tmp_path, *, records: int, kill_broker: bool, kills: int = 4, client: str = "confluent") -> None:
     from tests.broker.test_transactions import create_topic
 
     create_topic(broker.bootstrap, "input", 2)
@@ -108,7 +112,7 @@ def run_copy(broker, tmp_path, *, records: int, kill_broker: bool, kills: int = 
     seed_input(broker.bootstrap, "input", records)
     reader = OutputReader(broker.bootstrap, "output", 3)
     reader.start()
-    copiers = Copiers(broker.bootstrap, 2, str(tmp_path), abort_ratio=1 / 3)
+    copiers = Copiers(broker.bootstrap, 2, str(tmp_path), abort_ratio=1 / 3, program=COPIERS[client])
     rng = random.Random(42)
     deadline = time.monotonic() + 240
     faults = 0
@@ -138,12 +142,14 @@ def run_copy(broker, tmp_path, *, records: int, kill_broker: bool, kills: int = 
 
 
 @pytest.mark.slow
-def test_copier_exactly_once_through_copier_kills(broker_process, tmp_path):
+@pytest.mark.parametrize("client", sorted(COPIERS))
+def test_copier_exactly_once_through_copier_kills(broker_process, tmp_path, client):
     broker = broker_process(*BROKER_CONFIG)
-    run_copy(broker, tmp_path, records=100_000, kill_broker=False)
+    run_copy(broker, tmp_path, records=100_000, kill_broker=False, client=client)
 
 
 @pytest.mark.slow
-def test_copier_exactly_once_through_a_broker_kill(broker_process, tmp_path):
+@pytest.mark.parametrize("client", sorted(COPIERS))
+def test_copier_exactly_once_through_a_broker_kill(broker_process, tmp_path, client):
     broker = broker_process(*BROKER_CONFIG)
-    run_copy(broker, tmp_path, records=100_000, kill_broker=True)
+    run_copy(broker, tmp_path, records=100_000, kill_broker=True, client=client)

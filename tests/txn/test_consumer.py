@@ -34,7 +34,7 @@ def produce_mixed(bootstrap, topic):
 def read_all(consumer, expect):
     seen = []
     for _ in range(50):
-        seen.extend(consumer.poll(200))
+        seen.extend(consumer.poll(0.2))
         if len(seen) >= expect:
             break
     return seen

@@ -1,0 +1,92 @@
+"""Our admin client against our broker over a real socket: topics,
+partitions, configs, offsets, groups and hanging transactions."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+from txn import Admin, Consumer, KafkaError, Producer, TopicPartition
+from txn.errors import InvalidConfigurationError
+
+
+def test_topics_partitions_and_configs(embedded_broker):
+    with Admin(bootstrap_servers=embedded_broker.bootstrap) as admin:
+        admin.create_topics({"admin-a": 2, "admin-b": 1}, configs={"admin-a": {"retention.ms": "3600000"}})
+        topics = admin.list_topics()
+        assert topics["admin-a"] == 2 and topics["admin-b"] == 1
+        with pytest.raises(KafkaError, match="TOPIC_ALREADY_EXISTS"):
+            admin.create_topics({"admin-a": 2})
+        admin.create_topics({"admin-a": 2}, exist_ok=True)
+        with pytest.raises(KafkaError, match="INVALID_TOPIC"):
+            admin.create_topics({"bad/name": 1})
+        admin.create_partitions({"admin-a": 5})
+        assert admin.list_topics()["admin-a"] == 5
+        configs = admin.describe_configs(["admin-a"])
+        assert configs["admin-a"]["retention.ms"] == "3600000"
+        admin.delete_topics(["admin-b"])
+        assert "admin-b" not in admin.list_topics()
+
+
+def test_offsets_and_delete_records(embedded_broker):
+    with Admin(bootstrap_servers=embedded_broker.bootstrap) as admin:
+        admin.create_topics({"admin-offsets": 1})
+        producer = Producer(bootstrap_servers=embedded_broker.bootstrap)
+        for i in range(10):
+            producer.send("admin-offsets", b"%d" % i, partition=0, timestamp=1_000 + i)
+        producer.close()
+        tp = TopicPartition("admin-offsets", 0)
+        assert admin.list_offsets({tp: "earliest"})[tp].offset == 0
+        assert admin.list_offsets({tp: "latest"})[tp].offset == 10
+        assert admin.list_offsets({tp: 1_004})[tp].offset == 4
+        assert admin.delete_records({tp: 6}) == {tp: 6}
+        assert admin.list_offsets({tp: "earliest"})[tp].offset == 6
+
+
+def test_groups_are_listed_and_described_with_their_assignment(embedded_broker):
+    group = f"admin-group-{uuid.uuid4()}"
+    with Admin(bootstrap_servers=embedded_broker.bootstrap) as admin:
+        admin.create_topics({"admin-grouped": 3})
+        consumer = Consumer(bootstrap_servers=embedded_broker.bootstrap, group_id=group, heartbeat_interval_ms=200)
+        consumer.subscribe(["admin-grouped"])
+        deadline = time.monotonic() + 20
+        while len(consumer.assignment()) < 3 and time.monotonic() < deadline:
+            consumer.poll(0.1)
+        consumer.commit({TopicPartition("admin-grouped", 1): 0})
+        assert group in [g.group_id for g in admin.list_groups()]
+        (described,) = admin.describe_groups([group])
+        assert described.state == "Stable" and described.protocol_type == "consumer"
+        assert len(described.members) == 1
+        assert sorted(described.members[0].assignment) == [TopicPartition("admin-grouped", p) for p in range(3)]
+        assert admin.list_group_offsets(group)[TopicPartition("admin-grouped", 1)].offset == 0
+        consumer.close()
+
+
+def test_hanging_transaction_is_found_described_and_aborted(embedded_broker):
+    with Admin(bootstrap_servers=embedded_broker.bootstrap) as admin:
+        admin.create_topics({"admin-hanging": 1})
+        producer = Producer(bootstrap_servers=embedded_broker.bootstrap, transactional_id="admin-hanging", transaction_timeout_ms=600_000)
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send("admin-hanging", b"stuck", partition=0).result(10)
+        tp = TopicPartition("admin-hanging", 0)
+        listed = {t.transactional_id: t for t in admin.list_transactions()}
+        assert listed["admin-hanging"].state == "Ongoing"
+        (described,) = admin.describe_transactions(["admin-hanging"])
+        assert described.partitions == (tp,) and described.producer_id == producer.producer_id
+        (active,) = admin.describe_producers(tp)
+        assert active.current_txn_start_offset == 0
+        assert admin.list_offsets({tp: "latest"})[tp].offset == 0, "the open transaction holds the LSO"
+        admin.abort_transaction(tp, described.producer_id, described.producer_epoch)
+        assert admin.list_offsets({tp: "latest"})[tp].offset == 2, "marker written: the LSO moved past it"
+        producer._thread.stop()  # the zombie vanishes without a word
+
+
+def test_admin_errors_name_the_item(embedded_broker):
+    with Admin(bootstrap_servers=embedded_broker.bootstrap) as admin:
+        with pytest.raises(KafkaError, match="describe transaction nobody"):
+            admin.describe_transactions(["nobody"])
+        with pytest.raises((KafkaError, InvalidConfigurationError)):
+            admin.create_partitions({"never-created": 3})

@@ -1,0 +1,198 @@
+"""Our producer's delivery guarantees over a real socket: five batches in
+flight per partition with order kept through connection losses, the error
+taxonomy, an external two-phase commit (resume by handle), a commit whose
+outcome is unknown, configuration and pickling."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import pytest
+
+from tests.broker.test_transactions import create_topic
+from txn import (
+    ConfigError,
+    Consumer,
+    Producer,
+    ProducerConfig,
+    TopicPartition,
+    TransactionAbortableError,
+    TransactionHandle,
+)
+from txn.errors import CommitOutcomeUnknownError
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def read_partition(bootstrap, topic, partition, expect, *, isolation="read_committed", timeout=30.0):
+    consumer = Consumer(bootstrap_servers=bootstrap, isolation_level=isolation)
+    consumer.assign([TopicPartition(topic, partition)])
+    records, deadline = [], time.monotonic() + timeout
+    while len(records) < expect and time.monotonic() < deadline:
+        records.extend(consumer.poll(0.5))
+    time.sleep(0.3)
+    records.extend(consumer.poll(0.3))  # nothing more should come
+    consumer.close()
+    return records
+
+
+def cut_connections(producer: Producer) -> None:
+    """Abort every socket of the producer, on its loop (a network fault)."""
+
+    def cut():
+        for client in producer._async.cluster._clients.values():
+            if client._writer is not None:
+                client._writer.transport.abort()
+
+    producer._thread.loop.call_soon_threadsafe(cut)
+
+
+def test_five_in_flight_keep_order_and_exactly_once_through_connection_cuts(embedded_broker):
+    create_topic(embedded_broker.bootstrap, "inflight", 1)
+    producer = Producer(bootstrap_servers=embedded_broker.bootstrap, batch_size=400, linger_ms=0, retry_backoff_ms=10)
+    assert producer.config.max_in_flight_requests_per_connection == 5
+    stop = threading.Event()
+
+    def chaos():
+        while not stop.is_set():
+            time.sleep(0.05)
+            cut_connections(producer)
+
+    cutter = threading.Thread(target=chaos)
+    cutter.start()
+    futures = [producer.send("inflight", b"%06d" % i, partition=0) for i in range(6000)]
+    producer.flush(120)
+    stop.set()
+    cutter.join()
+    offsets = [f.result(10).offset for f in futures]
+    producer.close()
+    known = [o for o in offsets if o >= 0]
+    assert known == sorted(known), "acknowledged offsets follow send order"
+    records = read_partition(embedded_broker.bootstrap, "inflight", 0, 6000)
+    assert [r.value for r in records] == [b"%06d" % i for i in range(6000)], "every record once, in send order"
+
+
+def test_idempotent_producer_pipelines_batches(embedded_broker):
+    """With a slow-ish stream of batches, more than one is in flight at once."""
+    create_topic(embedded_broker.bootstrap, "pipelined", 1)
+    producer = Producer(bootstrap_servers=embedded_broker.bootstrap, batch_size=200, linger_ms=0)
+    peak = 0
+
+    def watch():
+        nonlocal peak
+        while not done.is_set():
+            queue = producer._async._queues.get(TopicPartition("pipelined", 0))
+            if queue is not None:
+                peak = max(peak, queue.inflight)
+            time.sleep(0.0005)
+
+    done = threading.Event()
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    for i in range(3000):
+        producer.send("pipelined", b"x" * 100, partition=0)
+    producer.flush(60)
+    done.set()
+    watcher.join()
+    producer.close()
+    assert 1 < peak <= 5
+
+
+def test_failed_send_makes_the_transaction_abortable_and_the_producer_goes_on(embedded_broker):
+    create_topic(embedded_broker.bootstrap, "abortable", 1)
+    producer = Producer(bootstrap_servers=embedded_broker.bootstrap, transactional_id=f"abortable-{uuid.uuid4()}", delivery_timeout_ms=3000)
+    producer.init_transactions()
+    producer.begin_transaction()
+    good = producer.send("abortable", b"kept-out", partition=0)
+    bad = producer.send("abortable", b"x" * 2_000_000, partition=0)  # over message.max.bytes
+    with pytest.raises(Exception):
+        bad.result(30)
+    with pytest.raises(TransactionAbortableError):
+        producer.commit_transaction()
+    producer.abort_transaction()
+    assert good.done()
+    with producer.transaction():
+        producer.send("abortable", b"committed", partition=0)
+    producer.close()
+    assert [r.value for r in read_partition(embedded_broker.bootstrap, "abortable", 0, 1)] == [b"committed"]
+
+
+CHILD = r"""
+import json, os, sys
+sys.path.insert(0, {repo!r})
+from txn import Producer
+producer = Producer(bootstrap_servers={bootstrap!r}, transactional_id={tid!r})
+producer.init_transactions()
+producer.begin_transaction()
+for i in range(100):
+    producer.send({topic!r}, b"%d" % i, partition=i % 2)
+producer.flush()
+handle = producer.transaction_handle()
+print(json.dumps([handle.transactional_id, handle.producer_id, handle.producer_epoch]), flush=True)
+os._exit(0)  # gone without committing: the driver decides
+"""
+
+
+@pytest.mark.parametrize("decision", ["commit", "abort"])
+def test_another_process_finishes_a_flushed_transaction_by_its_handle(embedded_broker, decision):
+    topic = f"handover-{decision}"
+    create_topic(embedded_broker.bootstrap, topic, 2)
+    script = CHILD.format(repo=REPO, bootstrap=embedded_broker.bootstrap, tid=f"sink-{decision}", topic=topic)
+    output = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert output.returncode == 0, output.stderr
+    handle = TransactionHandle(*json.loads(output.stdout.strip().splitlines()[-1]))
+    assert read_partition(embedded_broker.bootstrap, topic, 0, 1, timeout=1) == [], "open: nothing visible yet"
+    finisher = Producer.resume(handle, bootstrap_servers=embedded_broker.bootstrap)
+    (finisher.commit_transaction if decision == "commit" else finisher.abort_transaction)()
+    finisher.close()
+    seen = read_partition(embedded_broker.bootstrap, topic, 0, 50, timeout=5 if decision == "commit" else 1)
+    seen += read_partition(embedded_broker.bootstrap, topic, 1, 50, timeout=5 if decision == "commit" else 1)
+    assert len(seen) == (100 if decision == "commit" else 0)
+
+
+@pytest.mark.slow
+def test_commit_with_unknown_outcome_is_never_followed_by_an_abort(broker_process):
+    broker = broker_process(env={"ONCEFLOW_CRASH_POINTS": "coordinator.after_prepare_commit@1:exit"})
+    create_topic(broker.bootstrap, "unknown-outcome", 1)
+    producer = Producer(bootstrap_servers=broker.bootstrap, transactional_id="unknown-outcome", delivery_timeout_ms=4000, request_timeout_ms=2000)
+    producer.init_transactions()
+    producer.begin_transaction()
+    producer.send("unknown-outcome", b"decided", partition=0)
+    with pytest.raises(CommitOutcomeUnknownError):
+        producer.commit_transaction()
+    with pytest.raises(CommitOutcomeUnknownError):
+        producer.abort_transaction()  # refused: it could hit a later transaction
+    assert broker.wait_exit(30) == 86
+    broker.restart(clean=False, env={})
+    producer.close(timeout=5)
+    again = Producer(bootstrap_servers=broker.bootstrap, transactional_id="unknown-outcome")
+    again.init_transactions()  # the coordinator completes the commit it decided on
+    again.close()
+    assert [r.value for r in read_partition(broker.bootstrap, "unknown-outcome", 0, 1)] == [b"decided"]
+
+
+def test_configuration_accepts_kafka_names_validates_and_pickles(embedded_broker):
+    config = ProducerConfig(bootstrap_servers="a:1")
+    assert config.acks == -1 and config.enable_idempotence
+    with pytest.raises(ConfigError, match="unknown"):
+        Producer({"bootstrap.servers": embedded_broker.bootstrap, "lingr.ms": 5})
+    with pytest.raises(ConfigError, match="acks=all"):
+        Producer(bootstrap_servers=embedded_broker.bootstrap, acks=1)
+    with pytest.raises(ConfigError, match="host:port"):
+        Producer(bootstrap_servers="nohost")
+    with pytest.raises(ConfigError, match="compression"):
+        Producer(bootstrap_servers=embedded_broker.bootstrap, compression_type="brotli")
+    producer = Producer({"bootstrap.servers": embedded_broker.bootstrap, "linger.ms": "7", "compression.type": "gzip"})
+    assert producer.config.linger_ms == 7
+    clone = pickle.loads(pickle.dumps(producer))
+    assert clone.config == producer.config and clone.producer_id != producer.producer_id
+    clone.send("pickled", b"v", partition=0).result(10)
+    clone.close()
+    producer.close()

@@ -1,0 +1,337 @@
+"""onceflow's admin client: topics, partitions, configs, groups, transactions,
+offsets, over the Kafka wire only.
+
+``AsyncAdmin`` (also ``txn.aio.Admin``) is the core and ``Admin`` the
+synchronous facade. Each call sends the request where Kafka's admin client
+would: topic changes to any broker (one broker here, the controller in a
+cluster), group and transaction descriptions to the coordinator of each id,
+listings to every broker (merged), markers and offsets to the partition's
+leader. A per-item error raises ``KafkaError`` naming the item, unless the
+call says which errors it tolerates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import attrs
+
+from protocol.errors import ErrorCode
+from txn import assignors
+from txn.cluster import GROUP_KEY, TRANSACTION_KEY, Cluster
+from txn.config import AdminConfig, build
+from txn.errors import classify
+from txn.loop_thread import LoopThread
+from txn.types import OffsetAndMetadata, TopicPartition, as_topic_partition
+
+LIST_OFFSETS, METADATA, OFFSET_FETCH = 2, 3, 9
+DESCRIBE_GROUPS, LIST_GROUPS = 15, 16
+CREATE_TOPICS, DELETE_TOPICS, DELETE_RECORDS = 19, 20, 21
+WRITE_TXN_MARKERS, DESCRIBE_CONFIGS, CREATE_PARTITIONS = 27, 32, 37
+DESCRIBE_PRODUCERS, DESCRIBE_TRANSACTIONS, LIST_TRANSACTIONS = 61, 65, 66
+TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4
+OFFSET_SPECS = {"earliest": -2, "latest": -1, "max_timestamp": -3}
+
+
+@attrs.frozen
+class MemberDescription:
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
+    host: str
+    assignment: tuple[TopicPartition, ...]
+
+
+@attrs.frozen
+class GroupDescription:
+    group_id: str
+    state: str
+    protocol_type: str
+    protocol: str
+    members: tuple[MemberDescription, ...]
+
+
+@attrs.frozen
+class GroupListing:
+    group_id: str
+    protocol_type: str
+    state: str
+
+
+@attrs.frozen
+class TransactionListing:
+    transactional_id: str
+    producer_id: int
+    state: str
+
+
+@attrs.frozen
+class TransactionDescription:
+    transactional_id: str
+    state: str
+    producer_id: int
+    producer_epoch: int
+    timeout_ms: int
+    start_time_ms: int
+    partitions: tuple[TopicPartition, ...]
+
+
+@attrs.frozen
+class ProducerDescription:
+    producer_id: int
+    producer_epoch: int
+    last_sequence: int
+    last_timestamp: int
+    coordinator_epoch: int
+    current_txn_start_offset: int
+
+
+@attrs.frozen
+class ListedOffset:
+    offset: int
+    timestamp: int
+
+
+class AsyncAdmin:
+    def __init__(self, bootstrap_servers=None, config: dict | AdminConfig | None = None, **options):
+        if bootstrap_servers is not None:
+            options["bootstrap_servers"] = bootstrap_servers
+        self.config = build(AdminConfig, config, **options)
+        self.cluster = Cluster(self.config)
+
+    def __reduce__(self):
+        return (_rebuild, (type(self), self.config))
+
+    async def __aenter__(self) -> "AsyncAdmin":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self.cluster.close()
+
+    async def _any(self, api_key: int, body: dict, *, max_version: int | None = None) -> dict:
+        async for attempt in self.cluster.retrying(self.config.request_timeout_ms / 1000):
+            with attempt:
+                client = await self.cluster.any_broker()
+                version = client.version_for(api_key) if max_version is None else min(client.version_for(api_key), max_version)
+                return await client.request(api_key, body, version=version)
+
+    async def _every_broker(self, api_key: int, body: dict) -> list[dict]:
+        await self.cluster.refresh([], allow_auto_create=False)
+        clients = [await self.cluster.connection(address) for address in self.cluster.brokers.values()]
+        return list(await asyncio.gather(*(client.request(api_key, body) for client in clients)))
+
+    # -- topics -------------------------------------------------------------------------------
+
+    async def create_topics(self, topics: dict[str, int], *, replication_factor: int = 1, configs: dict[str, dict[str, str]] | None = None, validate_only: bool = False, exist_ok: bool = False) -> None:
+        """Create ``{name: partition count}``; ``configs`` per topic name."""
+        body = {
+            "topics": [
+                {"name": name, "num_partitions": count, "replication_factor": replication_factor, "assignments": [], "configs": [{"name": k, "value": str(v)} for k, v in ((configs or {}).get(name) or {}).items()]}
+                for name, count in topics.items()
+            ],
+            "timeout_ms": self.config.request_timeout_ms,
+            "validate_only": validate_only,
+        }
+        response = await self._any(CREATE_TOPICS, body)
+        for result in response["topics"]:
+            code = result["error_code"]
+            if code == ErrorCode.TOPIC_ALREADY_EXISTS and exist_ok:
+                continue
+            if code:
+                raise classify(code, f"create topic {result['name']}" + (f" ({result['error_message']})" if result.get("error_message") else ""))
+
+    async def delete_topics(self, names: list[str]) -> None:
+        response = await self._any(DELETE_TOPICS, {"topic_names": list(names), "timeout_ms": self.config.request_timeout_ms}, max_version=5)  # 6+ names topics by id
+        for result in response["responses"]:
+            if result["error_code"]:
+                raise classify(result["error_code"], f"delete topic {result['name']}")
+
+    async def create_partitions(self, counts: dict[str, int]) -> None:
+        """Grow each topic to the given total partition count."""
+        body = {"topics": [{"name": t, "count": c, "assignments": None} for t, c in counts.items()], "timeout_ms": self.config.request_timeout_ms, "validate_only": False}
+        response = await self._any(CREATE_PARTITIONS, body)
+        for result in response["results"]:
+            if result["error_code"]:
+                raise classify(result["error_code"], f"create partitions of {result['name']}" + (f" ({result['error_message']})" if result.get("error_message") else ""))
+
+    async def list_topics(self) -> dict[str, int]:
+        """``{topic: partition count}`` of every topic, internal ones included."""
+        body = await self.cluster.refresh(None, allow_auto_create=False)
+        return {t["name"]: len(t["partitions"]) for t in body["topics"] if not t["error_code"]}
+
+    async def describe_configs(self, topics: list[str] = (), broker_ids: list[int] = ()) -> dict[str, dict[str, str]]:
+        """``{resource name: {config name: value}}`` for topics and brokers."""
+        resources = [{"resource_type": TOPIC_RESOURCE, "resource_name": t, "configuration_keys": None} for t in topics]
+        resources += [{"resource_type": BROKER_RESOURCE, "resource_name": str(b), "configuration_keys": None} for b in broker_ids]
+        response = await self._any(DESCRIBE_CONFIGS, {"resources": resources, "include_synonyms": False, "include_documentation": False})
+        out = {}
+        for result in response["results"]:
+            if result["error_code"]:
+                raise classify(result["error_code"], f"describe configs of {result['resource_name']}")
+            out[result["resource_name"]] = {c["name"]: c["value"] for c in result["configs"]}
+        return out
+
+    # -- offsets and records ---------------------------------------------------------------------
+
+    async def list_offsets(self, specs: dict, *, isolation_level: str = "read_committed") -> dict[TopicPartition, ListedOffset]:
+        """``{partition: "earliest" | "latest" | "max_timestamp" | timestamp_ms}``."""
+        out = {}
+        for partition, spec in specs.items():
+            tp = as_topic_partition(partition)
+            timestamp = OFFSET_SPECS[spec] if isinstance(spec, str) else int(spec)
+            body = {"replica_id": -1, "isolation_level": 1 if isolation_level == "read_committed" else 0,
+                    "topics": [{"name": tp.topic, "partitions": [{"partition_index": tp.partition, "timestamp": timestamp, "current_leader_epoch": -1}]}]}
+            response = await (await self.cluster.leader(tp.topic, tp.partition)).request(LIST_OFFSETS, body)
+            answer = response["topics"][0]["partitions"][0]
+            if answer["error_code"]:
+                raise classify(answer["error_code"], f"list offsets of {tp}")
+            out[tp] = ListedOffset(answer["offset"], answer["timestamp"])
+        return out
+
+    async def delete_records(self, before: dict) -> dict[TopicPartition, int]:
+        """Move each partition's log start offset up to the given offset; the new low watermarks."""
+        out = {}
+        for partition, offset in before.items():
+            tp = as_topic_partition(partition)
+            body = {"topics": [{"name": tp.topic, "partitions": [{"partition_index": tp.partition, "offset": offset}]}], "timeout_ms": self.config.request_timeout_ms}
+            response = await (await self.cluster.leader(tp.topic, tp.partition)).request(DELETE_RECORDS, body)
+            answer = response["topics"][0]["partitions"][0]
+            if answer["error_code"]:
+                raise classify(answer["error_code"], f"delete records of {tp}")
+            out[tp] = answer["low_watermark"]
+        return out
+
+    # -- groups ---------------------------------------------------------------------------------------
+
+    async def list_groups(self) -> list[GroupListing]:
+        listed = []
+        for response in await self._every_broker(LIST_GROUPS, {"states_filter": [], "types_filter": []}):
+            if response["error_code"]:
+                raise classify(response["error_code"], "list groups")
+            listed += [GroupListing(g["group_id"], g["protocol_type"], g.get("group_state") or "") for g in response["groups"]]
+        return sorted(listed, key=lambda g: g.group_id)
+
+    async def describe_groups(self, group_ids: list[str]) -> list[GroupDescription]:
+        out = []
+        for group_id in group_ids:
+            response = await self.cluster.coordinator_request(group_id, GROUP_KEY, DESCRIBE_GROUPS, {"groups": [group_id], "include_authorized_operations": False})
+            group = response["groups"][0]
+            if group["error_code"]:
+                raise classify(group["error_code"], f"describe group {group_id}")
+            members = []
+            for member in group["members"]:
+                assignment: tuple = ()
+                if group["protocol_type"] == "consumer" and member["member_assignment"]:
+                    assignment = tuple(TopicPartition(t, p) for t, p in assignors.decode_assignment(member["member_assignment"]).partitions)
+                members.append(MemberDescription(member["member_id"], member.get("group_instance_id"), member["client_id"], member["client_host"], assignment))
+            out.append(GroupDescription(group["group_id"], group["group_state"], group["protocol_type"], group["protocol_data"], tuple(members)))
+        return out
+
+    async def list_group_offsets(self, group_id: str, partitions=None) -> dict[TopicPartition, OffsetAndMetadata]:
+        topics = None
+        if partitions is not None:
+            by_topic: dict[str, list[int]] = {}
+            for tp in map(as_topic_partition, partitions):
+                by_topic.setdefault(tp.topic, []).append(tp.partition)
+            topics = [{"name": t, "partition_indexes": p} for t, p in by_topic.items()]
+        response = await self.cluster.coordinator_request(group_id, GROUP_KEY, OFFSET_FETCH, {"group_id": group_id, "topics": topics, "require_stable": False}, max_version=7)
+        if response.get("error_code"):
+            raise classify(response["error_code"], f"offsets of group {group_id}")
+        return {
+            TopicPartition(topic["name"], p["partition_index"]): OffsetAndMetadata(p["committed_offset"], p["metadata"] or "")
+            for topic in response["topics"]
+            for p in topic["partitions"]
+            if p["committed_offset"] >= 0
+        }
+
+    # -- transactions ---------------------------------------------------------------------------------
+
+    async def list_transactions(self, states: list[str] = (), producer_ids: list[int] = ()) -> list[TransactionListing]:
+        listed = []
+        for response in await self._every_broker(LIST_TRANSACTIONS, {"state_filters": list(states), "producer_id_filters": list(producer_ids), "duration_filter": -1}):
+            if response["error_code"]:
+                raise classify(response["error_code"], "list transactions")
+            listed += [TransactionListing(t["transactional_id"], t["producer_id"], t["transaction_state"]) for t in response["transaction_states"]]
+        return sorted(listed, key=lambda t: t.transactional_id)
+
+    async def describe_transactions(self, transactional_ids: list[str]) -> list[TransactionDescription]:
+        out = []
+        for transactional_id in transactional_ids:
+            response = await self.cluster.coordinator_request(transactional_id, TRANSACTION_KEY, DESCRIBE_TRANSACTIONS, {"transactional_ids": [transactional_id]})
+            state = response["transaction_states"][0]
+            if state["error_code"]:
+                raise classify(state["error_code"], f"describe transaction {transactional_id}")
+            partitions = tuple(TopicPartition(t["topic"], p) for t in state["topics"] for p in t["partitions"])
+            out.append(TransactionDescription(transactional_id, state["transaction_state"], state["producer_id"], state["producer_epoch"], state["transaction_timeout_ms"], state["transaction_start_time_ms"], partitions))
+        return out
+
+    async def describe_producers(self, partition) -> list[ProducerDescription]:
+        """The producers with state in a partition (KIP-664), with the open
+        transaction's first offset, or -1."""
+        tp = as_topic_partition(partition)
+        response = await (await self.cluster.leader(tp.topic, tp.partition)).request(DESCRIBE_PRODUCERS, {"topics": [{"name": tp.topic, "partition_indexes": [tp.partition]}]})
+        answer = response["topics"][0]["partitions"][0]
+        if answer["error_code"]:
+            raise classify(answer["error_code"], f"describe producers of {tp}")
+        return [ProducerDescription(p["producer_id"], p["producer_epoch"], p["last_sequence"], p["last_timestamp"], p["coordinator_epoch"], p["current_txn_start_offset"]) for p in answer["active_producers"]]
+
+    async def abort_transaction(self, partition, producer_id: int, producer_epoch: int, coordinator_epoch: int | None = None) -> None:
+        """Write an ABORT marker for a hanging transaction in one partition
+        (KIP-664), as ``kafka-transactions.sh abort`` does. Without a
+        coordinator epoch it is read from DescribeProducers."""
+        tp = as_topic_partition(partition)
+        if coordinator_epoch is None:
+            known = [p for p in await self.describe_producers(tp) if p.producer_id == producer_id]
+            coordinator_epoch = known[0].coordinator_epoch if known else 0
+        marker = {"producer_id": producer_id, "producer_epoch": producer_epoch, "transaction_result": False, "topics": [{"name": tp.topic, "partition_indexes": [tp.partition]}], "coordinator_epoch": max(coordinator_epoch, 0)}
+        response = await (await self.cluster.leader(tp.topic, tp.partition)).request(WRITE_TXN_MARKERS, {"markers": [marker]})
+        code = response["markers"][0]["topics"][0]["partitions"][0]["error_code"]
+        if code:
+            raise classify(code, f"abort producer {producer_id} in {tp}")
+
+
+def _rebuild(cls, config):
+    return cls(config=config)
+
+
+class Admin:
+    """The synchronous admin client: every method of ``AsyncAdmin``, blocking."""
+
+    def __init__(self, bootstrap_servers=None, config: dict | AdminConfig | None = None, **options):
+        if isinstance(bootstrap_servers, dict):
+            config, bootstrap_servers = bootstrap_servers, None
+        self._thread = LoopThread("onceflow-admin")
+        try:
+            self._async = self._thread.run(lambda: AsyncAdmin(bootstrap_servers, config, **options))
+        except BaseException:
+            self._thread.stop()
+            raise
+
+    def __reduce__(self):
+        return (_rebuild, (type(self), self._async.config))
+
+    def __enter__(self) -> "Admin":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __getattr__(self, name):
+        method = getattr(AsyncAdmin, name, None)
+        if method is None or name.startswith("_") or not asyncio.iscoroutinefunction(method):
+            raise AttributeError(name)
+
+        def blocking(*args, **kwargs):
+            return self._thread.call(getattr(self._async, name)(*args, **kwargs))
+
+        blocking.__doc__ = method.__doc__
+        return blocking
+
+    def close(self) -> None:
+        try:
+            self._thread.call(self._async.close(), 30)
+        finally:
+            self._thread.stop()

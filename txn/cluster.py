@@ -1,0 +1,170 @@
+"""What a client knows about the cluster, and its connections to it.
+
+``Cluster`` owns one ``BrokerClient`` per broker (by node id, bootstrap
+servers before the first Metadata answer), the topic metadata (partition
+counts and leaders), coordinator lookups (FindCoordinator, cached per key
+until a request says NOT_COORDINATOR), and the retry policy every client
+shares: retriable errors and lost connections are retried with exponential
+backoff (tenacity) up to an overall deadline.
+
+It talks only over the wire, so it works against any Kafka broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+import tenacity
+
+from protocol.errors import ErrorCode
+from txn.config import CommonConfig
+from txn.connection import BrokerClient
+from txn.errors import KafkaError, RetriableError, RetriesExhaustedError, classify, is_retriable
+
+METADATA, FIND_COORDINATOR = 3, 10
+GROUP_KEY, TRANSACTION_KEY = 0, 1
+COORDINATOR_MOVED = {ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE}
+
+
+class Cluster:
+    def __init__(self, config: CommonConfig):
+        self.config = config
+        self._bootstrap = [self._address(server) for server in config.bootstrap_servers]
+        self._clients: dict[tuple[str, int], BrokerClient] = {}
+        self.brokers: dict[int, tuple[str, int]] = {}
+        self.partition_counts: dict[str, int] = {}
+        self.leaders: dict[tuple[str, int], int] = {}
+        self._coordinators: dict[tuple[int, str], tuple[str, int]] = {}
+        self._metadata_lock = asyncio.Lock()
+        self._metadata_time = 0.0
+
+    @staticmethod
+    def _address(server: str) -> tuple[str, int]:
+        host, _, port = server.rpartition(":")
+        return (host or "127.0.0.1", int(port))
+
+    # -- connections --------------------------------------------------------------------
+
+    async def connection(self, address: tuple[str, int]) -> BrokerClient:
+        client = self._clients.get(address)
+        if client is None:
+            client = self._clients[address] = BrokerClient(*address, client_id=self.config.client_id, request_timeout=self.config.request_timeout_ms / 1000)
+        if not client.connected:
+            await client.connect()
+        return client
+
+    async def any_broker(self) -> BrokerClient:
+        """A connected broker: a known one if any is up, else a bootstrap server."""
+        candidates = list(dict.fromkeys([*self.brokers.values(), *self._bootstrap]))
+        connected = [self._clients[a] for a in candidates if a in self._clients and self._clients[a].connected]
+        if connected:
+            return connected[0]
+        last_error: Exception | None = None
+        for address in random.sample(candidates, len(candidates)):
+            try:
+                return await self.connection(address)
+            except (OSError, ConnectionError, asyncio.TimeoutError) as error:
+                last_error = error
+        raise ConnectionError(f"no broker reachable among {candidates}: {last_error}")
+
+    async def leader(self, topic: str, partition: int) -> BrokerClient:
+        if (topic, partition) not in self.leaders:
+            await self.refresh([topic])
+        node = self.leaders.get((topic, partition))
+        if node is None or node not in self.brokers:
+            raise RetriableError(ErrorCode.LEADER_NOT_AVAILABLE, f"{topic}-{partition}")
+        return await self.connection(self.brokers[node])
+
+    async def close(self) -> None:
+        for client in list(self._clients.values()):
+            await client.close()
+        self._clients.clear()
+
+    # -- metadata -------------------------------------------------------------------------
+
+    async def refresh(self, topics: list[str] | None, *, allow_auto_create: bool = True) -> dict:
+        """Ask for metadata of ``topics`` (None: every topic) and remember it."""
+        async with self._metadata_lock:
+            client = await self.any_broker()
+            body = await client.request(METADATA, {"topics": None if topics is None else [{"name": t} for t in topics], "allow_auto_topic_creation": allow_auto_create})
+            self.brokers.update({b["node_id"]: (b["host"], b["port"]) for b in body["brokers"]})
+            for topic in body["topics"]:
+                if topic["error_code"]:
+                    continue
+                self.partition_counts[topic["name"]] = len(topic["partitions"])
+                for partition in topic["partitions"]:
+                    self.leaders[(topic["name"], partition["partition_index"])] = partition["leader_id"]
+            self._metadata_time = time.monotonic()
+            return body
+
+    async def partitions_for(self, topic: str) -> int:
+        """The partition count of ``topic``, creating it if the broker auto-creates."""
+        if topic not in self.partition_counts or time.monotonic() - self._metadata_time > self.config.metadata_max_age_ms / 1000:
+            async for attempt in self.retrying(self.config.request_timeout_ms / 1000):
+                with attempt:
+                    body = await self.refresh([topic])
+                    for entry in body["topics"]:
+                        if entry["name"] == topic and entry["error_code"]:
+                            raise classify(entry["error_code"], f"metadata for {topic}")
+        return self.partition_counts[topic]
+
+    def forget_leader(self, topic: str, partition: int) -> None:
+        self.leaders.pop((topic, partition), None)
+
+    # -- coordinators ----------------------------------------------------------------------
+
+    async def coordinator(self, key: str, key_type: int) -> BrokerClient:
+        address = self._coordinators.get((key_type, key))
+        if address is None:
+            client = await self.any_broker()
+            version = client.version_for(FIND_COORDINATOR)
+            body = await client.request(FIND_COORDINATOR, {"key": key, "key_type": key_type, "coordinator_keys": [key]}, version=version)
+            entry = body["coordinators"][0] if version >= 4 else body
+            if entry["error_code"]:
+                raise classify(entry["error_code"], f"FindCoordinator({key})")
+            address = self._coordinators[(key_type, key)] = (entry["host"], entry["port"])
+        return await self.connection(address)
+
+    def forget_coordinator(self, key: str, key_type: int) -> None:
+        self._coordinators.pop((key_type, key), None)
+
+    async def coordinator_request(self, key: str, key_type: int, api_key: int, body: dict, *, max_version: int | None = None, timeout: float | None = None) -> dict:
+        """Send to the coordinator of ``key``; a coordinator that moved is looked up again.
+
+        Returns the response; error codes in it are the caller's to judge,
+        except NOT_COORDINATOR / COORDINATOR_NOT_AVAILABLE at the top level,
+        which raise (retriable) after forgetting the cached coordinator."""
+        try:
+            client = await self.coordinator(key, key_type)
+            version = client.version_for(api_key)
+            if max_version is not None:
+                version = min(version, max_version)
+            response = await client.request(api_key, body, version=version, timeout=timeout)
+        except (ConnectionError, OSError, asyncio.TimeoutError):
+            self.forget_coordinator(key, key_type)
+            raise
+        code = response.get("error_code", 0)
+        if code in COORDINATOR_MOVED:
+            self.forget_coordinator(key, key_type)
+            raise RetriableError(code, f"coordinator of {key}")
+        return response
+
+    # -- retries ------------------------------------------------------------------------------
+
+    def retrying(self, deadline_seconds: float):
+        """Retry retriable errors with exponential backoff until the deadline."""
+        return tenacity.AsyncRetrying(
+            retry=tenacity.retry_if_exception(is_retriable),
+            wait=tenacity.wait_exponential(multiplier=self.config.retry_backoff_ms / 1000, max=self.config.retry_backoff_max_ms / 1000),
+            stop=tenacity.stop_after_delay(deadline_seconds),
+            retry_error_callback=_exhausted,
+        )
+
+
+def _exhausted(state: tenacity.RetryCallState):
+    error = state.outcome.exception()
+    if isinstance(error, KafkaError) and not is_retriable(error):
+        raise error
+    raise RetriesExhaustedError(getattr(error, "code", 0), f"gave up after {state.attempt_number} attempts", message=str(error)) from error
