@@ -582,60 +582,82 @@ def encode_control_batch(
 
 
 def _decode_records(data, header: BatchHeader, position: int) -> tuple[Record, ...]:
+    # The hot loop of every consumer: one-byte varints (the common case) are
+    # read inline, and error context is built only when something is wrong.
+    data = bytes(data)
     records = []
+    append = records.append
     cursor = 0
     end = len(data)
     base_offset = header.base_offset
     base_timestamp = header.base_timestamp
-    for index in range(header.record_count):
-        where = f"record {index} at byte {cursor} of the records section"
-        try:
-            length, cursor = read_varint(data, cursor)
+    index = record_start = 0
+    try:
+        for index in range(header.record_count):
+            record_start = cursor
+            byte = data[cursor]
+            if byte < 0x80:
+                length, cursor = (byte >> 1) ^ -(byte & 1), cursor + 1
+            else:
+                length, cursor = read_varint(data, cursor)
             record_end = cursor + length
             if length < 0 or record_end > end:
-                raise CorruptRecordError(
-                    f"{where}: length {length} overruns the batch", offset=base_offset, position=position
-                )
+                raise ValueError(f"length {length} overruns the batch")
             attributes = data[cursor]
-            cursor += 1
-            timestamp_delta, cursor = read_varint(data, cursor)
-            offset_delta, cursor = read_varint(data, cursor)
-            key_length, cursor = read_varint(data, cursor)
-            key, cursor = _read_nullable_bytes(data, cursor, key_length, record_end, where, "key")
+            byte = data[cursor + 1]
+            if byte < 0x80:
+                timestamp_delta, cursor = (byte >> 1) ^ -(byte & 1), cursor + 2
+            else:
+                timestamp_delta, cursor = read_varint(data, cursor + 1)
+            byte = data[cursor]
+            if byte < 0x80:
+                offset_delta, cursor = (byte >> 1) ^ -(byte & 1), cursor + 1
+            else:
+                offset_delta, cursor = read_varint(data, cursor)
+            byte = data[cursor]
+            if byte < 0x80:
+                key_length, cursor = (byte >> 1) ^ -(byte & 1), cursor + 1
+            else:
+                key_length, cursor = read_varint(data, cursor)
+            if key_length == -1:
+                key = None
+            elif 0 <= key_length <= record_end - cursor:
+                key, cursor = data[cursor : cursor + key_length], cursor + key_length
+            else:
+                raise ValueError(f"key length {key_length} overruns the record")
             value_length, cursor = read_varint(data, cursor)
-            value, cursor = _read_nullable_bytes(data, cursor, value_length, record_end, where, "value")
-            header_count, cursor = read_varint(data, cursor)
-            if header_count < 0 or header_count > record_end - cursor:
-                raise ValueError(f"header count {header_count} is impossible")
-            headers = []
-            for _ in range(header_count):
-                header_key_length, cursor = read_varint(data, cursor)
-                if header_key_length < 0:
-                    raise ValueError("header key is null")
-                header_key, cursor = _read_nullable_bytes(
-                    data, cursor, header_key_length, record_end, where, "header key"
-                )
-                header_value_length, cursor = read_varint(data, cursor)
-                header_value, cursor = _read_nullable_bytes(
-                    data, cursor, header_value_length, record_end, where, "header value"
-                )
-                headers.append(Header(header_key.decode("utf-8"), header_value))
+            if value_length == -1:
+                value = None
+            elif 0 <= value_length <= record_end - cursor:
+                value, cursor = data[cursor : cursor + value_length], cursor + value_length
+            else:
+                raise ValueError(f"value length {value_length} overruns the record")
+            byte = data[cursor]
+            if byte < 0x80:
+                header_count, cursor = (byte >> 1) ^ -(byte & 1), cursor + 1
+            else:
+                header_count, cursor = read_varint(data, cursor)
+            if header_count == 0:
+                headers = ()
+            else:
+                if header_count < 0 or header_count > record_end - cursor:
+                    raise ValueError(f"header count {header_count} is impossible")
+                found = []
+                for _ in range(header_count):
+                    header_key_length, cursor = read_varint(data, cursor)
+                    if header_key_length < 0:
+                        raise ValueError("header key is null")
+                    header_key, cursor = _read_nullable_bytes(data, cursor, header_key_length, record_end, "", "header key")
+                    header_value_length, cursor = read_varint(data, cursor)
+                    header_value, cursor = _read_nullable_bytes(data, cursor, header_value_length, record_end, "", "header value")
+                    found.append(Header(header_key.decode("utf-8"), header_value))
+                headers = tuple(found)
             if cursor != record_end:
                 raise ValueError(f"record fields end at byte {cursor}, its length says {record_end}")
-        except CorruptRecordError:
-            raise
-        except (IndexError, ValueError, UnicodeDecodeError) as exc:
-            raise CorruptRecordError(f"{where}: {exc}", offset=base_offset, position=position) from None
-        records.append(
-            Record(
-                offset=base_offset + offset_delta,
-                timestamp=base_timestamp + timestamp_delta,
-                key=key,
-                value=value,
-                headers=tuple(headers),
-                attributes=attributes,
-            )
-        )
+            append(Record(base_offset + offset_delta, base_timestamp + timestamp_delta, key, value, headers, attributes))
+    except (IndexError, ValueError, UnicodeDecodeError) as exc:
+        where = f"record {index} at byte {record_start} of the records section"
+        raise CorruptRecordError(f"{where}: {exc}", offset=base_offset, position=position) from None
     if cursor != end:
         raise CorruptRecordError(
             f"{end - cursor} bytes left after the {header.record_count} records the header declares",

@@ -317,8 +317,9 @@ class AsyncConsumer:
                     end = max(end, header.next_offset)
                 visible = committed_records(data, answer.get("aborted_transactions"), read_committed=self.config.read_committed, start_offset=start)
                 if end > start:
+                    topic_name, index = tp.topic, tp.partition
                     self._buffers[tp] = collections.deque(
-                        ConsumerRecord(tp.topic, tp.partition, r.offset, r.timestamp, r.key, r.value, tuple((h.key, h.value) for h in r.headers)) for r in visible
+                        [ConsumerRecord(topic_name, index, r.offset, r.timestamp, r.key, r.value, tuple([(h.key, h.value) for h in r.headers]) if r.headers else ()) for r in visible]
                     )
                     self._buffer_ends[tp] = end
 

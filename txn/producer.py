@@ -35,6 +35,7 @@ What it does, in Kafka's terms:
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import time
 from collections import defaultdict
@@ -370,22 +371,36 @@ class AsyncProducer:
         """Queue a record; the returned future resolves to its ``RecordMetadata``.
 
         ``on_delivery(error, metadata)`` is called once it is known."""
+        self.check_can_send()
+        if not self._started:
+            await self.start()
+        if partition is None:
+            partition = default_partition(key, await self.cluster.partitions_for(topic), self._round_robin)
+        return self.append(topic, partition, value, key, headers, timestamp, on_delivery)
+
+    def check_can_send(self) -> None:
         self._check_usable()
         if self.transactional_id is not None and not self._in_transaction:
             raise FatalError(message="send outside a transaction (call begin_transaction)")
         if self._resumed:
             raise FatalError(message="a resumed transaction can only be committed or aborted")
-        if not self._started:
-            await self.start()
+
+    def can_append_now(self, topic: str, partition: int | None) -> bool:
+        """Whether ``append`` may run without awaiting anything (the producer
+        has its id and knows the topic)."""
+        return self._started and (partition is not None or topic in self.cluster.partition_counts)
+
+    def append(self, topic: str, partition: int | None, value, key=None, headers=None, timestamp=None, on_delivery=None) -> asyncio.Future:
+        """The synchronous part of ``send``, on the loop (see ``can_append_now``)."""
+        self.check_can_send()
         if partition is None:
-            partition = default_partition(key, await self.cluster.partitions_for(topic), self._round_robin)
+            partition = default_partition(key, self.cluster.partition_counts[topic], self._round_robin)
         future = asyncio.get_running_loop().create_future()
         if on_delivery is not None:
             future.add_done_callback(lambda f: on_delivery(f.exception(), None) if f.exception() else on_delivery(None, f.result()))
         tp = TopicPartition(topic, partition)
         queue = self._queues[tp]
-        record = (key, value, tuple(headers or ()), int(time.time() * 1000) if timestamp is None else timestamp)
-        queue.records.append((record, future))
+        queue.records.append(((key, value, tuple(headers or ()), int(time.time() * 1000) if timestamp is None else timestamp), future))
         queue.size += len(value or b"") + len(key or b"") + RECORD_OVERHEAD
         if queue.size >= self.config.batch_size:
             self._drain(tp)
@@ -593,6 +608,48 @@ def _rebuild(cls, config):
     return cls(config=config)
 
 
+class DeliveryFuture:
+    """The outcome of one ``Producer.send``, waited for from any thread.
+
+    Lighter than ``concurrent.futures.Future`` (a send must cost little): it
+    wraps the loop's own future, which exists once the loop has taken the
+    record; ``result()`` and ``exception()`` ask the loop, which has always
+    taken every earlier send by then (hand-offs run in call order)."""
+
+    __slots__ = ("_thread", "inner")
+
+    def __init__(self, thread: LoopThread):
+        self._thread = thread
+        self.inner: asyncio.Future | None = None
+
+    async def _outcome(self):
+        return await asyncio.shield(self.inner)
+
+    def result(self, timeout: float | None = None) -> RecordMetadata:
+        return self._thread.call(self._outcome(), timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        try:
+            self.result(timeout)
+        except TimeoutError:
+            raise
+        except Exception as error:
+            return error
+        return None
+
+    def done(self) -> bool:
+        inner = self.inner
+        return inner is not None and inner.done()
+
+    def add_done_callback(self, callback) -> None:
+        """``callback(self)`` once the outcome is known (it runs on the producer's loop thread)."""
+
+        def attach():
+            self.inner.add_done_callback(lambda _inner: callback(self))
+
+        self._thread.loop.call_soon_threadsafe(attach)
+
+
 class Producer:
     """The synchronous producer: every call runs on the producer's own loop thread.
 
@@ -604,6 +661,8 @@ class Producer:
         if isinstance(bootstrap_servers, dict):
             config, bootstrap_servers = bootstrap_servers, None
         self._thread = LoopThread("onceflow-producer")
+        self._handoff: collections.deque = collections.deque()  # sends on their way to the loop, in call order
+        self._handoff_scheduled = False
         try:
             if _async is None:
                 _async = self._thread.run(lambda: AsyncProducer(bootstrap_servers, transactional_id, config, **options))
@@ -641,15 +700,34 @@ class Producer:
     def begin_transaction(self) -> None:
         self._thread.run(self._async.begin_transaction)
 
-    def send(self, topic: str, value: bytes | None, key: bytes | None = None, partition: int | None = None, headers=None, timestamp: int | None = None, on_delivery=None):
-        """Queue a record (returns once it is queued, so a later commit covers
-        it); the returned ``concurrent.futures.Future`` resolves to RecordMetadata."""
-        inner = self._thread.call(self._async.send(topic, value, key=key, partition=partition, headers=headers, timestamp=timestamp, on_delivery=on_delivery))
+    def send(self, topic: str, value: bytes | None, key: bytes | None = None, partition: int | None = None, headers=None, timestamp: int | None = None, on_delivery=None) -> "DeliveryFuture":
+        """Queue a record; the returned ``DeliveryFuture`` resolves to its
+        RecordMetadata (``.result(timeout)``).
 
-        async def delivered():
-            return await inner
+        Records are handed to the loop in call order, ahead of any later call
+        (flush, commit), so a commit covers every send made before it. The
+        first send to a topic waits for its metadata; later ones do not wait."""
+        self._async.check_can_send()
+        result = DeliveryFuture(self._thread)
+        if not self._async.can_append_now(topic, partition):
+            result.inner = self._thread.call(self._async.send(topic, value, key=key, partition=partition, headers=headers, timestamp=timestamp, on_delivery=on_delivery))
+            return result
+        self._handoff.append((result, topic, partition, value, key, headers, timestamp, on_delivery))
+        if not self._handoff_scheduled:
+            # One wake-up of the loop per burst of sends, not one per record.
+            self._handoff_scheduled = True
+            self._thread.loop.call_soon_threadsafe(self._take_handoff)
+        return result
 
-        return self._thread.submit(delivered())
+    def _take_handoff(self) -> None:
+        self._handoff_scheduled = False
+        while self._handoff:
+            result, *args = self._handoff.popleft()
+            try:
+                result.inner = self._async.append(*args)
+            except Exception as error:
+                result.inner = failed = asyncio.get_running_loop().create_future()
+                failed.set_exception(error)
 
     def flush(self, timeout: float | None = None) -> None:
         self._thread.call(self._async.flush(), timeout)
@@ -671,6 +749,7 @@ class Producer:
         """Bind to another process's open transaction (see ``AsyncProducer.resume``)."""
         producer = cls.__new__(cls)
         producer._thread = LoopThread("onceflow-producer")
+        producer._handoff, producer._handoff_scheduled = collections.deque(), False
         producer._async = producer._thread.run(lambda: AsyncProducer.resume(handle, bootstrap_servers, **options))
         return producer
 

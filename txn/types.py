@@ -1,11 +1,13 @@
 """The values our clients hand to and get from users: partitions, records,
 delivery reports, committed offsets, a consumer's group metadata.
 
-All are frozen attrs classes, so they hash, compare and pickle (Spark ships
-them between processes).
+All are frozen attrs classes (``ConsumerRecord`` a named tuple, for speed),
+so they hash, compare and pickle (Spark ships them between processes).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import attrs
 
@@ -41,8 +43,11 @@ class RecordMetadata:
         return TopicPartition(self.topic, self.partition)
 
 
-@attrs.frozen
-class ConsumerRecord:
+class ConsumerRecord(NamedTuple):
+    """One record as a consumer hands it out (a named tuple: consumers make
+    hundreds of thousands per second, and a tuple is the cheapest immutable
+    value Python builds)."""
+
     topic: str
     partition: int
     offset: int
