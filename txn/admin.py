@@ -319,6 +319,10 @@ class Admin:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    @property
+    def config(self) -> AdminConfig:
+        return self._async.config
+
     def __getattr__(self, name):
         method = getattr(AsyncAdmin, name, None)
         if method is None or name.startswith("_") or not asyncio.iscoroutinefunction(method):

@@ -90,3 +90,22 @@ def test_admin_errors_name_the_item(embedded_broker):
             admin.describe_transactions(["nobody"])
         with pytest.raises((KafkaError, InvalidConfigurationError)):
             admin.create_partitions({"never-created": 3})
+
+
+def test_clients_pickle_by_configuration(embedded_broker):
+    """Spark ships clients to executors: each rebuilds from its configuration."""
+    import pickle
+
+    from txn import Consumer, Producer
+
+    consumer = Consumer({"bootstrap.servers": embedded_broker.bootstrap, "group.id": "pickled", "max.poll.records": 7})
+    admin = Admin(bootstrap_servers=embedded_broker.bootstrap, client_id="pickled-admin")
+    for client in (consumer, admin):
+        clone = pickle.loads(pickle.dumps(client))
+        assert type(clone) is type(client) and clone.config == client.config
+        clone.close()
+        client.close()
+    import txn.aio
+
+    async_producer = pickle.loads(pickle.dumps(txn.aio.Producer(bootstrap_servers=embedded_broker.bootstrap, linger_ms=9)))
+    assert async_producer.config.linger_ms == 9
