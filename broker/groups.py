@@ -16,6 +16,7 @@ import logging
 import time
 
 from coordinator.metadata import TopicPartition as TxnPartition
+from faults.points import point as crash_point
 from groupcoord.coordinator import GroupCoordinator, GroupSettings
 from groupcoord.records import OFFSETS_TOPIC, OffsetAndMetadata
 from protocol.errors import ErrorCode
@@ -255,6 +256,8 @@ class GroupApis:
                 group_instance_id=body.get("group_instance_id"),
                 offsets=offsets,
             )
+            if error == ErrorCode.NONE:
+                crash_point("groupcoord.after_pending_offsets")
         return {
             "throttle_time_ms": 0,
             "topics": [

@@ -3,6 +3,14 @@ the process (or raise) on the Nth time execution passes.
 
     faults.point("coordinator.after_prepare_commit")
 
+Points compiled in: ``coordinator.after_prepare_commit`` /
+``coordinator.after_prepare_abort`` (the decision is durable),
+``coordinator.markers_partial`` (markers reached some partitions),
+``coordinator.before_complete``, ``groupcoord.after_pending_offsets`` (a
+transactional offset commit is written, pending), ``storage.torn_write``
+(half of a batch reaches the segment, then the process dies) and, in our
+client, ``txn.before_commit`` (records produced, EndTxn not yet sent).
+
 Disarmed (the default) a point costs one global lookup and a truth test.
 Armed through the environment before the process starts::
 
@@ -51,21 +59,40 @@ def parse(spec: str) -> dict[str, tuple[int, str]]:
     return result
 
 
-def point(name: str) -> None:
+def is_armed(name: str) -> bool:
+    return name in _armed
+
+
+def reached(name: str) -> str | None:
+    """Count one pass through ``name``: its action ("exit" or "raise") when
+    this is the armed hit, else None. For points that must do something of
+    their own first (a torn write writes half a batch), then call ``fire``."""
     if not _armed:
-        return
+        return None
     entry = _armed.get(name)
     if entry is None:
-        return
+        return None
     entry[0] -= 1
     if entry[0] > 0:
-        return
+        return None
     del _armed[name]
-    if entry[1] == "raise":
+    return entry[1]
+
+
+def fire(name: str, action: str) -> None:
+    if action == "raise":
         raise CrashPointReached(name)
     sys.stderr.write(f"onceflow: crash point {name} reached; exiting\n")
     sys.stderr.flush()
     os._exit(CRASH_EXIT_CODE)
+
+
+def point(name: str) -> None:
+    if not _armed:
+        return
+    action = reached(name)
+    if action is not None:
+        fire(name, action)
 
 
 for _name, (_hit, _action) in parse(os.environ.get(ENVIRONMENT_VARIABLE, "")).items():

@@ -11,6 +11,13 @@ import time
 
 import pytest
 
+try:  # Import hypothesis's lazily loaded parts now, before tests start threads:
+    # CPython 3.11.7 can fail parsing ("AST constructor recursion depth
+    # mismatch") when another thread compiles at the same time (gh-106905).
+    import hypothesis.internal.lambda_sources  # noqa: F401
+except ImportError:
+    pass
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 READY = re.compile(r"onceflow broker ready on (\S+):(\d+)")
 

@@ -42,7 +42,8 @@ from collections import defaultdict
 
 import attrs
 
-from protocol.errors import ErrorCode, error_name
+from faults.points import point as crash_point  # dependency-free: named crash points for the harness
+from protocol.errors import ErrorCode
 from protocol.records import encode_batch
 from txn.cluster import TRANSACTION_KEY, Cluster
 from txn.config import ProducerConfig, build
@@ -349,6 +350,8 @@ class AsyncProducer:
         if commit and self._txn_error is not None:
             raise TransactionAbortableError(message=f"cannot commit, abort instead: {self._txn_error}")
         if self._added or self._offsets_added or self._resumed:
+            if commit:
+                crash_point("txn.before_commit")
             body = {"transactional_id": self.transactional_id, "producer_id": self.producer_id, "producer_epoch": self.producer_epoch, "committed": commit}
             try:
                 await self._txn_request(END_TXN, body, "EndTxn")

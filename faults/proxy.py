@@ -1,0 +1,962 @@
+"""The network-fault part of the harness: a TCP proxy between Kafka clients and
+a broker that forwards bytes both ways and misbehaves on command.
+
+This module owns:
+
+- ``FaultProxy``: the asyncio proxy. Faults are set with plain methods called
+  on the proxy's event loop and take effect at once, for existing and new
+  connections alike:
+
+  * ``cut()``: reset every current connection (SO_LINGER 0, so both peers see
+    a TCP RST rather than an orderly FIN);
+  * ``refuse(on)``: new connections are accepted and reset at once (the
+    listener stays bound, so the port cannot be taken by anyone else);
+  * ``blackhole(direction, on)``: bytes are read and dropped, the connection
+    stays open;
+  * ``delay(direction, seconds, jitter)``: every chunk is delivered after a
+    delay; jitter never reorders, since a chunk waits for the one before it;
+  * ``hold(direction)`` / ``release(direction)``: buffer everything (without
+    bound), deliver it in order on release;
+  * ``delay_connection(match, seconds)``: delay only the connections picked by
+    accept index or by a predicate on their first request, so that one
+    connection falls behind while the others flow. Over TCP this is the only
+    reordering there is: bytes within one connection never overtake each other;
+  * ``delay_requests(api_key, seconds)`` / ``drop_requests(api_key)``: with
+    Kafka framing on (the default), the client-to-broker stream is cut into
+    whole request frames (int32 size, then int16 api_key, int16 api_version,
+    int32 correlation_id) and a rule acts on whole frames. TCP semantics hold:
+    a delayed request holds back every later request of the same connection,
+    and a dropped request is simply never seen by the broker (the client
+    waits for its response until its request timeout).
+
+  Directions are ``"upstream"`` (client to broker), ``"downstream"`` (broker to
+  client) or ``"both"``. A delay is stamped on a chunk when the proxy reads it;
+  changing or clearing a delay does not move chunks already waiting. Hold and
+  blackhole are decided when a chunk is due for delivery, so a chunk that
+  comes due while its direction is blackholed is dropped.
+
+- Counters of what was forwarded and dropped per direction, and an event log
+  (``ProxyEvent``: time, kind, detail) of faults applied and cleared and of
+  connections and requests affected, for the harness's timeline.
+- ``ThreadedFaultProxy``: the same proxy on its own thread and loop, with a
+  blocking API, for sync tests and the chaos runner.
+- ``random_schedule`` / ``run_schedule``: a seeded, reproducible list of
+  timed fault actions and the player that applies it to a proxy.
+- ``KafkaRequestFramer`` and ``RequestHeader``: the sans-I/O request framing.
+
+Kafka clients learn broker addresses from Metadata and FindCoordinator
+responses, so the broker must advertise the proxy's address (``advertised_host``
+/ ``advertised_port``), or clients bypass the proxy after bootstrapping.
+``retarget()`` lets a proxy be started before its broker for that reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import copy
+import itertools
+import logging
+import random
+import socket
+import struct
+import threading
+import time
+from typing import Callable, Iterable, NamedTuple
+
+import attrs
+
+log = logging.getLogger(__name__)
+
+UPSTREAM = "upstream"
+DOWNSTREAM = "downstream"
+BOTH = "both"
+DIRECTIONS = (UPSTREAM, DOWNSTREAM)
+
+END_TXN = 26  # Kafka api_key of EndTxn
+
+READ_CHUNK_BYTES = 64 * 1024
+# Kafka's socket.request.max.bytes default; a larger "size" means the stream is not Kafka.
+MAX_REQUEST_BYTES = 100 * 1024 * 1024
+# How much of a connection's first request is kept for delay_connection predicates.
+FIRST_REQUEST_KEEP_BYTES = 64 * 1024
+CONNECT_TIMEOUT_SECONDS = 10.0
+EVENT_LOG_LIMIT = 100_000
+
+SIZE_PREFIX = struct.Struct(">i")
+# A request frame starts: int32 size (of what follows), int16 api_key,
+# int16 api_version, int32 correlation_id; header v1+ then has the client id
+# as an int16-length nullable string.
+REQUEST_HEADER = struct.Struct(">ihhi")
+CLIENT_ID_LENGTH = struct.Struct(">h")
+MIN_REQUEST_BODY_BYTES = REQUEST_HEADER.size - SIZE_PREFIX.size
+
+_LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 seconds: close() sends RST
+
+# Event kinds that record a fault being applied or cleared (the rest record
+# what happened to connections and requests).
+FAULT_EVENT_KINDS = frozenset({
+    "cut", "refuse", "refuse_cleared", "blackhole", "blackhole_cleared",
+    "delay", "delay_cleared", "hold", "release", "delay_connection",
+    "connection_delays_cleared", "delay_requests", "drop_requests",
+    "requests_cleared", "heal",
+})
+
+
+def _directions(direction: str) -> tuple[str, ...]:
+    if direction == BOTH:
+        return DIRECTIONS
+    if direction in DIRECTIONS:
+        return (direction,)
+    raise ValueError(f"direction must be upstream, downstream or both, not {direction!r}")
+
+
+# ------------------------------------------------------------------ sans-I/O framing
+
+
+@attrs.frozen
+class RequestHeader:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None = None
+
+    @classmethod
+    def parse(cls, frame: bytes) -> "RequestHeader | None":
+        """The header of a request frame (size prefix included), or None when
+        ``frame`` is too short. The client id is best effort: None when absent."""
+        if len(frame) < REQUEST_HEADER.size:
+            return None
+        _size, api_key, api_version, correlation_id = REQUEST_HEADER.unpack_from(frame)
+        client_id = None
+        start = REQUEST_HEADER.size + CLIENT_ID_LENGTH.size
+        if len(frame) >= start:
+            (length,) = CLIENT_ID_LENGTH.unpack_from(frame, REQUEST_HEADER.size)
+            if 0 <= length and start + length <= len(frame):
+                client_id = bytes(frame[start:start + length]).decode("utf-8", errors="replace")
+        return cls(api_key, api_version, correlation_id, client_id)
+
+
+class KafkaRequestFramer:
+    """Cuts a client-to-broker byte stream into whole request frames.
+
+    ``feed(data)`` returns ``(header, frame)`` pairs for the frames completed
+    so far. A size prefix outside ``[8, max_frame_bytes]`` means the stream is
+    not Kafka (or is corrupt): framing is lost for good, and from then on
+    ``feed`` passes bytes through as ``(None, data)``.
+    """
+
+    def __init__(self, max_frame_bytes: int = MAX_REQUEST_BYTES):
+        self.max_frame_bytes = max_frame_bytes
+        self.framing_lost = False
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[tuple[RequestHeader | None, bytes]]:
+        if self.framing_lost:
+            return [(None, bytes(data))] if data else []
+        self._buffer += data
+        pieces = []
+        while len(self._buffer) >= SIZE_PREFIX.size:
+            (size,) = SIZE_PREFIX.unpack_from(self._buffer)
+            if not MIN_REQUEST_BODY_BYTES <= size <= self.max_frame_bytes:
+                self.framing_lost = True
+                pieces.append((None, bytes(self._buffer)))
+                self._buffer.clear()
+                break
+            end = SIZE_PREFIX.size + size
+            if len(self._buffer) < end:
+                break
+            frame = bytes(self._buffer[:end])
+            del self._buffer[:end]
+            pieces.append((RequestHeader.parse(frame), frame))
+        return pieces
+
+    def take_partial(self) -> bytes:
+        """The bytes of an incomplete frame (at end of stream they go on as they are)."""
+        partial = bytes(self._buffer)
+        self._buffer.clear()
+        return partial
+
+
+def client_id_is(client_id: str) -> Callable[[bytes], bool]:
+    """A ``delay_connection`` predicate: the connection's first request was sent
+    with this Kafka ``client.id``."""
+
+    def matches(first_request: bytes) -> bool:
+        header = RequestHeader.parse(first_request)
+        return header is not None and header.client_id == client_id
+
+    return matches
+
+
+# ------------------------------------------------------------------ faults, counters, events
+
+
+@attrs.define
+class DirectionFaults:
+    blackholed: bool = False
+    held: bool = False
+    delay_seconds: float = 0.0
+    jitter_seconds: float = 0.0
+
+
+@attrs.frozen
+class ConnectionDelay:
+    """Delay the connections ``match`` picks: an int is an accept index
+    (0 is the first connection this proxy accepted), a callable gets the
+    connection's first request (size prefix included) and returns a bool."""
+
+    match: int | Callable[[bytes], bool]
+    seconds: float
+    direction: str = BOTH
+
+    def matches(self, connection: "ProxiedConnection") -> bool:
+        if isinstance(self.match, int):
+            return connection.index == self.match
+        return connection.first_request is not None and bool(self.match(connection.first_request))
+
+
+@attrs.define
+class RequestRule:
+    api_key: int
+    action: str  # "delay" or "drop"
+    seconds: float = 0.0
+    remaining: int | None = None  # requests still to act on; None: until cleared
+
+
+@attrs.define
+class DirectionCounters:
+    bytes_read: int = 0  # = forwarded + dropped + still queued
+    bytes_forwarded: int = 0
+    chunks_forwarded: int = 0
+    bytes_dropped: int = 0
+    chunks_dropped: int = 0
+
+
+@attrs.define
+class ProxyCounters:
+    upstream: DirectionCounters = attrs.field(factory=DirectionCounters)
+    downstream: DirectionCounters = attrs.field(factory=DirectionCounters)
+    connections_accepted: int = 0
+    connections_refused: int = 0
+    connections_cut: int = 0
+    connections_failed: int = 0  # the target could not be reached
+    requests_seen: int = 0
+    requests_delayed: int = 0
+    requests_dropped: int = 0
+
+    def direction(self, name: str) -> DirectionCounters:
+        return self.upstream if name == UPSTREAM else self.downstream
+
+
+@attrs.frozen
+class ProxyEvent:
+    at: float  # seconds, from the proxy's clock (time.time by default)
+    kind: str
+    detail: dict = attrs.field(factory=dict)
+
+    @property
+    def is_fault(self) -> bool:
+        return self.kind in FAULT_EVENT_KINDS
+
+
+# ------------------------------------------------------------------ connections
+
+
+@attrs.define
+class Delivery:
+    deliver_at: float  # event-loop time
+    data: bytes | None  # None: end of stream
+
+
+@attrs.define(eq=False)
+class Pipe:
+    """One direction of one proxied connection: read from ``source``, queue,
+    write to ``destination`` when due."""
+
+    direction: str
+    source: asyncio.StreamReader
+    destination: asyncio.StreamWriter
+    framer: KafkaRequestFramer | None = None
+    queue: asyncio.Queue = attrs.field(factory=asyncio.Queue)
+    last_deliver_at: float = 0.0
+    pending_bytes: int = 0
+    pending_chunks: int = 0
+
+
+@attrs.define(eq=False)
+class ProxiedConnection:
+    index: int
+    client: asyncio.StreamWriter
+    upstream: asyncio.StreamWriter
+    first_request: bytes | None = None
+    task: asyncio.Task | None = None
+    pipes: list[Pipe] = attrs.field(factory=list)
+
+    def reset(self) -> None:
+        """Close both sockets at once with RST."""
+        for writer in (self.client, self.upstream):
+            _reset_transport(writer.transport)
+
+
+def _reset_transport(transport: asyncio.BaseTransport) -> None:
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
+        except OSError:  # already closed by the peer or the kernel
+            pass
+    transport.abort()
+
+
+def _reset_socket(sock: socket.socket) -> None:
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
+    except OSError:
+        pass
+    sock.close()
+
+
+async def _cancel_and_wait(task: asyncio.Task | None) -> None:
+    if task is None:
+        return
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            raise
+
+
+# ------------------------------------------------------------------ the proxy
+
+
+class FaultProxy:
+    """An asyncio TCP proxy to ``target_host:target_port`` with injectable faults.
+
+    Not thread-safe: call every method on the loop that ran ``start()`` (use
+    ``ThreadedFaultProxy`` from other threads). Pass ``kafka_framing=False``
+    for traffic that is not Kafka requests: framing waits for a whole frame
+    before forwarding it. ``seed`` makes delay jitter reproducible.
+    """
+
+    def __init__(
+        self,
+        target_host: str,
+        target_port: int,
+        listen_host: str = "127.0.0.1",
+        listen_port: int = 0,
+        *,
+        kafka_framing: bool = True,
+        clock: Callable[[], float] = time.time,
+        seed: int | str | None = None,
+    ):
+        self.target_host = target_host
+        self.target_port = target_port
+        self.listen_host = listen_host
+        self.listen_port = listen_port
+        self.kafka_framing = kafka_framing
+        self.clock = clock
+        self._jitter_random = random.Random(seed)
+        self._faults = {direction: DirectionFaults() for direction in DIRECTIONS}
+        self._refusing = False
+        self._connection_delays: list[ConnectionDelay] = []
+        self._request_rules: dict[int, RequestRule] = {}
+        self._counters = ProxyCounters()
+        self._events: collections.deque[ProxyEvent] = collections.deque(maxlen=EVENT_LOG_LIMIT)
+        self._connections: set[ProxiedConnection] = set()
+        self._accept_index = itertools.count()
+        self._fault_change = asyncio.Event()
+        self._listener: socket.socket | None = None
+        self._serve_task: asyncio.Task | None = None
+        self.port: int | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.listen_host}:{self.port}"
+
+    # -------------------------------------------------------------- lifecycle
+
+    async def start(self) -> "FaultProxy":
+        """Bind and listen; a bind failure raises here. Returns once accepting."""
+        listener = socket.create_server((self.listen_host, self.listen_port))
+        listener.setblocking(False)
+        self._listener = listener
+        self.port = listener.getsockname()[1]
+        self._serve_task = asyncio.get_running_loop().create_task(self._serve(listener))
+        self._log("started", listen=self.address, target=f"{self.target_host}:{self.target_port}")
+        return self
+
+    async def stop(self) -> None:
+        """Stop accepting and close every connection (queued bytes are dropped)."""
+        await _cancel_and_wait(self._serve_task)
+        self._serve_task = None
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        # Let the transports' connection_lost callbacks run before the loop may close.
+        await asyncio.sleep(0)
+        self._log("stopped")
+
+    async def __aenter__(self) -> "FaultProxy":
+        return await self.start()
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.stop()
+
+    def retarget(self, target_host: str, target_port: int) -> None:
+        """Send new connections to another address (existing ones stay where they are)."""
+        self.target_host, self.target_port = target_host, target_port
+        self._log("retarget", target=f"{target_host}:{target_port}")
+
+    # -------------------------------------------------------------- faults
+
+    def cut(self) -> int:
+        """Reset every current connection; returns how many were cut."""
+        connections = list(self._connections)
+        for connection in connections:
+            connection.reset()
+            if connection.task is not None:
+                connection.task.cancel()
+        self._counters.connections_cut += len(connections)
+        self._log("cut", connections=len(connections))
+        return len(connections)
+
+    def refuse(self, on: bool = True) -> None:
+        self._refusing = on
+        self._log("refuse" if on else "refuse_cleared")
+
+    def blackhole(self, direction: str = BOTH, on: bool = True) -> None:
+        for name in _directions(direction):
+            self._faults[name].blackholed = on
+        self._log("blackhole" if on else "blackhole_cleared", direction=direction)
+        self._announce_change()
+
+    def delay(self, direction: str = BOTH, seconds: float = 0.0, jitter: float = 0.0) -> None:
+        """Delay every chunk by ``seconds`` plus up to ``jitter``; 0 clears."""
+        if seconds < 0 or jitter < 0:
+            raise ValueError("delay and jitter must be >= 0")
+        for name in _directions(direction):
+            self._faults[name].delay_seconds = seconds
+            self._faults[name].jitter_seconds = jitter
+        if seconds or jitter:
+            self._log("delay", direction=direction, seconds=seconds, jitter=jitter)
+        else:
+            self._log("delay_cleared", direction=direction)
+
+    def hold(self, direction: str = BOTH) -> None:
+        for name in _directions(direction):
+            self._faults[name].held = True
+        self._log("hold", direction=direction)
+        self._announce_change()
+
+    def release(self, direction: str = BOTH) -> None:
+        for name in _directions(direction):
+            self._faults[name].held = False
+        self._log("release", direction=direction)
+        self._announce_change()
+
+    def delay_connection(self, match: int | Callable[[bytes], bool], seconds: float, direction: str = BOTH) -> None:
+        """Delay the traffic of the connections ``match`` picks (see ``ConnectionDelay``)."""
+        _directions(direction)
+        if isinstance(match, bool) or not (isinstance(match, int) or callable(match)):
+            raise TypeError("match is an accept index (int) or a predicate on the first request")
+        if seconds < 0:
+            raise ValueError("delay must be >= 0")
+        self._connection_delays.append(ConnectionDelay(match, seconds, direction))
+        self._log("delay_connection", match=match if isinstance(match, int) else getattr(match, "__name__", repr(match)), seconds=seconds, direction=direction)
+
+    def clear_connection_delays(self) -> None:
+        self._connection_delays.clear()
+        self._log("connection_delays_cleared")
+
+    def delay_requests(self, api_key: int, seconds: float, times: int | None = None) -> None:
+        """Hold back every request with ``api_key`` (the next ``times`` of them,
+        or all until cleared) by ``seconds``; later requests on the same
+        connection wait behind it, as they would on a slow TCP path."""
+        if seconds < 0:
+            raise ValueError("delay must be >= 0")
+        self._set_request_rule(RequestRule(api_key, "delay", seconds, times))
+        self._log("delay_requests", api_key=api_key, seconds=seconds, times=times)
+
+    def drop_requests(self, api_key: int, times: int | None = None) -> None:
+        """Swallow requests with ``api_key`` (the next ``times``, or all until cleared)."""
+        self._set_request_rule(RequestRule(api_key, "drop", 0.0, times))
+        self._log("drop_requests", api_key=api_key, times=times)
+
+    def clear_requests(self, api_key: int | None = None) -> None:
+        """Remove the request rule for ``api_key``, or every rule."""
+        if api_key is None:
+            self._request_rules.clear()
+        else:
+            self._request_rules.pop(api_key, None)
+        self._log("requests_cleared", api_key=api_key)
+
+    def heal(self) -> None:
+        """Clear every fault: refusal, blackholes, delays, holds, connection and request rules."""
+        self._refusing = False
+        for faults in self._faults.values():
+            faults.blackholed = faults.held = False
+            faults.delay_seconds = faults.jitter_seconds = 0.0
+        self._connection_delays.clear()
+        self._request_rules.clear()
+        self._log("heal")
+        self._announce_change()
+
+    def _set_request_rule(self, rule: RequestRule) -> None:
+        if not self.kafka_framing:
+            raise ValueError("request rules need Kafka framing (FaultProxy(..., kafka_framing=True))")
+        if rule.remaining is not None and rule.remaining < 1:
+            raise ValueError("times counts from 1 (None: until cleared)")
+        self._request_rules[rule.api_key] = rule
+
+    # -------------------------------------------------------------- observation
+
+    def counters(self) -> ProxyCounters:
+        """A snapshot of the counters."""
+        return copy.deepcopy(self._counters)
+
+    def events(self, *, faults_only: bool = False) -> list[ProxyEvent]:
+        return [event for event in self._events if event.is_fault or not faults_only]
+
+    def connection_count(self) -> int:
+        return len(self._connections)
+
+    def faults_in_effect(self) -> dict:
+        """What is set now, as plain data (equal to a fresh proxy's when healed)."""
+        return {
+            "refusing": self._refusing,
+            **{name: attrs.asdict(faults) for name, faults in self._faults.items()},
+            "connection_delays": [(rule.match, rule.seconds, rule.direction) for rule in self._connection_delays],
+            "request_rules": [attrs.asdict(rule) for rule in self._request_rules.values()],
+        }
+
+    def _log(self, kind: str, **detail) -> None:
+        self._events.append(ProxyEvent(self.clock(), kind, detail))
+
+    def _announce_change(self) -> None:
+        """Wake every writer waiting on a hold, then arm a fresh event for the next change."""
+        self._fault_change.set()
+        self._fault_change = asyncio.Event()
+
+    # -------------------------------------------------------------- serving
+
+    async def _serve(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        async with asyncio.TaskGroup() as connections:
+            while True:
+                try:
+                    client_socket, _address = await loop.sock_accept(listener)
+                except OSError as error:  # out of file descriptors, say: keep serving the rest
+                    self._log("accept_failed", error=repr(error))
+                    await asyncio.sleep(0.1)
+                    continue
+                connections.create_task(self._serve_connection(client_socket))
+
+    async def _serve_connection(self, client_socket: socket.socket) -> None:
+        index = next(self._accept_index)
+        self._counters.connections_accepted += 1
+        if self._refusing:
+            self._counters.connections_refused += 1
+            self._log("connection_refused", index=index)
+            _reset_socket(client_socket)
+            return
+        target = (self.target_host, self.target_port)
+        upstream_writer = None
+        try:
+            # Without NODELAY, Nagle's algorithm would add delays of its own.
+            client_socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            async with asyncio.timeout(CONNECT_TIMEOUT_SECONDS):
+                upstream_reader, upstream_writer = await asyncio.open_connection(*target)
+            upstream_writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            client_reader, client_writer = await asyncio.open_connection(sock=client_socket, limit=READ_CHUNK_BYTES)
+        except (OSError, TimeoutError) as error:  # the target is down, or the client already left
+            self._counters.connections_failed += 1
+            self._log("connection_failed", index=index, target=f"{target[0]}:{target[1]}", error=repr(error))
+            if upstream_writer is not None:
+                upstream_writer.transport.abort()
+            _reset_socket(client_socket)
+            return
+        connection = ProxiedConnection(index, client_writer, upstream_writer, task=asyncio.current_task())
+        connection.pipes = [
+            Pipe(UPSTREAM, client_reader, upstream_writer, KafkaRequestFramer() if self.kafka_framing else None),
+            Pipe(DOWNSTREAM, upstream_reader, client_writer),
+        ]
+        self._connections.add(connection)
+        self._log("connection_opened", index=index, target=f"{target[0]}:{target[1]}")
+        outcome = "cut or stopped"  # what is left if this task is cancelled
+        try:
+            async with asyncio.TaskGroup() as pipes:
+                for pipe in connection.pipes:
+                    pipes.create_task(self._read_into(pipe, connection))
+                    pipes.create_task(self._deliver_from(pipe))
+            outcome = "closed"
+        except* (OSError, EOFError) as errors:
+            outcome = f"reset: {errors.exceptions[0]!r}"
+        except* Exception as errors:  # a bug here must not take the whole proxy down
+            outcome = f"error: {errors.exceptions[0]!r}"
+            log.error("fault proxy connection %d failed", index, exc_info=errors)
+        finally:
+            self._connections.discard(connection)
+            for pipe in connection.pipes:
+                counters = self._counters.direction(pipe.direction)
+                counters.bytes_dropped += pipe.pending_bytes
+                counters.chunks_dropped += pipe.pending_chunks
+            if outcome == "closed":
+                client_writer.close()
+                upstream_writer.close()
+            else:
+                connection.reset()
+            self._log("connection_closed", index=index, outcome=outcome)
+
+    async def _read_into(self, pipe: Pipe, connection: ProxiedConnection) -> None:
+        """Read the source until end of stream, queueing each chunk (or whole
+        request frame) with the time it is due."""
+        while True:
+            data = await pipe.source.read(READ_CHUNK_BYTES)
+            if not data:
+                break
+            self._counters.direction(pipe.direction).bytes_read += len(data)
+            if pipe.framer is None:
+                self._admit(pipe, connection, data, None)
+                continue
+            was_lost = pipe.framer.framing_lost
+            for header, piece in pipe.framer.feed(data):
+                self._admit(pipe, connection, piece, header)
+            if pipe.framer.framing_lost and not was_lost:
+                self._log("framing_lost", index=connection.index)
+        if pipe.framer is not None:
+            partial = pipe.framer.take_partial()
+            if partial:
+                self._admit(pipe, connection, partial, None)
+        self._enqueue(pipe, None, self._due_time(pipe, connection, 0.0))
+
+    def _admit(self, pipe: Pipe, connection: ProxiedConnection, data: bytes, header: RequestHeader | None) -> None:
+        if pipe.direction == UPSTREAM and connection.first_request is None:
+            connection.first_request = data[:FIRST_REQUEST_KEEP_BYTES]
+        extra_delay = 0.0
+        if header is not None:
+            self._counters.requests_seen += 1
+            rule = self._request_rules.get(header.api_key)
+            if rule is not None:
+                if rule.remaining is not None:
+                    rule.remaining -= 1
+                    if rule.remaining == 0:
+                        del self._request_rules[header.api_key]
+                detail = dict(index=connection.index, api_key=header.api_key, api_version=header.api_version, correlation_id=header.correlation_id)
+                if rule.action == "drop":
+                    self._counters.requests_dropped += 1
+                    counters = self._counters.upstream
+                    counters.bytes_dropped += len(data)
+                    counters.chunks_dropped += 1
+                    self._log("request_dropped", **detail)
+                    return
+                self._counters.requests_delayed += 1
+                self._log("request_delayed", seconds=rule.seconds, **detail)
+                extra_delay = rule.seconds
+        self._enqueue(pipe, data, self._due_time(pipe, connection, extra_delay))
+
+    def _due_time(self, pipe: Pipe, connection: ProxiedConnection, extra_delay: float) -> float:
+        faults = self._faults[pipe.direction]
+        delay = faults.delay_seconds + extra_delay
+        if faults.jitter_seconds:
+            delay += self._jitter_random.uniform(0.0, faults.jitter_seconds)
+        for rule in self._connection_delays:
+            if pipe.direction in _directions(rule.direction) and rule.matches(connection):
+                delay += rule.seconds
+        # Never before the chunk ahead of it: TCP keeps order within a connection.
+        due = max(asyncio.get_running_loop().time() + delay, pipe.last_deliver_at)
+        pipe.last_deliver_at = due
+        return due
+
+    def _enqueue(self, pipe: Pipe, data: bytes | None, due: float) -> None:
+        if data is not None:
+            pipe.pending_bytes += len(data)
+            pipe.pending_chunks += 1
+        pipe.queue.put_nowait(Delivery(due, data))
+
+    async def _deliver_from(self, pipe: Pipe) -> None:
+        loop = asyncio.get_running_loop()
+        faults = self._faults[pipe.direction]
+        counters = self._counters.direction(pipe.direction)
+        while True:
+            delivery = await pipe.queue.get()
+            wait = delivery.deliver_at - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            while True:
+                change = self._fault_change
+                if not faults.held:
+                    break
+                await change.wait()
+            if delivery.data is None:
+                if not faults.blackholed and pipe.destination.can_write_eof():
+                    pipe.destination.write_eof()
+                return
+            size = len(delivery.data)
+            if faults.blackholed:
+                counters.bytes_dropped += size
+                counters.chunks_dropped += 1
+            else:
+                pipe.destination.write(delivery.data)
+                await pipe.destination.drain()
+                counters.bytes_forwarded += size
+                counters.chunks_forwarded += 1
+            pipe.pending_bytes -= size
+            pipe.pending_chunks -= 1
+
+
+# ------------------------------------------------------------------ blocking wrapper
+
+
+class ThreadedFaultProxy:
+    """``FaultProxy`` on its own thread and event loop, driven from sync code.
+
+    >>> with ThreadedFaultProxy("127.0.0.1", broker_port) as proxy:
+    ...     proxy.delay_requests(END_TXN, 1.5)
+    """
+
+    def __init__(self, target_host: str, target_port: int, listen_host: str = "127.0.0.1", listen_port: int = 0, **options):
+        self.proxy = FaultProxy(target_host, target_port, listen_host, listen_port, **options)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stopped: asyncio.Event | None = None
+
+    @property
+    def port(self) -> int:
+        return self.proxy.port
+
+    @property
+    def address(self) -> str:
+        return self.proxy.address
+
+    def start(self) -> "ThreadedFaultProxy":
+        ready = threading.Event()
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            try:
+                loop.run_until_complete(self._main(ready, failure))
+            finally:
+                loop.close()
+
+        self._thread = threading.Thread(target=run, name="onceflow-fault-proxy", daemon=True)
+        self._thread.start()
+        ready.wait()
+        if failure:
+            self._thread.join()
+            raise failure[0]
+        return self
+
+    async def _main(self, ready: threading.Event, failure: list) -> None:
+        self._stopped = asyncio.Event()
+        try:
+            await self.proxy.start()
+        except BaseException as error:
+            failure.append(error)
+            ready.set()
+            return
+        ready.set()
+        try:
+            await self._stopped.wait()
+        finally:
+            await self.proxy.stop()
+
+    def stop(self) -> None:
+        if self._loop is not None and self._thread is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stopped.set)
+            self._thread.join()
+        self._thread = None
+
+    def __enter__(self) -> "ThreadedFaultProxy":
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    def _call(self, method, *args, **kwargs):
+        async def invoke():
+            return method(*args, **kwargs)
+
+        return asyncio.run_coroutine_threadsafe(invoke(), self._loop).result()
+
+    def retarget(self, target_host: str, target_port: int) -> None:
+        self._call(self.proxy.retarget, target_host, target_port)
+
+    def cut(self) -> int:
+        return self._call(self.proxy.cut)
+
+    def refuse(self, on: bool = True) -> None:
+        self._call(self.proxy.refuse, on)
+
+    def blackhole(self, direction: str = BOTH, on: bool = True) -> None:
+        self._call(self.proxy.blackhole, direction, on)
+
+    def delay(self, direction: str = BOTH, seconds: float = 0.0, jitter: float = 0.0) -> None:
+        self._call(self.proxy.delay, direction, seconds, jitter)
+
+    def hold(self, direction: str = BOTH) -> None:
+        self._call(self.proxy.hold, direction)
+
+    def release(self, direction: str = BOTH) -> None:
+        self._call(self.proxy.release, direction)
+
+    def delay_connection(self, match: int | Callable[[bytes], bool], seconds: float, direction: str = BOTH) -> None:
+        self._call(self.proxy.delay_connection, match, seconds, direction)
+
+    def clear_connection_delays(self) -> None:
+        self._call(self.proxy.clear_connection_delays)
+
+    def delay_requests(self, api_key: int, seconds: float, times: int | None = None) -> None:
+        self._call(self.proxy.delay_requests, api_key, seconds, times)
+
+    def drop_requests(self, api_key: int, times: int | None = None) -> None:
+        self._call(self.proxy.drop_requests, api_key, times)
+
+    def clear_requests(self, api_key: int | None = None) -> None:
+        self._call(self.proxy.clear_requests, api_key)
+
+    def heal(self) -> None:
+        self._call(self.proxy.heal)
+
+    def counters(self) -> ProxyCounters:
+        return self._call(self.proxy.counters)
+
+    def events(self, *, faults_only: bool = False) -> list[ProxyEvent]:
+        return self._call(self.proxy.events, faults_only=faults_only)
+
+    def connection_count(self) -> int:
+        return self._call(self.proxy.connection_count)
+
+    def faults_in_effect(self) -> dict:
+        return self._call(self.proxy.faults_in_effect)
+
+
+# ------------------------------------------------------------------ schedules
+
+
+class ScheduledAction(NamedTuple):
+    at: float  # seconds from the start of the run
+    action: str  # a FaultProxy method name
+    args: dict  # its keyword arguments
+
+
+# What run_schedule may call: every fault and its clearing, nothing else.
+SCHEDULE_ACTIONS = frozenset({
+    "cut", "refuse", "blackhole", "delay", "hold", "release", "delay_connection",
+    "clear_connection_delays", "delay_requests", "drop_requests", "clear_requests", "heal",
+})
+SCHEDULE_KINDS = ("blackhole", "cut", "delay", "delay_connection", "delay_requests", "drop_requests", "hold", "refuse")
+# Requests worth delaying or dropping in a transactional workload:
+# Produce, AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, TxnOffsetCommit.
+TRANSACTIONAL_API_KEYS = (0, 24, 25, END_TXN, 28)
+
+
+def random_schedule(
+    seed: int | str,
+    duration: float,
+    kinds: Iterable[str] = ("blackhole", "cut", "delay", "hold", "refuse"),
+    *,
+    quiet_seconds: tuple[float, float] = (0.5, 3.0),
+    fault_seconds: tuple[float, float] = (0.2, 2.0),
+    api_keys: tuple[int, ...] = TRANSACTIONAL_API_KEYS,
+) -> list[ScheduledAction]:
+    """Fault episodes, one at a time, separated by quiet spells, within
+    ``duration`` seconds; every fault is cleared by the end. The same seed and
+    arguments always give the same list (``kinds`` order does not matter).
+
+    Episodes: ``cut`` (one action); ``refuse``, ``blackhole``, ``delay``,
+    ``hold``, ``delay_requests``, ``drop_requests`` and ``delay_connection``
+    (an accept index among the first four connections) are applied, then
+    cleared after a while.
+    """
+    chosen = sorted(set(kinds))
+    unknown = set(chosen) - set(SCHEDULE_KINDS)
+    if unknown or not chosen:
+        raise ValueError(f"kinds must be a non-empty subset of {SCHEDULE_KINDS}, unknown: {sorted(unknown)}")
+    rng = random.Random(seed)
+    schedule: list[ScheduledAction] = []
+
+    def at(seconds: float) -> float:
+        return round(min(seconds, duration), 3)
+
+    now = rng.uniform(*quiet_seconds)
+    while now < duration:
+        kind = rng.choice(chosen)
+        end = now + rng.uniform(*fault_seconds)
+        direction = rng.choice((UPSTREAM, DOWNSTREAM, BOTH))
+        if kind == "cut":
+            schedule.append(ScheduledAction(at(now), "cut", {}))
+            end = now
+        elif kind == "refuse":
+            schedule += [ScheduledAction(at(now), "refuse", {"on": True}), ScheduledAction(at(end), "refuse", {"on": False})]
+        elif kind == "blackhole":
+            schedule += [
+                ScheduledAction(at(now), "blackhole", {"direction": direction, "on": True}),
+                ScheduledAction(at(end), "blackhole", {"direction": direction, "on": False}),
+            ]
+        elif kind == "delay":
+            seconds = round(rng.uniform(0.01, 0.5), 3)
+            jitter = round(rng.uniform(0.0, 0.2), 3) if rng.random() < 0.5 else 0.0
+            schedule += [
+                ScheduledAction(at(now), "delay", {"direction": direction, "seconds": seconds, "jitter": jitter}),
+                ScheduledAction(at(end), "delay", {"direction": direction, "seconds": 0.0, "jitter": 0.0}),
+            ]
+        elif kind == "hold":
+            schedule += [ScheduledAction(at(now), "hold", {"direction": direction}), ScheduledAction(at(end), "release", {"direction": direction})]
+        elif kind in ("delay_requests", "drop_requests"):
+            api_key = rng.choice(api_keys)
+            args = {"api_key": api_key, "times": rng.choice((None, 1, 2))}
+            if kind == "delay_requests":
+                args["seconds"] = round(rng.uniform(0.1, 2.0), 3)
+            schedule += [ScheduledAction(at(now), kind, args), ScheduledAction(at(end), "clear_requests", {"api_key": api_key})]
+        else:  # delay_connection
+            args = {"match": rng.randrange(4), "seconds": round(rng.uniform(0.1, 1.0), 3), "direction": direction}
+            schedule += [ScheduledAction(at(now), "delay_connection", args), ScheduledAction(at(end), "clear_connection_delays", {})]
+        now = end + rng.uniform(*quiet_seconds)
+    return schedule
+
+
+def _check_schedule(schedule: Iterable[ScheduledAction]) -> list[ScheduledAction]:
+    items = [ScheduledAction(*item) for item in schedule]
+    for item in items:
+        if item.action not in SCHEDULE_ACTIONS:
+            raise ValueError(f"not a schedule action: {item.action!r}")
+    return sorted(items, key=lambda item: item.at)
+
+
+def run_schedule(proxy: ThreadedFaultProxy, schedule: Iterable[ScheduledAction], *, stop: threading.Event | None = None) -> int:
+    """Apply each action at its time (seconds after the call); blocks until the
+    last one. Setting ``stop`` ends early. Returns how many actions ran."""
+    items = _check_schedule(schedule)
+    stop = stop or threading.Event()
+    started = time.monotonic()
+    applied = 0
+    for item in items:
+        if stop.wait(max(0.0, started + item.at - time.monotonic())):
+            break
+        getattr(proxy, item.action)(**item.args)
+        applied += 1
+    return applied
+
+
+async def run_schedule_async(proxy: FaultProxy, schedule: Iterable[ScheduledAction]) -> int:
+    """``run_schedule`` for a ``FaultProxy`` on the running loop."""
+    items = _check_schedule(schedule)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    for item in items:
+        await asyncio.sleep(max(0.0, started + item.at - loop.time()))
+        getattr(proxy, item.action)(**item.args)
+    return len(items)
+
+
+__all__ = [
+    "BOTH", "DOWNSTREAM", "END_TXN", "FAULT_EVENT_KINDS", "FaultProxy", "KafkaRequestFramer",
+    "ProxyCounters", "ProxyEvent", "RequestHeader", "SCHEDULE_ACTIONS", "SCHEDULE_KINDS",
+    "ScheduledAction", "ThreadedFaultProxy", "UPSTREAM", "client_id_is", "random_schedule",
+    "run_schedule", "run_schedule_async",
+]

@@ -1,0 +1,118 @@
+"""The crash points beyond the coordinator's (those have tests in
+tests/broker/test_transactions.py): a torn write made by the broker itself,
+a crash after transactional offsets are written but pending, and a client
+dying between produce and commit. Real processes, real exits."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from faults.points import CRASH_EXIT_CODE, ENVIRONMENT_VARIABLE
+from tests.conftest import REPO
+from txn import Admin, Consumer, Producer, TopicPartition
+from txn.errors import KafkaError
+
+
+def read_values(bootstrap, topic, partitions=1, idle=1.0, timeout=20.0):
+    consumer = Consumer(bootstrap_servers=bootstrap)
+    consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
+    values, last_new, deadline = [], time.monotonic(), time.monotonic() + timeout
+    while time.monotonic() - last_new < idle and time.monotonic() < deadline:
+        got = consumer.poll(0.2)
+        if got:
+            values += [r.value for r in got]
+            last_new = time.monotonic()
+    consumer.close()
+    return values
+
+
+@pytest.mark.slow
+def test_torn_write_by_the_broker_loses_only_the_unacknowledged_batch(broker_process):
+    broker = broker_process()
+    with Admin(bootstrap_servers=broker.bootstrap) as admin:
+        admin.create_topics({"torn-live": 1})
+    broker.restart(clean=True, env={ENVIRONMENT_VARIABLE: "storage.torn_write@25:exit"})
+    producer = Producer(bootstrap_servers=broker.bootstrap, linger_ms=0, delivery_timeout_ms=3000, request_timeout_ms=1000)
+    acknowledged = []
+    for i in range(100):
+        try:
+            producer.send("torn-live", b"%03d" % i, partition=0).result(10)
+            acknowledged.append(b"%03d" % i)
+        except Exception:
+            break
+    assert broker.wait_exit(10) == CRASH_EXIT_CODE, "the torn write ended the broker"
+    producer._thread.stop()
+    broker.env = {}  # restart disarmed
+    broker.start()
+    values = read_values(broker.bootstrap, "torn-live")
+    assert values[: len(acknowledged)] == acknowledged, "every acknowledged record survives, in order"
+    assert len(values) <= len(acknowledged) + 1 and len(acknowledged) < 100
+    producer = Producer(bootstrap_servers=broker.bootstrap)
+    producer.send("torn-live", b"after", partition=0).result(10)
+    producer.close()
+    assert read_values(broker.bootstrap, "torn-live")[-1] == b"after"
+
+
+@pytest.mark.slow
+def test_crash_with_offsets_pending_never_commits_them(broker_process):
+    broker = broker_process("transaction.abort.timed.out.transaction.cleanup.interval.ms=500")
+    with Admin(bootstrap_servers=broker.bootstrap) as admin:
+        admin.create_topics({"pending-in": 1, "pending-out": 1})
+    broker.restart(clean=True, env={ENVIRONMENT_VARIABLE: "groupcoord.after_pending_offsets@1:exit"})
+    group = f"pending-{uuid.uuid4()}"
+    producer = Producer(bootstrap_servers=broker.bootstrap, transactional_id="pending-crash", delivery_timeout_ms=3000, request_timeout_ms=1000)
+    producer.init_transactions()
+    producer.begin_transaction()
+    producer.send("pending-out", b"lost-with-its-offsets", partition=0)
+    with pytest.raises((KafkaError, ConnectionError, TimeoutError)):
+        producer.send_offsets_to_transaction({TopicPartition("pending-in", 0): 5}, group)
+    assert broker.wait_exit(10) == CRASH_EXIT_CODE
+    producer._thread.stop()
+    broker.env = {}  # restart disarmed
+    broker.start()
+    successor = Producer(bootstrap_servers=broker.bootstrap, transactional_id="pending-crash")
+    successor.init_transactions()  # fences the dead instance and aborts its transaction
+    consumer = Consumer(bootstrap_servers=broker.bootstrap, group_id=group)
+    assert consumer.committed([TopicPartition("pending-in", 0)], timeout=20)[TopicPartition("pending-in", 0)] is None
+    with successor.transaction():
+        successor.send_offsets_to_transaction({TopicPartition("pending-in", 0): 7}, group)
+    assert consumer.committed([TopicPartition("pending-in", 0)], timeout=20)[TopicPartition("pending-in", 0)].offset == 7
+    consumer.close()
+    successor.close()
+    assert read_values(broker.bootstrap, "pending-out") == []
+
+
+CLIENT = r"""
+import sys
+sys.path.insert(0, {repo!r})
+from txn import Producer
+producer = Producer(bootstrap_servers={bootstrap!r}, transactional_id="client-crash")
+producer.init_transactions()
+with producer.transaction():
+    for i in range(20):
+        producer.send("client-crash", b"%d" % i, partition=0)
+print("unreachable: the crash point fires inside commit", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_client_dying_between_produce_and_commit_leaves_nothing_visible(broker_process):
+    broker = broker_process()
+    with Admin(bootstrap_servers=broker.bootstrap) as admin:
+        admin.create_topics({"client-crash": 1})
+    environment = dict(os.environ, **{ENVIRONMENT_VARIABLE: "txn.before_commit@1:exit"})
+    child = subprocess.run([sys.executable, "-c", CLIENT.format(repo=REPO, bootstrap=broker.bootstrap)], env=environment, capture_output=True, text=True, timeout=60)
+    assert child.returncode == CRASH_EXIT_CODE, child.stderr
+    assert "unreachable" not in child.stdout
+    successor = Producer(bootstrap_servers=broker.bootstrap, transactional_id="client-crash")
+    successor.init_transactions()
+    with successor.transaction():
+        successor.send("client-crash", b"successor", partition=0)
+    successor.close()
+    assert read_values(broker.bootstrap, "client-crash") == [b"successor"]
