@@ -96,7 +96,7 @@ def test_clients_pickle_by_configuration(embedded_broker):
     """Spark ships clients to executors: each rebuilds from its configuration."""
     import pickle
 
-    from txn import Consumer, Producer
+    from txn import Consumer
 
     consumer = Consumer({"bootstrap.servers": embedded_broker.bootstrap, "group.id": "pickled", "max.poll.records": 7})
     admin = Admin(bootstrap_servers=embedded_broker.bootstrap, client_id="pickled-admin")

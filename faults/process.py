@@ -1,0 +1,137 @@
+"""Process faults: the broker and client programs as real child processes
+the harness can SIGKILL, SIGTERM, SIGSTOP/SIGCONT and restart.
+
+``BrokerProcess`` runs ``onceflow broker`` on a data directory and restarts
+it on the same directory (and port) after any of those; ``ClientProcess``
+runs any command (a workload, a user's processor) the same way. Both keep
+their output in a log file next to the data, for the report.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+READY = re.compile(r"onceflow broker ready on (\S+):(\d+)")
+
+
+class ManagedProcess:
+    """Signals for a child process, named the way the harness schedules them."""
+
+    process: subprocess.Popen | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def signal(self, signum: int) -> bool:
+        if not self.alive:
+            return False
+        self.process.send_signal(signum)
+        return True
+
+    def kill(self) -> None:
+        """SIGKILL: no flush, no clean-shutdown marker."""
+        if self.signal(signal.SIGKILL):
+            self.process.wait(30)
+
+    def pause(self) -> bool:
+        return self.signal(signal.SIGSTOP)
+
+    def resume(self) -> bool:
+        return self.signal(signal.SIGCONT)
+
+    def terminate(self, timeout: float = 60) -> int:
+        if self.signal(signal.SIGCONT) and self.signal(signal.SIGTERM):
+            return self.process.wait(timeout)
+        return self.process.returncode if self.process else 0
+
+    def wait_exit(self, timeout: float = 30) -> int:
+        return self.process.wait(timeout)
+
+
+class BrokerProcess(ManagedProcess):
+    """``onceflow broker`` as a child process on an ephemeral (then fixed) port."""
+
+    def __init__(self, data_dir: str, *config: str, port: int = 0, env: dict | None = None, log_path: str | None = None):
+        self.data_dir = data_dir
+        self.config = config
+        self.port = port
+        self.env = env
+        self.process = None
+        self.log_path = log_path or os.path.join(os.path.dirname(data_dir.rstrip("/")), os.path.basename(data_dir.rstrip("/")) + ".broker.log")
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 60.0) -> "BrokerProcess":
+        command = [sys.executable, "-m", "broker.cli", "broker", "--data-dir", self.data_dir, "--listen", f"127.0.0.1:{self.port}"]
+        for item in self.config:
+            command += ["--config", item]
+        environment = dict(os.environ)
+        environment.pop("ONCEFLOW_CRASH_POINTS", None)
+        environment.update(self.env or {})
+        with open(self.log_path, "ab") as log_file:
+            self.process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=log_file, text=True, env=environment)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            line = self.process.stdout.readline()
+            if not line:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"broker exited with {self.process.returncode}: {self.read_log()[-2000:]}")
+                continue
+            match = READY.search(line)
+            if match:
+                self.port = int(match.group(2))
+                return self
+        self.kill()
+        raise TimeoutError("broker did not become ready")
+
+    def read_log(self) -> str:
+        try:
+            with open(self.log_path, encoding="utf-8", errors="replace") as file:
+                return file.read()
+        except FileNotFoundError:
+            return ""
+
+    def restart(self, *, clean: bool, env: dict | None = None) -> "BrokerProcess":
+        if clean:
+            code = self.terminate()
+            if code != 0:
+                raise RuntimeError(f"clean shutdown exited {code}: {self.read_log()[-2000:]}")
+        else:
+            self.kill()
+        self.env = env
+        return self.start()
+
+
+class ClientProcess(ManagedProcess):
+    """Any client program, restartable with the same command line."""
+
+    def __init__(self, name: str, command: list[str], log_path: str, env: dict | None = None):
+        self.name = name
+        self.command = command
+        self.log_path = log_path
+        self.env = env
+        self.process = None
+        self.starts = 0
+
+    def start(self) -> "ClientProcess":
+        environment = dict(os.environ)
+        environment.update(self.env or {})
+        with open(self.log_path, "ab") as log_file:
+            self.process = subprocess.Popen(self.command, cwd=REPO, stdout=log_file, stderr=log_file, env=environment)
+        self.starts += 1
+        return self
+
+    def restart_if_exited(self) -> bool:
+        if self.process is not None and self.process.poll() is not None:
+            self.start()
+            return True
+        return False
