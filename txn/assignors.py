@@ -19,17 +19,28 @@ skipped and every member gets an entry, possibly empty.
   id) take contiguous ranges, the first ``count % members`` one partition
   larger. EAGER only.
 - ``cooperative-sticky`` (Kafka's CooperativeStickyAssignor, KIP-429):
-  balanced as far as the subscriptions allow, sticky (members keep the
-  partitions they validly own unless balance needs them elsewhere; of
-  conflicting claims the newest generation wins), and cooperative: a
-  partition moving to a new owner is left out of this round, so its old owner
-  revokes it and rejoins, and the next round hands it over.
+  balanced (counts as even as the subscriptions allow: equal subscriptions
+  differ by at most one), sticky (of all assignments that balanced, one that
+  keeps the most partitions with their valid previous owners: of conflicting
+  claims the newest generation wins, two claims in the same generation
+  cancel), and cooperative: a partition moving to a member that does not own
+  it is left out while another member still owns it, so its owner revokes it
+  and rejoins, and the next round hands it over. Members of an EAGER group
+  own nothing when they join, so nothing is held back there.
+
+  How: unowned partitions go to the least loaded members; partitions then
+  move along improving paths (a chain of handovers from a member to one
+  holding two fewer) until there are none, which makes the counts optimal;
+  last, cycles of handovers that return more partitions to their owners
+  than they take are applied until none is left (negative cycles, found
+  with Bellman-Ford). Unlike Kafka's heuristic, both optima are exact.
 """
 
 from __future__ import annotations
 
 import collections
 import enum
+import heapq
 import struct
 from collections.abc import Iterable, Mapping
 from typing import Protocol
@@ -310,75 +321,181 @@ class _StickyPlan:
             self.give(tp, min(self.candidates[tp], key=lambda member: (len(self.holdings[member]), member)))
 
     def balance(self) -> None:
-        """Shift partitions along improving paths until there are none: then
-        no member could take a partition, directly or through a chain of
-        handovers, from a member holding two or more partitions more, which
-        makes the loads as even as the subscriptions allow."""
-        while (moves := self._cheapest_improving_path()) is not None:
-            for tp, _giver, taker in moves:
-                self.give(tp, taker)
+        """Move partitions until no member could take one, directly or
+        through a chain of handovers, from a member holding two or more
+        more: then the counts are as even as the subscriptions allow (an
+        optimal semi-matching has no such "improving path").
 
-    def _cheapest_improving_path(self) -> list[tuple[TopicPartitionPair, str, str]] | None:
-        """The improving path that takes the fewest partitions from their
-        previous owners, or None when the plan is balanced.
+        Partitions their holder did not own move first; only when that is
+        not enough do owned ones move. So when a balanced assignment exists
+        that keeps every owned partition in place, this finds one, and the
+        round after a cooperative handover moves nothing that was kept."""
+        for may_move_owned in (False, True):
+            self._hand_over_directly(may_move_owned)
+            while (moves := self._improving_path(may_move_owned)) is not None:
+                for tp, taker in moves:
+                    self.give(tp, taker)
 
-        An improving path runs from a member holding ``n`` partitions to one
-        holding at most ``n - 2``; each step hands one partition to the next
-        member, which may take it. Only the ends change their counts."""
+    def _movable(self, tp: TopicPartitionPair, may_move_owned: bool) -> bool:
+        return may_move_owned or self.owner.get(tp) != self.holder[tp]
+
+    def _preference(self, tp: TopicPartitionPair, taker: str) -> int:
+        """Which partitions to hand over first: back to their previous
+        owner, then ones nobody owned, then ones the giver owned."""
+        previous_owner = self.owner.get(tp)
+        if previous_owner == taker:
+            return 0
+        return 2 if previous_owner == self.holder[tp] else 1
+
+    def _hand_over_directly(self, may_move_owned: bool) -> None:
+        """The bulk of balancing, cheaply: the most loaded member hands a
+        partition to the least loaded member that may take one from it,
+        while that one holds at least two fewer. Lazy heaps track the loads:
+        an entry whose load is no longer the member's is skipped."""
+        topics_of = {member: {topic for topic, _partition in takeable} for member, takeable in self.takeable.items()}
+        lightest: dict[str, list[tuple[int, str]]] = collections.defaultdict(list)  # topic -> its takers by load
+        heaviest: list[tuple[int, str]] = []  # (-load, member)
+
+        def note_load(member: str) -> None:
+            load = len(self.holdings[member])
+            heapq.heappush(heaviest, (-load, member))
+            for topic in topics_of[member]:
+                heapq.heappush(lightest[topic], (load, member))
+
+        for member in sorted(self.takeable):
+            note_load(member)
+        while heaviest:
+            negative_load, giver = heapq.heappop(heaviest)
+            load = len(self.holdings[giver])
+            if -negative_load != load:
+                continue
+            best: tuple[int, str, str] | None = None  # (load, taker, topic)
+            for topic in sorted({tp[0] for tp in self.holdings[giver] if self._movable(tp, may_move_owned)}):
+                takers = lightest[topic]
+                while takers and takers[0][0] != len(self.holdings[takers[0][1]]):
+                    heapq.heappop(takers)
+                if takers and takers[0][1] != giver and (best is None or takers[0] < best[:2]):
+                    best = (*takers[0], topic)
+            if best is None or best[0] + 2 > load:
+                continue  # nobody it could hand to directly: chains are left to _improving_path
+            _taker_load, taker, topic = best
+            movable = (tp for tp in self.holdings[giver] if tp[0] == topic and self._movable(tp, may_move_owned))
+            tp = min(movable, key=lambda tp: (self._preference(tp, taker), tp))
+            self.give(tp, taker)
+            note_load(giver)
+            note_load(taker)
+
+    def _improving_path(self, may_move_owned: bool) -> list[tuple[TopicPartitionPair, str]] | None:
+        """Handovers ``[(partition, taker), ...]`` from a member holding
+        ``n`` partitions to one holding at most ``n - 2`` along a chain of
+        members, each taking a partition from the one before; or None.
+
+        A breadth-first search backwards from the least loaded members; the
+        threshold rises level by level and the search goes on from where it
+        was, since what a lower level reaches stays reachable."""
         loads = {member: len(self.holdings[member]) for member, takeable in self.takeable.items() if takeable}
         if not loads:
             return None
-        levels = sorted(set(loads.values()))
-        best = None
-        for level in levels:
-            if level + 2 > levels[-1]:
-                break
-            found = self._path_down_to(level, loads)
-            if found is not None and (best is None or found[0] < best[0]):
-                best = found
-                if best[0] == 0:
-                    break
-        return None if best is None else best[1]
-
-    def _path_down_to(self, level: int, loads: dict[str, int]):
-        """(owned partitions moved, moves) of the cheapest improving path
-        ending at a member holding at most ``level`` partitions: a 0-1
-        breadth-first search backwards from those members, where handing over
-        a partition costs 1 if the giver owned it and 0 if not."""
-        cost: dict[str, int] = {}
-        next_move: dict[str, tuple[TopicPartitionPair, str]] = {}  # giver -> (partition, taker) one step nearer the end
-        queue: collections.deque[tuple[int, str]] = collections.deque()
+        members_at: dict[int, list[str]] = collections.defaultdict(list)
         for member in sorted(loads):
-            if loads[member] <= level:
-                cost[member] = 0
-                queue.append((0, member))
-        while queue:
-            taker_cost, taker = queue.popleft()
-            if taker_cost != cost[taker]:
-                continue  # a cheaper entry for this member came first
+            members_at[loads[member]].append(member)
+        heaviest_load = max(loads.values())
+        next_move: dict[str, tuple[TopicPartitionPair, str]] = {}  # giver -> (partition, taker) one step nearer the end
+        reached: set[str] = set()
+        queue: collections.deque[str] = collections.deque()
+        heaviest_reached = None
+        for level in sorted(members_at):
+            if level + 2 > heaviest_load:
+                return None
+            for member in members_at[level]:
+                if member not in reached:
+                    reached.add(member)
+                    queue.append(member)
+            while queue:
+                taker = queue.popleft()
+                # Partitions the giver did not own first, so that chains move those.
+                for giver_owned in (False, True) if may_move_owned else (False,):
+                    for tp in self.takeable[taker]:
+                        giver = self.holder[tp]
+                        if giver in reached or (self.owner.get(tp) == giver) != giver_owned:
+                            continue
+                        reached.add(giver)
+                        next_move[giver] = (tp, taker)
+                        queue.append(giver)
+                        if heaviest_reached is None or (loads[giver], giver) > (loads[heaviest_reached], heaviest_reached):
+                            heaviest_reached = giver
+            if heaviest_reached is not None and loads[heaviest_reached] >= level + 2:
+                moves, giver = [], heaviest_reached
+                while giver in next_move:
+                    tp, taker = next_move[giver]
+                    moves.append((tp, taker))
+                    giver = taker
+                return moves
+        return None
+
+    def return_to_owners(self) -> None:
+        """Give partitions back to their previous owners along cycles of
+        handovers that leave the multiset of counts as it is, until none
+        returns more partitions than it takes: then no assignment as balanced
+        as this one keeps more partitions where they were."""
+        while (moves := self._cycle_returning_partitions()) is not None:
+            for tp, _giver, taker in moves:
+                self.give(tp, taker)
+
+    def _cycle_returning_partitions(self) -> list[tuple[TopicPartitionPair, str, str]] | None:
+        """A cycle of handovers that returns more partitions to their owners
+        than it takes from them, found as a negative cycle (Bellman-Ford).
+
+        Nodes are the members plus one node per count ``n``. A handover edge
+        runs from the giver to the taker and costs +1 if the giver owned the
+        partition, -1 if the taker did. Through the node for ``n`` a cycle
+        may let a member holding ``n - 1`` end with one more and a member
+        holding ``n`` end with one less: a swap of counts, balance unchanged."""
+        if all(self.holder[tp] == owner for tp, owner in self.owner.items()):
+            return None  # every owned partition is where it was
+        loads = {member: len(self.holdings[member]) for member, takeable in self.takeable.items() if takeable}
+        cheapest: dict[tuple[str, str], tuple[int, TopicPartitionPair]] = {}
+        for taker in sorted(loads):
             for tp in self.takeable[taker]:
-                giver = self.holder.get(tp)
-                if giver is None or giver == taker:
+                giver = self.holder[tp]
+                if giver == taker:
                     continue
-                step = 1 if self.owner.get(tp) == giver else 0
-                if taker_cost + step < cost.get(giver, taker_cost + step + 1):
-                    cost[giver] = taker_cost + step
-                    next_move[giver] = (tp, taker)
-                    if step:
-                        queue.append((taker_cost + step, giver))
-                    else:
-                        queue.appendleft((taker_cost, giver))
-        sources = [member for member in cost if loads[member] >= level + 2]
-        if not sources:
+                previous_owner = self.owner.get(tp)
+                cost = (previous_owner == giver) - (previous_owner == taker)
+                if (giver, taker) not in cheapest or cost < cheapest[giver, taker][0]:
+                    cheapest[giver, taker] = (cost, tp)
+        if not any(cost < 0 for cost, _tp in cheapest.values()):
             return None
-        source = min(sources, key=lambda member: (cost[member], -loads[member], member))
-        moves = []
-        giver = source
-        while giver in next_move:
-            tp, taker = next_move[giver]
-            moves.append((tp, giver, taker))
-            giver = taker
-        return cost[source], moves
+        edges: list[tuple[object, object, int, tuple | None]] = [
+            (giver, taker, cost, (tp, giver, taker)) for (giver, taker), (cost, tp) in cheapest.items()
+        ]
+        for member, load in loads.items():
+            edges.append((member, ("count", load + 1), 0, None))  # member ends with one more
+            edges.append((("count", load), member, 0, None))  # member ends with one less
+        nodes = {node for giver, taker, _cost, _move in edges for node in (giver, taker)}
+        distance = dict.fromkeys(nodes, 0)
+        reached_by: dict[object, tuple[object, tuple | None]] = {}
+        relaxed = None
+        for _round in range(len(nodes)):
+            relaxed = None
+            for giver, taker, cost, move in edges:
+                if distance[giver] + cost < distance[taker]:
+                    distance[taker] = distance[giver] + cost
+                    reached_by[taker] = (giver, move)
+                    relaxed = taker
+            if relaxed is None:
+                return None
+        # Still relaxing after |nodes| rounds: walking back |nodes| steps lands on a negative cycle.
+        node = relaxed
+        for _step in range(len(nodes)):
+            node = reached_by[node][0]
+        moves, current = [], node
+        while True:
+            current, move = reached_by[current]
+            if move is not None:
+                moves.append(move)
+            if current == node:
+                return moves
 
 
 def _valid_owners(subscriptions: Mapping[str, Subscription], candidates: Mapping[TopicPartitionPair, list[str]]) -> dict[TopicPartitionPair, str]:
@@ -403,7 +520,12 @@ def _valid_owners(subscriptions: Mapping[str, Subscription], candidates: Mapping
 
 
 class CooperativeStickyAssignor:
-    """Balanced, sticky, and cooperative (see the module docstring)."""
+    """Balanced, sticky, and cooperative (see the module docstring).
+
+    Unlike Kafka, a claim from an older generation that nobody contests
+    still counts (Kafka drops every claim of a member behind the newest
+    generation when all subscriptions are equal): keeping it is sticky and,
+    with the cooperative hold-back, never puts a partition in two hands."""
 
     name = "cooperative-sticky"
     rebalance_protocols = (RebalanceProtocol.COOPERATIVE, RebalanceProtocol.EAGER)
@@ -412,6 +534,7 @@ class CooperativeStickyAssignor:
         plan = _StickyPlan.start(partition_counts, subscriptions)
         plan.place_unowned()
         plan.balance()
+        plan.return_to_owners()
         claimants: dict[TopicPartitionPair, set[str]] = collections.defaultdict(set)
         for member, subscription in subscriptions.items():
             for tp in subscription.owned_partitions:

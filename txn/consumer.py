@@ -40,6 +40,8 @@ import inspect
 import queue as queue_module
 import time
 
+import attrs
+
 from protocol.errors import ErrorCode
 from protocol.records import ControlType, decode_batch, decode_control_record, iter_batches
 from txn import assignors
@@ -558,7 +560,7 @@ class AsyncConsumer:
 
     async def _assign_as_leader(self, protocol_name: str, members: list[dict]) -> list[dict]:
         assignor = assignors.assignor_for(protocol_name)
-        subscriptions = {m["member_id"]: assignors.decode_subscription(m["metadata"]) for m in members}
+        subscriptions = {m["member_id"]: attrs.evolve(assignors.decode_subscription(m["metadata"]), group_instance_id=m.get("group_instance_id")) for m in members}
         topics = sorted({t for s in subscriptions.values() for t in s.topics})
         await self.cluster.refresh(topics, allow_auto_create=False)
         metadata = {t: self.cluster.partition_counts[t] for t in topics if t in self.cluster.partition_counts}
