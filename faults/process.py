@@ -58,7 +58,8 @@ class ManagedProcess:
 class BrokerProcess(ManagedProcess):
     """``onceflow broker`` as a child process on an ephemeral (then fixed) port."""
 
-    def __init__(self, data_dir: str, *config: str, port: int = 0, env: dict | None = None, log_path: str | None = None):
+    def __init__(self, data_dir: str, *config: str, port: int = 0, env: dict | None = None, log_path: str | None = None, advertise: str | None = None):
+        self.advertise = advertise  # HOST:PORT for metadata (a fault proxy in front), else the listener
         self.data_dir = data_dir
         self.config = config
         self.port = port
@@ -72,6 +73,8 @@ class BrokerProcess(ManagedProcess):
 
     def start(self, timeout: float = 60.0) -> "BrokerProcess":
         command = [sys.executable, "-m", "broker.cli", "broker", "--data-dir", self.data_dir, "--listen", f"127.0.0.1:{self.port}"]
+        if self.advertise:
+            command += ["--advertise", self.advertise]
         for item in self.config:
             command += ["--config", item]
         environment = dict(os.environ)

@@ -1,0 +1,381 @@
+"""The chaos runner: a broker behind a fault proxy, workload processes, a
+seeded schedule of faults, then a final read, the checker, and a report.
+
+    onceflow chaos --workload copier --faults kill-broker,kill-client,proxy-cut,torn-tail \\
+        --duration 60 --seed 7 --report ./chaos-report
+
+or from Python (what a user's pytest test calls):
+
+    verdict = run_chaos(ChaosSettings(workload="copier", faults=("kill-client",), duration=20, seed=7), report_dir)
+    assert verdict.valid, verdict.summary()
+
+The same seed gives the same fault schedule (kinds, times, victims). Faults:
+
+| kind | what happens |
+| --- | --- |
+| kill-broker | SIGKILL the broker, restart it on the same data directory |
+| kill-client | SIGKILL one workload process, start it again |
+| pause-client | SIGSTOP one workload process for 2 s, then SIGCONT |
+| pause-broker | SIGSTOP the broker for 2 s, then SIGCONT |
+| proxy-cut | reset every client connection at the proxy |
+| proxy-delay-endtxn | hold every EndTxn request 2 s at the proxy for 5 s (the schedule Jepsen used) |
+| torn-tail | the broker dies halfway through writing a batch (the ``storage.torn_write`` crash point), then restarts and recovers |
+| disk-fsync | fsyncs fail with EIO for 1 s; the broker is restarted, as its logs refuse appends |
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import random
+import shutil
+import socket
+import sys
+import tempfile
+import time
+
+import attrs
+
+from faults import checker as checker_module
+from faults.disk import ENVIRONMENT_VARIABLE as DISK_FAULTS_VARIABLE
+from faults.disk import TORN_WRITE_POINT, DiskFaultControl
+from faults.points import ENVIRONMENT_VARIABLE as POINTS_VARIABLE
+from faults.history import read_history, sends
+from faults.process import BrokerProcess, ClientProcess
+from faults.proxy import ThreadedFaultProxy
+from faults.report import FaultEvent, write_report
+
+FAULT_KINDS = ("kill-broker", "kill-client", "pause-client", "pause-broker", "proxy-cut", "proxy-delay-endtxn", "torn-tail", "disk-fsync")
+WORKLOAD_KINDS = ("copier", "copier-confluent", "producer", "bank")
+BROKER_CONFIG = ("group.initial.rebalance.delay.ms=0", "group.min.session.timeout.ms=1000", "transaction.abort.timed.out.transaction.cleanup.interval.ms=500")
+END_TXN = 26
+
+
+@attrs.frozen
+class ChaosSettings:
+    workload: str = attrs.field(validator=attrs.validators.in_(WORKLOAD_KINDS))
+    faults: tuple = attrs.field(default=("kill-broker", "kill-client", "proxy-cut"), converter=tuple)
+    duration: float = 30.0
+    seed: int = 0
+    records: int = 20_000  # input records (copier), sends per producer process (producer)
+    clients: int = 2  # workload processes
+    abort_ratio: float = 0.1
+    mean_fault_interval: float = 5.0
+
+    def __attrs_post_init__(self) -> None:
+        unknown = set(self.faults) - set(FAULT_KINDS)
+        if unknown:
+            raise ValueError(f"unknown fault kind(s): {', '.join(sorted(unknown))}; known: {', '.join(FAULT_KINDS)}")
+
+
+@attrs.frozen
+class PlannedFault:
+    at: float
+    kind: str
+    victim: int  # which client, for client faults
+
+
+def fault_schedule(settings: ChaosSettings) -> list[PlannedFault]:
+    """The seeded schedule: same seed and settings, same faults at the same times."""
+    rng = random.Random(settings.seed)
+    kinds = sorted(settings.faults)
+    planned, at = [], 0.0
+    if not kinds:
+        return planned
+    while True:
+        at += rng.uniform(0.5, 1.5) * settings.mean_fault_interval
+        if at >= settings.duration - 1:
+            return planned
+        planned.append(PlannedFault(round(at, 3), rng.choice(kinds), rng.randrange(max(1, settings.clients))))
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class ChaosRun:
+    def __init__(self, settings: ChaosSettings, report_dir: str, *, out=sys.stdout):
+        self.settings = settings
+        self.report_dir = os.path.abspath(report_dir)
+        self.out = out
+        self.work = tempfile.mkdtemp(prefix="onceflow-chaos-")
+        self.history_dir = os.path.join(self.work, "history")
+        os.makedirs(self.history_dir)
+        self.disk = DiskFaultControl(os.path.join(self.work, "disk-faults.json"))
+        self.faults: list[FaultEvent] = []
+        self.clients: list[ClientProcess] = []
+        self.started = time.monotonic()
+        self.pending_clears: list[tuple[float, str, object]] = []
+
+    # -- set-up ----------------------------------------------------------------------------------
+
+    def _say(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
+
+    def _elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def _start_broker(self) -> None:
+        port = _free_port()
+        self.proxy = ThreadedFaultProxy("127.0.0.1", port).start()
+        self.broker = BrokerProcess(os.path.join(self.work, "data"), *BROKER_CONFIG, port=port, advertise=f"127.0.0.1:{self.proxy.port}",
+                                    env={DISK_FAULTS_VARIABLE: self.disk.path}, log_path=os.path.join(self.work, "broker.log"))
+        self.broker.start()
+        self.bootstrap = f"127.0.0.1:{self.proxy.port}"
+
+    def _workload_command(self, name: str, process: str, *extra: str) -> list[str]:
+        return [sys.executable, "-m", "faults.workloads", name, "--bootstrap", self.bootstrap, "--history", os.path.join(self.history_dir, f"{process}.jsonl"), "--process", process, *extra]
+
+    def _client(self, name: str, process: str, *extra: str) -> ClientProcess:
+        client = ClientProcess(process, self._workload_command(name, process, *extra), os.path.join(self.work, f"{process}.log"))
+        return client.start()
+
+    def _set_up_workload(self) -> None:
+        from txn import Admin, Producer
+
+        settings = self.settings
+        with Admin(bootstrap_servers=self.bootstrap) as admin:
+            if settings.workload.startswith("copier"):
+                admin.create_topics({"input": 2, "output": 3})
+            elif settings.workload == "producer":
+                admin.create_topics({"output": 2})
+            else:
+                admin.create_topics({"ledger": 1})
+        if settings.workload.startswith("copier"):
+            seeder = open(os.path.join(self.history_dir, "seeder.jsonl"), "w")
+            producer = Producer(bootstrap_servers=self.bootstrap, linger_ms=20, batch_size=1 << 18)
+            futures = [(str(i), producer.send("input", str(i).encode(), key=b"k%d" % (i % 100))) for i in range(settings.records)]
+            producer.flush()
+            for value, future in futures:
+                metadata = future.result(60)
+                seeder.write(json.dumps({"time": time.time(), "process": "seeder", "type": "ok", "op": "send", "value": [["send", f"input-{metadata.partition}", value, metadata.offset]]}) + "\n")
+            seeder.close()
+            producer.close()
+            for index in range(settings.clients):
+                extra = ["--input", "input", "--output", "output", "--group", "copiers", "--transactional-id", f"copier-{index}",
+                         "--abort-ratio", str(settings.abort_ratio), "--seed", str(settings.seed * 100 + index)]
+                self.clients.append(self._client(settings.workload, f"copier-{index}", *extra))
+        elif settings.workload == "producer":
+            for index in range(settings.clients):
+                self.clients.append(self._client("producer", f"producer-{index}", "--output", "output", "--count", str(settings.records)))
+        else:
+            opener = self._client("bank", "bank-open", "--output", "ledger", "--transactional-id", "bank-open", "--open-accounts")
+            opener.wait_exit(60)
+            for index in range(settings.clients):
+                self.clients.append(self._client("bank", f"bank-{index}", "--output", "ledger", "--transactional-id", f"bank-{index}",
+                                                 "--abort-ratio", str(settings.abort_ratio), "--seed", str(settings.seed * 100 + index)))
+            self.clients.append(self._client("reader", "auditor", "--output", "ledger", "--balances"))
+
+    # -- faults -----------------------------------------------------------------------------------
+
+    def _restart_broker(self) -> None:
+        self.broker.kill()
+        self.broker.start()
+
+    def _apply(self, fault: PlannedFault) -> str:
+        victims = [c for c in self.clients if c.name != "auditor"] or self.clients
+        victim = victims[fault.victim % len(victims)] if victims else None
+        now = self._elapsed()
+        if fault.kind == "kill-broker":
+            self._restart_broker()
+            return "broker killed and restarted"
+        if fault.kind == "kill-client":
+            victim.kill()
+            victim.start()
+            return f"{victim.name} killed and restarted"
+        if fault.kind == "pause-client":
+            victim.pause()
+            self.pending_clears.append((now + 2.0, "resume", victim))
+            return f"{victim.name} paused for 2 s"
+        if fault.kind == "pause-broker":
+            self.broker.pause()
+            self.pending_clears.append((now + 2.0, "resume", self.broker))
+            return "broker paused for 2 s"
+        if fault.kind == "proxy-cut":
+            return f"{self.proxy.cut()} connections cut"
+        if fault.kind == "proxy-delay-endtxn":
+            self.proxy.delay_requests(END_TXN, 2.0)
+            self.pending_clears.append((now + 5.0, "clear-requests", None))
+            return "EndTxn held 2 s for 5 s"
+        if fault.kind == "torn-tail":
+            # A real torn write: the broker dies halfway through one of its next
+            # segment writes (an unacknowledged batch), then restarts and recovers.
+            hit = random.Random(f"{self.settings.seed}-{fault.at}").randint(1, 20)
+            self.broker.kill()
+            self.broker.env = {DISK_FAULTS_VARIABLE: self.disk.path, POINTS_VARIABLE: f"{TORN_WRITE_POINT}@{hit}:exit"}
+            self.broker.start()
+            self.broker.env = {DISK_FAULTS_VARIABLE: self.disk.path}
+            return f"broker restarted to die mid-write at its write #{hit}"
+        if fault.kind == "disk-fsync":
+            self.disk.fail_fsyncs("EIO", seconds=1.0)
+            self.pending_clears.append((now + 1.5, "restart-broker", None))
+            return "fsync fails with EIO for 1 s, then the broker restarts"
+        raise ValueError(fault.kind)
+
+    def _clear_due(self) -> None:
+        now = self._elapsed()
+        for item in [c for c in self.pending_clears if c[0] <= now]:
+            self.pending_clears.remove(item)
+            _due, action, target = item
+            if action == "resume":
+                target.resume()
+            elif action == "clear-requests":
+                self.proxy.clear_requests(END_TXN)
+            elif action == "restart-broker":
+                self.disk.clear()
+                self._restart_broker()
+
+    # -- the run ------------------------------------------------------------------------------------
+
+    def _history_lines(self) -> int:
+        total = 0
+        for path in glob.glob(os.path.join(self.history_dir, "*.jsonl")):
+            with open(path, "rb") as file:
+                total += file.read().count(b"\n")
+        return total
+
+    def run(self):
+        settings = self.settings
+        schedule = fault_schedule(settings)
+        self._say(f"chaos: workload {settings.workload}, faults {','.join(settings.faults) or 'none'}, {len(schedule)} planned over {settings.duration:.0f} s, seed {settings.seed}")
+        self._start_broker()
+        try:
+            self._set_up_workload()
+            self.started = time.monotonic()
+            next_progress = 1.0
+            queue = list(schedule)
+            while self._elapsed() < settings.duration:
+                self._clear_due()
+                while queue and queue[0].at <= self._elapsed():
+                    fault = queue.pop(0)
+                    detail = self._apply(fault)
+                    self.faults.append(FaultEvent(round(self._elapsed(), 3), fault.kind, detail))
+                    self._say(f"  t={self._elapsed():5.1f}s  {fault.kind}: {detail}")
+                for client in self.clients:
+                    if client.restart_if_exited():
+                        self._say(f"  t={self._elapsed():5.1f}s  {client.name} exited; restarted")
+                if self.broker.process.poll() is not None:
+                    code = self.broker.process.returncode
+                    self.broker.start()
+                    self._say(f"  t={self._elapsed():5.1f}s  broker exited ({code}); restarted")
+                if self._elapsed() >= next_progress:
+                    next_progress += 5.0
+                    self._say(f"  t={self._elapsed():5.1f}s  {len(self.faults)} faults so far, {self._history_lines()} history events")
+                time.sleep(0.1)
+            self._heal()
+            self._drain()
+        finally:
+            for client in self.clients:
+                if client.alive:
+                    client.kill()
+            self.broker.kill()
+            self.proxy.stop()
+        return self._judge()
+
+    def _heal(self) -> None:
+        self.proxy.heal()
+        self.disk.clear()
+        for _due, action, target in self.pending_clears:
+            if action == "resume":
+                target.resume()
+            elif action == "restart-broker":
+                self._restart_broker()
+        self.pending_clears.clear()
+        if not self.broker.alive:
+            self.broker.start()
+        self._say(f"  t={self._elapsed():5.1f}s  faults healed; letting the workload finish")
+
+    def _drain(self) -> None:
+        """Give the workload time to finish its work without faults, stop it,
+        then read everything it produced (the final read phase)."""
+        settings = self.settings
+        deadline = time.monotonic() + max(30.0, settings.duration)
+        if settings.workload.startswith("copier"):
+            from txn import Admin, TopicPartition
+
+            with Admin(bootstrap_servers=self.bootstrap) as admin:
+                while time.monotonic() < deadline:
+                    for client in self.clients:
+                        client.restart_if_exited()
+                    ends = admin.list_offsets({TopicPartition("input", p): "latest" for p in range(2)})
+                    committed = admin.list_group_offsets("copiers")
+                    if all(committed.get(tp) and committed[tp].offset >= end.offset for tp, end in ends.items()):
+                        break
+                    time.sleep(0.5)
+        elif settings.workload == "producer":
+            for client in self.clients:
+                try:
+                    client.wait_exit(max(1.0, deadline - time.monotonic()))
+                except Exception:
+                    pass
+        else:
+            time.sleep(2.0)
+        for client in self.clients:
+            client.terminate(timeout=30)
+        topic, partitions = {"producer": ("output", 2), "bank": ("ledger", 1)}.get(settings.workload, ("output", 3))
+        reader = self._client("reader", "final-reader", "--output", topic, "--partitions", str(partitions), "--until-idle", "3")
+        reader.wait_exit(120)
+
+    def _judge(self):
+        history = []
+        for path in sorted(glob.glob(os.path.join(self.history_dir, "*.jsonl"))):
+            history.extend(read_history(path))
+        history.sort(key=_event_time)
+        verdict = checker_module.check_workload(self.settings.workload, history, total=10 * 100 if self.settings.workload == "bank" else None)
+        ok_times = [
+            _event_time(e) - self.wall_started
+            for e in history
+            if e["type"] == "ok" and e["op"] in ("txn", "send") and e["process"] != "seeder"
+            for _send in sends(e)
+        ]
+        settings = attrs.asdict(self.settings)
+        settings["faults"] = ",".join(self.settings.faults)
+        paths = write_report(self.report_dir, settings=settings, history=history, faults=self.faults, verdict=verdict, ok_times=ok_times, duration=self._elapsed())
+        shutil.copy(self.broker.log_path, os.path.join(self.report_dir, "broker.log"))
+        self._say(verdict.summary())
+        self._say(f"report: {self.report_dir} ({', '.join(sorted(paths))})")
+        shutil.rmtree(self.work, ignore_errors=True)
+        return verdict
+
+    @property
+    def wall_started(self) -> float:
+        return time.time() - self._elapsed()
+
+
+def _event_time(event: dict) -> float:
+    return event["time"]
+
+
+def run_chaos(settings: ChaosSettings, report_dir: str, *, out=sys.stdout):
+    """Run one chaos experiment; returns the checker's verdict (``.valid``)."""
+    return ChaosRun(settings, report_dir, out=out).run()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="onceflow chaos", description="run a workload under a seeded schedule of faults and check it")
+    parser.add_argument("--workload", choices=WORKLOAD_KINDS, default="copier")
+    parser.add_argument("--faults", default="kill-broker,kill-client,proxy-cut", help=f"comma-separated, from: {', '.join(FAULT_KINDS)}")
+    parser.add_argument("--duration", type=float, default=60.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--records", type=int, default=20_000)
+    parser.add_argument("--clients", type=int, default=2)
+    parser.add_argument("--abort-ratio", type=float, default=0.1)
+    parser.add_argument("--mean-fault-interval", type=float, default=5.0)
+    parser.add_argument("--report", default="chaos-report")
+    args = parser.parse_args(argv)
+    try:
+        settings = ChaosSettings(workload=args.workload, faults=tuple(f for f in args.faults.split(",") if f), duration=args.duration, seed=args.seed,
+                                 records=args.records, clients=args.clients, abort_ratio=args.abort_ratio, mean_fault_interval=args.mean_fault_interval)
+    except ValueError as error:
+        print(f"onceflow chaos: {error}", file=sys.stderr)
+        return 2
+    verdict = run_chaos(settings, args.report)
+    return 0 if verdict.valid else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

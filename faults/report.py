@@ -1,0 +1,94 @@
+"""The report folder a chaos run leaves behind.
+
+    report/
+        history.jsonl     every event of every workload process, merged by time
+        faults.jsonl      every fault the schedule applied or cleared
+        verdict.json      the checker's verdict (anomalies with examples, counts)
+        summary.txt       the same, readable, plus the run's settings
+        timeline.png      committed (acknowledged) records per second, faults marked
+
+The PNG needs matplotlib (``pip install onceflow[chaos]``); without it the
+report says so in summary.txt and everything else is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+
+import attrs
+
+
+@attrs.frozen
+class FaultEvent:
+    at: float  # seconds since the run started
+    kind: str  # kill-broker, kill-client, proxy-cut, torn-tail, ...
+    detail: str = ""
+
+    def to_json(self) -> dict:
+        return attrs.asdict(self)
+
+
+def write_jsonl(path: str, items) -> None:
+    with open(path, "w") as file:
+        for item in items:
+            file.write(json.dumps(item, sort_keys=True) + "\n")
+
+
+def throughput_per_second(times: list[float], duration: float) -> list[int]:
+    buckets = Counter(int(t) for t in times if t >= 0)
+    return [buckets.get(second, 0) for second in range(int(duration) + 1)]
+
+
+def write_timeline_png(path: str, ok_times: list[float], faults: list[FaultEvent], duration: float, title: str) -> str | None:
+    """Plot acknowledged operations per second with the faults as vertical
+    lines. Returns None when written, else why not."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install onceflow[chaos]); no timeline.png"
+    counts = throughput_per_second(ok_times, duration)
+    figure, axes = plt.subplots(figsize=(11, 4), dpi=100)
+    axes.bar(range(len(counts)), counts, width=1.0, color="#4c78a8", label="committed records/s")
+    colors: dict[str, str] = {}
+    palette = ["#e45756", "#f58518", "#54a24b", "#b279a2", "#9d755d", "#72b7b2", "#eeca3b"]
+    for fault in faults:
+        first_of_kind = fault.kind not in colors
+        color = colors.setdefault(fault.kind, palette[len(colors) % len(palette)])
+        axes.axvline(fault.at, color=color, linewidth=1.5, label=fault.kind if first_of_kind else None)
+    axes.set_xlabel("seconds since start")
+    axes.set_ylabel("records per second")
+    axes.set_title(title)
+    axes.set_xlim(0, max(1, duration))
+    axes.legend(loc="upper right", fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+    return None
+
+
+def write_report(folder: str, *, settings: dict, history: list[dict], faults: list[FaultEvent], verdict, ok_times: list[float], duration: float) -> dict[str, str]:
+    """Write the report folder; returns {name: path}."""
+    os.makedirs(folder, exist_ok=True)
+    paths = {name: os.path.join(folder, name) for name in ("history.jsonl", "faults.jsonl", "verdict.json", "summary.txt", "timeline.png")}
+    write_jsonl(paths["history.jsonl"], history)
+    write_jsonl(paths["faults.jsonl"], [f.to_json() for f in faults])
+    with open(paths["verdict.json"], "w") as file:
+        json.dump(verdict.to_json(), file, indent=2, sort_keys=True)
+    problem = write_timeline_png(paths["timeline.png"], ok_times, faults, duration, f"{settings.get('workload')} seed {settings.get('seed')}: {'VALID' if verdict.valid else 'ANOMALIES'}")
+    with open(paths["summary.txt"], "w") as file:
+        file.write("onceflow chaos run\n")
+        for key, value in settings.items():
+            file.write(f"  {key}: {value}\n")
+        file.write(f"  faults applied: {len(faults)} ({', '.join(f'{k} x{n}' for k, n in Counter(f.kind for f in faults).items()) or 'none'})\n\n")
+        file.write(verdict.summary())
+        file.write("\n")
+        if problem:
+            file.write(f"\n{problem}\n")
+    if problem:
+        del paths["timeline.png"]
+    return paths

@@ -1,0 +1,343 @@
+"""Workloads the chaos runner drives, each a process that records what it
+did to a history file (JSON lines, one event per line, flushed as written so
+a SIGKILL leaves a readable file; ``faults.history`` defines the format).
+
+    python -m faults.workloads copier --bootstrap H:P --history F --process copier-0 ...
+
+Every event: ``time`` (wall clock, so processes merge), ``process``,
+``type`` (invoke / ok / fail / info = outcome unknown, as Jepsen has it),
+``op`` and ``value``. Values are lists of micro-ops; a partition is named
+``"topic-partition"``:
+
+    ["send", "out-0", "17", 1234]          value 17 went to out-0 at offset 1234
+    ["poll", {"in-0": [[5, "17"], ...]}]   a poll read these (offset, value) pairs
+
+Workloads:
+
+- ``copier`` (our client) and ``copier-confluent`` (confluent-kafka): the
+  transactional copier of Kafka's system test. Each transaction's polls and
+  sends are one ``txn`` op; ok when committed, fail when aborted, info when
+  the commit's outcome is unknown (the process died or the answer was lost).
+- ``producer``: an idempotent producer sending numbered values; each send an
+  op, ok with its offset once acknowledged.
+- ``bank``: accounts in a one-partition ledger; each transfer a transaction
+  of two records (debit, credit); ``balances`` ops read the ledger up to its
+  last stable offset and report every balance, whose sum must never change.
+- ``reader``: a read_committed reader recording every poll (the final read
+  phase, and the bank's auditor).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import sys
+import time
+
+from faults.history import HistoryWriter
+
+
+def _stopping() -> list:
+    stop: list = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
+    return stop
+
+
+def _text(value: bytes | None) -> str | None:
+    return None if value is None else value.decode("utf-8", "replace")
+
+
+# -- copier ---------------------------------------------------------------------------------------
+
+
+def run_copier(args, recorder: HistoryWriter) -> int:
+    from txn import Consumer, Producer
+    from txn.errors import CommitFailedError, CommitOutcomeUnknownError, KafkaError, ProducerFencedError, RetriableError, TransactionAbortableError
+
+    rng = random.Random(args.seed)
+    stop = _stopping()
+    consumer = Consumer(bootstrap_servers=args.bootstrap, group_id=args.group, session_timeout_ms=6000, heartbeat_interval_ms=500, max_poll_records=args.records_per_txn, request_timeout_ms=5000)
+    producer = Producer(bootstrap_servers=args.bootstrap, transactional_id=args.transactional_id, transaction_timeout_ms=10_000, request_timeout_ms=5000, delivery_timeout_ms=20_000)
+    producer.init_transactions()
+
+    class RecordAssignments:
+        def on_partitions_assigned(self, partitions):
+            recorder.event("ok", "assign", [str(tp) for tp in partitions])
+
+        def on_partitions_revoked(self, partitions):
+            pass
+
+    consumer.subscribe([args.input], listener=RecordAssignments())
+
+    def rewind():
+        assignment = consumer.assignment()
+        committed = consumer.committed(assignment, timeout=30)
+        starts = consumer.beginning_offsets([tp for tp in assignment if committed.get(tp) is None])
+        for tp in assignment:
+            consumer.seek(tp, committed[tp].offset if committed.get(tp) else starts[tp])
+        recorder.event("ok", "seek", [str(tp) for tp in assignment])
+
+    while not stop:
+        try:
+            records = consumer.poll(0.5)
+        except (KafkaError, ConnectionError, TimeoutError):
+            time.sleep(0.5)
+            continue
+        if not records:
+            continue
+        reads: dict[str, list] = {}
+        for record in records:
+            reads.setdefault(f"{record.topic}-{record.partition}", []).append([record.offset, _text(record.value)])
+        micro = [["poll", reads]]
+        producer.begin_transaction()
+        try:
+            futures = [(record.value, producer.send(args.output, record.value, key=record.key)) for record in records]
+            positions = {tp: consumer.position(tp) for tp in consumer.assignment()}
+            producer.send_offsets_to_transaction(positions, consumer.group_metadata())
+            producer.flush()
+            sends = [["send", f"{args.output}-{f.result(1).partition}", _text(v), f.result(1).offset] for v, f in futures]
+            recorder.event("invoke", "txn", micro + [["send", s[1], s[2], None] for s in sends])
+            if rng.random() < args.abort_ratio:
+                producer.abort_transaction()
+                recorder.event("fail", "txn", micro + sends)
+                rewind()
+                continue
+            producer.commit_transaction()
+            recorder.event("ok", "txn", micro + sends)
+        except CommitOutcomeUnknownError:
+            recorder.event("info", "txn", micro)
+            return 3  # the supervisor restarts us; init_transactions resolves the outcome
+        except ProducerFencedError:
+            return 4
+        except (TransactionAbortableError, CommitFailedError, RetriableError, KafkaError, ConnectionError, TimeoutError) as error:
+            recorder.event("fail", "txn", micro + [["error", str(error)[:200]]])
+            try:
+                producer.abort_transaction()
+                rewind()
+            except Exception:
+                return 5  # let the supervisor start a fresh instance
+    consumer.close()
+    producer.close(timeout=10)
+    return 0
+
+
+def run_confluent_copier(args, recorder: HistoryWriter) -> int:
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
+
+    rng = random.Random(args.seed)
+    stop = _stopping()
+    consumer = Consumer({"bootstrap.servers": args.bootstrap, "group.id": args.group, "isolation.level": "read_committed", "enable.auto.commit": False,
+                         "auto.offset.reset": "earliest", "session.timeout.ms": 6000, "metadata.recovery.strategy": "none"})
+    producer = Producer({"bootstrap.servers": args.bootstrap, "transactional.id": args.transactional_id, "linger.ms": 5, "transaction.timeout.ms": 10_000, "metadata.recovery.strategy": "none"})
+    producer.init_transactions(60)
+    consumer.subscribe([args.input], on_assign=lambda c, partitions: recorder.event("ok", "assign", [f"{p.topic}-{p.partition}" for p in partitions]))
+
+    def rewind():
+        assignment = consumer.assignment()
+        for partition in consumer.committed(assignment, timeout=30):
+            consumer.seek(TopicPartition(partition.topic, partition.partition, partition.offset if partition.offset >= 0 else OFFSET_BEGINNING))
+        recorder.event("ok", "seek", [f"{p.topic}-{p.partition}" for p in assignment])
+
+    while not stop:
+        messages = [m for m in consumer.consume(args.records_per_txn, timeout=0.5) if m.error() is None]
+        if not messages:
+            continue
+        reads: dict[str, list] = {}
+        for message in messages:
+            reads.setdefault(f"{message.topic()}-{message.partition()}", []).append([message.offset(), _text(message.value())])
+        micro = [["poll", reads]]
+        delivered: list = []
+        producer.begin_transaction()
+        try:
+            for message in messages:
+                producer.produce(args.output, value=message.value(), key=message.key(), on_delivery=lambda err, msg: delivered.append(msg) if err is None else None)
+            producer.send_offsets_to_transaction(consumer.position(consumer.assignment()), consumer.consumer_group_metadata(), 30)
+            producer.flush(30)
+            sends = [["send", f"{m.topic()}-{m.partition()}", _text(m.value()), m.offset()] for m in delivered]
+            recorder.event("invoke", "txn", micro + [["send", s[1], s[2], None] for s in sends])
+            if rng.random() < args.abort_ratio:
+                producer.abort_transaction(30)
+                recorder.event("fail", "txn", micro + sends)
+                rewind()
+                continue
+            producer.commit_transaction(30)
+            recorder.event("ok", "txn", micro + sends)
+        except KafkaException as exc:
+            error = exc.args[0]
+            if error.txn_requires_abort() or error.retriable():
+                recorder.event("fail", "txn", micro)
+                producer.abort_transaction(30)
+                rewind()
+                continue
+            recorder.event("info", "txn", micro)
+            return 4
+    consumer.close()
+    return 0
+
+
+# -- idempotent producer -----------------------------------------------------------------------
+
+
+def run_producer(args, recorder: HistoryWriter) -> int:
+    from txn import Producer
+
+    stop = _stopping()
+    producer = Producer(bootstrap_servers=args.bootstrap, linger_ms=2, delivery_timeout_ms=60_000, request_timeout_ms=5000, retry_backoff_max_ms=500)
+    number = args.start
+    pending = []
+
+    def settle(block: bool):
+        while pending and (block or pending[0][1].done()):
+            value, future = pending.pop(0)
+            try:
+                metadata = future.result(120)
+                recorder.event("ok", "send", [["send", f"{metadata.topic}-{metadata.partition}", value, metadata.offset]])
+            except Exception as error:
+                recorder.event("info", "send", [["send", f"{args.output}-?", value, None], ["error", str(error)[:200]]])
+
+    while not stop and (args.count is None or number < args.start + args.count):
+        value = f"{args.process}:{number}"
+        recorder.event("invoke", "send", [["send", f"{args.output}-?", value, None]])
+        pending.append((value, producer.send(args.output, value.encode(), key=value.encode())))
+        number += 1
+        if number % 100 == 0:
+            settle(block=False)
+            time.sleep(0.01)
+    producer.flush(120)
+    settle(block=True)
+    producer.close()
+    return 0
+
+
+# -- bank ---------------------------------------------------------------------------------------------
+
+
+def run_bank(args, recorder: HistoryWriter) -> int:
+    """Transfers between accounts; with --seed-accounts, first opens them."""
+    from txn import Producer
+    from txn.errors import CommitOutcomeUnknownError, KafkaError, ProducerFencedError
+
+    rng = random.Random(args.seed)
+    stop = _stopping()
+    producer = Producer(bootstrap_servers=args.bootstrap, transactional_id=args.transactional_id, transaction_timeout_ms=10_000, request_timeout_ms=5000, delivery_timeout_ms=20_000)
+    producer.init_transactions()
+    accounts = [f"acct-{i}" for i in range(args.accounts)]
+    if args.open_accounts:
+        with producer.transaction():
+            futures = [(a, producer.send(args.output, f"{a}:{args.initial}".encode(), key=a.encode(), partition=0)) for a in accounts]
+        recorder.event("ok", "txn", [["send", f"{args.output}-0", f"{a}:{args.initial}", f.result(10).offset] for a, f in futures])
+        return 0
+    while not stop:
+        source, target = rng.sample(accounts, 2)
+        amount = rng.randint(1, 20)
+        entries = [f"{source}:-{amount}", f"{target}:{amount}"]
+        producer.begin_transaction()
+        try:
+            futures = [(e, producer.send(args.output, e.encode(), key=e.split(":")[0].encode(), partition=0)) for e in entries]
+            producer.flush()
+            sends = [["send", f"{args.output}-0", e, f.result(1).offset] for e, f in futures]
+            recorder.event("invoke", "txn", [["send", s[1], s[2], None] for s in sends])
+            if rng.random() < args.abort_ratio:
+                producer.abort_transaction()
+                recorder.event("fail", "txn", sends)
+                continue
+            producer.commit_transaction()
+            recorder.event("ok", "txn", sends)
+        except CommitOutcomeUnknownError:
+            recorder.event("info", "txn", [["send", f"{args.output}-0", e, None] for e in entries])
+            return 3
+        except ProducerFencedError:
+            return 4
+        except (KafkaError, ConnectionError, TimeoutError) as error:
+            recorder.event("fail", "txn", [["send", f"{args.output}-0", e, None] for e in entries] + [["error", str(error)[:200]]])
+            try:
+                producer.abort_transaction()
+            except Exception:
+                return 5
+        time.sleep(0.005)
+    producer.close(timeout=10)
+    return 0
+
+
+# -- reader ---------------------------------------------------------------------------------------------
+
+
+def run_reader(args, recorder: HistoryWriter) -> int:
+    """Read ``--output`` read_committed from the start, recording every poll;
+    with --balances, also report the ledger's balances whenever the reader
+    stands at the last stable offset; with --until-idle S, stop after S
+    seconds without a new record."""
+    from txn import Consumer, TopicPartition
+    from txn.errors import KafkaError
+
+    stop = _stopping()
+    consumer = Consumer(bootstrap_servers=args.bootstrap, request_timeout_ms=5000)
+    probe = consumer
+    partitions = [TopicPartition(args.output, p) for p in range(args.partitions)]
+    consumer.assign(partitions)
+    balances: dict[str, int] = {}
+    last_new = time.monotonic()
+    while not stop:
+        try:
+            records = consumer.poll(0.5)
+        except (KafkaError, ConnectionError, TimeoutError):
+            time.sleep(0.5)
+            continue
+        if records:
+            last_new = time.monotonic()
+            reads: dict[str, list] = {}
+            for record in records:
+                reads.setdefault(f"{record.topic}-{record.partition}", []).append([record.offset, _text(record.value)])
+                if args.balances:
+                    account, _, delta = _text(record.value).partition(":")
+                    balances[account] = balances.get(account, 0) + int(delta)
+            recorder.event("ok", "poll", [["poll", reads]])
+        if args.balances and balances:
+            try:
+                ends = probe.end_offsets(partitions)
+            except (KafkaError, ConnectionError, TimeoutError):
+                continue
+            if all(consumer.position(tp) >= ends[tp] for tp in partitions):
+                recorder.event("ok", "balances", {"balances": dict(balances), "total": sum(balances.values()), "offset": consumer.position(partitions[0])})
+        if args.until_idle is not None and time.monotonic() - last_new > args.until_idle:
+            break
+    consumer.close()
+    return 0
+
+
+WORKLOADS = {"copier": run_copier, "copier-confluent": run_confluent_copier, "producer": run_producer, "bank": run_bank, "reader": run_reader}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="a chaos workload process (see faults.workloads)")
+    parser.add_argument("workload", choices=sorted(WORKLOADS))
+    parser.add_argument("--bootstrap", required=True)
+    parser.add_argument("--history", required=True)
+    parser.add_argument("--process", required=True)
+    parser.add_argument("--input", default="input")
+    parser.add_argument("--output", default="output")
+    parser.add_argument("--partitions", type=int, default=1)
+    parser.add_argument("--group", default="copiers")
+    parser.add_argument("--transactional-id", default=None)
+    parser.add_argument("--records-per-txn", type=int, default=200)
+    parser.add_argument("--abort-ratio", type=float, default=0.0)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--start", type=int, default=0)
+    parser.add_argument("--count", type=int, default=None)
+    parser.add_argument("--accounts", type=int, default=10)
+    parser.add_argument("--initial", type=int, default=100)
+    parser.add_argument("--open-accounts", action="store_true")
+    parser.add_argument("--balances", action="store_true")
+    parser.add_argument("--until-idle", type=float, default=None)
+    args = parser.parse_args(argv)
+    recorder = HistoryWriter(args.history, f"{args.process}/{os.getpid()}")  # a restart is a new process
+    try:
+        return WORKLOADS[args.workload](args, recorder)
+    finally:
+        recorder.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
