@@ -1,5 +1,16 @@
-"""The fault-injection harness (not built yet).
+"""The fault-injection harness: how users (and we) test crash and recovery.
 
-Will hold named crash points, process kill/pause, a TCP proxy that cuts and
-delays, disk faults, workloads, and the exactly-once checker with its reports.
+- ``points``: named crash points compiled into the broker and our client;
+- ``process``: broker and client processes to SIGKILL, SIGTERM, SIGSTOP/SIGCONT and restart;
+- ``proxy``: a TCP proxy that cuts, refuses, blackholes, delays, holds and
+  delays or drops chosen Kafka requests (EndTxn, say);
+- ``disk``: torn tails and flipped bytes on a stopped broker, failing writes
+  and fsyncs on a running one;
+- ``workloads`` and ``history``: processes that do work and record it;
+- ``checker``: the exactly-once checker over a history;
+- ``chaos`` and ``report``: ``onceflow chaos`` and ``run_chaos``, a seeded
+  schedule of faults over a workload, with a report folder.
+
+This package imports nothing at import time, so ``faults.points`` stays
+free for the broker and the clients to use.
 """

@@ -48,7 +48,7 @@ from faults.proxy import ThreadedFaultProxy
 from faults.report import FaultEvent, write_report
 
 FAULT_KINDS = ("kill-broker", "kill-client", "pause-client", "pause-broker", "proxy-cut", "proxy-delay-endtxn", "torn-tail", "disk-fsync")
-WORKLOAD_KINDS = ("copier", "copier-confluent", "producer", "bank")
+WORKLOAD_KINDS = ("copier", "copier-confluent", "producer", "bank", "processor")
 BROKER_CONFIG = ("group.initial.rebalance.delay.ms=0", "group.min.session.timeout.ms=1000", "transaction.abort.timed.out.transaction.cleanup.interval.ms=500")
 END_TXN = 26
 
@@ -63,11 +63,19 @@ class ChaosSettings:
     clients: int = 2  # workload processes
     abort_ratio: float = 0.1
     mean_fault_interval: float = 5.0
+    # workload "processor": the user's own consume-transform-produce program,
+    # a command template with {bootstrap}, {input}, {output}, {index}; it must
+    # copy "input" to "output" exactly once (through ``transform`` if given).
+    processor: tuple = attrs.field(default=(), converter=tuple)
+    transform: object = None  # value -> expected output value (Python API only)
+    reader_isolation: str = "read_committed"  # the final reader's (read_uncommitted shows the checker at work)
 
     def __attrs_post_init__(self) -> None:
         unknown = set(self.faults) - set(FAULT_KINDS)
         if unknown:
             raise ValueError(f"unknown fault kind(s): {', '.join(sorted(unknown))}; known: {', '.join(FAULT_KINDS)}")
+        if (self.workload == "processor") != bool(self.processor):
+            raise ValueError("the processor workload needs a processor command, and only it takes one")
 
 
 @attrs.frozen
@@ -139,13 +147,13 @@ class ChaosRun:
 
         settings = self.settings
         with Admin(bootstrap_servers=self.bootstrap) as admin:
-            if settings.workload.startswith("copier"):
+            if settings.workload.startswith("copier") or settings.workload == "processor":
                 admin.create_topics({"input": 2, "output": 3})
             elif settings.workload == "producer":
                 admin.create_topics({"output": 2})
             else:
                 admin.create_topics({"ledger": 1})
-        if settings.workload.startswith("copier"):
+        if settings.workload.startswith("copier") or settings.workload == "processor":
             seeder = open(os.path.join(self.history_dir, "seeder.jsonl"), "w")
             producer = Producer(bootstrap_servers=self.bootstrap, linger_ms=20, batch_size=1 << 18)
             futures = [(str(i), producer.send("input", str(i).encode(), key=b"k%d" % (i % 100))) for i in range(settings.records)]
@@ -155,10 +163,15 @@ class ChaosRun:
                 seeder.write(json.dumps({"time": time.time(), "process": "seeder", "type": "ok", "op": "send", "value": [["send", f"input-{metadata.partition}", value, metadata.offset]]}) + "\n")
             seeder.close()
             producer.close()
-            for index in range(settings.clients):
+            for index in range(settings.clients if settings.workload != "processor" else 0):
                 extra = ["--input", "input", "--output", "output", "--group", "copiers", "--transactional-id", f"copier-{index}",
                          "--abort-ratio", str(settings.abort_ratio), "--seed", str(settings.seed * 100 + index)]
                 self.clients.append(self._client(settings.workload, f"copier-{index}", *extra))
+            if settings.workload == "processor":
+                for index in range(settings.clients):
+                    command = [part.format(bootstrap=self.bootstrap, input="input", output="output", index=index) for part in settings.processor]
+                    client = ClientProcess(f"processor-{index}", command, os.path.join(self.work, f"processor-{index}.log"))
+                    self.clients.append(client.start())
         elif settings.workload == "producer":
             for index in range(settings.clients):
                 self.clients.append(self._client("producer", f"producer-{index}", "--output", "output", "--count", str(settings.records)))
@@ -306,6 +319,8 @@ class ChaosRun:
                     if all(committed.get(tp) and committed[tp].offset >= end.offset for tp, end in ends.items()):
                         break
                     time.sleep(0.5)
+        elif settings.workload == "processor":
+            self._wait_for_output(deadline)
         elif settings.workload == "producer":
             for client in self.clients:
                 try:
@@ -317,15 +332,31 @@ class ChaosRun:
         for client in self.clients:
             client.terminate(timeout=30)
         topic, partitions = {"producer": ("output", 2), "bank": ("ledger", 1)}.get(settings.workload, ("output", 3))
-        reader = self._client("reader", "final-reader", "--output", topic, "--partitions", str(partitions), "--until-idle", "3")
+        reader = self._client("reader", "final-reader", "--output", topic, "--partitions", str(partitions), "--until-idle", "3", "--isolation", settings.reader_isolation)
         reader.wait_exit(120)
+
+    def _wait_for_output(self, deadline: float) -> None:
+        """Until the output holds as many committed records as the input (or the deadline)."""
+        from txn import Consumer, TopicPartition
+
+        consumer = Consumer(bootstrap_servers=self.bootstrap, max_poll_records=10_000)
+        consumer.assign([TopicPartition("output", p) for p in range(3)])
+        seen = 0
+        try:
+            while seen < self.settings.records and time.monotonic() < deadline:
+                for client in self.clients:
+                    client.restart_if_exited()
+                seen += len(consumer.poll(0.5))
+        finally:
+            consumer.close()
+        time.sleep(1.0)  # anything extra (a duplicate) gets its chance to show
 
     def _judge(self):
         history = []
         for path in sorted(glob.glob(os.path.join(self.history_dir, "*.jsonl"))):
             history.extend(read_history(path))
         history.sort(key=_event_time)
-        verdict = checker_module.check_workload(self.settings.workload, history, total=10 * 100 if self.settings.workload == "bank" else None)
+        verdict = checker_module.check_workload(self.settings.workload, history, total=10 * 100 if self.settings.workload == "bank" else None, transform=self.settings.transform)
         ok_times = [
             _event_time(e) - self.wall_started
             for e in history
@@ -334,6 +365,8 @@ class ChaosRun:
         ]
         settings = attrs.asdict(self.settings)
         settings["faults"] = ",".join(self.settings.faults)
+        settings["processor"] = " ".join(self.settings.processor)
+        settings["transform"] = getattr(self.settings.transform, "__name__", None)
         paths = write_report(self.report_dir, settings=settings, history=history, faults=self.faults, verdict=verdict, ok_times=ok_times, duration=self._elapsed())
         shutil.copy(self.broker.log_path, os.path.join(self.report_dir, "broker.log"))
         self._say(verdict.summary())

@@ -86,11 +86,12 @@ def _offset_sort_key(item):
     return item[0]
 
 
-def check(history: list[dict], *, input_topic: str | None = None, output_topic: str | None = None, bank_total: int | None = None, unique_values: bool = True) -> Verdict:
+def check(history: list[dict], *, input_topic: str | None = None, output_topic: str | None = None, bank_total: int | None = None, unique_values: bool = True, transform=None) -> Verdict:
     """Check a merged history. ``input_topic``/``output_topic`` turn on the
     copier's exactly-once check; ``bank_total`` the bank's audit check;
     ``unique_values=False`` (the bank's ledger repeats values) turns off
-    the duplicate check."""
+    the duplicate check; ``transform`` maps an input value to the output
+    value the copy check expects (identity by default)."""
     verdict = Verdict()
     history = sorted(history, key=lambda e: e["time"])
     # Writes with known offsets: (partition, offset) -> (value, status, process)
@@ -205,8 +206,8 @@ def check(history: list[dict], *, input_topic: str | None = None, output_topic: 
     has_final_read = any(e["process"].startswith("final-reader") for e in history)
     lost = unseen = 0
     for (partition, offset), value in sorted(committed.items()):
-        if (partition, offset) in read_at:
-            continue
+        if (partition, offset) in read_at or (input_topic and _topic(partition) == input_topic):
+            continue  # the copy check speaks for the input: it needs its copy in the output, not a read
         if offset < highest_read.get(partition, -1):
             lost += 1
             verdict.add("lost-write", {"partition": partition, "offset": offset, "value": value, "highest_read": highest_read[partition]})
@@ -223,7 +224,8 @@ def check(history: list[dict], *, input_topic: str | None = None, output_topic: 
             verdict.add("duplicate", {"topic": topic, "value": value, "at": sorted(places)[:5]})
 
     if input_topic and output_topic:
-        inputs = Counter(value for (partition, _offset), value in committed.items() if _topic(partition) == input_topic)
+        expected = transform or (lambda value: value)
+        inputs = Counter(expected(value) for (partition, _offset), value in committed.items() if _topic(partition) == input_topic)
         copies = Counter()
         for (topic, value), places in read_by_value.items():
             if topic == output_topic:
@@ -255,10 +257,10 @@ def check(history: list[dict], *, input_topic: str | None = None, output_topic: 
     return verdict
 
 
-def check_workload(workload: str, history: list[dict], *, total: int | None = None) -> Verdict:
+def check_workload(workload: str, history: list[dict], *, total: int | None = None, transform=None) -> Verdict:
     """The checks a chaos workload calls for."""
-    if workload.startswith("copier"):
-        return check(history, input_topic="input", output_topic="output")
+    if workload.startswith("copier") or workload == "processor":
+        return check(history, input_topic="input", output_topic="output", transform=transform)
     if workload == "bank":
         return check(history, bank_total=total, unique_values=False)
     return check(history)

@@ -134,7 +134,8 @@ class ClientProcess(ManagedProcess):
         return self
 
     def restart_if_exited(self) -> bool:
-        if self.process is not None and self.process.poll() is not None:
+        """Start it again if it died (killed or failed); a clean exit (0) is final."""
+        if self.process is not None and self.process.poll() not in (None, 0):
             self.start()
             return True
         return False

@@ -198,7 +198,7 @@ def run_producer(args, recorder: HistoryWriter) -> int:
                 recorder.event("info", "send", [["send", f"{args.output}-?", value, None], ["error", str(error)[:200]]])
 
     while not stop and (args.count is None or number < args.start + args.count):
-        value = f"{args.process}:{number}"
+        value = f"{recorder.process}:{number}"  # a restarted process sends new values
         recorder.event("invoke", "send", [["send", f"{args.output}-?", value, None]])
         pending.append((value, producer.send(args.output, value.encode(), key=value.encode())))
         number += 1
@@ -273,7 +273,7 @@ def run_reader(args, recorder: HistoryWriter) -> int:
     from txn.errors import KafkaError
 
     stop = _stopping()
-    consumer = Consumer(bootstrap_servers=args.bootstrap, request_timeout_ms=5000)
+    consumer = Consumer(bootstrap_servers=args.bootstrap, request_timeout_ms=5000, isolation_level=args.isolation)
     probe = consumer
     partitions = [TopicPartition(args.output, p) for p in range(args.partitions)]
     consumer.assign(partitions)
@@ -331,6 +331,7 @@ def main(argv=None) -> int:
     parser.add_argument("--open-accounts", action="store_true")
     parser.add_argument("--balances", action="store_true")
     parser.add_argument("--until-idle", type=float, default=None)
+    parser.add_argument("--isolation", default="read_committed", choices=["read_committed", "read_uncommitted"])
     args = parser.parse_args(argv)
     recorder = HistoryWriter(args.history, f"{args.process}/{os.getpid()}")  # a restart is a new process
     try:
