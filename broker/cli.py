@@ -3,7 +3,7 @@
     onceflow broker [--data-dir DIR] [--listen HOST:PORT] [--config KEY=VALUE ...]
     onceflow dump-log FILE... [--print-data-log]
     onceflow transactions [--bootstrap-server H:P] list|describe ID|find-hanging|abort ...
-    onceflow demo [--records N] [--seed S] [--keep-data DIR]
+    onceflow demo [--records N] [--seed S] [--keep-data DIR] [--faults N] [--storage]
 
 Each subcommand is a thin shell over a library function; exit status 0 means
 success, 1 a failed check or damaged input, 2 a usage or start-up error.
@@ -69,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--records", type=int, default=20_000)
     demo.add_argument("--seed", type=int, default=None)
     demo.add_argument("--keep-data", default=None, metavar="DIR", help="keep the data directory here")
+    demo.add_argument("--faults", type=int, default=6, help="how many kills of the pipeline or the broker (default 6)")
+    demo.add_argument("--storage", action="store_true", help="the storage crash demo instead: one log, its writer killed, its tail torn")
     return parser
 
 
@@ -104,9 +106,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"onceflow transactions: cannot reach {args.bootstrap_server}: {error}", file=sys.stderr)
             return 2
     if args.command == "demo":
-        from broker.demo import run_demo
+        if args.storage:
+            from broker.demo import run_demo
 
-        return run_demo(records=args.records, seed=args.seed, keep_data=args.keep_data)
+            return run_demo(records=args.records, seed=args.seed, keep_data=args.keep_data)
+        from faults.demo import run_pipeline_demo
+
+        return run_pipeline_demo(records=args.records, seed=args.seed, keep_data=args.keep_data, faults=args.faults)
     return 2
 
 
