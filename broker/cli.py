@@ -3,6 +3,7 @@
     onceflow broker [--data-dir DIR] [--listen HOST:PORT] [--config KEY=VALUE ...]
     onceflow dump-log FILE... [--print-data-log]
     onceflow transactions [--bootstrap-server H:P] list|describe ID|find-hanging|abort ...
+    onceflow topics create|list|describe|delete ... / produce TOPIC / consume TOPIC
     onceflow demo [--records N] [--seed S] [--keep-data DIR] [--faults N] [--storage]
 
 Each subcommand is a thin shell over a library function; exit status 0 means
@@ -65,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     abort.add_argument("--producer-epoch", type=int, required=True)
     abort.add_argument("--coordinator-epoch", type=int, default=0)
 
+    from txn.console import add_commands
+
+    add_commands(commands)
     demo = commands.add_parser("demo", help="the main job: see onceflow work end to end")
     demo.add_argument("--records", type=int, default=20_000)
     demo.add_argument("--seed", type=int, default=None)
@@ -105,6 +109,10 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ConnectionError) as error:
             print(f"onceflow transactions: cannot reach {args.bootstrap_server}: {error}", file=sys.stderr)
             return 2
+    if args.command in ("topics", "produce", "consume"):
+        from txn.console import run as run_console
+
+        return run_console(args)
     if args.command == "demo":
         if args.storage:
             from broker.demo import run_demo
