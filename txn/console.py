@@ -14,7 +14,6 @@ broker cannot be reached.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
