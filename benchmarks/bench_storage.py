@@ -28,8 +28,8 @@ import shutil
 import tempfile
 import time
 
+from protocol import records
 from protocol.records import encode_batch
-from storage import checksum
 from storage.config import LogConfig
 from storage.log import PartitionLog
 
@@ -111,7 +111,10 @@ def main() -> None:
     parser.add_argument("--crcmod", action="store_true", help="verify CRCs with crcmod even if crc32c is installed")
     args = parser.parse_args()
     if args.crcmod:
-        checksum._hardware_crc32c = None
+        import crcmod.predefined
+
+        records.crc32c = crcmod.predefined.mkCrcFun("crc-32c")
+        records.HARDWARE_CRC = False
     directory = tempfile.mkdtemp(prefix="onceflow-bench-", dir=os.environ.get("BENCH_DIR"))
     rows = []
     try:
@@ -125,7 +128,7 @@ def main() -> None:
             rows.append({"policy": policy, "onceflow_MBps": round(ours, 1), "raw_MBps": round(raw, 1), "ratio": round(ours / raw, 2)})
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-    crc = "crc32c (hardware)" if checksum._hardware_crc32c is not None else "crcmod (install crc32c for speed)"
+    crc = "crc32c (hardware)" if records.HARDWARE_CRC else "crcmod (install crc32c for speed)"
     print(f"batch {len(BATCH)} bytes, up to {WINDOW} appends in flight, CRC-32C via {crc}")
     print(f"{'flush.policy':<14}{'onceflow MB/s':>15}{'raw MB/s':>12}{'ratio':>8}")
     for row in rows:

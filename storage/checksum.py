@@ -2,28 +2,18 @@
 (Kafka checks every batch a producer sends) and recovery (every batch after
 the recovery point).
 
-``protocol.records`` computes CRC-32C with crcmod's table-driven C code, about
-400 MB/s, which by itself keeps appends under half of raw sequential write
-speed. When the optional ``crc32c`` package (the CPU's CRC32 instruction,
-gigabytes per second) is installed, these paths use it instead; it is the
-same polynomial with the same result, and protocol.records stays the one
-codec: structure checks and the error raised are its own.
+The CRC itself is ``protocol.records``' (hardware CRC-32C when the optional
+``crc32c`` package is installed, crcmod otherwise); this module only puts the
+check where storage needs it, with protocol's structure checks and error.
 """
 
 from __future__ import annotations
 
-from protocol.records import ATTRIBUTES_OFFSET, BatchHeader, CorruptRecordError, compute_crc, read_batch_header
-
-try:  # pragma: no cover - depends on the environment
-    from crc32c import crc32c as _hardware_crc32c
-except ImportError:  # pragma: no cover
-    _hardware_crc32c = None
+from protocol.records import BatchHeader, CorruptRecordError, compute_crc, read_batch_header
 
 
 def batch_crc(buf, position: int, header: BatchHeader) -> int:
-    if _hardware_crc32c is None:
-        return compute_crc(buf, position, header)
-    return _hardware_crc32c(memoryview(buf)[position + ATTRIBUTES_OFFSET : position + header.size])
+    return compute_crc(buf, position, header)
 
 
 def verify_crc(buf, position: int, header: BatchHeader) -> None:

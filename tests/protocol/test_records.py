@@ -218,3 +218,21 @@ def test_header_size_matches_kafka():
     assert BATCH_HEADER_SIZE == 61
     assert rec.LOG_OVERHEAD == 12
     assert struct.calcsize(">qiibIh") == rec.ATTRIBUTES_OFFSET + 2
+
+
+def test_hardware_and_table_crc32c_agree():
+    """The codec takes the crc32c package's CPU instruction when installed,
+    crcmod otherwise: both must give Kafka's CRC-32C."""
+    import os
+
+    import crc32c as hardware
+    import crcmod.predefined
+
+    from protocol import records
+
+    table = crcmod.predefined.mkCrcFun("crc-32c")
+    assert table(b"123456789") == hardware.crc32c(b"123456789") == 0xE3069283  # the check value of CRC-32C
+    for size in (0, 1, 7, 64, 1000, 65537):
+        data = os.urandom(size)
+        assert table(data) == hardware.crc32c(data) == records.crc32c(data)
+    assert records.HARDWARE_CRC
