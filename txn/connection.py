@@ -48,12 +48,17 @@ class BrokerClient:
                 await self._connect()
 
     async def _connect(self) -> None:
+        # Everything still waiting on the old connection fails now: its
+        # answers can no longer come, and a caller that waited for its timeout
+        # instead (the producer's retries) would fall behind the batches after it.
+        self._fail(ConnectionError(f"connection to {self.host}:{self.port} was lost"))
         if self._read_task is not None:
             self._read_task.cancel()
         self._ready = False
         self._framing = ClientConnection(client_id=self.client_id)
+        self._pending = {}
         self._reader, self._writer = await asyncio.wait_for(asyncio.open_connection(self.host, self.port), self.request_timeout)
-        self._read_task = asyncio.get_running_loop().create_task(self._read_loop())
+        self._read_task = asyncio.get_running_loop().create_task(self._read_loop(self._reader, self._framing, self._pending))
         body = await self._send(API_VERSIONS, 3, {"client_software_name": "onceflow-txn", "client_software_version": "0.1"})
         if body["error_code"]:
             body = await self._send(API_VERSIONS, 0, {})
@@ -103,34 +108,38 @@ class BrokerClient:
         except (ConnectionError, OSError, RuntimeError) as error:
             self._fail(ConnectionError(f"send to {self.host}:{self.port} failed: {error}"))
             raise ConnectionError(str(error)) from error
-        return self._response(correlation_id, future, timeout)
+        return self._response(correlation_id, future, timeout, self._pending)
 
-    async def _response(self, correlation_id: int, future: asyncio.Future | None, timeout: float | None) -> dict | None:
+    async def _response(self, correlation_id: int, future: asyncio.Future | None, timeout: float | None, pending: dict) -> dict | None:
         if future is None:
             return None
         try:
             return await asyncio.wait_for(future, timeout or self.request_timeout)
         finally:
-            self._pending.pop(correlation_id, None)
+            # Only this request's entry, of this connection (ids restart per connection).
+            if pending.get(correlation_id) is future:
+                del pending[correlation_id]
 
     async def _send(self, api_key: int, version: int, body: dict, *, expect_response: bool = True) -> dict | None:
         return await (await self._submit(api_key, version, body, expect_response=expect_response))
 
-    async def _read_loop(self) -> None:
+    async def _read_loop(self, reader, framing, pending: dict) -> None:
+        """Answers of one connection, matched to that connection's requests only."""
         try:
             while True:
-                data = await self._reader.read(1 << 20)
+                data = await reader.read(1 << 20)
                 if not data:
                     raise ConnectionError(f"broker at {self.host}:{self.port} closed the connection")
-                self._framing.receive_data(data)
-                while (response := self._framing.next_response()) is not None:
-                    future = self._pending.get(response.correlation_id)
+                framing.receive_data(data)
+                while (response := framing.next_response()) is not None:
+                    future = pending.get(response.correlation_id)
                     if future is not None and not future.done():
                         future.set_result(response.body)
         except asyncio.CancelledError:
             raise
         except Exception as error:
-            self._fail(error if isinstance(error, ConnectionError) else ConnectionError(str(error)))
+            if pending is self._pending:  # still the current connection
+                self._fail(error if isinstance(error, ConnectionError) else ConnectionError(str(error)))
 
     def _fail(self, error: Exception) -> None:
         for future in self._pending.values():
