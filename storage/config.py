@@ -35,7 +35,7 @@ class LogConfig:
     min_cleanable_dirty_ratio: float = attrs.field(default=0.5, validator=[attrs.validators.ge(0.0), attrs.validators.le(1.0)])
     max_message_bytes: int = attrs.field(default=1024 * 1024 + 12, validator=attrs.validators.ge(64))
     flush_policy: str = attrs.field(default=FLUSH_GROUP, validator=attrs.validators.in_(FLUSH_POLICIES))
-    flush_interval_ms: int = attrs.field(default=5, validator=attrs.validators.ge(0))
+    flush_interval_ms: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     message_timestamp_type: str = attrs.field(default="CreateTime", validator=attrs.validators.in_(("CreateTime", "LogAppendTime")))
     producer_id_expiration_ms: int = attrs.field(default=DAY_MS, validator=attrs.validators.ge(1))
 

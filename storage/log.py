@@ -21,10 +21,13 @@ offset moves with retention and DeleteRecords and is written before any
 segment is deleted. ``.clean_shutdown`` is an empty file written (and
 fsynced) last by ``close()`` and removed at open.
 
-Durability (``flush.policy``): "group" (default) fsyncs at most every
-``flush.interval.ms`` covering every append since the last fsync; "always"
-fsyncs before any append is acknowledged (appends that arrive during an fsync
-share the next one, back to back); "os" never fsyncs (a machine crash loses
+Durability (``flush.policy``): "group" (default) is group commit: an fsync
+starts as soon as there is unflushed data and no fsync is running, and covers
+every append made before it started; appends that arrive during an fsync
+share the next one. ``flush.interval.ms`` (default 0) spaces the rounds at
+least that far apart, trading acknowledgement latency for fewer fsyncs.
+"always" runs the rounds back to back whatever the interval; "os" never
+fsyncs (a machine crash loses
 what the page cache held; a process crash loses nothing). The high watermark
 is the end of the durable data: consumers never see what a crash could take
 back, and ``wait_durable(offset)`` is how a Produce with acks=all waits for
