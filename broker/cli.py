@@ -40,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("chaos", help="run a workload under a seeded fault schedule and check it (onceflow chaos --help)", add_help=False)
+    commands.add_parser("bench", help="benchmark our broker beside Tansu and the machine's limits (onceflow bench --help)", add_help=False)
 
     broker = commands.add_parser("broker", help="run a broker")
     broker.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help=f"where the logs live (default {DEFAULT_DATA_DIR})")
@@ -85,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
         from faults.chaos import main as chaos_main
 
         return chaos_main(argv[1:])
+    if argv[:1] == ["bench"]:
+        from benchmarks.suite import main as bench_main
+
+        return bench_main(argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     if args.command == "broker":

