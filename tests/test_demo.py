@@ -50,6 +50,8 @@ def test_pipeline_demo_is_exactly_once_through_kills(tmp_path):
     assert "verdict                     OK: exactly once" in report
     assert "balances out (committed)    3000" in report and "duplicates                  0" in report
     assert re.search(r"faults injected\s+4 ", report)
+    committed = re.search(r"transactions\s+(\d+) committed, (\d+) aborted", report)
+    assert committed and int(committed.group(1)) > 0, report
     assert os.path.isdir(os.path.join(tmp_path, "data", "balances-0")), "the data is kept for inspection"
 
 

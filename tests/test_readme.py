@@ -1,25 +1,240 @@
-"""Every Python code block of the README runs, as written, and does what the
-text around it says (so the README cannot rot)."""
+"""Every code block of the README runs, as written, and does what the text
+around it says (so the README cannot rot).
+
+The README's code is fenced: ``python`` and ``sh`` blocks are executed here
+(each by the test that names it in ``SH_BLOCKS`` or ``PYTHON_BLOCKS``),
+``text`` blocks are command synopses (checked against ``--help``) and
+diagrams (the files they name must exist). The only rewrite a test makes is
+the broker address (127.0.0.1:9092 becomes a free port) and, where named,
+a shorter duration.
+"""
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
+import socket
+import subprocess
+import sys
 
 import pytest
 
 from tests.conftest import REPO
 
+README = os.path.join(REPO, "README.md")
+BIN = os.path.dirname(sys.executable)  # where `onceflow` and `python` of this environment live
 
-def python_blocks() -> list[str]:
-    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as file:
-        return re.findall(r"```python\n(.*?)```", file.read(), flags=re.S)
+# A unique piece of each block -> the test that runs it.
+SH_BLOCKS = {
+    "pip install -e . && .venv/bin/onceflow demo": "test_setup_demo_command_runs_on_a_fresh_copy",
+    "pip install -e '.[test]' && .venv/bin/python -m pytest": "test_setup_test_command_is_what_ci_runs",
+    "--transactional-id loader": "test_first_session_block",
+    "--keep-data ./demo-run": "test_demo_inspection_block",
+    "examples/transactional_copier.py": "test_copier_command_copies",
+    "onceflow chaos --workload copier": "test_chaos_command_runs_and_reports",
+}
+PYTHON_BLOCKS = {
+    "send_offsets_to_transaction": "test_transactional_example_copies_orders_to_payments",
+    "run_chaos": "test_chaos_example_runs_and_is_valid",
+}
 
 
-def test_the_readme_has_the_blocks_these_tests_run():
-    blocks = python_blocks()
-    assert len(blocks) == 2
-    assert "send_offsets_to_transaction" in blocks[0] and "run_chaos" in blocks[1]
+def fenced_blocks() -> list[tuple[str, str]]:
+    with open(README, encoding="utf-8") as file:
+        return re.findall(r"^```(\w*)\n(.*?)^```$", file.read(), flags=re.S | re.M)
+
+
+def blocks_of(kind: str) -> list[str]:
+    return [body for language, body in fenced_blocks() if language == kind]
+
+
+def the_block(kind: str, marker: str) -> str:
+    matches = [body for body in blocks_of(kind) if marker in body]
+    assert len(matches) == 1, f"expected one {kind} block with {marker!r}, found {len(matches)}"
+    return matches[0]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def run_sh(block: str, cwd, *, timeout: float, replacements: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    script = block
+    for old, new in (replacements or {}).items():
+        assert old in script, f"{old!r} is not in the block any more"
+        script = script.replace(old, new)
+    environment = dict(os.environ, PATH=BIN + os.pathsep + os.environ.get("PATH", ""))
+    return subprocess.run(["bash", "-e", "-o", "pipefail", "-c", script], cwd=cwd, env=environment,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+# -- the README's shape ------------------------------------------------------------
+
+
+def test_every_code_block_is_fenced_with_a_known_kind():
+    with open(README, encoding="utf-8") as file:
+        text = file.read()
+    outside = re.sub(r"^```\w*\n.*?^```$", "", text, flags=re.S | re.M)
+    indented = [line for line in outside.splitlines() if line.startswith("    ") and line.strip()]
+    assert indented == [], "indented code blocks are not executed; fence them"
+    kinds = {language for language, _ in fenced_blocks()}
+    assert kinds <= {"python", "sh", "text"}, kinds
+
+
+def test_every_executable_block_has_its_test():
+    for kind, registry in (("sh", SH_BLOCKS), ("python", PYTHON_BLOCKS)):
+        for body in blocks_of(kind):
+            owners = [test for marker, test in registry.items() if marker in body]
+            assert len(owners) == 1, f"this {kind} block has {len(owners)} tests:\n{body}"
+            assert owners[0] in globals(), owners[0]
+        assert len(blocks_of(kind)) == len(registry), f"a {kind} block listed here is gone from the README"
+
+
+def synopsis_lines() -> list[str]:
+    """Synopsis lines of the text blocks, continuation lines joined."""
+    lines: list[str] = []
+    for body in blocks_of("text"):
+        for line in body.splitlines():
+            if line.startswith("onceflow "):
+                lines.append(line.strip())
+            elif lines and line.startswith(" ") and line.strip().startswith("[") and body.lstrip().startswith("onceflow "):
+                lines[-1] += " " + line.strip()
+    return lines
+
+
+def help_of(*words: str) -> str:
+    result = subprocess.run([os.path.join(BIN, "onceflow"), *words, "--help"], capture_output=True, text=True, timeout=60, cwd=REPO)
+    return result.stdout if result.returncode == 0 else ""
+
+
+def test_command_synopses_match_the_help():
+    """Every option a synopsis line shows exists in the --help of that
+    command or of one of the subcommands it names."""
+    lines = synopsis_lines()
+    assert len(lines) >= 10
+    for line in lines:
+        words = line.split()
+        command = words[1]
+        help_text = help_of(command)
+        assert help_text, f"`onceflow {command} --help` failed"
+        for word in words[2:]:
+            if re.fullmatch(r"[a-z][a-z|-]*", word):  # subcommands: create|list|..., describe
+                for sub in word.split("|"):
+                    help_text += help_of(command, sub)
+        for option in re.findall(r"--[a-z][a-z-]*", line):
+            assert option in help_text, f"{line!r}: {option} is in no --help of `onceflow {command}`"
+
+
+def test_diagrams_name_files_that_exist():
+    names = set()
+    for body in blocks_of("text"):
+        if body.lstrip().startswith("onceflow "):
+            continue
+        names |= set(re.findall(r"([a-z_]+/)", body)) | set(re.findall(r"\b([a-z_]+\.py)\b", body))
+    assert names, "the architecture diagrams are gone"
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True).stdout.split()
+    for name in names:
+        if name.endswith("/"):
+            assert os.path.isdir(os.path.join(REPO, name)), name
+        else:
+            assert any(path.endswith("/" + name) for path in tracked), name
+
+
+# -- sh blocks -----------------------------------------------------------------------
+
+
+def test_setup_test_command_is_what_ci_runs():
+    """CI (.ci/run) runs exactly the README's test command on a clean clone,
+    so this very suite is that command's check."""
+    command = the_block("sh", "pip install -e '.[test]'").strip()
+    with open(os.path.join(REPO, ".ci", "run"), encoding="utf-8") as file:
+        ci = file.read()
+    assert command in ci.splitlines()
+
+
+@pytest.mark.slow
+def test_setup_demo_command_runs_on_a_fresh_copy(tmp_path):
+    """The main job exactly as written: a new virtualenv in a copy of the
+    project, `pip install -e .`, `onceflow demo` with its defaults."""
+    copy = tmp_path / "onceflow"
+    shutil.copytree(REPO, copy, ignore=shutil.ignore_patterns(".venv", ".git", "__pycache__", "*.egg-info", ".pytest_cache", ".hypothesis"))
+    result = run_sh(the_block("sh", ".venv/bin/onceflow demo"), copy, timeout=900)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert "payments in                 20000" in result.stdout
+    assert "balances out (committed)    20000" in result.stdout
+    assert re.search(r"faults injected\s+6 ", result.stdout)
+    assert "verdict                     OK: exactly once" in result.stdout
+    seconds = float(re.search(r"time\s+([\d.]+) s", result.stdout).group(1))
+    print(f"default demo took {seconds:.1f} s")  # the README promises about a minute
+
+
+def test_first_session_block(tmp_path):
+    port = free_port()
+    result = run_sh(the_block("sh", "--transactional-id loader"), tmp_path, timeout=120, replacements={"127.0.0.1:9092": f"127.0.0.1:{port}"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert 'acct-7\t{"amount": 5}' in out and 'acct-9\t{"amount": 2}' in out
+    assert re.search(r"^loader\s", out, flags=re.M), "the transactional id shows in `transactions list`"
+    assert out.count("endTxnMarker: COMMIT") >= 1
+    assert (tmp_path / "data" / "orders-2").is_dir()
+
+
+@pytest.mark.slow
+def test_demo_inspection_block(tmp_path):
+    port = free_port()
+    result = run_sh(the_block("sh", "--keep-data ./demo-run"), tmp_path, timeout=600, replacements={"127.0.0.1:9092": f"127.0.0.1:{port}"})
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert "verdict                     OK: exactly once" in result.stdout
+    commits = re.search(r"^(\d+)$", result.stdout, flags=re.M)
+    assert commits and int(commits.group(1)) > 0, "dump-log shows COMMIT markers in balances-0"
+    assert re.search(r"^payments-pipeline-0\s", result.stdout, flags=re.M), result.stdout[-2000:]
+    assert (tmp_path / "demo-run" / "history").is_dir()
+
+
+@pytest.mark.slow
+def test_copier_command_copies(embedded_broker):
+    from confluent_kafka import Consumer, Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": embedded_broker.bootstrap})
+    for name in ("in", "out"):
+        admin.create_topics([NewTopic(name, 1, 1)])[name].result(10)
+    producer = Producer({"bootstrap.servers": embedded_broker.bootstrap, "enable.idempotence": True})
+    for i in range(500):
+        producer.produce("in", b"record-%d" % i)
+    assert producer.flush(30) == 0
+    command = the_block("sh", "examples/transactional_copier.py").replace("127.0.0.1:9092", embedded_broker.bootstrap)
+    environment = dict(os.environ, PATH=BIN + os.pathsep + os.environ.get("PATH", ""))
+    copier = subprocess.Popen(["bash", "-c", "exec " + command.replace("\\\n", " ")], cwd=REPO, env=environment,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    reader = Consumer({"bootstrap.servers": embedded_broker.bootstrap, "group.id": "readme-check", "isolation.level": "read_committed"})
+    reader.assign([TopicPartition("out", 0, 0)])
+    copied = []
+    try:
+        for _ in range(300):
+            copied += [m.value() for m in reader.consume(500, 0.2) if m.error() is None]
+            if len(copied) >= 500:
+                break
+    finally:
+        copier.terminate()
+        copier.wait(30)
+        reader.close()
+    assert sorted(copied) == sorted(b"record-%d" % i for i in range(500))
+
+
+@pytest.mark.slow
+def test_chaos_command_runs_and_reports(tmp_path):
+    block = the_block("sh", "onceflow chaos --workload copier")
+    result = run_sh(block, tmp_path, timeout=600, replacements={"--duration 60": "--duration 12"})
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    for name in ("history.jsonl", "verdict.json", "summary.txt", "faults.jsonl"):
+        assert (tmp_path / "chaos-report" / name).exists(), name
+
+
+# -- python blocks --------------------------------------------------------------------
 
 
 def test_transactional_example_copies_orders_to_payments(embedded_broker):
@@ -31,7 +246,7 @@ def test_transactional_example_copies_orders_to_payments(embedded_broker):
     for i in range(5):
         orders.send("orders", b'{"order": %d}' % i, key=b"acct-%d" % i)
     orders.close()
-    code = python_blocks()[0].replace("127.0.0.1:9092", embedded_broker.bootstrap)
+    code = the_block("python", "send_offsets_to_transaction").replace("127.0.0.1:9092", embedded_broker.bootstrap)
     exec(compile(code, "README.md", "exec"), {})
     reader = Consumer(bootstrap_servers=embedded_broker.bootstrap)
     reader.assign([TopicPartition("payments", 0)])
@@ -48,7 +263,7 @@ def test_transactional_example_copies_orders_to_payments(embedded_broker):
 @pytest.mark.slow
 def test_chaos_example_runs_and_is_valid(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the report folder lands here
-    code = python_blocks()[1]
+    code = the_block("python", "run_chaos")
     namespace: dict = {}
     previous = os.getcwd()
     os.chdir(REPO)  # the processor path in the example is relative to the repository
