@@ -35,6 +35,7 @@ SH_BLOCKS = {
     "onceflow chaos --workload copier": "test_chaos_command_runs_and_reports",
 }
 PYTHON_BLOCKS = {
+    "confluent_kafka": "test_confluent_kafka_example_round_trips",
     "send_offsets_to_transaction": "test_transactional_example_copies_orders_to_payments",
     "run_chaos": "test_chaos_example_runs_and_is_valid",
 }
@@ -258,6 +259,16 @@ def test_transactional_example_copies_orders_to_payments(embedded_broker):
     checker = Consumer(bootstrap_servers=embedded_broker.bootstrap, group_id="payments")
     assert checker.committed([TopicPartition("orders", 0)])[TopicPartition("orders", 0)].offset == 5
     checker.close()
+
+
+def test_confluent_kafka_example_round_trips(embedded_broker, capsys):
+    from txn import Admin
+
+    with Admin(bootstrap_servers=embedded_broker.bootstrap) as admin:
+        admin.create_topics({"orders": 1})
+    code = the_block("python", "confluent_kafka").replace("127.0.0.1:9092", embedded_broker.bootstrap)
+    exec(compile(code, "README.md", "exec"), {})
+    assert capsys.readouterr().out.strip() == """b'acct-7' b'{"amount": 5}'"""
 
 
 @pytest.mark.slow
