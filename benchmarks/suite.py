@@ -83,12 +83,13 @@ class Metric:
 class OnceflowTarget:
     name = "onceflow"
 
-    def __init__(self, work: str):
+    def __init__(self, work: str, settings: tuple[str, ...] = ()):
         self.work = work
+        self.settings = settings  # broker/topic settings, e.g. ("flush.policy=os",)
 
     def __enter__(self) -> "OnceflowTarget":
         data = os.path.join(self.work, f"onceflow-{uuid.uuid4().hex[:6]}")
-        self.process = BrokerProcess(data, "group.initial.rebalance.delay.ms=0", log_path=data + ".log").start()
+        self.process = BrokerProcess(data, "group.initial.rebalance.delay.ms=0", *self.settings, log_path=data + ".log").start()
         self.bootstrap = self.process.bootstrap
         self.pid = self.process.process.pid
         return self
@@ -235,7 +236,7 @@ def copier_scenario(bootstrap: str, settings: ScenarioSettings) -> dict[str, Met
     seen, first, last = 0, None, None
     try:
         while seen < settings.copier_records and time.perf_counter() - started < 300:
-            batch = [m for m in reader.consume(10_000, 0.2) if m.error() is None]
+            batch = [m for m in reader.consume(10_000, 0.05) if m.error() is None]
             if batch:
                 now = time.perf_counter()
                 first = first if first is not None else now
@@ -427,6 +428,8 @@ def main(argv=None) -> int:
     parser.add_argument("--only", default=None, help="comma-separated scenario name prefixes")
     parser.add_argument("--no-peer", action="store_true", help="skip Tansu")
     parser.add_argument("--work-dir", default=None, help="where our broker keeps its data (default: a temp dir)")
+    parser.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
+                        help="a setting for our broker, e.g. flush.policy=os to see what the fsyncs cost (default: its defaults)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--png", default=None)
     args = parser.parse_args(argv)
@@ -443,8 +446,8 @@ def main(argv=None) -> int:
         limits = measure_limits(work, 1.0).as_dict()
         for key, value in limits.items():
             say(f"  {key:<34}{value:>14,.1f}" if isinstance(value, float) else f"  {key:<34}{value!s:>14}")
-        say(f"onceflow, {args.rounds} rounds ...")
-        ours = run_rounds(lambda: OnceflowTarget(work), scenarios, settings, args.rounds, say)
+        say(f"onceflow ({', '.join(args.config) or 'default settings'}), {args.rounds} rounds ...")
+        ours = run_rounds(lambda: OnceflowTarget(work, tuple(args.config)), scenarios, settings, args.rounds, say)
         peer = None
         if not args.no_peer and tansu_available():
             say(f"Tansu, {args.rounds} rounds ...")
@@ -456,7 +459,7 @@ def main(argv=None) -> int:
     rows = report(medians(ours), medians(peer) if peer else None, limits, scenarios, say)
     if args.json:
         with open(args.json, "w") as file:
-            json.dump({"settings": attrs.asdict(settings), "rounds": args.rounds, "limits": limits, "rows": rows,
+            json.dump({"settings": attrs.asdict(settings), "rounds": args.rounds, "broker_config": args.config, "limits": limits, "rows": rows,
                        "raw": {"onceflow": ours, "tansu": peer}}, file, indent=2)
     if args.png and chart(rows, args.png):
         say(f"chart: {args.png}")
