@@ -165,9 +165,14 @@ class KafkaServer:
             if item is None:
                 return
             frame = await item
+            item = None
             if frame is None:
                 continue
-            writer.write(frame)
+            # A memoryview, so a partial send keeps the rest without slicing a
+            # copy; no reference is held past the write, so a large Fetch
+            # answer is freed as soon as the transport has sent it.
+            writer.write(memoryview(frame))
+            frame = None
             await writer.drain()
 
 

