@@ -33,6 +33,7 @@ SH_BLOCKS = {
     "--keep-data ./demo-run": "test_demo_inspection_block",
     "examples/transactional_copier.py": "test_copier_command_copies",
     "onceflow chaos --workload copier": "test_chaos_command_runs_and_reports",
+    "onceflow bench": "test_bench_command_runs_every_scenario",
 }
 PYTHON_BLOCKS = {
     "confluent_kafka": "test_confluent_kafka_example_round_trips",
@@ -233,6 +234,30 @@ def test_chaos_command_runs_and_reports(tmp_path):
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     for name in ("history.jsonl", "verdict.json", "summary.txt", "faults.jsonl"):
         assert (tmp_path / "chaos-report" / name).exists(), name
+
+
+@pytest.mark.slow
+def test_bench_command_runs_every_scenario(tmp_path):
+    """The benchmark as the README runs it, with tiny sizes (this checks the
+    harness, not speed): every scenario against both brokers, JSON and PNG."""
+    import json
+
+    from benchmarks.suite import SCENARIOS, tansu_available
+
+    block = the_block("sh", "onceflow bench")
+    result = run_sh(block, tmp_path, timeout=900, replacements={
+        "--rounds 3": "--rounds 1 --records 4000 --seconds 0.5 --copier-records 3000 --latency-rate 200"})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert {row["scenario"] for row in report["rows"]} == {scenario.name for scenario in SCENARIOS}
+    for row in report["rows"]:
+        assert row["onceflow"] > 0, row
+        if tansu_available():
+            assert row["peer"] is not None and row["peer"] > 0, row
+    assert report["limits"]["fsyncs_per_s"] > 0 and report["limits"]["loopback_mb_per_s"] > 0
+    assert "Tansu does not filter aborted records" in result.stdout
+    if tansu_available():
+        assert (tmp_path / "bench.png").stat().st_size > 0
 
 
 # -- python blocks --------------------------------------------------------------------
