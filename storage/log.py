@@ -31,8 +31,9 @@ fsyncs (a machine crash loses
 what the page cache held; a process crash loses nothing). The high watermark
 is the end of the durable data: consumers never see what a crash could take
 back, and ``wait_durable(offset)`` is how a Produce with acks=all waits for
-its fsync. Under asyncio one flusher task per log runs the fsyncs on the
-default executor; every state change (high watermark, waiters, checkpoint)
+its fsync. Under asyncio one flusher task per log runs the fsyncs: a round
+of at most ``INLINE_FSYNC_BYTES`` right on the loop (two thread hand-offs
+would cost as much as the fsync), larger ones on the default executor; every state change (high watermark, waiters, checkpoint)
 stays on the loop. Without a running loop appends fsync synchronously. If a
 write or fsync fails, nothing after the last durable offset is ever
 acknowledged, the log goes into a failed state and refuses appends
@@ -100,6 +101,9 @@ CLEAN_SHUTDOWN_FILE = ".clean_shutdown"
 INT32_MAX = 2**31 - 1
 
 
+# Rounds covering at most this many bytes fsync on the loop (see _flusher).
+INLINE_FSYNC_BYTES = 16 * 1024
+
 class LogFailedError(Exception):
     """The log hit a disk error and refuses appends until reopened (KAFKA_STORAGE_ERROR)."""
 
@@ -143,6 +147,7 @@ class PartitionLog:
         self._flush_task: asyncio.Task | None = None
         self._last_flush = float("-inf")
         self._unflushed: list[LogSegment] = []  # written since the last fsync
+        self._unflushed_bytes = 0
         self._syncing: list[LogSegment] = []  # being fsynced by the flusher now
         self._next_recovery_point: int | None = None  # a roll's base, once what is below it is durable
         self.recovery_report: list[str] = []
@@ -466,7 +471,7 @@ class PartitionLog:
             if change is not None:
                 self.producer_state.apply_append(change, offset, offset + header.last_offset_delta)
         self.log_end_offset = last_offset + 1
-        self._after_write(segment)
+        self._after_write(segment, len(buffer))
         return AppendInfo(first_offset, last_offset, max_timestamp, log_append_time=append_time)
 
     def append_control(self, data, *, coordinator_epoch: int) -> tuple[AppendInfo, AbortedTxn | None]:
@@ -498,7 +503,7 @@ class PartitionLog:
             unstable = self.producer_state.first_unstable_offset()
             aborted = AbortedTxn(completed.producer_id, completed.first_offset, offset, unstable if unstable is not None else offset + 1)
             segment.txn_index.append(aborted)
-        self._after_write(segment)
+        self._after_write(segment, len(buffer))
         return AppendInfo(offset, offset, header.max_timestamp), aborted
 
     def _maybe_roll(self, size: int, first_offset: int, last_offset: int, max_timestamp: int) -> None:
@@ -547,7 +552,8 @@ class PartitionLog:
             log.warning("producer snapshot at roll failed: %s", error)
         return segment
 
-    def _after_write(self, segment: LogSegment) -> None:
+    def _after_write(self, segment: LogSegment, size: int) -> None:
+        self._unflushed_bytes += size
         if segment not in self._unflushed:
             self._unflushed.append(segment)
         if self.config.flush_policy == FLUSH_OS:
@@ -592,10 +598,19 @@ class PartitionLog:
                 target = self.log_end_offset
                 self._syncing = [segment for segment in self._unflushed if not segment.closed]
                 self._unflushed.clear()
+                # A small round (a commit's control records, a lone small
+                # batch) is fsynced right here: it takes about as long as the
+                # two thread hand-offs of the executor would add. Larger ones
+                # go to a worker thread so the loop keeps serving.
+                inline = self._unflushed_bytes <= INLINE_FSYNC_BYTES and len(self._syncing) == 1
+                self._unflushed_bytes = 0
                 self._last_flush = loop.time()
                 try:
                     for segment in self._syncing:
-                        await loop.run_in_executor(None, segment.fsync_unless_closed)
+                        if inline:
+                            segment.fsync_unless_closed()
+                        else:
+                            await loop.run_in_executor(None, segment.fsync_unless_closed)
                 except OSError as error:
                     if not self.closed:  # close() fsyncs itself; a late EBADF is no failure
                         self._fail(error)

@@ -137,13 +137,23 @@ class GatedIO(DiskIO):
                 self.running -= 1
 
 
+@pytest.fixture
+def fsyncs_on_a_worker(monkeypatch):
+    """GatedIO holds an fsync until the test, running on the log's own loop,
+    opens the gate: that needs every fsync on a worker thread, not the small
+    rounds that are fsynced on the loop."""
+    import storage.log
+
+    monkeypatch.setattr(storage.log, "INLINE_FSYNC_BYTES", -1)
+
+
 async def _started(io: GatedIO) -> None:
     started = await asyncio.get_running_loop().run_in_executor(None, lambda: io.started.acquire(timeout=10))
     assert started, "no fsync started"
 
 
 @pytest.mark.parametrize("policy", ["group", "always"])
-def test_group_commit_sequencing(tmp_path, policy):
+def test_group_commit_sequencing(tmp_path, policy, fsyncs_on_a_worker):
     io = GatedIO()
     partition_log = PartitionLog.open(str(tmp_path), config(segment_bytes=1 << 20, flush_policy=policy, flush_interval_ms=1), io=io)
 
@@ -186,7 +196,7 @@ def test_group_commit_sequencing(tmp_path, policy):
     assert [r.offset for p, _h in iter_batches(reopened.read(0, 1 << 20)) for r in decode_batch(reopened.read(0, 1 << 20), p).records] == list(range(reopened.log_end_offset))
 
 
-def test_close_during_an_fsync_in_flight_is_clean(tmp_path):
+def test_close_during_an_fsync_in_flight_is_clean(tmp_path, fsyncs_on_a_worker):
     io = GatedIO()
     partition_log = PartitionLog.open(str(tmp_path), config(segment_bytes=1 << 20, flush_policy="group"), io=io)
 
@@ -295,3 +305,38 @@ def test_recovery_makes_what_it_kept_durable_before_it_is_visible(tmp_path):
     reopened = PartitionLog.open(str(tmp_path), config(segment_bytes=1 << 20), io=CountingIO())
     assert reopened.high_watermark == 15
     assert len(fsynced) == 1 and str(fsynced[0]).endswith("00000000000000000000.log")
+
+
+class ThreadRecordingIO(DiskIO):
+    """Notes the thread of every fsync."""
+
+    def __init__(self):
+        self.fsync_threads: list[int] = []
+
+    def fsync(self, fd):
+        self.fsync_threads.append(threading.get_ident())
+        super().fsync(fd)
+
+
+def test_small_rounds_fsync_on_the_loop_and_large_ones_on_a_worker(tmp_path):
+    """A round of a few KiB (a commit's markers, a lone small batch) is fsynced
+    on the loop thread: two thread hand-offs cost as much as the fsync. A
+    large round goes to a worker so the loop keeps serving."""
+    from storage.log import INLINE_FSYNC_BYTES
+
+    io = ThreadRecordingIO()
+    partition_log = PartitionLog.open(str(tmp_path), config(segment_bytes=1 << 24, flush_policy="group"), io=io)
+
+    async def scenario():
+        loop_thread = threading.get_ident()
+        small = partition_log.append(batch(0))
+        await asyncio.wait_for(partition_log.wait_durable(small.last_offset), 5)
+        assert io.fsync_threads == [loop_thread]
+        big = [partition_log.append(batch(i, records=60)) for i in range(1, 12)]
+        assert sum(len(batch(i, records=60)) for i in range(1, 12)) > INLINE_FSYNC_BYTES
+        await asyncio.wait_for(partition_log.wait_durable(big[-1].last_offset), 5)
+        assert len(io.fsync_threads) == 2 and io.fsync_threads[1] != loop_thread
+        assert partition_log.high_watermark == big[-1].last_offset + 1
+
+    asyncio.run(scenario())
+    partition_log.close()
