@@ -8,8 +8,11 @@ Relative offsets are from the segment's base offset. An offset-index entry is
 added after at least ``index.interval.bytes`` of log since the previous one;
 a time-index entry whenever a batch raises the segment's maximum timestamp.
 Entries are kept in memory in typed arrays (4 or 8 bytes a field rather than
-a Python int each: about 11x less memory, so a broker holding many small
-batches stays small; lookups are binary searches) and appended to the file; the files are never trusted after an unclean shutdown: recovery
+a Python int each: about 11x less memory; lookups are binary searches) and
+appended to the file. The arrays of all indexes of the process together stay
+under ``RESIDENT_ENTRY_BUDGET`` entries: the least recently used index is
+dropped (its pending entries written out first) and read back from its file
+when it is next needed, so memory does not grow with the data kept; the files are never trusted after an unclean shutdown: recovery
 rebuilds them from the log, and a torn trailing entry is ignored.
 """
 
@@ -18,10 +21,61 @@ from __future__ import annotations
 import bisect
 import os
 import struct
+import threading
 from array import array
+from collections import OrderedDict
 
 OFFSET_ENTRY = struct.Struct(">ii")
 TIME_ENTRY = struct.Struct(">qi")
+
+
+# Index entries held in memory by the whole process, at most (about 8-12 bytes each).
+RESIDENT_ENTRY_BUDGET = 2_000_000
+
+
+class _ResidentIndexes:
+    """The loaded indexes, least recently used first, and their entry count."""
+
+    def __init__(self):
+        self._order: OrderedDict[int, _IndexFile] = OrderedDict()
+        self._lock = threading.Lock()
+        self.entries = 0
+
+    def touch(self, index: "_IndexFile") -> None:
+        with self._lock:
+            if id(index) in self._order:
+                self._order.move_to_end(id(index))
+            else:
+                self._order[id(index)] = index
+                self.entries += index._count
+        self._evict_beyond_budget(keep=index)
+
+    def grew(self, index: "_IndexFile", count: int) -> None:
+        with self._lock:
+            self.entries += count
+        if self.entries > RESIDENT_ENTRY_BUDGET:
+            self._evict_beyond_budget(keep=index)
+
+    def forget(self, index: "_IndexFile") -> None:
+        with self._lock:
+            if self._order.pop(id(index), None) is not None:
+                self.entries -= index._count
+
+    def _evict_beyond_budget(self, keep: "_IndexFile") -> None:
+        while True:
+            with self._lock:
+                if self.entries <= RESIDENT_ENTRY_BUDGET or len(self._order) <= 1:
+                    return
+                oldest_id = next(iter(self._order))
+                if oldest_id == id(keep):
+                    self._order.move_to_end(oldest_id)
+                    oldest_id = next(iter(self._order))
+                oldest = self._order.pop(oldest_id)
+                self.entries -= oldest._count
+            oldest._drop()
+
+
+RESIDENT = _ResidentIndexes()
 
 
 class _IndexFile:
@@ -31,6 +85,8 @@ class _IndexFile:
         self.path = path
         self.base_offset = base_offset
         self._pending = bytearray()
+        self._loaded = False
+        self._count = 0
         data = b""
         self.missing = False  # True when a file to load was not there
         if load:
@@ -41,11 +97,41 @@ class _IndexFile:
                 self.missing = True
         size = self.entry.size
         whole = len(data) - len(data) % size
-        self._load(self.entry.iter_unpack(memoryview(data)[:whole]))
+        self._set_entries(self.entry.iter_unpack(memoryview(data)[:whole]))
         if whole != len(data) or not load:
             self._rewrite()
 
+    def _set_entries(self, entries) -> None:
+        RESIDENT.forget(self)
+        self._load(entries)
+        self._loaded = True
+        self._count = len(self)
+        RESIDENT.touch(self)
+
+    def _ensure_loaded(self) -> None:
+        """Read the entries back if the budget dropped them."""
+        if self._loaded:
+            RESIDENT.touch(self)
+            return
+        with open(self.path, "rb") as file:
+            data = file.read()
+        whole = len(data) - len(data) % self.entry.size
+        self._set_entries(self.entry.iter_unpack(memoryview(data)[:whole]))
+
+    def _drop(self) -> None:
+        self.flush()
+        self._unload()
+        self._loaded = False
+        self._count = 0
+
+    def _appended(self) -> None:
+        self._count += 1
+        RESIDENT.grew(self, 1)
+
     def _load(self, entries) -> None:
+        raise NotImplementedError
+
+    def _unload(self) -> None:
         raise NotImplementedError
 
     def _entries_bytes(self) -> bytes:
@@ -63,7 +149,15 @@ class _IndexFile:
                     os.fsync(file.fileno())
             self._pending.clear()
 
+    def close(self) -> None:
+        """Give this index's memory back (its segment is closed or deleted)."""
+        RESIDENT.forget(self)
+        self._unload()
+        self._loaded = False
+        self._count = 0
+
     def _rewrite(self) -> None:
+        self._ensure_loaded()
         temporary = self.path + ".tmp"
         with open(temporary, "wb") as file:
             file.write(self._entries_bytes())
@@ -80,10 +174,23 @@ class OffsetIndex(_IndexFile):
     entry = OFFSET_ENTRY
 
     def _load(self, entries) -> None:
-        self.relative_offsets, self.positions = array("i"), array("i")
+        self._relative_offsets, self._positions = array("i"), array("i")
         for relative, position in entries:
-            self.relative_offsets.append(relative)
-            self.positions.append(position)
+            self._relative_offsets.append(relative)
+            self._positions.append(position)
+
+    def _unload(self) -> None:
+        self._relative_offsets = self._positions = None
+
+    @property
+    def relative_offsets(self) -> array:
+        self._ensure_loaded()
+        return self._relative_offsets
+
+    @property
+    def positions(self) -> array:
+        self._ensure_loaded()
+        return self._positions
 
     def _entries_bytes(self) -> bytes:
         return b"".join(OFFSET_ENTRY.pack(r, p) for r, p in zip(self.relative_offsets, self.positions))
@@ -93,11 +200,13 @@ class OffsetIndex(_IndexFile):
 
     def append(self, offset: int, position: int) -> None:
         relative = offset - self.base_offset
-        if self.relative_offsets and relative <= self.relative_offsets[-1]:
+        relative_offsets = self.relative_offsets
+        if relative_offsets and relative <= relative_offsets[-1]:
             return
-        self.relative_offsets.append(relative)
-        self.positions.append(position)
+        relative_offsets.append(relative)
+        self._positions.append(position)
         self._queue(relative, position)
+        self._appended()
 
     def problem(self, log_size: int) -> str | None:
         """What makes this index unusable for a log of ``log_size`` bytes, or
@@ -111,21 +220,24 @@ class OffsetIndex(_IndexFile):
 
     def lookup(self, offset: int) -> tuple[int, int]:
         """The last entry at or before ``offset``: (offset, position); (base, 0) if none."""
-        index = bisect.bisect_right(self.relative_offsets, offset - self.base_offset) - 1
+        relative_offsets = self.relative_offsets
+        index = bisect.bisect_right(relative_offsets, offset - self.base_offset) - 1
         if index < 0:
             return self.base_offset, 0
-        return self.base_offset + self.relative_offsets[index], self.positions[index]
+        return self.base_offset + relative_offsets[index], self._positions[index]
 
     def truncate_to_position(self, position: int) -> None:
         """Drop entries pointing at or after ``position`` (log truncation)."""
-        keep = bisect.bisect_left(self.positions, position)
-        if keep < len(self.positions):
-            del self.positions[keep:]
-            del self.relative_offsets[keep:]
+        positions = self.positions
+        keep = bisect.bisect_left(positions, position)
+        if keep < len(positions):
+            del positions[keep:]
+            del self._relative_offsets[keep:]
             self._rewrite()
+            self._set_entries(zip(self._relative_offsets, self._positions))
 
     def reset(self) -> None:
-        self.relative_offsets, self.positions = array("i"), array("i")
+        self._set_entries(())
         self._rewrite()
 
 
@@ -133,10 +245,23 @@ class TimeIndex(_IndexFile):
     entry = TIME_ENTRY
 
     def _load(self, entries) -> None:
-        self.timestamps, self.relative_offsets = array("q"), array("i")
+        self._timestamps, self._relative_offsets = array("q"), array("i")
         for timestamp, relative in entries:
-            self.timestamps.append(timestamp)
-            self.relative_offsets.append(relative)
+            self._timestamps.append(timestamp)
+            self._relative_offsets.append(relative)
+
+    def _unload(self) -> None:
+        self._timestamps = self._relative_offsets = None
+
+    @property
+    def timestamps(self) -> array:
+        self._ensure_loaded()
+        return self._timestamps
+
+    @property
+    def relative_offsets(self) -> array:
+        self._ensure_loaded()
+        return self._relative_offsets
 
     def _entries_bytes(self) -> bytes:
         return b"".join(TIME_ENTRY.pack(t, r) for t, r in zip(self.timestamps, self.relative_offsets))
@@ -146,39 +271,45 @@ class TimeIndex(_IndexFile):
 
     @property
     def max_timestamp(self) -> int:
-        return self.timestamps[-1] if self.timestamps else -1
+        timestamps = self.timestamps
+        return timestamps[-1] if timestamps else -1
 
     def problem(self, next_offset: int) -> str | None:
-        if any(b <= a for a, b in zip(self.timestamps, self.timestamps[1:])):
+        timestamps, relative_offsets = self.timestamps, self.relative_offsets
+        if any(b <= a for a, b in zip(timestamps, timestamps[1:])):
             return f"{self.path}: timestamps are not increasing"
-        if any(b < a for a, b in zip(self.relative_offsets, self.relative_offsets[1:])) or (self.relative_offsets and self.relative_offsets[0] < 0):
+        if any(b < a for a, b in zip(relative_offsets, relative_offsets[1:])) or (relative_offsets and relative_offsets[0] < 0):
             return f"{self.path}: offsets go backwards"
-        if self.relative_offsets and self.base_offset + self.relative_offsets[-1] >= next_offset:
+        if relative_offsets and self.base_offset + relative_offsets[-1] >= next_offset:
             return f"{self.path}: last entry is past the end of the log"
         return None
 
     def maybe_append(self, timestamp: int, offset: int) -> None:
-        if self.timestamps and timestamp <= self.timestamps[-1]:
+        timestamps = self.timestamps
+        if timestamps and timestamp <= timestamps[-1]:
             return
         relative = offset - self.base_offset
-        self.timestamps.append(timestamp)
-        self.relative_offsets.append(relative)
+        timestamps.append(timestamp)
+        self._relative_offsets.append(relative)
         self._queue(timestamp, relative)
+        self._appended()
 
     def lookup(self, timestamp: int) -> int:
         """An offset at or before the first batch with max timestamp >= ``timestamp``."""
         index = bisect.bisect_left(self.timestamps, timestamp) - 1
         if index < 0:
             return self.base_offset
-        return self.base_offset + self.relative_offsets[index]
+        return self.base_offset + self._relative_offsets[index]
 
     def truncate_to_offset(self, offset: int) -> None:
-        keep = bisect.bisect_left(self.relative_offsets, offset - self.base_offset)
-        if keep < len(self.relative_offsets):
-            del self.timestamps[keep:]
-            del self.relative_offsets[keep:]
+        relative_offsets = self.relative_offsets
+        keep = bisect.bisect_left(relative_offsets, offset - self.base_offset)
+        if keep < len(relative_offsets):
+            del self._timestamps[keep:]
+            del relative_offsets[keep:]
             self._rewrite()
+            self._set_entries(zip(self._timestamps, self._relative_offsets))
 
     def reset(self) -> None:
-        self.timestamps, self.relative_offsets = array("q"), array("i")
+        self._set_entries(())
         self._rewrite()

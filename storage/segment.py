@@ -277,6 +277,8 @@ class LogSegment:
         if self.closed:
             return
         self.flush_indexes()
+        self.offset_index.close()  # their memory goes back to the budget
+        self.time_index.close()
         self.io.close(self.fd)
         self.closed = True
 

@@ -307,3 +307,36 @@ def test_appends_after_a_reopen_land_at_the_end(tmp_path, clean):
     reopened.close()
     again = PartitionLog.open(str(tmp_path), small_config(segment_bytes=1 << 20))
     assert again.recovery_report == [] and again.log_end_offset == 60
+
+
+def test_index_memory_stays_within_the_budget_and_dropped_indexes_read_back(tmp_path, monkeypatch):
+    """With a budget of 40 entries for the whole process and a log of many
+    segments, the least recently used indexes are dropped and read back from
+    their files on the next lookup: every answer is the one a log holding all
+    its indexes gives."""
+    import storage.index
+
+    def fill(directory):
+        log = PartitionLog.open(str(directory), small_config(index_interval_bytes=1))
+        for i in range(300):
+            log.append(encode_batch([(b"k", b"v" * 20, (), 1_000_000 + i)]))
+        return log
+
+    reference = fill(tmp_path / "reference")  # the default budget holds everything
+    expected_reads = [reference.read(offset, 200) for offset in range(0, 300, 7)]
+    expected_times = [reference.offset_for_timestamp(1_000_000 + i) for i in range(0, 300, 11)]
+    reference.close()
+
+    monkeypatch.setattr(storage.index, "RESIDENT_ENTRY_BUDGET", 40)
+    budgeted = fill(tmp_path / "budgeted")
+    assert len(budgeted.segments) > 15  # 16 offset and 16 time entries each: 600 in all
+    assert storage.index.RESIDENT.entries <= 40 + 16, "the budget (plus the index in use) bounds the entries held"
+    assert [budgeted.read(offset, 200) for offset in range(0, 300, 7)] == expected_reads
+    assert [budgeted.offset_for_timestamp(1_000_000 + i) for i in range(0, 300, 11)] == expected_times
+    assert storage.index.RESIDENT.entries <= 40 + 16
+    budgeted.close()
+    assert storage.index.RESIDENT.entries <= 40 + 16
+    reopened = PartitionLog.open(str(tmp_path / "budgeted"), small_config(index_interval_bytes=1))
+    assert [reopened.read(offset, 200) for offset in range(0, 300, 7)] == expected_reads
+    assert [reopened.offset_for_timestamp(1_000_000 + i) for i in range(0, 300, 11)] == expected_times
+    reopened.close()
