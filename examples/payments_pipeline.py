@@ -42,7 +42,11 @@ def restore_balances(bootstrap: str, changelog: str, partitions: int) -> dict[st
 def run(args) -> int:
     stopping: list = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
-    consumer = Consumer(bootstrap_servers=args.bootstrap, group_id=args.group, session_timeout_ms=6000, heartbeat_interval_ms=500, max_poll_records=args.records_per_txn)
+    # A static member (group.instance.id, KIP-345): a restarted pipeline takes
+    # over its old membership at once instead of waiting out the session of
+    # the instance that died.
+    consumer = Consumer(bootstrap_servers=args.bootstrap, group_id=args.group, group_instance_id=args.transactional_id,
+                        session_timeout_ms=6000, heartbeat_interval_ms=500, max_poll_records=args.records_per_txn)
     producer = Producer(bootstrap_servers=args.bootstrap, transactional_id=args.transactional_id, transaction_timeout_ms=10_000, linger_ms=5)
     producer.init_transactions()  # fences a previous instance and finishes what it left
     balances = restore_balances(args.bootstrap, args.changelog, args.partitions)

@@ -2,13 +2,14 @@
 
 1. Starts a broker process on a fresh data directory and creates the topics
    ``payments``, ``balances`` and ``balances-changelog`` (compacted).
-2. Writes a stream of payment events (key: account) with our idempotent
-   producer while cutting its connections, so batches are retried and the
-   broker drops the copies it already has.
-3. Runs ``examples/payments_pipeline.py`` (per-account running balances,
+2. Runs ``examples/payments_pipeline.py`` (per-account running balances,
    state in a changelog, output + state + offsets in one transaction) as a
-   separate process, and while it runs SIGKILLs and restarts the pipeline
-   and the broker at seeded random moments.
+   separate process.
+3. Streams payment events (key: account) into it at a steady rate with our
+   idempotent producer, cutting the producer's connections a few times (so
+   batches are retried and the broker drops the copies it already has),
+   and meanwhile SIGKILLs and restarts the pipeline and the broker at
+   seeded random moments.
 4. Reads ``balances`` read_committed, checks it against the input with the
    fault harness's checker (each payment exactly once, with the balance the
    input implies) and prints a report; exits 1 if the check fails.
@@ -81,35 +82,57 @@ class OutputWatcher(threading.Thread):
         consumer.close()
 
 
-def _seed_input(bootstrap: str, events, history_path: str, rng: random.Random, say) -> int:
-    """Write the payments; cut the producer's connections a few times meanwhile."""
-    from txn import Producer
+class InputStream(threading.Thread):
+    """The payments as a live stream: written at a steady rate while the
+    pipeline runs (and while the faults hit), by our idempotent producer,
+    whose connections are cut a few times so batches are retried and the
+    broker drops the copies it already has. Each acknowledged send goes to
+    the history at the end."""
 
-    producer = Producer(bootstrap_servers=bootstrap, linger_ms=5, batch_size=8192, retry_backoff_ms=20)
-    cuts_at = sorted(rng.sample(range(len(events) // 10, len(events)), 3)) if len(events) > 100 else []
-    futures, cuts = [], 0
-    for index, (account, value) in enumerate(events):
-        futures.append((value, producer.send("payments", value.encode(), key=account.encode())))
-        if cuts_at and index == cuts_at[0]:
-            cuts_at.pop(0)
-            cuts += 1
+    def __init__(self, bootstrap: str, events, history_path: str, rng: random.Random, seconds: float):
+        super().__init__(daemon=True)
+        self.bootstrap, self.events, self.history_path, self.seconds = bootstrap, events, history_path, seconds
+        self.cuts_at = sorted(rng.sample(range(len(events) // 10, len(events)), 3)) if len(events) > 100 else []
+        self.sent = 0
+        self.cuts = 0
+        self.error: BaseException | None = None
 
-            def cut():
-                for client in producer._async.cluster._clients.values():
-                    if client._writer is not None:
-                        client._writer.transport.abort()
+    def run(self) -> None:
+        try:
+            self._write()
+        except BaseException as error:  # noqa: BLE001 - reported by the demo
+            self.error = error
 
-            producer._thread.loop.call_soon_threadsafe(cut)
-            time.sleep(0.05)
-    producer.flush()
-    writer = HistoryWriter(history_path, "seeder")
-    for value, future in futures:
-        metadata = future.result(60)
-        writer.event("ok", "send", [["send", f"payments-{metadata.partition}", value, metadata.offset]])
-    writer.close()
-    producer.close()
-    say(f"  wrote {len(events)} payments with an idempotent producer; its connections were cut {cuts} times mid-stream")
-    return cuts
+    def _write(self) -> None:
+        from txn import Producer
+
+        producer = Producer(bootstrap_servers=self.bootstrap, linger_ms=5, batch_size=8192, retry_backoff_ms=20, delivery_timeout_ms=120_000)
+        futures = []
+        started = time.monotonic()
+        per_second = len(self.events) / self.seconds
+        for index, (account, value) in enumerate(self.events):
+            pause = started + index / per_second - time.monotonic()
+            if pause > 0.005:
+                time.sleep(pause)
+            futures.append((value, producer.send("payments", value.encode(), key=account.encode())))
+            self.sent = index + 1
+            if self.cuts_at and index == self.cuts_at[0]:
+                self.cuts_at.pop(0)
+                self.cuts += 1
+
+                def cut():
+                    for client in producer._async.cluster._clients.values():
+                        if client._writer is not None:
+                            client._writer.transport.abort()
+
+                producer._thread.loop.call_soon_threadsafe(cut)
+        producer.flush()
+        writer = HistoryWriter(self.history_path, "seeder")
+        for value, future in futures:
+            metadata = future.result(120)
+            writer.event("ok", "send", [["send", f"payments-{metadata.partition}", value, metadata.offset]])
+        writer.close()
+        producer.close()
 
 
 def _final_read(bootstrap: str, history_path: str, isolation: str) -> int:
@@ -183,39 +206,46 @@ def run_pipeline_demo(*, records: int = 20_000, seed: int | None = None, keep_da
             admin.create_topics({name: count for name, count in TOPICS.items()}, configs={"balances-changelog": {"cleanup.policy": "compact"}})
         events = payments(records, rng)
         expected = expected_outputs(events)
-        _seed_input(broker.bootstrap, events, os.path.join(history_dir, "seeder.jsonl"), rng, say)
-
+        # The input streams in over a few seconds; the faults fall inside that
+        # window, one in each of `faults` equal slots at a seeded moment.
+        input_seconds = min(15.0, max(3.0, records / 1500))
+        stream = InputStream(broker.bootstrap, events, os.path.join(history_dir, "seeder.jsonl"), rng, input_seconds)
         pipeline = ClientProcess("pipeline", [sys.executable, PIPELINE, "--bootstrap", broker.bootstrap], os.path.join(work, "pipeline.log")).start()
         watcher = OutputWatcher(broker.bootstrap)
         watcher.start()
-        # Faults at seeded moments of the run, alternating victims at random.
-        fault_points = sorted(rng.sample(range(5, 95), faults))  # percent of the input copied
+        stream.start()
+        stream_started = time.monotonic()
+        slot = input_seconds / max(1, faults)
+        fault_times = [stream_started + (i + rng.uniform(0.2, 0.8)) * slot for i in range(faults)]
+        say(f"  streaming {records} payments over {input_seconds:.0f} s; {faults} kills at seeded moments meanwhile")
         deadline = time.monotonic() + 300
         next_progress = time.monotonic()
-        last_fault = 0.0
-        while (watcher.count < records or fault_points) and time.monotonic() < deadline:
-            done_percent = 100 * watcher.count // max(1, records)
-            # A fast pipeline can pass several fault points between two looks
-            # (or finish): the points passed fire one by one, a second apart.
-            if fault_points and done_percent >= fault_points[0] and time.monotonic() - last_fault >= 1.0:
-                last_fault = time.monotonic()
-                fault_points.pop(0)
+        while (watcher.count < records or fault_times or stream.is_alive()) and time.monotonic() < deadline:
+            if stream.error is not None:
+                raise RuntimeError(f"writing the input failed: {stream.error}") from stream.error
+            if fault_times and time.monotonic() >= fault_times[0]:
+                fault_times.pop(0)
+                progress = f"{stream.sent:>6} in {watcher.count:>6} out"
                 if rng.random() < 0.5:
                     pipeline.kill()
                     pipeline.start()
                     fault_log.append("pipeline")
-                    say(f"  t={time.monotonic() - started:5.1f}s  {watcher.count:>7} balances  SIGKILL pipeline, restarted")
+                    say(f"  t={time.monotonic() - started:5.1f}s  {progress}  SIGKILL pipeline, restarted")
                 else:
                     broker.kill()
                     broker.start()
                     fault_log.append("broker")
-                    say(f"  t={time.monotonic() - started:5.1f}s  {watcher.count:>7} balances  SIGKILL broker, restarted on the same data")
+                    say(f"  t={time.monotonic() - started:5.1f}s  {progress}  SIGKILL broker, restarted on the same data")
             if pipeline.restart_if_exited():
                 say(f"  t={time.monotonic() - started:5.1f}s  pipeline exited; restarted")
             if time.monotonic() >= next_progress:
-                next_progress += 5
-                say(f"  t={time.monotonic() - started:5.1f}s  {watcher.count:>7} of {records} balances committed")
-            time.sleep(0.1)
+                next_progress += 2
+                say(f"  t={time.monotonic() - started:5.1f}s  {stream.sent:>6} in {watcher.count:>6} out (balances committed)")
+            time.sleep(0.05)
+        stream.join(120)
+        if stream.error is not None:
+            raise RuntimeError(f"writing the input failed: {stream.error}") from stream.error
+        say(f"  the producer's connections were cut {stream.cuts} times mid-stream")
         time.sleep(1.0)
         pipeline.terminate(timeout=30)
         watcher.stop.set()
