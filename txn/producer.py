@@ -339,7 +339,7 @@ class AsyncProducer:
         for queue in self._queues.values():  # unsent records of an aborted transaction are dropped
             for _record, future in queue.records:
                 if not future.done():
-                    future.set_exception(TransactionAbortableError(message="the transaction was aborted"))
+                    _fail_quietly(future, TransactionAbortableError(message="the transaction was aborted"))
             queue.records, queue.size = [], 0
         await self._end(commit=False)
 
@@ -467,7 +467,7 @@ class AsyncProducer:
                 self._txn_error = error
             for future in batch.futures:
                 if not future.done():
-                    future.set_exception(batch.error)
+                    _fail_quietly(future, batch.error)
             return
         finally:
             batch.written.set()
@@ -571,7 +571,7 @@ class AsyncProducer:
             for queue in self._queues.values():  # nothing more can be sent in this transaction
                 for _record, future in queue.records:
                     if not future.done():
-                        future.set_exception(TransactionAbortableError(message="an earlier send failed; abort the transaction"))
+                        _fail_quietly(future, TransactionAbortableError(message="an earlier send failed; abort the transaction"))
                 queue.records, queue.size = [], 0
 
     async def close(self) -> None:
@@ -605,6 +605,15 @@ def _first_error(body: dict) -> int:
             if partition.get("error_code"):
                 return partition["error_code"]
     return 0
+
+
+def _fail_quietly(future: asyncio.Future, error: BaseException) -> None:
+    """Fail a record's future without asyncio's "exception was never
+    retrieved" at exit for every record nobody looked at (the error still
+    reaches whoever awaits the future, the on_delivery callback and, in a
+    transaction, the commit)."""
+    future.set_exception(error)
+    future.exception()  # marks it retrieved; awaiting it still raises
 
 
 def _rebuild(cls, config):
