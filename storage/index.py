@@ -105,7 +105,7 @@ class _IndexFile:
         RESIDENT.forget(self)
         self._load(entries)
         self._loaded = True
-        self._count = len(self)
+        self._count = self._loaded_count()
         RESIDENT.touch(self)
 
     def _ensure_loaded(self) -> None:
@@ -132,6 +132,9 @@ class _IndexFile:
         raise NotImplementedError
 
     def _unload(self) -> None:
+        raise NotImplementedError
+
+    def _loaded_count(self) -> int:
         raise NotImplementedError
 
     def _entries_bytes(self) -> bytes:
@@ -181,6 +184,9 @@ class OffsetIndex(_IndexFile):
 
     def _unload(self) -> None:
         self._relative_offsets = self._positions = None
+
+    def _loaded_count(self) -> int:
+        return len(self._positions)
 
     @property
     def relative_offsets(self) -> array:
@@ -252,6 +258,9 @@ class TimeIndex(_IndexFile):
 
     def _unload(self) -> None:
         self._timestamps = self._relative_offsets = None
+
+    def _loaded_count(self) -> int:
+        return len(self._timestamps)
 
     @property
     def timestamps(self) -> array:

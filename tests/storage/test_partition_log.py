@@ -325,15 +325,21 @@ def test_index_memory_stays_within_the_budget_and_dropped_indexes_read_back(tmp_
     reference = fill(tmp_path / "reference")  # the default budget holds everything
     expected_reads = [reference.read(offset, 200) for offset in range(0, 300, 7)]
     expected_times = [reference.offset_for_timestamp(1_000_000 + i) for i in range(0, 300, 11)]
+    expected_entries = [list(s.offset_index.relative_offsets) for s in reference.segments]
     reference.close()
 
     monkeypatch.setattr(storage.index, "RESIDENT_ENTRY_BUDGET", 40)
     budgeted = fill(tmp_path / "budgeted")
     assert len(budgeted.segments) > 15  # 16 offset and 16 time entries each: 600 in all
-    assert storage.index.RESIDENT.entries <= 40 + 16, "the budget (plus the index in use) bounds the entries held"
+    resident = storage.index.RESIDENT
+    assert resident.entries <= 40 + 16, "the budget (plus the index in use) bounds the entries held"
+    assert resident.entries == sum(index._count for index in resident._order.values()), "the count is what is held"
+    assert [list(s.offset_index.relative_offsets) for s in budgeted.segments] == expected_entries, "dropped entries read back"
+    assert resident.entries <= 40 + 16
     assert [budgeted.read(offset, 200) for offset in range(0, 300, 7)] == expected_reads
     assert [budgeted.offset_for_timestamp(1_000_000 + i) for i in range(0, 300, 11)] == expected_times
-    assert storage.index.RESIDENT.entries <= 40 + 16
+    assert resident.entries <= 40 + 16
+    assert resident.entries == sum(index._count for index in resident._order.values()), "read-back indexes are counted"
     budgeted.close()
     assert storage.index.RESIDENT.entries <= 40 + 16
     reopened = PartitionLog.open(str(tmp_path / "budgeted"), small_config(index_interval_bytes=1))
