@@ -119,7 +119,11 @@ class _IndexFile:
         self._set_entries(self.entry.iter_unpack(memoryview(data)[:whole]))
 
     def _drop(self) -> None:
-        self.flush()
+        # Write out what is pending, creating the file if it has no entries
+        # yet, so that reading it back always finds it.
+        with open(self.path, "ab") as file:
+            file.write(self._pending)
+        self._pending.clear()
         self._unload()
         self._loaded = False
         self._count = 0

@@ -346,3 +346,18 @@ def test_index_memory_stays_within_the_budget_and_dropped_indexes_read_back(tmp_
     assert [reopened.read(offset, 200) for offset in range(0, 300, 7)] == expected_reads
     assert [reopened.offset_for_timestamp(1_000_000 + i) for i in range(0, 300, 11)] == expected_times
     reopened.close()
+
+
+def test_an_index_without_entries_is_dropped_and_read_back(tmp_path):
+    """A segment with one batch has no index entry and, until then, no index
+    file: dropping its index must leave a file to read back."""
+    from storage.index import OffsetIndex
+
+    index = OffsetIndex(str(tmp_path / "00000000000000000010.index"), 10)
+    assert index.missing and len(index) == 0
+    index._drop()
+    assert index.lookup(12) == (10, 0)
+    index.append(13, 4096)
+    index._drop()
+    assert index.lookup(14) == (13, 4096)
+    index.close()
