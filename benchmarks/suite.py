@@ -66,14 +66,10 @@ class ScenarioSettings:
 
 @attrs.frozen
 class Metric:
-    """A figure and how to compare it: rates are better high, latencies low."""
+    """A figure and its unit (latencies, in ms, are better low)."""
 
     value: float
     unit: str
-
-    @property
-    def lower_is_better(self) -> bool:
-        return self.unit == "ms"
 
 
 # -- targets -------------------------------------------------------------------

@@ -41,18 +41,24 @@ class _ResidentIndexes:
         self._lock = threading.Lock()
         self.entries = 0
 
-    def touch(self, index: "_IndexFile") -> None:
+    def add(self, index: "_IndexFile") -> None:
         with self._lock:
-            if id(index) in self._order:
-                self._order.move_to_end(id(index))
-            else:
-                self._order[id(index)] = index
-                self.entries += index._count
+            self._order[id(index)] = index
+            self.entries += index._count
         self._evict_beyond_budget(keep=index)
 
+    def used(self, index: "_IndexFile") -> None:
+        """Mark a loaded index most recently used (every lookup and append:
+        kept to one dict operation)."""
+        with self._lock:
+            self._order.move_to_end(id(index))
+
     def grew(self, index: "_IndexFile", count: int) -> None:
+        """``count`` entries were added to (or, negative, cut from) a loaded
+        index, which is now the most recently used."""
         with self._lock:
             self.entries += count
+            self._order.move_to_end(id(index))
         if self.entries > RESIDENT_ENTRY_BUDGET:
             self._evict_beyond_budget(keep=index)
 
@@ -106,12 +112,12 @@ class _IndexFile:
         self._load(entries)
         self._loaded = True
         self._count = self._loaded_count()
-        RESIDENT.touch(self)
+        RESIDENT.add(self)
 
     def _ensure_loaded(self) -> None:
         """Read the entries back if the budget dropped them."""
         if self._loaded:
-            RESIDENT.touch(self)
+            RESIDENT.used(self)
             return
         with open(self.path, "rb") as file:
             data = file.read()
@@ -125,12 +131,18 @@ class _IndexFile:
             file.write(self._pending)
         self._pending.clear()
         self._unload()
-        self._loaded = False
-        self._count = 0
+        self._loaded = False  # _count stays: the entries are in the file
 
     def _appended(self) -> None:
         self._count += 1
         RESIDENT.grew(self, 1)
+
+    def _truncated(self) -> None:
+        """Entries were cut: rewrite the file and give the count back."""
+        self._rewrite()
+        cut = self._count - self._loaded_count()
+        self._count -= cut
+        RESIDENT.grew(self, -cut)
 
     def _load(self, entries) -> None:
         raise NotImplementedError
@@ -159,9 +171,7 @@ class _IndexFile:
     def close(self) -> None:
         """Give this index's memory back (its segment is closed or deleted)."""
         RESIDENT.forget(self)
-        self._unload()
-        self._loaded = False
-        self._count = 0
+        self._drop()
 
     def _rewrite(self) -> None:
         self._ensure_loaded()
@@ -206,11 +216,14 @@ class OffsetIndex(_IndexFile):
         return b"".join(OFFSET_ENTRY.pack(r, p) for r, p in zip(self.relative_offsets, self.positions))
 
     def __len__(self) -> int:
-        return len(self.positions)
+        return self._count
 
     def append(self, offset: int, position: int) -> None:
+        # The produce path: the arrays directly (``_appended`` marks the use).
+        if not self._loaded:
+            self._ensure_loaded()
         relative = offset - self.base_offset
-        relative_offsets = self.relative_offsets
+        relative_offsets = self._relative_offsets
         if relative_offsets and relative <= relative_offsets[-1]:
             return
         relative_offsets.append(relative)
@@ -243,8 +256,7 @@ class OffsetIndex(_IndexFile):
         if keep < len(positions):
             del positions[keep:]
             del self._relative_offsets[keep:]
-            self._rewrite()
-            self._set_entries(zip(self._relative_offsets, self._positions))
+            self._truncated()
 
     def reset(self) -> None:
         self._set_entries(())
@@ -280,7 +292,7 @@ class TimeIndex(_IndexFile):
         return b"".join(TIME_ENTRY.pack(t, r) for t, r in zip(self.timestamps, self.relative_offsets))
 
     def __len__(self) -> int:
-        return len(self.timestamps)
+        return self._count
 
     @property
     def max_timestamp(self) -> int:
@@ -298,7 +310,10 @@ class TimeIndex(_IndexFile):
         return None
 
     def maybe_append(self, timestamp: int, offset: int) -> None:
-        timestamps = self.timestamps
+        # The produce path: the arrays directly (``_appended`` marks the use).
+        if not self._loaded:
+            self._ensure_loaded()
+        timestamps = self._timestamps
         if timestamps and timestamp <= timestamps[-1]:
             return
         relative = offset - self.base_offset
@@ -320,8 +335,7 @@ class TimeIndex(_IndexFile):
         if keep < len(relative_offsets):
             del self._timestamps[keep:]
             del relative_offsets[keep:]
-            self._rewrite()
-            self._set_entries(zip(self._timestamps, self._relative_offsets))
+            self._truncated()
 
     def reset(self) -> None:
         self._set_entries(())
