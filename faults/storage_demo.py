@@ -177,7 +177,8 @@ def run_demo(*, records: int = 20_000, seed: int | None = None, keep_data: str |
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 6 and sys.argv[1] == "--child":
-        writer_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
-    else:
-        sys.exit(run_demo())
+    # Only the writer child starts here; the demo itself is `onceflow demo --storage`.
+    if len(sys.argv) != 6 or sys.argv[1] != "--child":
+        print("usage: python -m faults.storage_demo --child DIR START_SEQ TOTAL SEED (the demo's writer; the demo is `onceflow demo --storage`)", file=sys.stderr)
+        sys.exit(2)
+    writer_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))

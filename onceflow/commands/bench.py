@@ -1,14 +1,21 @@
 """``onceflow bench``: every benchmark scenario against our broker and
 beside Tansu, with the machine's limits, in one run (``benchmarks.suite``).
 
-The benchmarks are not part of the installed package: they run from a
-checkout of the repository (``pip install -e '.[bench]'``). Installed from a
-wheel, the command says so in one line and exits 2.
+The benchmarks are not part of the installed package (users do not import
+them): they run from a checkout of the repository (``pip install -e
+'.[bench]'``), found beside this ``onceflow`` package when the import path
+does not have them. Installed from a wheel, the command says so in one line
+and exits 2.
 """
 
 from __future__ import annotations
 
+import importlib
+import os
 import sys
+
+# The checkout this onceflow package sits in, if it sits in one.
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def add_arguments(parser) -> None:
@@ -26,12 +33,24 @@ def add_arguments(parser) -> None:
     parser.add_argument("--png", default=None, metavar="FILE", help="also draw the table as a chart here (needs matplotlib)")
 
 
-def run(args) -> int:
+def benchmark_suite():
+    """``benchmarks.suite``, from the import path or else from the checkout; None if neither has it."""
     try:
-        from benchmarks.suite import run_suite
+        return importlib.import_module("benchmarks.suite")
     except ModuleNotFoundError as error:
-        if error.name != "benchmarks" and not str(error.name).startswith("benchmarks."):
+        if error.name not in ("benchmarks", "benchmarks.suite"):
             raise
+    if not os.path.isfile(os.path.join(CHECKOUT, "benchmarks", "suite.py")):
+        return None
+    # An editable install maps only the packaged packages; the benchmarks
+    # live beside them in the checkout.
+    sys.path.append(CHECKOUT)
+    return importlib.import_module("benchmarks.suite")
+
+
+def run(args) -> int:
+    suite = benchmark_suite()
+    if suite is None:
         print("onceflow bench: the benchmarks are not installed with onceflow; run it from a checkout of the repository (pip install -e '.[bench]')", file=sys.stderr)
         return 2
-    return run_suite(args)
+    return suite.run_suite(args)

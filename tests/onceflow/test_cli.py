@@ -8,8 +8,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import shutil
 import subprocess
 import sys
+import sysconfig
 import tomllib
 
 import pytest
@@ -94,19 +96,50 @@ def test_a_client_command_loads_no_spark_charts_or_benchmarks(embedded_broker):
     assert result.stdout.splitlines()[-1] == "0 []", result.stdout + result.stderr
 
 
-def test_bench_without_the_benchmarks_says_so_in_one_line():
-    """Installed from a wheel there is no `benchmarks` package."""
-    probe = "import sys\nsys.modules['benchmarks'] = None  # as if not installed\nfrom onceflow.cli import main\nsys.exit(main(['bench', '--rounds', '1']))"
-    result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=60)
+def packaged() -> set[str]:
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as file:
+        return set(tomllib.load(file)["tool"]["setuptools"]["packages"])
+
+
+def run_as_installed(code: str, packages_from: str, cwd) -> subprocess.CompletedProcess:
+    """Run ``code`` in a Python that imports the packaged packages from
+    ``packages_from`` and nothing else of this repository, as after
+    ``pip install`` (``packages_from`` = a site directory holding copies) or
+    ``pip install -e .`` (``packages_from`` = the checkout: an editable
+    install maps the packaged packages only). Dependencies come from this
+    environment's site-packages, without its own editable mapping."""
+    top_level = sorted({name.split(".")[0] for name in packaged()})
+    preamble = (
+        "import importlib.machinery, sys\n"
+        f"sys.path.append({sysconfig.get_paths()['purelib']!r})\n"
+        "class Installed:\n"
+        "    @staticmethod\n"
+        "    def find_spec(name, path=None, target=None):\n"
+        f"        return importlib.machinery.PathFinder.find_spec(name, [{packages_from!r}]) if name in {top_level!r} else None\n"
+        "sys.meta_path.insert(0, Installed)\n"
+    )
+    return subprocess.run([sys.executable, "-S", "-c", preamble + code], cwd=cwd, capture_output=True, text=True, timeout=60)
+
+
+def test_bench_from_a_wheel_says_so_in_one_line(tmp_path):
+    site = tmp_path / "site"
+    for name in {name.split(".")[0] for name in packaged()}:
+        shutil.copytree(os.path.join(REPO, name), site / name, ignore=shutil.ignore_patterns("__pycache__"))
+    result = run_as_installed("from onceflow.cli import main\nsys.exit(main(['bench', '--rounds', '1']))", str(site), tmp_path)
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("onceflow bench: the benchmarks are not installed"), result.stderr
 
 
+def test_bench_from_an_editable_install_finds_the_checkouts_benchmarks(tmp_path):
+    probe = ("try:\n    import benchmarks\nexcept ImportError:\n    print('not on the path')\n"
+             "from onceflow.commands.bench import benchmark_suite\nprint(benchmark_suite().__file__)")
+    result = run_as_installed(probe, REPO, tmp_path)
+    assert result.stdout.splitlines() == ["not on the path", os.path.join(REPO, "benchmarks", "suite.py")], result.stdout + result.stderr
+
+
 def test_the_wheel_holds_every_product_package_and_no_benchmarks():
     with open(os.path.join(REPO, "pyproject.toml"), "rb") as file:
-        project = tomllib.load(file)
-    assert project["project"]["scripts"]["onceflow"] == "onceflow.cli:main"
-    packaged = set(project["tool"]["setuptools"]["packages"])
+        assert tomllib.load(file)["project"]["scripts"]["onceflow"] == "onceflow.cli:main"
     not_shipped = {"tests", "benchmarks", "examples", "tools", "build", "dist"}
     present = set()
     for directory, subdirectories, files in os.walk(REPO):
@@ -114,5 +147,5 @@ def test_the_wheel_holds_every_product_package_and_no_benchmarks():
         relative = os.path.relpath(directory, REPO)
         if "__init__.py" in files and relative.split(os.sep)[0] not in not_shipped:
             present.add(relative.replace(os.sep, "."))
-    assert packaged == present
-    assert "benchmarks" not in packaged and {"onceflow", "onceflow.commands"} <= packaged
+    assert packaged() == present
+    assert "benchmarks" not in packaged() and {"onceflow", "onceflow.commands"} <= packaged()
