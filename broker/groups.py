@@ -14,9 +14,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Callable
 
 from coordinator.metadata import TopicPartition as TxnPartition
-from faults.points import point as crash_point
 from groupcoord.coordinator import GroupCoordinator, GroupSettings
 from groupcoord.records import OFFSETS_TOPIC, OffsetAndMetadata
 from protocol.errors import ErrorCode
@@ -105,8 +105,10 @@ class GroupManager:
 
 
 class GroupApis:
-    def __init__(self, *, groups: GroupManager, transactions, replicas):
+    def __init__(self, *, groups: GroupManager, transactions, replicas, crash_point: Callable[[str], None] = lambda name: None):
         self.groups = groups
+        # The fault harness's seam, passed in by the broker's composition.
+        self.crash_point = crash_point
         self.coordinator = groups.coordinator
         self.transactions = transactions
         self.replicas = replicas
@@ -257,7 +259,7 @@ class GroupApis:
                 offsets=offsets,
             )
             if error == ErrorCode.NONE:
-                crash_point("groupcoord.after_pending_offsets")
+                self.crash_point("groupcoord.after_pending_offsets")
         return {
             "throttle_time_ms": 0,
             "topics": [

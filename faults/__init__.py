@@ -1,6 +1,8 @@
 """The fault-injection harness: how users (and we) test crash and recovery.
 
-- ``points``: named crash points compiled into the broker and our client;
+- ``points``: named crash points; the broker and our producer call a
+  crash-point callable they are given, and whoever composes them passes
+  ``points.point`` (``broker.broker.FaultSeams``, the harness's workloads);
 - ``process``: broker and client processes to SIGKILL, SIGTERM, SIGSTOP/SIGCONT and restart;
 - ``proxy``: a TCP proxy that cuts, refuses, blackholes, delays, holds and
   delays or drops chosen Kafka requests (EndTxn, say);
@@ -13,6 +15,6 @@
 - ``demo`` and ``storage_demo``: ``onceflow demo`` (the exactly-once pipeline
   under kills) and ``onceflow demo --storage`` (one log under kills).
 
-This package imports nothing at import time, so ``faults.points`` stays
-free for the broker and the clients to use.
+This package imports nothing at import time, so ``faults.points`` costs a
+composition root nothing but itself.
 """
