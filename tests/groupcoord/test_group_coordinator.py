@@ -199,3 +199,123 @@ def test_offsets_of_empty_groups_expire_after_retention():
         assert coordinator.offsets_log.batches[-1][1] == [(offset_key("idle", "t", 0), None)], "a tombstone is written"
 
     asyncio.run(scenario())
+
+
+class FailingOffsetsLog(MemoryOffsetsLog):
+    """An offsets log whose appends fail while ``failing`` is set (a full or
+    broken disk under ``__consumer_offsets``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.failing = False
+
+    async def append(self, group_id, records, *, producer_id=-1, producer_epoch=-1):
+        if self.failing:
+            raise OSError("No space left on device")
+        await super().append(group_id, records, producer_id=producer_id, producer_epoch=producer_epoch)
+
+
+def make_failing(**settings):
+    coordinator, skew = make(**settings)
+    coordinator.offsets_log = FailingOffsetsLog()
+    return coordinator, skew
+
+
+async def stable_group(coordinator, members=2):
+    """``members`` members joined and synced (generation 1); returns their ids, leader first."""
+    if members == 1:
+        coordinator.start()
+        first = await join(coordinator)
+        joined = [await asyncio.wait_for(join(coordinator, first["member_id"]), 5)]
+    else:
+        joined = list(await join_two(coordinator))
+    joined.sort(key=lambda j: j["member_id"] != j["leader"])
+    ids = [j["member_id"] for j in joined]
+    assignments = [(member_id, member_id.encode()) for member_id in ids]
+    await asyncio.gather(*(
+        coordinator.sync_group(group_id="g", generation_id=1, member_id=member_id, group_instance_id=None, assignments=assignments if member_id == ids[0] else [])
+        for member_id in ids
+    ))
+    await coordinator.stop()  # the tests drive the timers themselves from here on
+    assert coordinator.groups["g"].state == GroupState.STABLE
+    return ids
+
+
+def test_a_failed_assignment_write_leaves_the_group_as_it_was():
+    async def scenario():
+        coordinator, _ = make_failing()
+        a, b = await join_two(coordinator)
+        leader, follower = (a, b) if a["members"] else (b, a)
+        group = coordinator.groups["g"]
+        before = group.snapshot()
+        assert before.state == GroupState.COMPLETING_REBALANCE and before.generation == 1
+        coordinator.offsets_log.failing = True
+        assignments = [(leader["member_id"], b"L"), (follower["member_id"], b"F")]
+        answers = await asyncio.gather(
+            coordinator.sync_group(group_id="g", generation_id=1, member_id=follower["member_id"], group_instance_id=None, assignments=[]),
+            coordinator.sync_group(group_id="g", generation_id=1, member_id=leader["member_id"], group_instance_id=None, assignments=assignments),
+        )
+        assert [answer["error_code"] for answer in answers] == [ErrorCode.COORDINATOR_NOT_AVAILABLE] * 2
+        assert group.snapshot() == before, "no assignment, state or generation of an unwritten record is applied"
+        assert [m.assignment for m in group.members.values()] == [b"", b""]
+        assert coordinator.offsets_log.batches == []
+
+        coordinator.offsets_log.failing = False  # the leader retries and the write goes through
+        answer = await coordinator.sync_group(group_id="g", generation_id=1, member_id=leader["member_id"], group_instance_id=None, assignments=assignments)
+        assert answer["error_code"] == ErrorCode.NONE and answer["assignment"] == b"L"
+        assert group.state == GroupState.STABLE
+        written = coordinator.offsets_log.batches[-1][1][0]
+        assert written == group.snapshot().to_record(), "what is in memory is what was written"
+        follower_answer = await coordinator.sync_group(group_id="g", generation_id=1, member_id=follower["member_id"], group_instance_id=None, assignments=[])
+        assert follower_answer["assignment"] == b"F"
+        await coordinator.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_write_keeps_the_last_member_until_its_group_can_be_emptied():
+    async def scenario():
+        coordinator, _ = make_failing()
+        [only] = await stable_group(coordinator, members=1)
+        group = coordinator.groups["g"]
+        before = group.snapshot()
+        coordinator.offsets_log.failing = True
+        error, results = await coordinator.leave_group(group_id="g", members=[(only, None)])
+        assert results[0]["error_code"] == ErrorCode.COORDINATOR_NOT_AVAILABLE
+        assert group.snapshot() == before, "the member stays and the group stays Stable, generation 1"
+
+        coordinator.offsets_log.failing = False
+        error, results = await coordinator.leave_group(group_id="g", members=[(only, None)])
+        assert results[0]["error_code"] == ErrorCode.NONE
+        assert (group.state, group.generation, group.members) == (GroupState.EMPTY, 2, {})
+        assert coordinator.offsets_log.batches[-1][1][0] == group.snapshot().to_record()
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_write_when_nobody_rejoins_leaves_the_rebalance_waiting():
+    async def scenario():
+        coordinator, skew = make_failing()
+        a, b = await stable_group(coordinator)
+        group = coordinator.groups["g"]
+        written = len(coordinator.offsets_log.batches)
+        coordinator.offsets_log.failing = True
+        skew[0] += 1.5  # both sessions (1 s) are over
+        await coordinator.check_timeouts()
+        # The first removal needs no write (a rebalance starts in memory); the
+        # second would empty the group, and so would completing the join
+        # nobody came to: both are writes, both failed, nothing moved.
+        assert group.state == GroupState.PREPARING_REBALANCE and group.generation == 1
+        assert len(group.members) == 1
+        stuck = group.snapshot()
+        skew[0] += 5  # past the rebalance deadline as well
+        await coordinator.check_timeouts()
+        assert group.snapshot() == stuck
+        assert len(coordinator.offsets_log.batches) == written
+
+        coordinator.offsets_log.failing = False
+        await coordinator.check_timeouts()
+        assert (group.state, group.generation, group.members, group.leader) == (GroupState.EMPTY, 2, {}, None)
+        assert coordinator.offsets_log.batches[-1][1][0] == group.snapshot().to_record()
+
+    asyncio.run(scenario())
