@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import uuid
 from typing import Callable, Protocol
 
@@ -58,6 +57,7 @@ from groupcoord.records import (
     subscribed_topics,
 )
 from groupcoord.state import GroupEvent, GroupState, transition
+from protocol.clock import Clock
 from protocol.errors import ErrorCode
 
 log = logging.getLogger(__name__)
@@ -173,13 +173,13 @@ STATE_NAMES = {s: s.value for s in GroupState}
 
 
 class GroupCoordinator:
-    def __init__(self, *, offsets_log: OffsetsLog, settings: GroupSettings = GroupSettings(), clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], int] = lambda: int(time.time() * 1000)):
+    def __init__(self, *, offsets_log: OffsetsLog, settings: GroupSettings = GroupSettings(), clock: Clock | None = None):
         self.offsets_log = offsets_log
         self.settings = settings
-        self.clock = clock
-        self.wall_clock = wall_clock
+        # Sessions and rebalance deadlines run on clock.monotonic(); what is
+        # written (state timestamps) and offset retention on clock.wall_ms().
+        self.clock = clock or Clock()
         self.groups: dict[str, Group] = {}
-        self._timer: asyncio.Task | None = None
 
     # -- loading -------------------------------------------------------------------
 
@@ -213,7 +213,7 @@ class GroupCoordinator:
             group.leader = body["leader"]
             group.members.clear()
             group.static_members.clear()
-            now = self.clock()
+            now = self.clock.monotonic()
             for entry in body["members"]:
                 member = Member(
                     member_id=entry["member_id"],
@@ -234,32 +234,27 @@ class GroupCoordinator:
 
     # -- timers ---------------------------------------------------------------------
 
-    def start(self) -> None:
-        self._timer = asyncio.get_running_loop().create_task(self._tick())
+    async def run_timers(self, interval: float = 0.1) -> None:
+        """Check session and rebalance timeouts every ``interval`` seconds
+        until cancelled. The owner runs it (the broker, in its TaskGroup);
+        tests call ``check_timeouts`` after moving a manual clock instead."""
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.check_timeouts()
+            except Exception:
+                log.exception("group timers failed")
 
     async def stop(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            try:
-                await self._timer
-            except asyncio.CancelledError:
-                pass
+        """Cancel every JoinGroup and SyncGroup still waiting for an answer."""
         for group in self.groups.values():
             for member in group.members.values():
                 for future in (member.join_future, member.sync_future):
                     if future is not None and not future.done():
                         future.cancel()
 
-    async def _tick(self) -> None:
-        while True:
-            await asyncio.sleep(0.1)
-            try:
-                await self.check_timeouts()
-            except Exception:
-                log.exception("group timers failed")
-
     async def check_timeouts(self) -> None:
-        now = self.clock()
+        now = self.clock.monotonic()
         for group in list(self.groups.values()):
             expired = [
                 m for m in group.members.values()
@@ -313,7 +308,7 @@ class GroupCoordinator:
             member.protocols = list(protocols)
             member.session_timeout_ms = session_timeout_ms
             member.rebalance_timeout_ms = rebalance_timeout_ms
-        member.last_heartbeat = self.clock()
+        member.last_heartbeat = self.clock.monotonic()
         if member.join_future is not None and not member.join_future.done():
             member.join_future.set_result({"error_code": ErrorCode.UNKNOWN_MEMBER_ID, "member_id": member_id})
         member.join_future = asyncio.get_running_loop().create_future()
@@ -336,16 +331,16 @@ class GroupCoordinator:
         for member in group.members.values():
             if member.sync_future is not None and not member.sync_future.done():
                 member.sync_future.set_result({"error_code": ErrorCode.REBALANCE_IN_PROGRESS, "assignment": b""})
-        group.move(event, self.wall_clock())
+        group.move(event, self.clock.wall_ms())
         timeout = max((m.rebalance_timeout_ms for m in group.members.values()), default=0) / 1000.0
-        now = self.clock()
+        now = self.clock.monotonic()
         group.join_deadline = now + timeout
         group.new_group_delay_until = now + self.settings.initial_rebalance_delay_ms / 1000.0 if was_empty else None
 
     async def _maybe_complete_join(self, group: Group) -> None:
         if group.state != GroupState.PREPARING_REBALANCE:
             return
-        now = self.clock()
+        now = self.clock.monotonic()
         all_joined = all(m.join_future is not None and not m.join_future.done() for m in group.members.values())
         in_initial_delay = group.new_group_delay_until is not None and now < group.new_group_delay_until
         timed_out = group.join_deadline is not None and now >= group.join_deadline
@@ -355,7 +350,7 @@ class GroupCoordinator:
         if len(missing) == len(group.members):
             # Nobody rejoined: the group ends empty, which is written before it is so.
             before = group.snapshot()
-            emptied = before.emptied(self.wall_clock())
+            emptied = before.emptied(self.clock.wall_ms())
             if await self._write_then_apply(group, before, emptied):
                 log.info("group %s: no member rejoined in time; the group is empty", group.group_id)
             return
@@ -373,7 +368,7 @@ class GroupCoordinator:
         leader = group.members[group.leader]
         candidates = self._common_protocols(group, leader.protocols)
         group.protocol_name = candidates[0] if candidates else leader.protocols[0][0]
-        group.move(GroupEvent.JOIN_COMPLETE, self.wall_clock())
+        group.move(GroupEvent.JOIN_COMPLETE, self.clock.wall_ms())
         for member in members:
             response = {
                 "error_code": ErrorCode.NONE,
@@ -400,7 +395,7 @@ class GroupCoordinator:
         if error:
             return {"error_code": error, "assignment": b""}
         member = group.members[member_id]
-        member.last_heartbeat = self.clock()
+        member.last_heartbeat = self.clock.monotonic()
         if group.state == GroupState.PREPARING_REBALANCE:
             return {"error_code": ErrorCode.REBALANCE_IN_PROGRESS, "assignment": b""}
         if group.state == GroupState.STABLE:
@@ -408,7 +403,7 @@ class GroupCoordinator:
         member.sync_future = asyncio.get_running_loop().create_future()
         if member_id == group.leader:
             before = group.snapshot()
-            synced = before.synced(dict(assignments), self.wall_clock())
+            synced = before.synced(dict(assignments), self.clock.wall_ms())
             try:
                 applied = await self._write_then_apply(group, before, synced, raise_on_failure=True)
             except Exception:
@@ -451,7 +446,7 @@ class GroupCoordinator:
         error = self._check_member(group, member_id, generation_id, group_instance_id)
         if error:
             return error
-        group.members[member_id].last_heartbeat = self.clock()
+        group.members[member_id].last_heartbeat = self.clock.monotonic()
         if group.state == GroupState.PREPARING_REBALANCE:
             return ErrorCode.REBALANCE_IN_PROGRESS
         return ErrorCode.NONE
@@ -481,7 +476,7 @@ class GroupCoordinator:
         while group.members.get(member.member_id) is member:
             if group.state != GroupState.EMPTY and len(group.members) == 1:
                 before = group.snapshot()
-                emptied = before.emptied(self.wall_clock())
+                emptied = before.emptied(self.clock.wall_ms())
                 try:
                     applied = await self._write_then_apply(group, before, emptied, raise_on_failure=True)
                 except Exception:
@@ -626,7 +621,7 @@ class GroupCoordinator:
             await self.offsets_log.append(group_id, records)
         except Exception:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
-        group.move(GroupEvent.DELETE, self.wall_clock())
+        group.move(GroupEvent.DELETE, self.clock.wall_ms())
         del self.groups[group_id]
         return ErrorCode.NONE
 
@@ -657,7 +652,7 @@ class GroupCoordinator:
 
     async def expire_offsets(self) -> int:
         """Offset retention (``offsets.retention.minutes``) for groups with no members."""
-        now = self.wall_clock()
+        now = self.clock.wall_ms()
         removed = 0
         for group in list(self.groups.values()):
             if group.state != GroupState.EMPTY:
