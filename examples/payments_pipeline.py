@@ -65,7 +65,7 @@ def main(argv=None) -> int:
     parser.add_argument("--until-idle", type=float, default=None)
     args = parser.parse_args(argv)
     os.environ.update(PAYMENTS_BOOTSTRAP=args.bootstrap, PAYMENTS_STATE_DIR=args.state_dir, PAYMENTS_INPUT=args.input, PAYMENTS_OUTPUT=args.output)
-    return run_app_module(argparse.Namespace(path=os.path.abspath(__file__), app="app", until_idle=args.until_idle, progress_interval=5.0, log_level="INFO"))
+    return run_app_module(argparse.Namespace(path=os.path.abspath(__file__), app="app", until_idle=args.until_idle, progress_interval=5.0))
 
 
 if __name__ == "__main__":

@@ -129,7 +129,7 @@ def sqlite_state(state_dir: str, store: str = "balances") -> dict[int, tuple[int
 
 def app_process(name: str, bootstrap: str, state_dir: str, log_dir: str, *, env: dict | None = None, until_idle: float | None = None, extra: dict | None = None) -> ClientProcess:
     """An instance of the balances app as a child process (``onceflow run``)."""
-    command = [sys.executable, "-m", "streaming.cli", BALANCES_APP, "--progress-interval", "2"]
+    command = [sys.executable, "-m", "onceflow", "run", BALANCES_APP, "--progress-interval", "2"]
     if until_idle is not None:
         command += ["--until-idle", str(until_idle)]
     environment = {"PYTHONPATH": REPO, "RUNNER_TEST_BOOTSTRAP": bootstrap, "RUNNER_TEST_STATE_DIR": state_dir, "RUNNER_TEST_OPTIONS": json.dumps(extra or {})}
