@@ -43,9 +43,11 @@ from typing import Callable
 
 import attrs
 
+from protocol.constants import CoordinatorType
 from protocol.errors import ErrorCode
+from protocol.messages import ApiKey
 from protocol.records import encode_batch
-from txn.cluster import TRANSACTION_KEY, Cluster
+from txn.cluster import Cluster
 from txn.config import ProducerConfig, build
 from txn.errors import (
     ApplicationRecoverableError,
@@ -62,8 +64,6 @@ from txn.errors import (
 from txn.loop_thread import LoopThread
 from txn.types import GroupMetadata, RecordMetadata, TopicPartition, as_topic_partition
 
-PRODUCE, INIT_PRODUCER_ID = 0, 22
-ADD_PARTITIONS, ADD_OFFSETS, END_TXN, TXN_OFFSET_COMMIT = 24, 25, 26, 28
 RECORD_OVERHEAD = 20  # a record's framing bytes, roughly, for batch sizing
 
 
@@ -209,9 +209,9 @@ class AsyncProducer:
         async for attempt in self.cluster.retrying(self.config.delivery_timeout_ms / 1000):
             with attempt:
                 if self.transactional_id is not None:
-                    response = await self.cluster.coordinator_request(self.transactional_id, TRANSACTION_KEY, INIT_PRODUCER_ID, body)
+                    response = await self.cluster.coordinator_request(self.transactional_id, CoordinatorType.TRANSACTION, ApiKey.INIT_PRODUCER_ID, body)
                 else:
-                    response = await (await self.cluster.any_broker()).request(INIT_PRODUCER_ID, body)
+                    response = await (await self.cluster.any_broker()).request(ApiKey.INIT_PRODUCER_ID, body)
                 if response["error_code"]:
                     raise classify(response["error_code"], "InitProducerId")
         self.producer_id, self.producer_epoch = response["producer_id"], response["producer_epoch"]
@@ -272,7 +272,7 @@ class AsyncProducer:
     async def _txn_request(self, api_key: int, body: dict, what: str, *, max_version: int | None = None) -> dict:
         async for attempt in self.cluster.retrying(self.config.delivery_timeout_ms / 1000):
             with attempt:
-                response = await self.cluster.coordinator_request(self.transactional_id, TRANSACTION_KEY, api_key, body, max_version=max_version)
+                response = await self.cluster.coordinator_request(self.transactional_id, CoordinatorType.TRANSACTION, api_key, body, max_version=max_version)
                 code = _first_error(response)
                 if code:
                     raise self._judge(classify(code, what, in_transaction=True))
@@ -292,7 +292,7 @@ class AsyncProducer:
         if pending is None:
             pending = self._added[partition] = asyncio.ensure_future(
                 self._txn_request(
-                    ADD_PARTITIONS,
+                    ApiKey.ADD_PARTITIONS_TO_TXN,
                     {
                         "v3_and_below_transactional_id": self.transactional_id,
                         "v3_and_below_producer_id": self.producer_id,
@@ -317,7 +317,7 @@ class AsyncProducer:
         group = GroupMetadata.of(group_metadata)
         if group.group_id not in self._offsets_added:
             await self._txn_request(
-                ADD_OFFSETS,
+                ApiKey.ADD_OFFSETS_TO_TXN,
                 {"transactional_id": self.transactional_id, "producer_id": self.producer_id, "producer_epoch": self.producer_epoch, "group_id": group.group_id},
                 "AddOffsetsToTxn",
             )
@@ -339,7 +339,7 @@ class AsyncProducer:
         }
         async for attempt in self.cluster.retrying(self.config.delivery_timeout_ms / 1000):
             with attempt:
-                response = await self.cluster.coordinator_request(group.group_id, 0, TXN_OFFSET_COMMIT, body)
+                response = await self.cluster.coordinator_request(group.group_id, CoordinatorType.GROUP, ApiKey.TXN_OFFSET_COMMIT, body)
                 code = _first_error(response)
                 if code in (ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE):
                     self.cluster.forget_coordinator(group.group_id, 0)
@@ -370,7 +370,7 @@ class AsyncProducer:
                 self.crash_point("txn.before_commit")
             body = {"transactional_id": self.transactional_id, "producer_id": self.producer_id, "producer_epoch": self.producer_epoch, "committed": commit}
             try:
-                await self._txn_request(END_TXN, body, "EndTxn")
+                await self._txn_request(ApiKey.END_TXN, body, "EndTxn")
             except (RetriableError, ConnectionError, TimeoutError) as error:
                 if commit:
                     # The commit may have happened: never follow it with an abort.
@@ -551,7 +551,7 @@ class AsyncProducer:
         )
         client = await self.cluster.leader(tp.topic, tp.partition)
         body = {"transactional_id": self.transactional_id, "acks": self.config.acks, "timeout_ms": self.config.request_timeout_ms, "topic_data": [{"name": tp.topic, "partition_data": [{"index": tp.partition, "records": data}]}]}
-        response_awaitable = await client.submit(PRODUCE, body, expect_response=self.config.acks != 0)
+        response_awaitable = await client.submit(ApiKey.PRODUCE, body, expect_response=self.config.acks != 0)
         batch.written.set()
         response = await response_awaitable
         if response is None:
