@@ -409,6 +409,8 @@ class Stream:
         """Register the chain's processor(s) with the app, writing to
         ``topic`` (formats default to the source's); returns their names."""
         segments = self.segments(topic, key_format=key_format, value_format=value_format, name=name)
+        for upstream, downstream in zip(segments, segments[1:]):
+            declare_internal_topic(self.app, upstream.sink, like=self.topic)
         for segment in segments:
             self.app.processor(
                 source=segment.source, sink=segment.sink, stores=list(segment.stores), key_format=segment.key_format,
@@ -416,6 +418,44 @@ class Stream:
                 name=segment.name,
             )(segment.build())
         return [segment.name for segment in segments]
+
+
+def declare_internal_topic(app, topic: str, *, like: str) -> None:
+    """Note that ``topic`` (a repartition topic) must exist, with as many
+    partitions as ``like``, before the app runs: the runner refuses missing
+    sources. ``app.internal_topics`` ({topic: like}) is what a runner that
+    creates internal topics itself reads; until the App does, the app's
+    ``run`` is wrapped (on this instance only) to create them first."""
+    internal = app.__dict__.setdefault("internal_topics", {})
+    internal[topic] = like
+    if getattr(type(app), "creates_internal_topics", False) or app.__dict__.get("_dataflow_run_wrapped"):
+        return
+    run = app.run
+
+    def run_after_creating_internal_topics(*args, **kwargs):
+        create_internal_topics(app)
+        return run(*args, **kwargs)
+
+    app.run = run_after_creating_internal_topics
+    app._dataflow_run_wrapped = True
+
+
+def create_internal_topics(app) -> dict[str, int]:
+    """Create the app's missing internal topics, each with its model
+    source's partition count; returns what it created. A missing source is
+    left for the runner to report."""
+    from txn import Admin
+
+    wanted = getattr(app, "internal_topics", {})
+    if not wanted:
+        return {}
+    options = {k: v for k, v in getattr(app, "consumer_options", {}).items() if k in getattr(app, "producer_options", {})}
+    with Admin(bootstrap_servers=app.bootstrap_servers, **options) as admin:
+        existing = admin.list_topics()
+        to_create = {topic: existing[like] for topic, like in wanted.items() if topic not in existing and like in existing}
+        if to_create:
+            admin.create_topics(to_create, exist_ok=True)
+    return to_create
 
 
 def _count_one(count, _value):

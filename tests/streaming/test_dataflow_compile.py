@@ -42,6 +42,9 @@ class Registry:
 
         return register
 
+    def run(self):
+        self.ran = True
+
     def stream(self, topic, key_format="bytes", value_format="bytes"):
         return Stream(self, topic, key_format=key_format, value_format=value_format)
 
@@ -111,6 +114,7 @@ def test_key_by_then_count_goes_through_a_repartition_topic():
     first, second = registry.processors
     assert first["sink"] == second["source"] == "app-in-to-counts-repartition-0"
     assert first["stores"] == [] and second["stores"] == ["in-to-counts-count-0"]
+    assert registry.internal_topics == {"app-in-to-counts-repartition-0": "in"}  # created, partitioned like "in", before run
     assert (second["sink"], second["sink_key_format"], second["sink_value_format"]) == ("counts", "str", "json")
     lines = ["a b a", "b c", "a"]
     out, _ = drive(registry, [Record(None, line, partition=i % 2) for i, line in enumerate(lines)], partitions=3)
