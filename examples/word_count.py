@@ -20,7 +20,7 @@ comes out once, and right.
 
 For ``onceflow chaos --workload streaming --app examples/word_count.py``
 the module also says what input to feed it and what output that must give
-(``chaos_topics``, ``chaos_input``, ``expected``; see faults.workloads).
+(``CHAOS_TOPICS``, ``CHAOS_OUTPUT``, ``chaos_input``, ``expected``; see faults.workloads).
 """
 
 from __future__ import annotations
@@ -69,12 +69,12 @@ BOUNDARY_MS = 1_700_000_040_000  # a window boundary: the lines straddle it, so 
 FAR_MS = BOUNDARY_MS + 3_600_000
 
 
-def chaos_topics() -> dict[str, int]:
-    return {INPUT: 2, OUTPUT: 2}
+CHAOS_TOPICS = {INPUT: 2, OUTPUT: 2}
+CHAOS_OUTPUT = OUTPUT
 
 
 def chaos_input(count: int, seed: int) -> list[list[tuple]]:
-    """Two phases of (topic, key, value, timestamp ms). First ``count``
+    """Two phases of (topic, key, value, timestamp ms, partition). First ``count``
     lines whose event times span 8 s (less than the grace, so however the
     two partitions interleave no line is late and no window closes early);
     then, once those are processed, one line per partition far in the
@@ -83,10 +83,10 @@ def chaos_input(count: int, seed: int) -> list[list[tuple]]:
     lines = []
     for index in range(count):
         text = " ".join(rng.choice(VOCABULARY) for _ in range(rng.randint(1, 6)))
-        lines.append((INPUT, None, text, BOUNDARY_MS - 4_000 + rng.randint(0, 8_000)))
+        lines.append((INPUT, None, text, BOUNDARY_MS - 4_000 + rng.randint(0, 8_000), None))
     # Forty distinct words, so some land on every partition of the repartition topic.
     ticks = " ".join(f"tick{a}{b}" for a in "abcde" for b in "abcdefgh")
-    closing = [(INPUT, None, ticks, FAR_MS) for _partition in range(2)]
+    closing = [(INPUT, None, ticks, FAR_MS, partition) for partition in range(CHAOS_TOPICS[INPUT])]
     return [lines, closing]
 
 
@@ -96,7 +96,7 @@ def expected(records: list[tuple]) -> list[tuple]:
     open, so they give nothing)."""
     window_ms = WINDOW_SECONDS * 1000
     counts: dict[tuple[str, int], int] = {}
-    for _topic, _key, text, timestamp in records:
+    for _topic, _key, text, timestamp, _partition in records:
         if timestamp >= FAR_MS:
             continue
         start = timestamp - timestamp % window_ms
