@@ -1,6 +1,7 @@
 """`onceflow bench`: our broker beside a peer and beside the machine, in one run.
 
     onceflow bench [--rounds 3] [--records 200000] [--seconds 3] [--json FILE] [--png FILE]
+    onceflow bench --runner [--runner-records 30000] ...   (the streaming runner beside Quix Streams: benchmarks.runner_bench)
     .venv/bin/python -m benchmarks ...        (the same)
 
 Every scenario is driven by the same client, confluent-kafka (librdkafka, so
@@ -472,7 +473,13 @@ def main(argv=None) -> int:
                         help="a setting for our broker, e.g. flush.policy=os to see what the fsyncs cost (default: its defaults)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--png", default=None)
+    parser.add_argument("--runner", action="store_true", help="instead: the streaming runner beside Quix Streams 3 (benchmarks.runner_bench)")
+    from benchmarks import runner_bench
+
+    runner_bench.add_arguments(parser.add_argument_group("with --runner"))
     args = parser.parse_args(argv)
+    if args.runner:
+        return runner_bench.main_with(args)
     from benchmarks.limits import measure_limits
 
     def say(line: str) -> None:
