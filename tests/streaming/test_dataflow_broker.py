@@ -18,8 +18,6 @@ from streaming.windows import hopping, tumbling
 from test_windows import recompute
 
 pytestmark = pytest.mark.slow
-if not hasattr(streaming, "App"):  # until the runner (branch i15-runner) is merged
-    pytest.skip("needs streaming.App", allow_module_level=True)
 
 
 def produce(bootstrap: str, topic: str, records: list[tuple]) -> None:

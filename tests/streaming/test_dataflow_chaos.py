@@ -47,7 +47,6 @@ def test_a_module_without_the_convention_is_refused_by_name(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not hasattr(__import__("streaming"), "App"), reason="needs streaming.App (until the runner's branch is merged)")
 @pytest.mark.parametrize("example, faults, records", [
     ("word_count.py", ("kill-client",), 2500),
     ("enrichment.py", ("kill-client", "kill-broker"), 2000),
