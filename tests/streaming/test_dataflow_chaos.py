@@ -59,3 +59,10 @@ def test_each_example_is_exactly_once_while_instances_are_killed(tmp_path, examp
     injected = [json.loads(line) for line in (tmp_path / "report" / "faults.jsonl").read_text().splitlines()]
     assert sum(1 for fault in injected if fault["kind"] == "kill-client") >= 3
     assert verdict.counts["read"] >= (20 if example == "word_count.py" else records)
+
+
+def test_the_command_line_wants_an_app_module_for_the_streaming_workload(capsys):
+    from faults.chaos import main
+
+    assert main(["--workload", "streaming", "--faults", "kill-client", "--report", "unused"]) == 2
+    assert "app module" in capsys.readouterr().err
