@@ -30,7 +30,6 @@ latencies the ratio is Quix's over ours).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -359,29 +358,13 @@ def table(results: dict, say) -> list[dict]:
     return rows
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--runner-records", type=int, default=30_000, help="payments per throughput scenario")
-    parser.add_argument("--runner-latency-rate", type=int, default=500, help="records/s fed in the runner's latency scenario")
-    parser.add_argument("--runner-latency-seconds", type=float, default=5.0)
-    parser.add_argument("--restore-keys", type=int, default=1_000_000, help="keys of the store restored from its changelog (0: skip)")
-    parser.add_argument("--commit-interval-ms", type=int, default=100, help="both frameworks' commit interval")
-
-
 def settings_from(args) -> RunnerSettings:
     return RunnerSettings(records=args.runner_records, latency_rate=args.runner_latency_rate, latency_seconds=args.runner_latency_seconds,
                           restore_keys=args.restore_keys, commit_interval_ms=args.commit_interval_ms)
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.runner_bench", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    parser.add_argument("--json", default=None)
-    parser.add_argument("--work-dir", default=None)
-    return main_with(parser.parse_args(argv))
-
-
-def main_with(args) -> int:
-    """The run ``onceflow bench --runner`` asks for (its arguments: ``add_arguments``, ``--json``, ``--work-dir``)."""
+def run_from_args(args) -> int:
+    """``onceflow bench --runner`` (``onceflow.commands.bench`` owns the options)."""
     def say(line: str) -> None:
         print(line, flush=True)
 
@@ -394,4 +377,6 @@ def main_with(args) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from onceflow.cli import main
+
+    sys.exit(main(["bench", "--runner", *sys.argv[1:]]))

@@ -1,7 +1,7 @@
 """`onceflow bench`: our broker beside a peer and beside the machine, in one run.
 
     onceflow bench [--rounds 3] [--records 200000] [--seconds 3] [--json FILE] [--png FILE]
-    onceflow bench --runner [--runner-records 30000] ...   (the streaming runner beside Quix Streams: benchmarks.runner_bench)
+    onceflow bench --runner [--runner-records 30000] ...   (instead: the streaming runner beside Quix Streams, benchmarks.runner_bench)
     .venv/bin/python -m benchmarks ...        (the same)
 
 Every scenario is driven by the same client, confluent-kafka (librdkafka, so
@@ -20,7 +20,6 @@ This module owns the scenarios, the rounds and the report; the targets are
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -459,27 +458,14 @@ def chart(rows: list[dict], path: str) -> bool:
     return True
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="onceflow bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--records", type=int, default=200_000, help="records per produce/consume scenario (1 KiB scenarios use a quarter)")
-    parser.add_argument("--seconds", type=float, default=3.0, help="length of the timed scenarios (transactions, latency)")
-    parser.add_argument("--copier-records", type=int, default=50_000)
-    parser.add_argument("--latency-rate", type=int, default=2_000, help="records/s for the end-to-end latency scenario")
-    parser.add_argument("--only", default=None, help="comma-separated scenario name prefixes")
-    parser.add_argument("--no-peer", action="store_true", help="skip Tansu")
-    parser.add_argument("--work-dir", default=None, help="where our broker keeps its data (default: a temp dir)")
-    parser.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
-                        help="a setting for our broker, e.g. flush.policy=os to see what the fsyncs cost (default: its defaults)")
-    parser.add_argument("--json", default=None)
-    parser.add_argument("--png", default=None)
-    parser.add_argument("--runner", action="store_true", help="instead: the streaming runner beside Quix Streams 3 (benchmarks.runner_bench)")
-    from benchmarks import runner_bench
+def run_suite(args) -> int:
+    """The whole run, for ``onceflow bench`` (whose module,
+    ``onceflow.commands.bench``, owns the options); with ``--runner``, the
+    streaming runner's benchmark instead (``benchmarks.runner_bench``)."""
+    if getattr(args, "runner", False):
+        from benchmarks import runner_bench
 
-    runner_bench.add_arguments(parser.add_argument_group("with --runner"))
-    args = parser.parse_args(argv)
-    if args.runner:
-        return runner_bench.main_with(args)
+        return runner_bench.run_from_args(args)
     from benchmarks.limits import measure_limits
 
     def say(line: str) -> None:
@@ -517,4 +503,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from onceflow.cli import main
+
+    sys.exit(main(["bench", *sys.argv[1:]]))

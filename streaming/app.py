@@ -114,6 +114,9 @@ class App:
         # composing process passes faults.points.point, or nothing.
         self.crash_point = crash_point or (lambda name: None)
         self.consumer_options, self.producer_options = split_client_options(client_options)
+        transaction_timeout_ms = int(self.producer_options.get("transaction_timeout_ms", 10_000))
+        if commit_interval_ms >= transaction_timeout_ms:
+            raise ConfigError(f"commit_interval_ms ({commit_interval_ms}) must be shorter than transaction_timeout_ms ({transaction_timeout_ms}): the broker aborts a transaction open longer")
         self.processors: list[Processor] = []
         self.metrics = Metrics()
         self._instance_id = instance_id

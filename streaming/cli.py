@@ -14,8 +14,8 @@ a stop (SIGTERM, SIGINT, ``--until-idle``), 2 when a record failed with
 ``on_error="stop"``, 3 when the instance was fenced, 4 when its state
 directory is in use, 1 for anything else (a message says what).
 
-``add_arguments(parser)`` and ``run(args)`` are the command-table interface
-of ``onceflow``'s command line.
+``add_arguments(parser)`` and ``run(args)`` are what ``onceflow run``
+(``onceflow/commands/run.py``) calls; ``python -m streaming.cli`` works too.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--app", default=None, help="the variable holding the App (default: app, or the only App in the module)")
     parser.add_argument("--until-idle", type=float, default=None, metavar="SECONDS", help="stop after this long without a record (default: run until SIGTERM/SIGINT)")
     parser.add_argument("--progress-interval", type=float, default=5.0, metavar="SECONDS", help="seconds between progress lines on stderr (0: none)")
-    parser.add_argument("--log-level", default="INFO", help="logging level of the runner's messages (default INFO)")
 
 
 def load_app(path: str, name: str | None = None):
@@ -64,7 +63,8 @@ def run(args) -> int:
     from streaming.errors import StreamingError
     from txn.errors import ConfigError, KafkaError
 
-    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO), format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    # onceflow's command line configures logging first (--log-level); alone, INFO.
+    logging.basicConfig(level=getattr(logging, str(getattr(args, "log_level", "INFO")).upper(), logging.INFO), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:
         app = load_app(args.path, args.app)
     except (OSError, LookupError) as error:
@@ -86,6 +86,7 @@ def run(args) -> int:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="onceflow run", description="Run a streaming app module until SIGTERM/SIGINT.")
     add_arguments(parser)
+    parser.add_argument("--log-level", default="INFO", help="logging level on stderr (default INFO)")
     return run(parser.parse_args(argv))
 
 

@@ -521,7 +521,7 @@ class Runner:
         when we looked is decided (its last stable offset reaches that high
         watermark): a previous owner's commit may still be on its way here."""
         high = (await self.admin.list_offsets({tp: "latest"}, isolation_level="read_uncommitted"))[tp].offset
-        deadline = time.monotonic() + 2 * DEFAULTS_PRODUCER["transaction_timeout_ms"] / 1000 + 30
+        deadline = time.monotonic() + 2 * self.producer.config.transaction_timeout_ms / 1000 + 30
         while True:
             stable = (await self.restorer.end_offsets([tp]))[tp]
             if stable >= high or time.monotonic() > deadline:

@@ -62,7 +62,7 @@ def test_each_example_is_exactly_once_while_instances_are_killed(tmp_path, examp
 
 
 def test_the_command_line_wants_an_app_module_for_the_streaming_workload(capsys):
-    from faults.chaos import main
+    from onceflow.cli import main
 
-    assert main(["--workload", "streaming", "--faults", "kill-client", "--report", "unused"]) == 2
+    assert main(["chaos", "--workload", "streaming", "--faults", "kill-client", "--report", "unused"]) == 2
     assert "app module" in capsys.readouterr().err
