@@ -48,6 +48,10 @@ def as_output(word: str, window: dict) -> dict:
 
 
 def build_app(bootstrap_servers: str, state_dir: str, **options) -> streaming.App:
+    # Static membership (the runner's default) gives a restarted instance its
+    # partitions back at once; a short session lets the others take over
+    # quickly from one that died for good.
+    options = {"session_timeout_ms": 6000, "heartbeat_interval_ms": 500, **options}
     app = streaming.App(bootstrap_servers=bootstrap_servers, application_id="word-count", state_dir=state_dir, **options)
     (app.stream(INPUT, value_format="str")
         .flat_map(words)
@@ -106,13 +110,15 @@ def expected(records: list[tuple]) -> list[tuple]:
 
 
 def main(argv=None) -> int:
+    from streaming.cli import run as run_app_module  # the same exit statuses and messages as `onceflow run`
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--bootstrap", default=os.environ.get("ONCEFLOW_BOOTSTRAP", "127.0.0.1:9092"))
-    parser.add_argument("--state-dir", default=os.environ.get("ONCEFLOW_STATE_DIR", "./state/word-count"))
+    parser.add_argument("--bootstrap", required=True)
+    parser.add_argument("--state-dir", default="./state/word-count")
     parser.add_argument("--until-idle", type=float, default=None)
     args = parser.parse_args(argv)
-    build_app(args.bootstrap, args.state_dir).run(until_idle=args.until_idle, progress_interval=5.0)
-    return 0
+    os.environ.update(ONCEFLOW_BOOTSTRAP=args.bootstrap, ONCEFLOW_STATE_DIR=args.state_dir)
+    return run_app_module(argparse.Namespace(path=os.path.abspath(__file__), app="app", until_idle=args.until_idle, progress_interval=5.0))
 
 
 if __name__ == "__main__":
