@@ -250,7 +250,8 @@ class Runner:
             if self.progress_interval and now >= next_progress:
                 progress_mark = await self._progress(progress_mark)
                 next_progress = now + self.progress_interval
-            if self.until_idle is not None and not self.txn_open and now - self.last_activity >= self.until_idle:
+            # Idle time counts from the first assignment on (joining a group may take a while).
+            if self.until_idle is not None and not self.txn_open and self.metrics.get("rebalances") and now - self.last_activity >= self.until_idle:
                 log.info("idle for %.1f s: stopping", self.until_idle)
                 return
 
