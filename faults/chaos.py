@@ -216,6 +216,8 @@ class ChaosRun:
         # The whole input spread over about half the run, a chunk per feed check (every 0.5 s).
         self.paced_chunk = self.chunk = max(1, -(-sum(map(len, self.phases)) // max(1, int(settings.duration))))
         self.fed_ends: dict = {}  # TopicPartition -> end offset after what was fed
+        self.feeder = None  # the input's producer
+        self.in_flight: list = []  # (record, future) sent, not yet acknowledged
         self.seeder = open(os.path.join(self.history_dir, "seeder.jsonl"), "a")
         with Admin(bootstrap_servers=self.bootstrap) as admin:
             admin.create_topics(dict(self.app_module.CHAOS_TOPICS), exist_ok=True)
@@ -224,29 +226,42 @@ class ChaosRun:
             state_dir = os.path.join(self.work, f"state-{index}")  # kept across restarts: its SQLite files and instance id
             self.clients.append(self._client("streaming", f"app-{index}", "--app", self.app_path, "--state-dir", state_dir))
 
-    def _feed(self, records: list[tuple]) -> None:
-        """Produce input records (acks=all, idempotent), noting each in the
-        history as a ``seed`` (not checked: the expected output speaks for it)."""
-        from txn import Producer, TopicPartition
+    def _feed_chunk(self) -> None:
+        """Send the next chunk of the phase being fed. One idempotent producer
+        for the whole run, never waited on here (a paused broker must not
+        stall the fault loop): its retries cannot duplicate a record, and
+        ``_settle_feeds`` notes each record once acknowledged."""
+        from txn import Producer
 
         def raw(part):
             return part.encode("utf-8") if isinstance(part, str) else part
 
-        producer = Producer(bootstrap_servers=self.bootstrap, linger_ms=20, batch_size=1 << 18, delivery_timeout_ms=120_000)
-        try:
-            futures = [(record, producer.send(record[0], raw(record[2]), key=raw(record[1]), partition=record[4], timestamp=record[3])) for record in records]
-            producer.flush()
-            for record, future in futures:
-                metadata = future.result(120)
-                tp = TopicPartition(metadata.topic, metadata.partition)
-                self.fed_ends[tp] = max(self.fed_ends.get(tp, 0), metadata.offset + 1)
-                text = record[2] if isinstance(record[2], str) or record[2] is None else record[2].decode("utf-8", "replace")
-                self.seeder.write(json.dumps({"time": time.time(), "process": "seeder", "type": "ok", "op": "seed",
-                                              "value": [["send", f"{metadata.topic}-{metadata.partition}", text, metadata.offset]]}) + "\n")
-        finally:
-            producer.close()
-            self.seeder.flush()
-        self.fed.extend(records)
+        if self.feeder is None:
+            self.feeder = Producer(bootstrap_servers=self.bootstrap, linger_ms=20, batch_size=1 << 18, delivery_timeout_ms=300_000, request_timeout_ms=5000)
+        chunk, self.feeding = self.feeding[: self.chunk], self.feeding[self.chunk :]
+        for record in chunk:
+            self.in_flight.append((record, self.feeder.send(record[0], raw(record[2]), key=raw(record[1]), partition=record[4], timestamp=record[3])))
+
+    def _settle_feeds(self) -> None:
+        """Note the acknowledged input records, in the order they were sent
+        (``expected`` is given them in feeding order), each as a ``seed`` in
+        the history (not checked: the expected output speaks for it). A
+        record that failed for good leaves the check unsound, so the run stops."""
+        from txn import TopicPartition
+
+        while self.in_flight and self.in_flight[0][1].done():
+            record, future = self.in_flight.pop(0)
+            try:
+                metadata = future.result(10)  # done: this only fetches it from the loop
+            except Exception as error:
+                raise RuntimeError(f"an input record's write failed for good ({error}): the check cannot know the input") from error
+            tp = TopicPartition(metadata.topic, metadata.partition)
+            self.fed_ends[tp] = max(self.fed_ends.get(tp, 0), metadata.offset + 1)
+            text = record[2] if isinstance(record[2], str) or record[2] is None else record[2].decode("utf-8", "replace")
+            self.seeder.write(json.dumps({"time": time.time(), "process": "seeder", "type": "ok", "op": "seed",
+                                          "value": [["send", f"{metadata.topic}-{metadata.partition}", text, metadata.offset]]}) + "\n")
+            self.fed.append(record)
+        self.seeder.flush()
 
     def _feed_next_phase(self, *, paced: bool = True) -> None:
         """Start the next phase: fed over the run in chunks (so the faults
@@ -256,14 +271,6 @@ class ChaosRun:
         self.chunk = self.paced_chunk if paced else total
         self._say(f"  t={self._elapsed():5.1f}s  feeding an input phase of {total} records ({len(self.phases)} phases to go)")
         self._feed_chunk()
-
-    def _feed_chunk(self) -> None:
-        chunk, self.feeding = self.feeding[: self.chunk], self.feeding[self.chunk :]
-        try:
-            self._feed(chunk)
-        except Exception as error:  # the broker is down: the same records again later (idempotent: no duplicate)
-            self.feeding = chunk + self.feeding
-            self._say(f"  t={self._elapsed():5.1f}s  feeding failed ({type(error).__name__}); will retry")
 
     def _fed_input_processed(self) -> bool:
         """Whether the app's committed offsets cover everything fed so far."""
@@ -277,17 +284,18 @@ class ChaosRun:
         return all(committed.get(tp) is not None and committed[tp].offset >= end for tp, end in self.fed_ends.items())
 
     def _feed_when_ready(self, *, paced: bool = True) -> None:
+        self._settle_feeds()
         if self.feeding:
             if not paced:
                 self.chunk = len(self.feeding)
             self._feed_chunk()
-        elif self.phases and self._fed_input_processed():
+        elif self.phases and not self.in_flight and self._fed_input_processed():
             self._feed_next_phase(paced=paced)
 
     def _drain_streaming(self, deadline: float) -> None:
         """Feed the rest of the input without faults, then wait until the
         output holds as many committed records as expected."""
-        while (self.phases or self.feeding) and time.monotonic() < deadline:
+        while (self.phases or self.feeding or self.in_flight) and time.monotonic() < deadline:
             for client in self.clients:
                 client.restart_if_exited()
             self._feed_when_ready(paced=False)
@@ -408,6 +416,11 @@ class ChaosRun:
             for client in self.clients:
                 if client.alive:
                     client.kill()
+            if getattr(self, "feeder", None) is not None:
+                try:
+                    self.feeder.close(timeout=5)
+                except Exception:  # noqa: BLE001 - everything it had to say was acknowledged or is reported
+                    pass
             self.broker.kill()
             self.proxy.stop()
         return self._judge()
@@ -493,8 +506,8 @@ class ChaosRun:
         verdict = checker_module.check_workload(self.settings.workload, history, total=10 * 100 if self.settings.workload == "bank" else None, transform=self.settings.transform,
                                                 expected_outputs=self._expected_outputs() if streaming else None,
                                                 output_topic=self.app_module.CHAOS_OUTPUT if streaming else None)
-        if streaming and (self.phases or self.feeding):
-            verdict.add("copy-missing", {"input never fed (the app did not process the earlier phases in time)": len(self.feeding) + sum(map(len, self.phases))})
+        if streaming and (self.phases or self.feeding or self.in_flight):
+            verdict.add("copy-missing", {"input never fed (the app did not process the earlier phases in time)": len(self.feeding) + len(self.in_flight) + sum(map(len, self.phases))})
         ok_times = [
             _event_time(e) - self.wall_started
             for e in history

@@ -48,8 +48,8 @@ def test_a_module_without_the_convention_is_refused_by_name(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("example, faults, records", [
-    ("word_count.py", ("kill-client",), 2500),
-    ("enrichment.py", ("kill-client", "kill-broker"), 2000),
+    ("word_count.py", ("kill-client", "kill-broker"), 2500),
+    ("enrichment.py", ("kill-client", "kill-broker", "pause-broker", "proxy-cut"), 2000),
 ])
 def test_each_example_is_exactly_once_while_instances_are_killed(tmp_path, example, faults, records):
     settings = ChaosSettings(workload="streaming", app=os.path.join(REPO, "examples", example), faults=faults, duration=16.0,
@@ -57,7 +57,7 @@ def test_each_example_is_exactly_once_while_instances_are_killed(tmp_path, examp
     verdict = run_chaos(settings, str(tmp_path / "report"))
     assert verdict.valid, verdict.summary()
     injected = [json.loads(line) for line in (tmp_path / "report" / "faults.jsonl").read_text().splitlines()]
-    assert sum(1 for fault in injected if fault["kind"] == "kill-client") >= 3
+    assert sum(1 for fault in injected if fault["kind"] == "kill-client") >= 2 and len(injected) >= 4
     assert verdict.counts["read"] >= (20 if example == "word_count.py" else records)
 
 
