@@ -39,7 +39,7 @@ from pyspark.sql.types import ArrayType, BinaryType, IntegerType, LongType, Stri
 from protocol.errors import ErrorCode
 from streaming.spark import options as opts
 from streaming.spark.options import EARLIEST, LATEST, OptionError, SourceOptions
-from txn.errors import FatalError
+from txn.errors import FatalError, KafkaError
 from txn.types import TopicPartition
 
 log = logging.getLogger(__name__)
@@ -235,13 +235,29 @@ class OffsetPlanner:
     def close(self) -> None:
         if self._admin is not None:
             admin, self._admin = self._admin, None
-            admin.close()
+            try:
+                admin.close()
+            except (KafkaError, ConnectionError, OSError, TimeoutError) as error:  # a broken connection is being dropped anyway
+                log.info("closing the offset client: %s", error)
+
+    def _retrying(self, call):
+        """Spark's fetchOffset.numRetries / fetchOffset.retryIntervalMs: a
+        failed offset or metadata request is tried again on a new connection."""
+        for attempt in range(self.source.fetch_offset_num_retries + 1):
+            try:
+                return call(self.admin)
+            except (KafkaError, ConnectionError, OSError, TimeoutError) as error:
+                if attempt == self.source.fetch_offset_num_retries:
+                    raise
+                log.warning("offset request failed (%s); retry %d of %d", error, attempt + 1, self.source.fetch_offset_num_retries)
+                self.close()
+                time.sleep(self.source.fetch_offset_retry_interval_ms / 1000)
 
     def partitions(self) -> list[TopicPartition]:
         subscription = self.source.subscription
         if subscription.kind == "assign":
             return sorted(subscription.partitions)
-        topics = self.admin.list_topics()
+        topics = self._retrying(lambda admin: admin.list_topics())
         return sorted(
             TopicPartition(topic, p)
             for topic, count in topics.items()
@@ -253,7 +269,7 @@ class OffsetPlanner:
         """``{tp: "earliest" | "latest" | timestamp}`` -> offsets (-1: no record at the timestamp)."""
         if not specs:
             return {}
-        listed = self.admin.list_offsets(specs, isolation_level=self.source.isolation_level)
+        listed = self._retrying(lambda admin: admin.list_offsets(specs, isolation_level=self.source.isolation_level))
         return {tp: listed[tp].offset for tp in specs}
 
     def latest(self, partitions) -> dict[TopicPartition, int]:

@@ -338,3 +338,37 @@ def test_option_errors_reach_the_user(spark, broker, tmp_path):
 
     with pytest.raises(Exception, match="Kafka source has a fixed schema"):
         spark.read.format("onceflow").schema(StructType([StructField("value", StringType())])).option("kafka.bootstrap.servers", broker.bootstrap).option("subscribe", "t").load().collect()
+
+
+def test_describe_shows_offsets_lso_lag_and_open_transactions(spark, broker, tmp_path):
+    import streaming.spark
+    from streaming.spark.progress import open_transactions
+    from txn import AdminConfig
+
+    topic = "src-describe"
+    create(broker, topic, 2)
+    writer = Writer(broker.bootstrap, topic)
+    writer.transaction(values("a", 3), partition=0)  # 0..2, COMMIT 3
+    df = stream(spark, broker, subscribe=topic, startingOffsets="earliest")
+    query = df.writeStream.format("memory").queryName("described").option("checkpointLocation", str(tmp_path / "ckpt")).start()
+    try:
+        assert streaming.spark.describe(query).startswith("described [active")
+        deadline = time.monotonic() + 120
+        while not (query.lastProgress and query.lastProgress["sources"][0]["endOffset"] == json.dumps({topic: {"0": 4, "1": 0}})):
+            assert time.monotonic() < deadline, query.lastProgress
+            time.sleep(0.2)
+    finally:
+        query.stop()
+    writer.transaction(values("b", 5), partition=1)  # 0..4, COMMIT 5: six offsets the stopped query has not read
+    line = streaming.spark.describe(query)
+    assert "described [stopped, batch" in line
+    assert f"source {topic}-0@4 (lag 0) {topic}-1@0 (lag 6), lag 6;" in line, line
+    holder = Producer(bootstrap_servers=broker.bootstrap, transactional_id="describe-job-run1-0")
+    holder.init_transactions()
+    holder.begin_transaction()
+    holder.send(topic, b"pending", partition=0).result(30)
+    assert open_transactions(AdminConfig(bootstrap_servers=broker.bootstrap), "describe-job") == [("describe-job-run1-0", "Ongoing")]
+    holder.abort_transaction()
+    assert open_transactions(AdminConfig(bootstrap_servers=broker.bootstrap), "describe-job") == []
+    holder.close()
+    writer.close()
