@@ -45,7 +45,6 @@ from txn.types import TopicPartition
 log = logging.getLogger(__name__)
 
 ARROW_BATCH_ROWS = 32_768
-CREATE_TIME = 0
 DATA_LOSS_HINT = (
     'Some data may have been lost because they are not available in Kafka any more; either the data was aged out by Kafka or the topic '
     'may have been deleted before all the data in the topic was processed. If you don\'t want your streaming query to fail on such '
@@ -193,7 +192,7 @@ def arrow_batch(records: list, arrow_schema, include_headers: bool, pa):
         pa.array([r.partition for r in records], type=pa.int32()),
         pa.array([r.offset for r in records], type=pa.int64()),
         pa.array([r.timestamp * 1000 for r in records], type=arrow_schema.field("timestamp").type),
-        pa.array([CREATE_TIME] * len(records), type=pa.int32()),
+        pa.array([r.timestamp_type for r in records], type=pa.int32()),
     ]
     if include_headers:
         columns.append(pa.array([[{"key": _text(k), "value": v} for k, v in r.headers] if r.headers else None for r in records], type=arrow_schema.field("headers").type))

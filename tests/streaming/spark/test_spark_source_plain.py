@@ -130,3 +130,14 @@ def test_read_range_reads_past_a_wholly_aborted_tail_quickly(embedded_broker):
     assert time.process_time() - begun < 5
     rows = [r for b in read_range(reader.source, OffsetRange("plain-aborted", 0, 0, 400), reader.schema) for r in b.to_pylist()]
     assert [r["value"] for r in rows] == [b"v0", b"v1"]
+
+
+def test_timestamp_type_follows_the_topic(embedded_broker):
+    with Admin(bootstrap_servers=embedded_broker.bootstrap) as admin:
+        admin.create_topics({"plain-append": 1}, configs={"plain-append": {"message.timestamp.type": "LogAppendTime"}})
+    write(embedded_broker.bootstrap, "plain-append", 2)
+    source = OnceflowDataSource(source_options(embedded_broker.bootstrap, subscribe="plain-append"))
+    reader = source.streamReader(source.schema())
+    rows = [r for b in read_range(reader.source, OffsetRange("plain-append", 0, 0, 3), reader.schema) for r in b.to_pylist()]
+    assert [r["timestampType"] for r in rows] == [1, 1]
+    assert all(abs(r["timestamp"].timestamp() - time.time()) < 600 for r in rows)
