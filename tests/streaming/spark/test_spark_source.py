@@ -277,6 +277,8 @@ def test_starting_timestamp_and_by_timestamp_with_no_match(spark, broker, tmp_pa
     by_partition = json.dumps({topic: {"0": 1_003_000, "1": 1_000_500}})
     batches, _query = run_available_now(stream(spark, broker, subscribe=topic, startingOffsetsByTimestamp=by_partition), tmp_path)
     assert sorted(bytes(r.value) for r in rows_of(batches)) == [b"t0-3", b"t1-1", b"t1-2", b"t1-3"]
+    ranged = batch_read(spark, broker, subscribe=topic, startingTimestamp=1_001_000, endingTimestamp=1_003_000)
+    assert sorted(bytes(r.value) for r in ranged) == [b"t0-1", b"t0-2", b"t1-1", b"t1-2"]
     future = 9_000_000_000_000
     fails(stream(spark, broker, subscribe=topic, startingTimestamp=future), tmp_path, "No offset matched from request of topic-partition src-timestamps-0")
     checkpoint = tmp_path / "ckpt-latest"
@@ -319,7 +321,17 @@ def test_subscribe_pattern_and_assign(spark, broker, tmp_path):
         for partition in range(partitions):
             writer.transaction([f"{topic}/{partition}".encode()], partition=partition)
         writer.close()
-    batches, _query = run_available_now(stream(spark, broker, subscribePattern="src-pat-.*", startingOffsets="earliest"), tmp_path)
+    checkpoint = tmp_path / "ckpt-pattern"
+    pattern = stream(spark, broker, subscribePattern="src-pat-.*", startingOffsets="latest")
+    batches, _query = run_available_now(pattern, tmp_path, checkpoint=checkpoint)
+    assert rows_of(batches) == []
+    create(broker, "src-pat-c", 1)  # a topic that appears later is read from its earliest offset
+    writer = Writer(broker.bootstrap, "src-pat-c")
+    writer.transaction([b"src-pat-c/0"])
+    writer.close()
+    batches, _query = run_available_now(pattern, tmp_path, checkpoint=checkpoint)
+    assert [bytes(r.value) for r in rows_of(batches)] == [b"src-pat-c/0"]
+    batches, _query = run_available_now(stream(spark, broker, subscribePattern="src-pat-[ab]", startingOffsets="earliest"), tmp_path)
     assert sorted(bytes(r.value) for r in rows_of(batches)) == [b"src-pat-a/0", b"src-pat-a/1", b"src-pat-b/0"]
     batches, _query = run_available_now(stream(spark, broker, assign=json.dumps({"src-pat-a": [1], "src-other": [0]}), startingOffsets="earliest"), tmp_path)
     assert sorted(bytes(r.value) for r in rows_of(batches)) == [b"src-other/0", b"src-pat-a/1"]
