@@ -166,9 +166,9 @@ def read_range(source: SourceOptions, offset_range: OffsetRange, schema: StructT
                     raise
                 earliest = consumer.beginning_offsets([tp])[tp]
                 report_data_loss(source, f"Cannot fetch offset {position} of {tp}: the earliest offset available is now {earliest}")
-                if earliest >= until:
-                    break
-                position = max(earliest, position)
+                if earliest >= until or position >= earliest:
+                    break  # the rest of the range is gone, or the log now ends below it (topic recreated): skip it
+                position = earliest
                 consumer.seek(tp, position)
                 continue
             if records and records[-1].offset >= until:

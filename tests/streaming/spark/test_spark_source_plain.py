@@ -141,3 +141,23 @@ def test_timestamp_type_follows_the_topic(embedded_broker):
     rows = [r for b in read_range(reader.source, OffsetRange("plain-append", 0, 0, 3), reader.schema) for r in b.to_pylist()]
     assert [r["timestampType"] for r in rows] == [1, 1]
     assert all(abs(r["timestamp"].timestamp() - time.time()) < 600 for r in rows)
+
+
+def test_executor_finds_data_loss_when_records_vanish_after_planning(embedded_broker):
+    from streaming.spark.source import DataLossError
+
+    with Admin(bootstrap_servers=embedded_broker.bootstrap) as admin:
+        admin.create_topics({"plain-loss": 1})
+        write(embedded_broker.bootstrap, "plain-loss", 6)  # 0..5, COMMIT 6
+        admin.delete_records({TopicPartition("plain-loss", 0): 4})  # after the driver planned [0, 7)
+    planned = OffsetRange("plain-loss", 0, 0, 7)
+    strict = OnceflowDataSource(source_options(embedded_broker.bootstrap, subscribe="plain-loss"))
+    reader = strict.streamReader(strict.schema())
+    with pytest.raises(DataLossError, match="Cannot fetch offset 0 of plain-loss-0: the earliest offset available is now 4"):
+        list(read_range(reader.source, planned, reader.schema))
+    lenient = OnceflowDataSource(source_options(embedded_broker.bootstrap, subscribe="plain-loss", failOnDataLoss="false"))
+    reader = lenient.streamReader(lenient.schema())
+    rows = [r for b in read_range(reader.source, planned, reader.schema) for r in b.to_pylist()]
+    assert [r["offset"] for r in rows] == [4, 5], "what is left of the range"
+    beyond = OffsetRange("plain-loss", 0, 50, 60)  # the log ends below the range (a recreated topic)
+    assert list(read_range(reader.source, beyond, reader.schema)) == []
