@@ -318,7 +318,13 @@ class AsyncConsumer:
                 for _position, header in iter_batches(data):
                     end = max(end, header.next_offset)
                 visible = committed_records(data, answer.get("aborted_transactions"), read_committed=self.config.read_committed, start_offset=start)
-                if end > start:
+                if not visible:
+                    # Wholly invisible (control batches, aborted data): move past it
+                    # now. An empty buffer would hide the partition from the next
+                    # fetch while poll() waited for it to fill, spinning until its
+                    # timeout.
+                    self._positions[tp] = max(start, end)
+                elif end > start:
                     topic_name, index = tp.topic, tp.partition
                     self._buffers[tp] = collections.deque(
                         [ConsumerRecord(topic_name, index, r.offset, r.timestamp, r.key, r.value, tuple([(h.key, h.value) for h in r.headers]) if r.headers else ()) for r in visible]

@@ -3,7 +3,10 @@ control batches; read_uncommitted sees all; positions and commits."""
 
 from __future__ import annotations
 
+import time
 import uuid
+
+import pytest
 
 from tests.broker.test_transactions import create_topic, raw_request
 from txn.consumer import Consumer
@@ -71,4 +74,36 @@ def test_seek_position_and_simple_commit(embedded_broker):
     consumer.commit()
     fetched = raw_request(embedded_broker.port, 9, 6, {"group_id": "own-consumers", "topics": None})
     assert fetched["topics"][0]["partitions"][0]["committed_offset"] == 10
+    consumer.close()
+
+
+@pytest.mark.slow
+def test_poll_over_wholly_invisible_data_moves_on_without_spinning(broker_process):
+    """An aborted transaction fetched whole yields no record: poll moves the
+    position past it and waits on the broker, not on a busy loop."""
+    from txn import Producer
+
+    broker = broker_process()
+    create_topic(broker.bootstrap, "invisible", 1)
+    with Producer(bootstrap_servers=broker.bootstrap, transactional_id=f"abort-{uuid.uuid4()}") as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        for i in range(50):
+            producer.send("invisible", b"aborted-%d" % i, partition=0)
+        producer.flush()
+        producer.abort_transaction()
+    consumer = Consumer(broker.bootstrap)
+    consumer.assign([("invisible", 0)])
+    consumer.seek(("invisible", 0), 0)
+    cpu_before, wall_before = time.process_time(), time.monotonic()
+    records = consumer.poll(timeout=3.0)
+    cpu_used, wall_used = time.process_time() - cpu_before, time.monotonic() - wall_before
+    assert records == []
+    assert consumer.position(("invisible", 0)) == 51, "50 aborted records and the ABORT marker are passed"
+    assert wall_used >= 2.5, "poll waited out its timeout (nothing visible came)"
+    assert cpu_used < 0.5, f"an idle poll over invisible data used {cpu_used:.2f} s of CPU in {wall_used:.2f} s"
+    with Producer(bootstrap_servers=broker.bootstrap) as producer:
+        producer.send("invisible", b"visible", partition=0)
+        producer.flush()
+    assert [r.value for r in read_all(consumer, 1)] == [b"visible"]
     consumer.close()
