@@ -54,8 +54,9 @@ import uuid
 
 import attrs
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
-from pyspark.sql.types import ArrayType, BinaryType, DoubleType, IntegerType, StringType, StructType, TimestampType
+from pyspark.sql.types import BinaryType, DoubleType, IntegerType, StringType, StructType, TimestampType
 
+from streaming.spark import options as opts
 from streaming.spark.decision import (
     Decision,
     DecidedTransactionsLostError,
@@ -70,10 +71,10 @@ from streaming.spark.decision import (
     transactional_id,
 )
 from txn.admin import AsyncAdmin
-from txn.config import ProducerConfig, build
+from txn.config import AdminConfig, ConsumerConfig, ProducerConfig
 from txn.consumer import AsyncConsumer
 from protocol.errors import ErrorCode
-from txn.errors import ConfigError, InvalidProducerEpochError, KafkaError, ProducerFencedError
+from txn.errors import InvalidProducerEpochError, KafkaError, ProducerFencedError
 from txn.producer import AsyncProducer, Producer, TransactionHandle
 
 log = logging.getLogger(__name__)
@@ -90,12 +91,10 @@ AFTER_COMMIT = "spark_sink.after_commit"  # driver: after each decided transacti
 AFTER_ALL_COMMITS = "spark_sink.after_all_commits"  # driver: all committed, Spark's commit log not yet written
 CRASH_POINTS = (TASK_BEFORE_HANDLE, BEFORE_DECISION, AFTER_DECISION, AFTER_COMMIT, AFTER_ALL_COMMITS)
 
-# Spark rejects these on its Kafka sink; we add the ones the sink sets itself.
-FORBIDDEN_KAFKA_OPTIONS = {
-    "key.serializer": "Kafka option 'key.serializer' is not supported, as keys are written as bytes (cast the key column to string or binary)",
-    "value.serializer": "Kafka option 'value.serializer' is not supported, as values are written as bytes (cast the value column to string or binary)",
+# Besides Spark's own refusals (streaming.spark.options), what the sink sets itself.
+FORBIDDEN_SINK_OWNED_PARAMS = {
     "transactional.id": "Kafka option 'transactional.id' is not supported: set transactionalIdPrefix, the sink names one transactional id per task",
-    "enable.idempotence": "Kafka option 'enable.idempotence' is not supported: the sink is always idempotent (deliveryGuarantee chooses transactions)",
+    "enable.idempotence": "Kafka option 'enable.idempotence' is not supported: the sink's producers are always idempotent (deliveryGuarantee chooses transactions)",
 }
 HEADERS_TYPE = "array<struct<key:string,value:binary>>"
 TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
@@ -107,11 +106,10 @@ class SinkSchemaError(SinkError):
 
 @attrs.frozen
 class SinkOptions:
-    bootstrap_servers: str
+    kafka_params: dict = attrs.field(eq=False)  # Kafka client properties (kafka.* without the prefix)
     topic: str | None
     delivery_guarantee: str
     transactional_id_prefix: str | None
-    producer_options: dict = attrs.field(eq=False)  # ProducerConfig names, without bootstrap and transactional id
     decision_topic: str | None
     commit_offsets_to_group: str | None
     checkpoint_location: str | None
@@ -121,60 +119,56 @@ class SinkOptions:
     def exactly_once(self) -> bool:
         return self.delivery_guarantee == EXACTLY_ONCE
 
+    @property
+    def bootstrap_servers(self) -> str:
+        return self.kafka_params["bootstrap.servers"]
+
     @classmethod
     def parse(cls, options) -> "SinkOptions":
-        """From Spark's options (a case-insensitive mapping of strings)."""
-        lowered = {str(k).lower(): str(v) for k, v in dict(options).items()}
-        bootstrap = lowered.get("kafka.bootstrap.servers")
-        if not bootstrap:
-            raise SinkError("Option 'kafka.bootstrap.servers' must be specified for configuring Kafka consumer")
-        producer_options = {}
-        for key, value in lowered.items():
-            if not key.startswith("kafka.") or key == "kafka.bootstrap.servers":
-                continue
-            name = key[len("kafka.") :]
-            if name in FORBIDDEN_KAFKA_OPTIONS:
-                raise SinkError(FORBIDDEN_KAFKA_OPTIONS[name])
-            producer_options[name.replace(".", "_")] = value
-        producer_options.setdefault("transaction_timeout_ms", str(DEFAULT_TRANSACTION_TIMEOUT_MS))
-        guarantee = lowered.get("deliveryguarantee", EXACTLY_ONCE).lower()
+        """From Spark's options (a case-insensitive mapping of strings);
+        every problem is an ``OptionError`` raised here, on the driver."""
+        lowered = opts.lowercase(options)
+        params = opts.kafka_params(lowered)
+        opts.require_bootstrap_servers(params, "producer")
+        opts.reject_forbidden_sink_params(params)
+        for name, message in FORBIDDEN_SINK_OWNED_PARAMS.items():
+            if name in params:
+                raise opts.OptionError(message)
+        params.setdefault("transaction.timeout.ms", str(DEFAULT_TRANSACTION_TIMEOUT_MS))
+        guarantee = str(lowered.get("deliveryguarantee", EXACTLY_ONCE)).lower()
         if guarantee not in (EXACTLY_ONCE, AT_LEAST_ONCE):
-            raise SinkError(f"deliveryGuarantee must be {EXACTLY_ONCE} or {AT_LEAST_ONCE}, not {guarantee!r}")
+            raise opts.OptionError(f"deliveryGuarantee must be {EXACTLY_ONCE} or {AT_LEAST_ONCE}, not {guarantee!r}")
         prefix = lowered.get("transactionalidprefix") or None
         if guarantee == EXACTLY_ONCE and not prefix:
-            raise SinkError(
+            raise opts.OptionError(
                 "deliveryGuarantee=exactly_once needs option 'transactionalIdPrefix': a name unique to this query "
                 "(its transactions and its decision record are named after it)"
             )
         decision_topic = lowered.get("decisiontopic") or (f"onceflow.decisions.{prefix}" if prefix else None)
         if guarantee == EXACTLY_ONCE and not TOPIC_NAME.match(decision_topic):
-            raise SinkError(f"decision topic {decision_topic!r} is not a legal topic name: use letters, digits, '.', '_' and '-' in transactionalIdPrefix, or set decisionTopic")
+            raise opts.OptionError(f"decision topic {decision_topic!r} is not a legal topic name: use letters, digits, '.', '_' and '-' in transactionalIdPrefix, or set decisionTopic")
         group = lowered.get("commitoffsetstogroup") or None
         checkpoint = lowered.get("checkpointlocation") or None
         if group is not None:
             if guarantee != EXACTLY_ONCE:
-                raise SinkError("commitOffsetsToGroup needs deliveryGuarantee=exactly_once (the offsets commit in the batch's transactions)")
+                raise opts.OptionError("commitOffsetsToGroup needs deliveryGuarantee=exactly_once (the offsets commit in the batch's transactions)")
             if checkpoint is None:
-                raise SinkError(
+                raise opts.OptionError(
                     "commitOffsetsToGroup needs .option('checkpointLocation', ...) on this writeStream: the sink reads the batch's "
                     "source end offsets from the checkpoint's offset log"
                 )
-        options = cls(bootstrap, lowered.get("topic") or None, guarantee, prefix, producer_options, decision_topic, group, checkpoint, lowered.get("crashpointhook") or None)
-        options.producer_config(transactional_id=prefix and f"{prefix}-check")  # unknown or bad kafka.* settings fail here, on the driver
-        return options
+        parsed = cls(params, lowered.get("topic") or None, guarantee, prefix, decision_topic, group, checkpoint, lowered.get("crashpointhook") or None)
+        parsed.producer_config(transactional_id=prefix and f"{prefix}-check")  # unknown or bad kafka.* settings fail here
+        return parsed
 
     def producer_config(self, transactional_id: str | None = None) -> ProducerConfig:
-        try:
-            return build(ProducerConfig, None, bootstrap_servers=self.bootstrap_servers, transactional_id=transactional_id, **self.producer_options)
-        except ConfigError as error:
-            raise SinkError(f"bad kafka.* option: {error}") from error
+        return opts.client_config(ProducerConfig, self.kafka_params, transactional_id=transactional_id)
 
-    def admin_options(self) -> dict:
-        """The kafka.* settings an admin client or consumer shares with the producer."""
-        return {k: v for k, v in self.producer_options.items() if k in _COMMON_CLIENT_SETTINGS}
+    def admin_config(self) -> AdminConfig:
+        return opts.client_config(AdminConfig, self.kafka_params, only_known=True)
 
-
-_COMMON_CLIENT_SETTINGS = {"request_timeout_ms", "retry_backoff_ms", "retry_backoff_max_ms", "metadata_max_age_ms"}
+    def consumer_config(self) -> ConsumerConfig:
+        return opts.client_config(ConsumerConfig, self.kafka_params, only_known=True, isolation_level="read_uncommitted")
 
 
 @attrs.frozen
@@ -415,7 +409,7 @@ class DecisionLog:
         await admin.create_topics({self.topic: 1}, configs={self.topic: {"cleanup.policy": "compact"}}, exist_ok=True)
 
     async def latest(self) -> Decision | None:
-        consumer = AsyncConsumer(self.options.bootstrap_servers, isolation_level="read_uncommitted", **self.options.admin_options())
+        consumer = AsyncConsumer(config=self.options.consumer_config())
         try:
             from txn.types import TopicPartition
 
@@ -461,7 +455,7 @@ class DriverCommit:
             return
         query_id, run_id = messages[0].task.query_id, messages[0].task.run_id
         transactions = [m.transaction for m in messages if m.transaction is not None]
-        admin = AsyncAdmin(self.options.bootstrap_servers, **self.options.admin_options())
+        admin = AsyncAdmin(config=self.options.admin_config())
         try:
             await self.decisions.ensure(admin)
             latest = await self.decisions.latest()
@@ -522,7 +516,7 @@ class DriverCommit:
         return lost
 
     async def _describe(self, name: str) -> str:
-        admin = AsyncAdmin(self.options.bootstrap_servers, **self.options.admin_options())
+        admin = AsyncAdmin(config=self.options.admin_config())
         try:
             state = (await admin.describe_transactions([name]))[0]
             return f"now {state.state} at producer {state.producer_id} epoch {state.producer_epoch}"
