@@ -25,7 +25,6 @@ The same seed gives the same fault schedule (kinds, times, victims). Faults:
 
 from __future__ import annotations
 
-import argparse
 import glob
 import json
 import os
@@ -386,29 +385,3 @@ def _event_time(event: dict) -> float:
 def run_chaos(settings: ChaosSettings, report_dir: str, *, out=sys.stdout):
     """Run one chaos experiment; returns the checker's verdict (``.valid``)."""
     return ChaosRun(settings, report_dir, out=out).run()
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="onceflow chaos", description="run a workload under a seeded schedule of faults and check it")
-    parser.add_argument("--workload", choices=WORKLOAD_KINDS, default="copier")
-    parser.add_argument("--faults", default="kill-broker,kill-client,proxy-cut", help=f"comma-separated, from: {', '.join(FAULT_KINDS)}")
-    parser.add_argument("--duration", type=float, default=60.0)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--records", type=int, default=20_000)
-    parser.add_argument("--clients", type=int, default=2)
-    parser.add_argument("--abort-ratio", type=float, default=0.1)
-    parser.add_argument("--mean-fault-interval", type=float, default=5.0)
-    parser.add_argument("--report", default="chaos-report")
-    args = parser.parse_args(argv)
-    try:
-        settings = ChaosSettings(workload=args.workload, faults=tuple(f for f in args.faults.split(",") if f), duration=args.duration, seed=args.seed,
-                                 records=args.records, clients=args.clients, abort_ratio=args.abort_ratio, mean_fault_interval=args.mean_fault_interval)
-    except ValueError as error:
-        print(f"onceflow chaos: {error}", file=sys.stderr)
-        return 2
-    verdict = run_chaos(settings, args.report)
-    return 0 if verdict.valid else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

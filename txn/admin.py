@@ -300,11 +300,25 @@ class AsyncAdmin:
         """The producers with state in a partition (KIP-664), with the open
         transaction's first offset, or -1."""
         tp = as_topic_partition(partition)
-        response = await (await self.cluster.leader(tp.topic, tp.partition)).request(DESCRIBE_PRODUCERS, {"topics": [{"name": tp.topic, "partition_indexes": [tp.partition]}]})
-        answer = response["topics"][0]["partitions"][0]
-        if answer["error_code"]:
-            raise classify(answer["error_code"], f"describe producers of {tp}")
-        return [ProducerDescription(p["producer_id"], p["producer_epoch"], p["last_sequence"], p["last_timestamp"], p["coordinator_epoch"], p["current_txn_start_offset"]) for p in answer["active_producers"]]
+        return (await self.describe_producers_of([tp]))[tp]
+
+    async def describe_producers_of(self, partitions) -> dict[TopicPartition, list[ProducerDescription]]:
+        """``describe_producers`` of many partitions, one request per leader
+        (as ``kafka-transactions.sh find-hanging`` asks)."""
+        by_leader: dict[int, tuple] = {}
+        for tp in map(as_topic_partition, partitions):
+            client = await self.cluster.leader(tp.topic, tp.partition)
+            by_leader.setdefault(id(client), (client, {}))[1].setdefault(tp.topic, []).append(tp.partition)
+        out = {}
+        for client, topics in by_leader.values():
+            response = await client.request(DESCRIBE_PRODUCERS, {"topics": [{"name": t, "partition_indexes": p} for t, p in topics.items()]})
+            for topic in response["topics"]:
+                for answer in topic["partitions"]:
+                    tp = TopicPartition(topic["name"], answer["partition_index"])
+                    if answer["error_code"]:
+                        raise classify(answer["error_code"], f"describe producers of {tp}")
+                    out[tp] = [ProducerDescription(p["producer_id"], p["producer_epoch"], p["last_sequence"], p["last_timestamp"], p["coordinator_epoch"], p["current_txn_start_offset"]) for p in answer["active_producers"]]
+        return out
 
     async def abort_transaction(self, partition, producer_id: int, producer_epoch: int, coordinator_epoch: int | None = None) -> None:
         """Write an ABORT marker for a hanging transaction in one partition

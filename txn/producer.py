@@ -39,10 +39,10 @@ import collections
 import itertools
 import time
 from collections import defaultdict
+from typing import Callable
 
 import attrs
 
-from faults.points import point as crash_point  # dependency-free: named crash points for the harness
 from protocol.errors import ErrorCode
 from protocol.records import encode_batch
 from txn.cluster import TRANSACTION_KEY, Cluster
@@ -134,8 +134,24 @@ class _PartitionQueue:
     calm: asyncio.Event = attrs.field(factory=lambda: _set(asyncio.Event()))  # set while retrying == 0
 
 
+def no_crash_point(name: str) -> None:
+    """The default crash point: never fires."""
+
+
 class AsyncProducer:
-    def __init__(self, bootstrap_servers=None, transactional_id: str | None = None, config: dict | ProducerConfig | None = None, **options):
+    def __init__(
+        self,
+        bootstrap_servers=None,
+        transactional_id: str | None = None,
+        config: dict | ProducerConfig | None = None,
+        *,
+        crash_point: Callable[[str], None] = no_crash_point,
+        **options,
+    ):
+        """``crash_point(name)`` is called at the client's named crash point
+        (``txn.before_commit``: records produced, EndTxn not yet sent); the
+        fault harness passes ``faults.points.point`` to kill the process there."""
+        self.crash_point = crash_point
         if bootstrap_servers is not None:
             options["bootstrap_servers"] = bootstrap_servers
         if transactional_id is not None:
@@ -351,7 +367,7 @@ class AsyncProducer:
             raise TransactionAbortableError(message=f"cannot commit, abort instead: {self._txn_error}")
         if self._added or self._offsets_added or self._resumed:
             if commit:
-                crash_point("txn.before_commit")
+                self.crash_point("txn.before_commit")
             body = {"transactional_id": self.transactional_id, "producer_id": self.producer_id, "producer_epoch": self.producer_epoch, "committed": commit}
             try:
                 await self._txn_request(END_TXN, body, "EndTxn")
@@ -669,7 +685,16 @@ class Producer:
     Kafka property names are accepted too: ``Producer({"bootstrap.servers": ...})``.
     """
 
-    def __init__(self, bootstrap_servers=None, transactional_id: str | None = None, config: dict | ProducerConfig | None = None, *, _async: AsyncProducer | None = None, **options):
+    def __init__(
+        self,
+        bootstrap_servers=None,
+        transactional_id: str | None = None,
+        config: dict | ProducerConfig | None = None,
+        *,
+        crash_point: Callable[[str], None] = no_crash_point,
+        _async: AsyncProducer | None = None,
+        **options,
+    ):
         if isinstance(bootstrap_servers, dict):
             config, bootstrap_servers = bootstrap_servers, None
         self._thread = LoopThread("onceflow-producer")
@@ -677,7 +702,7 @@ class Producer:
         self._handoff_scheduled = False
         try:
             if _async is None:
-                _async = self._thread.run(lambda: AsyncProducer(bootstrap_servers, transactional_id, config, **options))
+                _async = self._thread.run(lambda: AsyncProducer(bootstrap_servers, transactional_id, config, crash_point=crash_point, **options))
             self._async = _async
             if self._async.transactional_id is None:
                 self._thread.call(self._async.start())
