@@ -350,6 +350,40 @@ SCENARIOS = (
     Scenario("end to end, produce to read_committed", latency_scenario),
 )
 
+def spark_microbatch_scenario(bootstrap: str, settings: ScenarioSettings) -> dict[str, Metric]:
+    """A one-row microbatch through Spark to the noop sink (Spark's own
+    floor), to our sink at_least_once and exactly_once, in one session
+    (a child process: benchmarks.bench_spark); 10 batches per second of
+    --seconds, medians of Spark's triggerExecution."""
+    from benchmarks.bench_spark import microbatch_scenario
+
+    medians_ms = microbatch_scenario(bootstrap, max(10, int(settings.seconds * 10)))
+    floor = medians_ms["noop"]
+    return {
+        "exactly_once ms/batch": Metric(medians_ms["exactly_once"], "ms"),
+        "at_least_once ms/batch": Metric(medians_ms["at_least_once"], "ms"),
+        "noop sink ms/batch (floor)": Metric(floor, "ms"),
+        "exactly_once / floor": Metric(medians_ms["exactly_once"] / floor, "x"),
+        "at_least_once / floor": Metric(medians_ms["at_least_once"] / floor, "x"),
+    }
+
+
+def spark_stall_scenario(bootstrap: str, settings: ScenarioSettings) -> dict[str, Metric]:
+    """The driver SIGKILLed with its batch decided and its transactions open
+    (holding the output's last stable offset) and restarted at once: how
+    long read_committed readers of the output saw nothing."""
+    from benchmarks.bench_spark import stall_scenario
+
+    stall = stall_scenario(bootstrap)
+    return {"read_committed stall s": Metric(stall["stall_s"], "s"), "kill to visible s": Metric(stall["kill_to_visible_s"], "s")}
+
+
+# Spark runs a JVM per scenario (minutes, about 1 GB): only when asked for, `onceflow bench --only spark`.
+SPARK_SCENARIOS = (
+    Scenario("spark 1-row microbatch", spark_microbatch_scenario),
+    Scenario("spark driver kill, read_committed stall", spark_stall_scenario),
+)
+
 PEER_NOTES = {
     # What the peer cannot do, said in the table rather than dropped.
     "consume read_committed": "Tansu does not filter aborted records (it lists no aborted transactions)",
@@ -466,7 +500,10 @@ def run_suite(args) -> int:
         print(line, flush=True)
 
     settings = ScenarioSettings(records=args.records, seconds=args.seconds, latency_rate=args.latency_rate, copier_records=args.copier_records)
-    scenarios = [s for s in SCENARIOS if not args.only or any(s.name.startswith(p.strip()) for p in args.only.split(","))]
+    if args.only:
+        scenarios = [s for s in SCENARIOS + SPARK_SCENARIOS if any(s.name.startswith(p.strip()) for p in args.only.split(","))]
+    else:
+        scenarios = list(SCENARIOS)
     work = tempfile.mkdtemp(prefix="onceflow-bench-", dir=args.work_dir)
     try:
         say(f"machine limits (data directory {work}) ...")

@@ -374,15 +374,29 @@ def write_task(options: SinkOptions, columns: Columns, batches, task: TaskIdenti
                 producer.abort_transaction()
             except Exception as error:  # the driver's cleanup aborts it anyway
                 log.warning("could not abort the failed task's transaction: %s", error)
+        elif producer is not None:
+            _IDEMPOTENT_PRODUCERS.pop(producer.config, None)  # a fresh one for the next task
+            producer.close()
         raise
     finally:
-        if producer is not None:
+        if producer is not None and options.exactly_once:
             producer.close()
+
+
+# at_least_once: one idempotent producer per Python worker, kept across the
+# tasks it runs (Spark reuses workers), which saves a connection and an
+# InitProducerId per task. Transactional producers are not kept: each task
+# must fence its name's earlier holder.
+_IDEMPOTENT_PRODUCERS: dict[ProducerConfig, Producer] = {}
 
 
 def _task_producer(options: SinkOptions, task: TaskIdentity) -> Producer:
     if not options.exactly_once:
-        return Producer(config=options.producer_config())
+        config = options.producer_config()
+        producer = _IDEMPOTENT_PRODUCERS.get(config)
+        if producer is None:
+            producer = _IDEMPOTENT_PRODUCERS[config] = Producer(config=config)
+        return producer
     name = transactional_id(options.transactional_id_prefix, task.query_id, task.run_id, task.partition, task.attempt)
     producer = Producer(config=options.producer_config(transactional_id=name))
     try:
@@ -397,6 +411,9 @@ def _task_producer(options: SinkOptions, task: TaskIdentity) -> Producer:
 # -- the driver's side -----------------------------------------------------------------------
 
 
+_ENSURED_DECISION_TOPICS: set[tuple[str, str]] = set()
+
+
 class DecisionLog:
     """The sink's decisions: a one-partition compacted topic keyed by the
     prefix; the latest decision is its last record."""
@@ -406,7 +423,11 @@ class DecisionLog:
         self.topic = options.decision_topic
 
     async def ensure(self, admin: AsyncAdmin) -> None:
+        key = (self.options.bootstrap_servers, self.topic)
+        if key in _ENSURED_DECISION_TOPICS:
+            return  # Spark reuses the Python worker that commits: once per process
         await admin.create_topics({self.topic: 1}, configs={self.topic: {"cleanup.policy": "compact"}}, exist_ok=True)
+        _ENSURED_DECISION_TOPICS.add(key)
 
     async def latest(self) -> Decision | None:
         consumer = AsyncConsumer(config=self.options.consumer_config())

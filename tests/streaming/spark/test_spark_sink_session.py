@@ -81,3 +81,18 @@ def test_columns_that_do_not_fit_fail_the_query_with_sparks_message(spark, broke
     )
     with pytest.raises(Exception, match="Required attribute 'value' not found"):
         query.awaitTermination(120)
+
+
+def test_commit_offsets_to_group_in_the_batch_transactions(spark, broker, tmp_path):
+    """The source's end offsets of each batch go to the consumer group with the
+    batch's decision, so lag tools see the pipeline's position."""
+    query = (
+        source(spark, broker).selectExpr("key", "value").writeStream.format("onceflow").option("kafka.bootstrap.servers", broker.bootstrap)
+        .option("topic", "plain").option("transactionalIdPrefix", "withoffsets").option("commitOffsetsToGroup", "payments-pipeline")
+        .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(availableNow=True).start()
+    )
+    query.awaitTermination(120)
+    assert query.exception() is None
+    with Admin(broker.bootstrap) as admin:
+        committed = admin.list_group_offsets("payments-pipeline")
+    assert {tp: o.offset for tp, o in committed.items()} == {TopicPartition("in", 0): 5, TopicPartition("in", 1): 5}
