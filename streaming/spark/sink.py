@@ -40,6 +40,19 @@ restart; the default is 15 minutes (Kafka's and our broker's
 ``transaction.max.timeout.ms``). Open transactions hold the last stable
 offset of the partitions they wrote: after a driver crash, read_committed
 readers of the output wait until the restarted query's first commit.
+
+Crash points (``CRASH_POINTS``) are a seam, never an import of ``faults``:
+the process that composes the query names a ``module:function`` in the
+``crashPointHook`` option, and the sink calls it with each point's name in
+whichever Spark process passes there (the test driver's hook arms points
+from the environment with ``faults.points``' syntax and SIGKILLs the
+driver's process group). Without the option the points cost one call to a
+no-op.
+
+Limits: ``commitOffsetsToGroup`` needs the checkpoint on a file system the
+driver's Python can open (it reads Spark's offset log); a second driver
+running the same checkpoint at the same time (Spark does not prevent that
+across clusters) is not fenced.
 """
 
 from __future__ import annotations
