@@ -54,11 +54,11 @@ from faults.history import read_history, sends
 from faults.process import BrokerProcess, ClientProcess
 from faults.proxy import ThreadedFaultProxy
 from faults.report import FaultEvent, write_report
+from protocol.messages import ApiKey
 
 FAULT_KINDS = ("kill-broker", "kill-client", "pause-client", "pause-broker", "proxy-cut", "proxy-delay-endtxn", "torn-tail", "disk-fsync")
 WORKLOAD_KINDS = ("copier", "copier-confluent", "producer", "bank", "processor", "streaming")
 BROKER_CONFIG = ("group.initial.rebalance.delay.ms=0", "group.min.session.timeout.ms=1000", "transaction.abort.timed.out.transaction.cleanup.interval.ms=500")
-END_TXN = 26
 
 
 @attrs.frozen
@@ -339,7 +339,7 @@ class ChaosRun:
         if fault.kind == "proxy-cut":
             return f"{self.proxy.cut()} connections cut"
         if fault.kind == "proxy-delay-endtxn":
-            self.proxy.delay_requests(END_TXN, 2.0)
+            self.proxy.delay_requests(ApiKey.END_TXN, 2.0)
             self.pending_clears.append((now + 5.0, "clear-requests", None))
             return "EndTxn held 2 s for 5 s"
         if fault.kind == "torn-tail":
@@ -365,7 +365,7 @@ class ChaosRun:
             if action == "resume":
                 target.resume()
             elif action == "clear-requests":
-                self.proxy.clear_requests(END_TXN)
+                self.proxy.clear_requests(ApiKey.END_TXN)
             elif action == "restart-broker":
                 self.disk.clear()
                 self._restart_broker()

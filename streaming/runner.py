@@ -246,12 +246,13 @@ class Runner:
                             break  # rewound: the rest of this poll is read again
             if self.txn_open and time.monotonic() - self.txn_started >= interval:
                 await self._commit_or_abort()
+                self.last_activity = time.monotonic()  # a slow commit is not idleness
             now = time.monotonic()
             if self.progress_interval and now >= next_progress:
                 progress_mark = await self._progress(progress_mark)
                 next_progress = now + self.progress_interval
             # Idle time counts from the first assignment on (joining a group may take a while).
-            if self.until_idle is not None and not self.txn_open and self.metrics.get("rebalances") and now - self.last_activity >= self.until_idle:
+            if self.until_idle is not None and not records and not self.txn_open and self.metrics.get("rebalances") and now - self.last_activity >= self.until_idle:
                 log.info("idle for %.1f s: stopping", self.until_idle)
                 return
 
@@ -332,9 +333,15 @@ class Runner:
             futures = [await self._send(topic, key, value, (), None, partition=store.partition) for key, value in changes.items()]
             written.append((store, changes, futures))
         self.dirty = set()
+        # The offsets' round trips (AddOffsetsToTxn, TxnOffsetCommit) overlap
+        # the records' flush; both finish (no orphan task) before any error counts.
+        steps = [producer.flush()]
         if self.txn_offsets:
             offsets = {tp: OffsetAndMetadata(offset) for tp, offset in self.txn_offsets.items()}
-            await producer.send_offsets_to_transaction(offsets, self.consumer.group_metadata())
+            steps.append(producer.send_offsets_to_transaction(offsets, self.consumer.group_metadata()))
+        for outcome in await asyncio.gather(*steps, return_exceptions=True):
+            if isinstance(outcome, BaseException):
+                raise outcome
         await producer.commit_transaction()
         self.txn_open = False
         self.metrics.add("commits")
