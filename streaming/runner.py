@@ -35,6 +35,14 @@ between the Kafka commit and the SQLite apply, or after another instance
 owned the partition): catch up from the changelog. Ahead of the stable end,
 or behind the log start (the topic was recreated, truncated, or the file came
 from elsewhere): thrown away and rebuilt from the changelog alone.
+Compaction keeps offsets, so a file behind a compacted changelog still
+catches up correctly, with one limit Kafka Streams shares: a file that fell
+behind by more than the topic's ``delete.retention.ms`` may miss a deletion
+whose tombstone compaction has since dropped.
+
+Memory: the committed contents of every assigned shard are held in memory
+(see ``streaming.store``); a rebalance keeps a revoked shard there until the
+assignment arrives, so a shard given back is not reloaded.
 """
 
 from __future__ import annotations
