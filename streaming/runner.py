@@ -480,8 +480,9 @@ class Runner:
         await self._release(partitions)
 
     async def on_partitions_lost(self, partitions) -> None:
+        log.warning("partitions lost (the group moved on without this member): %s%s", ", ".join(map(str, sorted(partitions))) or "none",
+                    "; aborting the open transaction" if self.txn_open and not self.failed else "")
         if self.txn_open and not self.failed:
-            log.warning("partitions lost (this member was fenced by the group): aborting the open transaction")
             await self._abort()
         await self._release(partitions)
 
@@ -599,7 +600,9 @@ class Runner:
         restored = 0
         position = store.next_offset
         while position < end:
-            for record in await restorer.poll(0.5):
+            # A short wait: at the tail there may be nothing visible left (only
+            # a COMMIT marker), and the fetch would wait its whole timeout.
+            for record in await restorer.poll(0.05):
                 if record.key is not None:
                     changes[record.key] = record.value
                     restored += 1
