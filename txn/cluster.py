@@ -18,7 +18,6 @@ import time
 
 import tenacity
 
-from protocol.constants import CoordinatorType
 from protocol.errors import ErrorCode
 from protocol.messages import ApiKey
 from txn.config import CommonConfig
