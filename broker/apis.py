@@ -10,7 +10,6 @@ Fetch long-polls and respects its byte limits. Handlers never touch sockets
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import uuid

@@ -10,8 +10,10 @@
   and fsyncs on a running one;
 - ``workloads`` and ``history``: processes that do work and record it;
 - ``checker``: the exactly-once checker over a history;
-- ``chaos`` and ``report``: ``onceflow chaos`` and ``run_chaos``, a seeded
-  schedule of faults over a workload, with a report folder.
+- ``chaos`` and ``report``: ``run_chaos`` (``onceflow chaos``), a seeded
+  schedule of faults over a workload, with a report folder;
+- ``demo`` and ``storage_demo``: ``onceflow demo`` (the exactly-once pipeline
+  under kills) and ``onceflow demo --storage`` (one log under kills).
 
 This package imports nothing at import time, so ``faults.points`` costs a
 composition root nothing but itself.

@@ -67,6 +67,7 @@ from typing import Callable, Iterable, NamedTuple
 import attrs
 
 from protocol.messages import ApiKey
+from protocol.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -317,18 +318,6 @@ def _reset_socket(sock: socket.socket) -> None:
     sock.close()
 
 
-async def _cancel_and_wait(task: asyncio.Task | None) -> None:
-    if task is None:
-        return
-    task.cancel()
-    try:
-        await task
-    except asyncio.CancelledError:
-        current = asyncio.current_task()
-        if current is not None and current.cancelling():
-            raise
-
-
 # ------------------------------------------------------------------ the proxy
 
 
@@ -390,7 +379,7 @@ class FaultProxy:
 
     async def stop(self) -> None:
         """Stop accepting and close every connection (queued bytes are dropped)."""
-        await _cancel_and_wait(self._serve_task)
+        await cancel_and_wait(self._serve_task)
         self._serve_task = None
         if self._listener is not None:
             self._listener.close()

@@ -5,13 +5,10 @@ restart; and a copier that lost its partitions cannot commit offsets for them.""
 
 from __future__ import annotations
 
-import asyncio
-import os
 import signal
 import subprocess
 import sys
 import time
-import uuid
 
 import pytest
 

@@ -4,7 +4,6 @@ their crash behaviour with a real broker process."""
 from __future__ import annotations
 
 import asyncio
-import struct
 import time
 import uuid
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from protocol import schema
 from protocol.errors import ErrorCode, FrameTooLargeError, MalformedFrameError, UnsupportedRequestError
-from protocol.framing import ClientConnection, ServerConnection, encode_request, encode_response
+from protocol.framing import ClientConnection, ServerConnection, encode_request
 from protocol.messages import APIS, ApiKey
 
 PRIMITIVE_SAMPLES = {
