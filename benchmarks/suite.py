@@ -24,7 +24,6 @@ This module owns the scenarios, the rounds and the report; the targets are
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -477,23 +476,9 @@ def chart(rows: list[dict], path: str) -> bool:
     return True
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="onceflow bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--records", type=int, default=200_000, help="records per produce/consume scenario (1 KiB scenarios use a quarter)")
-    parser.add_argument("--seconds", type=float, default=3.0, help="length of the timed scenarios (transactions, latency)")
-    parser.add_argument("--copier-records", type=int, default=50_000)
-    parser.add_argument("--latency-rate", type=int, default=2_000, help="records/s for the end-to-end latency scenario")
-    parser.add_argument("--spark", action="store_true", help="also the Spark data source scenarios (a local Spark session each; minutes)")
-    parser.add_argument("--spark-rows", type=int, default=1_000_000, help="rows of the Spark throughput scenarios")
-    parser.add_argument("--only", default=None, help="comma-separated scenario name prefixes")
-    parser.add_argument("--no-peer", action="store_true", help="skip Tansu")
-    parser.add_argument("--work-dir", default=None, help="where our broker keeps its data (default: a temp dir)")
-    parser.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
-                        help="a setting for our broker, e.g. flush.policy=os to see what the fsyncs cost (default: its defaults)")
-    parser.add_argument("--json", default=None)
-    parser.add_argument("--png", default=None)
-    args = parser.parse_args(argv)
+def run_suite(args) -> int:
+    """The whole run, for ``onceflow bench`` (whose module,
+    ``onceflow.commands.bench``, owns the options)."""
     from benchmarks.limits import measure_limits
 
     def say(line: str) -> None:
@@ -532,4 +517,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from onceflow.cli import main
+
+    sys.exit(main(["bench", *sys.argv[1:]]))

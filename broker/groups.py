@@ -13,31 +13,33 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
+from typing import Callable
 
 from coordinator.metadata import TopicPartition as TxnPartition
-from faults.points import point as crash_point
 from groupcoord.coordinator import GroupCoordinator, GroupSettings
 from groupcoord.records import OFFSETS_TOPIC, OffsetAndMetadata
+from protocol.clock import Clock
 from protocol.errors import ErrorCode
+from protocol.messages import ApiKey
 from protocol.partitioning import partition_for
-from broker.replay import cancel_and_wait, replay
+from broker.replay import replay
 from protocol.records import ControlType, decode_control_record, encode_batch
 
 log = logging.getLogger(__name__)
 
 
 class OffsetsLogWriter:
-    def __init__(self, replicas, partitions: int):
+    def __init__(self, replicas, partitions: int, clock: Clock):
         self.replicas = replicas
         self.partitions = partitions
+        self.clock = clock
 
     async def append(self, group_id: str, records, *, producer_id: int = -1, producer_epoch: int = -1) -> None:
         partition = partition_for(group_id, self.partitions)
         partition_log = self.replicas.get_log(OFFSETS_TOPIC, partition)
         if partition_log is None:
             raise RuntimeError(f"{OFFSETS_TOPIC}-{partition} is not open")
-        now = int(time.time() * 1000)
+        now = self.clock.wall_ms()
         batch = encode_batch(
             [(key, value, (), now) for key, value in records],
             producer_id=producer_id,
@@ -49,20 +51,21 @@ class OffsetsLogWriter:
 
 
 class GroupManager:
-    def __init__(self, *, replicas, config):
+    def __init__(self, *, replicas, config, clock: Clock | None = None):
         self.replicas = replicas
         self.partitions = config.offsets_topic_partitions
+        self.clock = clock or Clock()
         self.coordinator = GroupCoordinator(
-            offsets_log=OffsetsLogWriter(replicas, self.partitions),
+            offsets_log=OffsetsLogWriter(replicas, self.partitions, self.clock),
             settings=GroupSettings(
                 initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
                 min_session_timeout_ms=config.group_min_session_timeout_ms,
                 max_session_timeout_ms=config.group_max_session_timeout_ms,
                 offsets_retention_ms=config.offsets_retention_minutes * 60_000,
             ),
+            clock=self.clock,
         )
         self.retention_check_interval_ms = config.offsets_retention_check_interval_ms
-        self._retention: asyncio.Task | None = None
 
     def owns(self, partition: int):
         return lambda group_id: partition_for(group_id, self.partitions) == partition
@@ -88,10 +91,12 @@ class GroupManager:
 
     async def start(self) -> None:
         self.load()
-        self.coordinator.start()
-        self._retention = asyncio.get_running_loop().create_task(self._expire())
 
-    async def _expire(self) -> None:
+    def background(self) -> dict:
+        """The loops the broker runs in its TaskGroup while it serves (by name)."""
+        return {"group timers": self.coordinator.run_timers(), "offset retention": self._expire_offsets()}
+
+    async def _expire_offsets(self) -> None:
         while True:
             await asyncio.sleep(self.retention_check_interval_ms / 1000.0)
             try:
@@ -100,30 +105,32 @@ class GroupManager:
                 log.exception("offset retention failed")
 
     async def stop(self) -> None:
-        await cancel_and_wait(self._retention)
+        """After the broker has stopped ``background()`` and its listener."""
         await self.coordinator.stop()
 
 
 class GroupApis:
-    def __init__(self, *, groups: GroupManager, transactions, replicas):
+    def __init__(self, *, groups: GroupManager, transactions, replicas, crash_point: Callable[[str], None] = lambda name: None):
         self.groups = groups
+        # The fault harness's seam, passed in by the broker's composition.
+        self.crash_point = crash_point
         self.coordinator = groups.coordinator
         self.transactions = transactions
         self.replicas = replicas
 
     def handlers(self) -> dict:
         return {
-            8: self.handle_offset_commit,
-            9: self.handle_offset_fetch,
-            11: self.handle_join_group,
-            12: self.handle_heartbeat,
-            13: self.handle_leave_group,
-            14: self.handle_sync_group,
-            15: self.handle_describe_groups,
-            16: self.handle_list_groups,
-            28: self.handle_txn_offset_commit,
-            42: self.handle_delete_groups,
-            47: self.handle_offset_delete,
+            ApiKey.OFFSET_COMMIT: self.handle_offset_commit,
+            ApiKey.OFFSET_FETCH: self.handle_offset_fetch,
+            ApiKey.JOIN_GROUP: self.handle_join_group,
+            ApiKey.HEARTBEAT: self.handle_heartbeat,
+            ApiKey.LEAVE_GROUP: self.handle_leave_group,
+            ApiKey.SYNC_GROUP: self.handle_sync_group,
+            ApiKey.DESCRIBE_GROUPS: self.handle_describe_groups,
+            ApiKey.LIST_GROUPS: self.handle_list_groups,
+            ApiKey.TXN_OFFSET_COMMIT: self.handle_txn_offset_commit,
+            ApiKey.DELETE_GROUPS: self.handle_delete_groups,
+            ApiKey.OFFSET_DELETE: self.handle_offset_delete,
         }
 
     async def handle_join_group(self, version: int, body: dict) -> dict:
@@ -170,7 +177,7 @@ class GroupApis:
         return {"throttle_time_ms": 0, "error_code": error if version <= 2 else ErrorCode.NONE, "members": results}
 
     async def handle_offset_commit(self, version: int, body: dict) -> dict:
-        now = int(time.time() * 1000)
+        now = self.groups.clock.wall_ms()
         offsets = {}
         for topic in body.get("topics", []):
             for partition in topic.get("partitions", []):
@@ -236,7 +243,7 @@ class GroupApis:
         producer_id = body.get("producer_id", -1)
         producer_epoch = body.get("producer_epoch", -1)
         offsets = {}
-        now = int(time.time() * 1000)
+        now = self.groups.clock.wall_ms()
         for topic in body.get("topics", []):
             for partition in topic.get("partitions", []):
                 offsets[(topic["name"], partition["partition_index"])] = OffsetAndMetadata(
@@ -257,7 +264,7 @@ class GroupApis:
                 offsets=offsets,
             )
             if error == ErrorCode.NONE:
-                crash_point("groupcoord.after_pending_offsets")
+                self.crash_point("groupcoord.after_pending_offsets")
         return {
             "throttle_time_ms": 0,
             "topics": [

@@ -21,14 +21,3 @@ def replay(partition_log) -> Iterator[RecordBatch]:
         for position, header in iter_batches(data):
             offset = header.next_offset
             yield decode_batch(data, position)
-
-
-async def cancel_and_wait(task) -> None:
-    """Stop a background task this object owns and wait until it has stopped."""
-    if task is None:
-        return
-    task.cancel()
-    try:
-        await task
-    except BaseException:  # its CancelledError (or its last failure) ends here
-        pass

@@ -24,6 +24,7 @@ from typing import Awaitable, Callable
 
 from protocol import framing
 from protocol.errors import MalformedFrameError
+from protocol.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +71,8 @@ class KafkaServer:
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
-        for task in list(self._connections):
-            task.cancel()
-        if self._connections:
-            await asyncio.gather(*self._connections, return_exceptions=True)
+        # The connection tasks are asyncio.start_server's; this server owns them.
+        await cancel_and_wait(*self._connections)
         if self._server is not None:
             await self._server.wait_closed()
             self._server = None
@@ -85,6 +84,10 @@ class KafkaServer:
         try:
             await self._serve(reader, writer, peer)
         except asyncio.CancelledError:
+            # stop() cancelled this connection. This is the top of the task
+            # (nobody above waits to be cancelled) and it must end normally:
+            # start_server's done-callback calls task.exception(), which
+            # raises on a cancelled task and is logged as an error.
             pass
         except Exception:  # a bug on our side: log it, lose only this connection
             log.exception("connection from %s failed", peer)
@@ -94,7 +97,7 @@ class KafkaServer:
             try:
                 await writer.wait_closed()
             except (OSError, asyncio.CancelledError):
-                pass
+                pass  # the same top of the task: closing is all that is left
 
     async def _serve(self, reader, writer, peer) -> None:
         connection = framing.ServerConnection(max_frame_size=self._max_frame_size)

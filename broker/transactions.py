@@ -10,7 +10,8 @@
   a transaction (``__consumer_offsets`` included) and waits until all are
   durable, then tells the fetch long-poll and the group coordinator;
 - the producer-id allocator (blocks in ``__cluster_metadata/producer-ids``);
-- the timer that aborts timed-out transactions and expires idle ids;
+- the timer loop that aborts timed-out transactions and expires idle ids
+  (``background()``: the broker runs it in its TaskGroup);
 - loading at start: every ``__transaction_state`` partition is replayed and
   the coordinator finishes what was left in a Prepare state.
 
@@ -23,14 +24,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 from typing import Callable
 
 from coordinator.coordinator import CoordinatorSettings, TransactionCoordinator
 from coordinator.metadata import TxnMetadata
 from coordinator.producer_ids import ProducerIdAllocator
 from coordinator.txn_log import (
-    DEFAULT_PARTITIONS,
     TRANSACTION_STATE_TOPIC,
     decode_key,
     decode_value,
@@ -38,7 +37,8 @@ from coordinator.txn_log import (
     encode_value,
     partition_for,
 )
-from broker.replay import cancel_and_wait, replay
+from broker.replay import replay
+from protocol.clock import Clock
 from protocol.records import ControlType, encode_batch, encode_control_batch
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ COORDINATOR_EPOCH = 0
 
 
 class StateLogWriter:
-    def __init__(self, replicas, partitions: int, clock):
+    def __init__(self, replicas, partitions: int, clock: Clock):
         self.replicas = replicas
         self.partitions = partitions
         self.clock = clock
@@ -67,12 +67,12 @@ class StateLogWriter:
 
     async def _append(self, transactional_id: str, value: bytes | None) -> None:
         partition_log = self._log_for(transactional_id)
-        info = partition_log.append(encode_batch([(encode_key(transactional_id), value, (), self.clock())]))
+        info = partition_log.append(encode_batch([(encode_key(transactional_id), value, (), self.clock.wall_ms())]))
         await partition_log.wait_durable(info.last_offset)
 
 
 class MarkerWriter:
-    def __init__(self, replicas, clock, crash_point: Callable[[str], None], on_marker: Callable | None = None):
+    def __init__(self, replicas, clock: Clock, crash_point: Callable[[str], None], on_marker: Callable | None = None):
         self.replicas = replicas
         self.clock = clock
         self.crash_point = crash_point
@@ -94,7 +94,7 @@ class MarkerWriter:
                 producer_id=metadata.producer_id,
                 producer_epoch=metadata.producer_epoch,
                 coordinator_epoch=COORDINATOR_EPOCH,
-                timestamp=self.clock(),
+                timestamp=self.clock.wall_ms(),
             )
             info, _aborted = partition_log.append_control(data, coordinator_epoch=COORDINATOR_EPOCH)
             written += 1
@@ -107,12 +107,12 @@ class MarkerWriter:
 
 
 class TransactionManager:
-    def __init__(self, *, replicas, config, crash_point: Callable[[str], None] = lambda name: None, on_marker=None):
+    def __init__(self, *, replicas, config, crash_point: Callable[[str], None] = lambda name: None, on_marker=None, clock: Clock | None = None):
         self.replicas = replicas
         self.config = config
         self.crash_point = crash_point
         self.partitions = config.transaction_state_partitions
-        clock = lambda: int(time.time() * 1000)  # noqa: E731
+        clock = clock or Clock()
         self.state_log = StateLogWriter(replicas, self.partitions, clock)
         self.markers = MarkerWriter(replicas, clock, crash_point, on_marker)
         self.producer_ids = ProducerIdAllocator(os.path.join(replicas.data_dir, "__cluster_metadata"))
@@ -129,7 +129,6 @@ class TransactionManager:
             coordinator_epoch=COORDINATOR_EPOCH,
             crash_point=crash_point,
         )
-        self._timer: asyncio.Task | None = None
 
     def ensure_topic(self) -> None:
         if TRANSACTION_STATE_TOPIC not in self.replicas.topics:
@@ -160,7 +159,10 @@ class TransactionManager:
         self.ensure_topic()
         self.load()
         self.coordinator.recover()
-        self._timer = asyncio.get_running_loop().create_task(self._timers())
+
+    def background(self) -> dict:
+        """The loop the broker runs in its TaskGroup while it serves (by name)."""
+        return {"transaction timers": self._timers()}
 
     async def _timers(self) -> None:
         interval = self.config.transaction_abort_interval_ms / 1000.0
@@ -173,5 +175,5 @@ class TransactionManager:
                 log.exception("transaction timers failed")
 
     async def stop(self) -> None:
-        await cancel_and_wait(self._timer)
+        """After the broker has stopped ``background()`` and its listener."""
         await self.coordinator.close()

@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from typing import Awaitable, Callable, Iterable, Protocol
+from typing import Callable, Iterable, Protocol
 
 import attrs
 
 from coordinator.metadata import MAX_PRODUCER_EPOCH, NO_PRODUCER_EPOCH, NO_PRODUCER_ID, TopicPartition, TxnMetadata
 from coordinator.state import InvalidTransition, TxnState
+from protocol.clock import Clock
 from protocol.errors import ErrorCode
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ class TransactionCoordinator:
         markers: MarkerWriter,
         producer_ids: ProducerIdSource,
         settings: CoordinatorSettings = CoordinatorSettings(),
-        clock: Callable[[], int] = lambda: int(time.time() * 1000),
+        clock: Clock | None = None,
         coordinator_epoch: int = 0,
         crash_point: Callable[[str], None] = lambda name: None,
     ):
@@ -87,7 +87,9 @@ class TransactionCoordinator:
         self.markers = markers
         self.producer_ids = producer_ids
         self.settings = settings
-        self.clock = clock
+        # Every time here is written to __transaction_state (start, last
+        # update) and compared after restarts: wall-clock milliseconds.
+        self.clock = clock or Clock()
         self.coordinator_epoch = coordinator_epoch
         # The fault harness's seam: named points where a test may kill us.
         self.crash_point = crash_point
@@ -136,7 +138,7 @@ class TransactionCoordinator:
             return InitResult(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
         if transactional_id in self._busy:
             return InitResult(ErrorCode.CONCURRENT_TRANSACTIONS)
-        now = self.clock()
+        now = self.clock.wall_ms()
         current = self.txns.get(transactional_id)
         if current is None or current.state == TxnState.DEAD:
             metadata = TxnMetadata(
@@ -225,7 +227,7 @@ class TransactionCoordinator:
         if current.state == TxnState.ONGOING and partitions <= current.partitions:
             return ErrorCode.NONE  # already part of the transaction: nothing to write
         try:
-            metadata = current.add_partitions(partitions, self.clock())
+            metadata = current.add_partitions(partitions, self.clock.wall_ms())
         except InvalidTransition:
             return ErrorCode.INVALID_TXN_STATE
         return (await self._write_then_apply(metadata, InitResult(ErrorCode.NONE))).error
@@ -274,7 +276,7 @@ class TransactionCoordinator:
             return ErrorCode.INVALID_TXN_STATE
         if current.state != TxnState.ONGOING:
             return ErrorCode.INVALID_TXN_STATE
-        now = self.clock()
+        now = self.clock.wall_ms()
         prepared = current.prepare_commit(now) if commit else current.prepare_abort(now)
         self._busy.add(transactional_id)
         try:
@@ -293,7 +295,7 @@ class TransactionCoordinator:
     async def abort_timed_out(self) -> list[str]:
         """Abort (with an epoch bump that fences the producer) every transaction
         Ongoing past its timeout. Returns the ids aborted."""
-        now = self.clock()
+        now = self.clock.wall_ms()
         aborted = []
         for transactional_id, metadata in list(self.txns.items()):
             deadline = metadata.transaction_deadline_ms()
@@ -305,7 +307,7 @@ class TransactionCoordinator:
         return aborted
 
     async def expire_transactional_ids(self) -> list[str]:
-        now = self.clock()
+        now = self.clock.wall_ms()
         expired = []
         for transactional_id, metadata in list(self.txns.items()):
             if transactional_id in self._busy:
@@ -324,7 +326,7 @@ class TransactionCoordinator:
     async def _abort_with_bump(self, current: TxnMetadata) -> None:
         transactional_id = current.transactional_id
         self._busy.add(transactional_id)
-        now = self.clock()
+        now = self.clock.wall_ms()
         bump = current.producer_epoch + 1 < MAX_PRODUCER_EPOCH
         if current.state == TxnState.ONGOING:
             fenced = current.fence(now)
@@ -360,7 +362,7 @@ class TransactionCoordinator:
                 try:
                     await self.markers.write(prepared, commit)
                     self.crash_point("coordinator.before_complete")
-                    completed = prepared.complete(self.clock())
+                    completed = prepared.complete(self.clock.wall_ms())
                     await self.txn_log.write(completed)
                     self.txns[transactional_id] = completed
                     return

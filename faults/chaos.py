@@ -25,7 +25,6 @@ The same seed gives the same fault schedule (kinds, times, victims). Faults:
 
 from __future__ import annotations
 
-import argparse
 import glob
 import json
 import os
@@ -46,11 +45,11 @@ from faults.history import read_history, sends
 from faults.process import BrokerProcess, ClientProcess
 from faults.proxy import ThreadedFaultProxy
 from faults.report import FaultEvent, write_report
+from protocol.messages import ApiKey
 
 FAULT_KINDS = ("kill-broker", "kill-client", "pause-client", "pause-broker", "proxy-cut", "proxy-delay-endtxn", "torn-tail", "disk-fsync")
 WORKLOAD_KINDS = ("copier", "copier-confluent", "producer", "bank", "processor")
 BROKER_CONFIG = ("group.initial.rebalance.delay.ms=0", "group.min.session.timeout.ms=1000", "transaction.abort.timed.out.transaction.cleanup.interval.ms=500")
-END_TXN = 26
 
 
 @attrs.frozen
@@ -211,7 +210,7 @@ class ChaosRun:
         if fault.kind == "proxy-cut":
             return f"{self.proxy.cut()} connections cut"
         if fault.kind == "proxy-delay-endtxn":
-            self.proxy.delay_requests(END_TXN, 2.0)
+            self.proxy.delay_requests(ApiKey.END_TXN, 2.0)
             self.pending_clears.append((now + 5.0, "clear-requests", None))
             return "EndTxn held 2 s for 5 s"
         if fault.kind == "torn-tail":
@@ -237,7 +236,7 @@ class ChaosRun:
             if action == "resume":
                 target.resume()
             elif action == "clear-requests":
-                self.proxy.clear_requests(END_TXN)
+                self.proxy.clear_requests(ApiKey.END_TXN)
             elif action == "restart-broker":
                 self.disk.clear()
                 self._restart_broker()
@@ -386,29 +385,3 @@ def _event_time(event: dict) -> float:
 def run_chaos(settings: ChaosSettings, report_dir: str, *, out=sys.stdout):
     """Run one chaos experiment; returns the checker's verdict (``.valid``)."""
     return ChaosRun(settings, report_dir, out=out).run()
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="onceflow chaos", description="run a workload under a seeded schedule of faults and check it")
-    parser.add_argument("--workload", choices=WORKLOAD_KINDS, default="copier")
-    parser.add_argument("--faults", default="kill-broker,kill-client,proxy-cut", help=f"comma-separated, from: {', '.join(FAULT_KINDS)}")
-    parser.add_argument("--duration", type=float, default=60.0)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--records", type=int, default=20_000)
-    parser.add_argument("--clients", type=int, default=2)
-    parser.add_argument("--abort-ratio", type=float, default=0.1)
-    parser.add_argument("--mean-fault-interval", type=float, default=5.0)
-    parser.add_argument("--report", default="chaos-report")
-    args = parser.parse_args(argv)
-    try:
-        settings = ChaosSettings(workload=args.workload, faults=tuple(f for f in args.faults.split(",") if f), duration=args.duration, seed=args.seed,
-                                 records=args.records, clients=args.clients, abort_ratio=args.abort_ratio, mean_fault_interval=args.mean_fault_interval)
-    except ValueError as error:
-        print(f"onceflow chaos: {error}", file=sys.stderr)
-        return 2
-    verdict = run_chaos(settings, args.report)
-    return 0 if verdict.valid else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

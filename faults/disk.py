@@ -9,7 +9,8 @@ Offline (the broker is down, e.g. after a SIGKILL):
   last batch, as a bad sector would.
 
 Online, across processes: a broker started with ``ONCEFLOW_DISK_FAULTS``
-naming a control file uses ``ControlledDiskIO`` for its logs; the harness
+naming a control file uses ``ControlledDiskIO`` for its logs (the broker's
+composition calls ``io_from_environment`` once and passes the DiskIO down); the harness
 writes the file through ``DiskFaultControl`` (``fail_writes(errno, seconds)``,
 ``fail_fsyncs``, ``tear_next_write``, ``clear``). A failing write first writes
 half its bytes (the worst case for a log); a log whose write or fsync failed

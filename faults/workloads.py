@@ -37,6 +37,7 @@ import sys
 import time
 
 from faults.history import HistoryWriter
+from faults.points import point as crash_point  # armed by ONCEFLOW_CRASH_POINTS in this process's environment
 
 
 def _stopping() -> list:
@@ -59,7 +60,14 @@ def run_copier(args, recorder: HistoryWriter) -> int:
     rng = random.Random(args.seed)
     stop = _stopping()
     consumer = Consumer(bootstrap_servers=args.bootstrap, group_id=args.group, session_timeout_ms=6000, heartbeat_interval_ms=500, max_poll_records=args.records_per_txn, request_timeout_ms=5000)
-    producer = Producer(bootstrap_servers=args.bootstrap, transactional_id=args.transactional_id, transaction_timeout_ms=10_000, request_timeout_ms=5000, delivery_timeout_ms=20_000)
+    producer = Producer(
+        bootstrap_servers=args.bootstrap,
+        transactional_id=args.transactional_id,
+        transaction_timeout_ms=10_000,
+        request_timeout_ms=5000,
+        delivery_timeout_ms=20_000,
+        crash_point=crash_point,
+    )
     producer.init_transactions()
 
     class RecordAssignments:
@@ -221,7 +229,14 @@ def run_bank(args, recorder: HistoryWriter) -> int:
 
     rng = random.Random(args.seed)
     stop = _stopping()
-    producer = Producer(bootstrap_servers=args.bootstrap, transactional_id=args.transactional_id, transaction_timeout_ms=10_000, request_timeout_ms=5000, delivery_timeout_ms=20_000)
+    producer = Producer(
+        bootstrap_servers=args.bootstrap,
+        transactional_id=args.transactional_id,
+        transaction_timeout_ms=10_000,
+        request_timeout_ms=5000,
+        delivery_timeout_ms=20_000,
+        crash_point=crash_point,
+    )
     producer.init_transactions()
     accounts = [f"acct-{i}" for i in range(args.accounts)]
     if args.open_accounts:

@@ -22,6 +22,13 @@ UNSTABLE_OFFSET_COMMIT for it. A TxnOffsetCommit carrying a generation is
 fenced like a plain commit (KIP-447): a copier that lost its partitions in a
 rebalance cannot commit offsets for them.
 
+The durability rule is the transaction coordinator's, "write, then apply":
+a change that ``__consumer_offsets`` records (the leader's assignment, a
+group left empty) is computed as the next ``StoredGroup`` value
+(``groupcoord.metadata``), written, and only once it is durable applied to
+the live group; a write that fails leaves the group as it was. Offsets are
+cached only after their write, too.
+
 The coordinator never touches files; ``offsets_log`` appends records to the
 group's ``__consumer_offsets`` partition and waits until they are durable.
 """
@@ -30,12 +37,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import uuid
 from typing import Callable, Protocol
 
 import attrs
 
+from groupcoord.metadata import StoredGroup, StoredMember
 from groupcoord.records import (
     GroupKey,
     OffsetAndMetadata,
@@ -44,12 +51,12 @@ from groupcoord.records import (
     decode_key,
     decode_offset_value,
     group_key,
-    group_value,
     offset_key,
     offset_value,
     subscribed_topics,
 )
-from groupcoord.state import GroupEvent, GroupState, InvalidGroupTransition, transition
+from groupcoord.state import GroupEvent, GroupState, transition
+from protocol.clock import Clock
 from protocol.errors import ErrorCode
 
 log = logging.getLogger(__name__)
@@ -109,9 +116,53 @@ class Group:
     new_group_delay_until: float | None = None
     state_timestamp: int = -1
 
-    def move(self, event: GroupEvent) -> None:
+    def move(self, event: GroupEvent, now_ms: int) -> None:
+        """A change that is not written to ``__consumer_offsets`` (a rebalance
+        starts, every member has joined): the table decides, memory follows."""
         self.state = transition(self.state, event)
-        self.state_timestamp = int(time.time() * 1000)
+        self.state_timestamp = now_ms
+
+    def snapshot(self) -> StoredGroup:
+        """The group as its GroupMetadata record would hold it now."""
+        return StoredGroup(
+            group_id=self.group_id,
+            state=self.state,
+            generation=self.generation,
+            protocol_type=self.protocol_type,
+            protocol_name=self.protocol_name,
+            leader=self.leader,
+            state_timestamp=self.state_timestamp,
+            members=tuple(
+                StoredMember(
+                    member_id=m.member_id,
+                    group_instance_id=m.group_instance_id,
+                    client_id=m.client_id,
+                    client_host=m.client_host,
+                    rebalance_timeout_ms=m.rebalance_timeout_ms,
+                    session_timeout_ms=m.session_timeout_ms,
+                    subscription=m.metadata_for(self.protocol_name or ""),
+                    assignment=m.assignment,
+                )
+                for m in self.members.values()
+            ),
+        )
+
+    def apply(self, stored: StoredGroup) -> None:
+        """Make the live group what ``stored`` says, once it is durable:
+        members it no longer lists leave, the others take their assignment."""
+        kept = {m.member_id: m for m in stored.members}
+        for member_id in [member_id for member_id in self.members if member_id not in kept]:
+            gone = self.members.pop(member_id)
+            if gone.group_instance_id and self.static_members.get(gone.group_instance_id) == member_id:
+                del self.static_members[gone.group_instance_id]
+        for member_id, member in self.members.items():
+            member.assignment = kept[member_id].assignment
+        self.state = stored.state
+        self.generation = stored.generation
+        self.protocol_type = stored.protocol_type
+        self.protocol_name = stored.protocol_name
+        self.leader = stored.leader
+        self.state_timestamp = stored.state_timestamp
 
     def has_pending_txn(self, partition: TopicPartition) -> bool:
         return any(partition in pending for pending in self.pending_txn_offsets.values())
@@ -121,13 +172,13 @@ STATE_NAMES = {s: s.value for s in GroupState}
 
 
 class GroupCoordinator:
-    def __init__(self, *, offsets_log: OffsetsLog, settings: GroupSettings = GroupSettings(), clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], int] = lambda: int(time.time() * 1000)):
+    def __init__(self, *, offsets_log: OffsetsLog, settings: GroupSettings = GroupSettings(), clock: Clock | None = None):
         self.offsets_log = offsets_log
         self.settings = settings
-        self.clock = clock
-        self.wall_clock = wall_clock
+        # Sessions and rebalance deadlines run on clock.monotonic(); what is
+        # written (state timestamps) and offset retention on clock.wall_ms().
+        self.clock = clock or Clock()
         self.groups: dict[str, Group] = {}
-        self._timer: asyncio.Task | None = None
 
     # -- loading -------------------------------------------------------------------
 
@@ -161,7 +212,7 @@ class GroupCoordinator:
             group.leader = body["leader"]
             group.members.clear()
             group.static_members.clear()
-            now = self.clock()
+            now = self.clock.monotonic()
             for entry in body["members"]:
                 member = Member(
                     member_id=entry["member_id"],
@@ -182,32 +233,27 @@ class GroupCoordinator:
 
     # -- timers ---------------------------------------------------------------------
 
-    def start(self) -> None:
-        self._timer = asyncio.get_running_loop().create_task(self._tick())
+    async def run_timers(self, interval: float = 0.1) -> None:
+        """Check session and rebalance timeouts every ``interval`` seconds
+        until cancelled. The owner runs it (the broker, in its TaskGroup);
+        tests call ``check_timeouts`` after moving a manual clock instead."""
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.check_timeouts()
+            except Exception:
+                log.exception("group timers failed")
 
     async def stop(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            try:
-                await self._timer
-            except asyncio.CancelledError:
-                pass
+        """Cancel every JoinGroup and SyncGroup still waiting for an answer."""
         for group in self.groups.values():
             for member in group.members.values():
                 for future in (member.join_future, member.sync_future):
                     if future is not None and not future.done():
                         future.cancel()
 
-    async def _tick(self) -> None:
-        while True:
-            await asyncio.sleep(0.1)
-            try:
-                await self.check_timeouts()
-            except Exception:
-                log.exception("group timers failed")
-
     async def check_timeouts(self) -> None:
-        now = self.clock()
+        now = self.clock.monotonic()
         for group in list(self.groups.values()):
             expired = [
                 m for m in group.members.values()
@@ -261,7 +307,7 @@ class GroupCoordinator:
             member.protocols = list(protocols)
             member.session_timeout_ms = session_timeout_ms
             member.rebalance_timeout_ms = rebalance_timeout_ms
-        member.last_heartbeat = self.clock()
+        member.last_heartbeat = self.clock.monotonic()
         if member.join_future is not None and not member.join_future.done():
             member.join_future.set_result({"error_code": ErrorCode.UNKNOWN_MEMBER_ID, "member_id": member_id})
         member.join_future = asyncio.get_running_loop().create_future()
@@ -284,40 +330,44 @@ class GroupCoordinator:
         for member in group.members.values():
             if member.sync_future is not None and not member.sync_future.done():
                 member.sync_future.set_result({"error_code": ErrorCode.REBALANCE_IN_PROGRESS, "assignment": b""})
-        group.move(event)
+        group.move(event, self.clock.wall_ms())
         timeout = max((m.rebalance_timeout_ms for m in group.members.values()), default=0) / 1000.0
-        now = self.clock()
+        now = self.clock.monotonic()
         group.join_deadline = now + timeout
         group.new_group_delay_until = now + self.settings.initial_rebalance_delay_ms / 1000.0 if was_empty else None
 
     async def _maybe_complete_join(self, group: Group) -> None:
         if group.state != GroupState.PREPARING_REBALANCE:
             return
-        now = self.clock()
+        now = self.clock.monotonic()
         all_joined = all(m.join_future is not None and not m.join_future.done() for m in group.members.values())
         in_initial_delay = group.new_group_delay_until is not None and now < group.new_group_delay_until
         timed_out = group.join_deadline is not None and now >= group.join_deadline
         if not (timed_out or (all_joined and not in_initial_delay)):
             return
-        for member in [m for m in group.members.values() if m.join_future is None or m.join_future.done()]:
+        missing = [m for m in group.members.values() if m.join_future is None or m.join_future.done()]
+        if len(missing) == len(group.members):
+            # Nobody rejoined: the group ends empty, which is written before it is so.
+            before = group.snapshot()
+            emptied = before.emptied(self.clock.wall_ms())
+            if await self._write_then_apply(group, before, emptied):
+                log.info("group %s: no member rejoined in time; the group is empty", group.group_id)
+            return
+        for member in missing:
             log.info("group %s: member %s did not rejoin in time; removing it", group.group_id, member.member_id)
             del group.members[member.member_id]
             if member.group_instance_id:
                 group.static_members.pop(member.group_instance_id, None)
+        # The new generation lives in memory until the leader's assignment is
+        # written (SyncGroup), as in Kafka: a crash before that replays the old one.
         group.generation += 1
-        if not group.members:
-            group.protocol_name = None
-            group.leader = None
-            group.move(GroupEvent.ALL_MEMBERS_GONE)
-            await self._persist_group(group)
-            return
         members = list(group.members.values())
         if group.leader not in group.members:
             group.leader = members[0].member_id
         leader = group.members[group.leader]
         candidates = self._common_protocols(group, leader.protocols)
         group.protocol_name = candidates[0] if candidates else leader.protocols[0][0]
-        group.move(GroupEvent.JOIN_COMPLETE)
+        group.move(GroupEvent.JOIN_COMPLETE, self.clock.wall_ms())
         for member in members:
             response = {
                 "error_code": ErrorCode.NONE,
@@ -344,37 +394,35 @@ class GroupCoordinator:
         if error:
             return {"error_code": error, "assignment": b""}
         member = group.members[member_id]
-        member.last_heartbeat = self.clock()
+        member.last_heartbeat = self.clock.monotonic()
         if group.state == GroupState.PREPARING_REBALANCE:
             return {"error_code": ErrorCode.REBALANCE_IN_PROGRESS, "assignment": b""}
         if group.state == GroupState.STABLE:
             return self._sync_answer(group, member)
         member.sync_future = asyncio.get_running_loop().create_future()
         if member_id == group.leader:
-            given = dict(assignments)
-            for other in group.members.values():
-                other.assignment = given.get(other.member_id, b"")
+            before = group.snapshot()
+            synced = before.synced(dict(assignments), self.clock.wall_ms())
             try:
-                await self._persist_group(group)
-            except Exception as error:
-                log.error("group %s: could not store the assignment: %s", group_id, error)
+                applied = await self._write_then_apply(group, before, synced, raise_on_failure=True)
+            except Exception:
+                # Nothing changed: the group still waits for an assignment
+                # that is durable. Everyone waiting is told; a retried
+                # SyncGroup writes again, a rejoin starts a new rebalance.
                 for other in group.members.values():
                     if other.sync_future is not None and not other.sync_future.done():
                         other.sync_future.set_result({"error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE, "assignment": b""})
-                self._prepare_rebalance_after_failure(group)
                 return await member.sync_future
-            if group.state == GroupState.COMPLETING_REBALANCE and group.generation == generation_id:
-                group.move(GroupEvent.LEADER_SYNC)
+            if applied:
                 for other in group.members.values():
                     if other.sync_future is not None and not other.sync_future.done():
                         other.sync_future.set_result(self._sync_answer(group, other))
+            elif not member.sync_future.done():
+                # The group moved on while the assignment was written (a rebalance
+                # started, or another SyncGroup of this leader got there first).
+                same = group.state == GroupState.STABLE and group.generation == generation_id
+                member.sync_future.set_result(self._sync_answer(group, member) if same else {"error_code": ErrorCode.REBALANCE_IN_PROGRESS, "assignment": b""})
         return await member.sync_future
-
-    def _prepare_rebalance_after_failure(self, group: Group) -> None:
-        try:
-            group.move(GroupEvent.MEMBER_LEAVE)
-        except InvalidGroupTransition:
-            pass
 
     def _sync_answer(self, group: Group, member: Member) -> dict:
         return {"error_code": ErrorCode.NONE, "protocol_type": group.protocol_type, "protocol_name": group.protocol_name, "assignment": member.assignment}
@@ -397,7 +445,7 @@ class GroupCoordinator:
         error = self._check_member(group, member_id, generation_id, group_instance_id)
         if error:
             return error
-        group.members[member_id].last_heartbeat = self.clock()
+        group.members[member_id].last_heartbeat = self.clock.monotonic()
         if group.state == GroupState.PREPARING_REBALANCE:
             return ErrorCode.REBALANCE_IN_PROGRESS
         return ErrorCode.NONE
@@ -414,31 +462,46 @@ class GroupCoordinator:
             if member is None:
                 results.append({"member_id": member_id, "group_instance_id": instance_id, "error_code": ErrorCode.UNKNOWN_MEMBER_ID})
                 continue
-            await self._remove_member(group, member, ErrorCode.UNKNOWN_MEMBER_ID)
-            results.append({"member_id": member_id, "group_instance_id": instance_id, "error_code": ErrorCode.NONE})
+            error = await self._remove_member(group, member, ErrorCode.UNKNOWN_MEMBER_ID)
+            results.append({"member_id": member_id, "group_instance_id": instance_id, "error_code": error})
         top = results[0]["error_code"] if len(results) == 1 else ErrorCode.NONE
         return top, results
 
-    async def _remove_member(self, group: Group, member: Member, error: ErrorCode) -> None:
-        group.members.pop(member.member_id, None)
-        if member.group_instance_id:
-            group.static_members.pop(member.group_instance_id, None)
+    async def _remove_member(self, group: Group, member: Member, error: ErrorCode) -> ErrorCode:
+        """Take a member out (it left, or its session expired). The last one
+        out empties the group, which is written first: if that write fails
+        the member stays (a LeaveGroup is answered COORDINATOR_NOT_AVAILABLE,
+        an expired session is tried again on the next tick)."""
+        while group.members.get(member.member_id) is member:
+            if group.state != GroupState.EMPTY and len(group.members) == 1:
+                before = group.snapshot()
+                emptied = before.emptied(self.clock.wall_ms())
+                try:
+                    applied = await self._write_then_apply(group, before, emptied, raise_on_failure=True)
+                except Exception:
+                    return ErrorCode.COORDINATOR_NOT_AVAILABLE
+                if not applied:
+                    continue  # the group changed during the write: decide again
+                self._member_gone(group, member, error)
+                return ErrorCode.NONE
+            self._member_gone(group, member, error)
+            if group.state in (GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
+                self._prepare_rebalance(group, GroupEvent.MEMBER_LEAVE)
+            await self._maybe_complete_join(group)
+            return ErrorCode.NONE
+        return ErrorCode.NONE
+
+    def _member_gone(self, group: Group, member: Member, error: ErrorCode) -> None:
+        """Forget a member (in memory) and answer whatever it still waits for."""
+        if group.members.get(member.member_id) is member:
+            del group.members[member.member_id]
+        if member.group_instance_id and group.static_members.get(member.group_instance_id) == member.member_id:
+            del group.static_members[member.group_instance_id]
         for future in (member.join_future, member.sync_future):
             if future is not None and not future.done():
                 future.set_result({"error_code": error, "member_id": member.member_id, "assignment": b""})
         if group.leader == member.member_id:
             group.leader = None
-        if group.state == GroupState.EMPTY:
-            return
-        if not group.members:
-            group.move(GroupEvent.ALL_MEMBERS_GONE)
-            group.generation += 1
-            group.protocol_name = None
-            await self._persist_group(group)
-            return
-        if group.state in (GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
-            self._prepare_rebalance(group, GroupEvent.MEMBER_LEAVE)
-        await self._maybe_complete_join(group)
 
     # -- offsets ------------------------------------------------------------------------------
 
@@ -557,7 +620,7 @@ class GroupCoordinator:
             await self.offsets_log.append(group_id, records)
         except Exception:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
-        group.move(GroupEvent.DELETE)
+        group.move(GroupEvent.DELETE, self.clock.wall_ms())
         del self.groups[group_id]
         return ErrorCode.NONE
 
@@ -588,7 +651,7 @@ class GroupCoordinator:
 
     async def expire_offsets(self) -> int:
         """Offset retention (``offsets.retention.minutes``) for groups with no members."""
-        now = self.wall_clock()
+        now = self.clock.wall_ms()
         removed = 0
         for group in list(self.groups.values()):
             if group.state != GroupState.EMPTY:
@@ -605,25 +668,20 @@ class GroupCoordinator:
             removed += len(old)
         return removed
 
-    async def _persist_group(self, group: Group) -> None:
-        body = {
-            "protocol_type": group.protocol_type or "",
-            "generation": group.generation,
-            "protocol": group.protocol_name,
-            "leader": group.leader,
-            "current_state_timestamp": group.state_timestamp,
-            "members": [
-                {
-                    "member_id": m.member_id,
-                    "group_instance_id": m.group_instance_id,
-                    "client_id": m.client_id,
-                    "client_host": m.client_host,
-                    "rebalance_timeout": m.rebalance_timeout_ms,
-                    "session_timeout": m.session_timeout_ms,
-                    "subscription": m.metadata_for(group.protocol_name or ""),
-                    "assignment": m.assignment,
-                }
-                for m in group.members.values()
-            ],
-        }
-        await self.offsets_log.append(group.group_id, [(group_key(group.group_id), group_value(body))])
+    async def _write_then_apply(self, group: Group, before: StoredGroup, after: StoredGroup, *, raise_on_failure: bool = False) -> bool:
+        """Write ``after`` (computed from ``before``) to ``__consumer_offsets``;
+        once it is durable, apply it, unless the group changed while the
+        write was out (then the caller decides again; the record written is
+        superseded by the next one). False if not applied; a failed write
+        changes nothing and is logged (and raised with ``raise_on_failure``)."""
+        try:
+            await self.offsets_log.append(group.group_id, [after.to_record()])
+        except Exception as error:
+            log.error("group %s: could not write %s generation %d: %s", group.group_id, after.state.value, after.generation, error)
+            if raise_on_failure:
+                raise
+            return False
+        if group.snapshot() != before or self.groups.get(group.group_id) is not group:
+            return False
+        group.apply(after)
+        return True

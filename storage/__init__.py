@@ -8,6 +8,7 @@ wait_durable, offset_for_timestamp, retention, DeleteRecords, close),
 crash-safe swap), ``config`` (LogConfig with Kafka's setting names),
 ``names`` (topic names and partition directories), ``checksum`` (CRC-32C on
 the append and recovery paths), ``producer_state`` (idempotence, fencing,
-open transactions and their snapshots, which give the last stable offset)
-and ``txn_index`` (aborted transactions per segment).
+open transactions and their snapshots, which give the last stable offset),
+``txn_index`` (aborted transactions per segment) and ``dump_log`` (segment
+files printed as Kafka's DumpLogSegments prints them).
 """

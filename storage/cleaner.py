@@ -162,7 +162,7 @@ class Cleaner:
             stale = os.path.join(directory, stem + suffix + CLEANED_SUFFIX)
             if os.path.exists(stale):
                 os.remove(stale)
-        cleaned = LogSegment(directory, segment.base_offset, segment.io, index_interval_bytes=segment.index_interval_bytes, suffix=CLEANED_SUFFIX, rebuild_indexes=True)
+        cleaned = LogSegment(directory, segment.base_offset, segment.io, index_interval_bytes=segment.index_interval_bytes, index_budget=segment.index_budget, suffix=CLEANED_SUFFIX, rebuild_indexes=True)
         delete_retention = self.log.config.delete_retention_ms
         for position, header in segment.iter_headers():
             raw = segment.read_at(position, header.size)
@@ -262,7 +262,7 @@ class Cleaner:
             if os.path.exists(deleted):
                 os.remove(deleted)
         _fsync_path(directory)
-        replacement = LogSegment(directory, segment.base_offset, segment.io, index_interval_bytes=segment.index_interval_bytes)
+        replacement = LogSegment(directory, segment.base_offset, segment.io, index_interval_bytes=segment.index_interval_bytes, index_budget=segment.index_budget)
         if replacement.load_clean() is not None:
             replacement.recover()
         replacement.created_ms = segment.created_ms

@@ -73,6 +73,7 @@ from protocol.records import (
 )
 from storage.checksum import checked_batches
 from storage.config import FLUSH_ALWAYS, FLUSH_OS, LogConfig
+from storage.index import IndexBudget
 from storage.producer_state import (
     CorruptSnapshotError,
     DuplicateBatch,
@@ -130,10 +131,12 @@ def now_ms() -> int:
 
 
 class PartitionLog:
-    def __init__(self, directory: str, config: LogConfig, *, io: DiskIO | None = None, clock=now_ms):
+    def __init__(self, directory: str, config: LogConfig, *, io: DiskIO | None = None, index_budget: IndexBudget | None = None, clock=now_ms):
         self.directory = directory
         self.config = config
         self.io = io or DiskIO()
+        # Shared with the other logs of whoever opened this one (a broker), or its own.
+        self.index_budget = IndexBudget() if index_budget is None else index_budget
         self.clock = clock
         self.segments: list[LogSegment] = []
         self.log_start_offset = 0
@@ -155,9 +158,11 @@ class PartitionLog:
     # ------------------------------------------------------------------ opening
 
     @classmethod
-    def open(cls, directory: str, config: LogConfig | None = None, *, io: DiskIO | None = None, clock=now_ms) -> "PartitionLog":
+    def open(
+        cls, directory: str, config: LogConfig | None = None, *, io: DiskIO | None = None, index_budget: IndexBudget | None = None, clock=now_ms
+    ) -> "PartitionLog":
         os.makedirs(directory, exist_ok=True)
-        partition_log = cls(directory, config or LogConfig(), io=io, clock=clock)
+        partition_log = cls(directory, config or LogConfig(), io=io, index_budget=index_budget, clock=clock)
         partition_log._load()
         return partition_log
 
@@ -174,9 +179,9 @@ class PartitionLog:
             if name.endswith(LOG_SUFFIX) and name[: -len(LOG_SUFFIX)].isdigit()
         )
         for base in bases:
-            self.segments.append(LogSegment(self.directory, base, self.io, index_interval_bytes=self.config.index_interval_bytes))
+            self.segments.append(LogSegment(self.directory, base, self.io, index_interval_bytes=self.config.index_interval_bytes, index_budget=self.index_budget))
         if not self.segments:
-            self.segments.append(LogSegment(self.directory, max(log_start, 0), self.io, index_interval_bytes=self.config.index_interval_bytes))
+            self.segments.append(LogSegment(self.directory, max(log_start, 0), self.io, index_interval_bytes=self.config.index_interval_bytes, index_budget=self.index_budget))
         # After a clean shutdown every segment is trusted (after a sanity
         # check of its indexes); otherwise those from the recovery point on
         # are scanned.
@@ -527,7 +532,7 @@ class PartitionLog:
     def _replace_empty_active(self, base_offset: int) -> None:
         old = self.segments.pop()
         old.delete()
-        segment = LogSegment(self.directory, base_offset, self.io, index_interval_bytes=self.config.index_interval_bytes)
+        segment = LogSegment(self.directory, base_offset, self.io, index_interval_bytes=self.config.index_interval_bytes, index_budget=self.index_budget)
         segment.created_ms = self.clock()
         self.segments.append(segment)
 
@@ -542,7 +547,7 @@ class PartitionLog:
         if old not in self._unflushed and old.size:
             self._unflushed.append(old)
         self._next_recovery_point = base
-        segment = LogSegment(self.directory, base, self.io, index_interval_bytes=self.config.index_interval_bytes)
+        segment = LogSegment(self.directory, base, self.io, index_interval_bytes=self.config.index_interval_bytes, index_budget=self.index_budget)
         segment.created_ms = self.clock()
         self.segments.append(segment)
         _fsync_dir(self.directory)

@@ -15,7 +15,7 @@ import os
 
 from protocol.records import BATCH_HEADER_SIZE, LOG_OVERHEAD, BatchHeader, CorruptRecordError
 from storage.checksum import checked_header
-from storage.index import OffsetIndex, TimeIndex
+from storage.index import IndexBudget, OffsetIndex, TimeIndex
 from storage.txn_index import TransactionIndex
 
 log = logging.getLogger(__name__)
@@ -63,18 +63,29 @@ class DiskIO:
 
 
 class LogSegment:
-    def __init__(self, directory: str, base_offset: int, io: DiskIO, *, index_interval_bytes: int, suffix: str = "", rebuild_indexes: bool = False):
+    def __init__(
+        self,
+        directory: str,
+        base_offset: int,
+        io: DiskIO,
+        *,
+        index_interval_bytes: int,
+        index_budget: IndexBudget | None = None,
+        suffix: str = "",
+        rebuild_indexes: bool = False,
+    ):
         self.directory = directory
         self.base_offset = base_offset
         self.io = io
+        self.index_budget = IndexBudget() if index_budget is None else index_budget
         self.index_interval_bytes = index_interval_bytes
         stem = os.path.join(directory, file_stem(base_offset))
         self.log_path = stem + LOG_SUFFIX + suffix
         # O_APPEND: every write lands at the end, also after a reopen or a truncation.
         self.fd = io.open(self.log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
         self.size = os.fstat(self.fd).st_size
-        self.offset_index = OffsetIndex(stem + INDEX_SUFFIX + suffix, base_offset, load=not rebuild_indexes)
-        self.time_index = TimeIndex(stem + TIME_INDEX_SUFFIX + suffix, base_offset, load=not rebuild_indexes)
+        self.offset_index = OffsetIndex(stem + INDEX_SUFFIX + suffix, base_offset, budget=self.index_budget, load=not rebuild_indexes)
+        self.time_index = TimeIndex(stem + TIME_INDEX_SUFFIX + suffix, base_offset, budget=self.index_budget, load=not rebuild_indexes)
         self.txn_index = TransactionIndex(stem + TXN_INDEX_SUFFIX + suffix)
         self.bytes_since_index_entry = 0
         self.next_offset = base_offset  # set by load()/recover()

@@ -42,6 +42,8 @@ class MemberEvent(enum.Enum):
 
 
 S, E = MemberState, MemberEvent
+
+# (current state, event) -> next state. Nothing else is allowed.
 TRANSITIONS: dict[tuple[MemberState, MemberEvent], MemberState] = {
     (S.UNJOINED, E.JOIN): S.JOINING,
     (S.JOINING, E.JOIN): S.JOINING,
@@ -62,7 +64,20 @@ TRANSITIONS: dict[tuple[MemberState, MemberEvent], MemberState] = {
 
 
 class IllegalMemberTransition(Exception):
-    pass
+    """A step the table does not allow: a bug in the consumer's driver."""
+
+    def __init__(self, state: MemberState, event: MemberEvent):
+        self.state = state
+        self.event = event
+        super().__init__(f"{event.value} in state {state.value}")
+
+
+def transition(state: MemberState, event: MemberEvent) -> MemberState:
+    """The state after ``event`` in ``state``; raises IllegalMemberTransition if illegal."""
+    try:
+        return TRANSITIONS[(state, event)]
+    except KeyError:
+        raise IllegalMemberTransition(state, event) from None
 
 
 @attrs.frozen
@@ -87,10 +102,7 @@ class GroupMember:
     owned: frozenset = frozenset()
 
     def apply(self, event: MemberEvent) -> MemberState:
-        try:
-            self.state = TRANSITIONS[(self.state, event)]
-        except KeyError:
-            raise IllegalMemberTransition(f"{event.value} in state {self.state.value}") from None
+        self.state = transition(self.state, event)
         return self.state
 
     def start_join(self) -> RebalanceStep:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
 
 from coordinator.coordinator import CoordinatorSettings, TransactionCoordinator
 from coordinator.metadata import TopicPartition
 from coordinator.producer_ids import ProducerIdAllocator
 from coordinator.state import TxnState
 from coordinator.txn_log import decode_key, decode_value, encode_key, encode_value, java_string_hash, partition_for
+from protocol.clock import ManualClock
 from protocol.errors import ErrorCode
 
 P0, P1 = TopicPartition("t", 0), TopicPartition("t", 1)
@@ -51,12 +51,12 @@ class FakeIds:
         return self.next
 
 
-def make(clock=None, **settings):
-    now = clock or [1_000_000]
+def make(**settings):
+    clock = ManualClock()
     coordinator = TransactionCoordinator(
-        txn_log=FakeLog(), markers=FakeMarkers(), producer_ids=FakeIds(), settings=CoordinatorSettings(**settings), clock=lambda: now[0]
+        txn_log=FakeLog(), markers=FakeMarkers(), producer_ids=FakeIds(), settings=CoordinatorSettings(**settings), clock=clock
     )
-    return coordinator, now
+    return coordinator, clock
 
 
 def run(coroutine):
@@ -116,12 +116,12 @@ def test_new_instance_fences_the_old_and_aborts_its_transaction():
 
 def test_timed_out_transaction_is_aborted_and_its_producer_fenced():
     async def scenario():
-        coordinator, now = make()
+        coordinator, clock = make()
         init = await coordinator.init_producer_id("tx", 5_000)
         await coordinator.add_partitions("tx", init.producer_id, 0, [P0])
-        now[0] += 4_000
+        clock.advance(4.0)
         assert await coordinator.abort_timed_out() == []
-        now[0] += 2_000
+        clock.advance(2.0)
         assert await coordinator.abort_timed_out() == ["tx"]
         await coordinator.wait_idle()
         assert coordinator.txns["tx"].state == TxnState.COMPLETE_ABORT
@@ -174,9 +174,9 @@ def test_timeouts_are_validated_and_idempotent_producers_get_fresh_ids():
 
 def test_expired_transactional_ids_are_tombstoned():
     async def scenario():
-        coordinator, now = make(transactional_id_expiration_ms=1000)
+        coordinator, clock = make(transactional_id_expiration_ms=1000)
         await coordinator.init_producer_id("tx", 500)
-        now[0] += 1500
+        clock.advance(1.5)
         assert await coordinator.expire_transactional_ids() == ["tx"]
         assert coordinator.txn_log.records[-1] == ("tx", None)
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
 
 from groupcoord.coordinator import GroupCoordinator, GroupSettings
 from groupcoord.records import OffsetAndMetadata, decode_key, decode_offset_value, group_key, offset_key, offset_value
 from groupcoord.state import GroupState
+from protocol.clock import ManualClock
 from protocol.errors import ErrorCode
 
 
@@ -21,14 +21,13 @@ class MemoryOffsetsLog:
 
 
 def make(**settings):
-    """A coordinator on the real clock plus an adjustable offset (to skip time)."""
-    import time
-
-    skew = [0.0]
+    """A coordinator on a manual clock: time passes only when a test says so
+    (``clock.advance``), and timers fire when it calls ``check_timeouts``."""
+    clock = ManualClock()
     settings.setdefault("initial_rebalance_delay_ms", 200)
     settings.setdefault("min_session_timeout_ms", 100)
-    coordinator = GroupCoordinator(offsets_log=MemoryOffsetsLog(), settings=GroupSettings(**settings), clock=lambda: time.monotonic() + skew[0])
-    return coordinator, skew
+    coordinator = GroupCoordinator(offsets_log=MemoryOffsetsLog(), settings=GroupSettings(**settings), clock=clock)
+    return coordinator, clock
 
 
 def join(coordinator, member_id="", session=1000, group="g", instance=None, protocols=(("range", b"meta"),)):
@@ -38,12 +37,25 @@ def join(coordinator, member_id="", session=1000, group="g", instance=None, prot
     )
 
 
+async def joined_together(coordinator, *joins, group="g"):
+    """Run JoinGroup requests until all of them wait, then let the initial
+    rebalance delay pass: they complete as one generation."""
+    tasks = [asyncio.ensure_future(j) for j in joins]
+    for _ in range(100):
+        members = coordinator.groups[group].members.values() if group in coordinator.groups else ()
+        if sum(1 for m in members if m.join_future is not None and not m.join_future.done()) == len(tasks):
+            break
+        await asyncio.sleep(0)
+    coordinator.clock.advance(coordinator.settings.initial_rebalance_delay_ms / 1000)
+    await coordinator.check_timeouts()
+    return await asyncio.wait_for(asyncio.gather(*tasks), 5)
+
+
 async def join_two(coordinator):
-    coordinator.start()  # timers: the initial rebalance delay ends on a tick
     first = await join(coordinator)
     second = await join(coordinator)
     assert first["error_code"] == second["error_code"] == ErrorCode.MEMBER_ID_REQUIRED
-    a, b = await asyncio.gather(join(coordinator, first["member_id"]), join(coordinator, second["member_id"]))
+    a, b = await joined_together(coordinator, join(coordinator, first["member_id"]), join(coordinator, second["member_id"]))
     return a, b
 
 
@@ -85,16 +97,16 @@ def test_stale_generation_and_unknown_member_are_refused():
 
 def test_a_silent_member_is_removed_and_the_group_rebalances():
     async def scenario():
-        coordinator, skew = make()
+        coordinator, clock = make()
         a, b = await join_two(coordinator)
         leader = a if a["members"] else b
         await asyncio.gather(*(
             coordinator.sync_group(group_id="g", generation_id=1, member_id=m["member_id"], group_instance_id=None, assignments=[(a["member_id"], b"1"), (b["member_id"], b"2")] if m is leader else [])
             for m in (a, b)
         ))
-        skew[0] += 0.6
+        clock.advance(0.6)
         await coordinator.heartbeat(group_id="g", generation_id=1, member_id=a["member_id"], group_instance_id=None)
-        skew[0] += 0.6  # b has been silent for 1.2 s > its 1 s session
+        clock.advance(0.6)  # b has been silent for 1.2 s > its 1 s session
         await coordinator.check_timeouts()
         group = coordinator.groups["g"]
         assert set(group.members) == {a["member_id"]}
@@ -110,10 +122,8 @@ def test_a_silent_member_is_removed_and_the_group_rebalances():
 def test_leave_group_empties_the_group():
     async def scenario():
         coordinator, _ = make()
-        coordinator.start()
         first = await join(coordinator)
-        joined = await asyncio.wait_for(join(coordinator, first["member_id"]), 5)
-        await coordinator.stop()
+        [joined] = await joined_together(coordinator, join(coordinator, first["member_id"]))
         error, results = await coordinator.leave_group(group_id="g", members=[(joined["member_id"], None)])
         assert error == ErrorCode.NONE and results[0]["error_code"] == ErrorCode.NONE
         assert coordinator.groups["g"].state == GroupState.EMPTY
@@ -160,11 +170,9 @@ def test_replay_rebuilds_offsets_and_pending_transactions():
 def test_join_validates_session_timeout_and_protocols():
     async def scenario():
         coordinator, _ = make(min_session_timeout_ms=1000)
-        coordinator.start()
         assert (await join(coordinator, session=10))["error_code"] == ErrorCode.INVALID_SESSION_TIMEOUT
         first = await join(coordinator)
-        await asyncio.wait_for(join(coordinator, first["member_id"]), 5)
-        await coordinator.stop()
+        await joined_together(coordinator, join(coordinator, first["member_id"]))
         other = await join(coordinator, protocols=(("roundrobin-only", b""),))
         assert other["error_code"] == ErrorCode.INCONSISTENT_GROUP_PROTOCOL
 
@@ -174,7 +182,6 @@ def test_join_validates_session_timeout_and_protocols():
 def test_static_member_keeps_its_member_id_and_fences_impostors():
     async def scenario():
         coordinator, _ = make(initial_rebalance_delay_ms=0)
-        coordinator.start()
         first = await asyncio.wait_for(join(coordinator, instance="worker-1"), 5)
         assert first["error_code"] == ErrorCode.NONE, "static members need no MEMBER_ID_REQUIRED round trip"
         again = await asyncio.wait_for(join(coordinator, instance="worker-1"), 5)
@@ -188,14 +195,130 @@ def test_static_member_keeps_its_member_id_and_fences_impostors():
 
 def test_offsets_of_empty_groups_expire_after_retention():
     async def scenario():
-        import time as clock
-
-        coordinator, _ = make(offsets_retention_ms=1000)
-        now = int(clock.time() * 1000)
+        coordinator, clock = make(offsets_retention_ms=1000)
+        now = clock.wall_ms()
         await coordinator.commit_offsets(group_id="idle", generation_id=-1, member_id="", group_instance_id=None, offsets={("t", 0): OffsetAndMetadata(5, commit_timestamp=now - 5000)})
         await coordinator.commit_offsets(group_id="idle", generation_id=-1, member_id="", group_instance_id=None, offsets={("t", 1): OffsetAndMetadata(6, commit_timestamp=now)})
         assert await coordinator.expire_offsets() == 1
         assert set(coordinator.groups["idle"].offsets) == {("t", 1)}
         assert coordinator.offsets_log.batches[-1][1] == [(offset_key("idle", "t", 0), None)], "a tombstone is written"
+
+    asyncio.run(scenario())
+
+
+class FailingOffsetsLog(MemoryOffsetsLog):
+    """An offsets log whose appends fail while ``failing`` is set (a full or
+    broken disk under ``__consumer_offsets``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.failing = False
+
+    async def append(self, group_id, records, *, producer_id=-1, producer_epoch=-1):
+        if self.failing:
+            raise OSError("No space left on device")
+        await super().append(group_id, records, producer_id=producer_id, producer_epoch=producer_epoch)
+
+
+def make_failing(**settings):
+    coordinator, clock = make(**settings)
+    coordinator.offsets_log = FailingOffsetsLog()
+    return coordinator, clock
+
+
+async def stable_group(coordinator, members=2):
+    """``members`` members joined and synced (generation 1); returns their ids, leader first."""
+    if members == 1:
+        first = await join(coordinator)
+        joined = await joined_together(coordinator, join(coordinator, first["member_id"]))
+    else:
+        joined = list(await join_two(coordinator))
+    joined.sort(key=lambda j: j["member_id"] != j["leader"])
+    ids = [j["member_id"] for j in joined]
+    assignments = [(member_id, member_id.encode()) for member_id in ids]
+    await asyncio.gather(*(
+        coordinator.sync_group(group_id="g", generation_id=1, member_id=member_id, group_instance_id=None, assignments=assignments if member_id == ids[0] else [])
+        for member_id in ids
+    ))
+    assert coordinator.groups["g"].state == GroupState.STABLE
+    return ids
+
+
+def test_a_failed_assignment_write_leaves_the_group_as_it_was():
+    async def scenario():
+        coordinator, _ = make_failing()
+        a, b = await join_two(coordinator)
+        leader, follower = (a, b) if a["members"] else (b, a)
+        group = coordinator.groups["g"]
+        before = group.snapshot()
+        assert before.state == GroupState.COMPLETING_REBALANCE and before.generation == 1
+        coordinator.offsets_log.failing = True
+        assignments = [(leader["member_id"], b"L"), (follower["member_id"], b"F")]
+        answers = await asyncio.gather(
+            coordinator.sync_group(group_id="g", generation_id=1, member_id=follower["member_id"], group_instance_id=None, assignments=[]),
+            coordinator.sync_group(group_id="g", generation_id=1, member_id=leader["member_id"], group_instance_id=None, assignments=assignments),
+        )
+        assert [answer["error_code"] for answer in answers] == [ErrorCode.COORDINATOR_NOT_AVAILABLE] * 2
+        assert group.snapshot() == before, "no assignment, state or generation of an unwritten record is applied"
+        assert [m.assignment for m in group.members.values()] == [b"", b""]
+        assert coordinator.offsets_log.batches == []
+
+        coordinator.offsets_log.failing = False  # the leader retries and the write goes through
+        answer = await coordinator.sync_group(group_id="g", generation_id=1, member_id=leader["member_id"], group_instance_id=None, assignments=assignments)
+        assert answer["error_code"] == ErrorCode.NONE and answer["assignment"] == b"L"
+        assert group.state == GroupState.STABLE
+        written = coordinator.offsets_log.batches[-1][1][0]
+        assert written == group.snapshot().to_record(), "what is in memory is what was written"
+        follower_answer = await coordinator.sync_group(group_id="g", generation_id=1, member_id=follower["member_id"], group_instance_id=None, assignments=[])
+        assert follower_answer["assignment"] == b"F"
+        await coordinator.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_write_keeps_the_last_member_until_its_group_can_be_emptied():
+    async def scenario():
+        coordinator, _ = make_failing()
+        [only] = await stable_group(coordinator, members=1)
+        group = coordinator.groups["g"]
+        before = group.snapshot()
+        coordinator.offsets_log.failing = True
+        error, results = await coordinator.leave_group(group_id="g", members=[(only, None)])
+        assert results[0]["error_code"] == ErrorCode.COORDINATOR_NOT_AVAILABLE
+        assert group.snapshot() == before, "the member stays and the group stays Stable, generation 1"
+
+        coordinator.offsets_log.failing = False
+        error, results = await coordinator.leave_group(group_id="g", members=[(only, None)])
+        assert results[0]["error_code"] == ErrorCode.NONE
+        assert (group.state, group.generation, group.members) == (GroupState.EMPTY, 2, {})
+        assert coordinator.offsets_log.batches[-1][1][0] == group.snapshot().to_record()
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_write_when_nobody_rejoins_leaves_the_rebalance_waiting():
+    async def scenario():
+        coordinator, clock = make_failing()
+        a, b = await stable_group(coordinator)
+        group = coordinator.groups["g"]
+        written = len(coordinator.offsets_log.batches)
+        coordinator.offsets_log.failing = True
+        clock.advance(1.5)  # both sessions (1 s) are over
+        await coordinator.check_timeouts()
+        # The first removal needs no write (a rebalance starts in memory); the
+        # second would empty the group, and so would completing the join
+        # nobody came to: both are writes, both failed, nothing moved.
+        assert group.state == GroupState.PREPARING_REBALANCE and group.generation == 1
+        assert len(group.members) == 1
+        stuck = group.snapshot()
+        clock.advance(5)  # past the rebalance deadline as well
+        await coordinator.check_timeouts()
+        assert group.snapshot() == stuck
+        assert len(coordinator.offsets_log.batches) == written
+
+        coordinator.offsets_log.failing = False
+        await coordinator.check_timeouts()
+        assert (group.state, group.generation, group.members, group.leader) == (GroupState.EMPTY, 2, {}, None)
+        assert coordinator.offsets_log.batches[-1][1][0] == group.snapshot().to_record()
 
     asyncio.run(scenario())

@@ -1,0 +1,78 @@
+"""cancel_and_wait: the tasks finish, their cancellation ends there, the caller's never does."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from protocol.tasks import cancel_and_wait
+
+
+def test_the_task_is_cancelled_and_its_cleanup_has_run_when_it_returns():
+    async def scenario():
+        cleaned = []
+
+        async def worker():
+            try:
+                await asyncio.sleep(3600)
+            finally:
+                await asyncio.sleep(0.01)  # cleanup that itself waits
+                cleaned.append(True)
+
+        task = asyncio.create_task(worker())
+        await asyncio.sleep(0)
+        await cancel_and_wait(task, None)
+        assert task.cancelled() and cleaned == [True]
+        await cancel_and_wait(task)  # a finished task: nothing to do, nothing raised
+        await cancel_and_wait()
+
+    asyncio.run(scenario())
+
+
+def test_the_callers_own_cancellation_is_never_swallowed():
+    async def scenario():
+        release = asyncio.Event()
+
+        async def slow_to_stop():
+            try:
+                await asyncio.sleep(3600)
+            finally:
+                await release.wait()  # takes its time to finish
+
+        task = asyncio.create_task(slow_to_stop())
+        await asyncio.sleep(0)
+        stopper = asyncio.create_task(cancel_and_wait(task))
+        await asyncio.sleep(0.01)
+        assert not stopper.done(), "it waits for the task to finish"
+        stopper.cancel()  # whoever runs the stopper is being cancelled
+        with pytest.raises(asyncio.CancelledError):
+            await stopper
+        assert stopper.cancelled()
+        release.set()
+        await asyncio.wait([task])
+        assert task.cancelled()
+
+    asyncio.run(scenario())
+
+
+def test_a_task_that_had_failed_raises_in_its_owner():
+    async def scenario():
+        async def broken():
+            raise LookupError("a bug in a background loop")
+
+        async def asleep():
+            await asyncio.sleep(3600)
+
+        failed = asyncio.create_task(broken())
+        await asyncio.sleep(0)
+        with pytest.raises(LookupError, match="a bug"):
+            await cancel_and_wait(failed, asyncio.create_task(asleep()))
+
+        first, second = asyncio.create_task(broken()), asyncio.create_task(broken())
+        await asyncio.sleep(0)
+        with pytest.raises(ExceptionGroup) as raised:
+            await cancel_and_wait(first, second)
+        assert [type(e) for e in raised.value.exceptions] == [LookupError, LookupError]
+
+    asyncio.run(scenario())
