@@ -8,7 +8,7 @@ reads or writes through the ``onceflow`` data source.
   (asked of the broker when the source's options can be read from the query's
   plan, else the latest offsets the source reported at its last trigger).
 - Open transactions: those whose transactional id starts with the onceflow
-  sink's ``transactionalIdPrefix`` and are not complete; an open one holds the
+  sink's ``transactionalIdPrefix`` and a dash and are not complete; an open one holds the
   output's last stable offset, so read_committed readers wait for it.
 
 The query's options are read from its logical plan through Spark's JVM
@@ -100,7 +100,7 @@ def open_transactions(admin_config, prefix: str) -> list[tuple[str, str]]:
 
     with Admin(config=admin_config) as admin:
         listed = admin.list_transactions(states=list(OPEN_STATES))
-    return [(t.transactional_id, t.state) for t in listed if t.transactional_id.startswith(prefix)]
+    return [(t.transactional_id, t.state) for t in listed if t.transactional_id.startswith(prefix + "-")]
 
 
 def _plan_options(query) -> tuple[list[dict | None], dict | None]:

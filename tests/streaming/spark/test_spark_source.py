@@ -375,6 +375,14 @@ def test_describe_shows_offsets_lso_lag_and_open_transactions(spark, broker, tmp
     line = streaming.spark.describe(query)
     assert "described [stopped, batch" in line
     assert f"source {topic}-0@4 (lag 0) {topic}-1@0 (lag 6), lag 6;" in line, line
+    output = "src-describe-out"
+    create(broker, output)
+    sink_query = (
+        df.selectExpr("value").writeStream.format("onceflow").option("kafka.bootstrap.servers", broker.bootstrap).option("topic", output)
+        .option("transactionalIdPrefix", "describe-sink").option("checkpointLocation", str(tmp_path / "ckpt-sink")).trigger(availableNow=True).start()
+    )
+    assert sink_query.awaitTermination(180)
+    assert f"output {output}: 0 open transactions" in streaming.spark.describe(sink_query)
     holder = Producer(bootstrap_servers=broker.bootstrap, transactional_id="describe-job-run1-0")
     holder.init_transactions()
     holder.begin_transaction()
