@@ -104,29 +104,31 @@ def open_transactions(admin_config, prefix: str) -> list[tuple[str, str]]:
 
 
 def _plan_options(query) -> tuple[list[dict | None], dict | None]:
-    """The options of the query's onceflow sources (in plan order) and of its
-    onceflow sink, read from the JVM plan; ([], None) where that fails."""
+    """The options of the query's onceflow sources (in plan order; None for
+    other sources) and of its onceflow sink, read from the JVM plan; ([], None)
+    where there is no JVM plan to read (Spark Connect)."""
+    from py4j.protocol import Py4JError
+
+    unreadable = (Py4JError, AttributeError)  # no JVM query here, or a plan node of another shape
     try:
         plan = query._jsq.streamingQuery().logicalPlan()
-    except Exception:  # Spark Connect, or a JVM that moved these classes: fall back to the progress report
+        leaves = plan.collectLeaves()
+    except unreadable:
         return [], None
     sources: list[dict | None] = []
-    try:
-        leaves = plan.collectLeaves()
-        for index in range(leaves.size()):
+    for index in range(leaves.size()):
+        try:
             relation = leaves.apply(index).relation()
-            if relation.table().name() == "onceflow":
-                sources.append(dict(relation.options().asCaseSensitiveMap()))
-            else:
-                sources.append(None)
-    except Exception:
-        sources = []
+            onceflow = relation.table().name() == "onceflow"
+            sources.append(dict(relation.options().asCaseSensitiveMap()) if onceflow else None)
+        except unreadable:
+            sources.append(None)
     sink = None
     try:
         if plan.table().name() == "onceflow":
             written = plan.writeOptions()
             sink = {key: written.apply(key) for key in _scala_keys(written)}
-    except Exception:
+    except unreadable:
         sink = None
     return sources, sink
 
