@@ -25,6 +25,6 @@ def describe(query) -> str:
     """One line about a running (or stopped) streaming query: the offsets
     its onceflow source reached, the last-stable-offset lag per partition,
     and the open transactions on its onceflow output topic."""
-    from streaming.spark.describe import describe_query
+    from streaming.spark.progress import describe_query
 
     return describe_query(query)

@@ -56,6 +56,9 @@ FORBIDDEN_SINK_PARAMS = {
     "key.serializer": "Kafka option 'key.serializer' is not supported as keys are serialized with ByteArraySerializer.",
     "value.serializer": "Kafka option 'value.serializer' is not supported as value are serialized with ByteArraySerializer.",
 }
+# The executors' consumers read whole ranges into Arrow batches: larger polls
+# and fetches than a record-at-a-time consumer's defaults (a kafka.* option wins).
+SOURCE_CONSUMER_DEFAULTS = {"max.poll.records": "32768", "max.partition.fetch.bytes": str(8 << 20)}
 # Kafka client properties that change nothing for our clients at the values given.
 HARMLESS_PARAMS = {"security.protocol": {"plaintext"}}
 
@@ -389,7 +392,7 @@ def parse_source_options(options, *, streaming: bool) -> SourceOptions:
                     raise OptionError(f"ending offset for {tp} can't be earliest for batch queries on Kafka")
         _check_range(starting, ending)
     # Executors read exactly what the driver planned: no group offsets, no resets.
-    consumer = client_config(ConsumerConfig, params, auto_offset_reset="none")
+    consumer = client_config(ConsumerConfig, {**SOURCE_CONSUMER_DEFAULTS, **params}, auto_offset_reset="none")
     admin = client_config(AdminConfig, params, only_known=True)
     return SourceOptions(
         bootstrap_servers=params["bootstrap.servers"],

@@ -277,6 +277,8 @@ def test_starting_timestamp_and_by_timestamp_with_no_match(spark, broker, tmp_pa
     by_partition = json.dumps({topic: {"0": 1_003_000, "1": 1_000_500}})
     batches, _query = run_available_now(stream(spark, broker, subscribe=topic, startingOffsetsByTimestamp=by_partition), tmp_path)
     assert sorted(bytes(r.value) for r in rows_of(batches)) == [b"t0-3", b"t1-1", b"t1-2", b"t1-3"]
+    ranged = batch_read(spark, broker, subscribe=topic, startingTimestamp=1_001_000, endingTimestamp=1_003_000)
+    assert sorted(bytes(r.value) for r in ranged) == [b"t0-1", b"t0-2", b"t1-1", b"t1-2"]
     future = 9_000_000_000_000
     fails(stream(spark, broker, subscribe=topic, startingTimestamp=future), tmp_path, "No offset matched from request of topic-partition src-timestamps-0")
     checkpoint = tmp_path / "ckpt-latest"
@@ -319,7 +321,17 @@ def test_subscribe_pattern_and_assign(spark, broker, tmp_path):
         for partition in range(partitions):
             writer.transaction([f"{topic}/{partition}".encode()], partition=partition)
         writer.close()
-    batches, _query = run_available_now(stream(spark, broker, subscribePattern="src-pat-.*", startingOffsets="earliest"), tmp_path)
+    checkpoint = tmp_path / "ckpt-pattern"
+    pattern = stream(spark, broker, subscribePattern="src-pat-.*", startingOffsets="latest")
+    batches, _query = run_available_now(pattern, tmp_path, checkpoint=checkpoint)
+    assert rows_of(batches) == []
+    create(broker, "src-pat-c", 1)  # a topic that appears later is read from its earliest offset
+    writer = Writer(broker.bootstrap, "src-pat-c")
+    writer.transaction([b"src-pat-c/0"])
+    writer.close()
+    batches, _query = run_available_now(pattern, tmp_path, checkpoint=checkpoint)
+    assert [bytes(r.value) for r in rows_of(batches)] == [b"src-pat-c/0"]
+    batches, _query = run_available_now(stream(spark, broker, subscribePattern="src-pat-[ab]", startingOffsets="earliest"), tmp_path)
     assert sorted(bytes(r.value) for r in rows_of(batches)) == [b"src-pat-a/0", b"src-pat-a/1", b"src-pat-b/0"]
     batches, _query = run_available_now(stream(spark, broker, assign=json.dumps({"src-pat-a": [1], "src-other": [0]}), startingOffsets="earliest"), tmp_path)
     assert sorted(bytes(r.value) for r in rows_of(batches)) == [b"src-other/0", b"src-pat-a/1"]
@@ -338,3 +350,37 @@ def test_option_errors_reach_the_user(spark, broker, tmp_path):
 
     with pytest.raises(Exception, match="Kafka source has a fixed schema"):
         spark.read.format("onceflow").schema(StructType([StructField("value", StringType())])).option("kafka.bootstrap.servers", broker.bootstrap).option("subscribe", "t").load().collect()
+
+
+def test_describe_shows_offsets_lso_lag_and_open_transactions(spark, broker, tmp_path):
+    import streaming.spark
+    from streaming.spark.progress import open_transactions
+    from txn import AdminConfig
+
+    topic = "src-describe"
+    create(broker, topic, 2)
+    writer = Writer(broker.bootstrap, topic)
+    writer.transaction(values("a", 3), partition=0)  # 0..2, COMMIT 3
+    df = stream(spark, broker, subscribe=topic, startingOffsets="earliest")
+    query = df.writeStream.format("memory").queryName("described").option("checkpointLocation", str(tmp_path / "ckpt")).start()
+    try:
+        assert streaming.spark.describe(query).startswith("described [active")
+        deadline = time.monotonic() + 120
+        while not (query.lastProgress and query.lastProgress["sources"][0]["endOffset"] == json.dumps({topic: {"0": 4, "1": 0}})):
+            assert time.monotonic() < deadline, query.lastProgress
+            time.sleep(0.2)
+    finally:
+        query.stop()
+    writer.transaction(values("b", 5), partition=1)  # 0..4, COMMIT 5: six offsets the stopped query has not read
+    line = streaming.spark.describe(query)
+    assert "described [stopped, batch" in line
+    assert f"source {topic}-0@4 (lag 0) {topic}-1@0 (lag 6), lag 6;" in line, line
+    holder = Producer(bootstrap_servers=broker.bootstrap, transactional_id="describe-job-run1-0")
+    holder.init_transactions()
+    holder.begin_transaction()
+    holder.send(topic, b"pending", partition=0).result(30)
+    assert open_transactions(AdminConfig(bootstrap_servers=broker.bootstrap), "describe-job") == [("describe-job-run1-0", "Ongoing")]
+    holder.abort_transaction()
+    assert open_transactions(AdminConfig(bootstrap_servers=broker.bootstrap), "describe-job") == []
+    holder.close()
+    writer.close()
