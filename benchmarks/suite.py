@@ -2,6 +2,7 @@
 
     onceflow bench [--rounds 3] [--records 200000] [--seconds 3] [--json FILE] [--png FILE]
                    [--spark [--spark-rows 1000000]]
+    onceflow bench --runner [--runner-records 30000] ...   (instead: the streaming runner beside Quix Streams, benchmarks.runner_bench)
     .venv/bin/python -m benchmarks ...        (the same)
 
 Every scenario is driven by the same client, confluent-kafka (librdkafka, so
@@ -391,11 +392,12 @@ def spark_stall_scenario(bootstrap: str, settings: ScenarioSettings) -> dict[str
     return {"read_committed stall s": Metric(stall["stall_s"], "s"), "kill to visible s": Metric(stall["kill_to_visible_s"], "s")}
 
 
-# Only with --spark (each starts a local Spark session, minutes and about 1 GB);
-# ours only, beside Spark's own floor measured in the same run rather than beside the peer.
+# Only with --spark (each starts a local Spark session, minutes, about 1 GB),
+# or named by --only; ours only, beside Spark's own floor measured in the
+# same run rather than beside the peer.
 SPARK_SCENARIOS = (
     Scenario("Spark: onceflow source -> noop", spark_source_scenario, peer=False),
-    Scenario("Spark: 1-row microbatch into the onceflow sink", spark_microbatch_scenario, peer=False),
+    Scenario("Spark: 1-row microbatch", spark_microbatch_scenario, peer=False),
     Scenario("Spark: driver kill, read_committed stall", spark_stall_scenario, peer=False),
 )
 
@@ -508,14 +510,19 @@ def chart(rows: list[dict], path: str) -> bool:
 
 def run_suite(args) -> int:
     """The whole run, for ``onceflow bench`` (whose module,
-    ``onceflow.commands.bench``, owns the options)."""
+    ``onceflow.commands.bench``, owns the options); with ``--runner``, the
+    streaming runner's benchmark instead (``benchmarks.runner_bench``)."""
+    if getattr(args, "runner", False):
+        from benchmarks import runner_bench
+
+        return runner_bench.run_from_args(args)
     from benchmarks.limits import measure_limits
 
     def say(line: str) -> None:
         print(line, flush=True)
 
     settings = ScenarioSettings(records=args.records, seconds=args.seconds, latency_rate=args.latency_rate, copier_records=args.copier_records, spark_rows=args.spark_rows)
-    offered = SCENARIOS + (SPARK_SCENARIOS if args.spark else ())
+    offered = SCENARIOS + SPARK_SCENARIOS if args.spark or args.only else SCENARIOS
     scenarios = [s for s in offered if not args.only or any(s.name.startswith(p.strip()) for p in args.only.split(","))]
     work = tempfile.mkdtemp(prefix="onceflow-bench-", dir=args.work_dir)
     try:

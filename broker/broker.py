@@ -255,8 +255,9 @@ class Broker:
         closes the connection (returning None)."""
         from protocol.errors import ErrorCode
         from protocol.framing import encode_api_versions_fallback
+        from protocol.messages import ApiKey
 
-        if error.api_key != 18 or self.apis is None:
+        if error.api_key != ApiKey.API_VERSIONS or self.apis is None:
             return None
         return encode_api_versions_fallback(error.correlation_id, self.apis.api_versions_body(ErrorCode.UNSUPPORTED_VERSION))
 

@@ -20,6 +20,7 @@ from groupcoord.coordinator import GroupCoordinator, GroupSettings
 from groupcoord.records import OFFSETS_TOPIC, OffsetAndMetadata
 from protocol.clock import Clock
 from protocol.errors import ErrorCode
+from protocol.messages import ApiKey
 from protocol.partitioning import partition_for
 from broker.replay import replay
 from protocol.records import ControlType, decode_control_record, encode_batch
@@ -119,17 +120,17 @@ class GroupApis:
 
     def handlers(self) -> dict:
         return {
-            8: self.handle_offset_commit,
-            9: self.handle_offset_fetch,
-            11: self.handle_join_group,
-            12: self.handle_heartbeat,
-            13: self.handle_leave_group,
-            14: self.handle_sync_group,
-            15: self.handle_describe_groups,
-            16: self.handle_list_groups,
-            28: self.handle_txn_offset_commit,
-            42: self.handle_delete_groups,
-            47: self.handle_offset_delete,
+            ApiKey.OFFSET_COMMIT: self.handle_offset_commit,
+            ApiKey.OFFSET_FETCH: self.handle_offset_fetch,
+            ApiKey.JOIN_GROUP: self.handle_join_group,
+            ApiKey.HEARTBEAT: self.handle_heartbeat,
+            ApiKey.LEAVE_GROUP: self.handle_leave_group,
+            ApiKey.SYNC_GROUP: self.handle_sync_group,
+            ApiKey.DESCRIBE_GROUPS: self.handle_describe_groups,
+            ApiKey.LIST_GROUPS: self.handle_list_groups,
+            ApiKey.TXN_OFFSET_COMMIT: self.handle_txn_offset_commit,
+            ApiKey.DELETE_GROUPS: self.handle_delete_groups,
+            ApiKey.OFFSET_DELETE: self.handle_offset_delete,
         }
 
     async def handle_join_group(self, version: int, body: dict) -> dict:

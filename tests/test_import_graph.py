@@ -48,17 +48,6 @@ MODULE_MAY_IMPORT: dict[str, frozenset[str]] = {
     "onceflow.commands.bench": frozenset({"benchmarks"}),
 }
 
-# Being moved out of broker/ and txn/ into onceflow/ by another change of
-# issue 14 (the command line as its own package); exempt until that lands.
-# REMOVE THIS SET when merging that change: the files will be gone.
-MOVING_OUT = {
-    "broker/cli.py",
-    "broker/demo.py",
-    "broker/txn_tools.py",
-    "txn/wire.py",
-    "txn/console.py",
-}
-
 
 def module_name(path: pathlib.Path) -> str:
     parts = list(path.relative_to(REPO).with_suffix("").parts)
@@ -125,9 +114,6 @@ def test_every_room_of_the_table_is_found():
 def test_no_import_points_from_a_lower_room_to_a_higher_one():
     problems = []
     for path in product_modules():
-        relative = path.relative_to(REPO).as_posix()
-        if relative in MOVING_OUT:
-            continue
         problems += forbidden_imports(path.read_text(), module_name(path), is_package=path.name == "__init__.py")
     assert problems == [], "imports against DESIGN.md's table of rooms:\n" + "\n".join(problems)
 

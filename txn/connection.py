@@ -15,11 +15,11 @@ import asyncio
 import logging
 
 from protocol.framing import ClientConnection
-from protocol.messages import APIS
+from protocol.messages import APIS, ApiKey
+from protocol.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
-API_VERSIONS = 18
 
 
 class BrokerClient:
@@ -52,16 +52,17 @@ class BrokerClient:
         # answers can no longer come, and a caller that waited for its timeout
         # instead (the producer's retries) would fall behind the batches after it.
         self._fail(ConnectionError(f"connection to {self.host}:{self.port} was lost"))
-        if self._read_task is not None:
-            self._read_task.cancel()
+        # The old connection's reader ends before the new one starts: one reader per client.
+        await cancel_and_wait(self._read_task)
+        self._read_task = None
         self._ready = False
         self._framing = ClientConnection(client_id=self.client_id)
         self._pending = {}
         self._reader, self._writer = await asyncio.wait_for(asyncio.open_connection(self.host, self.port), self.request_timeout)
         self._read_task = asyncio.get_running_loop().create_task(self._read_loop(self._reader, self._framing, self._pending))
-        body = await self._send(API_VERSIONS, 3, {"client_software_name": "onceflow-txn", "client_software_version": "0.1"})
+        body = await self._send(ApiKey.API_VERSIONS, 3, {"client_software_name": "onceflow-txn", "client_software_version": "0.1"})
         if body["error_code"]:
-            body = await self._send(API_VERSIONS, 0, {})
+            body = await self._send(ApiKey.API_VERSIONS, 0, {})
         self.versions = {entry["api_key"]: (entry["min_version"], entry["max_version"]) for entry in body["api_keys"]}
         self._ready = True
 
@@ -152,12 +153,8 @@ class BrokerClient:
         self._writer = None
 
     async def close(self) -> None:
-        if self._read_task is not None:
-            self._read_task.cancel()
-            try:
-                await self._read_task
-            except (asyncio.CancelledError, Exception):
-                pass
+        await cancel_and_wait(self._read_task)  # it ends every failure itself; only cancellation reaches here
+        self._read_task = None
         if self._writer is not None:
             self._writer.close()
             try:

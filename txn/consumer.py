@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import heapq
 import inspect
 import queue as queue_module
@@ -42,20 +43,19 @@ import time
 
 import attrs
 
+from protocol.constants import CoordinatorType, IsolationLevel, OffsetSpec
 from protocol.errors import ErrorCode
+from protocol.messages import ApiKey
 from protocol.records import ControlType, TimestampType, decode_batch, decode_control_record, iter_batches
+from protocol.tasks import cancel_and_wait
 from txn import assignors
-from txn.cluster import GROUP_KEY, Cluster
+from txn.cluster import Cluster
 from txn.config import ConsumerConfig, build
 from txn.errors import CommitFailedError, FatalError, KafkaError, RetriableError, classify
 from txn.loop_thread import LoopThread
 from txn.membership import GroupMember, MemberState, RebalanceStep
 from txn.types import ConsumerRecord, GroupMetadata, OffsetAndMetadata, TopicPartition, as_topic_partition
 
-FETCH, LIST_OFFSETS, OFFSET_COMMIT, OFFSET_FETCH = 1, 2, 8, 9
-JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 11, 12, 13, 14
-READ_UNCOMMITTED, READ_COMMITTED = 0, 1
-EARLIEST, LATEST = -2, -1
 LOG_APPEND_TIME = int(TimestampType.LOG_APPEND_TIME)
 FENCING = {ErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.ILLEGAL_GENERATION, ErrorCode.FENCED_INSTANCE_ID}
 
@@ -108,8 +108,10 @@ class AsyncConsumer:
         self._member: GroupMember | None = None
         self._rejoin_needed = False
         self._fenced_code: int | None = None
+        # Background tasks, each owned here and stopped by close():
         self._heartbeat_task: asyncio.Task | None = None
-        self._join_task: asyncio.Task | None = None
+        self._join_task: asyncio.Task | None = None  # a JoinGroup+SyncGroup round
+        self._commits: set[asyncio.Task] = set()  # commit_async; close() waits for them
         self._last_poll = time.monotonic()
         self._last_auto_commit = time.monotonic()
         self._pending_lost: frozenset = frozenset()  # given up behind the caller's back (max.poll.interval.ms)
@@ -176,11 +178,11 @@ class AsyncConsumer:
 
     async def seek_to_beginning(self, partitions=None) -> None:
         for tp in [as_topic_partition(p) for p in (partitions or self._positions)]:
-            self.seek(tp, await self._list_offset(tp, EARLIEST))
+            self.seek(tp, await self._list_offset(tp, OffsetSpec.EARLIEST))
 
     async def seek_to_end(self, partitions=None) -> None:
         for tp in [as_topic_partition(p) for p in (partitions or self._positions)]:
-            self.seek(tp, await self._list_offset(tp, LATEST))
+            self.seek(tp, await self._list_offset(tp, OffsetSpec.LATEST))
 
     async def position(self, partition) -> int:
         tp = as_topic_partition(partition)
@@ -193,10 +195,10 @@ class AsyncConsumer:
     async def end_offsets(self, partitions) -> dict[TopicPartition, int]:
         """The offset a read_committed consumer reads up to (the last stable
         offset), or the high watermark for read_uncommitted."""
-        return {tp: await self._list_offset(tp, LATEST) for tp in map(as_topic_partition, partitions)}
+        return {tp: await self._list_offset(tp, OffsetSpec.LATEST) for tp in map(as_topic_partition, partitions)}
 
     async def beginning_offsets(self, partitions) -> dict[TopicPartition, int]:
-        return {tp: await self._list_offset(tp, EARLIEST) for tp in map(as_topic_partition, partitions)}
+        return {tp: await self._list_offset(tp, OffsetSpec.EARLIEST) for tp in map(as_topic_partition, partitions)}
 
     def _drop_buffers(self, partitions) -> None:
         for tp in partitions:
@@ -206,12 +208,12 @@ class AsyncConsumer:
     async def _list_offset(self, tp: TopicPartition, timestamp: int) -> int:
         body = {
             "replica_id": -1,
-            "isolation_level": READ_COMMITTED if self.config.read_committed else READ_UNCOMMITTED,
+            "isolation_level": IsolationLevel.READ_COMMITTED if self.config.read_committed else IsolationLevel.READ_UNCOMMITTED,
             "topics": [{"name": tp.topic, "partitions": [{"partition_index": tp.partition, "timestamp": timestamp, "current_leader_epoch": -1}]}],
         }
         async for attempt in self.cluster.retrying(self.config.request_timeout_ms / 1000):
             with attempt:
-                response = await (await self.cluster.leader(tp.topic, tp.partition)).request(LIST_OFFSETS, body)
+                response = await (await self.cluster.leader(tp.topic, tp.partition)).request(ApiKey.LIST_OFFSETS, body)
                 answer = response["topics"][0]["partitions"][0]
                 if answer["error_code"]:
                     self.cluster.forget_leader(tp.topic, tp.partition)
@@ -230,7 +232,7 @@ class AsyncConsumer:
             elif self.config.auto_offset_reset == "none":
                 raise FatalError(ErrorCode.OFFSET_OUT_OF_RANGE, f"no committed offset for {tp} and auto_offset_reset is none")
             else:
-                self._positions[tp] = await self._list_offset(tp, EARLIEST if self.config.auto_offset_reset == "earliest" else LATEST)
+                self._positions[tp] = await self._list_offset(tp, OffsetSpec.EARLIEST if self.config.auto_offset_reset == "earliest" else OffsetSpec.LATEST)
 
     # -- polling ----------------------------------------------------------------------------------
 
@@ -290,19 +292,19 @@ class AsyncConsumer:
         by_topic: dict[str, list] = collections.defaultdict(list)
         for tp in partitions:
             by_topic[tp.topic].append({"partition": tp.partition, "fetch_offset": self._positions[tp], "partition_max_bytes": self.config.max_partition_fetch_bytes, "log_start_offset": -1, "current_leader_epoch": -1})
-        version = min(client.version_for(FETCH), 12)  # 13+ names topics by id
+        version = min(client.version_for(ApiKey.FETCH), 12)  # 13+ names topics by id
         body = {
             "replica_id": -1,
             "max_wait_ms": int(max_wait * 1000),
             "min_bytes": self.config.fetch_min_bytes,
             "max_bytes": self.config.fetch_max_bytes,
-            "isolation_level": READ_COMMITTED if self.config.read_committed else READ_UNCOMMITTED,
+            "isolation_level": IsolationLevel.READ_COMMITTED if self.config.read_committed else IsolationLevel.READ_UNCOMMITTED,
             "session_id": 0,
             "session_epoch": -1,
             "topics": [{"topic": topic, "partitions": entries} for topic, entries in by_topic.items()],
         }
         requested = {tp: self._positions[tp] for tp in partitions}
-        response = await client.request(FETCH, body, version=version, timeout=max_wait + self.config.request_timeout_ms / 1000)
+        response = await client.request(ApiKey.FETCH, body, version=version, timeout=max_wait + self.config.request_timeout_ms / 1000)
         if response.get("error_code"):
             raise classify(response["error_code"], "Fetch")
         for topic in response["responses"]:
@@ -314,7 +316,7 @@ class AsyncConsumer:
                 if code == ErrorCode.OFFSET_OUT_OF_RANGE:
                     if self.config.auto_offset_reset == "none":
                         raise FatalError(code, f"Fetch {tp} at {requested[tp]}")
-                    self._positions[tp] = await self._list_offset(tp, EARLIEST if self.config.auto_offset_reset == "earliest" else LATEST)
+                    self._positions[tp] = await self._list_offset(tp, OffsetSpec.EARLIEST if self.config.auto_offset_reset == "earliest" else OffsetSpec.LATEST)
                     continue
                 if code in (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.LEADER_NOT_AVAILABLE, ErrorCode.FENCED_LEADER_EPOCH, ErrorCode.UNKNOWN_LEADER_EPOCH):
                     self.cluster.forget_leader(tp.topic, tp.partition)
@@ -359,7 +361,7 @@ class AsyncConsumer:
         out: dict[TopicPartition, OffsetAndMetadata | None] = {}
         async for attempt in self.cluster.retrying(timeout or self.config.request_timeout_ms / 1000):
             with attempt:
-                response = await self.cluster.coordinator_request(self.group_id, GROUP_KEY, OFFSET_FETCH, body, max_version=7)
+                response = await self.cluster.coordinator_request(self.group_id, CoordinatorType.GROUP, ApiKey.OFFSET_FETCH, body, max_version=7)
                 if response.get("error_code"):
                     raise classify(response["error_code"], "OffsetFetch")
                 for topic in response["topics"]:
@@ -395,7 +397,7 @@ class AsyncConsumer:
         }
         async for attempt in self.cluster.retrying(self.config.request_timeout_ms / 1000):
             with attempt:
-                response = await self.cluster.coordinator_request(self.group_id, GROUP_KEY, OFFSET_COMMIT, body, max_version=8)
+                response = await self.cluster.coordinator_request(self.group_id, CoordinatorType.GROUP, ApiKey.OFFSET_COMMIT, body, max_version=8)
                 for topic in response["topics"]:
                     for answer in topic["partitions"]:
                         code = answer["error_code"]
@@ -403,7 +405,7 @@ class AsyncConsumer:
                             self._note_group_error(code)
                             raise CommitFailedError(code, "OffsetCommit (the group has moved on; poll to rejoin)")
                         if code in (ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE):
-                            self.cluster.forget_coordinator(self.group_id, GROUP_KEY)
+                            self.cluster.forget_coordinator(self.group_id, CoordinatorType.GROUP)
                         if code:
                             raise classify(code, f"OffsetCommit {topic['name']}-{answer['partition_index']}")
 
@@ -411,10 +413,12 @@ class AsyncConsumer:
         """Commit in the background; ``callback(error, offsets)`` when done."""
         offsets = self._consumed_offsets() if offsets is None else dict(offsets)
         task = asyncio.get_running_loop().create_task(self.commit(offsets))
+        self._commits.add(task)
+        task.add_done_callback(self._commits.discard)
         if callback is not None:
-            task.add_done_callback(lambda t: callback(t.exception(), offsets))
+            task.add_done_callback(lambda t: callback(_outcome_error(t), offsets))
         else:
-            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            task.add_done_callback(_outcome_error)  # retrieved: the caller chose not to hear
         return task
 
     async def _maybe_auto_commit(self, *, now: bool = False) -> None:
@@ -541,7 +545,7 @@ class AsyncConsumer:
         }
         async for attempt in self.cluster.retrying(join_timeout):
             with attempt:
-                response = await self.cluster.coordinator_request(self.group_id, GROUP_KEY, JOIN_GROUP, body, timeout=join_timeout)
+                response = await self.cluster.coordinator_request(self.group_id, CoordinatorType.GROUP, ApiKey.JOIN_GROUP, body, timeout=join_timeout)
                 code = response["error_code"]
                 if code == ErrorCode.MEMBER_ID_REQUIRED:
                     member.member_id = body["member_id"] = response["member_id"]
@@ -567,7 +571,7 @@ class AsyncConsumer:
             "protocol_name": protocol_name,
             "assignments": assignments,
         }
-        response = await self.cluster.coordinator_request(self.group_id, GROUP_KEY, SYNC_GROUP, sync, timeout=join_timeout)
+        response = await self.cluster.coordinator_request(self.group_id, CoordinatorType.GROUP, ApiKey.SYNC_GROUP, sync, timeout=join_timeout)
         code = response["error_code"]
         if code == ErrorCode.REBALANCE_IN_PROGRESS:
             return ("rebalance", None)
@@ -588,8 +592,13 @@ class AsyncConsumer:
         return [{"member_id": member_id, "assignment": assignors.encode_assignment(assignment)} for member_id, assignment in result.items()]
 
     def _start_heartbeats(self) -> None:
-        if self._heartbeat_task is None or self._heartbeat_task.done():
-            self._heartbeat_task = asyncio.get_running_loop().create_task(self._heartbeat_loop())
+        previous = self._heartbeat_task
+        if previous is not None and not previous.done():
+            return
+        self._heartbeat_task = None
+        if previous is not None and not previous.cancelled() and previous.exception() is not None:
+            raise previous.exception()  # a bug in the heartbeat loop: poll says so
+        self._heartbeat_task = asyncio.get_running_loop().create_task(self._heartbeat_loop())
 
     async def _heartbeat_loop(self) -> None:
         member = self._member
@@ -603,7 +612,7 @@ class AsyncConsumer:
                 return
             body = {"group_id": self.group_id, "generation_id": member.generation_id, "member_id": member.member_id, "group_instance_id": self.config.group_instance_id}
             try:
-                response = await self.cluster.coordinator_request(self.group_id, GROUP_KEY, HEARTBEAT, body)
+                response = await self.cluster.coordinator_request(self.group_id, CoordinatorType.GROUP, ApiKey.HEARTBEAT, body)
             except (KafkaError, ConnectionError, OSError, TimeoutError):
                 continue  # the session timeout gives us room; the next beat tries again
             code = response["error_code"]
@@ -613,9 +622,11 @@ class AsyncConsumer:
 
     async def _leave_group(self, *, lost: bool = False) -> None:
         member = self._member
-        if self._join_task is not None:
-            self._join_task.cancel()
-            self._join_task = None
+        join_task, self._join_task = self._join_task, None
+        try:
+            await cancel_and_wait(join_task)
+        except Exception:
+            pass  # that round's outcome, error or not, is moot: the member is leaving
         if member.state == MemberState.UNJOINED:
             return
         member_id = member.member_id
@@ -627,7 +638,7 @@ class AsyncConsumer:
         if self.config.group_instance_id is None and member_id:
             body = {"group_id": self.group_id, "member_id": member_id, "members": [{"member_id": member_id, "group_instance_id": None, "reason": "the consumer is leaving"}]}
             try:
-                await self.cluster.coordinator_request(self.group_id, GROUP_KEY, LEAVE_GROUP, body)
+                await self.cluster.coordinator_request(self.group_id, CoordinatorType.GROUP, ApiKey.LEAVE_GROUP, body)
             except (KafkaError, ConnectionError, OSError, TimeoutError):
                 pass  # the session timeout removes us anyway
 
@@ -636,6 +647,8 @@ class AsyncConsumer:
         if self._closed:
             return
         try:
+            if self._commits:  # asynchronous commits finish first, as in Kafka
+                await asyncio.wait(set(self._commits))
             if self._member is not None and self._member.state == MemberState.STABLE and self._subscription:
                 await self._maybe_auto_commit(now=True)
                 await self._tell_listener(RebalanceStep(revoked=self._member.owned))
@@ -643,9 +656,16 @@ class AsyncConsumer:
                 await self._leave_group()
         finally:
             self._closed = True
-            if self._heartbeat_task is not None:
-                self._heartbeat_task.cancel()
-            await self.cluster.close()
+            heartbeat, join, self._heartbeat_task, self._join_task = self._heartbeat_task, self._join_task, None, None
+            try:
+                await cancel_and_wait(heartbeat, join, *self._commits)
+            finally:
+                await self.cluster.close()
+
+
+def _outcome_error(task: asyncio.Task) -> BaseException | None:
+    """The error a finished task ended with (its cancellation included), marking it retrieved."""
+    return asyncio.CancelledError() if task.cancelled() else task.exception()
 
 
 def _supports_cooperative(assignor) -> bool:
@@ -760,10 +780,16 @@ class Consumer:
     def commit(self, offsets=None, asynchronous: bool = False):
         """Commit (blocking), or with ``asynchronous=True`` return a future."""
         if asynchronous:
-            async def commit():
-                return await self._async.commit(offsets)
+            outcome: concurrent.futures.Future = concurrent.futures.Future()
 
-            return self._thread.submit(commit())
+            def start() -> None:  # on the loop: the task is the consumer's, so close() finishes it
+                if not outcome.set_running_or_notify_cancel():
+                    return  # cancelled before it started
+                task = self._async.commit_async(offsets)
+                task.add_done_callback(lambda t: _settle_outcome(outcome, t))
+
+            self._thread.loop.call_soon_threadsafe(start)
+            return outcome
         return self._call(self._async.commit(offsets))
 
     def group_metadata(self) -> GroupMetadata:
@@ -774,6 +800,14 @@ class Consumer:
             self._call(self._async.close(), 60)
         finally:
             self._thread.stop()
+
+
+def _settle_outcome(outcome: concurrent.futures.Future, task: asyncio.Task) -> None:
+    error = _outcome_error(task)
+    if error is None:
+        outcome.set_result(task.result())
+    else:
+        outcome.set_exception(error)
 
 
 def _settle(reply: asyncio.Future, error: BaseException | None) -> None:

@@ -43,9 +43,12 @@ from typing import Callable
 
 import attrs
 
+from protocol.constants import CoordinatorType
 from protocol.errors import ErrorCode
+from protocol.messages import ApiKey
 from protocol.records import encode_batch
-from txn.cluster import TRANSACTION_KEY, Cluster
+from protocol.tasks import cancel_and_wait
+from txn.cluster import Cluster
 from txn.config import ProducerConfig, build
 from txn.errors import (
     ApplicationRecoverableError,
@@ -62,8 +65,6 @@ from txn.errors import (
 from txn.loop_thread import LoopThread
 from txn.types import GroupMetadata, RecordMetadata, TopicPartition, as_topic_partition
 
-PRODUCE, INIT_PRODUCER_ID = 0, 22
-ADD_PARTITIONS, ADD_OFFSETS, END_TXN, TXN_OFFSET_COMMIT = 24, 25, 26, 28
 RECORD_OVERHEAD = 20  # a record's framing bytes, roughly, for batch sizing
 
 
@@ -209,9 +210,9 @@ class AsyncProducer:
         async for attempt in self.cluster.retrying(self.config.delivery_timeout_ms / 1000):
             with attempt:
                 if self.transactional_id is not None:
-                    response = await self.cluster.coordinator_request(self.transactional_id, TRANSACTION_KEY, INIT_PRODUCER_ID, body)
+                    response = await self.cluster.coordinator_request(self.transactional_id, CoordinatorType.TRANSACTION, ApiKey.INIT_PRODUCER_ID, body)
                 else:
-                    response = await (await self.cluster.any_broker()).request(INIT_PRODUCER_ID, body)
+                    response = await (await self.cluster.any_broker()).request(ApiKey.INIT_PRODUCER_ID, body)
                 if response["error_code"]:
                     raise classify(response["error_code"], "InitProducerId")
         self.producer_id, self.producer_epoch = response["producer_id"], response["producer_epoch"]
@@ -272,7 +273,7 @@ class AsyncProducer:
     async def _txn_request(self, api_key: int, body: dict, what: str, *, max_version: int | None = None) -> dict:
         async for attempt in self.cluster.retrying(self.config.delivery_timeout_ms / 1000):
             with attempt:
-                response = await self.cluster.coordinator_request(self.transactional_id, TRANSACTION_KEY, api_key, body, max_version=max_version)
+                response = await self.cluster.coordinator_request(self.transactional_id, CoordinatorType.TRANSACTION, api_key, body, max_version=max_version)
                 code = _first_error(response)
                 if code:
                     raise self._judge(classify(code, what, in_transaction=True))
@@ -292,7 +293,7 @@ class AsyncProducer:
         if pending is None:
             pending = self._added[partition] = asyncio.ensure_future(
                 self._txn_request(
-                    ADD_PARTITIONS,
+                    ApiKey.ADD_PARTITIONS_TO_TXN,
                     {
                         "v3_and_below_transactional_id": self.transactional_id,
                         "v3_and_below_producer_id": self.producer_id,
@@ -317,7 +318,7 @@ class AsyncProducer:
         group = GroupMetadata.of(group_metadata)
         if group.group_id not in self._offsets_added:
             await self._txn_request(
-                ADD_OFFSETS,
+                ApiKey.ADD_OFFSETS_TO_TXN,
                 {"transactional_id": self.transactional_id, "producer_id": self.producer_id, "producer_epoch": self.producer_epoch, "group_id": group.group_id},
                 "AddOffsetsToTxn",
             )
@@ -339,7 +340,7 @@ class AsyncProducer:
         }
         async for attempt in self.cluster.retrying(self.config.delivery_timeout_ms / 1000):
             with attempt:
-                response = await self.cluster.coordinator_request(group.group_id, 0, TXN_OFFSET_COMMIT, body)
+                response = await self.cluster.coordinator_request(group.group_id, CoordinatorType.GROUP, ApiKey.TXN_OFFSET_COMMIT, body)
                 code = _first_error(response)
                 if code in (ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE):
                     self.cluster.forget_coordinator(group.group_id, 0)
@@ -370,7 +371,7 @@ class AsyncProducer:
                 self.crash_point("txn.before_commit")
             body = {"transactional_id": self.transactional_id, "producer_id": self.producer_id, "producer_epoch": self.producer_epoch, "committed": commit}
             try:
-                await self._txn_request(END_TXN, body, "EndTxn")
+                await self._txn_request(ApiKey.END_TXN, body, "EndTxn")
             except (RetriableError, ConnectionError, TimeoutError) as error:
                 if commit:
                     # The commit may have happened: never follow it with an abort.
@@ -454,6 +455,8 @@ class AsyncProducer:
     def _delivered(self, task: asyncio.Task, tp: TopicPartition) -> None:
         self._tasks.discard(task)
         self._queues[tp].inflight -= 1
+        if task.cancelled():
+            return  # the producer is closing: nothing new starts
         if self._needs_epoch_bump and self.transactional_id is None and not self._tasks and self._fatal is None:
             # An idempotent producer recovers by itself: new epoch, then the queue moves on.
             recovery = asyncio.get_running_loop().create_task(self._recover())
@@ -480,10 +483,12 @@ class AsyncProducer:
             if self.idempotent and not isinstance(error, ProducerFencedError):
                 self._needs_epoch_bump = True  # the sequence has a hole now
             if self.transactional_id is not None and not isinstance(error, (ProducerFencedError,)) and self._txn_error is None:
-                self._txn_error = error
+                self._txn_error = batch.error
             for future in batch.futures:
                 if not future.done():
                     _fail_quietly(future, batch.error)
+            if isinstance(error, asyncio.CancelledError):
+                raise  # the producer is closing: its records failed above; the cancellation goes on
             return
         finally:
             batch.written.set()
@@ -551,7 +556,7 @@ class AsyncProducer:
         )
         client = await self.cluster.leader(tp.topic, tp.partition)
         body = {"transactional_id": self.transactional_id, "acks": self.config.acks, "timeout_ms": self.config.request_timeout_ms, "topic_data": [{"name": tp.topic, "partition_data": [{"index": tp.partition, "records": data}]}]}
-        response_awaitable = await client.submit(PRODUCE, body, expect_response=self.config.acks != 0)
+        response_awaitable = await client.submit(ApiKey.PRODUCE, body, expect_response=self.config.acks != 0)
         batch.written.set()
         response = await response_awaitable
         if response is None:
@@ -597,7 +602,13 @@ class AsyncProducer:
             if self._fatal is None:
                 await self.flush()
         finally:
-            await self.cluster.close()
+            # What flush did not wait for (a fatal error stopped it, or flush
+            # was cancelled) is the producer's to stop before its connections go.
+            adding = [task for task in self._added.values() if not task.done()]
+            try:
+                await cancel_and_wait(*self._tasks, *adding)
+            finally:
+                await self.cluster.close()
 
 
 def _set(event: asyncio.Event) -> asyncio.Event:

@@ -8,6 +8,7 @@ import uuid
 
 import pytest
 
+from protocol.messages import ApiKey
 from tests.broker.test_transactions import create_topic, raw_request
 from txn.consumer import Consumer
 
@@ -72,7 +73,7 @@ def test_seek_position_and_simple_commit(embedded_broker):
     assert [r.value for r in read_all(consumer, 3)] == [b"7", b"8", b"9"]
     assert consumer.position(("seekable", 0)) == 10
     consumer.commit()
-    fetched = raw_request(embedded_broker.port, 9, 6, {"group_id": "own-consumers", "topics": None})
+    fetched = raw_request(embedded_broker.port, ApiKey.OFFSET_FETCH, 6, {"group_id": "own-consumers", "topics": None})
     assert fetched["topics"][0]["partitions"][0]["committed_offset"] == 10
     consumer.close()
 
