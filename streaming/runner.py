@@ -628,7 +628,10 @@ class Runner:
         try:
             assigned = sorted(self.assigned)
             ends = await self.consumer.end_offsets(assigned) if assigned else {}
-            lag = " ".join(f"{tp}:{max(0, ends[tp] - self.processed[tp]) if tp in self.processed else '?'}" for tp in assigned)
+            # Nothing processed from a partition yet: the consumer's position
+            # (where it reads next: the committed offset, until records come).
+            positions = {tp: self.processed[tp] if tp in self.processed else await self.consumer.position(tp) for tp in assigned}
+            lag = " ".join(f"{tp}:{max(0, ends[tp] - positions[tp])}" for tp in assigned)
         except (KafkaError, ConnectionError, TimeoutError, OSError):
             lag = "(unknown)"
         print(
