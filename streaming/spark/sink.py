@@ -52,7 +52,9 @@ no-op.
 Limits: ``commitOffsetsToGroup`` needs the checkpoint on a file system the
 driver's Python can open (it reads Spark's offset log); a second driver
 running the same checkpoint at the same time (Spark does not prevent that
-across clusters) is not fenced.
+across clusters) is not fenced; on a broker without ListTransactions
+(Kafka before 3.0) a crashed run's open transactions are not found, so they
+end at their timeout and hold the output's LSO until then.
 """
 
 from __future__ import annotations
