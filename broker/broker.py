@@ -47,8 +47,8 @@ from broker.server import KafkaServer
 from broker.storage_adapter import log_config_defaults, partition_log_opener, validate_log_properties
 from protocol.clock import Clock
 from protocol.tasks import cancel_and_wait
+from storage.durable import DiskIO
 from storage.index import IndexBudget
-from storage.segment import DiskIO
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +144,7 @@ class Broker:
             max_frame_size=self.config.socket_request_max_bytes,
             max_inflight_per_connection=self.config.max_inflight_requests_per_connection,
             on_unsupported=self._answer_unsupported,
+            supported_versions=SUPPORTED_APIS,
         )
         try:
             self.port = await self.server.start()
