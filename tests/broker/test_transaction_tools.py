@@ -6,7 +6,7 @@ import io
 
 from broker import txn_tools
 from protocol.records import encode_batch
-from tests.broker.test_transactions import create_topic, raw_request, read_values
+from tests.helpers import create_topic, raw_request, read_values
 
 
 def test_list_describe_find_hanging_and_abort(embedded_broker):
@@ -32,14 +32,14 @@ def test_list_describe_find_hanging_and_abort(embedded_broker):
     plain = Producer({"bootstrap.servers": bootstrap})
     plain.produce("ops", value=b"behind", partition=0)
     plain.flush(10)
-    assert read_values(bootstrap, "ops", "read_committed", partitions=1) == [], "the hanging transaction holds the LSO"
+    assert read_values(bootstrap, "ops", isolation="read_committed", partitions=1) == [], "the hanging transaction holds the LSO"
 
     out = io.StringIO()
     txn_tools.find_hanging(bootstrap, out=out)
     assert "ops-0 producerId 4242 epoch 3" in out.getvalue()
     out = io.StringIO()
     assert txn_tools.abort_transaction(bootstrap, "ops", 0, 4242, 3, out=out) == 0
-    assert read_values(bootstrap, "ops", "read_committed", partitions=1, expect=1) == [b"behind"]
+    assert read_values(bootstrap, "ops", isolation="read_committed", partitions=1, expect=1) == [b"behind"]
     out = io.StringIO()
     txn_tools.find_hanging(bootstrap, out=out)
     assert "no hanging transactions" in out.getvalue()
