@@ -2,6 +2,6 @@
 
 import sys
 
-from benchmarks.suite import main
+from onceflow.cli import main
 
-sys.exit(main())
+sys.exit(main(["bench", *sys.argv[1:]]))

@@ -27,7 +27,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def start_broker(data_dir: str) -> tuple[subprocess.Popen, str]:
     process = subprocess.Popen(
-        [sys.executable, "-m", "broker.cli", "broker", "--data-dir", data_dir, "--listen", "127.0.0.1:0"],
+        [sys.executable, "-m", "onceflow", "broker", "--data-dir", data_dir, "--listen", "127.0.0.1:0"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
     )
     while True:

@@ -43,6 +43,7 @@ import attrs
 
 from faults.process import BrokerProcess
 from protocol import framing
+from protocol.messages import ApiKey
 
 KIB = 1024
 MIB = 1024 * 1024
@@ -53,7 +54,6 @@ RECORDS_PER_TURN = 128  # consecutive records to one partition before the next t
 # Descriptors the broker needs besides the idle connections: a .log per
 # partition (ours and __consumer_offsets'), clients' connections, files it opens.
 FD_RESERVE = 512
-API_VERSIONS = 18
 API_VERSIONS_VERSION = 3
 
 
@@ -211,7 +211,7 @@ def raise_open_file_limit(wanted: int) -> int:
 def api_versions_round_trip(connection: socket.socket, client: framing.ClientConnection) -> None:
     """Send one ApiVersions request and read its answer (error code 0)."""
     _correlation, request = client.send_request(
-        API_VERSIONS, API_VERSIONS_VERSION, {"client_software_name": "onceflow-memory-bench", "client_software_version": "1"}
+        ApiKey.API_VERSIONS, API_VERSIONS_VERSION, {"client_software_name": "onceflow-memory-bench", "client_software_version": "1"}
     )
     connection.sendall(request)
     while True:

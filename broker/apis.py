@@ -10,7 +10,6 @@ Fetch long-polls and respects its byte limits. Handlers never touch sockets
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import uuid
@@ -22,7 +21,9 @@ from broker.replica import (
     TopicExistsError,
     UnknownTopicError,
 )
+from protocol.constants import ConfigResourceType, IsolationLevel, OffsetSpec
 from protocol.errors import ErrorCode
+from protocol.messages import ApiKey
 from protocol.records import CorruptRecordError, iter_batches
 from storage.log import RecordTooLargeError
 from storage.names import InvalidTopicError
@@ -30,58 +31,46 @@ from storage.producer_state import ProducerStateError
 
 log = logging.getLogger(__name__)
 
-# api key -> (name, lowest version, highest version) we serve. Produce starts
-# at 3 and Fetch at 4 because older versions carry the pre-v2 message formats,
+# api key -> (lowest version, highest version) we serve. Produce starts at 3
+# and Fetch at 4 because older versions carry the pre-v2 message formats,
 # which onceflow does not store.
-SUPPORTED_APIS: dict[int, tuple[str, int, int]] = {
-    0: ("Produce", 3, 11),
-    1: ("Fetch", 4, 17),
-    2: ("ListOffsets", 0, 10),
-    3: ("Metadata", 0, 12),
-    18: ("ApiVersions", 0, 4),
-    19: ("CreateTopics", 0, 7),
-    20: ("DeleteTopics", 0, 6),
-    21: ("DeleteRecords", 0, 2),
-    32: ("DescribeConfigs", 0, 4),
-    33: ("AlterConfigs", 0, 2),
-    37: ("CreatePartitions", 0, 3),
-    44: ("IncrementalAlterConfigs", 0, 1),
-    60: ("DescribeCluster", 0, 1),
-    10: ("FindCoordinator", 0, 6),
-    22: ("InitProducerId", 0, 5),
-    24: ("AddPartitionsToTxn", 0, 5),
-    25: ("AddOffsetsToTxn", 0, 4),
-    26: ("EndTxn", 0, 5),
-    27: ("WriteTxnMarkers", 0, 1),
-    61: ("DescribeProducers", 0, 0),
-    65: ("DescribeTransactions", 0, 0),
-    66: ("ListTransactions", 0, 1),
-    8: ("OffsetCommit", 0, 9),
-    9: ("OffsetFetch", 0, 9),
-    11: ("JoinGroup", 0, 9),
-    12: ("Heartbeat", 0, 4),
-    13: ("LeaveGroup", 0, 5),
-    14: ("SyncGroup", 0, 5),
-    15: ("DescribeGroups", 0, 5),
-    16: ("ListGroups", 0, 5),
-    28: ("TxnOffsetCommit", 0, 4),
-    42: ("DeleteGroups", 0, 2),
-    47: ("OffsetDelete", 0, 0),
+SUPPORTED_APIS: dict[ApiKey, tuple[int, int]] = {
+    ApiKey.PRODUCE: (3, 11),
+    ApiKey.FETCH: (4, 17),
+    ApiKey.LIST_OFFSETS: (0, 10),
+    ApiKey.METADATA: (0, 12),
+    ApiKey.API_VERSIONS: (0, 4),
+    ApiKey.CREATE_TOPICS: (0, 7),
+    ApiKey.DELETE_TOPICS: (0, 6),
+    ApiKey.DELETE_RECORDS: (0, 2),
+    ApiKey.DESCRIBE_CONFIGS: (0, 4),
+    ApiKey.ALTER_CONFIGS: (0, 2),
+    ApiKey.CREATE_PARTITIONS: (0, 3),
+    ApiKey.INCREMENTAL_ALTER_CONFIGS: (0, 1),
+    ApiKey.DESCRIBE_CLUSTER: (0, 1),
+    ApiKey.FIND_COORDINATOR: (0, 6),
+    ApiKey.INIT_PRODUCER_ID: (0, 5),
+    ApiKey.ADD_PARTITIONS_TO_TXN: (0, 5),
+    ApiKey.ADD_OFFSETS_TO_TXN: (0, 4),
+    ApiKey.END_TXN: (0, 5),
+    ApiKey.WRITE_TXN_MARKERS: (0, 1),
+    ApiKey.DESCRIBE_PRODUCERS: (0, 0),
+    ApiKey.DESCRIBE_TRANSACTIONS: (0, 0),
+    ApiKey.LIST_TRANSACTIONS: (0, 1),
+    ApiKey.OFFSET_COMMIT: (0, 9),
+    ApiKey.OFFSET_FETCH: (0, 9),
+    ApiKey.JOIN_GROUP: (0, 9),
+    ApiKey.HEARTBEAT: (0, 4),
+    ApiKey.LEAVE_GROUP: (0, 5),
+    ApiKey.SYNC_GROUP: (0, 5),
+    ApiKey.DESCRIBE_GROUPS: (0, 5),
+    ApiKey.LIST_GROUPS: (0, 5),
+    ApiKey.TXN_OFFSET_COMMIT: (0, 4),
+    ApiKey.DELETE_GROUPS: (0, 2),
+    ApiKey.OFFSET_DELETE: (0, 0),
 }
 
-# ListOffsets special timestamps
-LATEST_TIMESTAMP = -1
-EARLIEST_TIMESTAMP = -2
-MAX_TIMESTAMP = -3
-EARLIEST_LOCAL_TIMESTAMP = -4
-LATEST_TIERED_TIMESTAMP = -5
-
-READ_UNCOMMITTED = 0
-READ_COMMITTED = 1
-
-# DescribeConfigs resource types and config sources
-RESOURCE_TOPIC = 2
-RESOURCE_BROKER = 4
+# DescribeConfigs config sources
 SOURCE_DYNAMIC_TOPIC = 1
 SOURCE_STATIC_BROKER = 4
 SOURCE_DEFAULT = 5
@@ -108,19 +97,19 @@ class KafkaApis:
         # Kafka names and default values of every topic setting, for DescribeConfigs.
         self.log_config_defaults = log_config_defaults
         self._handlers = {
-            0: self.handle_produce,
-            1: self.handle_fetch,
-            2: self.handle_list_offsets,
-            3: self.handle_metadata,
-            18: self.handle_api_versions,
-            19: self.handle_create_topics,
-            20: self.handle_delete_topics,
-            21: self.handle_delete_records,
-            32: self.handle_describe_configs,
-            33: self.handle_alter_configs,
-            37: self.handle_create_partitions,
-            44: self.handle_incremental_alter_configs,
-            60: self.handle_describe_cluster,
+            ApiKey.PRODUCE: self.handle_produce,
+            ApiKey.FETCH: self.handle_fetch,
+            ApiKey.LIST_OFFSETS: self.handle_list_offsets,
+            ApiKey.METADATA: self.handle_metadata,
+            ApiKey.API_VERSIONS: self.handle_api_versions,
+            ApiKey.CREATE_TOPICS: self.handle_create_topics,
+            ApiKey.DELETE_TOPICS: self.handle_delete_topics,
+            ApiKey.DELETE_RECORDS: self.handle_delete_records,
+            ApiKey.DESCRIBE_CONFIGS: self.handle_describe_configs,
+            ApiKey.ALTER_CONFIGS: self.handle_alter_configs,
+            ApiKey.CREATE_PARTITIONS: self.handle_create_partitions,
+            ApiKey.INCREMENTAL_ALTER_CONFIGS: self.handle_incremental_alter_configs,
+            ApiKey.DESCRIBE_CLUSTER: self.handle_describe_cluster,
         }
         self._handlers.update(extra_handlers or {})
         # KIP-890 part 1: (producer id, epoch, topic, partition) -> the error
@@ -140,7 +129,7 @@ class KafkaApis:
             "error_code": int(error_code),
             "api_keys": [
                 {"api_key": key, "min_version": low, "max_version": high}
-                for key, (_name, low, high) in sorted(SUPPORTED_APIS.items())
+                for key, (low, high) in sorted(SUPPORTED_APIS.items())
             ],
             "throttle_time_ms": 0,
         }
@@ -352,7 +341,7 @@ class KafkaApis:
             await self.replicas.wait_for_data(keys, remaining)
 
     def _read_fetch(self, version: int, body: dict):
-        isolation = body.get("isolation_level", READ_UNCOMMITTED)
+        isolation = body.get("isolation_level", IsolationLevel.READ_UNCOMMITTED)
         max_bytes = body.get("max_bytes", self.config.fetch_max_bytes)
         if max_bytes <= 0:
             max_bytes = self.config.fetch_max_bytes
@@ -396,7 +385,7 @@ class KafkaApis:
                     answer["error_code"] = ErrorCode.OFFSET_OUT_OF_RANGE
                     partitions.append(answer)
                     continue
-                limit = last_stable if isolation == READ_COMMITTED else high_watermark
+                limit = last_stable if isolation == IsolationLevel.READ_COMMITTED else high_watermark
                 partition_max = max(0, request_partition.get("partition_max_bytes", max_bytes))
                 budget = min(partition_max, remaining)
                 if fetch_offset < limit and (budget > 0 or total == 0):
@@ -406,9 +395,9 @@ class KafkaApis:
                     answer["records"] = data
                     total += len(data)
                     remaining -= len(data)
-                if isolation == READ_COMMITTED and hasattr(partition_log, "aborted_transactions"):
+                if isolation == IsolationLevel.READ_COMMITTED and hasattr(partition_log, "aborted_transactions"):
                     answer["aborted_transactions"] = partition_log.aborted_transactions(fetch_offset, limit)
-                elif isolation == READ_COMMITTED:
+                elif isolation == IsolationLevel.READ_COMMITTED:
                     answer["aborted_transactions"] = []
                 partitions.append(answer)
             entry = {"partitions": partitions}
@@ -423,7 +412,7 @@ class KafkaApis:
     # -- ListOffsets ------------------------------------------------------------
 
     async def handle_list_offsets(self, version: int, body: dict) -> dict:
-        isolation = body.get("isolation_level", READ_UNCOMMITTED)
+        isolation = body.get("isolation_level", IsolationLevel.READ_UNCOMMITTED)
         topics = []
         for topic in body.get("topics", []):
             name = topic.get("name")
@@ -438,7 +427,7 @@ class KafkaApis:
                         answer["old_style_offsets"] = []
                     partitions.append(answer)
                     continue
-                timestamp = request_partition.get("timestamp", LATEST_TIMESTAMP)
+                timestamp = request_partition.get("timestamp", OffsetSpec.LATEST)
                 found = self._offset_for(partition_log, timestamp, isolation)
                 if found is None:
                     answer["timestamp"], answer["offset"] = -1, -1
@@ -453,15 +442,15 @@ class KafkaApis:
 
     def _offset_for(self, partition_log, timestamp: int, isolation: int):
         high_watermark = partition_log.high_watermark
-        if isolation == READ_COMMITTED and hasattr(partition_log, "last_stable_offset"):
+        if isolation == IsolationLevel.READ_COMMITTED and hasattr(partition_log, "last_stable_offset"):
             end = partition_log.last_stable_offset
         else:
             end = high_watermark
-        if timestamp == LATEST_TIMESTAMP or timestamp == LATEST_TIERED_TIMESTAMP:
+        if timestamp == OffsetSpec.LATEST or timestamp == OffsetSpec.LATEST_TIERED:
             return (-1, end)
-        if timestamp in (EARLIEST_TIMESTAMP, EARLIEST_LOCAL_TIMESTAMP):
+        if timestamp in (OffsetSpec.EARLIEST, OffsetSpec.EARLIEST_LOCAL):
             return (-1, partition_log.log_start_offset)
-        if timestamp == MAX_TIMESTAMP:
+        if timestamp == OffsetSpec.MAX_TIMESTAMP:
             found = partition_log.max_timestamp_offset() if hasattr(partition_log, "max_timestamp_offset") else None
             return found
         found = partition_log.offset_for_timestamp(timestamp)
@@ -599,7 +588,7 @@ class KafkaApis:
             name = resource.get("resource_name")
             wanted = resource.get("configuration_keys")
             result = {"error_code": ErrorCode.NONE, "error_message": None, "resource_type": resource_type, "resource_name": name, "configs": []}
-            if resource_type == RESOURCE_TOPIC:
+            if resource_type == ConfigResourceType.TOPIC:
                 info = self.replicas.topics.get(name)
                 if info is None:
                     result["error_code"] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
@@ -617,7 +606,7 @@ class KafkaApis:
                         result["configs"].append(
                             {"name": key, "value": value, "read_only": False, "is_default": source == SOURCE_DEFAULT, "config_source": source, "is_sensitive": False, "synonyms": []}
                         )
-            elif resource_type == RESOURCE_BROKER:
+            elif resource_type == ConfigResourceType.BROKER:
                 broker_values = {
                     "node.id": str(self.config.node_id),
                     "auto.create.topics.enable": str(self.config.auto_create_topics).lower(),
@@ -642,7 +631,7 @@ class KafkaApis:
         for resource in body.get("resources", []):
             name = resource.get("resource_name")
             answer = {"error_code": ErrorCode.NONE, "error_message": None, "resource_type": resource.get("resource_type"), "resource_name": name}
-            if resource.get("resource_type") != RESOURCE_TOPIC:
+            if resource.get("resource_type") != ConfigResourceType.TOPIC:
                 answer["error_code"] = ErrorCode.INVALID_REQUEST
                 answer["error_message"] = "only topic configuration can be altered"
             else:
@@ -657,7 +646,7 @@ class KafkaApis:
             name = resource.get("resource_name")
             answer = {"error_code": ErrorCode.NONE, "error_message": None, "resource_type": resource.get("resource_type"), "resource_name": name}
             info = self.replicas.topics.get(name)
-            if resource.get("resource_type") != RESOURCE_TOPIC:
+            if resource.get("resource_type") != ConfigResourceType.TOPIC:
                 answer["error_code"] = ErrorCode.INVALID_REQUEST
                 answer["error_message"] = "only topic configuration can be altered"
             elif info is None:

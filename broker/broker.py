@@ -18,6 +18,14 @@ the process stops and says why) instead of dying unseen.
 
 ``EmbeddedBroker`` runs the same broker on its own thread and event loop on an
 ephemeral port, for tests, examples and the demo.
+
+This is where the seams are chosen, once per broker, and passed down
+(``FaultSeams``): the crash-point callable the coordinators, the marker
+writer and the group APIs call, and the DiskIO every partition log writes
+through. By default they come from the fault harness as the process's
+environment arms it (``ONCEFLOW_CRASH_POINTS``, ``ONCEFLOW_DISK_FAULTS``);
+no room below reads the environment or imports ``faults``. The broker also
+owns the one index budget (``storage.index.IndexBudget``) its logs share.
 """
 
 from __future__ import annotations
@@ -28,14 +36,19 @@ import fcntl
 import logging
 import os
 import threading
+from typing import Callable
+
+import attrs
 
 from broker.apis import SUPPORTED_APIS, KafkaApis
 from broker.config import BrokerConfig
 from broker.replica import ReplicaManager
 from broker.server import KafkaServer
-from broker.storage_adapter import log_config_defaults, open_partition_log, validate_log_properties
+from broker.storage_adapter import log_config_defaults, partition_log_opener, validate_log_properties
 from protocol.clock import Clock
 from protocol.tasks import cancel_and_wait
+from storage.durable import DiskIO
+from storage.index import IndexBudget
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +57,34 @@ class DataDirError(Exception):
     """The data directory cannot be used (locked by another broker, unwritable, foreign)."""
 
 
+def no_crash_point(name: str) -> None:
+    """A crash point that never fires (no fault harness)."""
+
+
+@attrs.frozen
+class FaultSeams:
+    """What a fault harness may replace in one broker."""
+
+    crash_point: Callable[[str], None] = no_crash_point
+    disk_io: DiskIO | None = None  # None: the real system calls
+
+    @classmethod
+    def from_environment(cls) -> "FaultSeams":
+        """The seams the fault harness armed this process with through its
+        environment (``faults.points``, ``faults.disk``), read once, here."""
+        from faults.disk import io_from_environment
+        from faults.points import point
+
+        return cls(crash_point=point, disk_io=io_from_environment())
+
+
 class Broker:
-    def __init__(self, config: BrokerConfig, *, clock: Clock | None = None):
+    def __init__(self, config: BrokerConfig, *, seams: FaultSeams | None = None, index_budget: IndexBudget | None = None, clock: Clock | None = None):
         self.config = config.with_data_dir(config.data_dir)
+        self.seams = FaultSeams.from_environment() if seams is None else seams
+        # Every index of this broker's logs counts against this one budget
+        # (and only this broker's loop touches them).
+        self.index_budget = IndexBudget() if index_budget is None else index_budget
         # One clock for the coordinators (tests and the fault harness may pass their own).
         self.clock = clock or Clock()
         self.replicas: ReplicaManager | None = None
@@ -78,7 +116,7 @@ class Broker:
             self.replicas = ReplicaManager(
                 data_dir,
                 self.config.log_defaults,
-                open_log=open_partition_log,
+                open_log=partition_log_opener(io=self.seams.disk_io, index_budget=self.index_budget),
                 validate_config=validate_log_properties,
             )
             self.replicas.load()
@@ -90,11 +128,10 @@ class Broker:
             self._unlock()
             raise DataDirError(f"cannot use data directory {data_dir}: {error}") from None
 
-        from broker.transactions import TransactionManager
-        from faults.points import point as crash_point
-
         from broker.groups import GroupApis, GroupManager
+        from broker.transactions import TransactionManager
 
+        crash_point = self.seams.crash_point
         self.groups = GroupManager(replicas=self.replicas, config=self.config, clock=self.clock)
         await self.groups.start()
         self.transactions = TransactionManager(replicas=self.replicas, config=self.config, crash_point=crash_point, on_marker=self.groups.on_marker, clock=self.clock)
@@ -134,13 +171,14 @@ class Broker:
 
             return coordinator.verify_transactional_produce(producer_id, producer_epoch, TopicPartition(topic, partition))
 
+        group_apis = GroupApis(groups=self.groups, transactions=self.transactions, replicas=self.replicas, crash_point=crash_point)
         self.apis = KafkaApis(
             config=self.config,
             replicas=self.replicas,
             cluster_id=cluster_id,
             advertised=advertised,
             log_config_defaults=log_config_defaults(),
-            extra_handlers={**txn_apis.handlers(), **GroupApis(groups=self.groups, transactions=self.transactions, replicas=self.replicas).handlers()},
+            extra_handlers={**txn_apis.handlers(), **group_apis.handlers()},
             partition_in_transaction=partition_in_transaction,
         )
         self._task_scope = contextlib.AsyncExitStack()
@@ -217,8 +255,9 @@ class Broker:
         closes the connection (returning None)."""
         from protocol.errors import ErrorCode
         from protocol.framing import encode_api_versions_fallback
+        from protocol.messages import ApiKey
 
-        if error.api_key != 18 or self.apis is None:
+        if error.api_key != ApiKey.API_VERSIONS or self.apis is None:
             return None
         return encode_api_versions_fallback(error.correlation_id, self.apis.api_versions_body(ErrorCode.UNSUPPORTED_VERSION))
 
@@ -248,9 +287,10 @@ class EmbeddedBroker:
     ...     producer = confluent_kafka.Producer({"bootstrap.servers": broker.bootstrap})
     """
 
-    def __init__(self, data_dir: str, *, port: int = 0, clock: Clock | None = None, **config_fields):
+    def __init__(self, data_dir: str, *, port: int = 0, seams: FaultSeams | None = None, clock: Clock | None = None, **config_fields):
         properties = config_fields.pop("properties", {})
         self.config = BrokerConfig.from_properties(properties, data_dir=data_dir, port=port, **config_fields)
+        self.seams = seams
         self.clock = clock
         self.broker: Broker | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -288,7 +328,7 @@ class EmbeddedBroker:
 
     async def _main(self, ready: threading.Event, failure: list) -> None:
         self._stopped = asyncio.Event()
-        self.broker = Broker(self.config, clock=self.clock)
+        self.broker = Broker(self.config, seams=self.seams, clock=self.clock)
         try:
             await self.broker.start()
         except BaseException as error:
@@ -324,4 +364,4 @@ class EmbeddedBroker:
         self.stop()
 
 
-__all__ = ["Broker", "DataDirError", "EmbeddedBroker", "SUPPORTED_APIS"]
+__all__ = ["Broker", "DataDirError", "EmbeddedBroker", "FaultSeams", "SUPPORTED_APIS"]

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Callable
 
 from coordinator.metadata import TopicPartition as TxnPartition
-from faults.points import point as crash_point
 from groupcoord.coordinator import GroupCoordinator, GroupSettings
 from groupcoord.records import OFFSETS_TOPIC, OffsetAndMetadata
 from protocol.clock import Clock
 from protocol.errors import ErrorCode
+from protocol.messages import ApiKey
 from protocol.partitioning import partition_for
 from broker.replay import replay
 from protocol.records import ControlType, decode_control_record, encode_batch
@@ -109,25 +110,27 @@ class GroupManager:
 
 
 class GroupApis:
-    def __init__(self, *, groups: GroupManager, transactions, replicas):
+    def __init__(self, *, groups: GroupManager, transactions, replicas, crash_point: Callable[[str], None] = lambda name: None):
         self.groups = groups
+        # The fault harness's seam, passed in by the broker's composition.
+        self.crash_point = crash_point
         self.coordinator = groups.coordinator
         self.transactions = transactions
         self.replicas = replicas
 
     def handlers(self) -> dict:
         return {
-            8: self.handle_offset_commit,
-            9: self.handle_offset_fetch,
-            11: self.handle_join_group,
-            12: self.handle_heartbeat,
-            13: self.handle_leave_group,
-            14: self.handle_sync_group,
-            15: self.handle_describe_groups,
-            16: self.handle_list_groups,
-            28: self.handle_txn_offset_commit,
-            42: self.handle_delete_groups,
-            47: self.handle_offset_delete,
+            ApiKey.OFFSET_COMMIT: self.handle_offset_commit,
+            ApiKey.OFFSET_FETCH: self.handle_offset_fetch,
+            ApiKey.JOIN_GROUP: self.handle_join_group,
+            ApiKey.HEARTBEAT: self.handle_heartbeat,
+            ApiKey.LEAVE_GROUP: self.handle_leave_group,
+            ApiKey.SYNC_GROUP: self.handle_sync_group,
+            ApiKey.DESCRIBE_GROUPS: self.handle_describe_groups,
+            ApiKey.LIST_GROUPS: self.handle_list_groups,
+            ApiKey.TXN_OFFSET_COMMIT: self.handle_txn_offset_commit,
+            ApiKey.DELETE_GROUPS: self.handle_delete_groups,
+            ApiKey.OFFSET_DELETE: self.handle_offset_delete,
         }
 
     async def handle_join_group(self, version: int, body: dict) -> dict:
@@ -261,7 +264,7 @@ class GroupApis:
                 offsets=offsets,
             )
             if error == ErrorCode.NONE:
-                crash_point("groupcoord.after_pending_offsets")
+                self.crash_point("groupcoord.after_pending_offsets")
         return {
             "throttle_time_ms": 0,
             "topics": [

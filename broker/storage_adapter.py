@@ -1,19 +1,27 @@
 """The broker's seam to ``storage``: how a partition log is opened from topic
-properties (and with which DiskIO: the real one, or the fault harness's),
-and which topic settings exist (for validation and DescribeConfigs)."""
+properties, with the DiskIO and index budget the broker chose when it was
+composed (``broker.broker``), and which topic settings exist (for validation
+and DescribeConfigs)."""
 
 from __future__ import annotations
 
-from faults.disk import io_from_environment
+from typing import Callable
+
 from storage.config import LogConfig, defaults
+from storage.durable import DiskIO
+from storage.index import IndexBudget
 from storage.log import PartitionLog
 
-# The fault harness may make this broker's disk fail (ONCEFLOW_DISK_FAULTS).
-DISK_IO = io_from_environment()
 
+def partition_log_opener(*, io: DiskIO | None, index_budget: IndexBudget) -> Callable[[str, dict], PartitionLog]:
+    """``open_log(path, properties)`` for the ``ReplicaManager``: every log of
+    one broker writes through ``io`` (None: the real system calls) and keeps
+    its indexes within the broker's one ``index_budget``."""
 
-def open_partition_log(path: str, properties: dict) -> PartitionLog:
-    return PartitionLog.open(path, LogConfig.from_properties(properties), io=DISK_IO)
+    def open_partition_log(path: str, properties: dict) -> PartitionLog:
+        return PartitionLog.open(path, LogConfig.from_properties(properties), io=io, index_budget=index_budget)
+
+    return open_partition_log
 
 
 def validate_log_properties(properties: dict) -> None:

@@ -30,7 +30,6 @@ from coordinator.coordinator import CoordinatorSettings, TransactionCoordinator
 from coordinator.metadata import TxnMetadata
 from coordinator.producer_ids import ProducerIdAllocator
 from coordinator.txn_log import (
-    DEFAULT_PARTITIONS,
     TRANSACTION_STATE_TOPIC,
     decode_key,
     decode_value,

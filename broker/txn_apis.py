@@ -15,14 +15,14 @@ import time
 from coordinator.metadata import TopicPartition
 from coordinator.state import TxnState
 from coordinator.txn_log import partition_for
+from protocol.constants import CoordinatorType
 from protocol.errors import ErrorCode
+from protocol.messages import ApiKey
 from protocol.records import ControlType, encode_control_batch
 
 log = logging.getLogger(__name__)
 
 OFFSETS_TOPIC = "__consumer_offsets"
-KEY_TYPE_GROUP = 0
-KEY_TYPE_TRANSACTION = 1
 
 # Kafka's names for the states in ListTransactions/DescribeTransactions.
 STATE_NAMES = {
@@ -48,23 +48,23 @@ class TransactionApis:
 
     def handlers(self) -> dict:
         return {
-            10: self.handle_find_coordinator,
-            22: self.handle_init_producer_id,
-            24: self.handle_add_partitions_to_txn,
-            25: self.handle_add_offsets_to_txn,
-            26: self.handle_end_txn,
-            27: self.handle_write_txn_markers,
-            61: self.handle_describe_producers,
-            65: self.handle_describe_transactions,
-            66: self.handle_list_transactions,
+            ApiKey.FIND_COORDINATOR: self.handle_find_coordinator,
+            ApiKey.INIT_PRODUCER_ID: self.handle_init_producer_id,
+            ApiKey.ADD_PARTITIONS_TO_TXN: self.handle_add_partitions_to_txn,
+            ApiKey.ADD_OFFSETS_TO_TXN: self.handle_add_offsets_to_txn,
+            ApiKey.END_TXN: self.handle_end_txn,
+            ApiKey.WRITE_TXN_MARKERS: self.handle_write_txn_markers,
+            ApiKey.DESCRIBE_PRODUCERS: self.handle_describe_producers,
+            ApiKey.DESCRIBE_TRANSACTIONS: self.handle_describe_transactions,
+            ApiKey.LIST_TRANSACTIONS: self.handle_list_transactions,
         }
 
     # -- FindCoordinator ------------------------------------------------------------
 
     async def handle_find_coordinator(self, version: int, body: dict) -> dict:
         host, port = self.advertised
-        key_type = body.get("key_type", KEY_TYPE_GROUP)
-        if key_type not in (KEY_TYPE_GROUP, KEY_TYPE_TRANSACTION):
+        key_type = body.get("key_type", CoordinatorType.GROUP)
+        if key_type not in (CoordinatorType.GROUP, CoordinatorType.TRANSACTION):
             error, node, host_out, port_out = ErrorCode.INVALID_REQUEST, -1, "", -1
         else:
             error, node, host_out, port_out = ErrorCode.NONE, self.node_id, host, port

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Awaitable, Callable, Iterable, Protocol
+from typing import Callable, Iterable, Protocol
 
 import attrs
 

@@ -1,6 +1,8 @@
 """The fault-injection harness: how users (and we) test crash and recovery.
 
-- ``points``: named crash points compiled into the broker and our client;
+- ``points``: named crash points; the broker and our producer call a
+  crash-point callable they are given, and whoever composes them passes
+  ``points.point`` (``broker.broker.FaultSeams``, the harness's workloads);
 - ``process``: broker and client processes to SIGKILL, SIGTERM, SIGSTOP/SIGCONT and restart;
 - ``proxy``: a TCP proxy that cuts, refuses, blackholes, delays, holds and
   delays or drops chosen Kafka requests (EndTxn, say);
@@ -8,9 +10,11 @@
   and fsyncs on a running one;
 - ``workloads`` and ``history``: processes that do work and record it;
 - ``checker``: the exactly-once checker over a history;
-- ``chaos`` and ``report``: ``onceflow chaos`` and ``run_chaos``, a seeded
-  schedule of faults over a workload, with a report folder.
+- ``chaos`` and ``report``: ``run_chaos`` (``onceflow chaos``), a seeded
+  schedule of faults over a workload, with a report folder;
+- ``demo`` and ``storage_demo``: ``onceflow demo`` (the exactly-once pipeline
+  under kills) and ``onceflow demo --storage`` (one log under kills).
 
-This package imports nothing at import time, so ``faults.points`` stays
-free for the broker and the clients to use.
+This package imports nothing at import time, so ``faults.points`` costs a
+composition root nothing but itself.
 """

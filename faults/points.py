@@ -1,7 +1,12 @@
 """Named crash points: places in the broker and clients where a test may kill
 the process (or raise) on the Nth time execution passes.
 
-    faults.point("coordinator.after_prepare_commit")
+The rooms that have crash points never import this module: each takes a
+``crash_point(name)`` callable (a no-op by default) from whoever composes it.
+The broker's composition (``broker.broker.FaultSeams.from_environment``) and
+the harness's workloads pass ``point`` from here:
+
+    point("coordinator.after_prepare_commit")
 
 Points compiled in: ``coordinator.after_prepare_commit`` /
 ``coordinator.after_prepare_abort`` (the decision is durable),

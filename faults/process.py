@@ -72,7 +72,7 @@ class BrokerProcess(ManagedProcess):
         return f"127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 60.0) -> "BrokerProcess":
-        command = [sys.executable, "-m", "broker.cli", "broker", "--data-dir", self.data_dir, "--listen", f"127.0.0.1:{self.port}"]
+        command = [sys.executable, "-m", "onceflow", "broker", "--data-dir", self.data_dir, "--listen", f"127.0.0.1:{self.port}"]
         if self.advertise:
             command += ["--advertise", self.advertise]
         for item in self.config:

@@ -66,6 +66,7 @@ from typing import Callable, Iterable, NamedTuple
 
 import attrs
 
+from protocol.messages import ApiKey
 from protocol.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -74,8 +75,6 @@ UPSTREAM = "upstream"
 DOWNSTREAM = "downstream"
 BOTH = "both"
 DIRECTIONS = (UPSTREAM, DOWNSTREAM)
-
-END_TXN = 26  # Kafka api_key of EndTxn
 
 READ_CHUNK_BYTES = 64 * 1024
 # Kafka's socket.request.max.bytes default; a larger "size" means the stream is not Kafka.
@@ -704,7 +703,7 @@ class ThreadedFaultProxy:
     """``FaultProxy`` on its own thread and event loop, driven from sync code.
 
     >>> with ThreadedFaultProxy("127.0.0.1", broker_port) as proxy:
-    ...     proxy.delay_requests(END_TXN, 1.5)
+    ...     proxy.delay_requests(ApiKey.END_TXN, 1.5)
     """
 
     def __init__(self, target_host: str, target_port: int, listen_host: str = "127.0.0.1", listen_port: int = 0, **options):
@@ -840,9 +839,8 @@ SCHEDULE_ACTIONS = frozenset({
     "clear_connection_delays", "delay_requests", "drop_requests", "clear_requests", "heal",
 })
 SCHEDULE_KINDS = ("blackhole", "cut", "delay", "delay_connection", "delay_requests", "drop_requests", "hold", "refuse")
-# Requests worth delaying or dropping in a transactional workload:
-# Produce, AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, TxnOffsetCommit.
-TRANSACTIONAL_API_KEYS = (0, 24, 25, END_TXN, 28)
+# Requests worth delaying or dropping in a transactional workload.
+TRANSACTIONAL_API_KEYS = (ApiKey.PRODUCE, ApiKey.ADD_PARTITIONS_TO_TXN, ApiKey.ADD_OFFSETS_TO_TXN, ApiKey.END_TXN, ApiKey.TXN_OFFSET_COMMIT)
 
 
 def random_schedule(
@@ -945,7 +943,7 @@ async def run_schedule_async(proxy: FaultProxy, schedule: Iterable[ScheduledActi
 
 
 __all__ = [
-    "BOTH", "DOWNSTREAM", "END_TXN", "FAULT_EVENT_KINDS", "FaultProxy", "KafkaRequestFramer",
+    "BOTH", "DOWNSTREAM", "FAULT_EVENT_KINDS", "FaultProxy", "KafkaRequestFramer",
     "ProxyCounters", "ProxyEvent", "RequestHeader", "SCHEDULE_ACTIONS", "SCHEDULE_KINDS",
     "ScheduledAction", "ThreadedFaultProxy", "UPSTREAM", "client_id_is", "random_schedule",
     "run_schedule", "run_schedule_async",

@@ -51,7 +51,6 @@ from groupcoord.records import (
     decode_key,
     decode_offset_value,
     group_key,
-    group_value,
     offset_key,
     offset_value,
     subscribed_topics,

@@ -31,10 +31,9 @@ import attrs
 
 from protocol import schema
 from protocol.errors import FrameTooLargeError, MalformedFrameError, UnsupportedRequestError
-from protocol.messages import APIS
+from protocol.messages import APIS, ApiKey
 
 DEFAULT_MAX_FRAME_SIZE = 100 * 1024 * 1024
-API_VERSIONS_KEY = 18
 
 _SIZE = struct.Struct(">i")
 _REQUEST_HEADER = struct.Struct(">hhi")
@@ -69,7 +68,7 @@ def request_header_version(api_key: int, api_version: int) -> int:
 
 
 def response_header_version(api_key: int, api_version: int) -> int:
-    if api_key == API_VERSIONS_KEY:
+    if api_key == ApiKey.API_VERSIONS:
         return 0
     return 1 if APIS[api_key].response.is_flexible(api_version) else 0
 
@@ -203,7 +202,7 @@ def encode_response(api_key: int, api_version: int, correlation_id: int, body: d
 
 def encode_api_versions_fallback(correlation_id: int, body: dict) -> bytes:
     """The v0 ApiVersions response Kafka sends for a version it does not know."""
-    return encode_response(API_VERSIONS_KEY, 0, correlation_id, body)
+    return encode_response(ApiKey.API_VERSIONS, 0, correlation_id, body)
 
 
 def encode_request(api_key: int, api_version: int, correlation_id: int, client_id: str | None, body: dict) -> bytes:

@@ -9,11 +9,18 @@ added after at least ``index.interval.bytes`` of log since the previous one;
 a time-index entry whenever a batch raises the segment's maximum timestamp.
 Entries are kept in memory in typed arrays (4 or 8 bytes a field rather than
 a Python int each: about 11x less memory; lookups are binary searches) and
-appended to the file. The arrays of all indexes of the process together stay
-under ``RESIDENT_ENTRY_BUDGET`` entries: the least recently used index is
-dropped (its pending entries written out first) and read back from its file
-when it is next needed, so memory does not grow with the data kept; the files are never trusted after an unclean shutdown: recovery
-rebuilds them from the log, and a torn trailing entry is ignored.
+appended to the file.
+
+An ``IndexBudget`` bounds the entries held in memory by the indexes it
+covers: the least recently used index is dropped (its pending entries
+written out first) and read back from its file when it is next needed, so
+memory does not grow with the data kept. Whoever composes the logs owns the
+budget and passes it in: a broker gives one to all its logs; a log opened on
+its own gets one of its own. A budget is used from one thread (its broker's
+loop), so dropping an index never races with that index's own use.
+
+The files are never trusted after an unclean shutdown: recovery rebuilds
+them from the log, and a torn trailing entry is ignored.
 """
 
 from __future__ import annotations
@@ -21,75 +28,80 @@ from __future__ import annotations
 import bisect
 import os
 import struct
-import threading
 from array import array
 from collections import OrderedDict
+
+from storage.durable import replace_file
 
 OFFSET_ENTRY = struct.Struct(">ii")
 TIME_ENTRY = struct.Struct(">qi")
 
 
-# Index entries held in memory by the whole process, at most (about 8-12 bytes each).
-RESIDENT_ENTRY_BUDGET = 2_000_000
+# Index entries a budget holds in memory unless told otherwise (about 8-12
+# bytes each). Read when a budget is made, so a test run can lower it for
+# every budget (``pytest --index-budget=1``, see tests/conftest.py).
+DEFAULT_RESIDENT_ENTRIES = 2_000_000
 
 
-class _ResidentIndexes:
-    """The loaded indexes, least recently used first, and their entry count."""
+class IndexBudget:
+    """The loaded indexes of one owner (a broker, or a log opened alone),
+    least recently used first, and their entry count, kept at or under
+    ``max_entries`` (plus the index in use, which is never dropped)."""
 
-    def __init__(self):
+    def __init__(self, max_entries: int | None = None):
+        self.max_entries = DEFAULT_RESIDENT_ENTRIES if max_entries is None else max_entries
+        if self.max_entries < 1:
+            raise ValueError(f"an index budget holds at least 1 entry, not {self.max_entries}")
         self._order: OrderedDict[int, _IndexFile] = OrderedDict()
-        self._lock = threading.Lock()
         self.entries = 0
 
+    def __repr__(self) -> str:
+        return f"IndexBudget(entries={self.entries}/{self.max_entries}, indexes={len(self._order)})"
+
     def add(self, index: "_IndexFile") -> None:
-        with self._lock:
-            self._order[id(index)] = index
-            self.entries += index._count
+        self._order[id(index)] = index
+        self.entries += index._count
         self._evict_beyond_budget(keep=index)
 
     def used(self, index: "_IndexFile") -> None:
         """Mark a loaded index most recently used (every lookup and append:
         kept to one dict operation)."""
-        with self._lock:
-            self._order.move_to_end(id(index))
+        self._order.move_to_end(id(index))
 
     def grew(self, index: "_IndexFile", count: int) -> None:
         """``count`` entries were added to (or, negative, cut from) a loaded
         index, which is now the most recently used."""
-        with self._lock:
-            self.entries += count
-            self._order.move_to_end(id(index))
-        if self.entries > RESIDENT_ENTRY_BUDGET:
+        self.entries += count
+        self._order.move_to_end(id(index))
+        if self.entries > self.max_entries:
             self._evict_beyond_budget(keep=index)
 
     def forget(self, index: "_IndexFile") -> None:
-        with self._lock:
-            if self._order.pop(id(index), None) is not None:
-                self.entries -= index._count
+        if self._order.pop(id(index), None) is not None:
+            self.entries -= index._count
+
+    def held(self) -> list["_IndexFile"]:
+        """The loaded indexes, least recently used first."""
+        return list(self._order.values())
 
     def _evict_beyond_budget(self, keep: "_IndexFile") -> None:
-        while True:
-            with self._lock:
-                if self.entries <= RESIDENT_ENTRY_BUDGET or len(self._order) <= 1:
-                    return
+        while self.entries > self.max_entries and len(self._order) > 1:
+            oldest_id = next(iter(self._order))
+            if oldest_id == id(keep):
+                self._order.move_to_end(oldest_id)
                 oldest_id = next(iter(self._order))
-                if oldest_id == id(keep):
-                    self._order.move_to_end(oldest_id)
-                    oldest_id = next(iter(self._order))
-                oldest = self._order.pop(oldest_id)
-                self.entries -= oldest._count
+            oldest = self._order.pop(oldest_id)
+            self.entries -= oldest._count
             oldest._drop()
-
-
-RESIDENT = _ResidentIndexes()
 
 
 class _IndexFile:
     entry: struct.Struct
 
-    def __init__(self, path: str, base_offset: int, *, load: bool = True):
+    def __init__(self, path: str, base_offset: int, *, budget: IndexBudget | None = None, load: bool = True):
         self.path = path
         self.base_offset = base_offset
+        self.budget = IndexBudget() if budget is None else budget
         self._pending = bytearray()
         self._loaded = False
         self._count = 0
@@ -104,20 +116,22 @@ class _IndexFile:
         size = self.entry.size
         whole = len(data) - len(data) % size
         self._set_entries(self.entry.iter_unpack(memoryview(data)[:whole]))
-        if whole != len(data) or not load:
-            self._rewrite()
+        if not load:
+            self._start_empty()
+        elif whole != len(data):
+            self._rewrite()  # cut the torn trailing entry
 
     def _set_entries(self, entries) -> None:
-        RESIDENT.forget(self)
+        self.budget.forget(self)
         self._load(entries)
         self._loaded = True
         self._count = self._loaded_count()
-        RESIDENT.add(self)
+        self.budget.add(self)
 
     def _ensure_loaded(self) -> None:
         """Read the entries back if the budget dropped them."""
         if self._loaded:
-            RESIDENT.used(self)
+            self.budget.used(self)
             return
         with open(self.path, "rb") as file:
             data = file.read()
@@ -135,14 +149,14 @@ class _IndexFile:
 
     def _appended(self) -> None:
         self._count += 1
-        RESIDENT.grew(self, 1)
+        self.budget.grew(self, 1)
 
     def _truncated(self) -> None:
         """Entries were cut: rewrite the file and give the count back."""
         self._rewrite()
         cut = self._count - self._loaded_count()
         self._count -= cut
-        RESIDENT.grew(self, -cut)
+        self.budget.grew(self, -cut)
 
     def _load(self, entries) -> None:
         raise NotImplementedError
@@ -170,15 +184,25 @@ class _IndexFile:
 
     def close(self) -> None:
         """Give this index's memory back (its segment is closed or deleted)."""
-        RESIDENT.forget(self)
+        self.budget.forget(self)
         self._drop()
 
     def _rewrite(self) -> None:
+        """Replace the file with the entries held (a torn entry or truncated
+        entries gone): atomically and durably, as every replaced file
+        (``storage.durable``). Recovery only, never on the produce path."""
         self._ensure_loaded()
-        temporary = self.path + ".tmp"
-        with open(temporary, "wb") as file:
-            file.write(self._entries_bytes())
-        os.replace(temporary, self.path)
+        replace_file(self.path, self._entries_bytes())
+        self._pending.clear()
+
+    def _start_empty(self) -> None:
+        """Empty the file in place for an index about to be rebuilt from its
+        log (recovery scans the segment, compaction writes a new one). No
+        replace is needed: nothing trusts the index until the rebuilt
+        entries are fsynced (``flush(fsync=True)``) and the directory with
+        them, and a crash before that rebuilds it again."""
+        with open(self.path, "wb"):
+            pass
         self._pending.clear()
 
     def file_bytes(self) -> bytes:
@@ -260,7 +284,7 @@ class OffsetIndex(_IndexFile):
 
     def reset(self) -> None:
         self._set_entries(())
-        self._rewrite()
+        self._start_empty()
 
 
 class TimeIndex(_IndexFile):
@@ -339,4 +363,4 @@ class TimeIndex(_IndexFile):
 
     def reset(self) -> None:
         self._set_entries(())
-        self._rewrite()
+        self._start_empty()

@@ -13,8 +13,9 @@ Files in a partition directory::
     <base>.swap.range, *.cleaned, *.swap, *.deleted   a compaction swap in progress (storage.cleaner)
 
 The ``checkpoint`` file is two ASCII lines, ``recovery-point <offset>`` and
-``log-start-offset <offset>``, replaced atomically (write ``checkpoint.tmp``,
-fsync, rename, fsync the directory). Everything below the recovery point is
+``log-start-offset <offset>``, replaced atomically and durably
+(``storage.durable.replace_file``, as every file the log rewrites: snapshots,
+indexes). Everything below the recovery point is
 known durable with its indexes; it moves at open, at a clean close, and when
 the group committer has fsynced the segments below a roll. The log start
 offset moves with retention and DeleteRecords and is written before any
@@ -73,6 +74,8 @@ from protocol.records import (
 )
 from storage.checksum import checked_batches
 from storage.config import FLUSH_ALWAYS, FLUSH_OS, LogConfig
+from storage.durable import TEMPORARY_SUFFIX, fsync_directory, replace_file
+from storage.index import IndexBudget
 from storage.producer_state import (
     CorruptSnapshotError,
     DuplicateBatch,
@@ -130,10 +133,12 @@ def now_ms() -> int:
 
 
 class PartitionLog:
-    def __init__(self, directory: str, config: LogConfig, *, io: DiskIO | None = None, clock=now_ms):
+    def __init__(self, directory: str, config: LogConfig, *, io: DiskIO | None = None, index_budget: IndexBudget | None = None, clock=now_ms):
         self.directory = directory
         self.config = config
         self.io = io or DiskIO()
+        # Shared with the other logs of whoever opened this one (a broker), or its own.
+        self.index_budget = IndexBudget() if index_budget is None else index_budget
         self.clock = clock
         self.segments: list[LogSegment] = []
         self.log_start_offset = 0
@@ -155,9 +160,11 @@ class PartitionLog:
     # ------------------------------------------------------------------ opening
 
     @classmethod
-    def open(cls, directory: str, config: LogConfig | None = None, *, io: DiskIO | None = None, clock=now_ms) -> "PartitionLog":
+    def open(
+        cls, directory: str, config: LogConfig | None = None, *, io: DiskIO | None = None, index_budget: IndexBudget | None = None, clock=now_ms
+    ) -> "PartitionLog":
         os.makedirs(directory, exist_ok=True)
-        partition_log = cls(directory, config or LogConfig(), io=io, clock=clock)
+        partition_log = cls(directory, config or LogConfig(), io=io, index_budget=index_budget, clock=clock)
         partition_log._load()
         return partition_log
 
@@ -174,9 +181,9 @@ class PartitionLog:
             if name.endswith(LOG_SUFFIX) and name[: -len(LOG_SUFFIX)].isdigit()
         )
         for base in bases:
-            self.segments.append(LogSegment(self.directory, base, self.io, index_interval_bytes=self.config.index_interval_bytes))
+            self.segments.append(LogSegment(self.directory, base, self.io, index_interval_bytes=self.config.index_interval_bytes, index_budget=self.index_budget))
         if not self.segments:
-            self.segments.append(LogSegment(self.directory, max(log_start, 0), self.io, index_interval_bytes=self.config.index_interval_bytes))
+            self.segments.append(LogSegment(self.directory, max(log_start, 0), self.io, index_interval_bytes=self.config.index_interval_bytes, index_budget=self.index_budget))
         # After a clean shutdown every segment is trusted (after a sanity
         # check of its indexes); otherwise those from the recovery point on
         # are scanned.
@@ -206,7 +213,7 @@ class PartitionLog:
         for name in names:
             stem, _dot, suffix = name.partition(".")
             orphan = stem.isdigit() and "." + suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX) and stem not in logs
-            if name.endswith(".tmp") or orphan:
+            if name.endswith(TEMPORARY_SUFFIX) or orphan:
                 log.warning("removing leftover %s from %s", name, self.directory)
                 os.remove(os.path.join(self.directory, name))
 
@@ -282,14 +289,8 @@ class PartitionLog:
         return recovery_point, log_start
 
     def _write_checkpoint(self) -> None:
-        path = os.path.join(self.directory, CHECKPOINT_FILE)
-        temporary = path + ".tmp"
-        with open(temporary, "w", encoding="ascii") as file:
-            file.write(f"recovery-point {self.recovery_point}\nlog-start-offset {self.log_start_offset}\n")
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-        _fsync_dir(self.directory)
+        text = f"recovery-point {self.recovery_point}\nlog-start-offset {self.log_start_offset}\n"
+        replace_file(os.path.join(self.directory, CHECKPOINT_FILE), text.encode("ascii"))
 
     # ------------------------------------------------------------------ producer state
 
@@ -363,15 +364,11 @@ class PartitionLog:
         )
 
     def take_snapshot(self) -> None:
+        """Write the producer state at the log end. The directory fsync is the
+        caller's (a roll's, or the checkpoint's at close)."""
         offset = self.log_end_offset
         path = os.path.join(self.directory, file_stem(offset) + SNAPSHOT_SUFFIX)
-        data = self.producer_state.snapshot_bytes()
-        temporary = path + ".tmp"
-        with open(temporary, "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
+        replace_file(path, self.producer_state.snapshot_bytes(), sync_directory=False)
         # Keep the two newest snapshots.
         for old in self._snapshot_offsets()[:-2]:
             try:
@@ -527,7 +524,7 @@ class PartitionLog:
     def _replace_empty_active(self, base_offset: int) -> None:
         old = self.segments.pop()
         old.delete()
-        segment = LogSegment(self.directory, base_offset, self.io, index_interval_bytes=self.config.index_interval_bytes)
+        segment = LogSegment(self.directory, base_offset, self.io, index_interval_bytes=self.config.index_interval_bytes, index_budget=self.index_budget)
         segment.created_ms = self.clock()
         self.segments.append(segment)
 
@@ -542,14 +539,14 @@ class PartitionLog:
         if old not in self._unflushed and old.size:
             self._unflushed.append(old)
         self._next_recovery_point = base
-        segment = LogSegment(self.directory, base, self.io, index_interval_bytes=self.config.index_interval_bytes)
+        segment = LogSegment(self.directory, base, self.io, index_interval_bytes=self.config.index_interval_bytes, index_budget=self.index_budget)
         segment.created_ms = self.clock()
         self.segments.append(segment)
-        _fsync_dir(self.directory)
         try:
             self.take_snapshot()
         except OSError as error:
             log.warning("producer snapshot at roll failed: %s", error)
+        fsync_directory(self.directory)  # the new segment's files and the snapshot
         return segment
 
     def _after_write(self, segment: LogSegment, size: int) -> None:
@@ -851,24 +848,12 @@ class PartitionLog:
             except OSError:
                 clean = False
         if clean:
-            path = os.path.join(self.directory, CLEAN_SHUTDOWN_FILE)
-            with open(path, "w") as file:
-                file.flush()
-                os.fsync(file.fileno())
-            _fsync_dir(self.directory)
+            replace_file(os.path.join(self.directory, CLEAN_SHUTDOWN_FILE), b"")
         for _offset, future in self._waiters:
             if not future.done():
                 future.set_exception(LogFailedError("log closed"))
         self._waiters.clear()
         self.closed = True
-
-
-def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 __all__ = [

@@ -3,19 +3,19 @@
 
 The ``.log`` file is a plain concatenation of RecordBatch v2 batches exactly
 as they travel on the wire (offsets already assigned). Every file operation
-goes through a ``DiskIO`` object, the seam tests and the fault harness replace
-to make a write or an fsync fail.
+goes through a ``DiskIO`` object (``storage.durable``), the seam tests and
+the fault harness replace to make a write or an fsync fail.
 """
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 
 from protocol.records import BATCH_HEADER_SIZE, LOG_OVERHEAD, BatchHeader, CorruptRecordError
 from storage.checksum import checked_header
-from storage.index import OffsetIndex, TimeIndex
+from storage.durable import DiskIO
+from storage.index import IndexBudget, OffsetIndex, TimeIndex
 from storage.txn_index import TransactionIndex
 
 log = logging.getLogger(__name__)
@@ -35,46 +35,30 @@ def file_stem(base_offset: int) -> str:
     return f"{base_offset:020d}"
 
 
-class DiskIO:
-    """The system calls the log makes; replace methods to inject disk faults."""
-
-    def open(self, path: str, flags: int) -> int:
-        return os.open(path, flags, 0o644)
-
-    def write(self, fd: int, data) -> None:
-        view = memoryview(data)
-        while view:
-            written = os.write(fd, view)
-            if written <= 0:
-                raise OSError(errno.EIO, "write made no progress")
-            view = view[written:]
-
-    def fsync(self, fd: int) -> None:
-        os.fsync(fd)
-
-    def pread(self, fd: int, size: int, position: int) -> bytes:
-        return os.pread(fd, size, position)
-
-    def truncate(self, fd: int, size: int) -> None:
-        os.ftruncate(fd, size)
-
-    def close(self, fd: int) -> None:
-        os.close(fd)
-
-
 class LogSegment:
-    def __init__(self, directory: str, base_offset: int, io: DiskIO, *, index_interval_bytes: int, suffix: str = "", rebuild_indexes: bool = False):
+    def __init__(
+        self,
+        directory: str,
+        base_offset: int,
+        io: DiskIO,
+        *,
+        index_interval_bytes: int,
+        index_budget: IndexBudget | None = None,
+        suffix: str = "",
+        rebuild_indexes: bool = False,
+    ):
         self.directory = directory
         self.base_offset = base_offset
         self.io = io
+        self.index_budget = IndexBudget() if index_budget is None else index_budget
         self.index_interval_bytes = index_interval_bytes
         stem = os.path.join(directory, file_stem(base_offset))
         self.log_path = stem + LOG_SUFFIX + suffix
         # O_APPEND: every write lands at the end, also after a reopen or a truncation.
         self.fd = io.open(self.log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
         self.size = os.fstat(self.fd).st_size
-        self.offset_index = OffsetIndex(stem + INDEX_SUFFIX + suffix, base_offset, load=not rebuild_indexes)
-        self.time_index = TimeIndex(stem + TIME_INDEX_SUFFIX + suffix, base_offset, load=not rebuild_indexes)
+        self.offset_index = OffsetIndex(stem + INDEX_SUFFIX + suffix, base_offset, budget=self.index_budget, load=not rebuild_indexes)
+        self.time_index = TimeIndex(stem + TIME_INDEX_SUFFIX + suffix, base_offset, budget=self.index_budget, load=not rebuild_indexes)
         self.txn_index = TransactionIndex(stem + TXN_INDEX_SUFFIX + suffix)
         self.bytes_since_index_entry = 0
         self.next_offset = base_offset  # set by load()/recover()

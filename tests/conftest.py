@@ -14,6 +14,25 @@ except ImportError:
 from faults.process import REPO, BrokerProcess  # noqa: F401  (tests import both from here)
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--index-budget",
+        type=int,
+        default=None,
+        metavar="ENTRIES",
+        help="index entries every IndexBudget made in this test process holds (1 drops and reads back "
+        "indexes on nearly every use; in-process logs and brokers only)",
+    )
+
+
+def pytest_configure(config):
+    entries = config.getoption("--index-budget", default=None)
+    if entries is not None:
+        import storage.index
+
+        storage.index.DEFAULT_RESIDENT_ENTRIES = entries
+
+
 @pytest.fixture
 def broker_process(tmp_path):
     brokers = []

@@ -12,7 +12,7 @@ from tests.conftest import REPO
 
 def test_demo_survives_kills_and_reports(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "broker.cli", "demo", "--storage", "--records", "4000", "--seed", "3", "--keep-data", str(tmp_path)],
+        [sys.executable, "-m", "onceflow", "demo", "--storage", "--records", "4000", "--seed", "3", "--keep-data", str(tmp_path)],
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -24,7 +24,7 @@ def test_demo_survives_kills_and_reports(tmp_path):
 
 def test_demo_check_fails_when_acknowledged_data_is_lost(tmp_path, monkeypatch):
     """Break recovery on purpose (it drops the whole log): the demo must say FAILED."""
-    import broker.demo as demo
+    import faults.storage_demo as demo
 
     real_read_all = demo._read_all
     calls = []
@@ -42,7 +42,7 @@ def test_demo_check_fails_when_acknowledged_data_is_lost(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_pipeline_demo_is_exactly_once_through_kills(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "broker.cli", "demo", "--records", "3000", "--seed", "5", "--faults", "4", "--keep-data", str(tmp_path)],
+        [sys.executable, "-m", "onceflow", "demo", "--records", "3000", "--seed", "5", "--faults", "4", "--keep-data", str(tmp_path)],
         cwd=REPO, capture_output=True, text=True, timeout=400,
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-3000:]

@@ -13,24 +13,21 @@ call says which errors it tolerates.
 from __future__ import annotations
 
 import asyncio
+import collections
 
 import attrs
 
+from protocol.constants import ConfigResourceType, CoordinatorType, IsolationLevel, OffsetSpec
 from protocol.errors import ErrorCode
+from protocol.messages import ApiKey
 from txn import assignors
-from txn.cluster import GROUP_KEY, TRANSACTION_KEY, Cluster
+from txn.cluster import Cluster
 from txn.config import AdminConfig, build
-from txn.errors import classify
+from txn.errors import RetriableError, classify
 from txn.loop_thread import LoopThread
 from txn.types import OffsetAndMetadata, TopicPartition, as_topic_partition
 
-LIST_OFFSETS, METADATA, OFFSET_FETCH = 2, 3, 9
-DESCRIBE_GROUPS, LIST_GROUPS = 15, 16
-CREATE_TOPICS, DELETE_TOPICS, DELETE_RECORDS = 19, 20, 21
-WRITE_TXN_MARKERS, DESCRIBE_CONFIGS, CREATE_PARTITIONS = 27, 32, 37
-DESCRIBE_PRODUCERS, DESCRIBE_TRANSACTIONS, LIST_TRANSACTIONS = 61, 65, 66
-TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4
-OFFSET_SPECS = {"earliest": -2, "latest": -1, "max_timestamp": -3}
+OFFSET_SPECS = {"earliest": OffsetSpec.EARLIEST, "latest": OffsetSpec.LATEST, "max_timestamp": OffsetSpec.MAX_TIMESTAMP}
 
 
 @attrs.frozen
@@ -135,7 +132,7 @@ class AsyncAdmin:
             "timeout_ms": self.config.request_timeout_ms,
             "validate_only": validate_only,
         }
-        response = await self._any(CREATE_TOPICS, body)
+        response = await self._any(ApiKey.CREATE_TOPICS, body)
         for result in response["topics"]:
             code = result["error_code"]
             if code == ErrorCode.TOPIC_ALREADY_EXISTS and exist_ok:
@@ -144,7 +141,7 @@ class AsyncAdmin:
                 raise classify(code, f"create topic {result['name']}" + (f" ({result['error_message']})" if result.get("error_message") else ""))
 
     async def delete_topics(self, names: list[str]) -> None:
-        response = await self._any(DELETE_TOPICS, {"topic_names": list(names), "timeout_ms": self.config.request_timeout_ms}, max_version=5)  # 6+ names topics by id
+        response = await self._any(ApiKey.DELETE_TOPICS, {"topic_names": list(names), "timeout_ms": self.config.request_timeout_ms}, max_version=5)  # 6+ names topics by id
         for result in response["responses"]:
             if result["error_code"]:
                 raise classify(result["error_code"], f"delete topic {result['name']}")
@@ -152,7 +149,7 @@ class AsyncAdmin:
     async def create_partitions(self, counts: dict[str, int]) -> None:
         """Grow each topic to the given total partition count."""
         body = {"topics": [{"name": t, "count": c, "assignments": None} for t, c in counts.items()], "timeout_ms": self.config.request_timeout_ms, "validate_only": False}
-        response = await self._any(CREATE_PARTITIONS, body)
+        response = await self._any(ApiKey.CREATE_PARTITIONS, body)
         for result in response["results"]:
             if result["error_code"]:
                 raise classify(result["error_code"], f"create partitions of {result['name']}" + (f" ({result['error_message']})" if result.get("error_message") else ""))
@@ -164,9 +161,9 @@ class AsyncAdmin:
 
     async def describe_configs(self, topics: list[str] = (), broker_ids: list[int] = ()) -> dict[str, dict[str, str]]:
         """``{resource name: {config name: value}}`` for topics and brokers."""
-        resources = [{"resource_type": TOPIC_RESOURCE, "resource_name": t, "configuration_keys": None} for t in topics]
-        resources += [{"resource_type": BROKER_RESOURCE, "resource_name": str(b), "configuration_keys": None} for b in broker_ids]
-        response = await self._any(DESCRIBE_CONFIGS, {"resources": resources, "include_synonyms": False, "include_documentation": False})
+        resources = [{"resource_type": ConfigResourceType.TOPIC, "resource_name": t, "configuration_keys": None} for t in topics]
+        resources += [{"resource_type": ConfigResourceType.BROKER, "resource_name": str(b), "configuration_keys": None} for b in broker_ids]
+        response = await self._any(ApiKey.DESCRIBE_CONFIGS, {"resources": resources, "include_synonyms": False, "include_documentation": False})
         out = {}
         for result in response["results"]:
             if result["error_code"]:
@@ -177,19 +174,46 @@ class AsyncAdmin:
     # -- offsets and records ---------------------------------------------------------------------
 
     async def list_offsets(self, specs: dict, *, isolation_level: str = "read_committed") -> dict[TopicPartition, ListedOffset]:
-        """``{partition: "earliest" | "latest" | "max_timestamp" | timestamp_ms}``."""
-        out = {}
-        for partition, spec in specs.items():
-            tp = as_topic_partition(partition)
-            timestamp = OFFSET_SPECS[spec] if isinstance(spec, str) else int(spec)
-            body = {"replica_id": -1, "isolation_level": 1 if isolation_level == "read_committed" else 0,
-                    "topics": [{"name": tp.topic, "partitions": [{"partition_index": tp.partition, "timestamp": timestamp, "current_leader_epoch": -1}]}]}
-            response = await (await self.cluster.leader(tp.topic, tp.partition)).request(LIST_OFFSETS, body)
-            answer = response["topics"][0]["partitions"][0]
-            if answer["error_code"]:
-                raise classify(answer["error_code"], f"list offsets of {tp}")
-            out[tp] = ListedOffset(answer["offset"], answer["timestamp"])
+        """``{partition: "earliest" | "latest" | "max_timestamp" | timestamp_ms}``,
+        in one ListOffsets request per leader. "latest" is the last stable
+        offset under read_committed, the high watermark under read_uncommitted;
+        a timestamp no record reaches answers offset -1. Retriable errors
+        (leader moved, not yet known) are retried for the partitions they hit."""
+        wanted = {as_topic_partition(p): OFFSET_SPECS[spec] if isinstance(spec, str) else int(spec) for p, spec in specs.items()}
+        isolation = IsolationLevel.READ_COMMITTED if isolation_level == "read_committed" else IsolationLevel.READ_UNCOMMITTED
+        out: dict[TopicPartition, ListedOffset] = {}
+        async for attempt in self.cluster.retrying(self.config.request_timeout_ms / 1000):
+            with attempt:
+                await self._list_offsets_once({tp: t for tp, t in wanted.items() if tp not in out}, isolation, out)
         return out
+
+    async def _list_offsets_once(self, wanted: dict[TopicPartition, int], isolation: int, out: dict) -> None:
+        unknown = sorted({tp.topic for tp in wanted if (tp.topic, tp.partition) not in self.cluster.leaders})
+        if unknown:
+            await self.cluster.refresh(unknown, allow_auto_create=False)
+        by_leader: dict[int | None, list[TopicPartition]] = collections.defaultdict(list)
+        for tp in wanted:
+            by_leader[self.cluster.leaders.get((tp.topic, tp.partition))].append(tp)
+        first_error = None
+        for node, partitions in by_leader.items():
+            if node is None or node not in self.cluster.brokers:
+                first_error = first_error or RetriableError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"list offsets of {', '.join(map(str, partitions))}")
+                continue
+            topics: dict[str, list] = collections.defaultdict(list)
+            for tp in partitions:
+                topics[tp.topic].append({"partition_index": tp.partition, "timestamp": wanted[tp], "current_leader_epoch": -1})
+            body = {"replica_id": -1, "isolation_level": isolation, "topics": [{"name": t, "partitions": p} for t, p in topics.items()]}
+            response = await (await self.cluster.connection(self.cluster.brokers[node])).request(ApiKey.LIST_OFFSETS, body)
+            for topic in response["topics"]:
+                for answer in topic["partitions"]:
+                    tp = TopicPartition(topic["name"], answer["partition_index"])
+                    if answer["error_code"]:
+                        self.cluster.forget_leader(tp.topic, tp.partition)
+                        first_error = first_error or classify(answer["error_code"], f"list offsets of {tp}")
+                    else:
+                        out[tp] = ListedOffset(answer["offset"], answer["timestamp"])
+        if first_error is not None:
+            raise first_error
 
     async def delete_records(self, before: dict) -> dict[TopicPartition, int]:
         """Move each partition's log start offset up to the given offset; the new low watermarks."""
@@ -197,7 +221,7 @@ class AsyncAdmin:
         for partition, offset in before.items():
             tp = as_topic_partition(partition)
             body = {"topics": [{"name": tp.topic, "partitions": [{"partition_index": tp.partition, "offset": offset}]}], "timeout_ms": self.config.request_timeout_ms}
-            response = await (await self.cluster.leader(tp.topic, tp.partition)).request(DELETE_RECORDS, body)
+            response = await (await self.cluster.leader(tp.topic, tp.partition)).request(ApiKey.DELETE_RECORDS, body)
             answer = response["topics"][0]["partitions"][0]
             if answer["error_code"]:
                 raise classify(answer["error_code"], f"delete records of {tp}")
@@ -208,7 +232,7 @@ class AsyncAdmin:
 
     async def list_groups(self) -> list[GroupListing]:
         listed = []
-        for response in await self._every_broker(LIST_GROUPS, {"states_filter": [], "types_filter": []}):
+        for response in await self._every_broker(ApiKey.LIST_GROUPS, {"states_filter": [], "types_filter": []}):
             if response["error_code"]:
                 raise classify(response["error_code"], "list groups")
             listed += [GroupListing(g["group_id"], g["protocol_type"], g.get("group_state") or "") for g in response["groups"]]
@@ -217,7 +241,7 @@ class AsyncAdmin:
     async def describe_groups(self, group_ids: list[str]) -> list[GroupDescription]:
         out = []
         for group_id in group_ids:
-            response = await self.cluster.coordinator_request(group_id, GROUP_KEY, DESCRIBE_GROUPS, {"groups": [group_id], "include_authorized_operations": False})
+            response = await self.cluster.coordinator_request(group_id, CoordinatorType.GROUP, ApiKey.DESCRIBE_GROUPS, {"groups": [group_id], "include_authorized_operations": False})
             group = response["groups"][0]
             if group["error_code"]:
                 raise classify(group["error_code"], f"describe group {group_id}")
@@ -237,7 +261,7 @@ class AsyncAdmin:
             for tp in map(as_topic_partition, partitions):
                 by_topic.setdefault(tp.topic, []).append(tp.partition)
             topics = [{"name": t, "partition_indexes": p} for t, p in by_topic.items()]
-        response = await self.cluster.coordinator_request(group_id, GROUP_KEY, OFFSET_FETCH, {"group_id": group_id, "topics": topics, "require_stable": False}, max_version=7)
+        response = await self.cluster.coordinator_request(group_id, CoordinatorType.GROUP, ApiKey.OFFSET_FETCH, {"group_id": group_id, "topics": topics, "require_stable": False}, max_version=7)
         if response.get("error_code"):
             raise classify(response["error_code"], f"offsets of group {group_id}")
         return {
@@ -251,7 +275,7 @@ class AsyncAdmin:
 
     async def list_transactions(self, states: list[str] = (), producer_ids: list[int] = ()) -> list[TransactionListing]:
         listed = []
-        for response in await self._every_broker(LIST_TRANSACTIONS, {"state_filters": list(states), "producer_id_filters": list(producer_ids), "duration_filter": -1}):
+        for response in await self._every_broker(ApiKey.LIST_TRANSACTIONS, {"state_filters": list(states), "producer_id_filters": list(producer_ids), "duration_filter": -1}):
             if response["error_code"]:
                 raise classify(response["error_code"], "list transactions")
             listed += [TransactionListing(t["transactional_id"], t["producer_id"], t["transaction_state"]) for t in response["transaction_states"]]
@@ -260,7 +284,7 @@ class AsyncAdmin:
     async def describe_transactions(self, transactional_ids: list[str]) -> list[TransactionDescription]:
         out = []
         for transactional_id in transactional_ids:
-            response = await self.cluster.coordinator_request(transactional_id, TRANSACTION_KEY, DESCRIBE_TRANSACTIONS, {"transactional_ids": [transactional_id]})
+            response = await self.cluster.coordinator_request(transactional_id, CoordinatorType.TRANSACTION, ApiKey.DESCRIBE_TRANSACTIONS, {"transactional_ids": [transactional_id]})
             state = response["transaction_states"][0]
             if state["error_code"]:
                 raise classify(state["error_code"], f"describe transaction {transactional_id}")
@@ -272,11 +296,25 @@ class AsyncAdmin:
         """The producers with state in a partition (KIP-664), with the open
         transaction's first offset, or -1."""
         tp = as_topic_partition(partition)
-        response = await (await self.cluster.leader(tp.topic, tp.partition)).request(DESCRIBE_PRODUCERS, {"topics": [{"name": tp.topic, "partition_indexes": [tp.partition]}]})
-        answer = response["topics"][0]["partitions"][0]
-        if answer["error_code"]:
-            raise classify(answer["error_code"], f"describe producers of {tp}")
-        return [ProducerDescription(p["producer_id"], p["producer_epoch"], p["last_sequence"], p["last_timestamp"], p["coordinator_epoch"], p["current_txn_start_offset"]) for p in answer["active_producers"]]
+        return (await self.describe_producers_of([tp]))[tp]
+
+    async def describe_producers_of(self, partitions) -> dict[TopicPartition, list[ProducerDescription]]:
+        """``describe_producers`` of many partitions, one request per leader
+        (as ``kafka-transactions.sh find-hanging`` asks)."""
+        by_leader: dict[int, tuple] = {}
+        for tp in map(as_topic_partition, partitions):
+            client = await self.cluster.leader(tp.topic, tp.partition)
+            by_leader.setdefault(id(client), (client, {}))[1].setdefault(tp.topic, []).append(tp.partition)
+        out = {}
+        for client, topics in by_leader.values():
+            response = await client.request(ApiKey.DESCRIBE_PRODUCERS, {"topics": [{"name": t, "partition_indexes": p} for t, p in topics.items()]})
+            for topic in response["topics"]:
+                for answer in topic["partitions"]:
+                    tp = TopicPartition(topic["name"], answer["partition_index"])
+                    if answer["error_code"]:
+                        raise classify(answer["error_code"], f"describe producers of {tp}")
+                    out[tp] = [ProducerDescription(p["producer_id"], p["producer_epoch"], p["last_sequence"], p["last_timestamp"], p["coordinator_epoch"], p["current_txn_start_offset"]) for p in answer["active_producers"]]
+        return out
 
     async def abort_transaction(self, partition, producer_id: int, producer_epoch: int, coordinator_epoch: int | None = None) -> None:
         """Write an ABORT marker for a hanging transaction in one partition
@@ -287,7 +325,7 @@ class AsyncAdmin:
             known = [p for p in await self.describe_producers(tp) if p.producer_id == producer_id]
             coordinator_epoch = known[0].coordinator_epoch if known else 0
         marker = {"producer_id": producer_id, "producer_epoch": producer_epoch, "transaction_result": False, "topics": [{"name": tp.topic, "partition_indexes": [tp.partition]}], "coordinator_epoch": max(coordinator_epoch, 0)}
-        response = await (await self.cluster.leader(tp.topic, tp.partition)).request(WRITE_TXN_MARKERS, {"markers": [marker]})
+        response = await (await self.cluster.leader(tp.topic, tp.partition)).request(ApiKey.WRITE_TXN_MARKERS, {"markers": [marker]})
         code = response["markers"][0]["topics"][0]["partitions"][0]["error_code"]
         if code:
             raise classify(code, f"abort producer {producer_id} in {tp}")

@@ -19,12 +19,11 @@ import time
 import tenacity
 
 from protocol.errors import ErrorCode
+from protocol.messages import ApiKey
 from txn.config import CommonConfig
 from txn.connection import BrokerClient
 from txn.errors import KafkaError, RetriableError, RetriesExhaustedError, classify, is_retriable
 
-METADATA, FIND_COORDINATOR = 3, 10
-GROUP_KEY, TRANSACTION_KEY = 0, 1
 COORDINATOR_MOVED = {ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE}
 
 
@@ -88,7 +87,7 @@ class Cluster:
         """Ask for metadata of ``topics`` (None: every topic) and remember it."""
         async with self._metadata_lock:
             client = await self.any_broker()
-            body = await client.request(METADATA, {"topics": None if topics is None else [{"name": t} for t in topics], "allow_auto_topic_creation": allow_auto_create})
+            body = await client.request(ApiKey.METADATA, {"topics": None if topics is None else [{"name": t} for t in topics], "allow_auto_topic_creation": allow_auto_create})
             self.brokers.update({b["node_id"]: (b["host"], b["port"]) for b in body["brokers"]})
             for topic in body["topics"]:
                 if topic["error_code"]:
@@ -119,8 +118,8 @@ class Cluster:
         address = self._coordinators.get((key_type, key))
         if address is None:
             client = await self.any_broker()
-            version = client.version_for(FIND_COORDINATOR)
-            body = await client.request(FIND_COORDINATOR, {"key": key, "key_type": key_type, "coordinator_keys": [key]}, version=version)
+            version = client.version_for(ApiKey.FIND_COORDINATOR)
+            body = await client.request(ApiKey.FIND_COORDINATOR, {"key": key, "key_type": key_type, "coordinator_keys": [key]}, version=version)
             entry = body["coordinators"][0] if version >= 4 else body
             if entry["error_code"]:
                 raise classify(entry["error_code"], f"FindCoordinator({key})")

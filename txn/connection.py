@@ -15,12 +15,11 @@ import asyncio
 import logging
 
 from protocol.framing import ClientConnection
-from protocol.messages import APIS
+from protocol.messages import APIS, ApiKey
 from protocol.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
-API_VERSIONS = 18
 
 
 class BrokerClient:
@@ -61,9 +60,9 @@ class BrokerClient:
         self._pending = {}
         self._reader, self._writer = await asyncio.wait_for(asyncio.open_connection(self.host, self.port), self.request_timeout)
         self._read_task = asyncio.get_running_loop().create_task(self._read_loop(self._reader, self._framing, self._pending))
-        body = await self._send(API_VERSIONS, 3, {"client_software_name": "onceflow-txn", "client_software_version": "0.1"})
+        body = await self._send(ApiKey.API_VERSIONS, 3, {"client_software_name": "onceflow-txn", "client_software_version": "0.1"})
         if body["error_code"]:
-            body = await self._send(API_VERSIONS, 0, {})
+            body = await self._send(ApiKey.API_VERSIONS, 0, {})
         self.versions = {entry["api_key"]: (entry["min_version"], entry["max_version"]) for entry in body["api_keys"]}
         self._ready = True
 

@@ -43,26 +43,29 @@ import time
 
 import attrs
 
+from protocol.constants import CoordinatorType, IsolationLevel, OffsetSpec
 from protocol.errors import ErrorCode
-from protocol.records import ControlType, decode_batch, decode_control_record, iter_batches
+from protocol.messages import ApiKey
+from protocol.records import ControlType, TimestampType, decode_batch, decode_control_record, iter_batches
 from protocol.tasks import cancel_and_wait
 from txn import assignors
-from txn.cluster import GROUP_KEY, Cluster
+from txn.cluster import Cluster
 from txn.config import ConsumerConfig, build
 from txn.errors import CommitFailedError, FatalError, KafkaError, RetriableError, classify
 from txn.loop_thread import LoopThread
 from txn.membership import GroupMember, MemberState, RebalanceStep
 from txn.types import ConsumerRecord, GroupMetadata, OffsetAndMetadata, TopicPartition, as_topic_partition
 
-FETCH, LIST_OFFSETS, OFFSET_COMMIT, OFFSET_FETCH = 1, 2, 8, 9
-JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 11, 12, 13, 14
-READ_UNCOMMITTED, READ_COMMITTED = 0, 1
-EARLIEST, LATEST = -2, -1
+LOG_APPEND_TIME = int(TimestampType.LOG_APPEND_TIME)
 FENCING = {ErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.ILLEGAL_GENERATION, ErrorCode.FENCED_INSTANCE_ID}
 
 
-def committed_records(data, aborted: list[dict], *, read_committed: bool, start_offset: int):
-    """Records of a fetched partition that a consumer may see (see module doc)."""
+def committed_records(data, aborted: list[dict], *, read_committed: bool, start_offset: int, log_append_offsets: set | None = None):
+    """Records of a fetched partition that a consumer may see (see module doc).
+
+    A batch stamped with LogAppendTime gives its records the batch's time (as
+    Kafka's consumer does); their offsets go into ``log_append_offsets`` when
+    the caller passes a set."""
     heap = [(entry["first_offset"], entry["producer_id"]) for entry in (aborted or [])] if read_committed else []
     heapq.heapify(heap)
     aborted_producers: set[int] = set()
@@ -79,7 +82,13 @@ def committed_records(data, aborted: list[dict], *, read_committed: bool, start_
         if read_committed and header.is_transactional and header.producer_id in aborted_producers:
             continue
         batch = decode_batch(data, position)
-        out.extend(record for record in batch.records if record.offset >= start_offset)
+        if header.timestamp_type == TimestampType.LOG_APPEND_TIME:
+            appended = [attrs.evolve(record, timestamp=header.max_timestamp) for record in batch.records if record.offset >= start_offset]
+            if log_append_offsets is not None:
+                log_append_offsets.update(record.offset for record in appended)
+            out.extend(appended)
+        else:
+            out.extend(record for record in batch.records if record.offset >= start_offset)
     return out
 
 
@@ -169,11 +178,11 @@ class AsyncConsumer:
 
     async def seek_to_beginning(self, partitions=None) -> None:
         for tp in [as_topic_partition(p) for p in (partitions or self._positions)]:
-            self.seek(tp, await self._list_offset(tp, EARLIEST))
+            self.seek(tp, await self._list_offset(tp, OffsetSpec.EARLIEST))
 
     async def seek_to_end(self, partitions=None) -> None:
         for tp in [as_topic_partition(p) for p in (partitions or self._positions)]:
-            self.seek(tp, await self._list_offset(tp, LATEST))
+            self.seek(tp, await self._list_offset(tp, OffsetSpec.LATEST))
 
     async def position(self, partition) -> int:
         tp = as_topic_partition(partition)
@@ -186,10 +195,10 @@ class AsyncConsumer:
     async def end_offsets(self, partitions) -> dict[TopicPartition, int]:
         """The offset a read_committed consumer reads up to (the last stable
         offset), or the high watermark for read_uncommitted."""
-        return {tp: await self._list_offset(tp, LATEST) for tp in map(as_topic_partition, partitions)}
+        return {tp: await self._list_offset(tp, OffsetSpec.LATEST) for tp in map(as_topic_partition, partitions)}
 
     async def beginning_offsets(self, partitions) -> dict[TopicPartition, int]:
-        return {tp: await self._list_offset(tp, EARLIEST) for tp in map(as_topic_partition, partitions)}
+        return {tp: await self._list_offset(tp, OffsetSpec.EARLIEST) for tp in map(as_topic_partition, partitions)}
 
     def _drop_buffers(self, partitions) -> None:
         for tp in partitions:
@@ -199,12 +208,12 @@ class AsyncConsumer:
     async def _list_offset(self, tp: TopicPartition, timestamp: int) -> int:
         body = {
             "replica_id": -1,
-            "isolation_level": READ_COMMITTED if self.config.read_committed else READ_UNCOMMITTED,
+            "isolation_level": IsolationLevel.READ_COMMITTED if self.config.read_committed else IsolationLevel.READ_UNCOMMITTED,
             "topics": [{"name": tp.topic, "partitions": [{"partition_index": tp.partition, "timestamp": timestamp, "current_leader_epoch": -1}]}],
         }
         async for attempt in self.cluster.retrying(self.config.request_timeout_ms / 1000):
             with attempt:
-                response = await (await self.cluster.leader(tp.topic, tp.partition)).request(LIST_OFFSETS, body)
+                response = await (await self.cluster.leader(tp.topic, tp.partition)).request(ApiKey.LIST_OFFSETS, body)
                 answer = response["topics"][0]["partitions"][0]
                 if answer["error_code"]:
                     self.cluster.forget_leader(tp.topic, tp.partition)
@@ -223,7 +232,7 @@ class AsyncConsumer:
             elif self.config.auto_offset_reset == "none":
                 raise FatalError(ErrorCode.OFFSET_OUT_OF_RANGE, f"no committed offset for {tp} and auto_offset_reset is none")
             else:
-                self._positions[tp] = await self._list_offset(tp, EARLIEST if self.config.auto_offset_reset == "earliest" else LATEST)
+                self._positions[tp] = await self._list_offset(tp, OffsetSpec.EARLIEST if self.config.auto_offset_reset == "earliest" else OffsetSpec.LATEST)
 
     # -- polling ----------------------------------------------------------------------------------
 
@@ -283,19 +292,19 @@ class AsyncConsumer:
         by_topic: dict[str, list] = collections.defaultdict(list)
         for tp in partitions:
             by_topic[tp.topic].append({"partition": tp.partition, "fetch_offset": self._positions[tp], "partition_max_bytes": self.config.max_partition_fetch_bytes, "log_start_offset": -1, "current_leader_epoch": -1})
-        version = min(client.version_for(FETCH), 12)  # 13+ names topics by id
+        version = min(client.version_for(ApiKey.FETCH), 12)  # 13+ names topics by id
         body = {
             "replica_id": -1,
             "max_wait_ms": int(max_wait * 1000),
             "min_bytes": self.config.fetch_min_bytes,
             "max_bytes": self.config.fetch_max_bytes,
-            "isolation_level": READ_COMMITTED if self.config.read_committed else READ_UNCOMMITTED,
+            "isolation_level": IsolationLevel.READ_COMMITTED if self.config.read_committed else IsolationLevel.READ_UNCOMMITTED,
             "session_id": 0,
             "session_epoch": -1,
             "topics": [{"topic": topic, "partitions": entries} for topic, entries in by_topic.items()],
         }
         requested = {tp: self._positions[tp] for tp in partitions}
-        response = await client.request(FETCH, body, version=version, timeout=max_wait + self.config.request_timeout_ms / 1000)
+        response = await client.request(ApiKey.FETCH, body, version=version, timeout=max_wait + self.config.request_timeout_ms / 1000)
         if response.get("error_code"):
             raise classify(response["error_code"], "Fetch")
         for topic in response["responses"]:
@@ -307,7 +316,7 @@ class AsyncConsumer:
                 if code == ErrorCode.OFFSET_OUT_OF_RANGE:
                     if self.config.auto_offset_reset == "none":
                         raise FatalError(code, f"Fetch {tp} at {requested[tp]}")
-                    self._positions[tp] = await self._list_offset(tp, EARLIEST if self.config.auto_offset_reset == "earliest" else LATEST)
+                    self._positions[tp] = await self._list_offset(tp, OffsetSpec.EARLIEST if self.config.auto_offset_reset == "earliest" else OffsetSpec.LATEST)
                     continue
                 if code in (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.LEADER_NOT_AVAILABLE, ErrorCode.FENCED_LEADER_EPOCH, ErrorCode.UNKNOWN_LEADER_EPOCH):
                     self.cluster.forget_leader(tp.topic, tp.partition)
@@ -321,7 +330,8 @@ class AsyncConsumer:
                 end = start
                 for _position, header in iter_batches(data):
                     end = max(end, header.next_offset)
-                visible = committed_records(data, answer.get("aborted_transactions"), read_committed=self.config.read_committed, start_offset=start)
+                log_append_offsets: set[int] = set()
+                visible = committed_records(data, answer.get("aborted_transactions"), read_committed=self.config.read_committed, start_offset=start, log_append_offsets=log_append_offsets)
                 if not visible:
                     # Wholly invisible (control batches, aborted data): move past it
                     # now. An empty buffer would hide the partition from the next
@@ -333,6 +343,8 @@ class AsyncConsumer:
                     self._buffers[tp] = collections.deque(
                         [ConsumerRecord(topic_name, index, r.offset, r.timestamp, r.key, r.value, tuple([(h.key, h.value) for h in r.headers]) if r.headers else ()) for r in visible]
                     )
+                    if log_append_offsets:
+                        self._buffers[tp] = collections.deque(r._replace(timestamp_type=LOG_APPEND_TIME) if r.offset in log_append_offsets else r for r in self._buffers[tp])
                     self._buffer_ends[tp] = end
 
     # -- offsets ----------------------------------------------------------------------------------
@@ -349,7 +361,7 @@ class AsyncConsumer:
         out: dict[TopicPartition, OffsetAndMetadata | None] = {}
         async for attempt in self.cluster.retrying(timeout or self.config.request_timeout_ms / 1000):
             with attempt:
-                response = await self.cluster.coordinator_request(self.group_id, GROUP_KEY, OFFSET_FETCH, body, max_version=7)
+                response = await self.cluster.coordinator_request(self.group_id, CoordinatorType.GROUP, ApiKey.OFFSET_FETCH, body, max_version=7)
                 if response.get("error_code"):
                     raise classify(response["error_code"], "OffsetFetch")
                 for topic in response["topics"]:
@@ -385,7 +397,7 @@ class AsyncConsumer:
         }
         async for attempt in self.cluster.retrying(self.config.request_timeout_ms / 1000):
             with attempt:
-                response = await self.cluster.coordinator_request(self.group_id, GROUP_KEY, OFFSET_COMMIT, body, max_version=8)
+                response = await self.cluster.coordinator_request(self.group_id, CoordinatorType.GROUP, ApiKey.OFFSET_COMMIT, body, max_version=8)
                 for topic in response["topics"]:
                     for answer in topic["partitions"]:
                         code = answer["error_code"]
@@ -393,7 +405,7 @@ class AsyncConsumer:
                             self._note_group_error(code)
                             raise CommitFailedError(code, "OffsetCommit (the group has moved on; poll to rejoin)")
                         if code in (ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE):
-                            self.cluster.forget_coordinator(self.group_id, GROUP_KEY)
+                            self.cluster.forget_coordinator(self.group_id, CoordinatorType.GROUP)
                         if code:
                             raise classify(code, f"OffsetCommit {topic['name']}-{answer['partition_index']}")
 
@@ -533,7 +545,7 @@ class AsyncConsumer:
         }
         async for attempt in self.cluster.retrying(join_timeout):
             with attempt:
-                response = await self.cluster.coordinator_request(self.group_id, GROUP_KEY, JOIN_GROUP, body, timeout=join_timeout)
+                response = await self.cluster.coordinator_request(self.group_id, CoordinatorType.GROUP, ApiKey.JOIN_GROUP, body, timeout=join_timeout)
                 code = response["error_code"]
                 if code == ErrorCode.MEMBER_ID_REQUIRED:
                     member.member_id = body["member_id"] = response["member_id"]
@@ -559,7 +571,7 @@ class AsyncConsumer:
             "protocol_name": protocol_name,
             "assignments": assignments,
         }
-        response = await self.cluster.coordinator_request(self.group_id, GROUP_KEY, SYNC_GROUP, sync, timeout=join_timeout)
+        response = await self.cluster.coordinator_request(self.group_id, CoordinatorType.GROUP, ApiKey.SYNC_GROUP, sync, timeout=join_timeout)
         code = response["error_code"]
         if code == ErrorCode.REBALANCE_IN_PROGRESS:
             return ("rebalance", None)
@@ -600,7 +612,7 @@ class AsyncConsumer:
                 return
             body = {"group_id": self.group_id, "generation_id": member.generation_id, "member_id": member.member_id, "group_instance_id": self.config.group_instance_id}
             try:
-                response = await self.cluster.coordinator_request(self.group_id, GROUP_KEY, HEARTBEAT, body)
+                response = await self.cluster.coordinator_request(self.group_id, CoordinatorType.GROUP, ApiKey.HEARTBEAT, body)
             except (KafkaError, ConnectionError, OSError, TimeoutError):
                 continue  # the session timeout gives us room; the next beat tries again
             code = response["error_code"]
@@ -626,7 +638,7 @@ class AsyncConsumer:
         if self.config.group_instance_id is None and member_id:
             body = {"group_id": self.group_id, "member_id": member_id, "members": [{"member_id": member_id, "group_instance_id": None, "reason": "the consumer is leaving"}]}
             try:
-                await self.cluster.coordinator_request(self.group_id, GROUP_KEY, LEAVE_GROUP, body)
+                await self.cluster.coordinator_request(self.group_id, CoordinatorType.GROUP, ApiKey.LEAVE_GROUP, body)
             except (KafkaError, ConnectionError, OSError, TimeoutError):
                 pass  # the session timeout removes us anyway
 

@@ -39,14 +39,16 @@ import collections
 import itertools
 import time
 from collections import defaultdict
+from typing import Callable
 
 import attrs
 
-from faults.points import point as crash_point  # dependency-free: named crash points for the harness
+from protocol.constants import CoordinatorType
 from protocol.errors import ErrorCode
+from protocol.messages import ApiKey
 from protocol.records import encode_batch
 from protocol.tasks import cancel_and_wait
-from txn.cluster import TRANSACTION_KEY, Cluster
+from txn.cluster import Cluster
 from txn.config import ProducerConfig, build
 from txn.errors import (
     ApplicationRecoverableError,
@@ -63,8 +65,6 @@ from txn.errors import (
 from txn.loop_thread import LoopThread
 from txn.types import GroupMetadata, RecordMetadata, TopicPartition, as_topic_partition
 
-PRODUCE, INIT_PRODUCER_ID = 0, 22
-ADD_PARTITIONS, ADD_OFFSETS, END_TXN, TXN_OFFSET_COMMIT = 24, 25, 26, 28
 RECORD_OVERHEAD = 20  # a record's framing bytes, roughly, for batch sizing
 
 
@@ -135,8 +135,24 @@ class _PartitionQueue:
     calm: asyncio.Event = attrs.field(factory=lambda: _set(asyncio.Event()))  # set while retrying == 0
 
 
+def no_crash_point(name: str) -> None:
+    """The default crash point: never fires."""
+
+
 class AsyncProducer:
-    def __init__(self, bootstrap_servers=None, transactional_id: str | None = None, config: dict | ProducerConfig | None = None, **options):
+    def __init__(
+        self,
+        bootstrap_servers=None,
+        transactional_id: str | None = None,
+        config: dict | ProducerConfig | None = None,
+        *,
+        crash_point: Callable[[str], None] = no_crash_point,
+        **options,
+    ):
+        """``crash_point(name)`` is called at the client's named crash point
+        (``txn.before_commit``: records produced, EndTxn not yet sent); the
+        fault harness passes ``faults.points.point`` to kill the process there."""
+        self.crash_point = crash_point
         if bootstrap_servers is not None:
             options["bootstrap_servers"] = bootstrap_servers
         if transactional_id is not None:
@@ -194,9 +210,9 @@ class AsyncProducer:
         async for attempt in self.cluster.retrying(self.config.delivery_timeout_ms / 1000):
             with attempt:
                 if self.transactional_id is not None:
-                    response = await self.cluster.coordinator_request(self.transactional_id, TRANSACTION_KEY, INIT_PRODUCER_ID, body)
+                    response = await self.cluster.coordinator_request(self.transactional_id, CoordinatorType.TRANSACTION, ApiKey.INIT_PRODUCER_ID, body)
                 else:
-                    response = await (await self.cluster.any_broker()).request(INIT_PRODUCER_ID, body)
+                    response = await (await self.cluster.any_broker()).request(ApiKey.INIT_PRODUCER_ID, body)
                 if response["error_code"]:
                     raise classify(response["error_code"], "InitProducerId")
         self.producer_id, self.producer_epoch = response["producer_id"], response["producer_epoch"]
@@ -257,7 +273,7 @@ class AsyncProducer:
     async def _txn_request(self, api_key: int, body: dict, what: str, *, max_version: int | None = None) -> dict:
         async for attempt in self.cluster.retrying(self.config.delivery_timeout_ms / 1000):
             with attempt:
-                response = await self.cluster.coordinator_request(self.transactional_id, TRANSACTION_KEY, api_key, body, max_version=max_version)
+                response = await self.cluster.coordinator_request(self.transactional_id, CoordinatorType.TRANSACTION, api_key, body, max_version=max_version)
                 code = _first_error(response)
                 if code:
                     raise self._judge(classify(code, what, in_transaction=True))
@@ -277,7 +293,7 @@ class AsyncProducer:
         if pending is None:
             pending = self._added[partition] = asyncio.ensure_future(
                 self._txn_request(
-                    ADD_PARTITIONS,
+                    ApiKey.ADD_PARTITIONS_TO_TXN,
                     {
                         "v3_and_below_transactional_id": self.transactional_id,
                         "v3_and_below_producer_id": self.producer_id,
@@ -302,7 +318,7 @@ class AsyncProducer:
         group = GroupMetadata.of(group_metadata)
         if group.group_id not in self._offsets_added:
             await self._txn_request(
-                ADD_OFFSETS,
+                ApiKey.ADD_OFFSETS_TO_TXN,
                 {"transactional_id": self.transactional_id, "producer_id": self.producer_id, "producer_epoch": self.producer_epoch, "group_id": group.group_id},
                 "AddOffsetsToTxn",
             )
@@ -324,7 +340,7 @@ class AsyncProducer:
         }
         async for attempt in self.cluster.retrying(self.config.delivery_timeout_ms / 1000):
             with attempt:
-                response = await self.cluster.coordinator_request(group.group_id, 0, TXN_OFFSET_COMMIT, body)
+                response = await self.cluster.coordinator_request(group.group_id, CoordinatorType.GROUP, ApiKey.TXN_OFFSET_COMMIT, body)
                 code = _first_error(response)
                 if code in (ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE):
                     self.cluster.forget_coordinator(group.group_id, 0)
@@ -352,10 +368,10 @@ class AsyncProducer:
             raise TransactionAbortableError(message=f"cannot commit, abort instead: {self._txn_error}")
         if self._added or self._offsets_added or self._resumed:
             if commit:
-                crash_point("txn.before_commit")
+                self.crash_point("txn.before_commit")
             body = {"transactional_id": self.transactional_id, "producer_id": self.producer_id, "producer_epoch": self.producer_epoch, "committed": commit}
             try:
-                await self._txn_request(END_TXN, body, "EndTxn")
+                await self._txn_request(ApiKey.END_TXN, body, "EndTxn")
             except (RetriableError, ConnectionError, TimeoutError) as error:
                 if commit:
                     # The commit may have happened: never follow it with an abort.
@@ -540,7 +556,7 @@ class AsyncProducer:
         )
         client = await self.cluster.leader(tp.topic, tp.partition)
         body = {"transactional_id": self.transactional_id, "acks": self.config.acks, "timeout_ms": self.config.request_timeout_ms, "topic_data": [{"name": tp.topic, "partition_data": [{"index": tp.partition, "records": data}]}]}
-        response_awaitable = await client.submit(PRODUCE, body, expect_response=self.config.acks != 0)
+        response_awaitable = await client.submit(ApiKey.PRODUCE, body, expect_response=self.config.acks != 0)
         batch.written.set()
         response = await response_awaitable
         if response is None:
@@ -680,7 +696,16 @@ class Producer:
     Kafka property names are accepted too: ``Producer({"bootstrap.servers": ...})``.
     """
 
-    def __init__(self, bootstrap_servers=None, transactional_id: str | None = None, config: dict | ProducerConfig | None = None, *, _async: AsyncProducer | None = None, **options):
+    def __init__(
+        self,
+        bootstrap_servers=None,
+        transactional_id: str | None = None,
+        config: dict | ProducerConfig | None = None,
+        *,
+        crash_point: Callable[[str], None] = no_crash_point,
+        _async: AsyncProducer | None = None,
+        **options,
+    ):
         if isinstance(bootstrap_servers, dict):
             config, bootstrap_servers = bootstrap_servers, None
         self._thread = LoopThread("onceflow-producer")
@@ -688,7 +713,7 @@ class Producer:
         self._handoff_scheduled = False
         try:
             if _async is None:
-                _async = self._thread.run(lambda: AsyncProducer(bootstrap_servers, transactional_id, config, **options))
+                _async = self._thread.run(lambda: AsyncProducer(bootstrap_servers, transactional_id, config, crash_point=crash_point, **options))
             self._async = _async
             if self._async.transactional_id is None:
                 self._thread.call(self._async.start())

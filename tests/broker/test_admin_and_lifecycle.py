@@ -96,7 +96,7 @@ def test_port_in_use_and_locked_data_dir_fail_clearly(tmp_path):
     port = holder.getsockname()[1]
     try:
         result = subprocess.run(
-            [sys.executable, "-m", "broker.cli", "broker", "--data-dir", str(tmp_path / "a"), "--listen", f"127.0.0.1:{port}"],
+            [sys.executable, "-m", "onceflow", "broker", "--data-dir", str(tmp_path / "a"), "--listen", f"127.0.0.1:{port}"],
             cwd=REPO, capture_output=True, text=True, timeout=60,
         )
         assert result.returncode == 2
@@ -106,19 +106,19 @@ def test_port_in_use_and_locked_data_dir_fail_clearly(tmp_path):
     first = BrokerProcess(str(tmp_path / "b")).start()
     try:
         result = subprocess.run(
-            [sys.executable, "-m", "broker.cli", "broker", "--data-dir", str(tmp_path / "b"), "--listen", "127.0.0.1:0"],
+            [sys.executable, "-m", "onceflow", "broker", "--data-dir", str(tmp_path / "b"), "--listen", "127.0.0.1:0"],
             cwd=REPO, capture_output=True, text=True, timeout=60,
         )
         assert result.returncode == 2
         assert "in use by another broker" in result.stderr
         (tmp_path / "file").write_text("not a directory")
         result = subprocess.run(
-            [sys.executable, "-m", "broker.cli", "broker", "--data-dir", str(tmp_path / "file"), "--listen", "127.0.0.1:0"],
+            [sys.executable, "-m", "onceflow", "broker", "--data-dir", str(tmp_path / "file"), "--listen", "127.0.0.1:0"],
             cwd=REPO, capture_output=True, text=True, timeout=60,
         )
         assert result.returncode == 2 and "data directory" in result.stderr
         result = subprocess.run(
-            [sys.executable, "-m", "broker.cli", "broker", "--data-dir", str(tmp_path / "c"), "--config", "segment.bytes=nope"],
+            [sys.executable, "-m", "onceflow", "broker", "--data-dir", str(tmp_path / "c"), "--config", "segment.bytes=nope"],
             cwd=REPO, capture_output=True, text=True, timeout=60,
         )
         assert result.returncode == 2 and "bad configuration" in result.stderr

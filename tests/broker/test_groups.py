@@ -5,16 +5,14 @@ restart; and a copier that lost its partitions cannot commit offsets for them.""
 
 from __future__ import annotations
 
-import asyncio
-import os
 import signal
 import subprocess
 import sys
 import time
-import uuid
 
 import pytest
 
+from protocol.messages import ApiKey
 from tests.helpers import create_topic, raw_request, wait_for
 from tests.conftest import REPO
 
@@ -130,9 +128,9 @@ def test_three_members_share_six_partitions_through_leave_and_death(client, brok
             if member.process.poll() is None:
                 member.process.kill()
     # Committed offsets survive a broker restart.
-    committed_before = raw_request(broker.port, 9, 6, {"group_id": group, "topics": None})
+    committed_before = raw_request(broker.port, ApiKey.OFFSET_FETCH, 6, {"group_id": group, "topics": None})
     broker.restart(clean=False)
-    committed_after = raw_request(broker.port, 9, 6, {"group_id": group, "topics": None})
+    committed_after = raw_request(broker.port, ApiKey.OFFSET_FETCH, 6, {"group_id": group, "topics": None})
     assert committed_after == committed_before
     total = sum(p["committed_offset"] for t in committed_after["topics"] for p in t["partitions"])
     assert total == 1200, "every consumed record's offset is committed"
@@ -145,13 +143,13 @@ def test_a_member_of_an_old_generation_cannot_commit_offsets(embedded_broker):
     create_topic(embedded_broker.bootstrap, "fenced-in", 1)
 
     def join(member_id=""):
-        return raw_request(port, 11, 5, {"group_id": "copy", "session_timeout_ms": 10000, "rebalance_timeout_ms": 10000, "member_id": member_id, "protocol_type": "consumer", "protocols": [{"name": "range", "metadata": b""}]})
+        return raw_request(port, ApiKey.JOIN_GROUP, 5, {"group_id": "copy", "session_timeout_ms": 10000, "rebalance_timeout_ms": 10000, "member_id": member_id, "protocol_type": "consumer", "protocols": [{"name": "range", "metadata": b""}]})
 
     first = join()
     assert first["error_code"] == 79  # MEMBER_ID_REQUIRED
     joined = join(first["member_id"])
     old_generation, member = joined["generation_id"], joined["member_id"]
-    raw_request(port, 14, 3, {"group_id": "copy", "generation_id": old_generation, "member_id": member, "assignments": [{"member_id": member, "assignment": b""}]})
+    raw_request(port, ApiKey.SYNC_GROUP, 3, {"group_id": "copy", "generation_id": old_generation, "member_id": member, "assignments": [{"member_id": member, "assignment": b""}]})
     # A second member joins: a rebalance moves the group to a new generation.
     second = join()
     import threading
@@ -161,23 +159,23 @@ def test_a_member_of_an_old_generation_cannot_commit_offsets(embedded_broker):
     newcomer.start()
 
     def group_state():
-        return raw_request(port, 15, 5, {"groups": ["copy"], "include_authorized_operations": False})["groups"][0]["group_state"]
+        return raw_request(port, ApiKey.DESCRIBE_GROUPS, 5, {"groups": ["copy"], "include_authorized_operations": False})["groups"][0]["group_state"]
 
     wait_for(lambda: group_state() == "PreparingRebalance", 30, "the newcomer's JoinGroup to start a rebalance")
-    heartbeat = raw_request(port, 12, 3, {"group_id": "copy", "generation_id": old_generation, "member_id": member})
+    heartbeat = raw_request(port, ApiKey.HEARTBEAT, 3, {"group_id": "copy", "generation_id": old_generation, "member_id": member})
     assert heartbeat["error_code"] == 27  # REBALANCE_IN_PROGRESS: time to rejoin
     results["a"] = join(member)
     newcomer.join(30)
     assert results["a"]["generation_id"] == results["b"]["generation_id"] == old_generation + 1
-    init = raw_request(port, 22, 4, {"transactional_id": "zombie-copier", "transaction_timeout_ms": 60000})
+    init = raw_request(port, ApiKey.INIT_PRODUCER_ID, 4, {"transactional_id": "zombie-copier", "transaction_timeout_ms": 60000})
     pid, epoch = init["producer_id"], init["producer_epoch"]
-    added = raw_request(port, 25, 3, {"transactional_id": "zombie-copier", "producer_id": pid, "producer_epoch": epoch, "group_id": "copy"})
+    added = raw_request(port, ApiKey.ADD_OFFSETS_TO_TXN, 3, {"transactional_id": "zombie-copier", "producer_id": pid, "producer_epoch": epoch, "group_id": "copy"})
     assert added["error_code"] == 0
 
     def txn_commit(generation):
         body = {"transactional_id": "zombie-copier", "group_id": "copy", "producer_id": pid, "producer_epoch": epoch, "generation_id": generation, "member_id": member, "group_instance_id": None,
                 "topics": [{"name": "fenced-in", "partitions": [{"partition_index": 0, "committed_offset": 42, "committed_metadata": ""}]}]}
-        return raw_request(port, 28, 3, body)["topics"][0]["partitions"][0]["error_code"]
+        return raw_request(port, ApiKey.TXN_OFFSET_COMMIT, 3, body)["topics"][0]["partitions"][0]["error_code"]
 
     assert txn_commit(old_generation) == 22  # ILLEGAL_GENERATION
     assert txn_commit(old_generation + 1) == 0
@@ -209,5 +207,5 @@ def test_admin_lists_describes_and_deletes_groups(embedded_broker):
     assert refused.value.args[0].code() == KafkaError.NON_EMPTY_GROUP
     consumer.close()
     admin.delete_consumer_groups(["admin-g"])["admin-g"].result(10)
-    after = raw_request(embedded_broker.port, 9, 6, {"group_id": "admin-g", "topics": None})
+    after = raw_request(embedded_broker.port, ApiKey.OFFSET_FETCH, 6, {"group_id": "admin-g", "topics": None})
     assert after["topics"] == []

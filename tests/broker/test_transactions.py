@@ -9,6 +9,7 @@ import uuid
 
 import pytest
 
+from protocol.messages import ApiKey
 from tests.helpers import create_topic, raw_request, read_values, wait_for
 
 TOPIC_PARTITIONS = 3
@@ -143,7 +144,7 @@ def test_open_transaction_holds_read_committed_until_it_ends(embedded_broker):
 
     def latest(isolation):
         body = {"replica_id": -1, "isolation_level": isolation, "topics": [{"name": topic, "partitions": [{"partition_index": 0, "timestamp": -1}]}]}
-        return raw_request(embedded_broker.port, 2, 5, body)["topics"][0]["partitions"][0]["offset"]
+        return raw_request(embedded_broker.port, ApiKey.LIST_OFFSETS, 5, body)["topics"][0]["partitions"][0]["offset"]
 
     assert (latest(0), latest(1)) == (3, 1), "ListOffsets: high watermark vs last stable offset"
     assert read_values(embedded_broker.bootstrap, topic, isolation="read_uncommitted", partitions=1, expect=3) == [b"before", b"in-txn", b"after"]
@@ -191,7 +192,7 @@ def test_timed_out_transaction_is_aborted_and_producer_fenced(broker_process):
     producer.flush(10)
 
     def state():
-        return raw_request(broker.port, 65, 0, {"transactional_ids": ["slow"]})["transaction_states"][0]["transaction_state"]
+        return raw_request(broker.port, ApiKey.DESCRIBE_TRANSACTIONS, 0, {"transactional_ids": ["slow"]})["transaction_states"][0]["transaction_state"]
 
     wait_for(lambda: state() == "CompleteAbort", 30, "the coordinator to abort the timed-out transaction")
     with pytest.raises(KafkaException):
@@ -205,14 +206,14 @@ def test_duplicates_and_out_of_order_batches_on_the_wire(embedded_broker):
     from protocol.records import encode_batch
 
     create_topic(embedded_broker.bootstrap, "idem", 1)
-    init = raw_request(embedded_broker.port, 22, 4, {"transactional_id": None, "transaction_timeout_ms": 0})
+    init = raw_request(embedded_broker.port, ApiKey.INIT_PRODUCER_ID, 4, {"transactional_id": None, "transaction_timeout_ms": 0})
     pid, epoch = init["producer_id"], init["producer_epoch"]
     assert init["error_code"] == 0 and pid >= 0
 
     def produce(sequence, values):
         batch = encode_batch([(None, v, (), 1) for v in values], producer_id=pid, producer_epoch=epoch, base_sequence=sequence)
         body = {"acks": -1, "timeout_ms": 5000, "topic_data": [{"name": "idem", "partition_data": [{"index": 0, "records": batch}]}]}
-        return raw_request(embedded_broker.port, 0, 9, body)["responses"][0]["partition_responses"][0]
+        return raw_request(embedded_broker.port, ApiKey.PRODUCE, 9, body)["responses"][0]["partition_responses"][0]
 
     first = produce(0, [b"a", b"b"])
     assert (first["error_code"], first["base_offset"]) == (0, 0)
@@ -228,22 +229,22 @@ def test_transactional_batch_outside_the_transaction_is_rejected(embedded_broker
     from protocol.records import encode_batch
 
     create_topic(embedded_broker.bootstrap, "kip890", 2)
-    init = raw_request(embedded_broker.port, 22, 4, {"transactional_id": "raw-tx", "transaction_timeout_ms": 60000})
+    init = raw_request(embedded_broker.port, ApiKey.INIT_PRODUCER_ID, 4, {"transactional_id": "raw-tx", "transaction_timeout_ms": 60000})
     pid, epoch = init["producer_id"], init["producer_epoch"]
-    add = raw_request(embedded_broker.port, 24, 3, {"v3_and_below_transactional_id": "raw-tx", "v3_and_below_producer_id": pid, "v3_and_below_producer_epoch": epoch, "v3_and_below_topics": [{"name": "kip890", "partitions": [0]}]})
+    add = raw_request(embedded_broker.port, ApiKey.ADD_PARTITIONS_TO_TXN, 3, {"v3_and_below_transactional_id": "raw-tx", "v3_and_below_producer_id": pid, "v3_and_below_producer_epoch": epoch, "v3_and_below_topics": [{"name": "kip890", "partitions": [0]}]})
     assert add["results_by_topic_v3_and_below"][0]["results_by_partition"][0]["partition_error_code"] == 0
     batch = encode_batch([(None, b"x", (), 1)], producer_id=pid, producer_epoch=epoch, base_sequence=0, is_transactional=True)
     body = lambda p: {"transactional_id": "raw-tx", "acks": -1, "timeout_ms": 5000, "topic_data": [{"name": "kip890", "partition_data": [{"index": p, "records": batch}]}]}  # noqa: E731
-    assert raw_request(embedded_broker.port, 0, 9, body(0))["responses"][0]["partition_responses"][0]["error_code"] == 0
-    late = raw_request(embedded_broker.port, 0, 9, body(1))["responses"][0]["partition_responses"][0]
+    assert raw_request(embedded_broker.port, ApiKey.PRODUCE, 9, body(0))["responses"][0]["partition_responses"][0]["error_code"] == 0
+    late = raw_request(embedded_broker.port, ApiKey.PRODUCE, 9, body(1))["responses"][0]["partition_responses"][0]
     assert late["error_code"] == 48  # INVALID_TXN_STATE: partition 1 was never added
-    listed = raw_request(embedded_broker.port, 66, 1, {"state_filters": ["Ongoing"], "producer_id_filters": []})
+    listed = raw_request(embedded_broker.port, ApiKey.LIST_TRANSACTIONS, 1, {"state_filters": ["Ongoing"], "producer_id_filters": []})
     assert [t["transactional_id"] for t in listed["transaction_states"]] == ["raw-tx"]
-    described = raw_request(embedded_broker.port, 65, 0, {"transactional_ids": ["raw-tx", "nope"]})
+    described = raw_request(embedded_broker.port, ApiKey.DESCRIBE_TRANSACTIONS, 0, {"transactional_ids": ["raw-tx", "nope"]})
     states = described["transaction_states"]
     assert states[0]["transaction_state"] == "Ongoing" and states[0]["topics"] == [{"topic": "kip890", "partitions": [0]}]
     assert states[1]["error_code"] == 105  # TRANSACTIONAL_ID_NOT_FOUND
-    producers = raw_request(embedded_broker.port, 61, 0, {"topics": [{"name": "kip890", "partition_indexes": [0]}]})
+    producers = raw_request(embedded_broker.port, ApiKey.DESCRIBE_PRODUCERS, 0, {"topics": [{"name": "kip890", "partition_indexes": [0]}]})
     [active] = producers["topics"][0]["partitions"][0]["active_producers"]
     assert active["producer_id"] == pid and active["current_txn_start_offset"] == 0
 
@@ -282,7 +283,7 @@ def test_broker_killed_after_the_decision_finishes_it_on_restart(decision, broke
     plain.flush(10)
     after = read_values(broker.bootstrap, topic, isolation="read_committed", partitions=TOPIC_PARTITIONS, expect=len(committed) + TOPIC_PARTITIONS)
     assert sorted(v for v in after if v.startswith(b"later")) == [b"later-%d" % p for p in range(TOPIC_PARTITIONS)]
-    described = raw_request(broker.port, 65, 0, {"transactional_ids": [f"crash-{decision}"]})
+    described = raw_request(broker.port, ApiKey.DESCRIBE_TRANSACTIONS, 0, {"transactional_ids": [f"crash-{decision}"]})
     assert described["transaction_states"][0]["transaction_state"] == ("CompleteCommit" if decision == "commit" else "CompleteAbort")
 
 
@@ -328,11 +329,11 @@ def test_idempotent_stream_through_broker_kills_has_no_duplicates(broker_process
 
 def test_producer_ids_and_epochs_survive_restart(broker_process):
     broker = broker_process()
-    first = raw_request(broker.port, 22, 4, {"transactional_id": "keeper", "transaction_timeout_ms": 60000})
-    idempotent = raw_request(broker.port, 22, 4, {"transactional_id": None, "transaction_timeout_ms": 0})
+    first = raw_request(broker.port, ApiKey.INIT_PRODUCER_ID, 4, {"transactional_id": "keeper", "transaction_timeout_ms": 60000})
+    idempotent = raw_request(broker.port, ApiKey.INIT_PRODUCER_ID, 4, {"transactional_id": None, "transaction_timeout_ms": 0})
     broker.restart(clean=False)
-    again = raw_request(broker.port, 22, 4, {"transactional_id": "keeper", "transaction_timeout_ms": 60000})
+    again = raw_request(broker.port, ApiKey.INIT_PRODUCER_ID, 4, {"transactional_id": "keeper", "transaction_timeout_ms": 60000})
     assert again["producer_id"] == first["producer_id"] and again["producer_epoch"] == first["producer_epoch"] + 1
-    fresh = raw_request(broker.port, 22, 4, {"transactional_id": None, "transaction_timeout_ms": 0})
+    fresh = raw_request(broker.port, ApiKey.INIT_PRODUCER_ID, 4, {"transactional_id": None, "transaction_timeout_ms": 0})
     assert fresh["producer_id"] not in (first["producer_id"], idempotent["producer_id"])
     assert fresh["producer_id"] > idempotent["producer_id"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
 
 from coordinator.coordinator import CoordinatorSettings, TransactionCoordinator
 from coordinator.metadata import TopicPartition

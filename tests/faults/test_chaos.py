@@ -91,7 +91,7 @@ def test_users_processor_example(tmp_path):
 def test_command_line_runs_a_schedule_and_writes_the_report(tmp_path):
     report = tmp_path / "cli-report"
     result = subprocess.run(
-        [sys.executable, "-m", "broker.cli", "chaos", "--workload", "copier", "--faults", "kill-client,proxy-cut", "--duration", "8",
+        [sys.executable, "-m", "onceflow", "chaos", "--workload", "copier", "--faults", "kill-client,proxy-cut", "--duration", "8",
          "--seed", "4", "--records", "1000", "--report", str(report)],
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )

@@ -78,8 +78,9 @@ def test_crash_with_offsets_pending_never_commits_them(broker_process):
 CLIENT = r"""
 import sys
 sys.path.insert(0, {repo!r})
+from faults.points import point  # armed from ONCEFLOW_CRASH_POINTS
 from txn import Producer
-producer = Producer(bootstrap_servers={bootstrap!r}, transactional_id="client-crash")
+producer = Producer(bootstrap_servers={bootstrap!r}, transactional_id="client-crash", crash_point=point)
 producer.init_transactions()
 with producer.transaction():
     for i in range(20):
@@ -103,3 +104,38 @@ def test_client_dying_between_produce_and_commit_leaves_nothing_visible(broker_p
         successor.send("client-crash", b"successor", partition=0)
     successor.close()
     assert read_values(broker.bootstrap, "client-crash", partitions=1, idle=1.0) == [b"successor"]
+
+
+def test_the_producer_fires_only_the_crash_point_it_was_given(embedded_broker):
+    """The client takes its crash point as a parameter: a producer given one
+    stops at ``txn.before_commit`` (nothing becomes visible); a producer given
+    none ignores points armed in this process (txn never imports faults)."""
+    from faults import points
+
+    with Admin(bootstrap_servers=embedded_broker.bootstrap) as admin:
+        admin.create_topics({"given-point": 1})
+
+    def stop_before_commit(name):
+        if name == "txn.before_commit":
+            raise points.CrashPointReached(name)
+
+    armed = Producer(bootstrap_servers=embedded_broker.bootstrap, transactional_id="given-point", crash_point=stop_before_commit)
+    armed.init_transactions()
+    armed.begin_transaction()
+    armed.send("given-point", b"never-committed", partition=0)
+    with pytest.raises(points.CrashPointReached, match="txn.before_commit"):
+        armed.commit_transaction()
+    armed.abort_transaction()
+    armed.close()
+
+    points.arm("txn.before_commit", action="raise")
+    try:
+        plain = Producer(bootstrap_servers=embedded_broker.bootstrap, transactional_id="no-point")
+        plain.init_transactions()
+        with plain.transaction():
+            plain.send("given-point", b"committed", partition=0)
+        plain.close()
+        assert points.is_armed("txn.before_commit"), "a producer without a crash point never passes the process's points"
+    finally:
+        points.disarm_all()
+    assert read_values(embedded_broker.bootstrap, "given-point", partitions=1, idle=0.5) == [b"committed"]

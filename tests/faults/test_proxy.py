@@ -19,7 +19,6 @@ import uuid
 import pytest
 
 from faults.proxy import (
-    END_TXN,
     SCHEDULE_ACTIONS,
     SCHEDULE_KINDS,
     FaultProxy,
@@ -32,6 +31,7 @@ from faults.proxy import (
     run_schedule,
     run_schedule_async,
 )
+from protocol.messages import ApiKey
 from tests.helpers import create_topic, read_values, wait_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -355,7 +355,7 @@ def test_fault_arguments_are_checked(raw_proxy):
     with pytest.raises(TypeError):
         raw_proxy.delay_connection("first", 1.0)
     with pytest.raises(ValueError, match="Kafka framing"):
-        raw_proxy.delay_requests(END_TXN, 1.0)
+        raw_proxy.delay_requests(ApiKey.END_TXN, 1.0)
 
 
 # ------------------------------------------------------------------ counters and events
@@ -400,37 +400,37 @@ def test_heal_returns_to_a_fresh_proxys_state(raw_proxy, echo_server):
 
 
 def test_request_header_parse():
-    frame = request_frame(END_TXN, 42, b"body", api_version=3, client_id="producer-1")
-    assert RequestHeader.parse(frame) == RequestHeader(END_TXN, 3, 42, "producer-1")
-    assert RequestHeader.parse(request_frame(18, 1, client_id=None)).client_id is None
+    frame = request_frame(ApiKey.END_TXN, 42, b"body", api_version=3, client_id="producer-1")
+    assert RequestHeader.parse(frame) == RequestHeader(ApiKey.END_TXN, 3, 42, "producer-1")
+    assert RequestHeader.parse(request_frame(ApiKey.API_VERSIONS, 1, client_id=None)).client_id is None
     assert RequestHeader.parse(frame[:11]) is None
     assert client_id_is("producer-1")(frame) and not client_id_is("other")(frame)
 
 
 @pytest.mark.parametrize("piece_size", [None, 1, 3, 7])
 def test_framer_gives_the_same_frames_whole_and_piecewise(piece_size):
-    frames = [request_frame(3, 1), request_frame(END_TXN, 2, b"x" * 300), request_frame(0, 3, b"y" * 70000)]
+    frames = [request_frame(ApiKey.METADATA, 1), request_frame(ApiKey.END_TXN, 2, b"x" * 300), request_frame(ApiKey.PRODUCE, 3, b"y" * 70000)]
     stream = b"".join(frames)
     framer = KafkaRequestFramer()
     pieces = [stream] if piece_size is None else [stream[i:i + piece_size] for i in range(0, len(stream), piece_size)]
     output = [item for piece in pieces for item in framer.feed(piece)]
     assert [frame for _header, frame in output] == frames
-    assert [header.api_key for header, _frame in output] == [3, END_TXN, 0]
+    assert [header.api_key for header, _frame in output] == [ApiKey.METADATA, ApiKey.END_TXN, ApiKey.PRODUCE]
     assert [header.correlation_id for header, _frame in output] == [1, 2, 3]
     assert framer.take_partial() == b"" and not framer.framing_lost
 
 
 def test_framer_passes_a_non_kafka_stream_through():
     framer = KafkaRequestFramer(max_frame_bytes=1024)
-    good = request_frame(3, 1)
-    assert framer.feed(good + b"GET / HTTP/1.1\r\n") == [(RequestHeader(3, 1, 1, "tester"), good), (None, b"GET / HTTP/1.1\r\n")]
+    good = request_frame(ApiKey.METADATA, 1)
+    assert framer.feed(good + b"GET / HTTP/1.1\r\n") == [(RequestHeader(ApiKey.METADATA, 1, 1, "tester"), good), (None, b"GET / HTTP/1.1\r\n")]
     assert framer.framing_lost
     assert framer.feed(b"more") == [(None, b"more")]
 
 
 def test_framer_keeps_a_partial_frame_for_end_of_stream():
     framer = KafkaRequestFramer()
-    frame = request_frame(0, 9, b"payload")
+    frame = request_frame(ApiKey.PRODUCE, 9, b"payload")
     assert framer.feed(frame[:-3]) == []
     assert framer.take_partial() == frame[:-3]
 
@@ -439,8 +439,8 @@ def test_framer_keeps_a_partial_frame_for_end_of_stream():
 
 
 def test_drop_requests_swallows_whole_frames(kafka_framed_proxy, echo_server):
-    metadata, produce, another = request_frame(3, 1), request_frame(0, 2, b"p" * 100), request_frame(3, 3)
-    kafka_framed_proxy.drop_requests(api_key=0)
+    metadata, produce, another = request_frame(ApiKey.METADATA, 1), request_frame(ApiKey.PRODUCE, 2, b"p" * 100), request_frame(ApiKey.METADATA, 3)
+    kafka_framed_proxy.drop_requests(api_key=ApiKey.PRODUCE)
     sock = connect(kafka_framed_proxy)
     # One write, so the dropped frame arrives in the middle of a chunk.
     sock.sendall(metadata + produce + another)
@@ -453,9 +453,9 @@ def test_drop_requests_swallows_whole_frames(kafka_framed_proxy, echo_server):
 
 
 def test_drop_requests_times_then_lets_the_rest_through(kafka_framed_proxy):
-    kafka_framed_proxy.drop_requests(api_key=0, times=1)
+    kafka_framed_proxy.drop_requests(api_key=ApiKey.PRODUCE, times=1)
     sock = connect(kafka_framed_proxy)
-    first, retry = request_frame(0, 1), request_frame(0, 2)
+    first, retry = request_frame(ApiKey.PRODUCE, 1), request_frame(ApiKey.PRODUCE, 2)
     sock.sendall(first + retry)
     assert receive_exactly(sock, len(retry)) == retry
     assert kafka_framed_proxy.faults_in_effect()["request_rules"] == []
@@ -464,9 +464,9 @@ def test_drop_requests_times_then_lets_the_rest_through(kafka_framed_proxy):
 def test_delayed_request_holds_back_its_connection_but_not_others(kafka_framed_proxy):
     """TCP semantics: a delayed EndTxn keeps every later request of its
     connection behind it; another connection's requests overtake it."""
-    kafka_framed_proxy.delay_requests(api_key=END_TXN, seconds=0.8)
+    kafka_framed_proxy.delay_requests(api_key=ApiKey.END_TXN, seconds=0.8)
     producer, other = connect(kafka_framed_proxy), connect(kafka_framed_proxy)
-    end_txn, after_it, elsewhere = request_frame(END_TXN, 1), request_frame(3, 2), request_frame(3, 7)
+    end_txn, after_it, elsewhere = request_frame(ApiKey.END_TXN, 1), request_frame(ApiKey.METADATA, 2), request_frame(ApiKey.METADATA, 7)
     started = time.monotonic()
     producer.sendall(end_txn)
     producer.sendall(after_it)
@@ -481,8 +481,8 @@ def test_delayed_request_holds_back_its_connection_but_not_others(kafka_framed_p
 def test_delay_connection_by_client_id(kafka_framed_proxy):
     kafka_framed_proxy.delay_connection(client_id_is("laggard"), 0.6)
     laggard, prompt = connect(kafka_framed_proxy), connect(kafka_framed_proxy)
-    assert round_trip(prompt, request_frame(18, 1, client_id="prompt"))[1] < 0.4
-    assert round_trip(laggard, request_frame(18, 1, client_id="laggard"))[1] >= 0.6
+    assert round_trip(prompt, request_frame(ApiKey.API_VERSIONS, 1, client_id="prompt"))[1] < 0.4
+    assert round_trip(laggard, request_frame(ApiKey.API_VERSIONS, 1, client_id="laggard"))[1] >= 0.6
 
 
 # ------------------------------------------------------------------ schedules
@@ -584,7 +584,7 @@ def test_without_advertising_the_proxy_clients_go_around_it(embedded_broker):
     from confluent_kafka import Producer
 
     with ThreadedFaultProxy("127.0.0.1", embedded_broker.port) as proxy:
-        proxy.drop_requests(api_key=0)
+        proxy.drop_requests(api_key=ApiKey.PRODUCE)
         producer = Producer({"bootstrap.servers": proxy.address, "linger.ms": 1})
         for number in range(10):
             producer.produce("around", value=b"%d" % number)
@@ -648,7 +648,7 @@ def test_idempotent_producer_retries_a_dropped_produce_request(proxied_broker):
     producer = Producer({"bootstrap.servers": proxied_broker.bootstrap, "enable.idempotence": True, "linger.ms": 1, "request.timeout.ms": 1500, "socket.timeout.ms": 2000})
     producer.produce(topic, value=b"warm-up")
     assert producer.flush(20) == 0
-    proxy.drop_requests(api_key=0, times=1)
+    proxy.drop_requests(api_key=ApiKey.PRODUCE, times=1)
     started = time.monotonic()
     producer.produce(topic, value=b"once")
     assert producer.flush(30) == 0
@@ -670,11 +670,11 @@ def test_transactional_commit_waits_for_a_delayed_end_txn(proxied_broker):
     for number in range(20):
         producer.produce(topic, value=b"%d" % number)
     assert producer.flush(20) == 0
-    proxy.delay_requests(api_key=END_TXN, seconds=1.5)
+    proxy.delay_requests(api_key=ApiKey.END_TXN, seconds=1.5)
     started = time.monotonic()
     producer.commit_transaction(30)
     assert time.monotonic() - started >= 1.5
     delayed = [event for event in proxy.events() if event.kind == "request_delayed"]
-    assert [event.detail["api_key"] for event in delayed] == [END_TXN]
-    proxy.clear_requests(END_TXN)
+    assert [event.detail["api_key"] for event in delayed] == [ApiKey.END_TXN]
+    proxy.clear_requests(ApiKey.END_TXN)
     assert sorted(read_values(proxied_broker.bootstrap, topic, partitions=3, expect=20)) == sorted(b"%d" % number for number in range(20))

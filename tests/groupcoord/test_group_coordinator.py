@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
 
 from groupcoord.coordinator import GroupCoordinator, GroupSettings
 from groupcoord.records import OffsetAndMetadata, decode_key, decode_offset_value, group_key, offset_key, offset_value

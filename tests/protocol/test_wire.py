@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from protocol import schema
 from protocol.errors import ErrorCode, FrameTooLargeError, MalformedFrameError, UnsupportedRequestError
-from protocol.framing import ClientConnection, ServerConnection, encode_request, encode_response
-from protocol.messages import APIS
+from protocol.framing import ClientConnection, ServerConnection, encode_request
+from protocol.messages import APIS, ApiKey
 
 PRIMITIVE_SAMPLES = {
     schema.BOOL: lambda r: r.random() < 0.5,
@@ -86,7 +86,7 @@ def test_every_version_round_trips(api_name, side, version):
 
 
 def test_sparse_values_take_defaults():
-    api = APIS[3]
+    api = APIS[ApiKey.METADATA]
     data = schema.encode(api.response, 1, {"brokers": [{"node_id": 1, "host": "h", "port": 9}]})
     decoded, _ = schema.decode(api.response, 1, data)
     assert decoded["controller_id"] == -1
@@ -144,8 +144,8 @@ def test_oversized_and_negative_frames_rejected_before_buffering():
 
 
 def test_unsupported_version_is_reported_and_the_stream_continues():
-    connection = ServerConnection(supported_versions={18: (0, 3), 3: (0, 12)})
-    connection.receive_data(encode_request(18, 4, 1, "c", {}) + encode_request(18, 3, 2, "c", {}))
+    connection = ServerConnection(supported_versions={ApiKey.API_VERSIONS: (0, 3), ApiKey.METADATA: (0, 12)})
+    connection.receive_data(encode_request(ApiKey.API_VERSIONS, 4, 1, "c", {}) + encode_request(ApiKey.API_VERSIONS, 3, 2, "c", {}))
     with pytest.raises(UnsupportedRequestError) as info:
         connection.next_request()
     assert (info.value.api_key, info.value.api_version, info.value.correlation_id) == (18, 4, 1)
@@ -154,7 +154,7 @@ def test_unsupported_version_is_reported_and_the_stream_continues():
 
 def test_client_matches_responses_by_correlation_id():
     client = ClientConnection(client_id="me")
-    correlation_id, frame = client.send_request(18, 3, {"client_software_name": "x", "client_software_version": "1"})
+    correlation_id, frame = client.send_request(ApiKey.API_VERSIONS, 3, {"client_software_name": "x", "client_software_version": "1"})
     server = ServerConnection()
     server.receive_data(frame)
     request = server.next_request()
@@ -214,7 +214,7 @@ def test_produce_batches_are_appended_from_the_request_frame_without_a_copy(tmp_
     from storage.log import PartitionLog
 
     batch = encode_batch([Record(offset=0, timestamp=1_700_000_000_000, key=None, value=b"v" * 100)])
-    request = encode_request(0, 9, 7, "test", {
+    request = encode_request(ApiKey.PRODUCE, 9, 7, "test", {
         "acks": -1, "timeout_ms": 1000,
         "topic_data": [{"name": "t", "partition_data": [{"index": 0, "records": batch}]}],
     })

@@ -7,7 +7,7 @@ import sys
 from protocol.records import ControlType, encode_batch, encode_control_batch
 from storage.config import LogConfig
 from storage.log import PartitionLog
-from broker.dump_log import dump
+from storage.dump_log import dump
 
 
 def make_log(tmp_path):
@@ -46,9 +46,9 @@ def test_dump_reports_where_a_damaged_file_stops_being_valid(tmp_path):
 
 def test_dump_index_and_cli(tmp_path):
     path = make_log(tmp_path)
-    result = subprocess.run([sys.executable, "-m", "broker.cli", "dump-log", str(path), str(tmp_path / "00000000000000000000.index")], capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-m", "onceflow", "dump-log", str(path), str(tmp_path / "00000000000000000000.index")], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "baseOffset: 5" in result.stdout
     assert "offset:" in result.stdout and "position:" in result.stdout
-    missing = subprocess.run([sys.executable, "-m", "broker.cli", "dump-log", str(tmp_path / "nope.log")], capture_output=True, text=True)
+    missing = subprocess.run([sys.executable, "-m", "onceflow", "dump-log", str(tmp_path / "nope.log")], capture_output=True, text=True)
     assert missing.returncode == 1 and "Cannot read" in missing.stdout

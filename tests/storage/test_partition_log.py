@@ -309,43 +309,70 @@ def test_appends_after_a_reopen_land_at_the_end(tmp_path, clean):
     assert again.recovery_report == [] and again.log_end_offset == 60
 
 
-def test_index_memory_stays_within_the_budget_and_dropped_indexes_read_back(tmp_path, monkeypatch):
-    """With a budget of 40 entries for the whole process and a log of many
-    segments, the least recently used indexes are dropped and read back from
-    their files on the next lookup: every answer is the one a log holding all
-    its indexes gives."""
-    import storage.index
+def test_index_memory_stays_within_the_budget_and_dropped_indexes_read_back(tmp_path):
+    """With a budget of 40 entries and a log of many segments, the least
+    recently used indexes are dropped and read back from their files on the
+    next lookup: every answer is the one a log holding all its indexes gives."""
+    from storage.index import IndexBudget
 
-    def fill(directory):
-        log = PartitionLog.open(str(directory), small_config(index_interval_bytes=1))
+    def fill(directory, budget=None):
+        log = PartitionLog.open(str(directory), small_config(index_interval_bytes=1), index_budget=budget)
         for i in range(300):
             log.append(encode_batch([(b"k", b"v" * 20, (), 1_000_000 + i)]))
         return log
 
-    reference = fill(tmp_path / "reference")  # the default budget holds everything
+    reference = fill(tmp_path / "reference")  # a budget of its own, of the default size: holds everything
     expected_reads = [reference.read(offset, 200) for offset in range(0, 300, 7)]
     expected_times = [reference.offset_for_timestamp(1_000_000 + i) for i in range(0, 300, 11)]
     expected_entries = [list(s.offset_index.relative_offsets) for s in reference.segments]
     reference.close()
 
-    monkeypatch.setattr(storage.index, "RESIDENT_ENTRY_BUDGET", 40)
-    budgeted = fill(tmp_path / "budgeted")
+    resident = IndexBudget(40)
+    budgeted = fill(tmp_path / "budgeted", resident)
     assert len(budgeted.segments) > 15  # 16 offset and 16 time entries each: 600 in all
-    resident = storage.index.RESIDENT
     assert resident.entries <= 40 + 16, "the budget (plus the index in use) bounds the entries held"
-    assert resident.entries == sum(index._count for index in resident._order.values()), "the count is what is held"
+    assert resident.entries == sum(index._count for index in resident.held()), "the count is what is held"
     assert [list(s.offset_index.relative_offsets) for s in budgeted.segments] == expected_entries, "dropped entries read back"
     assert resident.entries <= 40 + 16
     assert [budgeted.read(offset, 200) for offset in range(0, 300, 7)] == expected_reads
     assert [budgeted.offset_for_timestamp(1_000_000 + i) for i in range(0, 300, 11)] == expected_times
     assert resident.entries <= 40 + 16
-    assert resident.entries == sum(index._count for index in resident._order.values()), "read-back indexes are counted"
+    assert resident.entries == sum(index._count for index in resident.held()), "read-back indexes are counted"
     budgeted.close()
-    assert storage.index.RESIDENT.entries <= 40 + 16
-    reopened = PartitionLog.open(str(tmp_path / "budgeted"), small_config(index_interval_bytes=1))
+    assert resident.entries == 0 and resident.held() == [], "a closed log gives its indexes back"
+    again = IndexBudget(40)
+    reopened = PartitionLog.open(str(tmp_path / "budgeted"), small_config(index_interval_bytes=1), index_budget=again)
     assert [reopened.read(offset, 200) for offset in range(0, 300, 7)] == expected_reads
     assert [reopened.offset_for_timestamp(1_000_000 + i) for i in range(0, 300, 11)] == expected_times
+    assert again.entries <= 40 + 16
     reopened.close()
+
+
+def test_each_budget_drops_only_its_own_indexes(tmp_path):
+    """Two owners (two brokers) with budgets of their own: filling one log far
+    past its budget never drops an index of the other's log."""
+    from storage.index import IndexBudget
+
+    small, large = IndexBudget(10), IndexBudget(10_000)
+    quiet = PartitionLog.open(str(tmp_path / "quiet"), small_config(index_interval_bytes=1), index_budget=large)
+    for i in range(40):
+        quiet.append(encode_batch([(b"k", b"v" * 20, (), 1_000_000 + i)]))
+    quiet_indexes = large.held()
+    busy = PartitionLog.open(str(tmp_path / "busy"), small_config(index_interval_bytes=1), index_budget=small)
+    for i in range(300):
+        busy.append(encode_batch([(b"k", b"v" * 20, (), 1_000_000 + i)]))
+    assert small.entries <= 10 + 16 and len(busy.segments) > 15
+    assert large.held() == quiet_indexes and all(index._loaded for index in quiet_indexes), "the other budget's indexes stay loaded"
+    assert all(segment.index_budget is small for segment in busy.segments)
+    busy.close()
+    quiet.close()
+
+
+def test_an_index_budget_holds_at_least_one_entry():
+    from storage.index import IndexBudget
+
+    with pytest.raises(ValueError, match="at least 1"):
+        IndexBudget(0)
 
 
 def test_an_index_without_entries_is_dropped_and_read_back(tmp_path):

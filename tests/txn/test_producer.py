@@ -7,6 +7,7 @@ import uuid
 
 import pytest
 
+from protocol.messages import ApiKey
 from tests.helpers import create_topic, raw_request, read_values
 from txn.errors import InvalidProducerEpochError
 from txn.producer import Producer, ProducerFencedError, default_partition, murmur2
@@ -61,7 +62,7 @@ def test_transactions_commit_abort_and_offsets(embedded_broker):
     producer.close()
     values = read_values(embedded_broker.bootstrap, "own-txn", isolation="read_committed", partitions=2, expect=20)
     assert sorted(values) == sorted(b"kept-%d" % i for i in range(20))
-    committed = raw_request(embedded_broker.port, 9, 7, {"group_id": "own-group", "topics": None, "require_stable": True})
+    committed = raw_request(embedded_broker.port, ApiKey.OFFSET_FETCH, 7, {"group_id": "own-group", "topics": None, "require_stable": True})
     assert committed["topics"][0]["partitions"][0]["committed_offset"] == 5, "offsets commit with the transaction, not the aborted one"
 
 

@@ -1,4 +1,5 @@
-"""``onceflow dump-log``: print a segment file the way Kafka's DumpLogSegments does.
+"""Segment files printed the way Kafka's DumpLogSegments prints them (what
+``onceflow dump-log`` shows).
 
 Reads ``.log`` files batch by batch (and ``.index``/``.timeindex`` files entry
 by entry) straight from disk, without opening the partition log, so it works on
@@ -128,8 +129,9 @@ def dump_index_file(path: str, out: TextIO) -> bool:
     return True
 
 
-def dump(paths: list[str], *, print_data_log: bool = False, out: TextIO = sys.stdout) -> int:
-    """Dump each file; the exit status is 1 if any was damaged or missing."""
+def dump(paths: list[str], *, print_data_log: bool = False, out: TextIO | None = None) -> int:
+    """Dump each file (to stdout by default); the exit status is 1 if any was damaged or missing."""
+    out = out or sys.stdout
     status = 0
     for path in paths:
         try:

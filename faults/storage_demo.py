@@ -1,4 +1,5 @@
-"""``onceflow demo``: the main job, for now a crash-safety demonstration of the log.
+"""``onceflow demo --storage``: the crash safety of one partition log, shown
+without a broker.
 
 What it does (each step visible as it runs):
 
@@ -12,7 +13,8 @@ What it does (each step visible as it runs):
    half-written survived; then a new writer continues where the log ends.
 4. It prints a report and exits non-zero if any check failed.
 
-Later issues grow this into the full exactly-once pipeline demo.
+The main demo, ``onceflow demo`` (``faults.demo``), runs the whole
+exactly-once pipeline through broker and pipeline kills.
 """
 
 from __future__ import annotations
@@ -111,7 +113,7 @@ def run_demo(*, records: int = 20_000, seed: int | None = None, keep_data: str |
     round_number = 0
     while True:
         round_number += 1
-        command = [sys.executable, "-m", "broker.demo", "--child", partition_dir, str(acknowledged_through), str(records), str(seed + round_number)]
+        command = [sys.executable, "-m", "faults.storage_demo", "--child", partition_dir, str(acknowledged_through), str(records), str(seed + round_number)]
         process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         round_start = acknowledged_through
         kill_at = round_start + rng.randrange(records // (kills * 4) + 1, records // (kills + 1) + 2) if kills_done < kills else None
@@ -175,7 +177,8 @@ def run_demo(*, records: int = 20_000, seed: int | None = None, keep_data: str |
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 6 and sys.argv[1] == "--child":
-        writer_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
-    else:
-        sys.exit(run_demo())
+    # Only the writer child starts here; the demo itself is `onceflow demo --storage`.
+    if len(sys.argv) != 6 or sys.argv[1] != "--child":
+        print("usage: python -m faults.storage_demo --child DIR START_SEQ TOTAL SEED (the demo's writer; the demo is `onceflow demo --storage`)", file=sys.stderr)
+        sys.exit(2)
+    writer_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))

@@ -11,7 +11,7 @@ from tests.conftest import REPO
 
 
 def onceflow(*args, stdin: str | None = None, timeout: float = 60):
-    return subprocess.run([sys.executable, "-m", "broker.cli", *args], cwd=REPO, input=stdin, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "onceflow", *args], cwd=REPO, input=stdin, capture_output=True, text=True, timeout=timeout)
 
 
 def test_topics_produce_consume_round_trip(embedded_broker):

@@ -1,0 +1,65 @@
+"""``onceflow bench``: every benchmark scenario against our broker and
+beside Tansu, with the machine's limits, in one run (``benchmarks.suite``).
+
+The benchmarks are not part of the installed package (users do not import
+them): they run from a checkout of the repository (``pip install -e
+'.[bench]'``), found beside this ``onceflow`` package when the import path
+does not have them. Installed from a wheel, the command says so in one line
+and exits 2.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+# The checkout this onceflow package sits in, if it sits in one.
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--rounds", type=int, default=3, metavar="N", help="rounds per broker; the table shows medians (default 3)")
+    parser.add_argument("--records", type=int, default=200_000, metavar="N", help="records per produce/consume scenario (1 KiB scenarios use a quarter) (default 200000)")
+    parser.add_argument("--seconds", type=float, default=3.0, metavar="S", help="length of the timed scenarios (transactions, latency) (default 3)")
+    parser.add_argument("--copier-records", type=int, default=50_000, metavar="N", help="records through the exactly-once copier (default 50000)")
+    parser.add_argument("--latency-rate", type=int, default=2_000, metavar="N", help="records/s for the end-to-end latency scenario (default 2000)")
+    parser.add_argument("--only", default=None, metavar="PREFIX,...", help="comma-separated scenario name prefixes")
+    parser.add_argument("--no-peer", action="store_true", help="skip Tansu")
+    parser.add_argument("--work-dir", default=None, metavar="DIR", help="where our broker keeps its data (default: a temp dir)")
+    parser.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
+                        help="a setting for our broker, e.g. flush.policy=os to see what the fsyncs cost (default: its defaults)")
+    parser.add_argument("--json", default=None, metavar="FILE", help="also write settings, limits, medians and every round here")
+    parser.add_argument("--png", default=None, metavar="FILE", help="also draw the table as a chart here (needs matplotlib)")
+    parser.add_argument("--spark", action="store_true", help="also the Spark data source scenarios (a local Spark session each; minutes)")
+    parser.add_argument("--spark-rows", type=int, default=1_000_000, metavar="N", help="rows of the Spark throughput scenarios (default 1000000)")
+    runner = parser.add_argument_group("the streaming runner beside Quix Streams 3 (benchmarks.runner_bench)")
+    runner.add_argument("--runner", action="store_true", help="instead of the broker scenarios: onceflow's runner and Quix Streams, exactly once, the same apps on our broker")
+    runner.add_argument("--runner-records", type=int, default=30_000, metavar="N", help="payments per throughput scenario (default 30000)")
+    runner.add_argument("--runner-latency-rate", type=int, default=500, metavar="N", help="records/s fed in the latency scenario (default 500)")
+    runner.add_argument("--runner-latency-seconds", type=float, default=5.0, metavar="S", help="length of the latency scenario (default 5)")
+    runner.add_argument("--restore-keys", type=int, default=1_000_000, metavar="N", help="keys of the store restored from its changelog, 0 to skip (default 1000000)")
+    runner.add_argument("--commit-interval-ms", type=int, default=100, metavar="MS", help="both frameworks' commit interval (default 100, the runner's)")
+
+
+def benchmark_suite():
+    """``benchmarks.suite``, from the import path or else from the checkout; None if neither has it."""
+    try:
+        return importlib.import_module("benchmarks.suite")
+    except ModuleNotFoundError as error:
+        if error.name not in ("benchmarks", "benchmarks.suite"):
+            raise
+    if not os.path.isfile(os.path.join(CHECKOUT, "benchmarks", "suite.py")):
+        return None
+    # An editable install maps only the packaged packages; the benchmarks
+    # live beside them in the checkout.
+    sys.path.append(CHECKOUT)
+    return importlib.import_module("benchmarks.suite")
+
+
+def run(args) -> int:
+    suite = benchmark_suite()
+    if suite is None:
+        print("onceflow bench: the benchmarks are not installed with onceflow; run it from a checkout of the repository (pip install -e '.[bench]')", file=sys.stderr)
+        return 2
+    return suite.run_suite(args)
