@@ -14,13 +14,13 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 
 import pytest
 
 from tests.conftest import REPO
+from tests.helpers import free_port
 
 README = os.path.join(REPO, "README.md")
 BIN = os.path.dirname(sys.executable)  # where `onceflow` and `python` of this environment live
@@ -55,12 +55,6 @@ def the_block(kind: str, marker: str) -> str:
     matches = [body for body in blocks_of(kind) if marker in body]
     assert len(matches) == 1, f"expected one {kind} block with {marker!r}, found {len(matches)}"
     return matches[0]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def run_sh(block: str, cwd, *, timeout: float, replacements: dict[str, str] | None = None) -> subprocess.CompletedProcess:

@@ -28,6 +28,7 @@ def describe_topic_config(client, topic):
 
 
 def test_topic_config_partitions_and_delete_persist_across_restart(broker_process):
+    from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import NewPartitions, NewTopic
 
     broker = broker_process()
@@ -38,13 +39,15 @@ def test_topic_config_partitions_and_delete_persist_across_restart(broker_proces
     )
     for future in futures.values():
         future.result(10)
-    with pytest.raises(Exception) as info:
-        client.create_topics([NewTopic("configured", num_partitions=1, replication_factor=1)])["configured"].result(10)
-    assert "TOPIC_ALREADY_EXISTS" in str(info.value) or "already exists" in str(info.value)
-    with pytest.raises(Exception):
-        client.create_topics([NewTopic("bad/name", num_partitions=1, replication_factor=1)])["bad/name"].result(10)
-    with pytest.raises(Exception):
-        client.create_topics([NewTopic("badconf", num_partitions=1, replication_factor=1, config={"segment.bytes": "lots"})])["badconf"].result(10)
+    refusals = [
+        (NewTopic("configured", num_partitions=1, replication_factor=1), KafkaError.TOPIC_ALREADY_EXISTS),
+        (NewTopic("bad/name", num_partitions=1, replication_factor=1), KafkaError.TOPIC_EXCEPTION),  # INVALID_TOPIC_EXCEPTION
+        (NewTopic("badconf", num_partitions=1, replication_factor=1, config={"segment.bytes": "lots"}), KafkaError.INVALID_CONFIG),
+    ]
+    for new_topic, code in refusals:
+        with pytest.raises(KafkaException) as refused:
+            client.create_topics([new_topic])[new_topic.topic].result(10)
+        assert refused.value.args[0].code() == code, (new_topic.topic, refused.value)
     client.create_partitions([NewPartitions("configured", 4)])["configured"].result(10)
     client.delete_topics(["doomed"])["doomed"].result(10)
 

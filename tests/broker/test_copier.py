@@ -18,6 +18,7 @@ import uuid
 import pytest
 
 from tests.conftest import REPO
+from tests.helpers import create_topic
 
 COPIERS = {
     "confluent": os.path.join(REPO, "examples", "transactional_copier.py"),
@@ -105,7 +106,6 @@ class Copiers:
 
 
 def run_copy(broker, tmp_path, *, records: int, kill_broker: bool, kills: int = 4, client: str = "confluent") -> None:
-    from tests.broker.test_transactions import create_topic
 
     create_topic(broker.bootstrap, "input", 2)
     create_topic(broker.bootstrap, "output", 3)

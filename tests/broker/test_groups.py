@@ -13,7 +13,7 @@ import time
 import pytest
 
 from protocol.messages import ApiKey
-from tests.broker.test_transactions import create_topic, raw_request
+from tests.helpers import create_topic, raw_request, wait_for
 from tests.conftest import REPO
 
 MEMBER_SCRIPT = r'''
@@ -94,15 +94,6 @@ def produce(bootstrap, topic, start, count):
     producer.flush(30)
 
 
-def wait_for(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("client", CLIENTS)
 def test_three_members_share_six_partitions_through_leave_and_death(client, broker_process, tmp_path):
@@ -166,7 +157,11 @@ def test_a_member_of_an_old_generation_cannot_commit_offsets(embedded_broker):
     results = {}
     newcomer = threading.Thread(target=lambda: results.__setitem__("b", join(second["member_id"])))
     newcomer.start()
-    time.sleep(0.5)
+
+    def group_state():
+        return raw_request(port, ApiKey.DESCRIBE_GROUPS, 5, {"groups": ["copy"], "include_authorized_operations": False})["groups"][0]["group_state"]
+
+    wait_for(lambda: group_state() == "PreparingRebalance", 30, "the newcomer's JoinGroup to start a rebalance")
     heartbeat = raw_request(port, ApiKey.HEARTBEAT, 3, {"group_id": "copy", "generation_id": old_generation, "member_id": member})
     assert heartbeat["error_code"] == 27  # REBALANCE_IN_PROGRESS: time to rejoin
     results["a"] = join(member)
@@ -187,7 +182,7 @@ def test_a_member_of_an_old_generation_cannot_commit_offsets(embedded_broker):
 
 
 def test_admin_lists_describes_and_deletes_groups(embedded_broker):
-    from confluent_kafka import Consumer, ConsumerGroupTopicPartitions
+    from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient
 
     bootstrap = embedded_broker.bootstrap
@@ -207,8 +202,9 @@ def test_admin_lists_describes_and_deletes_groups(embedded_broker):
     assert "admin-g" in {g.group_id for g in listed.valid}
     offsets = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions("admin-g")])["admin-g"].result(10)
     assert sum(tp.offset for tp in offsets.topic_partitions) == 10
-    with pytest.raises(Exception):
-        admin.delete_consumer_groups(["admin-g"])["admin-g"].result(10)  # NON_EMPTY_GROUP
+    with pytest.raises(KafkaException) as refused:
+        admin.delete_consumer_groups(["admin-g"])["admin-g"].result(10)
+    assert refused.value.args[0].code() == KafkaError.NON_EMPTY_GROUP
     consumer.close()
     admin.delete_consumer_groups(["admin-g"])["admin-g"].result(10)
     after = raw_request(embedded_broker.port, ApiKey.OFFSET_FETCH, 6, {"group_id": "admin-g", "topics": None})

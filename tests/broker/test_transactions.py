@@ -10,36 +10,10 @@ import uuid
 import pytest
 
 from protocol.messages import ApiKey
+from tests.helpers import create_topic, raw_request, read_values, wait_for
 
 TOPIC_PARTITIONS = 3
 SMALL_TXN_CONFIG = ("transaction.abort.timed.out.transaction.cleanup.interval.ms=200",)
-
-
-def create_topic(bootstrap, topic, partitions=TOPIC_PARTITIONS):
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(10)
-
-
-def read_values(bootstrap, topic, isolation, *, partitions=TOPIC_PARTITIONS, idle=1.5, expect=None):
-    """Everything a fresh confluent consumer with ``isolation`` reads."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"r-{uuid.uuid4()}", "isolation.level": isolation, "enable.auto.commit": False, "enable.partition.eof": False})
-    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-    values = []
-    last = time.monotonic()
-    deadline = time.monotonic() + 30
-    while time.monotonic() - last < idle and time.monotonic() < deadline:
-        for message in consumer.consume(500, 0.2):
-            assert message.error() is None, message.error()
-            values.append(message.value())
-            last = time.monotonic()
-        if expect is not None and len(values) >= expect:
-            break
-    consumer.close()
-    return values
 
 
 # ----------------------------------------------------------------- per client producers
@@ -132,7 +106,7 @@ def client_read_committed(client, bootstrap, topic, expect):
                 await consumer.stop()
 
         return asyncio.run(run())
-    return read_values(bootstrap, topic, "read_committed", expect=expect)
+    return read_values(bootstrap, topic, isolation="read_committed", partitions=TOPIC_PARTITIONS, expect=expect)
 
 
 @pytest.mark.parametrize("client", list(CLIENTS))
@@ -143,9 +117,9 @@ def test_commit_abort_commit(client, embedded_broker):
     aborted = [b"a-%d" % i for i in range(30)]
     second = [b"c2-%d" % i for i in range(30)]
     CLIENTS[client](embedded_broker.bootstrap, topic, [(True, first), (False, aborted), (True, second)])
-    committed = read_values(embedded_broker.bootstrap, topic, "read_committed", expect=60)
+    committed = read_values(embedded_broker.bootstrap, topic, isolation="read_committed", partitions=TOPIC_PARTITIONS, expect=60)
     assert sorted(committed) == sorted(first + second), "exactly the committed records"
-    everything = read_values(embedded_broker.bootstrap, topic, "read_uncommitted", expect=90)
+    everything = read_values(embedded_broker.bootstrap, topic, isolation="read_uncommitted", partitions=TOPIC_PARTITIONS, expect=90)
     assert sorted(everything) == sorted(first + aborted + second), "read_uncommitted sees all, and no control records"
     own = client_read_committed(client, embedded_broker.bootstrap, topic, 60)
     assert sorted(own) == sorted(first + second), f"{client}'s own read_committed consumer"
@@ -166,16 +140,16 @@ def test_open_transaction_holds_read_committed_until_it_ends(embedded_broker):
     producer.flush(10)
     plain.produce(topic, value=b"after")  # behind the open transaction
     plain.flush(10)
-    assert read_values(embedded_broker.bootstrap, topic, "read_committed", partitions=1) == [b"before"]
+    assert read_values(embedded_broker.bootstrap, topic, isolation="read_committed", partitions=1) == [b"before"]
 
     def latest(isolation):
         body = {"replica_id": -1, "isolation_level": isolation, "topics": [{"name": topic, "partitions": [{"partition_index": 0, "timestamp": -1}]}]}
         return raw_request(embedded_broker.port, ApiKey.LIST_OFFSETS, 5, body)["topics"][0]["partitions"][0]["offset"]
 
     assert (latest(0), latest(1)) == (3, 1), "ListOffsets: high watermark vs last stable offset"
-    assert read_values(embedded_broker.bootstrap, topic, "read_uncommitted", partitions=1, expect=3) == [b"before", b"in-txn", b"after"]
+    assert read_values(embedded_broker.bootstrap, topic, isolation="read_uncommitted", partitions=1, expect=3) == [b"before", b"in-txn", b"after"]
     producer.commit_transaction(10)
-    assert read_values(embedded_broker.bootstrap, topic, "read_committed", partitions=1, expect=3) == [b"before", b"in-txn", b"after"]
+    assert read_values(embedded_broker.bootstrap, topic, isolation="read_committed", partitions=1, expect=3) == [b"before", b"in-txn", b"after"]
 
 
 def test_zombie_is_fenced_and_nothing_it_sent_becomes_visible(embedded_broker):
@@ -200,7 +174,7 @@ def test_zombie_is_fenced_and_nothing_it_sent_becomes_visible(embedded_broker):
         zombie.commit_transaction(10)
     error = info.value.args[0]
     assert error.fatal() or "fenced" in error.str().lower() or error.code() in (47, 90), error
-    assert read_values(embedded_broker.bootstrap, topic, "read_committed", expect=1) == [b"successor"]
+    assert read_values(embedded_broker.bootstrap, topic, isolation="read_committed", partitions=TOPIC_PARTITIONS, expect=1) == [b"successor"]
 
 
 @pytest.mark.slow
@@ -216,28 +190,16 @@ def test_timed_out_transaction_is_aborted_and_producer_fenced(broker_process):
     for i in range(10):
         producer.produce(topic, value=b"slow-%d" % i)
     producer.flush(10)
-    time.sleep(2.5)
+
+    def state():
+        return raw_request(broker.port, ApiKey.DESCRIBE_TRANSACTIONS, 0, {"transactional_ids": ["slow"]})["transaction_states"][0]["transaction_state"]
+
+    wait_for(lambda: state() == "CompleteAbort", 30, "the coordinator to abort the timed-out transaction")
     with pytest.raises(KafkaException):
         producer.commit_transaction(10)
-    assert read_values(broker.bootstrap, topic, "read_committed", idle=1.0) == []
-    everything = read_values(broker.bootstrap, topic, "read_uncommitted", expect=10)
+    assert read_values(broker.bootstrap, topic, isolation="read_committed", partitions=TOPIC_PARTITIONS, idle=1.0) == []
+    everything = read_values(broker.bootstrap, topic, isolation="read_uncommitted", partitions=TOPIC_PARTITIONS, expect=10)
     assert len(everything) == 10, "the records are there, aborted"
-
-
-def raw_request(port, api_key, version, body):
-    import socket
-
-    from protocol.framing import ClientConnection
-
-    connection = ClientConnection(client_id="raw")
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        _cid, frame = connection.send_request(api_key, version, body)
-        sock.sendall(frame)
-        while True:
-            connection.receive_data(sock.recv(1 << 16))
-            response = connection.next_response()
-            if response is not None:
-                return response.body
 
 
 def test_duplicates_and_out_of_order_batches_on_the_wire(embedded_broker):
@@ -260,7 +222,7 @@ def test_duplicates_and_out_of_order_batches_on_the_wire(embedded_broker):
     gap = produce(5, [b"c"])
     assert gap["error_code"] == 45  # OUT_OF_ORDER_SEQUENCE_NUMBER
     assert produce(2, [b"c"])["base_offset"] == 2
-    assert read_values(embedded_broker.bootstrap, "idem", "read_uncommitted", partitions=1, expect=3) == [b"a", b"b", b"c"]
+    assert read_values(embedded_broker.bootstrap, "idem", isolation="read_uncommitted", partitions=1, expect=3) == [b"a", b"b", b"c"]
 
 
 def test_transactional_batch_outside_the_transaction_is_rejected(embedded_broker):
@@ -310,7 +272,7 @@ def test_broker_killed_after_the_decision_finishes_it_on_restart(decision, broke
     assert broker.wait_exit(30) == 86, "the crash point fired"
     del producer
     broker.restart(clean=False, env={})
-    committed = read_values(broker.bootstrap, topic, "read_committed", expect=30 if decision == "commit" else None)
+    committed = read_values(broker.bootstrap, topic, isolation="read_committed", partitions=TOPIC_PARTITIONS, expect=30 if decision == "commit" else None)
     assert sorted(committed) == (sorted(values) if decision == "commit" else [])
     # Every partition got its marker: the LSO is not held back anywhere.
     from confluent_kafka import Producer as Plain
@@ -319,7 +281,7 @@ def test_broker_killed_after_the_decision_finishes_it_on_restart(decision, broke
     for partition in range(TOPIC_PARTITIONS):
         plain.produce(topic, value=b"later-%d" % partition, partition=partition)
     plain.flush(10)
-    after = read_values(broker.bootstrap, topic, "read_committed", expect=len(committed) + TOPIC_PARTITIONS)
+    after = read_values(broker.bootstrap, topic, isolation="read_committed", partitions=TOPIC_PARTITIONS, expect=len(committed) + TOPIC_PARTITIONS)
     assert sorted(v for v in after if v.startswith(b"later")) == [b"later-%d" % p for p in range(TOPIC_PARTITIONS)]
     described = raw_request(broker.port, ApiKey.DESCRIBE_TRANSACTIONS, 0, {"transactional_ids": [f"crash-{decision}"]})
     assert described["transaction_states"][0]["transaction_state"] == ("CompleteCommit" if decision == "commit" else "CompleteAbort")
@@ -360,7 +322,7 @@ def test_idempotent_stream_through_broker_kills_has_no_duplicates(broker_process
     killer.join()
     assert producer.flush(60) == 0
     assert not failed, failed[:3]
-    values = read_values(broker.bootstrap, "stream", "read_uncommitted", partitions=2, expect=sent)
+    values = read_values(broker.bootstrap, "stream", isolation="read_uncommitted", partitions=2, expect=sent)
     assert len(values) == len(set(values)), "no duplicates"
     assert sorted(values, key=int) == [b"%d" % i for i in range(sent)], "every acknowledged record"
 

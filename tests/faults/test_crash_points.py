@@ -8,28 +8,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 import uuid
 
 import pytest
 
 from faults.points import CRASH_EXIT_CODE, ENVIRONMENT_VARIABLE
 from tests.conftest import REPO
+from tests.helpers import read_values
 from txn import Admin, Consumer, Producer, TopicPartition
 from txn.errors import KafkaError
-
-
-def read_values(bootstrap, topic, partitions=1, idle=1.0, timeout=20.0):
-    consumer = Consumer(bootstrap_servers=bootstrap)
-    consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
-    values, last_new, deadline = [], time.monotonic(), time.monotonic() + timeout
-    while time.monotonic() - last_new < idle and time.monotonic() < deadline:
-        got = consumer.poll(0.2)
-        if got:
-            values += [r.value for r in got]
-            last_new = time.monotonic()
-    consumer.close()
-    return values
 
 
 @pytest.mark.slow
@@ -50,13 +37,13 @@ def test_torn_write_by_the_broker_loses_only_the_unacknowledged_batch(broker_pro
     producer._thread.stop()
     broker.env = {}  # restart disarmed
     broker.start()
-    values = read_values(broker.bootstrap, "torn-live")
+    values = read_values(broker.bootstrap, "torn-live", partitions=1, idle=1.0)
     assert values[: len(acknowledged)] == acknowledged, "every acknowledged record survives, in order"
     assert len(values) <= len(acknowledged) + 1 and len(acknowledged) < 100
     producer = Producer(bootstrap_servers=broker.bootstrap)
     producer.send("torn-live", b"after", partition=0).result(10)
     producer.close()
-    assert read_values(broker.bootstrap, "torn-live")[-1] == b"after"
+    assert read_values(broker.bootstrap, "torn-live", partitions=1, idle=1.0)[-1] == b"after"
 
 
 @pytest.mark.slow
@@ -85,7 +72,7 @@ def test_crash_with_offsets_pending_never_commits_them(broker_process):
     assert consumer.committed([TopicPartition("pending-in", 0)], timeout=20)[TopicPartition("pending-in", 0)].offset == 7
     consumer.close()
     successor.close()
-    assert read_values(broker.bootstrap, "pending-out") == []
+    assert read_values(broker.bootstrap, "pending-out", partitions=1, idle=1.0) == []
 
 
 CLIENT = r"""
@@ -116,7 +103,7 @@ def test_client_dying_between_produce_and_commit_leaves_nothing_visible(broker_p
     with successor.transaction():
         successor.send("client-crash", b"successor", partition=0)
     successor.close()
-    assert read_values(broker.bootstrap, "client-crash") == [b"successor"]
+    assert read_values(broker.bootstrap, "client-crash", partitions=1, idle=1.0) == [b"successor"]
 
 
 def test_the_producer_fires_only_the_crash_point_it_was_given(embedded_broker):
@@ -151,4 +138,4 @@ def test_the_producer_fires_only_the_crash_point_it_was_given(embedded_broker):
         assert points.is_armed("txn.before_commit"), "a producer without a crash point never passes the process's points"
     finally:
         points.disarm_all()
-    assert read_values(embedded_broker.bootstrap, "given-point", idle=0.5) == [b"committed"]
+    assert read_values(embedded_broker.bootstrap, "given-point", partitions=1, idle=0.5) == [b"committed"]

@@ -12,18 +12,8 @@ import time
 import pytest
 
 from faults.disk import ENVIRONMENT_VARIABLE, DiskFaultControl, batch_starts, flip_byte, truncate_tail
-from txn import Admin, Consumer, Producer, TopicPartition
-
-
-def read_values(bootstrap, topic, expect, timeout=30.0):
-    consumer = Consumer(bootstrap_servers=bootstrap)
-    consumer.assign([TopicPartition(topic, 0)])
-    values, deadline = [], time.monotonic() + timeout
-    while len(values) < expect and time.monotonic() < deadline:
-        values += [r.value for r in consumer.poll(0.5)]
-    values += [r.value for r in consumer.poll(0.5)]
-    consumer.close()
-    return values
+from tests.helpers import read_values
+from txn import Admin, Producer
 
 
 class SteadyProducer(threading.Thread):
@@ -70,7 +60,7 @@ def test_failing_disk_loses_no_acknowledged_record(broker_process, tmp_path, fau
     writer.producer.close()
     sent = len(writer.futures)
     assert offsets == sorted(offsets) and len(set(offsets)) == sent
-    values = read_values(broker.bootstrap, "disk", sent)
+    values = read_values(broker.bootstrap, "disk", partitions=1, expect=sent)
     assert values == [b"%07d" % i for i in range(sent)], "every record once, in order, through the disk fault"
     assert "injected" in broker.read_log() or fault == "write", "the fault reached the broker"
 
@@ -91,7 +81,7 @@ def test_damaged_tail_is_cut_back_to_the_last_whole_batch(broker_process, tmp_pa
     rng = random.Random(7)
     (truncate_tail if damage == "torn-tail" else flip_byte)(partition_dir, rng)
     broker.start()
-    values = read_values(broker.bootstrap, "torn", 49, timeout=10)
+    values = read_values(broker.bootstrap, "torn", partitions=1, expect=49, timeout=10)
     assert values == [b"%03d" % i for i in range(49)], "all but the damaged last batch survive"
     assert batches_before == 50
     producer = Producer(bootstrap_servers=broker.bootstrap)

@@ -8,7 +8,7 @@ import sys
 
 from onceflow.cli import main
 from protocol.records import encode_batch
-from tests.broker.test_transactions import create_topic, raw_request, read_values
+from tests.helpers import create_topic, raw_request, read_values
 from tests.conftest import REPO
 
 
@@ -44,7 +44,7 @@ def test_list_describe_find_hanging_and_abort(embedded_broker, capsys):
     plain = Producer({"bootstrap.servers": bootstrap})
     plain.produce("ops", value=b"behind", partition=0)
     plain.flush(10)
-    assert read_values(bootstrap, "ops", "read_committed", partitions=1) == [], "the hanging transaction holds the LSO"
+    assert read_values(bootstrap, "ops", isolation="read_committed", partitions=1) == [], "the hanging transaction holds the LSO"
 
     status, out = onceflow("find-hanging")
     assert status == 0 and "ops-0 producerId 4242 epoch 3" in out
@@ -53,7 +53,7 @@ def test_list_describe_find_hanging_and_abort(embedded_broker, capsys):
     assert status == 1, "an unknown topic is refused, not created"
     status, out = onceflow("abort", "--topic", "ops", "--partition", "0", "--producer-id", "4242", "--producer-epoch", "3")
     assert status == 0 and "wrote an ABORT marker for producer 4242 epoch 3 in ops-0" in out
-    assert read_values(bootstrap, "ops", "read_committed", partitions=1, expect=1) == [b"behind"]
+    assert read_values(bootstrap, "ops", isolation="read_committed", partitions=1, expect=1) == [b"behind"]
     status, out = onceflow("find-hanging")
     assert out == "no hanging transactions\n"
 

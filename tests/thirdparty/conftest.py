@@ -29,13 +29,14 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import time
 import uuid
 
 import pytest
+
+from tests.helpers import free_port
 
 #: For consumers joining groups on Tansu: JoinGroup takes half of this.
 GROUP_SESSION_TIMEOUT_MS = 2000
@@ -97,12 +98,6 @@ def tansu_version(binary: str) -> str:
     except ImportError:
         pass
     return output
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _answers_metadata(bootstrap: str, timeout: float) -> bool:

@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from protocol.messages import ApiKey
-from tests.broker.test_transactions import create_topic, raw_request
+from tests.helpers import create_topic, raw_request
 from txn.consumer import Consumer
 
 

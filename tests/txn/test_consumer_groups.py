@@ -13,7 +13,7 @@ import uuid
 import pytest
 
 import txn.aio
-from tests.broker.test_transactions import create_topic
+from tests.helpers import create_topic
 from txn import CommitFailedError, Consumer, OffsetAndMetadata, Producer, TopicPartition, TransactionAbortableError
 
 

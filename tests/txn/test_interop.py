@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.broker.test_transactions import create_topic
+from tests.helpers import create_topic
 from txn import Consumer, Producer, TopicPartition
 
 CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]

@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 
-from tests.broker.test_transactions import create_topic
+from tests.helpers import create_topic
 from txn import (
     ConfigError,
     Consumer,
@@ -112,7 +112,7 @@ def test_failed_send_makes_the_transaction_abortable_and_the_producer_goes_on(em
     producer.begin_transaction()
     good = producer.send("abortable", b"kept-out", partition=0)
     bad = producer.send("abortable", b"x" * 2_000_000, partition=0)  # over message.max.bytes
-    with pytest.raises(Exception):
+    with pytest.raises(TransactionAbortableError, match="MESSAGE_TOO_LARGE"):
         bad.result(30)
     with pytest.raises(TransactionAbortableError):
         producer.commit_transaction()

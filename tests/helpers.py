@@ -1,0 +1,98 @@
+"""What tests of several rooms share, one copy each: making a topic, reading
+one back with an independent client, waiting for a state, a raw request on
+the wire, a free port. (Fixtures live in ``conftest.py``; import these with
+``from tests.helpers import ...``.)"""
+
+from __future__ import annotations
+
+import socket
+import time
+import uuid
+
+# Once a reader has what it expected, it waits this long for anything more
+# (a duplicate, a record that should not be visible) before it returns.
+GRACE_FOR_EXTRAS = 0.5
+
+
+def create_topic(bootstrap: str, topic: str, partitions: int = 3, *, timeout: float = 15.0) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # must outlive the future
+    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(timeout)
+
+
+def read_values(
+    bootstrap: str,
+    topic: str,
+    *,
+    partitions: int,
+    isolation: str = "read_committed",
+    expect: int | None = None,
+    idle: float = 1.5,
+    timeout: float = 30.0,
+) -> list[bytes]:
+    """Every value a fresh confluent-kafka consumer with ``isolation`` reads
+    from the start of the topic's first ``partitions`` partitions.
+
+    Without ``expect`` it stops once nothing new came for ``idle`` seconds.
+    With ``expect`` it waits (up to ``timeout``) until that many are in, then
+    ``GRACE_FOR_EXTRAS`` more, so that a duplicate or a record that should be
+    hidden still shows up in the result."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"read-{uuid.uuid4()}", "isolation.level": isolation, "enable.auto.commit": False, "enable.partition.eof": False})
+    consumer.assign([TopicPartition(topic, partition, 0) for partition in range(partitions)])
+    values: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    last_new = time.monotonic()
+    try:
+        while time.monotonic() < deadline:
+            messages = consumer.consume(500, 0.2)
+            for message in messages:
+                assert message.error() is None, message.error()
+                values.append(message.value())
+            now = time.monotonic()
+            if messages:
+                last_new = now
+            quiet = now - last_new
+            if expect is None and quiet >= idle:
+                break
+            if expect is not None and len(values) >= expect and quiet >= GRACE_FOR_EXTRAS:
+                break
+    finally:
+        consumer.close()
+    return values
+
+
+def wait_for(condition, timeout: float = 10.0, what: str = "the condition", *, interval: float = 0.05) -> None:
+    """Poll ``condition()`` until it is true; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+def raw_request(port: int, api_key: int, version: int, body: dict) -> dict:
+    """One request on a fresh connection to 127.0.0.1:``port``; the decoded answer."""
+    from protocol.framing import ClientConnection
+
+    connection = ClientConnection(client_id="raw")
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        _correlation_id, frame = connection.send_request(api_key, version, body)
+        sock.sendall(frame)
+        while True:
+            data = sock.recv(1 << 16)
+            if not data:
+                raise ConnectionError(f"127.0.0.1:{port} closed the connection without answering")
+            connection.receive_data(data)
+            response = connection.next_response()
+            if response is not None:
+                return response.body
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now (bind to it soon: another process may take it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
