@@ -46,6 +46,7 @@ import attrs
 from protocol.constants import CoordinatorType
 from protocol.errors import ErrorCode
 from protocol.messages import ApiKey
+from protocol.partitioning import default_partition
 from protocol.records import encode_batch
 from protocol.tasks import cancel_and_wait
 from txn.cluster import Cluster
@@ -66,38 +67,6 @@ from txn.loop_thread import LoopThread
 from txn.types import GroupMetadata, RecordMetadata, TopicPartition, as_topic_partition
 
 RECORD_OVERHEAD = 20  # a record's framing bytes, roughly, for batch sizing
-
-
-def murmur2(data: bytes) -> int:
-    """Kafka's murmur2 (as the Java client's Utils.murmur2), a signed int32."""
-    length = len(data)
-    m, r = 0x5BD1E995, 24
-    h = (0x9747B28C ^ length) & 0xFFFFFFFF
-    for i in range(length // 4):
-        k = int.from_bytes(data[i * 4 : i * 4 + 4], "little")
-        k = (k * m) & 0xFFFFFFFF
-        k ^= k >> r
-        k = (k * m) & 0xFFFFFFFF
-        h = ((h * m) & 0xFFFFFFFF) ^ k
-    tail = length & ~3
-    extra = length % 4
-    if extra == 3:
-        h ^= data[tail + 2] << 16
-    if extra >= 2:
-        h ^= data[tail + 1] << 8
-    if extra >= 1:
-        h ^= data[tail]
-        h = (h * m) & 0xFFFFFFFF
-    h ^= h >> 13
-    h = (h * m) & 0xFFFFFFFF
-    h ^= h >> 15
-    return h - (1 << 32) if h >= 1 << 31 else h
-
-
-def default_partition(key: bytes | None, partitions: int, counter) -> int:
-    if key is None:
-        return next(counter) % partitions
-    return (murmur2(key) & 0x7FFFFFFF) % partitions
 
 
 @attrs.frozen

@@ -10,7 +10,8 @@ import pytest
 
 from protocol.messages import ApiKey
 from tests.broker.test_transactions import create_topic, raw_request, read_values
-from txn.producer import Producer, ProducerFencedError, default_partition, murmur2
+from protocol.partitioning import default_partition, murmur2
+from txn.producer import Producer, ProducerFencedError
 
 
 def test_partitioner_matches_kafkas_murmur2():
