@@ -52,8 +52,8 @@ from txn import assignors
 from txn.cluster import Cluster
 from txn.config import ConsumerConfig, build
 from txn.errors import CommitFailedError, FatalError, KafkaError, RetriableError, classify
-from txn.loop_thread import LoopThread
 from txn.membership import GroupMember, MemberState, RebalanceStep
+from txn.sync_client import SyncClient, properties_first, rebuild
 from txn.types import ConsumerRecord, GroupMetadata, OffsetAndMetadata, TopicPartition, as_topic_partition
 
 FENCING = {ErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.ILLEGAL_GENERATION, ErrorCode.FENCED_INSTANCE_ID}
@@ -107,7 +107,7 @@ class AsyncConsumer:
         self._closed = False
 
     def __reduce__(self):
-        return (_rebuild, (type(self), self.config))
+        return (rebuild, (type(self), self.config))
 
     async def __aenter__(self) -> "AsyncConsumer":
         return self
@@ -658,41 +658,20 @@ def _supports_cooperative(assignor) -> bool:
     return any("COOPERATIVE" in str(getattr(p, "name", p)).upper() for p in assignor.rebalance_protocols)
 
 
-def _rebuild(cls, config):
-    return cls(config=config)
-
-
-class Consumer:
+class Consumer(SyncClient):
     """The synchronous consumer (``AsyncConsumer`` on its own loop thread).
 
     ``Consumer(bootstrap_servers="host:9092", group_id=None,
     isolation_level="read_committed", **config)``. Rebalance callbacks run
     on the thread that calls ``poll`` (or ``close``)."""
 
+    thread_name = "onceflow-consumer"
+
     def __init__(self, bootstrap_servers=None, group_id: str | None = None, isolation_level: str | None = None, config: dict | ConsumerConfig | None = None, **options):
-        if isinstance(bootstrap_servers, dict):
-            config, bootstrap_servers = bootstrap_servers, None
-        self._thread = LoopThread("onceflow-consumer")
-        try:
-            self._async = self._thread.run(lambda: AsyncConsumer(bootstrap_servers, group_id, isolation_level, config, **options))
-        except BaseException:
-            self._thread.stop()
-            raise
+        bootstrap_servers, config = properties_first(bootstrap_servers, config)
+        super().__init__(lambda: AsyncConsumer(bootstrap_servers, group_id, isolation_level, config, **options))
         self._callbacks: queue_module.SimpleQueue | None = None
         self._async._run_callback = self._callback_on_caller_thread
-
-    def __reduce__(self):
-        return (_rebuild, (type(self), self._async.config))
-
-    def __enter__(self) -> "Consumer":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    @property
-    def config(self) -> ConsumerConfig:
-        return self._async.config
 
     async def _callback_on_caller_thread(self, callback, partitions) -> None:
         if self._callbacks is None:  # not inside a blocking call: run here
@@ -780,12 +759,6 @@ class Consumer:
 
     def group_metadata(self) -> GroupMetadata:
         return self._thread.run(self._async.group_metadata)
-
-    def close(self) -> None:
-        try:
-            self._call(self._async.close(), 60)
-        finally:
-            self._thread.stop()
 
 
 def _settle_outcome(outcome: concurrent.futures.Future, task: asyncio.Task) -> None:

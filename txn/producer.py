@@ -63,7 +63,8 @@ from txn.errors import (
     classify,
     is_retriable,
 )
-from txn.loop_thread import LoopThread
+from protocol.loop_thread import LoopThread
+from txn.sync_client import SyncClient, properties_first, rebuild
 from txn.types import GroupMetadata, RecordMetadata, TopicPartition, as_topic_partition
 
 RECORD_OVERHEAD = 20  # a record's framing bytes, roughly, for batch sizing
@@ -143,7 +144,7 @@ class AsyncProducer:
         self._resumed = False
 
     def __reduce__(self):
-        return (_rebuild, (type(self), self.config))
+        return (rebuild, (type(self), self.config))
 
     @property
     def idempotent(self) -> bool:
@@ -612,10 +613,6 @@ def _fail_quietly(future: asyncio.Future, error: BaseException) -> None:
     future.exception()  # marks it retrieved; awaiting it still raises
 
 
-def _rebuild(cls, config):
-    return cls(config=config)
-
-
 class DeliveryFuture:
     """The outcome of one ``Producer.send``, waited for from any thread.
 
@@ -658,12 +655,14 @@ class DeliveryFuture:
         self._thread.loop.call_soon_threadsafe(attach)
 
 
-class Producer:
+class Producer(SyncClient):
     """The synchronous producer: every call runs on the producer's own loop thread.
 
     ``Producer(bootstrap_servers="host:9092", transactional_id=None, **config)``;
     Kafka property names are accepted too: ``Producer({"bootstrap.servers": ...})``.
     """
+
+    thread_name = "onceflow-producer"
 
     def __init__(
         self,
@@ -672,36 +671,18 @@ class Producer:
         config: dict | ProducerConfig | None = None,
         *,
         crash_point: Callable[[str], None] = no_crash_point,
-        _async: AsyncProducer | None = None,
         **options,
     ):
-        if isinstance(bootstrap_servers, dict):
-            config, bootstrap_servers = bootstrap_servers, None
-        self._thread = LoopThread("onceflow-producer")
+        bootstrap_servers, config = properties_first(bootstrap_servers, config)
+        super().__init__(lambda: AsyncProducer(bootstrap_servers, transactional_id, config, crash_point=crash_point, **options))
         self._handoff: collections.deque = collections.deque()  # sends on their way to the loop, in call order
         self._handoff_scheduled = False
-        try:
-            if _async is None:
-                _async = self._thread.run(lambda: AsyncProducer(bootstrap_servers, transactional_id, config, crash_point=crash_point, **options))
-            self._async = _async
-            if self._async.transactional_id is None:
-                self._thread.call(self._async.start())
-        except BaseException:
-            self._thread.stop()
-            raise
-
-    def __reduce__(self):
-        return (_rebuild, (type(self), self._async.config))
-
-    def __enter__(self) -> "Producer":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    @property
-    def config(self) -> ProducerConfig:
-        return self._async.config
+        if self._async.transactional_id is None:
+            try:
+                self._call(self._async.start())
+            except BaseException:
+                self._thread.stop()
+                raise
 
     @property
     def producer_id(self) -> int:
@@ -765,20 +746,13 @@ class Producer:
     def resume(cls, handle: TransactionHandle, bootstrap_servers=None, **options) -> "Producer":
         """Bind to another process's open transaction (see ``AsyncProducer.resume``)."""
         producer = cls.__new__(cls)
-        producer._thread = LoopThread("onceflow-producer")
+        SyncClient.__init__(producer, lambda: AsyncProducer.resume(handle, bootstrap_servers, **options))
         producer._handoff, producer._handoff_scheduled = collections.deque(), False
-        producer._async = producer._thread.run(lambda: AsyncProducer.resume(handle, bootstrap_servers, **options))
         return producer
 
     def transaction(self):
         """``with producer.transaction(): ...`` commits on success, aborts on error."""
         return _TransactionScope(self)
-
-    def close(self, timeout: float | None = 60) -> None:
-        try:
-            self._thread.call(self._async.close(), timeout)
-        finally:
-            self._thread.stop()
 
 
 class _TransactionScope:
