@@ -407,9 +407,10 @@ def test_heal_returns_to_a_fresh_proxys_state(raw_proxy, echo_server):
 
 def test_request_header_parse():
     frame = request_frame(ApiKey.END_TXN, 42, b"body", api_version=3, client_id="producer-1")
-    assert RequestHeader.parse(frame) == RequestHeader(ApiKey.END_TXN, 3, 42, "producer-1")
-    assert RequestHeader.parse(request_frame(ApiKey.API_VERSIONS, 1, client_id=None)).client_id is None
-    assert RequestHeader.parse(frame[:11]) is None
+    # peek reads a frame after its int32 size prefix
+    assert RequestHeader.peek(frame[4:]) == RequestHeader(ApiKey.END_TXN, 3, 42, "producer-1")
+    assert RequestHeader.peek(request_frame(ApiKey.API_VERSIONS, 1, client_id=None)[4:]).client_id is None
+    assert RequestHeader.peek(frame[4:11]) is None
     assert client_id_is("producer-1")(frame) and not client_id_is("other")(frame)
 
 
