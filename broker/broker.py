@@ -39,6 +39,7 @@ from typing import Callable
 
 import attrs
 
+from broker.admin_apis import AdminApis
 from broker.apis import SUPPORTED_APIS, KafkaApis
 from broker.config import BrokerConfig
 from broker.replica import ReplicaManager
@@ -172,13 +173,13 @@ class Broker:
             return coordinator.verify_transactional_produce(producer_id, producer_epoch, TopicPartition(topic, partition))
 
         group_apis = GroupApis(groups=self.groups, transactions=self.transactions, replicas=self.replicas, crash_point=crash_point)
+        admin_apis = AdminApis(config=self.config, replicas=self.replicas, cluster_id=cluster_id, advertised=advertised, log_config_defaults=log_config_defaults())
         self.apis = KafkaApis(
             config=self.config,
             replicas=self.replicas,
             cluster_id=cluster_id,
             advertised=advertised,
-            log_config_defaults=log_config_defaults(),
-            extra_handlers={**txn_apis.handlers(), **group_apis.handlers()},
+            extra_handlers={**admin_apis.handlers(), **txn_apis.handlers(), **group_apis.handlers()},
             partition_in_transaction=partition_in_transaction,
         )
         self._task_scope = contextlib.AsyncExitStack()
