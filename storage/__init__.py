@@ -3,6 +3,9 @@ recovery, retention, DeleteRecords, compaction, and topic-name validation.
 
 Modules: ``log`` (PartitionLog, the API the broker uses: append, read,
 wait_durable, offset_for_timestamp, retention, DeleteRecords, close),
+``recovery`` (what opening a partition does after a stop: the checkpoint
+file, the scan that truncates a torn tail, producer state rebuilt),
+``durability`` (group commit, flush.policy, the failed state),
 ``segment`` (one segment's files and the DiskIO seam for fault injection),
 ``index`` (the sparse .index and .timeindex), ``cleaner`` (compaction and its
 crash-safe swap), ``config`` (LogConfig with Kafka's setting names),
