@@ -48,8 +48,8 @@ from broker.storage_adapter import log_config_defaults, partition_log_opener, va
 from protocol.clock import Clock
 from protocol.loop_thread import LoopThread
 from protocol.tasks import cancel_and_wait
+from storage.durable import DiskIO
 from storage.index import IndexBudget
-from storage.segment import DiskIO
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +145,7 @@ class Broker:
             max_frame_size=self.config.socket_request_max_bytes,
             max_inflight_per_connection=self.config.max_inflight_requests_per_connection,
             on_unsupported=self._answer_unsupported,
+            supported_versions=SUPPORTED_APIS,
         )
         try:
             self.port = await self.server.start()

@@ -213,7 +213,7 @@ def run_pipeline_demo(*, records: int = 20_000, seed: int | None = None, keep_da
         input_seconds = min(15.0, max(3.0, records / 1500))
         stream = InputStream(broker.bootstrap, events, os.path.join(history_dir, "seeder.jsonl"), rng, input_seconds)
         pipeline = ClientProcess(
-            "pipeline", [sys.executable, PIPELINE, "--bootstrap", broker.bootstrap, "--state-dir", os.path.join(work, "pipeline-state")],
+            "pipeline", [sys.executable, PIPELINE, "--bootstrap", broker.bootstrap, "--state-dir", os.path.join(work, "pipeline-state"), "--instance-id", "0"],
             os.path.join(work, "pipeline.log"), env={"PYTHONPATH": REPO},  # this checkout's packages, whatever is installed
         ).start()
         watcher = OutputWatcher(broker.bootstrap)

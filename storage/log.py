@@ -25,7 +25,7 @@ Its two other jobs live beside it:
 - ``storage.recovery``: what ``open`` does after a stop, clean or not (the
   checkpoint file, the segment scan that truncates a torn or corrupt tail,
   producer state rebuilt from a snapshot and the log);
-- ``storage.durability``: when appends become durable and acknowledged (the
+- ``storage.group_commit``: when appends become durable and acknowledged (the
   group committer, ``flush.policy``, ``wait_durable``, the failed state and
   ``LogFailedError``).
 """
@@ -53,14 +53,15 @@ from protocol.records import (
 from storage import recovery
 from storage.checksum import checked_batches
 from storage.config import LogConfig
-from storage.durability import GroupCommitter, LogFailedError
+from storage.group_commit import GroupCommitter, LogFailedError
+from storage.durable import fsync_directory, replace_file
 from storage.index import IndexBudget
 from storage.producer_state import (
     DuplicateBatch,
     ProducerAppend,
     ProducerStateManager,
 )
-from storage.recovery import CLEAN_SHUTDOWN_FILE, fsync_directory
+from storage.recovery import CLEAN_SHUTDOWN_FILE
 from storage.segment import (
     CLEANED_SUFFIX,
     DELETED_SUFFIX,
@@ -168,15 +169,11 @@ class PartitionLog:
     # ------------------------------------------------------------------ producer state
 
     def take_snapshot(self) -> None:
+        """Write the producer state at the log end. The directory fsync is the
+        caller's (a roll's, or the checkpoint's at close)."""
         offset = self.log_end_offset
         path = os.path.join(self.directory, file_stem(offset) + SNAPSHOT_SUFFIX)
-        data = self.producer_state.snapshot_bytes()
-        temporary = path + ".tmp"
-        with open(temporary, "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
+        replace_file(path, self.producer_state.snapshot_bytes(), sync_directory=False)
         # Keep the two newest snapshots.
         for old in recovery.snapshot_offsets(self.directory)[:-2]:
             try:
@@ -348,14 +345,14 @@ class PartitionLog:
         segment = self._new_segment(base)
         segment.created_ms = self.clock()
         self.segments.append(segment)
-        fsync_directory(self.directory)
         try:
             self.take_snapshot()
         except OSError as error:
             log.warning("producer snapshot at roll failed: %s", error)
+        fsync_directory(self.directory)  # the new segment's files and the snapshot
         return segment
 
-    # ------------------------------------------------------------------ durability (storage.durability)
+    # ------------------------------------------------------------------ durability (storage.group_commit)
 
     def flush(self) -> None:
         """fsync everything written so far, synchronously, then acknowledge it."""
@@ -529,11 +526,7 @@ class PartitionLog:
             except OSError:
                 clean = False
         if clean:
-            path = os.path.join(self.directory, CLEAN_SHUTDOWN_FILE)
-            with open(path, "w") as file:
-                file.flush()
-                os.fsync(file.fileno())
-            fsync_directory(self.directory)
+            replace_file(os.path.join(self.directory, CLEAN_SHUTDOWN_FILE), b"")
         self.committer.fail_waiters(LogFailedError("log closed"))
         self.closed = True
 

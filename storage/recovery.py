@@ -4,12 +4,14 @@ say how far the log is known good, and the scan that makes it whole again.
 This module owns:
 
 - the ``checkpoint`` file: two ASCII lines, ``recovery-point <offset>`` and
-  ``log-start-offset <offset>``, replaced atomically (write
-  ``checkpoint.tmp``, fsync, rename, fsync the directory). Everything below
-  the recovery point is known durable with its indexes. ``.clean_shutdown``
+  ``log-start-offset <offset>``, replaced atomically and durably
+  (``storage.durable.replace_file``, as every file the log rewrites:
+  snapshots, indexes). Everything below the recovery point is known durable
+  with its indexes; it moves at open, at a clean close, and when the group
+  committer has fsynced the segments below a roll. ``.clean_shutdown``
   (``CLEAN_SHUTDOWN_FILE``) is the empty file a clean close writes last;
-- leftovers of interrupted writes (``*.tmp``, index files whose ``.log`` is
-  gone), removed at open;
+- leftovers of interrupted writes (``*.tmp``: the original is intact; index
+  files whose ``.log`` is gone), removed at open;
 - the segment scan (``recover_segments``): after an unclean stop every
   segment from the one holding the recovery point is scanned, each batch's
   CRC and offsets validated (increasing, never overlapping the previous
@@ -34,6 +36,7 @@ import os
 from typing import Callable
 
 from protocol.records import decode_batch, decode_control_record
+from storage.durable import TEMPORARY_SUFFIX, replace_file
 from storage.producer_state import CorruptSnapshotError, ProducerAppend, ProducerStateManager
 from storage.segment import INDEX_SUFFIX, LOG_SUFFIX, SNAPSHOT_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX, LogSegment, file_stem
 from storage.txn_index import AbortedTxn
@@ -65,22 +68,8 @@ def read_checkpoint(directory: str) -> tuple[int, int]:
 
 
 def write_checkpoint(directory: str, recovery_point: int, log_start_offset: int) -> None:
-    path = os.path.join(directory, CHECKPOINT_FILE)
-    temporary = path + ".tmp"
-    with open(temporary, "w", encoding="ascii") as file:
-        file.write(f"recovery-point {recovery_point}\nlog-start-offset {log_start_offset}\n")
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temporary, path)
-    fsync_directory(directory)
-
-
-def fsync_directory(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    text = f"recovery-point {recovery_point}\nlog-start-offset {log_start_offset}\n"
+    replace_file(os.path.join(directory, CHECKPOINT_FILE), text.encode("ascii"))
 
 
 # ------------------------------------------------------------------ segments
@@ -95,7 +84,7 @@ def remove_leftovers(directory: str) -> None:
     for name in names:
         stem, _dot, suffix = name.partition(".")
         orphan = stem.isdigit() and "." + suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX) and stem not in logs
-        if name.endswith(".tmp") or orphan:
+        if name.endswith(TEMPORARY_SUFFIX) or orphan:
             log.warning("removing leftover %s from %s", name, directory)
             os.remove(os.path.join(directory, name))
 
