@@ -1,10 +1,12 @@
 """``onceflow demo``: exactly-once surviving crashes, end to end, in a few minutes.
 
 1. Starts a broker process on a fresh data directory and creates the topics
-   ``payments``, ``balances`` and ``balances-changelog`` (compacted).
-2. Runs ``examples/payments_pipeline.py`` (per-account running balances,
-   state in a changelog, output + state + offsets in one transaction) as a
-   separate process.
+   ``payments`` and ``balances``.
+2. Runs ``examples/payments_pipeline.py`` (per-account running balances on
+   the ``streaming`` runner: the balances in a SQLite store changelogged to
+   ``payments-pipeline-balances-changelog``, output + store changes +
+   offsets in one transaction) as a separate process with its own state
+   directory.
 3. Streams payment events (key: account) into it at a steady rate with our
    idempotent producer, cutting the producer's connections a few times (so
    batches are retried and the broker drops the copies it already has),
@@ -33,7 +35,7 @@ from faults.checker import check
 from faults.history import HistoryWriter, read_histories
 from faults.process import REPO, BrokerProcess, ClientProcess
 
-TOPICS = {"payments": 3, "balances": 3, "balances-changelog": 3}
+TOPICS = {"payments": 3, "balances": 3}
 BROKER_CONFIG = ("group.initial.rebalance.delay.ms=0", "group.min.session.timeout.ms=1000", "transaction.abort.timed.out.transaction.cleanup.interval.ms=500")
 PIPELINE = os.path.join(REPO, "examples", "payments_pipeline.py")
 
@@ -203,14 +205,17 @@ def run_pipeline_demo(*, records: int = 20_000, seed: int | None = None, keep_da
         from txn import Admin
 
         with Admin(bootstrap_servers=broker.bootstrap) as admin:
-            admin.create_topics({name: count for name, count in TOPICS.items()}, configs={"balances-changelog": {"cleanup.policy": "compact"}})
+            admin.create_topics({name: count for name, count in TOPICS.items()})
         events = payments(records, rng)
         expected = expected_outputs(events)
         # The input streams in over a few seconds; the faults fall inside that
         # window, one in each of `faults` equal slots at a seeded moment.
         input_seconds = min(15.0, max(3.0, records / 1500))
         stream = InputStream(broker.bootstrap, events, os.path.join(history_dir, "seeder.jsonl"), rng, input_seconds)
-        pipeline = ClientProcess("pipeline", [sys.executable, PIPELINE, "--bootstrap", broker.bootstrap], os.path.join(work, "pipeline.log")).start()
+        pipeline = ClientProcess(
+            "pipeline", [sys.executable, PIPELINE, "--bootstrap", broker.bootstrap, "--state-dir", os.path.join(work, "pipeline-state")],
+            os.path.join(work, "pipeline.log"), env={"PYTHONPATH": REPO},  # this checkout's packages, whatever is installed
+        ).start()
         watcher = OutputWatcher(broker.bootstrap)
         watcher.start()
         stream.start()

@@ -40,6 +40,7 @@ COMMANDS = (
     Command("consume", "onceflow.commands.consume", "print records of a topic"),
     Command("transactions", "onceflow.commands.transactions", "list, describe, find hanging, abort transactions (KIP-664)"),
     Command("dump-log", "onceflow.commands.dump_log", "print segment files like Kafka's DumpLogSegments"),
+    Command("run", "onceflow.commands.run", "run a streaming app module (exactly-once processors with state stores)"),
     Command("demo", "onceflow.commands.demo", "see onceflow work end to end: a stateful exactly-once pipeline under kills"),
     Command("chaos", "onceflow.commands.chaos", "run a workload under a seeded fault schedule and check it"),
     Command("bench", "onceflow.commands.bench", "benchmark our broker beside Tansu and the machine's limits (needs a checkout)"),

@@ -1,6 +1,55 @@
-"""Stream processing on top of ``txn`` (not built yet).
+"""Stream processing on top of ``txn``: the processor API and an exactly-once
+consume-transform-produce runner with SQLite state stores.
 
-Will hold the processor API and consume-transform-produce runner, SQLite state
-stores changelogged to the log, and the Spark Structured Streaming source and
-exactly-once sink.
+    import streaming
+
+    app = streaming.App(bootstrap_servers="127.0.0.1:9092", application_id="balances", state_dir="./state")
+
+    @app.processor(source="payments", sink="balances", stores=["balances"], key_format="str", value_format="json")
+    def running_balance(record, ctx):
+        store = ctx.store("balances")
+        balance = store.get(record.key, 0) + record.value["amount"]
+        store.put(record.key, balance)
+        ctx.emit(record.key, {"account": record.key, "balance": balance})
+
+    app.run()   # until SIGTERM/SIGINT; app.run(until_idle=5.0) for batch-like runs
+
+What is here:
+
+- ``streaming.app``: ``App``, ``Record``, the processor registry, instance
+  identity kept in ``state_dir``.
+- ``streaming.runner``: the loop (one consumer-group member and one
+  transactional producer per instance; output, changelog and offsets in one
+  transaction; restore on assignment; abort and rewind; fencing; dead
+  letters), and the processor's ``ctx``.
+- ``streaming.store``: ``Store`` (what ``ctx.store(name)`` returns; its key
+  encoding and order) and the SQLite file of each (store, partition) shard.
+- ``streaming.serde``: the ``"bytes"``, ``"str"``, ``"json"`` formats and
+  ``resolve(fmt)``.
+- ``streaming.cli``: ``onceflow run path/to/app.py``.
+- ``App.stream(...)``: the dataflow layer (``streaming.dataflow``), built on
+  the same runner, when present; ``streaming.spark``: the Spark Structured
+  Streaming source and exactly-once sink.
 """
+
+from streaming.app import App, Metrics, Record
+from streaming.errors import InstanceFencedError, ProcessingError, StateDirInUseError, StreamingError
+from streaming.runner import Context
+from streaming.serde import Serde, SerializationError, resolve
+from streaming.store import Store, StoreError
+
+__all__ = [
+    "App",
+    "Context",
+    "InstanceFencedError",
+    "Metrics",
+    "ProcessingError",
+    "Record",
+    "Serde",
+    "SerializationError",
+    "StateDirInUseError",
+    "Store",
+    "StoreError",
+    "StreamingError",
+    "resolve",
+]

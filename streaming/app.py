@@ -1,0 +1,247 @@
+"""The processor API: ``App``, the ``@app.processor`` decorator, the ``Record``
+a processor receives and the context (``ctx``) it acts through.
+
+    app = streaming.App(bootstrap_servers="127.0.0.1:9092", application_id="balances", state_dir="./state")
+
+    @app.processor(source="payments", sink="balances", stores=["balances"], key_format="str", value_format="json")
+    def running_balance(record, ctx):
+        store = ctx.store("balances")
+        balance = store.get(record.key, 0) + record.value["amount"]
+        store.put(record.key, balance)
+        ctx.emit(record.key, {"account": record.key, "balance": balance})
+
+    app.run()
+
+This module holds the user-facing objects and the settings; ``streaming.runner``
+runs them (one consumer-group member and one transactional producer per
+``App`` instance). The processor is a plain function: it must not block on
+I/O of its own, and it cannot await (its stores answer from memory).
+
+Identity: ``instance_id`` (unless given) is generated once and kept in
+``state_dir/instance-id``, so a restarted process keeps its transactional id
+(``{application_id}-{instance_id}``, which fences its own previous
+incarnation) and its static group membership (``group.instance.id``, the same
+string), while processes with their own state directories never clash. A
+lock file keeps two processes off one state directory.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import threading
+import uuid
+from typing import Any, Callable
+
+import attrs
+
+from streaming.errors import StateDirInUseError
+from streaming.serde import Serde, resolve
+from txn.config import CommonConfig, ConsumerConfig, ProducerConfig
+from txn.errors import ConfigError
+
+ON_ERROR = ("stop", "dead-letter")
+RUNNER_OWNED_OPTIONS = {"group_id", "group_instance_id", "transactional_id", "isolation_level", "enable_auto_commit", "enable_idempotence", "bootstrap_servers"}
+VALID_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+
+
+@attrs.frozen
+class Record:
+    """One input record as a processor sees it (key and value deserialized)."""
+
+    key: Any
+    value: Any
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int  # milliseconds, the record's CreateTime
+    headers: tuple = ()  # ((str, bytes), ...)
+
+
+@attrs.frozen
+class Processor:
+    name: str
+    function: Callable
+    sources: tuple[str, ...]
+    sink: str | None
+    stores: tuple[str, ...]
+    key_serde: Serde
+    value_serde: Serde
+    sink_key_serde: Serde
+    sink_value_serde: Serde
+
+
+class Metrics(dict):
+    """Counters by name (``records_in``, ``records_out``, ``commits``,
+    ``aborts``, ``dead_letters``, ``restored_records``, ``rebalances``, and
+    whatever processors count with ``ctx.count``). A plain dict of ints,
+    readable from any thread while the app runs and after."""
+
+    def add(self, name: str, n: int = 1) -> None:
+        self[name] = self.get(name, 0) + n
+
+
+class App:
+    def __init__(
+        self,
+        bootstrap_servers,
+        application_id: str,
+        state_dir: str,
+        instance_id: str | None = None,
+        commit_interval_ms: int = 100,
+        commit_records: int | None = None,
+        on_error: str = "stop",
+        dead_letter_topic: str | None = None,
+        crash_point: Callable[[str], None] | None = None,
+        **client_options,
+    ):
+        if not application_id or not VALID_NAME.match(application_id):
+            raise ConfigError(f"application_id must be letters, digits, '.', '_' or '-', not {application_id!r}")
+        if on_error not in ON_ERROR:
+            raise ConfigError(f"on_error must be one of {', '.join(map(repr, ON_ERROR))}, not {on_error!r}")
+        if commit_interval_ms <= 0 or (commit_records is not None and commit_records <= 0):
+            raise ConfigError("commit_interval_ms and commit_records must be positive")
+        self.bootstrap_servers = bootstrap_servers
+        self.application_id = application_id
+        self.state_dir = os.path.abspath(state_dir)
+        self.commit_interval_ms = commit_interval_ms
+        self.commit_records = commit_records
+        self.on_error = on_error
+        self.dead_letter_topic = dead_letter_topic or f"{application_id}-dead-letters"
+        # A seam for the fault harness: called with a point's name where a
+        # crash matters ("streaming.after_commit_before_store_apply"); the
+        # composing process passes faults.points.point, or nothing.
+        self.crash_point = crash_point or (lambda name: None)
+        self.consumer_options, self.producer_options = split_client_options(client_options)
+        transaction_timeout_ms = int(self.producer_options.get("transaction_timeout_ms", 10_000))
+        if commit_interval_ms >= transaction_timeout_ms:
+            raise ConfigError(f"commit_interval_ms ({commit_interval_ms}) must be shorter than transaction_timeout_ms ({transaction_timeout_ms}): the broker aborts a transaction open longer")
+        self.processors: list[Processor] = []
+        self.metrics = Metrics()
+        self._instance_id = instance_id
+        self._stop = threading.Event()
+        self._runner = None
+
+    # -- building ----------------------------------------------------------------------------------
+
+    def processor(self, source, sink: str | None = None, stores=(), key_format="bytes", value_format="bytes", sink_key_format=None, sink_value_format=None, name: str | None = None):
+        """Register ``fn(record, ctx)`` for every record of ``source`` (a
+        topic or a list of topics)."""
+        sources = (source,) if isinstance(source, str) else tuple(source)
+        stores = (stores,) if isinstance(stores, str) else tuple(stores)
+        if not sources:
+            raise ConfigError("a processor needs at least one source topic")
+        for store in stores:
+            if not VALID_NAME.match(store):
+                raise ConfigError(f"store names are letters, digits, '.', '_' or '-', not {store!r}")
+
+        def register(function: Callable) -> Callable:
+            processor_name = name or getattr(function, "__name__", f"processor-{len(self.processors)}")
+            if any(p.name == processor_name for p in self.processors):
+                raise ConfigError(f"two processors are named {processor_name!r}")
+            self.processors.append(
+                Processor(
+                    processor_name, function, sources, sink, stores,
+                    resolve(key_format), resolve(value_format),
+                    resolve(sink_key_format if sink_key_format is not None else key_format),
+                    resolve(sink_value_format if sink_value_format is not None else value_format),
+                )
+            )
+            return function
+
+        return register
+
+    def stream(self, topic: str, key_format="bytes", value_format="bytes"):
+        """The dataflow layer's way in (``app.stream("t").filter(...).to("out")``)."""
+        from streaming.dataflow import Stream
+
+        return Stream(self, topic, key_format=key_format, value_format=value_format)
+
+    def changelog_topic(self, store: str) -> str:
+        return f"{self.application_id}-{store}-changelog"
+
+    # -- identity -----------------------------------------------------------------------------------
+
+    @property
+    def instance_id(self) -> str:
+        """This instance's id: given, or read from (else written to) ``state_dir/instance-id``."""
+        if self._instance_id is None:
+            path = os.path.join(self.state_dir, "instance-id")
+            os.makedirs(self.state_dir, exist_ok=True)
+            try:
+                with open(path, encoding="utf-8") as file:
+                    self._instance_id = file.read().strip()
+            except FileNotFoundError:
+                self._instance_id = uuid.uuid4().hex[:12]
+                temporary = path + ".tmp"
+                with open(temporary, "w", encoding="utf-8") as file:
+                    file.write(self._instance_id + "\n")
+                    file.flush()
+                    os.fsync(file.fileno())
+                os.replace(temporary, path)
+        return self._instance_id
+
+    @property
+    def transactional_id(self) -> str:
+        return f"{self.application_id}-{self.instance_id}"
+
+    def lock_state_dir(self):
+        """Hold ``state_dir/.lock`` for the life of the returned file."""
+        os.makedirs(self.state_dir, exist_ok=True)
+        lock = open(os.path.join(self.state_dir, ".lock"), "a+")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            raise StateDirInUseError(f"state_dir {self.state_dir} is in use by another process (each instance needs its own)") from None
+        return lock
+
+    # -- running ---------------------------------------------------------------------------------
+
+    def run(self, until_idle: float | None = None, progress_interval: float | None = None, progress_out=None) -> None:
+        """Process until ``stop()``, SIGTERM or SIGINT (each finishes the open
+        transaction), or, with ``until_idle``, until no record came for that
+        many seconds. Raises ``ProcessingError`` (``on_error="stop"``) or
+        ``InstanceFencedError``. ``progress_interval`` prints a progress line
+        to ``progress_out`` (stderr) that often."""
+        import asyncio
+
+        from streaming.runner import Runner
+
+        if not self.processors:
+            raise ConfigError("the app has no processors: register one with @app.processor(...)")
+        self._stop.clear()
+        runner = self._runner = Runner(self, until_idle=until_idle, progress_interval=progress_interval, progress_out=progress_out)
+        asyncio.run(runner.run())
+
+    def stop(self) -> None:
+        """Ask a running app to finish its transaction and return (any thread)."""
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+
+def split_client_options(options: dict) -> tuple[dict, dict]:
+    """Client options (Kafka or Python spelling) for the consumer and the producer."""
+    common = {field.name for field in attrs.fields(CommonConfig)}
+    consumer_only = {field.name for field in attrs.fields(ConsumerConfig)} - common
+    producer_only = {field.name for field in attrs.fields(ProducerConfig)} - common
+    consumer, producer, unknown = {}, {}, []
+    for raw_name, value in options.items():
+        name = raw_name.replace(".", "_").replace("-", "_")
+        if name in RUNNER_OWNED_OPTIONS:
+            raise ConfigError(f"{raw_name} is set by the runner (application_id and instance_id decide it)")
+        if name in common:
+            consumer[name] = producer[name] = value
+        elif name in consumer_only:
+            consumer[name] = value
+        elif name in producer_only:
+            producer[name] = value
+        else:
+            unknown.append(raw_name)
+    if unknown:
+        raise ConfigError(f"unknown client option(s): {', '.join(sorted(unknown))}")
+    return consumer, producer

@@ -1,0 +1,94 @@
+"""``onceflow run path/to/app.py``: run a streaming app module.
+
+The module builds an ``App`` at module level and names it ``app`` (or holds
+exactly one ``App``; ``--app NAME`` picks another variable). ``onceflow run``
+loads it under the module name ``__onceflow_run__``, so a module that ends
+with the usual
+
+    if __name__ == "__main__":
+        app.run()
+
+runs the same way under ``python app.py`` and under ``onceflow run`` (which
+then calls ``app.run()`` itself, with a progress line). Exit status: 0 after
+a stop (SIGTERM, SIGINT, ``--until-idle``), 2 when a record failed with
+``on_error="stop"``, 3 when the instance was fenced, 4 when its state
+directory is in use, 1 for anything else (a message says what).
+
+``add_arguments(parser)`` and ``run(args)`` are what ``onceflow run``
+(``onceflow/commands/run.py``) calls; ``python -m streaming.cli`` works too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import runpy
+import sys
+
+RUN_NAME = "__onceflow_run__"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("path", help="a Python file that builds a streaming.App (named app)")
+    parser.add_argument("--app", default=None, help="the variable holding the App (default: app, or the only App in the module)")
+    parser.add_argument("--until-idle", type=float, default=None, metavar="SECONDS", help="stop after this long without a record (default: run until SIGTERM/SIGINT)")
+    parser.add_argument("--progress-interval", type=float, default=5.0, metavar="SECONDS", help="seconds between progress lines on stderr (0: none)")
+
+
+def load_app(path: str, name: str | None = None):
+    """The ``App`` a module file builds."""
+    from streaming.app import App
+
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no such app module: {path}")
+    directory = os.path.dirname(os.path.abspath(path))
+    if directory not in sys.path:
+        sys.path.insert(0, directory)  # the module's own imports work as under `python app.py`
+    namespace = runpy.run_path(path, run_name=RUN_NAME)
+    if name is not None:
+        app = namespace.get(name)
+        if not isinstance(app, App):
+            raise LookupError(f"{path} defines no App named {name!r}")
+        return app
+    if isinstance(namespace.get("app"), App):
+        return namespace["app"]
+    apps = [value for value in namespace.values() if isinstance(value, App)]
+    if len(apps) != 1:
+        raise LookupError(f"{path} must define an App named 'app' (found {len(apps)} App objects; --app NAME picks one)")
+    return apps[0]
+
+
+def run(args) -> int:
+    from streaming.errors import StreamingError
+    from txn.errors import ConfigError, KafkaError
+
+    # onceflow's command line configures logging first (--log-level); alone, INFO.
+    logging.basicConfig(level=getattr(logging, str(getattr(args, "log_level", "INFO")).upper(), logging.INFO), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        app = load_app(args.path, args.app)
+    except (OSError, LookupError) as error:
+        print(f"onceflow run: {error}", file=sys.stderr)
+        return 1
+    try:
+        app.run(until_idle=args.until_idle, progress_interval=args.progress_interval or None)
+    except StreamingError as error:
+        print(f"onceflow run: {error}", file=sys.stderr)
+        return error.exit_code
+    except (ConfigError, KafkaError) as error:
+        print(f"onceflow run: {type(error).__name__}: {error}", file=sys.stderr)
+        return 1
+    metrics = ", ".join(f"{name} {value}" for name, value in sorted(app.metrics.items()))
+    print(f"onceflow run: stopped ({metrics})", file=sys.stderr)
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="onceflow run", description="Run a streaming app module until SIGTERM/SIGINT.")
+    add_arguments(parser)
+    parser.add_argument("--log-level", default="INFO", help="logging level on stderr (default INFO)")
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

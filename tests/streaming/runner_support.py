@@ -1,0 +1,156 @@
+"""Helpers of the runner's tests: the payments workload (input with a history
+for the checker, expected outputs and balances), app instances as real
+processes running ``examples/payments_pipeline.py`` through ``onceflow run``,
+and reading outputs, changelogs and SQLite files back."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sqlite3
+import sys
+import time
+
+from faults.checker import check
+from faults.history import HistoryWriter, read_histories
+from faults.process import REPO, ClientProcess
+from streaming.store import decode_key, decode_value
+from txn import Admin, Consumer, Producer, TopicPartition
+
+APP_ID = "payments-pipeline"
+CHANGELOG = f"{APP_ID}-balances-changelog"
+BROKER_CONFIG = ("group.min.session.timeout.ms=1000", "transaction.abort.timed.out.transaction.cleanup.interval.ms=500")
+BALANCES_APP = os.path.join(REPO, "tests", "streaming", "runner_apps", "balances.py")
+
+
+def payments(records: int, seed: int, accounts: int = 40, start: int = 0) -> list[tuple[str, str]]:
+    """(account, "payment-id:account:amount") events."""
+    rng = random.Random(seed)
+    events = []
+    for number in range(start, start + records):
+        account = f"acct-{rng.randrange(accounts):03d}"
+        events.append((account, f"p{number:07d}:{account}:{rng.choice([-1, 1]) * rng.randrange(1, 5000)}"))
+    return events
+
+
+def expected(events) -> tuple[dict[str, str], dict[str, int]]:
+    """(input value -> output value, final balance per account)."""
+    balances: dict[str, int] = {}
+    outputs = {}
+    for account, value in events:
+        payment_id, _account, amount = value.split(":")
+        balances[account] = balances.get(account, 0) + int(amount)
+        outputs[value] = f"{payment_id}:{account}:{balances[account]}"
+    return outputs, balances
+
+
+def create_topics(bootstrap: str, partitions: int = 3) -> None:
+    with Admin(bootstrap_servers=bootstrap) as admin:
+        admin.create_topics({"payments": partitions, "balances": partitions})
+
+
+def send_payments(bootstrap: str, events, history_dir: str | None = None, *, rate: float | None = None) -> None:
+    """Write the events (keyed by account) with an idempotent producer; with
+    ``history_dir``, record the acknowledged sends for the checker."""
+    producer = Producer(bootstrap_servers=bootstrap, linger_ms=5, retry_backoff_ms=50, delivery_timeout_ms=120_000)
+    started = time.monotonic()
+    futures = []
+    for index, (account, value) in enumerate(events):
+        if rate:
+            pause = started + index / rate - time.monotonic()
+            if pause > 0.005:
+                time.sleep(pause)
+        futures.append((value, producer.send("payments", value.encode(), key=account.encode())))
+    producer.flush()
+    if history_dir is not None:
+        os.makedirs(history_dir, exist_ok=True)
+        writer = HistoryWriter(os.path.join(history_dir, f"seeder-{time.monotonic_ns()}.jsonl"), "seeder")
+        for value, future in futures:
+            metadata = future.result(120)
+            writer.event("ok", "send", [["send", f"payments-{metadata.partition}", value, metadata.offset]])
+        writer.close()
+    producer.close()
+
+
+def read_all(bootstrap: str, topic: str, partitions: int, *, isolation: str = "read_committed", idle: float = 1.5, history_dir: str | None = None, expect: int | None = None, timeout: float = 120):
+    """Every record of ``topic`` (until ``expect`` arrived and nothing more
+    came for ``idle`` seconds); with ``history_dir`` the polls go to the
+    history as the checker's final read."""
+    consumer = Consumer(bootstrap_servers=bootstrap, isolation_level=isolation, max_poll_records=10_000)
+    consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
+    writer = HistoryWriter(os.path.join(history_dir, "final-reader.jsonl"), "final-reader") if history_dir else None
+    records, last_new, deadline = [], time.monotonic(), time.monotonic() + timeout
+    while time.monotonic() < deadline and ((expect is not None and len(records) < expect) or time.monotonic() - last_new < idle):
+        got = consumer.poll(0.3)
+        if got:
+            records += got
+            last_new = time.monotonic()
+            if writer:
+                reads: dict[str, list] = {}
+                for record in got:
+                    reads.setdefault(f"{topic}-{record.partition}", []).append([record.offset, record.value.decode()])
+                writer.event("ok", "poll", [["poll", reads]])
+    if writer:
+        writer.close()
+    consumer.close()
+    return records
+
+
+def changelog_state(bootstrap: str, partitions: int = 3) -> dict:
+    """The store's contents as its changelog says (last value per key)."""
+    state = {}
+    for record in read_all(bootstrap, CHANGELOG, partitions, idle=1.0):
+        key = decode_key(record.key)
+        if record.value is None:
+            state.pop(key, None)
+        else:
+            state[key] = decode_value(record.value)
+    return state
+
+
+def sqlite_state(state_dir: str, store: str = "balances") -> dict[int, tuple[int, dict]]:
+    """partition -> (next_offset, contents) of every SQLite file of a state dir."""
+    out = {}
+    folder = os.path.join(state_dir, "stores")
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        if not (name.startswith(store + "-") and name.endswith(".sqlite")):
+            continue
+        partition = int(name[len(store) + 1 : -len(".sqlite")])
+        db = sqlite3.connect(os.path.join(folder, name))
+        try:
+            (offset,) = db.execute("SELECT next_offset FROM position").fetchone()
+            contents = {decode_key(k): decode_value(v) for k, v in db.execute("SELECT key, value FROM entries")}
+        finally:
+            db.close()
+        out[partition] = (offset, contents)
+    return out
+
+
+def app_process(name: str, bootstrap: str, state_dir: str, log_dir: str, *, env: dict | None = None, until_idle: float | None = None, extra: dict | None = None) -> ClientProcess:
+    """An instance of the balances app as a child process (``onceflow run``)."""
+    command = [sys.executable, "-m", "onceflow", "run", BALANCES_APP, "--progress-interval", "2"]
+    if until_idle is not None:
+        command += ["--until-idle", str(until_idle)]
+    environment = {"PYTHONPATH": REPO, "RUNNER_TEST_BOOTSTRAP": bootstrap, "RUNNER_TEST_STATE_DIR": state_dir, "RUNNER_TEST_OPTIONS": json.dumps(extra or {})}
+    environment.update(env or {})
+    return ClientProcess(name, command, os.path.join(log_dir, f"{name}.log"), env=environment)
+
+
+def verdict_of(history_dir: str, outputs: dict[str, str]):
+    return check(read_histories(history_dir), input_topic="payments", output_topic="balances", transform=outputs.get)
+
+
+def wait_for(condition, timeout: float, what: str, interval: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def log_text(process: ClientProcess) -> str:
+    with open(process.log_path, encoding="utf-8", errors="replace") as file:
+        return file.read()

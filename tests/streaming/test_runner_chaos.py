@@ -1,0 +1,170 @@
+"""The payments example on the runner under faults, checked by the fault
+harness's checker: 2 and 3 instances (real processes, ``onceflow run``)
+sharing the partitions while instances are SIGKILLed and restarted, one
+restarted with its state directory deleted, the broker SIGKILLed and
+restarted; and a zombie (SIGSTOP past its session and transaction timeouts,
+then SIGCONT) that must be fenced and write nothing visible.
+
+Exactly once, for output and state: every payment's output record appears
+once with the balance the input implies (checker: no copy-missing,
+copy-duplicate, copy-unexpected, aborted-read), the changelog's last value
+per account is the final balance, and every SQLite file at its changelog's
+end holds exactly that partition's balances.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import threading
+import time
+
+import pytest
+
+from tests.streaming.runner_support import (
+    BROKER_CONFIG, CHANGELOG, app_process, create_topics, expected, log_text, payments, read_all, send_payments, sqlite_state, verdict_of,
+)
+from streaming.store import decode_key, decode_value
+from txn import Admin, TopicPartition
+
+pytestmark = pytest.mark.slow
+
+
+class Sender(threading.Thread):
+    def __init__(self, bootstrap: str, events, history_dir: str, rate: float):
+        super().__init__(daemon=True)
+        self.args = (bootstrap, events, history_dir)
+        self.rate = rate
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            send_payments(*self.args, rate=self.rate)
+        except BaseException as error:  # noqa: BLE001 - the test reports it
+            self.error = error
+
+
+def changelog_by_partition(bootstrap: str, partitions: int) -> dict[int, dict]:
+    state: dict[int, dict] = {p: {} for p in range(partitions)}
+    for record in read_all(bootstrap, CHANGELOG, partitions, idle=1.0):
+        if record.value is None:
+            state[record.partition].pop(decode_key(record.key), None)
+        else:
+            state[record.partition][decode_key(record.key)] = decode_value(record.value)
+    return state
+
+
+def check_state(bootstrap: str, partitions: int, balances: dict, state_dirs: list[str]) -> int:
+    """The changelog holds the final balances; every SQLite file at its
+    changelog's end holds exactly its partition's. Returns how many files were current."""
+    by_partition = changelog_by_partition(bootstrap, partitions)
+    merged = {k: v for contents in by_partition.values() for k, v in contents.items()}
+    assert merged == balances, "the changelog's last values are not the balances the input implies"
+    with Admin(bootstrap_servers=bootstrap) as admin:
+        ends = {tp.partition: listed.offset for tp, listed in admin.list_offsets({TopicPartition(CHANGELOG, p): "latest" for p in range(partitions)}).items()}
+    current = 0
+    for state_dir in state_dirs:
+        for partition, (offset, contents) in sqlite_state(state_dir).items():
+            assert offset <= ends[partition], f"{state_dir} file {partition} at {offset}, ahead of the changelog's end {ends[partition]}"
+            if offset >= ends[partition] - 1:  # only the last transaction's marker may follow
+                current += 1
+                assert contents == by_partition[partition], f"{state_dir} file {partition} is at the end but holds other balances"
+    return current
+
+
+def run_scenario(broker_process, tmp_path, *, instances: int, partitions: int, records: int, seed: int, faults: list[tuple[float, str]], rate: float, extra: dict | None = None):
+    """Stream ``records`` payments at ``rate`` while ``faults`` ((seconds
+    after the start, action)) happen; then check everything."""
+    broker = broker_process(*BROKER_CONFIG)
+    create_topics(broker.bootstrap, partitions)
+    history_dir = str(tmp_path / "history")
+    state_dirs = [str(tmp_path / f"state-{i}") for i in range(instances)]
+    apps = [app_process(f"app-{i}", broker.bootstrap, state_dirs[i], str(tmp_path), extra=extra).start() for i in range(instances)]
+    events = payments(records, seed=seed)
+    outputs, balances = expected(events)
+    sender = Sender(broker.bootstrap, events, history_dir, rate)
+    started = time.monotonic()
+    sender.start()
+    done: list[str] = []
+    notes: list[str] = []
+    try:
+        pending = sorted(faults)
+        while pending or sender.is_alive():
+            if pending and time.monotonic() - started >= pending[0][0]:
+                _when, action = pending.pop(0)
+                kind, _, target = action.partition(" ")
+                if kind == "kill":
+                    apps[int(target)].kill()
+                    apps[int(target)].start()
+                elif kind == "wipe":  # a lost disk: the instance comes back with nothing
+                    apps[int(target)].kill()
+                    shutil.rmtree(state_dirs[int(target)], ignore_errors=True)
+                    apps[int(target)].start()
+                elif kind == "kill-broker":
+                    broker.kill()
+                    broker.start()
+                elif kind == "pause":
+                    apps[int(target)].pause()
+                elif kind == "resume":
+                    apps[int(target)].resume()
+                done.append(action)
+            for app in apps:
+                if app.process.poll() is not None and app.process.returncode != 0:
+                    notes.append(f"{app.name} exited {app.process.returncode}")
+                    app.start()
+            time.sleep(0.05)
+        assert sender.error is None, sender.error
+        # All committed? Then stop every instance (SIGTERM: finish, close) and read for the checker.
+        read_all(broker.bootstrap, "balances", partitions, expect=records, idle=0.5, timeout=180)
+        codes = [app.terminate(60) for app in apps]
+        read_all(broker.bootstrap, "balances", partitions, history_dir=history_dir, idle=1.5)
+        verdict = verdict_of(history_dir, outputs)
+        assert verdict.valid, verdict.summary() + "\n" + "\n".join(f"--- {a.name}\n{log_text(a)[-3000:]}" for a in apps)
+        assert codes == [0] * instances, (codes, [log_text(a)[-2000:] for a in apps])
+        assert verdict.counts["committed"] >= records
+        current = check_state(broker.bootstrap, partitions, balances, state_dirs)
+        assert current >= 1
+        return apps, done, notes
+    finally:
+        for app in apps:
+            if app.alive:
+                app.kill()
+
+
+def schedule(seed: int, instances: int, count: int, span: float, broker_kills: int) -> list[tuple[float, str]]:
+    rng = random.Random(seed)
+    slots = [span * (i + rng.uniform(0.2, 0.8)) / count for i in range(count)]
+    actions = [f"kill {rng.randrange(instances)}" for _ in range(count)]
+    for index in rng.sample(range(count), broker_kills + 1):
+        actions[index] = "kill-broker"
+    actions[[i for i, a in enumerate(actions) if a != "kill-broker"][0]] = f"wipe {rng.randrange(instances)}"
+    broker_slots = [i for i, a in enumerate(actions) if a == "kill-broker"][broker_kills:]
+    for index in broker_slots:  # one slot too many was drawn for the broker: an instance kill instead
+        actions[index] = f"kill {rng.randrange(instances)}"
+    return list(zip(slots, actions))
+
+
+@pytest.mark.parametrize("instances,partitions,seed", [(2, 3, 21), (3, 4, 22)], ids=["2-instances", "3-instances"])
+def test_instances_share_partitions_exactly_once_through_kills(broker_process, tmp_path, instances, partitions, seed):
+    faults = schedule(seed, instances, count=7, span=10.0, broker_kills=2)
+    apps, done, notes = run_scenario(broker_process, tmp_path, instances=instances, partitions=partitions, records=3000, seed=seed, faults=faults, rate=250)
+    assert len(done) == 7 and sum(a == "kill-broker" for a in done) == 2 and any(a.startswith("wipe") for a in done)
+    logs = "".join(log_text(a) for a in apps)
+    assert "restored" in logs, "a wiped or moved store was restored from its changelog"
+    assert sum(a.starts for a in apps) >= instances + 5
+
+
+def test_a_zombie_instance_is_fenced_and_writes_nothing_visible(broker_process, tmp_path):
+    # Instance 0 stops (SIGSTOP) for longer than its session (3 s) and its
+    # transaction timeout (6 s): the group gives its partitions to instance 1,
+    # the coordinator aborts its open transaction. When it wakes up it still
+    # believes it owns them, with records in hand.
+    faults = [(2.0, "pause 0"), (12.0, "resume 0")]
+    apps, done, notes = run_scenario(broker_process, tmp_path, instances=2, partitions=3, records=2500, seed=23, faults=faults, rate=150)
+    zombie = log_text(apps[0])
+    # Woken, it either finds its producer fenced (the coordinator aborted its
+    # transaction and bumped the epoch: it stops, exit 3, and is restarted as
+    # a fresh member) or its offset commit refused (an old generation): abort.
+    assert "app-0 exited 3" in notes or "transaction aborted" in zombie, (notes, zombie[-3000:])
+    assert "app-1 exited" not in " ".join(notes)
