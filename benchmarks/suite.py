@@ -1,6 +1,7 @@
 """`onceflow bench`: our broker beside a peer and beside the machine, in one run.
 
     onceflow bench [--rounds 3] [--records 200000] [--seconds 3] [--json FILE] [--png FILE]
+    onceflow bench --runner [--runner-records 30000] ...   (instead: the streaming runner beside Quix Streams, benchmarks.runner_bench)
     .venv/bin/python -m benchmarks ...        (the same)
 
 Every scenario is driven by the same client, confluent-kafka (librdkafka, so
@@ -459,7 +460,12 @@ def chart(rows: list[dict], path: str) -> bool:
 
 def run_suite(args) -> int:
     """The whole run, for ``onceflow bench`` (whose module,
-    ``onceflow.commands.bench``, owns the options)."""
+    ``onceflow.commands.bench``, owns the options); with ``--runner``, the
+    streaming runner's benchmark instead (``benchmarks.runner_bench``)."""
+    if getattr(args, "runner", False):
+        from benchmarks import runner_bench
+
+        return runner_bench.run_from_args(args)
     from benchmarks.limits import measure_limits
 
     def say(line: str) -> None:

@@ -3,11 +3,20 @@ seeded schedule of faults, then a final read, the checker, and a report.
 
     onceflow chaos --workload copier --faults kill-broker,kill-client,proxy-cut,torn-tail \\
         --duration 60 --seed 7 --report ./chaos-report
+    onceflow chaos --workload streaming --app examples/word_count.py --faults kill-client,kill-broker
 
 or from Python (what a user's pytest test calls):
 
     verdict = run_chaos(ChaosSettings(workload="copier", faults=("kill-client",), duration=20, seed=7), report_dir)
     assert verdict.valid, verdict.summary()
+
+The ``streaming`` workload runs ``--clients`` instances of a user's
+``streaming.App`` (each its own process and state directory, one
+application id, so they share the input partitions and every kill is a
+rebalance) from a module that also says what input to feed and what output
+that must give (the convention is in ``faults.workloads``); the input is
+fed in the module's phases, and the output topic is checked against the
+module's ``expected`` with ``faults.checker``.
 
 The same seed gives the same fault schedule (kinds, times, victims). Faults:
 
@@ -48,7 +57,7 @@ from faults.report import FaultEvent, write_report
 from protocol.messages import ApiKey
 
 FAULT_KINDS = ("kill-broker", "kill-client", "pause-client", "pause-broker", "proxy-cut", "proxy-delay-endtxn", "torn-tail", "disk-fsync")
-WORKLOAD_KINDS = ("copier", "copier-confluent", "producer", "bank", "processor")
+WORKLOAD_KINDS = ("copier", "copier-confluent", "producer", "bank", "processor", "streaming")
 BROKER_CONFIG = ("group.initial.rebalance.delay.ms=0", "group.min.session.timeout.ms=1000", "transaction.abort.timed.out.transaction.cleanup.interval.ms=500")
 
 
@@ -68,6 +77,9 @@ class ChaosSettings:
     processor: tuple = attrs.field(default=(), converter=tuple)
     transform: object = None  # value -> expected output value (Python API only)
     reader_isolation: str = "read_committed"  # the final reader's (read_uncommitted shows the checker at work)
+    # workload "streaming": a module with a streaming.App and its chaos
+    # convention (faults.workloads), as a .py path or a module name.
+    app: str = ""
 
     def __attrs_post_init__(self) -> None:
         unknown = set(self.faults) - set(FAULT_KINDS)
@@ -75,6 +87,8 @@ class ChaosSettings:
             raise ValueError(f"unknown fault kind(s): {', '.join(sorted(unknown))}; known: {', '.join(FAULT_KINDS)}")
         if (self.workload == "processor") != bool(self.processor):
             raise ValueError("the processor workload needs a processor command, and only it takes one")
+        if (self.workload == "streaming") != bool(self.app):
+            raise ValueError("the streaming workload needs an app module (--app), and only it takes one")
 
 
 @attrs.frozen
@@ -145,6 +159,9 @@ class ChaosRun:
         from txn import Admin, Producer
 
         settings = self.settings
+        if settings.workload == "streaming":
+            self._set_up_streaming()
+            return
         with Admin(bootstrap_servers=self.bootstrap) as admin:
             if settings.workload.startswith("copier") or settings.workload == "processor":
                 admin.create_topics({"input": 2, "output": 3})
@@ -181,6 +198,118 @@ class ChaosRun:
                 self.clients.append(self._client("bank", f"bank-{index}", "--output", "ledger", "--transactional-id", f"bank-{index}",
                                                  "--abort-ratio", str(settings.abort_ratio), "--seed", str(settings.seed * 100 + index)))
             self.clients.append(self._client("reader", "auditor", "--output", "ledger", "--balances"))
+
+    # -- the streaming workload ----------------------------------------------------------------------
+
+    def _set_up_streaming(self) -> None:
+        from faults.workloads import load_app_module
+        from txn import Admin
+
+        settings = self.settings
+        self.app_path = os.path.abspath(settings.app) if settings.app.endswith(".py") else settings.app
+        self.app_module = load_app_module(self.app_path)
+        probe = self.app_module.build_app(self.bootstrap, os.path.join(self.work, "probe-state"))
+        self.application_id = probe.application_id
+        self.phases = [list(phase) for phase in self.app_module.chaos_input(settings.records, settings.seed)]
+        self.fed: list[tuple] = []  # in feeding order: what ``expected`` is given
+        self.feeding: list[tuple] = []  # the rest of the phase being fed
+        # The whole input spread over about half the run, a chunk per feed check (every 0.5 s).
+        self.paced_chunk = self.chunk = max(1, -(-sum(map(len, self.phases)) // max(1, int(settings.duration))))
+        self.fed_ends: dict = {}  # TopicPartition -> end offset after what was fed
+        self.feeder = None  # the input's producer
+        self.in_flight: list = []  # (record, future) sent, not yet acknowledged
+        self.seeder = open(os.path.join(self.history_dir, "seeder.jsonl"), "a")
+        with Admin(bootstrap_servers=self.bootstrap) as admin:
+            admin.create_topics(dict(self.app_module.CHAOS_TOPICS), exist_ok=True)
+        self._feed_next_phase()
+        for index in range(settings.clients):
+            state_dir = os.path.join(self.work, f"state-{index}")  # kept across restarts: its SQLite files and instance id
+            self.clients.append(self._client("streaming", f"app-{index}", "--app", self.app_path, "--state-dir", state_dir))
+
+    def _feed_chunk(self) -> None:
+        """Send the next chunk of the phase being fed. One idempotent producer
+        for the whole run, never waited on here (a paused broker must not
+        stall the fault loop): its retries cannot duplicate a record, and
+        ``_settle_feeds`` notes each record once acknowledged."""
+        from txn import Producer
+
+        def raw(part):
+            return part.encode("utf-8") if isinstance(part, str) else part
+
+        if self.feeder is None:
+            self.feeder = Producer(bootstrap_servers=self.bootstrap, linger_ms=20, batch_size=1 << 18, delivery_timeout_ms=300_000, request_timeout_ms=5000)
+        chunk, self.feeding = self.feeding[: self.chunk], self.feeding[self.chunk :]
+        for record in chunk:
+            self.in_flight.append((record, self.feeder.send(record[0], raw(record[2]), key=raw(record[1]), partition=record[4], timestamp=record[3])))
+
+    def _settle_feeds(self) -> None:
+        """Note the acknowledged input records, in the order they were sent
+        (``expected`` is given them in feeding order), each as a ``seed`` in
+        the history (not checked: the expected output speaks for it). A
+        record that failed for good leaves the check unsound, so the run stops."""
+        from txn import TopicPartition
+
+        while self.in_flight and self.in_flight[0][1].done():
+            record, future = self.in_flight.pop(0)
+            try:
+                metadata = future.result(10)  # done: this only fetches it from the loop
+            except Exception as error:
+                raise RuntimeError(f"an input record's write failed for good ({error}): the check cannot know the input") from error
+            tp = TopicPartition(metadata.topic, metadata.partition)
+            self.fed_ends[tp] = max(self.fed_ends.get(tp, 0), metadata.offset + 1)
+            text = record[2] if isinstance(record[2], str) or record[2] is None else record[2].decode("utf-8", "replace")
+            self.seeder.write(json.dumps({"time": time.time(), "process": "seeder", "type": "ok", "op": "seed",
+                                          "value": [["send", f"{metadata.topic}-{metadata.partition}", text, metadata.offset]]}) + "\n")
+            self.fed.append(record)
+        self.seeder.flush()
+
+    def _feed_next_phase(self, *, paced: bool = True) -> None:
+        """Start the next phase: fed over the run in chunks (so the faults
+        fall while the app works), or at once while draining."""
+        self.feeding = self.phases.pop(0)
+        total = len(self.feeding)
+        self.chunk = self.paced_chunk if paced else total
+        self._say(f"  t={self._elapsed():5.1f}s  feeding an input phase of {total} records ({len(self.phases)} phases to go)")
+        self._feed_chunk()
+
+    def _fed_input_processed(self) -> bool:
+        """Whether the app's committed offsets cover everything fed so far."""
+        from txn import Admin
+
+        try:
+            with Admin(bootstrap_servers=self.bootstrap, request_timeout_ms=5000) as admin:
+                committed = admin.list_group_offsets(self.application_id)
+        except Exception:  # the broker is down or restarting: ask again later
+            return False
+        return all(committed.get(tp) is not None and committed[tp].offset >= end for tp, end in self.fed_ends.items())
+
+    def _feed_when_ready(self, *, paced: bool = True) -> None:
+        self._settle_feeds()
+        if self.feeding:
+            if not paced:
+                self.chunk = len(self.feeding)
+            self._feed_chunk()
+        elif self.phases and not self.in_flight and self._fed_input_processed():
+            self._feed_next_phase(paced=paced)
+
+    def _drain_streaming(self, deadline: float) -> None:
+        """Feed the rest of the input without faults, then wait until the
+        output holds as many committed records as expected."""
+        while (self.phases or self.feeding or self.in_flight) and time.monotonic() < deadline:
+            for client in self.clients:
+                client.restart_if_exited()
+            self._feed_when_ready(paced=False)
+            time.sleep(0.5)
+        self.expected_outputs = self._expected_outputs()
+        self._wait_for_output(deadline, topic=self.app_module.CHAOS_OUTPUT, count=sum(self.expected_outputs.values()))
+
+    def _expected_outputs(self):
+        from collections import Counter
+
+        from faults.workloads import output_text
+
+        return Counter(output_text(key, value if isinstance(value, (str, bytes)) or value is None else json.dumps(value))
+                       for key, value in self.app_module.expected(list(self.fed)))
 
     # -- faults -----------------------------------------------------------------------------------
 
@@ -258,7 +387,7 @@ class ChaosRun:
         try:
             self._set_up_workload()
             self.started = time.monotonic()
-            next_progress = 1.0
+            next_progress = next_feed_check = 1.0
             queue = list(schedule)
             while self._elapsed() < settings.duration:
                 self._clear_due()
@@ -274,6 +403,9 @@ class ChaosRun:
                     code = self.broker.process.returncode
                     self.broker.start()
                     self._say(f"  t={self._elapsed():5.1f}s  broker exited ({code}); restarted")
+                if settings.workload == "streaming" and self._elapsed() >= next_feed_check:
+                    next_feed_check = self._elapsed() + 0.5
+                    self._feed_when_ready()
                 if self._elapsed() >= next_progress:
                     next_progress += 5.0
                     self._say(f"  t={self._elapsed():5.1f}s  {len(self.faults)} faults so far, {self._history_lines()} history events")
@@ -284,6 +416,11 @@ class ChaosRun:
             for client in self.clients:
                 if client.alive:
                     client.kill()
+            if getattr(self, "feeder", None) is not None:
+                try:
+                    self.feeder.close(timeout=5)
+                except Exception:  # noqa: BLE001 - everything it had to say was acknowledged or is reported
+                    pass
             self.broker.kill()
             self.proxy.stop()
         return self._judge()
@@ -320,6 +457,8 @@ class ChaosRun:
                     time.sleep(0.5)
         elif settings.workload == "processor":
             self._wait_for_output(deadline)
+        elif settings.workload == "streaming":
+            self._drain_streaming(deadline)
         elif settings.workload == "producer":
             for client in self.clients:
                 try:
@@ -331,18 +470,26 @@ class ChaosRun:
         for client in self.clients:
             client.terminate(timeout=30)
         topic, partitions = {"producer": ("output", 2), "bank": ("ledger", 1)}.get(settings.workload, ("output", 3))
-        reader = self._client("reader", "final-reader", "--output", topic, "--partitions", str(partitions), "--until-idle", "3", "--isolation", settings.reader_isolation)
+        extra = []
+        if settings.workload == "streaming":
+            topic = self.app_module.CHAOS_OUTPUT
+            partitions = self.app_module.CHAOS_TOPICS[topic]
+            extra = ["--with-keys"]
+        reader = self._client("reader", "final-reader", "--output", topic, "--partitions", str(partitions), "--until-idle", "3", "--isolation", settings.reader_isolation, *extra)
         reader.wait_exit(120)
 
-    def _wait_for_output(self, deadline: float) -> None:
-        """Until the output holds as many committed records as the input (or the deadline)."""
+    def _wait_for_output(self, deadline: float, *, topic: str = "output", count: int | None = None) -> None:
+        """Until the output holds as many committed records as the input
+        (or ``count``), or the deadline."""
         from txn import Consumer, TopicPartition
 
+        count = self.settings.records if count is None else count
+        partitions = self.app_module.CHAOS_TOPICS[topic] if self.settings.workload == "streaming" else 3
         consumer = Consumer(bootstrap_servers=self.bootstrap, max_poll_records=10_000)
-        consumer.assign([TopicPartition("output", p) for p in range(3)])
+        consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
         seen = 0
         try:
-            while seen < self.settings.records and time.monotonic() < deadline:
+            while seen < count and time.monotonic() < deadline:
                 for client in self.clients:
                     client.restart_if_exited()
                 seen += len(consumer.poll(0.5))
@@ -355,7 +502,12 @@ class ChaosRun:
         for path in sorted(glob.glob(os.path.join(self.history_dir, "*.jsonl"))):
             history.extend(read_history(path))
         history.sort(key=_event_time)
-        verdict = checker_module.check_workload(self.settings.workload, history, total=10 * 100 if self.settings.workload == "bank" else None, transform=self.settings.transform)
+        streaming = self.settings.workload == "streaming"
+        verdict = checker_module.check_workload(self.settings.workload, history, total=10 * 100 if self.settings.workload == "bank" else None, transform=self.settings.transform,
+                                                expected_outputs=self._expected_outputs() if streaming else None,
+                                                output_topic=self.app_module.CHAOS_OUTPUT if streaming else None)
+        if streaming and (self.phases or self.feeding or self.in_flight):
+            verdict.add("copy-missing", {"input never fed (the app did not process the earlier phases in time)": len(self.feeding) + len(self.in_flight) + sum(map(len, self.phases))})
         ok_times = [
             _event_time(e) - self.wall_started
             for e in history

@@ -24,12 +24,34 @@ Workloads:
   of two records (debit, credit); ``balances`` ops read the ledger up to its
   last stable offset and report every balance, whose sum must never change.
 - ``reader``: a read_committed reader recording every poll (the final read
-  phase, and the bank's auditor).
+  phase, and the bank's auditor); with ``--with-keys`` each read value is
+  recorded as ``output_text(key, value)`` (the streaming workload's check).
+- ``streaming``: one instance of a user's ``streaming.App``, from the module
+  given with ``--app`` (a file path or a module name), on its own
+  ``--state-dir``; it records nothing itself: the harness seeds the input,
+  reads the output and checks it against what the module says it must be.
+
+The streaming workload's module convention (``onceflow chaos --workload
+streaming --app my_app.py``; ``examples/word_count.py`` and
+``examples/enrichment.py`` follow it):
+
+| name in the module | what it is |
+| --- | --- |
+| ``build_app(bootstrap_servers, state_dir)`` | the ``streaming.App``, pointed at the harness's broker, with its own state directory per instance |
+| ``CHAOS_TOPICS`` | ``{topic: partitions}`` the harness creates (inputs and outputs) |
+| ``CHAOS_OUTPUT`` | the topic whose records are checked |
+| ``chaos_input(count, seed)`` | a list of phases, each a list of ``(topic, key, value, timestamp_ms, partition)`` (key, value: str, bytes or None; timestamp, partition: None for the default). A phase is fed once the app's committed offsets cover every record fed before it, so an app whose output depends on input order across partitions (a table before the events it enriches, a late record that closes windows) still has one right answer |
+| ``expected(records)`` | every ``(key, value)`` the output topic must hold, given the input in feeding order: each exactly once (a value that is not a str is compared as JSON) |
+
+The check is exactly-once delivery of that multiset: an expected record
+missing (``copy-missing``), there twice (``copy-duplicate``), or an output
+record nobody expected (``copy-unexpected``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import signal
@@ -304,7 +326,8 @@ def run_reader(args, recorder: HistoryWriter) -> int:
             last_new = time.monotonic()
             reads: dict[str, list] = {}
             for record in records:
-                reads.setdefault(f"{record.topic}-{record.partition}", []).append([record.offset, _text(record.value)])
+                value = output_text(record.key, record.value) if args.with_keys else _text(record.value)
+                reads.setdefault(f"{record.topic}-{record.partition}", []).append([record.offset, value])
                 if args.balances:
                     account, _, delta = _text(record.value).partition(":")
                     balances[account] = balances.get(account, 0) + int(delta)
@@ -322,7 +345,68 @@ def run_reader(args, recorder: HistoryWriter) -> int:
     return 0
 
 
-WORKLOADS = {"copier": run_copier, "copier-confluent": run_confluent_copier, "producer": run_producer, "bank": run_bank, "reader": run_reader}
+# -- streaming: a user's streaming.App --------------------------------------------------------------
+
+
+def load_app_module(spec: str):
+    """The module a streaming workload runs: a file path or an importable name."""
+    import importlib
+    import importlib.util
+
+    if spec.endswith(".py") or os.path.sep in spec:
+        path = os.path.abspath(spec)
+        directory = os.path.dirname(path)
+        if directory not in sys.path:
+            sys.path.insert(0, directory)  # its own imports work as under `python app.py`
+        loaded = importlib.util.spec_from_file_location("__onceflow_chaos_app__", path)
+        if loaded is None:
+            raise FileNotFoundError(f"no such app module: {spec}")
+        module = importlib.util.module_from_spec(loaded)
+        loaded.loader.exec_module(module)
+    else:
+        module = importlib.import_module(spec)
+    missing = [name for name in ("build_app", "CHAOS_TOPICS", "CHAOS_OUTPUT", "chaos_input", "expected") if not hasattr(module, name)]
+    if missing:
+        raise LookupError(f"{spec} lacks {', '.join(missing)} (see faults.workloads: the streaming workload's module convention)")
+    return module
+
+
+def _json_or_text(value):
+    if value is None or not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
+
+
+def output_text(key, value) -> str:
+    """One output record as the checker compares it: canonical JSON of
+    [key, value], where text that parses as JSON counts as that JSON (so
+    ``{"a":1,"b":2}`` and ``{"b": 2, "a": 1}`` are one value)."""
+    def normal(part):
+        if isinstance(part, (bytes, bytearray)):
+            part = part.decode("utf-8", "replace")
+        return _json_or_text(part)
+
+    return json.dumps([normal(key), normal(value)], sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def run_streaming(args, recorder: HistoryWriter) -> int:
+    from streaming.errors import StreamingError
+
+    module = load_app_module(args.app)
+    app = module.build_app(args.bootstrap, args.state_dir)
+    recorder.event("ok", "start", {"instance": app.instance_id, "application": app.application_id})
+    try:
+        app.run()  # SIGTERM: commit the open transaction, close the stores, return
+    except StreamingError as error:
+        print(f"streaming workload: {error}", file=sys.stderr, flush=True)
+        return error.exit_code
+    return 0
+
+
+WORKLOADS = {"streaming": run_streaming, "copier": run_copier, "copier-confluent": run_confluent_copier, "producer": run_producer, "bank": run_bank, "reader": run_reader}
 
 
 def main(argv=None) -> int:
@@ -347,6 +431,9 @@ def main(argv=None) -> int:
     parser.add_argument("--balances", action="store_true")
     parser.add_argument("--until-idle", type=float, default=None)
     parser.add_argument("--isolation", default="read_committed", choices=["read_committed", "read_uncommitted"])
+    parser.add_argument("--with-keys", action="store_true", help="(reader) record each read as output_text(key, value)")
+    parser.add_argument("--app", default=None, help="(streaming) the app module: a .py path or a module name")
+    parser.add_argument("--state-dir", default=None, help="(streaming) this instance's state directory")
     args = parser.parse_args(argv)
     recorder = HistoryWriter(args.history, f"{args.process}/{os.getpid()}")  # a restart is a new process
     try:

@@ -31,6 +31,13 @@ def add_arguments(parser) -> None:
                         help="a setting for our broker, e.g. flush.policy=os to see what the fsyncs cost (default: its defaults)")
     parser.add_argument("--json", default=None, metavar="FILE", help="also write settings, limits, medians and every round here")
     parser.add_argument("--png", default=None, metavar="FILE", help="also draw the table as a chart here (needs matplotlib)")
+    runner = parser.add_argument_group("the streaming runner beside Quix Streams 3 (benchmarks.runner_bench)")
+    runner.add_argument("--runner", action="store_true", help="instead of the broker scenarios: onceflow's runner and Quix Streams, exactly once, the same apps on our broker")
+    runner.add_argument("--runner-records", type=int, default=30_000, metavar="N", help="payments per throughput scenario (default 30000)")
+    runner.add_argument("--runner-latency-rate", type=int, default=500, metavar="N", help="records/s fed in the latency scenario (default 500)")
+    runner.add_argument("--runner-latency-seconds", type=float, default=5.0, metavar="S", help="length of the latency scenario (default 5)")
+    runner.add_argument("--restore-keys", type=int, default=1_000_000, metavar="N", help="keys of the store restored from its changelog, 0 to skip (default 1000000)")
+    runner.add_argument("--commit-interval-ms", type=int, default=100, metavar="MS", help="both frameworks' commit interval (default 100, the runner's)")
 
 
 def benchmark_suite():

@@ -1,0 +1,484 @@
+"""The dataflow layer: chains of ``filter``/``map``/``flat_map``/``key_by``,
+aggregations and event-time windows, compiled down to ordinary processors
+of the runner (``app.processor``), so they share its one exactly-once
+runtime: state in changelogged stores, output, store changes and input
+offsets committed in one transaction.
+
+    import streaming
+    from streaming.windows import tumbling
+
+    app = streaming.App(bootstrap_servers="127.0.0.1:9092", application_id="words", state_dir="./state")
+    (app.stream("lines", value_format="str")
+        .flat_map(str.split)                      # one record per word, key unchanged
+        .key_by(lambda word: word)                # the word becomes the key (repartitioned, see below)
+        .window(tumbling(60), grace=10)           # 1-minute windows, records up to 10 s late are counted
+        .count()
+        .to("word-counts", key_format="str", value_format="json"))
+    app.run()
+
+What the functions get and return (one rule for every step): a function
+gets the record's **value** and returns
+
+| step | returns | the record goes on with |
+| --- | --- | --- |
+| ``filter(f)`` | truthy to keep it | the same key, value and timestamp |
+| ``map(f)`` | the new value | the same key and timestamp |
+| ``flat_map(f)`` | an iterable of new values | one record per value, same key and timestamp |
+| ``key_by(f)`` | the new key | the same value and timestamp |
+
+Pass ``with_key=True`` and the function gets ``(key, value)`` instead.
+Only ``key_by`` changes keys, and timestamps (event time) are never
+changed, so windows downstream see the time the event happened. Headers
+of a source record go on with it through the stateless steps.
+
+Aggregations are per key and turn the stream into the stream of the
+aggregate's changes (key, new aggregate), like a Kafka Streams KTable's
+changelog: ``aggregate(initial, add)`` with ``add(aggregate, value) ->
+aggregate`` (``initial`` a JSON value or a function making one),
+``count()``, ``reduce(f)`` (``f(aggregate, value)``, the first value is the
+aggregate). Aggregates live in a state store (``store=`` names it; the
+default name is ``{processor}-{kind}-{n}``, n counting the chain's
+stateful steps: name your stores if the chain may change) and must be JSON
+values. A record whose key is ``None`` cannot be aggregated: that is an
+error (routed by the app's ``on_error``), never a silent skip.
+
+Windows (``streaming.windows``): ``.window(tumbling(s) | hopping(size,
+advance), grace=s, emit="close" | "update")`` then ``aggregate``/``count``/
+``reduce``. Each result is a record with the key and the value
+``{"start": ms, "end": ms, "value": aggregate}``, stamped with the highest
+event time among the window's records. ``emit="close"`` (the default)
+emits each window once, when stream time (the highest event time seen on
+the input partition, kept in the store) reaches its end + grace;
+``emit="update"`` emits on every change instead (the last one is the
+final value) and nothing at close. Records later than their window's end +
+grace are dropped and counted in the ``late_records_dropped`` metric. A
+partition that stops receiving records stops its stream time too: its last
+windows close when a later record arrives, as in Kafka Streams.
+
+Keys and partitions. State is per input partition (a store per partition,
+changelogged like it), so an aggregation is correct only if all records of
+a key arrive on one partition. A source topic is taken to be partitioned by
+its key, as Kafka producers do by default. When ``key_by`` changes the key
+before an aggregation, the chain is cut there, as Kafka Streams does: the
+first processor writes the re-keyed records to an internal repartition
+topic ``{application_id}-{name}-repartition-{n}`` (as many partitions as
+the source, partitioned by the new key), and a second processor of the same
+app reads it and aggregates. Both run in the app's one transactional
+runner, so the hop is exactly once as well (the repartition records and
+the offsets of the source commit together; the second processor reads them
+read_committed and commits its own offsets with its output). So each
+``.to()`` registers one processor, or one per repartition in its chain.
+Keys and values crossing a repartition topic keep their Python types (str,
+bytes, int, float, bool, None, tuples, lists, dicts with str keys).
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+from typing import Any, Callable
+
+import attrs
+
+from streaming.windows import FIRST_VALUE, WindowedAggregation, Windows
+
+EMIT_MODES = ("close", "update")
+LATE_METRIC = "late_records_dropped"
+_MISSING = object()
+
+# A compiled step: (ctx, key, value, timestamp, headers) -> None, calling the next step.
+Next = Callable[[Any, Any, Any, int, Any], None]
+
+
+# -- the repartition topics' format: Python values through JSON, types kept -----------------
+
+
+def _to_tree(value):
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    if isinstance(value, list):
+        return [_to_tree(item) for item in value]
+    if isinstance(value, tuple):
+        return {"t": [_to_tree(item) for item in value]}
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return {"b": base64.b64encode(bytes(value)).decode("ascii")}
+    if isinstance(value, dict):
+        if not all(isinstance(key, str) for key in value):
+            raise TypeError("a dict crossing a repartition topic needs str keys")
+        return {"d": {key: _to_tree(item) for key, item in value.items()}}
+    raise TypeError(f"a {type(value).__name__} cannot cross a repartition topic (use str, bytes, numbers, None, tuples, lists, dicts)")
+
+
+def _from_tree(tree):
+    if isinstance(tree, list):
+        return [_from_tree(item) for item in tree]
+    if isinstance(tree, dict):
+        if "t" in tree:
+            return tuple(_from_tree(item) for item in tree["t"])
+        if "b" in tree:
+            return base64.b64decode(tree["b"])
+        return {key: _from_tree(item) for key, item in tree["d"].items()}
+    return tree
+
+
+def _encode_internal(value) -> bytes:
+    # sort_keys: one key, one byte string, so one partition.
+    return json.dumps(_to_tree(value), separators=(",", ":"), sort_keys=True, allow_nan=False).encode("utf-8")
+
+
+def _decode_internal(data: bytes):
+    return _from_tree(json.loads(data))
+
+
+INTERNAL_FORMAT = (_encode_internal, _decode_internal)
+
+
+# -- steps ------------------------------------------------------------------------------------
+
+
+def _call(fn, with_key: bool):
+    """fn as a function of (key, value)."""
+    if with_key:
+        return fn
+    return lambda _key, value: fn(value)
+
+
+@attrs.frozen
+class Filter:
+    fn: Callable
+    with_key: bool = False
+
+    def compile(self, downstream: Next, store: str | None) -> Next:
+        keep = _call(self.fn, self.with_key)
+
+        def step(ctx, key, value, timestamp, headers):
+            if keep(key, value):
+                downstream(ctx, key, value, timestamp, headers)
+
+        return step
+
+
+@attrs.frozen
+class Map:
+    fn: Callable
+    with_key: bool = False
+
+    def compile(self, downstream: Next, store: str | None) -> Next:
+        change = _call(self.fn, self.with_key)
+
+        def step(ctx, key, value, timestamp, headers):
+            downstream(ctx, key, change(key, value), timestamp, headers)
+
+        return step
+
+
+@attrs.frozen
+class FlatMap:
+    fn: Callable
+    with_key: bool = False
+
+    def compile(self, downstream: Next, store: str | None) -> Next:
+        expand = _call(self.fn, self.with_key)
+
+        def step(ctx, key, value, timestamp, headers):
+            for item in expand(key, value):
+                downstream(ctx, key, item, timestamp, headers)
+
+        return step
+
+
+@attrs.frozen
+class KeyBy:
+    fn: Callable
+    with_key: bool = False
+
+    def compile(self, downstream: Next, store: str | None) -> Next:
+        new_key = _call(self.fn, self.with_key)
+
+        def step(ctx, key, value, timestamp, headers):
+            downstream(ctx, new_key(key, value), value, timestamp, headers)
+
+        return step
+
+
+def _initial_factory(initial) -> Callable[[], Any]:
+    if callable(initial):
+        return initial
+    return lambda: copy.deepcopy(initial)
+
+
+def _require_key(key, kind: str) -> None:
+    if key is None:
+        raise ValueError(f"{kind}: a record with a None key cannot be aggregated (give it a key with key_by)")
+
+
+@attrs.frozen
+class Aggregate:
+    """Per-key running aggregate; ``initial`` is FIRST_VALUE for a reduce."""
+
+    kind: str  # aggregate, count, reduce: names the default store
+    add: Callable[[Any, Any], Any]
+    initial: Any = FIRST_VALUE
+    store: str | None = None
+    stateful = True
+
+    def compile(self, downstream: Next, store: str) -> Next:
+        add, kind = self.add, self.kind
+        first = self.initial is FIRST_VALUE
+        initial = None if first else _initial_factory(self.initial)
+
+        def step(ctx, key, value, timestamp, headers):
+            _require_key(key, kind)
+            state = ctx.store(store)
+            current = state.get(key, _MISSING)
+            if current is _MISSING:
+                aggregate = value if first else add(initial(), value)
+            else:
+                aggregate = add(current, value)
+            state.put(key, aggregate)
+            downstream(ctx, key, aggregate, timestamp, None)
+
+        return step
+
+
+@attrs.frozen
+class WindowedAggregate:
+    kind: str
+    windows: Windows
+    grace_ms: int
+    emit: str
+    add: Callable[[Any, Any], Any]
+    initial: Any = FIRST_VALUE
+    store: str | None = None
+    stateful = True
+
+    def aggregation(self) -> WindowedAggregation:
+        initial = FIRST_VALUE if self.initial is FIRST_VALUE else _initial_factory(self.initial)
+        return WindowedAggregation(self.windows, self.grace_ms, self.add, initial)
+
+    def compile(self, downstream: Next, store: str) -> Next:
+        aggregation, kind, on_update = self.aggregation(), self.kind, self.emit == "update"
+
+        def step(ctx, key, value, timestamp, headers):
+            _require_key(key, kind)
+            update = aggregation.update(ctx.store(store), key, value, timestamp)
+            if update.late:
+                ctx.count(LATE_METRIC)
+            if on_update:
+                for result in update.changed:
+                    downstream(ctx, result.key, result.as_value(), result.timestamp, None)
+
+        return step
+
+    def observer(self, downstream: Next, store: str) -> Callable[[Any, int], None]:
+        """Advance stream time with every input record, before it flows, and
+        emit (emit="close") the windows that closes."""
+        aggregation, on_close = self.aggregation(), self.emit == "close"
+
+        def observe(ctx, timestamp):
+            for result in aggregation.advance(ctx.store(store), timestamp):
+                if on_close:
+                    downstream(ctx, result.key, result.as_value(), result.timestamp, None)
+
+        return observe
+
+
+# -- the chain ------------------------------------------------------------------------------------
+
+
+def _emit_to_sink(ctx, key, value, timestamp, headers):
+    ctx.emit(key, value, timestamp=timestamp, headers=headers)
+
+
+@attrs.frozen
+class Segment:
+    """One processor of a compiled chain."""
+
+    name: str
+    source: str
+    sink: str
+    steps: tuple
+    stores: tuple[str, ...]
+    key_format: Any
+    value_format: Any
+    sink_key_format: Any
+    sink_value_format: Any
+
+    def build(self) -> Callable:
+        """The processor ``fn(record, ctx)``."""
+        downstream: Next = _emit_to_sink
+        observers = []
+        store_of = dict(zip([i for i, s in enumerate(self.steps) if getattr(s, "stateful", False)], self.stores))
+        for index in range(len(self.steps) - 1, -1, -1):
+            step = self.steps[index]
+            if isinstance(step, WindowedAggregate):
+                observers.append(step.observer(downstream, store_of[index]))
+            downstream = step.compile(downstream, store_of.get(index))
+        head = downstream
+        observers.reverse()  # upstream windows close (and flow down) first
+
+        if not observers:
+            def process(record, ctx):
+                head(ctx, record.key, record.value, record.timestamp, record.headers)
+        else:
+            def process(record, ctx):
+                for observe in observers:
+                    observe(ctx, record.timestamp)
+                head(ctx, record.key, record.value, record.timestamp, record.headers)
+
+        process.__name__ = process.__qualname__ = self.name.replace("-", "_")
+        return process
+
+
+@attrs.frozen
+class Stream:
+    """A stream of records from ``topic``; every step returns a new Stream,
+    so one stream can branch into several chains (each its own ``.to()``)."""
+
+    app: Any
+    topic: str
+    key_format: Any = "bytes"
+    value_format: Any = "bytes"
+    steps: tuple = ()
+
+    def _then(self, step) -> "Stream":
+        return attrs.evolve(self, steps=self.steps + (step,))
+
+    def filter(self, keep: Callable, *, with_key: bool = False) -> "Stream":
+        return self._then(Filter(keep, with_key))
+
+    def map(self, change: Callable, *, with_key: bool = False) -> "Stream":
+        return self._then(Map(change, with_key))
+
+    def flat_map(self, expand: Callable, *, with_key: bool = False) -> "Stream":
+        return self._then(FlatMap(expand, with_key))
+
+    def key_by(self, new_key: Callable, *, with_key: bool = False) -> "Stream":
+        return self._then(KeyBy(new_key, with_key))
+
+    def aggregate(self, initial, add: Callable, *, store: str | None = None) -> "Stream":
+        return self._then(Aggregate("aggregate", add, initial, store))
+
+    def count(self, *, store: str | None = None) -> "Stream":
+        return self._then(Aggregate("count", _count_one, 0, store))
+
+    def reduce(self, combine: Callable, *, store: str | None = None) -> "Stream":
+        return self._then(Aggregate("reduce", combine, FIRST_VALUE, store))
+
+    def window(self, windows: Windows, *, grace: float = 0.0, emit: str = "close") -> "WindowedStream":
+        if not isinstance(windows, Windows):
+            raise TypeError("window() takes tumbling(seconds) or hopping(size, advance) from streaming.windows")
+        if emit not in EMIT_MODES:
+            raise ValueError(f"emit must be one of {', '.join(EMIT_MODES)}, not {emit!r}")
+        if grace < 0:
+            raise ValueError(f"grace must be >= 0 seconds (got {grace!r})")
+        return WindowedStream(self, windows, round(grace * 1000), emit)
+
+    def segments(self, topic: str, *, key_format=None, value_format=None, name: str | None = None) -> list[Segment]:
+        """The processors ``.to(topic)`` registers (see the module's docstring)."""
+        base = name or f"{self.topic}-to-{topic}"
+        application_id = getattr(self.app, "application_id", "app")
+        segments: list[Segment] = []
+        source, source_formats = self.topic, (self.key_format, self.value_format)
+        current: list = []
+        stores: list[str] = []
+        rekeyed = False
+        stateful_index = 0
+        for step in self.steps:
+            if getattr(step, "stateful", False) and rekeyed:
+                repartition = f"{application_id}-{base}-repartition-{len(segments)}"
+                segments.append(Segment(f"{base}-{len(segments)}", source, repartition, tuple(current), tuple(stores), *source_formats, *(INTERNAL_FORMAT,) * 2))
+                source, source_formats = repartition, (INTERNAL_FORMAT, INTERNAL_FORMAT)
+                current, stores, rekeyed = [], [], False
+            if isinstance(step, KeyBy):
+                rekeyed = True
+            if getattr(step, "stateful", False):
+                stores.append(step.store or f"{base}-{step.kind}-{stateful_index}")
+                stateful_index += 1
+            current.append(step)
+        sink_formats = (
+            key_format if key_format is not None else self.key_format,
+            value_format if value_format is not None else self.value_format,
+        )
+        last_name = base if not segments else f"{base}-{len(segments)}"
+        segments.append(Segment(last_name, source, topic, tuple(current), tuple(stores), *source_formats, *sink_formats))
+        return segments
+
+    def to(self, topic: str, *, key_format=None, value_format=None, name: str | None = None) -> list[str]:
+        """Register the chain's processor(s) with the app, writing to
+        ``topic`` (formats default to the source's); returns their names."""
+        segments = self.segments(topic, key_format=key_format, value_format=value_format, name=name)
+        for upstream, downstream in zip(segments, segments[1:]):
+            declare_internal_topic(self.app, upstream.sink, like=self.topic)
+        for segment in segments:
+            self.app.processor(
+                source=segment.source, sink=segment.sink, stores=list(segment.stores), key_format=segment.key_format,
+                value_format=segment.value_format, sink_key_format=segment.sink_key_format, sink_value_format=segment.sink_value_format,
+                name=segment.name,
+            )(segment.build())
+        return [segment.name for segment in segments]
+
+
+def declare_internal_topic(app, topic: str, *, like: str) -> None:
+    """Note that ``topic`` (a repartition topic) must exist, with as many
+    partitions as ``like``, before the app runs: the runner refuses missing
+    sources. ``app.internal_topics`` ({topic: like}) is what a runner that
+    creates internal topics itself reads; until the App does, the app's
+    ``run`` is wrapped (on this instance only) to create them first."""
+    internal = app.__dict__.setdefault("internal_topics", {})
+    internal[topic] = like
+    if getattr(type(app), "creates_internal_topics", False) or app.__dict__.get("_dataflow_run_wrapped"):
+        return
+    run = app.run
+
+    def run_after_creating_internal_topics(*args, **kwargs):
+        create_internal_topics(app)
+        return run(*args, **kwargs)
+
+    app.run = run_after_creating_internal_topics
+    app._dataflow_run_wrapped = True
+
+
+def create_internal_topics(app) -> dict[str, int]:
+    """Create the app's missing internal topics, each with its model
+    source's partition count; returns what it created. A missing source is
+    left for the runner to report."""
+    from txn import Admin
+
+    wanted = getattr(app, "internal_topics", {})
+    if not wanted:
+        return {}
+    options = {k: v for k, v in getattr(app, "consumer_options", {}).items() if k in getattr(app, "producer_options", {})}
+    with Admin(bootstrap_servers=app.bootstrap_servers, **options) as admin:
+        existing = admin.list_topics()
+        to_create = {topic: existing[like] for topic, like in wanted.items() if topic not in existing and like in existing}
+        if to_create:
+            admin.create_topics(to_create, exist_ok=True)
+    return to_create
+
+
+def _count_one(count, _value):
+    return count + 1
+
+
+@attrs.frozen
+class WindowedStream:
+    """A stream cut into event-time windows; aggregate it to get a Stream back."""
+
+    stream: Stream
+    windows: Windows
+    grace_ms: int
+    emit: str
+
+    def _aggregate(self, kind: str, add: Callable, initial, store: str | None) -> Stream:
+        return self.stream._then(WindowedAggregate(kind, self.windows, self.grace_ms, self.emit, add, initial, store))
+
+    def aggregate(self, initial, add: Callable, *, store: str | None = None) -> Stream:
+        return self._aggregate("aggregate", add, initial, store)
+
+    def count(self, *, store: str | None = None) -> Stream:
+        return self._aggregate("count", _count_one, 0, store)
+
+    def reduce(self, combine: Callable, *, store: str | None = None) -> Stream:
+        return self._aggregate("reduce", combine, FIRST_VALUE, store)

@@ -1,0 +1,206 @@
+"""Event-time windows, sans I/O: which windows a timestamp falls in, when a
+window closes, and a windowed aggregation that keeps its state in anything
+store-shaped (``get``/``put``/``delete``/``items``), so the dataflow layer
+runs it on a changelogged state store and the tests on a dict.
+
+Windows are aligned to the epoch, in milliseconds, like Kafka Streams'
+``TimeWindows``: a window of ``size`` advancing by ``advance`` covers
+``[start, start + size)`` for every ``start`` that is a multiple of
+``advance`` (tumbling: ``advance == size``; hopping: ``advance < size``, so
+a timestamp falls in ``ceil(size / advance)`` windows). Negative starts are
+skipped.
+
+Time is stream time, never the wall clock: the highest event time seen so
+far on the input partition (kept in the state under ``STREAM_TIME``, so a
+restart or a rewind to the last commit gets the value that goes with the
+rest of the state). A window closes when stream time reaches
+``end + grace``; then its final result is emitted and its state deleted. A
+record is added to each of its windows that is still open; a record that
+misses at least one of its windows because it closed is *late* (the caller
+counts it: ``late_records_dropped``).
+
+State layout (keys are tuples or strings, values JSON):
+
+| key | value |
+| --- | --- |
+| ``"stream-time"`` | the highest event time seen (ms) |
+| ``"next-close"`` | the earliest close time (end + grace) of an open window, absent when none is open |
+| ``("w", start, key)`` | ``[aggregate, highest timestamp of a record in the window]`` |
+
+``next-close`` makes the common record cheap: only when stream time passes
+it is the state scanned for the windows to close.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Protocol
+
+import attrs
+
+STREAM_TIME = "stream-time"
+NEXT_CLOSE = "next-close"
+WINDOW_TAG = "w"
+
+
+class StateLike(Protocol):
+    def get(self, key, default=None): ...
+    def put(self, key, value) -> None: ...
+    def delete(self, key) -> None: ...
+    def items(self) -> Iterable[tuple[Any, Any]]: ...
+
+
+def _milliseconds(seconds: float, what: str) -> int:
+    ms = round(seconds * 1000)
+    if ms <= 0:
+        raise ValueError(f"{what} must be positive (got {seconds!r} s)")
+    return ms
+
+
+@attrs.frozen
+class Windows:
+    """A window definition in milliseconds (build it with ``tumbling`` or ``hopping``)."""
+
+    size_ms: int = attrs.field(validator=attrs.validators.gt(0))
+    advance_ms: int = attrs.field(validator=attrs.validators.gt(0))
+
+    def __attrs_post_init__(self) -> None:
+        if self.advance_ms > self.size_ms:
+            raise ValueError(f"a window cannot advance ({self.advance_ms} ms) by more than its size ({self.size_ms} ms): records would fall in no window")
+
+    def starts_containing(self, timestamp: int) -> list[int]:
+        """Starts of the windows ``[start, start + size)`` holding ``timestamp``, ascending."""
+        if timestamp < 0:
+            raise ValueError(f"event time must be >= 0 ms (got {timestamp})")
+        last = timestamp - timestamp % self.advance_ms
+        first = max(0, timestamp - self.size_ms + 1)
+        # The smallest multiple of advance >= first.
+        first = -(-first // self.advance_ms) * self.advance_ms
+        return list(range(first, last + 1, self.advance_ms))
+
+    def end(self, start: int) -> int:
+        return start + self.size_ms
+
+
+def tumbling(seconds: float) -> Windows:
+    """Back-to-back windows of ``seconds``: every record is in exactly one."""
+    size = _milliseconds(seconds, "a window's size")
+    return Windows(size, size)
+
+
+def hopping(size: float, advance: float) -> Windows:
+    """Windows of ``size`` seconds starting every ``advance`` seconds (overlapping when advance < size)."""
+    return Windows(_milliseconds(size, "a window's size"), _milliseconds(advance, "a window's advance"))
+
+
+def close_time(windows: Windows, grace_ms: int, start: int) -> int:
+    """The stream time at which the window starting at ``start`` closes."""
+    return windows.end(start) + grace_ms
+
+
+def is_closed(windows: Windows, grace_ms: int, start: int, stream_time: int | None) -> bool:
+    return stream_time is not None and stream_time >= close_time(windows, grace_ms, start)
+
+
+@attrs.frozen
+class WindowResult:
+    """One window's aggregate for one key; ``timestamp`` is the highest event
+    time of a record in it (what the emitted record carries)."""
+
+    key: Any
+    start: int
+    end: int
+    aggregate: Any
+    timestamp: int
+
+    def as_value(self) -> dict:
+        """What the dataflow layer emits as the record's value."""
+        return {"start": self.start, "end": self.end, "value": self.aggregate}
+
+
+@attrs.frozen
+class Update:
+    """What one record did: the windows it changed, and whether it was late for any."""
+
+    changed: tuple[WindowResult, ...]
+    late: bool
+
+
+FIRST_VALUE = None  # ``initial`` for a reduce: a window's first value is its aggregate
+
+
+def _window_key(key) -> tuple | None:
+    """(start, user key) if ``key`` is a window entry's key (tuples may come back as lists)."""
+    if isinstance(key, (tuple, list)) and len(key) == 3 and key[0] == WINDOW_TAG:
+        user_key = key[2]
+        return key[1], tuple(user_key) if isinstance(user_key, list) else user_key
+    return None
+
+
+@attrs.frozen
+class WindowedAggregation:
+    """Aggregate per (key, window) over event time; ``initial()`` starts a
+    window's aggregate (``None``: the first value is the aggregate, as in a
+    reduce) and ``add(aggregate, value)`` folds a value in."""
+
+    windows: Windows
+    grace_ms: int = attrs.field(validator=attrs.validators.ge(0))
+    add: Callable[[Any, Any], Any]
+    initial: Callable[[], Any] | None = FIRST_VALUE
+
+    def advance(self, state: StateLike, timestamp: int) -> list[WindowResult]:
+        """Stream time moves to ``timestamp`` if that is later; returns the
+        windows this closes (in start order), whose state is deleted."""
+        stream_time = state.get(STREAM_TIME)
+        if stream_time is not None and timestamp <= stream_time:
+            return []
+        state.put(STREAM_TIME, timestamp)
+        next_close = state.get(NEXT_CLOSE)
+        if next_close is None or timestamp < next_close:
+            return []
+        closed: list[tuple[Any, WindowResult]] = []
+        remaining_next: int | None = None
+        for key, entry in list(state.items()):
+            window = _window_key(key)
+            if window is None:
+                continue
+            start, user_key = window
+            closes_at = close_time(self.windows, self.grace_ms, start)
+            if closes_at <= timestamp:
+                closed.append((key, WindowResult(user_key, start, self.windows.end(start), entry[0], entry[1])))
+            elif remaining_next is None or closes_at < remaining_next:
+                remaining_next = closes_at
+        for key, _result in closed:
+            state.delete(key)
+        if remaining_next is None:
+            state.delete(NEXT_CLOSE)
+        else:
+            state.put(NEXT_CLOSE, remaining_next)
+        # Stable: keys of one start keep the store's (deterministic) order.
+        return [result for _key, result in sorted(closed, key=lambda item: item[1].start)]
+
+    def update(self, state: StateLike, key, value, timestamp: int) -> Update:
+        """Fold one record into each of its windows still open (call
+        ``advance`` with its timestamp first)."""
+        stream_time = state.get(STREAM_TIME)
+        changed: list[WindowResult] = []
+        late = False
+        next_close = state.get(NEXT_CLOSE)
+        for start in self.windows.starts_containing(timestamp):
+            if is_closed(self.windows, self.grace_ms, start, stream_time):
+                late = True
+                continue
+            entry_key = (WINDOW_TAG, start, key)
+            entry = state.get(entry_key)
+            if entry is None:
+                aggregate = value if self.initial is FIRST_VALUE else self.add(self.initial(), value)
+                highest = timestamp
+                closes_at = close_time(self.windows, self.grace_ms, start)
+                if next_close is None or closes_at < next_close:
+                    next_close = closes_at
+                    state.put(NEXT_CLOSE, next_close)
+            else:
+                aggregate = self.add(entry[0], value)
+                highest = max(entry[1], timestamp)
+            state.put(entry_key, [aggregate, highest])
+            changed.append(WindowResult(key, start, self.windows.end(start), aggregate, highest))
+        return Update(tuple(changed), late)

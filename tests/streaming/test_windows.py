@@ -1,0 +1,167 @@
+"""The window arithmetic and the windowed aggregation of streaming.windows,
+against a dict-backed state and against a plain recomputation."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from streaming.windows import NEXT_CLOSE, STREAM_TIME, WindowedAggregation, Windows, close_time, hopping, tumbling
+
+
+class DictState:
+    """A store stand-in for the sans-I/O core: values go through JSON, as a
+    real store's do, so a non-JSON aggregate or a tuple/list mix-up shows."""
+
+    def __init__(self):
+        self.data: dict = {}
+
+    def get(self, key, default=None):
+        raw = self.data.get(key)
+        return default if raw is None else json.loads(raw)
+
+    def put(self, key, value):
+        self.data[key] = json.dumps(value)
+
+    def delete(self, key):
+        self.data.pop(key, None)
+
+    def items(self):
+        return [(key, json.loads(raw)) for key, raw in sorted(self.data.items(), key=lambda item: repr(item[0]))]
+
+
+def test_tumbling_puts_each_timestamp_in_exactly_one_window():
+    windows = tumbling(10)
+    assert windows == Windows(10_000, 10_000)
+    assert windows.starts_containing(0) == [0]
+    assert windows.starts_containing(9_999) == [0]
+    assert windows.starts_containing(10_000) == [10_000]
+    assert windows.starts_containing(123_456) == [120_000]
+
+
+def test_hopping_puts_a_timestamp_in_size_over_advance_windows():
+    windows = hopping(10, 5)
+    assert windows.starts_containing(12_000) == [5_000, 10_000]
+    assert windows.starts_containing(10_000) == [5_000, 10_000]
+    assert windows.starts_containing(9_999) == [0, 5_000]
+    assert windows.starts_containing(3_000) == [0]  # no negative starts
+    assert hopping(10, 3).starts_containing(20_000) == [12_000, 15_000, 18_000]
+
+
+def test_bad_window_definitions_are_refused():
+    with pytest.raises(ValueError, match="advance"):
+        hopping(5, 10)
+    with pytest.raises(ValueError, match="positive"):
+        tumbling(0)
+    with pytest.raises(ValueError, match=">= 0"):
+        tumbling(1).starts_containing(-5)
+
+
+def test_a_window_closes_at_end_plus_grace_of_stream_time():
+    counting = WindowedAggregation(tumbling(10), grace_ms=2_000, add=lambda a, v: a + 1, initial=lambda: 0)
+    state = DictState()
+    for ts in (1_000, 9_000, 11_000):
+        assert counting.advance(state, ts) == []
+        counting.update(state, "k", None, ts)
+    assert state.get(NEXT_CLOSE) == close_time(counting.windows, 2_000, 0) == 12_000
+    # Out of order but within grace: still counted in window 0.
+    assert counting.advance(state, 5_000) == []
+    assert counting.update(state, "k", None, 5_000).late is False
+    closed = counting.advance(state, 12_000)
+    assert [(r.key, r.start, r.end, r.aggregate, r.timestamp) for r in closed] == [("k", 0, 10_000, 3, 9_000)]
+    assert state.get(STREAM_TIME) == 12_000
+    # Later than end + grace: dropped, reported late, the closed window is not reopened.
+    update = counting.update(state, "k", None, 9_500)
+    assert update.late is True and update.changed == ()
+    assert counting.advance(state, 30_000)[0].aggregate == 1  # window 10 s held only the 11 s record
+
+
+def test_reduce_starts_from_the_first_value():
+    maximum = WindowedAggregation(tumbling(1), grace_ms=0, add=max)
+    state = DictState()
+    for ts, value in ((100, 3), (200, 7), (300, 5)):
+        maximum.advance(state, ts)
+        maximum.update(state, "k", value, ts)
+    assert [r.aggregate for r in maximum.advance(state, 1_000)] == [7]
+
+
+def test_tuple_and_bytes_free_keys_survive_the_json_state():
+    counting = WindowedAggregation(tumbling(1), grace_ms=0, add=lambda a, v: a + v, initial=lambda: 0)
+    state = DictState()
+    counting.advance(state, 10)
+    counting.update(state, ("a", 1), 2, 10)
+    counting.update(state, 7, 3, 10)
+    results = counting.advance(state, 1_000)
+    assert {r.key: r.aggregate for r in results} == {("a", 1): 2, 7: 3}
+
+
+def recompute(records, size, advance, grace):
+    """The plain definition, independent of the module: stream time is the
+    running maximum; a record joins each window [s, s+size) (s a multiple of
+    advance, s >= 0) holding it whose end + grace is above the stream time
+    at the record; a window is emitted at the first record that brings
+    stream time to its end + grace."""
+    stream_time = None
+    sums: dict = {}
+    emitted_at: dict = {}
+    late = 0
+    for index, (key, ts, value) in enumerate(records):
+        stream_time = ts if stream_time is None else max(stream_time, ts)
+        for window in list(sums):
+            if window not in emitted_at and stream_time >= window[1] + size + grace:
+                emitted_at[window] = index
+        missed = False
+        for start in range(0, ts + 1):
+            if start % advance or not (start <= ts < start + size):
+                continue
+            if stream_time >= start + size + grace:
+                missed = True
+                continue
+            sums[(key, start)] = sums.get((key, start), 0) + value
+        late += missed
+    finals = {w: (sums[w], emitted_at[w]) for w in emitted_at}
+    still_open = {w: s for w, s in sums.items() if w not in emitted_at}
+    return finals, still_open, late
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    size=st.integers(1, 40),
+    advance_divisor=st.integers(1, 4),
+    grace=st.integers(0, 30),
+    records=st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.integers(0, 200), st.integers(1, 9)), max_size=60),
+)
+def test_windowed_sums_equal_a_plain_recomputation(size, advance_divisor, grace, records):
+    advance = max(1, size // advance_divisor)
+    summing = WindowedAggregation(Windows(size, advance), grace_ms=grace, add=lambda a, v: a + v, initial=lambda: 0)
+    state = DictState()
+    finals, late = {}, 0
+    for index, (key, ts, value) in enumerate(records):
+        for result in summing.advance(state, ts):
+            assert (result.key, result.start) not in finals, "a window emitted twice"
+            assert result.end == result.start + size
+            finals[(result.key, result.start)] = (result.aggregate, index)
+        late += summing.update(state, key, value, ts).late
+    expected_finals, expected_open, expected_late = recompute(records, size, advance, grace)
+    assert finals == expected_finals
+    assert late == expected_late
+    still_open = {(entry_key[2], entry_key[1]): entry[0] for entry_key, entry in state.items() if isinstance(entry_key, tuple)}
+    assert still_open == expected_open
+    if expected_open:
+        assert state.get(NEXT_CLOSE) == min(start + size + grace for _key, start in expected_open)
+    else:
+        assert state.get(NEXT_CLOSE) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(size=st.integers(1, 100), advance=st.integers(1, 100), ts=st.integers(0, 10_000))
+def test_starts_containing_matches_a_scan(size, advance, ts):
+    if advance > size:
+        with pytest.raises(ValueError):
+            Windows(size, advance)
+        return
+    expected = [s for s in range(0, ts + 1) if s % advance == 0 and s <= ts < s + size]
+    assert Windows(size, advance).starts_containing(ts) == expected
