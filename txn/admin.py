@@ -13,6 +13,7 @@ call says which errors it tolerates.
 from __future__ import annotations
 
 import asyncio
+import collections
 
 import attrs
 
@@ -22,7 +23,7 @@ from protocol.messages import ApiKey
 from txn import assignors
 from txn.cluster import Cluster
 from txn.config import AdminConfig, build
-from txn.errors import classify
+from txn.errors import RetriableError, classify
 from txn.loop_thread import LoopThread
 from txn.types import OffsetAndMetadata, TopicPartition, as_topic_partition
 
@@ -173,19 +174,46 @@ class AsyncAdmin:
     # -- offsets and records ---------------------------------------------------------------------
 
     async def list_offsets(self, specs: dict, *, isolation_level: str = "read_committed") -> dict[TopicPartition, ListedOffset]:
-        """``{partition: "earliest" | "latest" | "max_timestamp" | timestamp_ms}``."""
-        out = {}
-        for partition, spec in specs.items():
-            tp = as_topic_partition(partition)
-            timestamp = OFFSET_SPECS[spec] if isinstance(spec, str) else int(spec)
-            body = {"replica_id": -1, "isolation_level": IsolationLevel.READ_COMMITTED if isolation_level == "read_committed" else IsolationLevel.READ_UNCOMMITTED,
-                    "topics": [{"name": tp.topic, "partitions": [{"partition_index": tp.partition, "timestamp": timestamp, "current_leader_epoch": -1}]}]}
-            response = await (await self.cluster.leader(tp.topic, tp.partition)).request(ApiKey.LIST_OFFSETS, body)
-            answer = response["topics"][0]["partitions"][0]
-            if answer["error_code"]:
-                raise classify(answer["error_code"], f"list offsets of {tp}")
-            out[tp] = ListedOffset(answer["offset"], answer["timestamp"])
+        """``{partition: "earliest" | "latest" | "max_timestamp" | timestamp_ms}``,
+        in one ListOffsets request per leader. "latest" is the last stable
+        offset under read_committed, the high watermark under read_uncommitted;
+        a timestamp no record reaches answers offset -1. Retriable errors
+        (leader moved, not yet known) are retried for the partitions they hit."""
+        wanted = {as_topic_partition(p): OFFSET_SPECS[spec] if isinstance(spec, str) else int(spec) for p, spec in specs.items()}
+        isolation = IsolationLevel.READ_COMMITTED if isolation_level == "read_committed" else IsolationLevel.READ_UNCOMMITTED
+        out: dict[TopicPartition, ListedOffset] = {}
+        async for attempt in self.cluster.retrying(self.config.request_timeout_ms / 1000):
+            with attempt:
+                await self._list_offsets_once({tp: t for tp, t in wanted.items() if tp not in out}, isolation, out)
         return out
+
+    async def _list_offsets_once(self, wanted: dict[TopicPartition, int], isolation: int, out: dict) -> None:
+        unknown = sorted({tp.topic for tp in wanted if (tp.topic, tp.partition) not in self.cluster.leaders})
+        if unknown:
+            await self.cluster.refresh(unknown, allow_auto_create=False)
+        by_leader: dict[int | None, list[TopicPartition]] = collections.defaultdict(list)
+        for tp in wanted:
+            by_leader[self.cluster.leaders.get((tp.topic, tp.partition))].append(tp)
+        first_error = None
+        for node, partitions in by_leader.items():
+            if node is None or node not in self.cluster.brokers:
+                first_error = first_error or RetriableError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"list offsets of {', '.join(map(str, partitions))}")
+                continue
+            topics: dict[str, list] = collections.defaultdict(list)
+            for tp in partitions:
+                topics[tp.topic].append({"partition_index": tp.partition, "timestamp": wanted[tp], "current_leader_epoch": -1})
+            body = {"replica_id": -1, "isolation_level": isolation, "topics": [{"name": t, "partitions": p} for t, p in topics.items()]}
+            response = await (await self.cluster.connection(self.cluster.brokers[node])).request(ApiKey.LIST_OFFSETS, body)
+            for topic in response["topics"]:
+                for answer in topic["partitions"]:
+                    tp = TopicPartition(topic["name"], answer["partition_index"])
+                    if answer["error_code"]:
+                        self.cluster.forget_leader(tp.topic, tp.partition)
+                        first_error = first_error or classify(answer["error_code"], f"list offsets of {tp}")
+                    else:
+                        out[tp] = ListedOffset(answer["offset"], answer["timestamp"])
+        if first_error is not None:
+            raise first_error
 
     async def delete_records(self, before: dict) -> dict[TopicPartition, int]:
         """Move each partition's log start offset up to the given offset; the new low watermarks."""

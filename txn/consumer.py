@@ -45,7 +45,7 @@ import attrs
 from protocol.constants import CoordinatorType, IsolationLevel, OffsetSpec
 from protocol.errors import ErrorCode
 from protocol.messages import ApiKey
-from protocol.records import ControlType, decode_batch, decode_control_record, iter_batches
+from protocol.records import ControlType, TimestampType, decode_batch, decode_control_record, iter_batches
 from txn import assignors
 from txn.cluster import Cluster
 from txn.config import ConsumerConfig, build
@@ -54,11 +54,16 @@ from txn.loop_thread import LoopThread
 from txn.membership import GroupMember, MemberState, RebalanceStep
 from txn.types import ConsumerRecord, GroupMetadata, OffsetAndMetadata, TopicPartition, as_topic_partition
 
+LOG_APPEND_TIME = int(TimestampType.LOG_APPEND_TIME)
 FENCING = {ErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.ILLEGAL_GENERATION, ErrorCode.FENCED_INSTANCE_ID}
 
 
-def committed_records(data, aborted: list[dict], *, read_committed: bool, start_offset: int):
-    """Records of a fetched partition that a consumer may see (see module doc)."""
+def committed_records(data, aborted: list[dict], *, read_committed: bool, start_offset: int, log_append_offsets: set | None = None):
+    """Records of a fetched partition that a consumer may see (see module doc).
+
+    A batch stamped with LogAppendTime gives its records the batch's time (as
+    Kafka's consumer does); their offsets go into ``log_append_offsets`` when
+    the caller passes a set."""
     heap = [(entry["first_offset"], entry["producer_id"]) for entry in (aborted or [])] if read_committed else []
     heapq.heapify(heap)
     aborted_producers: set[int] = set()
@@ -75,7 +80,13 @@ def committed_records(data, aborted: list[dict], *, read_committed: bool, start_
         if read_committed and header.is_transactional and header.producer_id in aborted_producers:
             continue
         batch = decode_batch(data, position)
-        out.extend(record for record in batch.records if record.offset >= start_offset)
+        if header.timestamp_type == TimestampType.LOG_APPEND_TIME:
+            appended = [attrs.evolve(record, timestamp=header.max_timestamp) for record in batch.records if record.offset >= start_offset]
+            if log_append_offsets is not None:
+                log_append_offsets.update(record.offset for record in appended)
+            out.extend(appended)
+        else:
+            out.extend(record for record in batch.records if record.offset >= start_offset)
     return out
 
 
@@ -315,7 +326,8 @@ class AsyncConsumer:
                 end = start
                 for _position, header in iter_batches(data):
                     end = max(end, header.next_offset)
-                visible = committed_records(data, answer.get("aborted_transactions"), read_committed=self.config.read_committed, start_offset=start)
+                log_append_offsets: set[int] = set()
+                visible = committed_records(data, answer.get("aborted_transactions"), read_committed=self.config.read_committed, start_offset=start, log_append_offsets=log_append_offsets)
                 if not visible:
                     # Wholly invisible (control batches, aborted data): move past it
                     # now. An empty buffer would hide the partition from the next
@@ -327,6 +339,8 @@ class AsyncConsumer:
                     self._buffers[tp] = collections.deque(
                         [ConsumerRecord(topic_name, index, r.offset, r.timestamp, r.key, r.value, tuple([(h.key, h.value) for h in r.headers]) if r.headers else ()) for r in visible]
                     )
+                    if log_append_offsets:
+                        self._buffers[tp] = collections.deque(r._replace(timestamp_type=LOG_APPEND_TIME) if r.offset in log_append_offsets else r for r in self._buffers[tp])
                     self._buffer_ends[tp] = end
 
     # -- offsets ----------------------------------------------------------------------------------

@@ -55,6 +55,7 @@ class ConsumerRecord(NamedTuple):
     key: bytes | None
     value: bytes | None
     headers: tuple = ()
+    timestamp_type: int = 0  # 0 CreateTime, 1 LogAppendTime (the broker's time, set by the topic's message.timestamp.type)
 
     @property
     def topic_partition(self) -> TopicPartition:

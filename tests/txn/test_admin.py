@@ -45,6 +45,26 @@ def test_offsets_and_delete_records(embedded_broker):
         assert admin.list_offsets({tp: "earliest"})[tp].offset == 6
 
 
+def test_list_offsets_of_many_partitions_in_one_call(embedded_broker):
+    with Admin(bootstrap_servers=embedded_broker.bootstrap) as admin:
+        admin.create_topics({"admin-many-a": 3, "admin-many-b": 2})
+        producer = Producer(bootstrap_servers=embedded_broker.bootstrap)
+        for partition in range(3):
+            for i in range(partition + 1):
+                producer.send("admin-many-a", b"x", partition=partition, timestamp=1_000 * (partition + 1) + i)
+        producer.send("admin-many-b", b"y", partition=1, timestamp=5_000)
+        producer.flush()
+        producer.close()
+        partitions = [TopicPartition("admin-many-a", p) for p in range(3)] + [TopicPartition("admin-many-b", p) for p in range(2)]
+        latest = admin.list_offsets({tp: "latest" for tp in partitions})
+        assert {tp: listed.offset for tp, listed in latest.items()} == dict(zip(partitions, [1, 2, 3, 0, 1]))
+        assert {tp.partition: listed.offset for tp, listed in admin.list_offsets({tp: "earliest" for tp in partitions}).items()} == {0: 0, 1: 0, 2: 0}
+        by_time = admin.list_offsets({partitions[2]: 3_001, partitions[1]: 2_000, partitions[4]: 9_999})
+        assert by_time[partitions[2]].offset == 1 and by_time[partitions[2]].timestamp == 3_001
+        assert by_time[partitions[1]].offset == 0
+        assert by_time[partitions[4]].offset == -1, "no record at or after the timestamp"
+
+
 def test_groups_are_listed_and_described_with_their_assignment(embedded_broker):
     group = f"admin-group-{uuid.uuid4()}"
     with Admin(bootstrap_servers=embedded_broker.bootstrap) as admin:

@@ -108,3 +108,25 @@ def test_poll_over_wholly_invisible_data_moves_on_without_spinning(broker_proces
         producer.flush()
     assert [r.value for r in read_all(consumer, 1)] == [b"visible"]
     consumer.close()
+
+
+def test_log_append_time_topics_give_the_broker_time_and_type(embedded_broker):
+    from txn import Admin, Producer
+
+    with Admin(bootstrap_servers=embedded_broker.bootstrap) as admin:
+        admin.create_topics({"log-append": 1, "create-time": 1}, configs={"log-append": {"message.timestamp.type": "LogAppendTime"}})
+    before = int(time.time() * 1000)
+    with Producer(bootstrap_servers=embedded_broker.bootstrap) as producer:
+        for topic in ("log-append", "create-time"):
+            producer.send(topic, b"v", partition=0, timestamp=1_000)
+        producer.flush()
+    with Consumer(bootstrap_servers=embedded_broker.bootstrap) as consumer:
+        consumer.assign([("log-append", 0), ("create-time", 0)])
+        consumer.seek(("log-append", 0), 0)
+        consumer.seek(("create-time", 0), 0)
+        records = {}
+        deadline = time.monotonic() + 30
+        while len(records) < 2 and time.monotonic() < deadline:
+            records.update({r.topic: r for r in consumer.poll(0.5)})
+    assert records["create-time"].timestamp == 1_000 and records["create-time"].timestamp_type == 0
+    assert records["log-append"].timestamp >= before and records["log-append"].timestamp_type == 1

@@ -1,0 +1,40 @@
+"""The ``onceflow`` PySpark data source: one class Spark instantiates on the
+driver and on executors, from the options the user gave.
+
+``register(spark)`` (in ``streaming.spark``) makes ``format("onceflow")``
+available; reads go to ``streaming.spark.source``, streaming writes to
+``streaming.spark.sink``. The instance holds only its options, so it pickles.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql.datasource import DataSource
+from pyspark.sql.types import StructType
+
+from streaming.spark import options as opts
+
+
+class OnceflowDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "onceflow"
+
+    def schema(self) -> StructType:
+        from streaming.spark.source import kafka_schema
+
+        return kafka_schema(opts.parse_bool(opts.lowercase(self.options), "includeheaders", False, "includeHeaders"))
+
+    def streamReader(self, schema: StructType):
+        from streaming.spark.source import OnceflowStreamReader
+
+        return OnceflowStreamReader(opts.parse_source_options(self.options, streaming=True), schema)
+
+    def reader(self, schema: StructType):
+        from streaming.spark.source import OnceflowBatchReader
+
+        return OnceflowBatchReader(opts.parse_source_options(self.options, streaming=False), schema)
+
+    def streamWriter(self, schema: StructType, overwrite: bool):
+        from streaming.spark.sink import make_stream_writer  # the sink's own module, loaded only when writing
+
+        return make_stream_writer(self.options, schema, overwrite)

@@ -1,0 +1,432 @@
+"""The options of the ``onceflow`` Spark data source, parsed once and checked
+the way Spark's Kafka connector checks them, so existing jobs port by
+changing ``format("kafka")`` to ``format("onceflow")``.
+
+Shared by the source (``parse_source_options``) and the sink
+(``kafka_params``, ``reject_forbidden_sink_params``, ``client_config``).
+
+- Option names are Spark's, case-insensitive (PySpark hands them over
+  lowercased). A source option we do not know is ignored, as Spark ignores
+  it; a ``kafka.*`` option our clients do not know is an error naming it,
+  because dropping, say, ``kafka.security.protocol=SSL`` would silently
+  talk in plain text.
+- ``kafka.*`` options lose their prefix and become our ``txn`` client
+  configuration (``kafka.fetch.max.bytes`` -> ``ConsumerConfig.fetch_max_bytes``).
+- Options Spark forbids are refused with Spark's messages.
+- Isolation is read_committed unless ``kafka.isolation.level`` says
+  read_uncommitted (Spark's Kafka source defaults to the Kafka client's
+  read_uncommitted; we do not, because only offsets below the last stable
+  offset re-read the same rows).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import attrs
+
+from txn.config import AdminConfig, CommonConfig, ConsumerConfig, build
+from txn.errors import ConfigError
+from txn.types import TopicPartition
+
+EARLIEST, LATEST = -2, -1  # the special offsets of Spark's offset JSON
+DEFAULT_MAX_TRIGGER_DELAY = "15m"
+DEFAULT_POLL_TIMEOUT_MS = 120_000  # Spark's default, spark.network.timeout
+ASSIGN_EXAMPLE = '{"topicA":[0,1],"topicB":[0,1]}'
+OFFSETS_EXAMPLE = '{"topicA":{"0":23,"1":-1},"topicB":{"0":-2}}'
+TIMESTAMPS_EXAMPLE = '{"topicA": {"0": 123456789, "1": 123456789}, "topicB": {"0": 123456789, "1": 123456789}}'
+SUBSCRIPTION_KEYS = ("subscribe", "subscribepattern", "assign")
+SUBSCRIPTION_NAMES = "subscribe, subscribePattern, assign"
+
+# Kafka client properties Spark refuses, with its reasons.
+FORBIDDEN_SOURCE_PARAMS = {
+    "auto.offset.reset": (
+        "Kafka option 'auto.offset.reset' is not supported. Instead set the source option 'startingOffsets' to 'earliest' or 'latest' "
+        "to specify where to start. Structured Streaming manages which offsets are consumed internally, rather than relying on the "
+        "kafkaConsumer to do it. Note that 'startingOffsets' only applies when a new Streaming query is started, and that resuming "
+        "will always pick up from where the query left off."
+    ),
+    "key.deserializer": "Kafka option 'key.deserializer' is not supported as keys are deserialized as byte arrays with ByteArrayDeserializer. Use DataFrame operations to explicitly deserialize the keys.",
+    "value.deserializer": "Kafka option 'value.deserializer' is not supported as values are deserialized as byte arrays with ByteArrayDeserializer. Use DataFrame operations to explicitly deserialize the values.",
+    "enable.auto.commit": "Kafka option 'enable.auto.commit' is not supported",
+    "interceptor.classes": "Kafka option 'interceptor.classes' is not supported",
+}
+FORBIDDEN_SINK_PARAMS = {
+    "key.serializer": "Kafka option 'key.serializer' is not supported as keys are serialized with ByteArraySerializer.",
+    "value.serializer": "Kafka option 'value.serializer' is not supported as value are serialized with ByteArraySerializer.",
+}
+# The executors' consumers read whole ranges into Arrow batches: larger polls
+# and fetches than a record-at-a-time consumer's defaults (a kafka.* option wins).
+SOURCE_CONSUMER_DEFAULTS = {"max.poll.records": "32768", "max.partition.fetch.bytes": str(8 << 20)}
+# Kafka client properties that change nothing for our clients at the values given.
+HARMLESS_PARAMS = {"security.protocol": {"plaintext"}}
+
+
+class OptionError(ValueError):
+    """A data source option is missing, malformed or not allowed (Spark
+    raises IllegalArgumentException for the same cases)."""
+
+
+# -- kafka.* -------------------------------------------------------------------------------------
+
+
+def lowercase(options) -> dict[str, str]:
+    """The options as a plain dict with lowercased keys (PySpark's
+    CaseInsensitiveDict already lowercases; tests pass plain dicts)."""
+    return {str(key).lower(): value for key, value in dict(options).items()}
+
+
+def kafka_params(options) -> dict[str, str]:
+    """``kafka.*`` options without their prefix: Kafka client properties."""
+    return {key[len("kafka."):]: str(value) for key, value in lowercase(options).items() if key.startswith("kafka.")}
+
+
+def reject_forbidden_source_params(params: dict[str, str]) -> None:
+    for name, message in FORBIDDEN_SOURCE_PARAMS.items():
+        if name in params:
+            raise OptionError(message)
+
+
+def reject_forbidden_sink_params(params: dict[str, str]) -> None:
+    for name, message in FORBIDDEN_SINK_PARAMS.items():
+        if name in params:
+            raise OptionError(message)
+
+
+def require_bootstrap_servers(params: dict[str, str], role: str) -> None:
+    """``role``: "consumer" or "producer", as in Spark's message."""
+    if not params.get("bootstrap.servers", "").strip():
+        raise OptionError(f"Option 'kafka.bootstrap.servers' must be specified for configuring Kafka {role}")
+
+
+def client_config(config_class: type[CommonConfig], params: dict[str, str], *, only_known: bool = False, **overrides) -> CommonConfig:
+    """A ``txn`` client configuration from Kafka client properties.
+
+    ``only_known`` drops the properties ``config_class`` has no field for
+    (the driver's admin client gets the consumer's settings it understands:
+    bootstrap servers, client id, timeouts); otherwise an unknown property
+    is an ``OptionError`` naming it with its ``kafka.`` prefix."""
+    known = {field.name for field in attrs.fields(config_class)}
+    chosen: dict[str, str] = {}
+    unknown = []
+    for name, value in params.items():
+        if str(value).lower() in HARMLESS_PARAMS.get(name, ()):
+            continue
+        field = name.replace(".", "_").replace("-", "_")
+        if field in known:
+            chosen[field] = value
+        elif not only_known:
+            unknown.append(f"kafka.{name}")
+    if unknown:
+        raise OptionError(
+            f"Kafka option(s) {', '.join(sorted(unknown))} not supported by onceflow's {config_class.__name__} "
+            f"(supported: {', '.join('kafka.' + f.replace('_', '.') for f in sorted(known))})"
+        )
+    chosen.update({name: value for name, value in overrides.items() if value is not None})
+    try:
+        return build(config_class, chosen)
+    except ConfigError as error:
+        raise OptionError(f"invalid Kafka option: {error}") from None
+
+
+# -- where to start and end ----------------------------------------------------------------------
+
+
+@attrs.frozen
+class Earliest:
+    """The log start offset of every partition."""
+
+
+@attrs.frozen
+class Latest:
+    """The end of every partition: the last stable offset under read_committed."""
+
+
+@attrs.frozen
+class SpecificOffsets:
+    """Offsets per partition; -2 means earliest, -1 latest."""
+
+    offsets: dict = attrs.field(hash=False)  # TopicPartition -> int
+
+
+@attrs.frozen
+class GlobalTimestamp:
+    """The first offset at or after ``timestamp`` (ms) in every partition."""
+
+    timestamp: int
+    on_no_match: str = "error"  # "error" or "latest"
+
+
+@attrs.frozen
+class SpecificTimestamps:
+    timestamps: dict = attrs.field(hash=False)  # TopicPartition -> ms
+    on_no_match: str = "error"
+
+
+OffsetLimit = Earliest | Latest | SpecificOffsets | GlobalTimestamp | SpecificTimestamps
+
+
+def parse_partitions(text: str) -> tuple[TopicPartition, ...]:
+    """``assign``: ``{"topicA":[0,1],"topicB":[2,4]}``."""
+    try:
+        parsed = json.loads(text)
+        if not isinstance(parsed, dict):
+            raise ValueError
+        out = []
+        for topic, partitions in parsed.items():
+            if not isinstance(partitions, list) or not all(isinstance(p, int) and not isinstance(p, bool) for p in partitions):
+                raise ValueError
+            out += [TopicPartition(topic, p) for p in partitions]
+        return tuple(out)
+    except ValueError:
+        raise OptionError(f"Expected e.g. {ASSIGN_EXAMPLE}, got {text}") from None
+
+
+def _parse_partition_numbers(text: str, example: str) -> dict[TopicPartition, int]:
+    try:
+        parsed = json.loads(text)
+        if not isinstance(parsed, dict):
+            raise ValueError
+        out = {}
+        for topic, entries in parsed.items():
+            if not isinstance(entries, dict):
+                raise ValueError
+            for partition, number in entries.items():
+                if not isinstance(number, int) or isinstance(number, bool):
+                    raise ValueError
+                out[TopicPartition(topic, int(partition))] = number
+        return out
+    except ValueError:
+        raise OptionError(f"Expected e.g. {example}, got {text}") from None
+
+
+def parse_partition_offsets(text: str) -> dict[TopicPartition, int]:
+    """``startingOffsets``/``endingOffsets`` JSON: ``{"t":{"0":23,"1":-1}}``."""
+    return _parse_partition_numbers(text, OFFSETS_EXAMPLE)
+
+
+def parse_partition_timestamps(text: str) -> dict[TopicPartition, int]:
+    return _parse_partition_numbers(text, TIMESTAMPS_EXAMPLE)
+
+
+def offsets_to_json(offsets: dict[TopicPartition, int]) -> dict[str, dict[str, int]]:
+    """Spark's offset JSON shape: ``{topic: {"partition": offset}}``."""
+    out: dict[str, dict[str, int]] = {}
+    for tp in sorted(offsets):
+        out.setdefault(tp.topic, {})[str(tp.partition)] = int(offsets[tp])
+    return out
+
+
+def offsets_from_json(value: dict) -> dict[TopicPartition, int]:
+    """The inverse of ``offsets_to_json`` (Spark hands keys back as strings)."""
+    return {TopicPartition(topic, int(partition)): int(offset) for topic, entries in value.items() for partition, offset in entries.items()}
+
+
+def offset_limit(options: dict[str, str], timestamp_key: str, by_timestamp_key: str, offsets_key: str, default: OffsetLimit) -> OffsetLimit:
+    """Spark's precedence: a global timestamp, then timestamps per partition,
+    then earliest/latest/JSON offsets, else ``default``."""
+    strategy = options.get("startingoffsetsbytimestampstrategy", "error").strip().lower()
+    if strategy not in ("error", "latest"):
+        raise OptionError(f"startingOffsetsByTimestampStrategy must be 'error' or 'latest', not {strategy!r}")
+    if timestamp_key in options:
+        text = str(options[timestamp_key]).strip()
+        try:
+            return GlobalTimestamp(int(text), strategy)
+        except ValueError:
+            raise OptionError(f"Expected a single long value, got {text}") from None
+    if by_timestamp_key in options:
+        return SpecificTimestamps(parse_partition_timestamps(str(options[by_timestamp_key]).strip()), strategy)
+    if offsets_key in options:
+        text = str(options[offsets_key]).strip()
+        if text.lower() == "latest":
+            return Latest()
+        if text.lower() == "earliest":
+            return Earliest()
+        return SpecificOffsets(parse_partition_offsets(text))
+    return default
+
+
+# -- the source's options -----------------------------------------------------------------------
+
+
+@attrs.frozen
+class Subscription:
+    """Exactly one of Spark's three ways to name what to read."""
+
+    kind: str  # "subscribe", "subscribepattern" or "assign"
+    topics: tuple[str, ...] = ()
+    pattern: str = ""
+    partitions: tuple[TopicPartition, ...] = ()
+
+    def matches(self, topic: str) -> bool:
+        if self.kind == "subscribe":
+            return topic in self.topics
+        if self.kind == "subscribepattern":
+            return re.fullmatch(self.pattern, topic) is not None
+        return any(tp.topic == topic for tp in self.partitions)
+
+    def __str__(self) -> str:
+        if self.kind == "subscribe":
+            return f"subscribe={','.join(self.topics)}"
+        if self.kind == "subscribepattern":
+            return f"subscribePattern={self.pattern}"
+        return f"assign={','.join(map(str, self.partitions))}"
+
+
+@attrs.frozen
+class SourceOptions:
+    bootstrap_servers: str
+    subscription: Subscription
+    starting: OffsetLimit
+    ending: OffsetLimit  # batch reads only; Latest for streams
+    consumer: ConsumerConfig  # for executors (and the isolation level the driver lists offsets at)
+    admin: AdminConfig  # for the driver
+    include_headers: bool = False
+    fail_on_data_loss: bool = True
+    max_offsets_per_trigger: int | None = None
+    min_offsets_per_trigger: int | None = None
+    max_trigger_delay_ms: int = 15 * 60_000
+    min_partitions: int | None = None
+    max_records_per_partition: int | None = None
+    poll_timeout_ms: int = DEFAULT_POLL_TIMEOUT_MS
+    fetch_offset_num_retries: int = 3
+    fetch_offset_retry_interval_ms: int = 1000
+
+    @property
+    def isolation_level(self) -> str:
+        return self.consumer.isolation_level
+
+
+def parse_bool(options: dict, key: str, default: bool, name: str) -> bool:
+    value = str(options.get(key, default)).strip().lower()
+    if value not in ("true", "false"):
+        raise OptionError(f"{name} must be true or false, not {options.get(key)!r}")
+    return value == "true"
+
+
+def parse_long(options: dict, key: str, name: str, *, default: int | None = None, positive: bool = False) -> int | None:
+    if key not in options:
+        return default
+    text = str(options[key]).strip()
+    try:
+        value = int(text)
+    except ValueError:
+        raise OptionError(f"{name} must be a whole number, not {text!r}") from None
+    if positive and value <= 0:
+        raise OptionError(f"{name} must be positive")
+    return value
+
+
+TIME_UNITS_MS = {"us": 0.001, "ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_duration_ms(text: str, name: str) -> int:
+    """Spark's time strings: ``15m``, ``10s``, ``250ms``, ``1h``; no unit means ms."""
+    match = re.fullmatch(r"\s*(\d+)\s*([a-z]*)\s*", str(text).lower())
+    if not match or match.group(2) not in ("", *TIME_UNITS_MS):
+        raise OptionError(f"{name} must be a duration such as 15m, 30s or 500ms, not {text!r}")
+    return int(int(match.group(1)) * TIME_UNITS_MS.get(match.group(2) or "ms"))
+
+
+def parse_subscription(options: dict[str, str]) -> Subscription:
+    given = [key for key in SUBSCRIPTION_KEYS if key in options]
+    if not given:
+        raise OptionError(f"One of the following options must be specified for Kafka source: {SUBSCRIPTION_NAMES}. See the docs for more details.")
+    if len(given) > 1:
+        raise OptionError(f"Only one of the following options can be specified for Kafka source: {SUBSCRIPTION_NAMES}. See the docs for more details.")
+    kind = given[0]
+    value = str(options[kind])
+    if kind == "assign":
+        if not value.strip().startswith("{"):
+            raise OptionError(f"No topicpartitions to assign as specified value for option 'assign' is '{value}'")
+        return Subscription(kind, partitions=parse_partitions(value.strip()))
+    if kind == "subscribe":
+        topics = tuple(t.strip() for t in value.split(",") if t.strip())
+        if not topics:
+            raise OptionError(f"No topics to subscribe to as specified value for option 'subscribe' is '{value}'")
+        return Subscription(kind, topics=topics)
+    pattern = value.strip()
+    if not pattern:
+        raise OptionError(f"Pattern to subscribe is empty as specified value for option 'subscribePattern' is '{value}'")
+    try:
+        re.compile(pattern)
+    except re.error as error:
+        raise OptionError(f"subscribePattern {pattern!r} is not a valid (Python) regular expression: {error}") from None
+    return Subscription(kind, pattern=pattern)
+
+
+def parse_source_options(options, *, streaming: bool) -> SourceOptions:
+    """Check and parse a source's options (``streaming`` False: ``spark.read``)."""
+    options = lowercase(options)
+    params = kafka_params(options)
+    if streaming:
+        if "endingoffsets" in options:
+            raise OptionError("ending offset not valid in streaming queries")
+        if "endingoffsetsbytimestamp" in options or "endingtimestamp" in options:
+            raise OptionError("ending timestamp not valid in streaming queries")
+    subscription = parse_subscription(options)
+    min_partitions = parse_long(options, "minpartitions", "minPartitions", positive=True)
+    max_records = parse_long(options, "maxrecordsperpartition", "maxRecordsPerPartition", positive=True)
+    reject_forbidden_source_params(params)
+    require_bootstrap_servers(params, "consumer")
+    max_offsets = parse_long(options, "maxoffsetspertrigger", "maxOffsetsPerTrigger", positive=True)
+    min_offsets = parse_long(options, "minoffsetspertrigger", "minOffsetsPerTrigger", positive=True)
+    if max_offsets is not None and min_offsets is not None and min_offsets > max_offsets:
+        raise OptionError(f"The value of minOffsetPerTrigger({min_offsets}) is higher than the maxOffsetsPerTrigger({max_offsets}).")
+    starting = offset_limit(options, "startingtimestamp", "startingoffsetsbytimestamp", "startingoffsets", Latest() if streaming else Earliest())
+    ending: OffsetLimit = Latest()
+    if not streaming:
+        if isinstance(starting, Latest):
+            raise OptionError("starting offset can't be latest for batch queries on Kafka")
+        if isinstance(starting, SpecificOffsets):
+            for tp, offset in starting.offsets.items():
+                if offset == LATEST:
+                    raise OptionError(f"startingOffsets for {tp} can't be latest for batch queries on Kafka")
+        ending = offset_limit(options, "endingtimestamp", "endingoffsetsbytimestamp", "endingoffsets", Latest())
+        if isinstance(ending, Earliest):
+            raise OptionError("ending offset can't be earliest for batch queries on Kafka")
+        if isinstance(ending, SpecificOffsets):
+            for tp, offset in ending.offsets.items():
+                if offset == EARLIEST:
+                    raise OptionError(f"ending offset for {tp} can't be earliest for batch queries on Kafka")
+        _check_range(starting, ending)
+    # Executors read exactly what the driver planned: no group offsets, no resets.
+    consumer = client_config(ConsumerConfig, {**SOURCE_CONSUMER_DEFAULTS, **params}, auto_offset_reset="none")
+    admin = client_config(AdminConfig, params, only_known=True)
+    return SourceOptions(
+        bootstrap_servers=params["bootstrap.servers"],
+        subscription=subscription,
+        starting=starting,
+        ending=ending,
+        consumer=consumer,
+        admin=admin,
+        include_headers=parse_bool(options, "includeheaders", False, "includeHeaders"),
+        fail_on_data_loss=parse_bool(options, "failondataloss", True, "failOnDataLoss"),
+        max_offsets_per_trigger=max_offsets,
+        min_offsets_per_trigger=min_offsets,
+        max_trigger_delay_ms=parse_duration_ms(options.get("maxtriggerdelay", DEFAULT_MAX_TRIGGER_DELAY), "maxTriggerDelay"),
+        min_partitions=min_partitions,
+        max_records_per_partition=max_records,
+        poll_timeout_ms=parse_long(options, "kafkaconsumer.polltimeoutms", "kafkaConsumer.pollTimeoutMs", default=DEFAULT_POLL_TIMEOUT_MS, positive=True),
+        fetch_offset_num_retries=parse_long(options, "fetchoffset.numretries", "fetchOffset.numRetries", default=3),
+        fetch_offset_retry_interval_ms=parse_long(options, "fetchoffset.retryintervalms", "fetchOffset.retryIntervalMs", default=1000),
+    )
+
+
+def _check_range(starting: OffsetLimit, ending: OffsetLimit) -> None:
+    """Spark's checkOffsetLimitValidity: same partitions on both sides, start <= end."""
+    if isinstance(starting, SpecificOffsets) and isinstance(ending, SpecificOffsets):
+        pairs = (starting.offsets, ending.offsets, "offset")
+    elif isinstance(starting, SpecificTimestamps) and isinstance(ending, SpecificTimestamps):
+        pairs = (starting.timestamps, ending.timestamps, "timestamp")
+    else:
+        return
+    start, end, what = pairs
+    if set(start) != set(end):
+        raise OptionError(
+            f"The specified start and end partitions differ: start {', '.join(map(str, sorted(start)))}; end {', '.join(map(str, sorted(end)))}"
+        )
+    for tp, first in start.items():
+        if first >= 0 and end[tp] >= 0 and first > end[tp]:
+            raise OptionError(f"The specified starting {what} {first} is greater than the ending {what} {end[tp]} for {tp}")
