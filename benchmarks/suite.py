@@ -364,10 +364,41 @@ SCENARIOS = (
     Scenario("end to end, produce to read_committed", latency_scenario),
 )
 
+
+def spark_microbatch_scenario(bootstrap: str, settings: ScenarioSettings) -> dict[str, Metric]:
+    """A one-row microbatch through Spark to the noop sink (Spark's own
+    floor), to our sink at_least_once and exactly_once, in one session
+    (a child process: benchmarks.bench_spark); 10 batches per second of
+    --seconds, medians of Spark's triggerExecution."""
+    from benchmarks.bench_spark import microbatch_scenario
+
+    medians_ms = microbatch_scenario(bootstrap, max(10, int(settings.seconds * 10)))
+    floor = medians_ms["noop"]
+    return {
+        "exactly_once ms/batch": Metric(medians_ms["exactly_once"], "ms"),
+        "at_least_once ms/batch": Metric(medians_ms["at_least_once"], "ms"),
+        "noop sink ms/batch (floor)": Metric(floor, "ms"),
+        "exactly_once / floor": Metric(medians_ms["exactly_once"] / floor, "x"),
+        "at_least_once / floor": Metric(medians_ms["at_least_once"] / floor, "x"),
+    }
+
+
+def spark_stall_scenario(bootstrap: str, settings: ScenarioSettings) -> dict[str, Metric]:
+    """The driver SIGKILLed with its batch decided and its transactions open
+    (holding the output's last stable offset) and restarted at once: how
+    long read_committed readers of the output saw nothing."""
+    from benchmarks.bench_spark import stall_scenario
+
+    stall = stall_scenario(bootstrap)
+    return {"read_committed stall s": Metric(stall["stall_s"], "s"), "kill to visible s": Metric(stall["kill_to_visible_s"], "s")}
+
+
 # Only with --spark (each starts a local Spark session); ours only, beside
 # Spark's own floor measured in the same run rather than beside the peer.
 SPARK_SCENARIOS = (
     Scenario("Spark: onceflow source -> noop", spark_source_scenario, peer=False),
+    Scenario("spark 1-row microbatch", spark_microbatch_scenario, peer=False),
+    Scenario("spark driver kill, read_committed stall", spark_stall_scenario, peer=False),
 )
 
 PEER_NOTES = {
@@ -491,7 +522,8 @@ def run_suite(args) -> int:
         print(line, flush=True)
 
     settings = ScenarioSettings(records=args.records, seconds=args.seconds, latency_rate=args.latency_rate, copier_records=args.copier_records, spark_rows=args.spark_rows)
-    offered = SCENARIOS + (SPARK_SCENARIOS if args.spark else ())
+    # Spark runs a JVM per scenario (minutes, about 1 GB): only with --spark or when --only names one.
+    offered = SCENARIOS + SPARK_SCENARIOS if args.spark or args.only else SCENARIOS
     scenarios = [s for s in offered if not args.only or any(s.name.startswith(p.strip()) for p in args.only.split(","))]
     work = tempfile.mkdtemp(prefix="onceflow-bench-", dir=args.work_dir)
     try:

@@ -1,0 +1,239 @@
+"""The Spark sink's cost per microbatch and the read_committed stall after a
+driver kill, for ``onceflow bench`` (scenarios ``spark ...`` in
+``benchmarks.suite``).
+
+Spark runs in a child process (``python -m benchmarks.bench_spark``), so the
+bench process never holds a JVM:
+
+- ``microbatch BOOTSTRAP BATCHES``: one SparkSession (local[2], lean
+  settings), one Python streaming source giving one row per microbatch,
+  written in turn to Spark's ``noop`` sink (the floor: what Spark itself
+  costs per batch), to the onceflow sink at_least_once and exactly_once.
+  Prints JSON: the median ``triggerExecution`` ms of BATCHES batches per sink,
+  after warm-up batches.
+- ``stall BOOTSTRAP CHECKPOINT KILL_AT``: an exactly_once query that
+  SIGKILLs its own process group right after its KILL_AT-th decision (its
+  transactions decided and open, holding the output's last stable offset);
+  without KILL_AT it runs until killed. ``stall_scenario`` times, with a
+  read_committed reader, the gap between the last record seen before the
+  kill and the first one after the restart.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+
+WARM_UP = 5
+KILL_AT = "BENCH_SPARK_KILL_AT"
+KILL_COUNTER = "BENCH_SPARK_KILL_COUNTER"
+DRIVER_GROUP = "BENCH_SPARK_DRIVER_PGID"
+
+
+def _session():
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("onceflow-bench")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "1")
+        .config("spark.sql.adaptive.enabled", "false")
+        .config("spark.driver.extraJavaOptions", "-XX:+UseSerialGC -XX:TieredStopAtLevel=1")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    import streaming.spark
+
+    streaming.spark.register(spark)
+    spark.dataSource.register(_one_row_source())
+    return spark
+
+
+def _one_row_source():
+    from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+
+    class Rows(InputPartition):
+        def __init__(self, start: int, end: int):
+            self.start, self.end = start, end
+
+    class OneRowReader(DataSourceStreamReader):
+        def initialOffset(self):
+            return {"n": 0}
+
+        def latestOffset(self, start, limit):
+            return {"n": start["n"] + 1}  # one new row at every trigger
+
+        def partitions(self, start, end):
+            return [Rows(start["n"], end["n"])] if end["n"] > start["n"] else []
+
+        def read(self, partition):
+            for n in range(partition.start, partition.end):
+                yield (f"k{n}", f"row {n}")
+
+    class OneRowSource(DataSource):
+        @classmethod
+        def name(cls):
+            return "bench_one_row"
+
+        def schema(self):
+            return "key string, value string"
+
+        def streamReader(self, schema):
+            return OneRowReader()
+
+    return OneRowSource
+
+
+def _median_trigger_ms(spark, writer, batches: int) -> float:
+    query = writer.trigger(processingTime="0 seconds").start()
+    try:
+        deadline = time.monotonic() + 600
+        while len(query.recentProgress) < WARM_UP + batches:
+            if query.exception() is not None:
+                raise RuntimeError(str(query.exception()))
+            if time.monotonic() > deadline:
+                raise TimeoutError("the query did not run its batches within 10 minutes")
+            time.sleep(0.2)
+        progress = query.recentProgress[WARM_UP : WARM_UP + batches]
+    finally:
+        query.stop()
+    return statistics.median(p["durationMs"]["triggerExecution"] for p in progress)
+
+
+def microbatch(bootstrap: str, batches: int) -> dict[str, float]:
+    spark = _session()
+    work = tempfile.mkdtemp(prefix="onceflow-bench-spark-")
+    topic = f"bench-spark-{uuid.uuid4().hex[:8]}"
+    from txn import Admin
+
+    with Admin(bootstrap) as admin:
+        admin.create_topics({topic: 1})
+    rows = spark.readStream.format("bench_one_row").load()
+    out = {}
+    out["noop"] = _median_trigger_ms(spark, rows.writeStream.format("noop").option("checkpointLocation", f"{work}/noop"), batches)
+    for guarantee in ("at_least_once", "exactly_once"):
+        writer = (
+            rows.writeStream.format("onceflow").option("kafka.bootstrap.servers", bootstrap).option("topic", topic)
+            .option("deliveryGuarantee", guarantee).option("transactionalIdPrefix", f"bench-{uuid.uuid4().hex[:8]}")
+            .option("checkpointLocation", f"{work}/{guarantee}")
+        )
+        out[guarantee] = _median_trigger_ms(spark, writer, batches)
+    spark.stop()
+    return out
+
+
+def kill_after_decision(name: str) -> None:
+    """crashPointHook of the stall query: SIGKILL the driver's process group
+    right after the KILL_AT-th decision (counted in a file: commits run in
+    Spark's Python workers)."""
+    if name != "spark_sink.after_decision" or not os.environ.get(KILL_AT):
+        return
+    with open(os.environ[KILL_COUNTER], "a+") as file:
+        file.write("x\n")
+        file.seek(0)
+        passes = len(file.read().split())
+    if passes == int(os.environ[KILL_AT]):
+        os.killpg(int(os.environ[DRIVER_GROUP]), signal.SIGKILL)
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+
+
+def stall_query(bootstrap: str, checkpoint: str, topic: str) -> None:
+    os.environ[DRIVER_GROUP] = str(os.getpgid(0))
+    spark = _session()
+    query = (
+        spark.readStream.format("bench_one_row").load().writeStream.format("onceflow").option("kafka.bootstrap.servers", bootstrap)
+        .option("topic", topic).option("transactionalIdPrefix", "bench-stall").option("crashPointHook", "benchmarks.bench_spark:kill_after_decision")
+        .option("checkpointLocation", checkpoint).trigger(processingTime="200 milliseconds").start()
+    )
+    query.awaitTermination()
+
+
+def _child(arguments: list[str], env: dict | None = None) -> subprocess.Popen:
+    from faults.process import REPO
+
+    environment = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYTHONPATH=REPO, **(env or {}))
+    environment.pop("ONCEFLOW_CRASH_POINTS", None)
+    return subprocess.Popen([sys.executable, "-m", "benchmarks.bench_spark", *arguments], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=environment, start_new_session=True)
+
+
+def microbatch_scenario(bootstrap: str, batches: int) -> dict[str, float]:
+    """{"noop" | "at_least_once" | "exactly_once": median ms per 1-row batch}."""
+    child = _child(["microbatch", bootstrap, str(batches)])
+    try:
+        output, _ = child.communicate(timeout=900)
+    finally:
+        _kill_group(child)
+    if child.returncode != 0:
+        raise RuntimeError(f"the Spark bench child exited {child.returncode}: {output[-2000:]}")
+    return json.loads(output.strip().splitlines()[-1])
+
+
+def stall_scenario(bootstrap: str, kill_at: int = 5) -> dict[str, float]:
+    """Seconds read_committed readers of the output saw nothing after the
+    driver was killed holding decided, open transactions, until the
+    restarted query (started at once) re-committed them."""
+    from txn import Admin, Consumer, TopicPartition
+
+    topic = f"bench-stall-{uuid.uuid4().hex[:8]}"
+    with Admin(bootstrap) as admin:
+        admin.create_topics({topic: 1})
+    seen: list[float] = []
+    stopping = threading.Event()
+
+    def read() -> None:
+        with Consumer(bootstrap, isolation_level="read_committed") as consumer:
+            consumer.assign([TopicPartition(topic, 0)])
+            consumer.seek(TopicPartition(topic, 0), 0)
+            while not stopping.is_set():
+                if consumer.poll(0.05):
+                    seen.append(time.monotonic())
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    with tempfile.TemporaryDirectory(prefix="onceflow-bench-stall-") as work:
+        first = _child(["stall", bootstrap, f"{work}/ckpt", topic], {KILL_AT: str(kill_at), KILL_COUNTER: f"{work}/passes"})
+        first.wait(600)
+        killed = time.monotonic()
+        _kill_group(first)
+        restarted = _child(["stall", bootstrap, f"{work}/ckpt", topic])
+        try:
+            deadline = time.monotonic() + 600
+            while not any(t > killed for t in seen):
+                if time.monotonic() > deadline or restarted.poll() is not None:
+                    raise RuntimeError("the restarted query committed nothing")
+                time.sleep(0.05)
+        finally:
+            _kill_group(restarted)
+            stopping.set()
+            reader.join(10)
+    before = max((t for t in seen if t <= killed), default=killed)
+    after = min(t for t in seen if t > killed)
+    return {"stall_s": after - before, "kill_to_visible_s": after - killed}
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait(30)
+
+
+if __name__ == "__main__":
+    command, *rest = sys.argv[1:]
+    if command == "microbatch":
+        print(json.dumps(microbatch(rest[0], int(rest[1]))), flush=True)
+    elif command == "stall":
+        stall_query(*rest)
+    else:
+        sys.exit(f"unknown command {command!r}")

@@ -1,0 +1,174 @@
+"""The exactly-once sink's commit protocol, without I/O: what the driver
+decides for a microbatch, given the last decision it finds durable.
+
+Executors each leave one open Kafka transaction per Spark partition and hand
+its names back (``SinkTransaction``). The driver's ``commit(messages, N)``
+then runs two-phase commit with a *decision record* as its log:
+
+1. read the latest decision of this sink (``Decision``, one per prefix);
+2. ``plan_commit`` says what to do: decide batch N with the handles at hand
+   (write the record first, it is the commit point), or, when N was decided
+   before a crash, re-commit the decided handles instead of the new ones;
+3. commit every decided handle (a re-commit answers NONE);
+4. abort the leftovers: every open transaction of this query that is not
+   decided (``leftovers``): failed task attempts, the re-run's transactions
+   of a batch decided earlier, a crashed run's transactions.
+
+The batch is taken whole or not at all, so nothing depends on Spark giving
+a partition the same rows when it re-runs a batch (SPARK-28650).
+
+| latest decision found | batch N | what happens |
+| --- | --- | --- |
+| none, or an older batch of this query | decide | write (query, N, new handles), commit them |
+| batch N of this query | recommit | commit the decided handles; the new ones are leftovers |
+| a later batch of this query | done | N was committed before the later one was decided; nothing to commit |
+| another query's | refuse | ``PrefixInUseError``: two queries must not share a prefix |
+
+``abort(messages, N)`` (Spark calls it when a task failed, and after a
+commit that raised) never undoes a decision: ``plan_abort`` finishes a
+decided batch and aborts only undecided handles.
+"""
+
+from __future__ import annotations
+
+import json
+
+import attrs
+
+from txn.producer import TransactionHandle
+
+DECISION_FORMAT = 1
+
+
+class SinkError(Exception):
+    """The sink cannot go on; the message says why and what to do."""
+
+
+class PrefixInUseError(SinkError):
+    pass
+
+
+class DecidedTransactionsLostError(SinkError):
+    pass
+
+
+@attrs.frozen
+class SinkTransaction:
+    """One task's open transaction, as the task hands it to the driver."""
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    partitions: tuple[str, ...] = ()  # "topic-partition" written in it
+    records: int = 0
+
+    @property
+    def handle(self) -> TransactionHandle:
+        return TransactionHandle(self.transactional_id, self.producer_id, self.producer_epoch)
+
+    def to_json(self) -> dict:
+        return {"id": self.transactional_id, "pid": self.producer_id, "epoch": self.producer_epoch, "partitions": list(self.partitions), "records": self.records}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "SinkTransaction":
+        return cls(data["id"], int(data["pid"]), int(data["epoch"]), tuple(data.get("partitions", ())), int(data.get("records", 0)))
+
+
+@attrs.frozen
+class Decision:
+    """The durable record that batch ``batch_id`` of ``query_id`` commits
+    exactly ``transactions``. Written before the first commit."""
+
+    query_id: str
+    batch_id: int
+    run_id: str
+    transactions: tuple[SinkTransaction, ...]
+    offsets: dict | None = attrs.field(default=None, eq=False)  # the source's end offsets, when committed to a group
+
+    def to_bytes(self) -> bytes:
+        body = {"format": DECISION_FORMAT, "query": self.query_id, "batch": self.batch_id, "run": self.run_id, "transactions": [t.to_json() for t in self.transactions]}
+        if self.offsets is not None:
+            body["offsets"] = self.offsets
+        return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "Decision":
+        body = json.loads(data)
+        if body.get("format") != DECISION_FORMAT:
+            raise SinkError(f"decision record of unknown format {body.get('format')!r}: written by a newer onceflow?")
+        return cls(body["query"], int(body["batch"]), body["run"], tuple(SinkTransaction.from_json(t) for t in body["transactions"]), body.get("offsets"))
+
+
+@attrs.frozen
+class CommitPlan:
+    decide: Decision | None  # the record to write first, or None when nothing new is decided
+    commit: tuple[SinkTransaction, ...]  # decided transactions to commit (again)
+    reason: str
+
+
+@attrs.frozen
+class AbortPlan:
+    finish: tuple[SinkTransaction, ...]  # decided: commit, never abort
+    abort: tuple[SinkTransaction, ...]
+
+
+def plan_commit(latest: Decision | None, query_id: str, batch_id: int, run_id: str, transactions, offsets: dict | None = None) -> CommitPlan:
+    """What ``commit(messages, batch_id)`` does, given the latest decision."""
+    transactions = tuple(transactions)
+    if latest is not None and latest.query_id != query_id:
+        raise PrefixInUseError(
+            f"transactionalIdPrefix is in use by query {latest.query_id} (its batch {latest.batch_id} is the last decided), "
+            f"and this is query {query_id}: give every query (every checkpoint) its own transactionalIdPrefix"
+        )
+    if latest is None or latest.batch_id < batch_id:
+        return CommitPlan(Decision(query_id, batch_id, run_id, transactions, offsets), transactions, "decide")
+    if latest.batch_id == batch_id:
+        return CommitPlan(None, latest.transactions, "recommit")
+    return CommitPlan(None, (), "done")
+
+
+def plan_abort(latest: Decision | None, query_id: str, batch_id: int, transactions) -> AbortPlan:
+    """What ``abort(messages, batch_id)`` does: a decided batch is finished,
+    whatever Spark thinks; only undecided transactions are aborted."""
+    transactions = tuple(transactions)
+    if latest is not None and latest.query_id == query_id and latest.batch_id == batch_id:
+        decided = {t.transactional_id for t in latest.transactions}
+        return AbortPlan(latest.transactions, tuple(t for t in transactions if t.transactional_id not in decided))
+    return AbortPlan((), transactions)
+
+
+def query_prefix(prefix: str, query_id: str) -> str:
+    """Every transactional id of one query starts with this, so the cleanup
+    of one query never touches another's transactions."""
+    return f"{prefix}-{query_id.replace('-', '')[:12]}-"
+
+
+def transactional_id(prefix: str, query_id: str, run_id: str, partition: int, attempt: int) -> str:
+    """A task's transactional id: reused by the same partition across the
+    batches of one run (a run has at most one open transaction per id, since
+    batch N+1 starts after commit(N)), never after a restart (the run id
+    changes), so re-committing an earlier run's handle is always idempotent
+    and the ids kept by the broker grow per restart, not per batch. A retried
+    task gets its own id, so it does not fence the attempt Spark may keep."""
+    name = f"{query_prefix(prefix, query_id)}{run_id.replace('-', '')[:8]}-{partition}"
+    return name if attempt == 0 else f"{name}-a{attempt}"
+
+
+def leftovers(open_transactional_ids, prefix: str, query_id: str, keep=()) -> list[str]:
+    """The open transactions of this query to abort: everything with the
+    query's prefix except ``keep`` (decided ones still being committed)."""
+    mine = query_prefix(prefix, query_id)
+    kept = set(keep)
+    return sorted(t for t in open_transactional_ids if t.startswith(mine) and t not in kept)
+
+
+def lost_message(batch_id: int, lost: list[SinkTransaction], committed: int, total: int, detail: str) -> str:
+    records = sum(t.records for t in lost)
+    partitions = sorted({p for t in lost for p in t.partitions})
+    return (
+        f"batch {batch_id} was decided but {len(lost)} of its {total} transactions can no longer be committed "
+        f"({committed} committed): {records} records written to {', '.join(partitions) or 'no partition'} are lost "
+        f"(transactions {', '.join(t.transactional_id for t in lost)}; {detail}). The transaction timed out before the driver "
+        f"came back: kafka.transaction.timeout.ms must exceed a batch's duration plus the longest restart. "
+        f"The query cannot restart from this checkpoint without losing these records."
+    )

@@ -1,0 +1,290 @@
+"""The exactly-once sink without a Spark session: options and columns as
+Spark's Kafka sink checks them, and the executor and driver halves of the
+commit protocol against a real broker process, with the driver "crashing"
+(a crash point raising) at every named point and a new run taking over with
+other partitioning."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import time
+import uuid
+
+import pyarrow as pa
+import pytest
+from pyspark.sql.types import ArrayType, BinaryType, IntegerType, LongType, StringType, StructField, StructType
+
+from faults.points import CrashPointReached
+from streaming.spark import sink
+from streaming.spark.options import OptionError
+from streaming.spark.decision import DecidedTransactionsLostError, PrefixInUseError
+from streaming.spark.sink import (
+    AFTER_ALL_COMMITS,
+    AFTER_COMMIT,
+    AFTER_DECISION,
+    BEFORE_DECISION,
+    TASK_BEFORE_HANDLE,
+    DriverCommit,
+    SinkOptions,
+    TaskIdentity,
+    make_stream_writer,
+    read_source_offsets,
+    validate_schema,
+    write_task,
+)
+from txn import Admin, Consumer, Producer, TopicPartition
+
+KV = StructType([StructField("key", StringType()), StructField("value", StringType())])
+
+# -- options and columns -----------------------------------------------------------------
+
+def options(bootstrap="127.0.0.1:9", **extra):
+    return {"kafka.bootstrap.servers": bootstrap, "topic": "out", "transactionalIdPrefix": "job", **extra}
+
+@pytest.mark.parametrize(
+    "given, message",
+    [
+        ({"topic": "t"}, "'kafka.bootstrap.servers' must be specified for configuring Kafka producer"),
+        ({"kafka.bootstrap.servers": "h:1"}, "needs option 'transactionalIdPrefix'"),
+        (options(deliveryGuarantee="twice"), "deliveryGuarantee must be exactly_once or at_least_once"),
+        (options(**{"kafka.key.serializer": "x"}), "'key.serializer' is not supported as keys are serialized with ByteArraySerializer"),
+        (options(**{"kafka.transactional.id": "x"}), "set transactionalIdPrefix"),
+        (options(**{"kafka.no.such.setting": "1"}), "kafka.no.such.setting not supported by onceflow's ProducerConfig"),
+        (options(**{"kafka.linger.ms": "-1"}), "invalid Kafka option: linger_ms"),
+        (options(transactionalIdPrefix="a/b"), "not a legal topic name"),
+        (options(commitOffsetsToGroup="g"), "needs .option\\('checkpointLocation'"),
+        (options(commitOffsetsToGroup="g", deliveryGuarantee="at_least_once", checkpointLocation="/c"), "needs deliveryGuarantee=exactly_once"),
+    ],
+)
+def test_bad_options_are_refused_with_a_reason(given, message):
+    with pytest.raises(OptionError, match=message):
+        SinkOptions.parse(given)
+
+def test_options_defaults_and_passthrough():
+    parsed = SinkOptions.parse({"KAFKA.BOOTSTRAP.SERVERS": "h:1", "kafka.linger.ms": "20", "transactionalidprefix": "job"})
+    assert parsed.exactly_once and parsed.topic is None and parsed.decision_topic == "onceflow.decisions.job"
+    config = parsed.producer_config(transactional_id="x")
+    assert config.linger_ms == 20 and config.transaction_timeout_ms == sink.DEFAULT_TRANSACTION_TIMEOUT_MS
+    lenient = SinkOptions.parse({"kafka.bootstrap.servers": "h:1", "deliveryGuarantee": "AT_LEAST_ONCE"})
+    assert not lenient.exactly_once and lenient.transactional_id_prefix is None
+
+HEADERS = ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())]))
+
+@pytest.mark.parametrize(
+    "fields, topic, message",
+    [
+        ([("value", StringType())], None, "topic option required when no 'topic' attribute is present. Use the topic option for setting a topic."),
+        ([("key", StringType())], "t", "Required attribute 'value' not found"),
+        ([("value", IntegerType())], "t", "value attribute unsupported type int. value must be a\\(n\\) string or binary"),
+        ([("value", StringType()), ("key", LongType())], "t", "key attribute unsupported type bigint. key must be a\\(n\\) string or binary"),
+        ([("value", StringType()), ("topic", IntegerType())], None, "topic attribute unsupported type int. topic must be a\\(n\\) string"),
+        ([("value", StringType()), ("partition", StringType())], "t", "partition attribute unsupported type string. partition must be a\\(n\\) int"),
+        ([("value", StringType()), ("headers", StringType())], "t", "headers attribute unsupported type string. headers must be a\\(n\\) array<struct<key:string,value:binary>>"),
+    ],
+)
+def test_columns_are_checked_with_sparks_messages(fields, topic, message):
+    with pytest.raises(sink.SinkSchemaError, match=f"^{message}$"):
+        validate_schema(StructType([StructField(n, t) for n, t in fields]), topic)
+
+def test_accepted_columns():
+    schema = StructType([StructField("key", BinaryType()), StructField("value", BinaryType()), StructField("topic", StringType()), StructField("partition", IntegerType()), StructField("headers", HEADERS)])
+    columns = validate_schema(schema, None)
+    assert (columns.key, columns.topic, columns.partition, columns.headers) == (True, True, True, True)
+    assert not validate_schema(schema, "t").topic  # the option overrides the column, as in Spark
+
+def test_writer_and_messages_pickle():
+    writer = make_stream_writer(options(), KV, False)
+    again = pickle.loads(pickle.dumps(writer))
+    assert again.options == writer.options and again.columns == writer.columns
+    message = sink.SinkCommitMessage(TaskIdentity("q", "r", 1, 0, 0), None, 0)
+    assert pickle.loads(pickle.dumps(message)) == message
+
+# -- the protocol against a real broker ------------------------------------------------------
+
+class Crash:
+    """A crash point seam that raises at ``name``'s ``hit``-th pass."""
+
+    def __init__(self, name=None, hit=1):
+        self.name, self.left = name, hit
+
+    def __call__(self, name):
+        if name == self.name:
+            self.left -= 1
+            if self.left == 0:
+                raise CrashPointReached(name)
+
+@pytest.fixture
+def broker(broker_process):
+    broker = broker_process("transaction.abort.timed.out.transaction.cleanup.interval.ms=200", "num.partitions=3")
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topics({"out": 3})
+    return broker
+
+def arrow_rows(values, key=True):
+    data = {"key": [f"k{v}" for v in values], "value": [str(v) for v in values]} if key else {"value": [str(v) for v in values]}
+    return pa.RecordBatch.from_pydict(data)
+
+def run_tasks(parsed, values, partitions, query_id, run_id, batch, crash=None):
+    """One batch's tasks: ``values`` split over ``partitions`` tasks (round robin)."""
+    columns = validate_schema(KV, parsed.topic)
+    messages = []
+    for p in range(partitions):
+        mine = values[p::partitions]
+        messages.append(write_task(parsed, columns, iter([arrow_rows(mine)] if mine else []), TaskIdentity(query_id, run_id, batch, p, 0), crash or Crash()))
+    return messages
+
+def read_committed(bootstrap, topic="out", partitions=3, timeout=30.0):
+    """Every committed value in ``topic``, read to the end (which needs the LSO
+    to be at the end: no open transaction left)."""
+    with Admin(bootstrap) as admin:
+        ends = {tp: o.offset for tp, o in admin.list_offsets({TopicPartition(topic, p): "latest" for p in range(partitions)}, isolation_level="read_uncommitted").items()}
+    values = []
+    with Consumer(bootstrap, isolation_level="read_committed") as consumer:
+        consumer.assign(list(ends))
+        for tp in ends:
+            consumer.seek(tp, 0)
+        deadline = time.monotonic() + timeout
+        while any(consumer.position(tp) < end for tp, end in ends.items()):
+            assert time.monotonic() < deadline, f"read_committed readers stalled: positions {[consumer.position(tp) for tp in ends]} of {list(ends.values())}"
+            values += [r.value.decode() for r in consumer.poll(0.5)]
+    return values
+
+def open_transactions(bootstrap, prefix="job"):
+    with Admin(bootstrap) as admin:
+        return [t.transactional_id for t in admin.list_transactions(states=["Ongoing"]) if t.transactional_id.startswith(prefix)]
+
+def new_query():
+    return str(uuid.uuid4()), str(uuid.uuid4())
+
+@pytest.mark.slow
+def test_batches_commit_exactly_once(broker):
+    parsed = SinkOptions.parse(options(broker.bootstrap))
+    query, run = new_query()
+    for batch in range(3):
+        values = list(range(batch * 10, batch * 10 + 10))
+        messages = run_tasks(parsed, values, 2, query, run, batch)
+        assert all(m.transaction is not None and m.records == 5 for m in messages)
+        make_stream_writer(options(broker.bootstrap), KV).commit(messages, batch)
+    assert sorted(map(int, read_committed(broker.bootstrap))) == list(range(30))
+    assert open_transactions(broker.bootstrap) == []
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point, hit, visible_before_restart", [(BEFORE_DECISION, 1, 0), (AFTER_DECISION, 1, 0), (AFTER_COMMIT, 1, 1), (AFTER_COMMIT, 2, 2), (AFTER_ALL_COMMITS, 1, 3)])
+def test_driver_crash_then_restart_with_other_partitioning(broker, point, hit, visible_before_restart):
+    """Crash in commit(1) at ``point``; the restarted run re-runs batch 1 with
+    two tasks instead of three and commits it: every value once."""
+    writer = make_stream_writer(options(broker.bootstrap), KV)
+    query, run1 = new_query()
+    writer.commit(run_tasks(writer.options, list(range(0, 9)), 3, query, run1, 0), 0)
+    first = run_tasks(writer.options, list(range(9, 18)), 3, query, run1, 1)
+
+    with pytest.raises(CrashPointReached):
+        asyncio.run(DriverCommit(writer.options, Crash(point, hit)).commit(first, 1))
+    by_task = [m.records for m in first]
+    before = open_transactions(broker.bootstrap)
+    assert len(before) == 3 - min(visible_before_restart, 3)  # what was not committed is still open
+    run2 = str(uuid.uuid4())
+    again = run_tasks(writer.options, list(range(9, 18)), 2, query, run2, 1)  # the re-run: other partitioning, other rows per task
+    writer.commit(again, 1)
+    assert open_transactions(broker.bootstrap) == []
+    values = sorted(map(int, read_committed(broker.bootstrap)))
+    assert values == list(range(18)), f"not exactly once after a crash at {point}@{hit} (tasks had {by_task})"
+    writer.commit(run_tasks(writer.options, list(range(18, 20)), 2, query, run2, 2), 2)
+    assert sorted(map(int, read_committed(broker.bootstrap))) == list(range(20))
+
+@pytest.mark.slow
+def test_failed_task_attempt_and_crashed_run_leftovers_are_aborted(broker):
+    writer = make_stream_writer(options(broker.bootstrap), KV)
+    query, run = new_query()
+    # A task attempt that failed after sending (its transaction is aborted by the task itself) ...
+    with pytest.raises(CrashPointReached):
+        run_tasks(writer.options, [100, 101], 1, query, run, 0, crash=Crash(TASK_BEFORE_HANDLE))
+    # ... and one whose process died: its transaction stays open and holds the LSO.
+    zombie = Producer(broker.bootstrap, transactional_id=sink.transactional_id("job", query, "deadbeef", 0, 1))
+    zombie.init_transactions()
+    zombie.begin_transaction()
+    zombie.send("out", b"200", partition=0)
+    zombie.flush()
+    zombie.close()
+    assert open_transactions(broker.bootstrap) == [zombie.config.transactional_id]
+    writer.commit(run_tasks(writer.options, [0, 1, 2], 2, query, run, 0), 0)
+    assert open_transactions(broker.bootstrap) == []
+    assert sorted(map(int, read_committed(broker.bootstrap))) == [0, 1, 2]
+
+@pytest.mark.slow
+def test_abort_after_a_decision_finishes_the_batch(broker):
+    writer = make_stream_writer(options(broker.bootstrap), KV)
+    query, run = new_query()
+    messages = run_tasks(writer.options, list(range(6)), 2, query, run, 0)
+
+    with pytest.raises(CrashPointReached):
+        asyncio.run(DriverCommit(writer.options, Crash(AFTER_DECISION)).commit(messages, 0))
+    writer.abort(messages, 0)  # what Spark does after commit() raised
+    assert sorted(map(int, read_committed(broker.bootstrap))) == list(range(6))
+    undecided = run_tasks(writer.options, [50, 51], 2, query, run, 1)
+    writer.abort(undecided, 1)  # a batch whose task failed: never decided, aborted
+    assert open_transactions(broker.bootstrap) == []
+    assert sorted(map(int, read_committed(broker.bootstrap))) == list(range(6))
+
+@pytest.mark.slow
+def test_a_decided_transaction_that_timed_out_fails_loudly(broker):
+    writer = make_stream_writer(options(broker.bootstrap, **{"kafka.transaction.timeout.ms": "1000"}), KV)
+    query, run = new_query()
+    messages = run_tasks(writer.options, list(range(6)), 2, query, run, 0)
+
+    with pytest.raises(CrashPointReached):
+        asyncio.run(DriverCommit(writer.options, Crash(AFTER_DECISION)).commit(messages, 0))
+    deadline = time.monotonic() + 30
+    while open_transactions(broker.bootstrap):  # the broker aborts them after the timeout
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    rerun = run_tasks(writer.options, list(range(6)), 1, query, str(uuid.uuid4()), 0)
+    with pytest.raises(DecidedTransactionsLostError) as lost:
+        writer.commit(rerun, 0)
+    text = str(lost.value)
+    assert "batch 0 was decided but 2 of its 2 transactions" in text and "6 records" in text
+    assert "out-" in text and messages[0].transaction.transactional_id in text
+    assert read_committed(broker.bootstrap) == []  # nothing half-visible, and the re-run's transaction was aborted
+    assert open_transactions(broker.bootstrap) == []
+
+@pytest.mark.slow
+def test_two_queries_on_one_prefix(broker):
+    writer = make_stream_writer(options(broker.bootstrap), KV)
+    query_a, run_a = new_query()
+    writer.commit(run_tasks(writer.options, [1, 2], 2, query_a, run_a, 0), 0)
+    query_b, run_b = new_query()
+    with pytest.raises(PrefixInUseError, match=f"in use by query {query_a}"):
+        writer.commit(run_tasks(writer.options, [90, 91], 2, query_b, run_b, 0), 0)
+    assert open_transactions(broker.bootstrap) == []  # B aborted its own
+    writer.commit(run_tasks(writer.options, [3], 2, query_a, run_a, 1), 1)  # A goes on
+    assert sorted(map(int, read_committed(broker.bootstrap))) == [1, 2, 3]
+
+@pytest.mark.slow
+def test_at_least_once_writes_without_transactions(broker):
+    writer = make_stream_writer({"kafka.bootstrap.servers": broker.bootstrap, "topic": "out", "deliveryGuarantee": "at_least_once"}, KV)
+    query, run = new_query()
+    messages = run_tasks(writer.options, list(range(5)), 2, query, run, 0)
+    assert [m.transaction for m in messages] == [None, None] and sum(m.records for m in messages) == 5
+    assert sorted(map(int, read_committed(broker.bootstrap))) == list(range(5))  # visible before any commit
+    writer.commit(messages, 0)
+
+@pytest.mark.slow
+def test_commit_offsets_to_group_with_the_batch(broker, tmp_path):
+    checkpoint = tmp_path / "ckpt"
+    (checkpoint / "offsets").mkdir(parents=True)
+    (checkpoint / "offsets" / "0").write_text('v1\n{"batchWatermarkMs":0}\n{"in": {"0": 40, "1": 7}}\n')
+    writer = make_stream_writer(options(broker.bootstrap, commitOffsetsToGroup="lagtool", checkpointLocation=str(checkpoint)), KV)
+    assert read_source_offsets(str(checkpoint), 0) == {("in", 0): 40, ("in", 1): 7}
+    query, run = new_query()
+    messages = run_tasks(writer.options, [1, 2], 2, query, run, 0)
+
+    with pytest.raises(CrashPointReached):
+        asyncio.run(DriverCommit(writer.options, Crash(AFTER_DECISION)).commit(messages, 0))
+    with Admin(broker.bootstrap) as admin:
+        assert admin.list_group_offsets("lagtool") == {}  # decided, not committed
+        writer.commit(run_tasks(writer.options, [1, 2], 1, query, str(uuid.uuid4()), 0), 0)
+        committed = admin.list_group_offsets("lagtool")
+    assert {tp: o.offset for tp, o in committed.items()} == {TopicPartition("in", 0): 40, TopicPartition("in", 1): 7}
+    assert sorted(map(int, read_committed(broker.bootstrap))) == [1, 2]
+    assert open_transactions(broker.bootstrap) == []

@@ -1,0 +1,98 @@
+"""The sink through ``format("onceflow")`` in a Spark session (local mode)
+against a broker process: the optional columns (topic, partition, headers)
+reach Kafka, at_least_once writes without transactions, and a query whose
+columns do not fit fails with Spark's message."""
+
+from __future__ import annotations
+
+import pytest
+
+from faults.process import BrokerProcess
+from txn import Admin, Consumer, Producer, TopicPartition
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    process = BrokerProcess(str(tmp_path_factory.mktemp("spark-sink") / "broker"), "group.initial.rebalance.delay.ms=0").start()
+    with Admin(process.bootstrap) as admin:
+        admin.create_topics({"in": 2, "routed": 3, "plain": 1})
+    with Producer(process.bootstrap, linger_ms=0) as producer:
+        for i in range(10):
+            producer.send("in", f"v{i}".encode(), key=f"k{i}".encode(), partition=i % 2, headers=[("h", f"x{i}".encode())])
+        producer.flush()
+    yield process
+    process.kill()
+
+
+def read_all(bootstrap, topic, partitions):
+    with Admin(bootstrap) as admin:
+        ends = {tp: o.offset for tp, o in admin.list_offsets({TopicPartition(topic, p): "latest" for p in range(partitions)}).items()}
+    records = []
+    with Consumer(bootstrap, isolation_level="read_committed") as consumer:
+        consumer.assign(list(ends))
+        for tp in ends:
+            consumer.seek(tp, 0)
+        while any(consumer.position(tp) < end for tp, end in ends.items()):
+            records += consumer.poll(0.5)
+    return records
+
+
+def source(spark, broker):
+    return (
+        spark.readStream.format("onceflow").option("kafka.bootstrap.servers", broker.bootstrap).option("subscribe", "in")
+        .option("startingOffsets", "earliest").option("includeHeaders", "true").load()
+    )
+
+
+def test_topic_partition_and_headers_columns(spark, broker, tmp_path):
+    query = (
+        source(spark, broker).selectExpr("key", "value", "headers", "'routed' AS topic", "CAST(2 AS INT) AS partition")
+        .writeStream.format("onceflow").option("kafka.bootstrap.servers", broker.bootstrap).option("transactionalIdPrefix", "columns")
+        .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(availableNow=True).start()
+    )
+    query.awaitTermination(120)
+    assert query.exception() is None
+    records = read_all(broker.bootstrap, "routed", 3)
+    assert sorted(r.value for r in records) == sorted(f"v{i}".encode() for i in range(10))
+    assert {r.partition for r in records} == {2}
+    assert all(r.headers == (("h", b"x" + r.value[1:]),) and r.key == b"k" + r.value[1:] for r in records)
+
+
+def test_at_least_once(spark, broker, tmp_path):
+    query = (
+        source(spark, broker).selectExpr("CAST(value AS STRING) AS value").writeStream.format("onceflow")
+        .option("kafka.bootstrap.servers", broker.bootstrap).option("topic", "plain").option("deliveryGuarantee", "at_least_once")
+        .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(availableNow=True).start()
+    )
+    query.awaitTermination(120)
+    assert query.exception() is None
+    assert sorted(r.value for r in read_all(broker.bootstrap, "plain", 1)) == sorted(f"v{i}".encode() for i in range(10))
+    with Admin(broker.bootstrap) as admin:
+        assert [t for t in admin.list_transactions() if t.transactional_id.startswith("onceflow")] == []
+
+
+def test_columns_that_do_not_fit_fail_the_query_with_sparks_message(spark, broker, tmp_path):
+    query = (
+        source(spark, broker).selectExpr("key").writeStream.format("onceflow").option("kafka.bootstrap.servers", broker.bootstrap)
+        .option("topic", "plain").option("transactionalIdPrefix", "nocolumns").option("checkpointLocation", str(tmp_path / "ckpt"))
+        .trigger(availableNow=True).start()
+    )
+    with pytest.raises(Exception, match="Required attribute 'value' not found"):
+        query.awaitTermination(120)
+
+
+def test_commit_offsets_to_group_in_the_batch_transactions(spark, broker, tmp_path):
+    """The source's end offsets of each batch go to the consumer group with the
+    batch's decision, so lag tools see the pipeline's position."""
+    query = (
+        source(spark, broker).selectExpr("key", "value").writeStream.format("onceflow").option("kafka.bootstrap.servers", broker.bootstrap)
+        .option("topic", "plain").option("transactionalIdPrefix", "withoffsets").option("commitOffsetsToGroup", "payments-pipeline")
+        .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(availableNow=True).start()
+    )
+    query.awaitTermination(120)
+    assert query.exception() is None
+    with Admin(broker.bootstrap) as admin:
+        committed = admin.list_group_offsets("payments-pipeline")
+    assert {tp: o.offset for tp, o in committed.items()} == {TopicPartition("in", 0): 5, TopicPartition("in", 1): 5}
