@@ -34,5 +34,12 @@ def run(args) -> int:
     except ValueError as error:
         print(f"onceflow chaos: {error}", file=sys.stderr)
         return 2
+    if settings.workload == "spark":
+        from faults.spark import java_missing
+
+        problem = java_missing()
+        if problem:
+            print(f"onceflow chaos: {problem}", file=sys.stderr)
+            return 2
     verdict = run_chaos(settings, args.report)
     return 0 if verdict.valid else 1

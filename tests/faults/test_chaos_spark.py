@@ -79,3 +79,12 @@ def test_a_wrong_expectation_of_the_spark_output_is_caught(tmp_path):
     verdict = run_chaos(ChaosSettings(workload="spark", query=str(module), faults=(), duration=5, seed=3, records=1000), str(tmp_path / "report"))
     assert not verdict.valid
     assert verdict.anomaly_counts == {"copy-missing": 1, "copy-unexpected": 1}, verdict.summary()
+
+
+def test_command_line_says_in_one_line_that_java_is_missing(tmp_path):
+    environment = {key: value for key, value in os.environ.items() if key not in ("JAVA_HOME", "PATH")}
+    environment["PATH"] = str(tmp_path)
+    result = subprocess.run([sys.executable, "-m", "onceflow", "chaos", "--workload", "spark", "--query", "examples/spark_region_totals.py",
+                             "--faults", "kill-driver", "--report", str(tmp_path / "r")], cwd=REPO, env=environment, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Java" in result.stderr and "Traceback" not in result.stderr
