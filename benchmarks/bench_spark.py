@@ -1,5 +1,5 @@
 """The Spark sink's cost per microbatch and the read_committed stall after a
-driver kill, for ``onceflow bench`` (scenarios ``spark ...`` in
+driver kill, for ``onceflow bench --spark`` (``SPARK_SCENARIOS`` in
 ``benchmarks.suite``).
 
 Spark runs in a child process (``python -m benchmarks.bench_spark``), so the

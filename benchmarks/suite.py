@@ -364,7 +364,6 @@ SCENARIOS = (
     Scenario("end to end, produce to read_committed", latency_scenario),
 )
 
-
 def spark_microbatch_scenario(bootstrap: str, settings: ScenarioSettings) -> dict[str, Metric]:
     """A one-row microbatch through Spark to the noop sink (Spark's own
     floor), to our sink at_least_once and exactly_once, in one session
@@ -393,12 +392,13 @@ def spark_stall_scenario(bootstrap: str, settings: ScenarioSettings) -> dict[str
     return {"read_committed stall s": Metric(stall["stall_s"], "s"), "kill to visible s": Metric(stall["kill_to_visible_s"], "s")}
 
 
-# Only with --spark (each starts a local Spark session); ours only, beside
-# Spark's own floor measured in the same run rather than beside the peer.
+# Only with --spark (each starts a local Spark session, minutes, about 1 GB),
+# or named by --only; ours only, beside Spark's own floor measured in the
+# same run rather than beside the peer.
 SPARK_SCENARIOS = (
     Scenario("Spark: onceflow source -> noop", spark_source_scenario, peer=False),
-    Scenario("spark 1-row microbatch", spark_microbatch_scenario, peer=False),
-    Scenario("spark driver kill, read_committed stall", spark_stall_scenario, peer=False),
+    Scenario("Spark: 1-row microbatch", spark_microbatch_scenario, peer=False),
+    Scenario("Spark: driver kill, read_committed stall", spark_stall_scenario, peer=False),
 )
 
 PEER_NOTES = {
@@ -522,7 +522,6 @@ def run_suite(args) -> int:
         print(line, flush=True)
 
     settings = ScenarioSettings(records=args.records, seconds=args.seconds, latency_rate=args.latency_rate, copier_records=args.copier_records, spark_rows=args.spark_rows)
-    # Spark runs a JVM per scenario (minutes, about 1 GB): only with --spark or when --only names one.
     offered = SCENARIOS + SPARK_SCENARIOS if args.spark or args.only else SCENARIOS
     scenarios = [s for s in offered if not args.only or any(s.name.startswith(p.strip()) for p in args.only.split(","))]
     work = tempfile.mkdtemp(prefix="onceflow-bench-", dir=args.work_dir)

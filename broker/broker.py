@@ -47,8 +47,8 @@ from broker.server import KafkaServer
 from broker.storage_adapter import log_config_defaults, partition_log_opener, validate_log_properties
 from protocol.clock import Clock
 from protocol.tasks import cancel_and_wait
+from storage.durable import DiskIO
 from storage.index import IndexBudget
-from storage.segment import DiskIO
 
 log = logging.getLogger(__name__)
 

@@ -6,9 +6,9 @@ Layout under the data directory::
     __cluster_metadata/topics.json  {"topics": {name: {"id": uuid, "partitions": n,
                                      "config": {...}, "internal": bool}}}
 
-``topics.json`` is replaced atomically (write a temporary file, fsync it,
-rename over the old one, fsync the directory), so a crash leaves either the
-old registry or the new one, never a torn file. A topic is in the registry
+``topics.json`` is replaced atomically and durably
+(``storage.durable.replace_file``), so a crash leaves either the old registry
+or the new one, never a torn file. A topic is in the registry
 before any of its partition directories exists, and leaves it before they are
 deleted: on start, partition directories that no registered topic owns are
 leftovers of an interrupted delete and are removed.
@@ -21,6 +21,8 @@ import os
 import uuid
 
 import attrs
+
+from storage.durable import replace_file
 
 
 @attrs.frozen
@@ -44,24 +46,6 @@ class TopicInfo:
             internal=bool(data.get("internal", False)),
         )
 
-
-def write_atomically(path: str, data: bytes) -> None:
-    directory = os.path.dirname(path)
-    temporary = path + ".tmp"
-    with open(temporary, "wb") as file:
-        file.write(data)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temporary, path)
-    fsync_directory(directory)
-
-
-def fsync_directory(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class MetadataStore:
@@ -94,7 +78,7 @@ class MetadataStore:
                 return stored_cluster
         cluster_id = cluster_id or _new_cluster_id()
         text = f"version=1\nnode.id={node_id}\ncluster.id={cluster_id}\n"
-        write_atomically(self.meta_properties_path, text.encode())
+        replace_file(self.meta_properties_path, text.encode())
         return cluster_id
 
     def load_topics(self) -> dict[str, TopicInfo]:
@@ -107,7 +91,7 @@ class MetadataStore:
 
     def save_topics(self, topics: dict[str, TopicInfo]) -> None:
         document = {"topics": {name: info.to_json() for name, info in sorted(topics.items())}}
-        write_atomically(self.topics_path, json.dumps(document, indent=1, sort_keys=True).encode())
+        replace_file(self.topics_path, json.dumps(document, indent=1, sort_keys=True).encode())
 
 
 def _read_properties(path: str) -> dict[str, str]:

@@ -8,9 +8,9 @@ from __future__ import annotations
 from typing import Callable
 
 from storage.config import LogConfig, defaults
+from storage.durable import DiskIO
 from storage.index import IndexBudget
 from storage.log import PartitionLog
-from storage.segment import DiskIO
 
 
 def partition_log_opener(*, io: DiskIO | None, index_budget: IndexBudget) -> Callable[[str, dict], PartitionLog]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 
+from storage.durable import replace_file
+
 BLOCK_SIZE = 1000
 FILE_NAME = "producer-ids"
 
@@ -33,17 +35,7 @@ class ProducerIdAllocator:
 
     def _reserve(self) -> None:
         end = self._next + self.block_size
-        temporary = self.path + ".tmp"
-        with open(temporary, "w", encoding="ascii") as file:
-            file.write(f"next-block-start {end}\n")
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, self.path)
-        fd = os.open(os.path.dirname(self.path), os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        replace_file(self.path, f"next-block-start {end}\n".encode("ascii"))
         self._block_end = end
 
     def allocate(self) -> int:

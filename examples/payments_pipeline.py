@@ -16,7 +16,9 @@ payment once, with the right balance.
 
 Environment for ``onceflow run``: ``PAYMENTS_BOOTSTRAP`` (127.0.0.1:9092),
 ``PAYMENTS_STATE_DIR`` (./payments-state), ``PAYMENTS_INPUT`` (payments),
-``PAYMENTS_OUTPUT`` (balances).
+``PAYMENTS_OUTPUT`` (balances), ``PAYMENTS_INSTANCE_ID`` (generated once and
+kept in the state directory; the transactional id is
+``payments-pipeline-{instance id}``).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ app = build_app(
     os.environ.get("PAYMENTS_STATE_DIR", "payments-state"),
     input_topic=os.environ.get("PAYMENTS_INPUT", "payments"),
     output_topic=os.environ.get("PAYMENTS_OUTPUT", "balances"),
+    instance_id=os.environ.get("PAYMENTS_INSTANCE_ID") or None,
 )
 
 
@@ -62,9 +65,10 @@ def main(argv=None) -> int:
     parser.add_argument("--state-dir", default="payments-state")
     parser.add_argument("--input", default="payments")
     parser.add_argument("--output", default="balances")
+    parser.add_argument("--instance-id", default="", help="this instance's id (default: generated once, kept in the state directory)")
     parser.add_argument("--until-idle", type=float, default=None)
     args = parser.parse_args(argv)
-    os.environ.update(PAYMENTS_BOOTSTRAP=args.bootstrap, PAYMENTS_STATE_DIR=args.state_dir, PAYMENTS_INPUT=args.input, PAYMENTS_OUTPUT=args.output)
+    os.environ.update(PAYMENTS_BOOTSTRAP=args.bootstrap, PAYMENTS_STATE_DIR=args.state_dir, PAYMENTS_INPUT=args.input, PAYMENTS_OUTPUT=args.output, PAYMENTS_INSTANCE_ID=args.instance_id)
     return run_app_module(argparse.Namespace(path=os.path.abspath(__file__), app="app", until_idle=args.until_idle, progress_interval=5.0))
 
 

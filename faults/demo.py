@@ -353,7 +353,9 @@ class Demo:
             self.driver = DriverProcess("spark", SPARK_QUERY, self.broker.bootstrap, self.checkpoint, os.path.join(self.work, "spark.log")).start()
             self.say("  Spark driver starting (a JVM in local mode; its first batch takes a while)")
         for index in range(PIPELINE_INSTANCES):
-            command = [sys.executable, PIPELINE, "--bootstrap", self.broker.bootstrap, "--state-dir", os.path.join(self.work, f"pipeline-state-{index}")]
+            # Fixed instance ids: a restarted instance is the same static member
+            # (it takes its partitions back at once) and transactional id.
+            command = [sys.executable, PIPELINE, "--bootstrap", self.broker.bootstrap, "--state-dir", os.path.join(self.work, f"pipeline-state-{index}"), "--instance-id", str(index)]
             process = ClientProcess(f"pipeline-{index}", command, os.path.join(self.work, f"pipeline-{index}.log"), env={"PYTHONPATH": REPO})
             self.pipelines.append(process.start())
         for topic in ("balances", "region-minutes") if self.spark else ("balances",):

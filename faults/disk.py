@@ -33,7 +33,7 @@ import time
 import attrs
 
 from faults import points
-from storage.segment import DiskIO
+from storage.durable import DiskIO, replace_file
 
 ENVIRONMENT_VARIABLE = "ONCEFLOW_DISK_FAULTS"
 TORN_WRITE_POINT = "storage.torn_write"
@@ -115,10 +115,8 @@ class DiskFaultControl:
         self.clear()
 
     def _write(self, state: dict) -> None:
-        temporary = self.path + ".tmp"
-        with open(temporary, "w") as file:
-            json.dump(state, file)
-        os.replace(temporary, self.path)
+        # Atomic: the broker polls the file and must never read half of it.
+        replace_file(self.path, json.dumps(state).encode())
 
     def fail_writes(self, error: str = "ENOSPC", seconds: float = 1.0) -> None:
         self._write({"write": error, "until": time.time() + seconds})

@@ -3,8 +3,10 @@ recovery, retention, DeleteRecords, compaction, and topic-name validation.
 
 Modules: ``log`` (PartitionLog, the API the broker uses: append, read,
 wait_durable, offset_for_timestamp, retention, DeleteRecords, close),
-``segment`` (one segment's files and the DiskIO seam for fault injection),
-``index`` (the sparse .index and .timeindex), ``cleaner`` (compaction and its
+``segment`` (one segment's files), ``durable`` (the DiskIO seam for fault
+injection and ``replace_file``, the one atomic and durable way a file is
+rewritten), ``index`` (the sparse .index and .timeindex, and the
+``IndexBudget`` their owner passes in), ``cleaner`` (compaction and its
 crash-safe swap), ``config`` (LogConfig with Kafka's setting names),
 ``names`` (topic names and partition directories), ``checksum`` (CRC-32C on
 the append and recovery paths), ``producer_state`` (idempotence, fencing,

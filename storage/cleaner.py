@@ -44,6 +44,7 @@ import logging
 import os
 
 from protocol.records import decode_batch, encode_batch, read_batch_header
+from storage.durable import fsync_directory, replace_file
 from storage.segment import (
     CLEANED_SUFFIX,
     DELETED_SUFFIX,
@@ -70,14 +71,6 @@ def _no_crash(stage: str) -> None:
     return None
 
 
-def _fsync_path(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def complete_interrupted_swaps(directory: str) -> None:
     names = os.listdir(directory)
     for name in names:
@@ -89,7 +82,7 @@ def complete_interrupted_swaps(directory: str) -> None:
                 swapped = os.path.join(directory, stem + suffix + SWAP_SUFFIX)
                 if os.path.exists(swapped):
                     os.replace(swapped, os.path.join(directory, stem + suffix))
-            _fsync_path(directory)
+            fsync_directory(directory)
             log.warning("finished an interrupted compaction swap of segment %s in %s", stem, directory)
         else:
             log.warning("rolled back (or tidied) an interrupted compaction of segment %s in %s", stem, directory)
@@ -101,7 +94,7 @@ def complete_interrupted_swaps(directory: str) -> None:
     for name in os.listdir(directory):
         if name.endswith(RANGE_NOTE_SUFFIX):
             os.remove(os.path.join(directory, name))
-    _fsync_path(directory)
+    fsync_directory(directory)
 
 
 class Cleaner:
@@ -209,7 +202,8 @@ class Cleaner:
             cleaned.append(data, [(0, read_batch_header(data))])
         # Aborted transactions stay indexed while their markers remain.
         cleaned_txn = TransactionIndex(cleaned.txn_index.path)
-        cleaned_txn.replace(segment.txn_index.entries)
+        # The swap note's directory fsync below covers its name.
+        cleaned_txn.replace(segment.txn_index.entries, sync_directory=False)
         cleaned.fsync()
         cleaned.flush_indexes(fsync=True)
         removed = segment.size - cleaned.size
@@ -217,11 +211,7 @@ class Cleaner:
         self.crash_point("cleaned_written")
 
         note = os.path.join(directory, stem + RANGE_NOTE_SUFFIX)
-        with open(note, "w", encoding="ascii") as file:
-            file.write(f"{segment.base_offset}\n")
-            file.flush()
-            os.fsync(file.fileno())
-        _fsync_path(directory)
+        replace_file(note, f"{segment.base_offset}\n".encode("ascii"))
         self.crash_point("note_written")
         committed = False  # past the point of no return (the .log.swap rename)
         try:
@@ -230,7 +220,7 @@ class Cleaner:
                 os.replace(source, os.path.join(directory, stem + suffix + SWAP_SUFFIX))
                 committed = suffix == LOG_SUFFIX
                 self.crash_point(f"swap_renamed{suffix}")
-            _fsync_path(directory)
+            fsync_directory(directory)
             self.crash_point("swap_renamed")
             # Past the point of no return: replace the live segment.
             return self._replace(segment, stem, note, removed)
@@ -261,7 +251,7 @@ class Cleaner:
             deleted = os.path.join(directory, stem + suffix + DELETED_SUFFIX)
             if os.path.exists(deleted):
                 os.remove(deleted)
-        _fsync_path(directory)
+        fsync_directory(directory)
         replacement = LogSegment(directory, segment.base_offset, segment.io, index_interval_bytes=segment.index_interval_bytes, index_budget=segment.index_budget)
         if replacement.load_clean() is not None:
             replacement.recover()

@@ -31,6 +31,8 @@ import struct
 from array import array
 from collections import OrderedDict
 
+from storage.durable import replace_file
+
 OFFSET_ENTRY = struct.Struct(">ii")
 TIME_ENTRY = struct.Struct(">qi")
 
@@ -114,8 +116,10 @@ class _IndexFile:
         size = self.entry.size
         whole = len(data) - len(data) % size
         self._set_entries(self.entry.iter_unpack(memoryview(data)[:whole]))
-        if whole != len(data) or not load:
-            self._rewrite()
+        if not load:
+            self._start_empty()
+        elif whole != len(data):
+            self._rewrite()  # cut the torn trailing entry
 
     def _set_entries(self, entries) -> None:
         self.budget.forget(self)
@@ -184,11 +188,21 @@ class _IndexFile:
         self._drop()
 
     def _rewrite(self) -> None:
+        """Replace the file with the entries held (a torn entry or truncated
+        entries gone): atomically and durably, as every replaced file
+        (``storage.durable``). Recovery only, never on the produce path."""
         self._ensure_loaded()
-        temporary = self.path + ".tmp"
-        with open(temporary, "wb") as file:
-            file.write(self._entries_bytes())
-        os.replace(temporary, self.path)
+        replace_file(self.path, self._entries_bytes())
+        self._pending.clear()
+
+    def _start_empty(self) -> None:
+        """Empty the file in place for an index about to be rebuilt from its
+        log (recovery scans the segment, compaction writes a new one). No
+        replace is needed: nothing trusts the index until the rebuilt
+        entries are fsynced (``flush(fsync=True)``) and the directory with
+        them, and a crash before that rebuilds it again."""
+        with open(self.path, "wb"):
+            pass
         self._pending.clear()
 
     def file_bytes(self) -> bytes:
@@ -270,7 +284,7 @@ class OffsetIndex(_IndexFile):
 
     def reset(self) -> None:
         self._set_entries(())
-        self._rewrite()
+        self._start_empty()
 
 
 class TimeIndex(_IndexFile):
@@ -349,4 +363,4 @@ class TimeIndex(_IndexFile):
 
     def reset(self) -> None:
         self._set_entries(())
-        self._rewrite()
+        self._start_empty()

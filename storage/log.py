@@ -13,8 +13,9 @@ Files in a partition directory::
     <base>.swap.range, *.cleaned, *.swap, *.deleted   a compaction swap in progress (storage.cleaner)
 
 The ``checkpoint`` file is two ASCII lines, ``recovery-point <offset>`` and
-``log-start-offset <offset>``, replaced atomically (write ``checkpoint.tmp``,
-fsync, rename, fsync the directory). Everything below the recovery point is
+``log-start-offset <offset>``, replaced atomically and durably
+(``storage.durable.replace_file``, as every file the log rewrites: snapshots,
+indexes). Everything below the recovery point is
 known durable with its indexes; it moves at open, at a clean close, and when
 the group committer has fsynced the segments below a roll. The log start
 offset moves with retention and DeleteRecords and is written before any
@@ -73,6 +74,7 @@ from protocol.records import (
 )
 from storage.checksum import checked_batches
 from storage.config import FLUSH_ALWAYS, FLUSH_OS, LogConfig
+from storage.durable import TEMPORARY_SUFFIX, fsync_directory, replace_file
 from storage.index import IndexBudget
 from storage.producer_state import (
     CorruptSnapshotError,
@@ -211,7 +213,7 @@ class PartitionLog:
         for name in names:
             stem, _dot, suffix = name.partition(".")
             orphan = stem.isdigit() and "." + suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX) and stem not in logs
-            if name.endswith(".tmp") or orphan:
+            if name.endswith(TEMPORARY_SUFFIX) or orphan:
                 log.warning("removing leftover %s from %s", name, self.directory)
                 os.remove(os.path.join(self.directory, name))
 
@@ -287,14 +289,8 @@ class PartitionLog:
         return recovery_point, log_start
 
     def _write_checkpoint(self) -> None:
-        path = os.path.join(self.directory, CHECKPOINT_FILE)
-        temporary = path + ".tmp"
-        with open(temporary, "w", encoding="ascii") as file:
-            file.write(f"recovery-point {self.recovery_point}\nlog-start-offset {self.log_start_offset}\n")
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-        _fsync_dir(self.directory)
+        text = f"recovery-point {self.recovery_point}\nlog-start-offset {self.log_start_offset}\n"
+        replace_file(os.path.join(self.directory, CHECKPOINT_FILE), text.encode("ascii"))
 
     # ------------------------------------------------------------------ producer state
 
@@ -368,15 +364,11 @@ class PartitionLog:
         )
 
     def take_snapshot(self) -> None:
+        """Write the producer state at the log end. The directory fsync is the
+        caller's (a roll's, or the checkpoint's at close)."""
         offset = self.log_end_offset
         path = os.path.join(self.directory, file_stem(offset) + SNAPSHOT_SUFFIX)
-        data = self.producer_state.snapshot_bytes()
-        temporary = path + ".tmp"
-        with open(temporary, "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
+        replace_file(path, self.producer_state.snapshot_bytes(), sync_directory=False)
         # Keep the two newest snapshots.
         for old in self._snapshot_offsets()[:-2]:
             try:
@@ -550,11 +542,11 @@ class PartitionLog:
         segment = LogSegment(self.directory, base, self.io, index_interval_bytes=self.config.index_interval_bytes, index_budget=self.index_budget)
         segment.created_ms = self.clock()
         self.segments.append(segment)
-        _fsync_dir(self.directory)
         try:
             self.take_snapshot()
         except OSError as error:
             log.warning("producer snapshot at roll failed: %s", error)
+        fsync_directory(self.directory)  # the new segment's files and the snapshot
         return segment
 
     def _after_write(self, segment: LogSegment, size: int) -> None:
@@ -856,24 +848,12 @@ class PartitionLog:
             except OSError:
                 clean = False
         if clean:
-            path = os.path.join(self.directory, CLEAN_SHUTDOWN_FILE)
-            with open(path, "w") as file:
-                file.flush()
-                os.fsync(file.fileno())
-            _fsync_dir(self.directory)
+            replace_file(os.path.join(self.directory, CLEAN_SHUTDOWN_FILE), b"")
         for _offset, future in self._waiters:
             if not future.done():
                 future.set_exception(LogFailedError("log closed"))
         self._waiters.clear()
         self.closed = True
-
-
-def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 __all__ = [

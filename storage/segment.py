@@ -3,18 +3,18 @@
 
 The ``.log`` file is a plain concatenation of RecordBatch v2 batches exactly
 as they travel on the wire (offsets already assigned). Every file operation
-goes through a ``DiskIO`` object, the seam tests and the fault harness replace
-to make a write or an fsync fail.
+goes through a ``DiskIO`` object (``storage.durable``), the seam tests and
+the fault harness replace to make a write or an fsync fail.
 """
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 
 from protocol.records import BATCH_HEADER_SIZE, LOG_OVERHEAD, BatchHeader, CorruptRecordError
 from storage.checksum import checked_header
+from storage.durable import DiskIO
 from storage.index import IndexBudget, OffsetIndex, TimeIndex
 from storage.txn_index import TransactionIndex
 
@@ -33,33 +33,6 @@ READ_CHUNK = 64 * 1024
 
 def file_stem(base_offset: int) -> str:
     return f"{base_offset:020d}"
-
-
-class DiskIO:
-    """The system calls the log makes; replace methods to inject disk faults."""
-
-    def open(self, path: str, flags: int) -> int:
-        return os.open(path, flags, 0o644)
-
-    def write(self, fd: int, data) -> None:
-        view = memoryview(data)
-        while view:
-            written = os.write(fd, view)
-            if written <= 0:
-                raise OSError(errno.EIO, "write made no progress")
-            view = view[written:]
-
-    def fsync(self, fd: int) -> None:
-        os.fsync(fd)
-
-    def pread(self, fd: int, size: int, position: int) -> bytes:
-        return os.pread(fd, size, position)
-
-    def truncate(self, fd: int, size: int) -> None:
-        os.ftruncate(fd, size)
-
-    def close(self, fd: int) -> None:
-        os.close(fd)
 
 
 class LogSegment:

@@ -21,6 +21,8 @@ import struct
 
 import attrs
 
+from storage.durable import replace_file
+
 ENTRY = struct.Struct(">hqqqq")
 ENTRY_SIZE = ENTRY.size  # 34
 VERSION = 0
@@ -81,9 +83,9 @@ class TransactionIndex:
             self.entries = kept
             self._rewrite()
 
-    def replace(self, entries: list[AbortedTxn]) -> None:
+    def replace(self, entries: list[AbortedTxn], *, sync_directory: bool = True) -> None:
         self.entries = list(entries)
-        self._rewrite()
+        self._rewrite(sync_directory=sync_directory)
 
     def fsync(self) -> None:
         try:
@@ -102,10 +104,5 @@ class TransactionIndex:
             pass
         self.entries = []
 
-    def _rewrite(self) -> None:
-        temporary = self.path + ".tmp"
-        with open(temporary, "wb") as file:
-            file.write(b"".join(e.to_bytes() for e in self.entries))
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, self.path)
+    def _rewrite(self, *, sync_directory: bool = True) -> None:
+        replace_file(self.path, b"".join(e.to_bytes() for e in self.entries), sync_directory=sync_directory)

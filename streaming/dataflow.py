@@ -26,7 +26,12 @@ gets the record's **value** and returns
 | ``flat_map(f)`` | an iterable of new values | one record per value, same key and timestamp |
 | ``key_by(f)`` | the new key | the same value and timestamp |
 
-Pass ``with_key=True`` and the function gets ``(key, value)`` instead.
+Pass ``with_key=True`` and the function gets ``(key, value)`` instead:
+
+    payments.map(lambda payment: payment["amount"])                               # value -> value
+    payments.map(lambda account, payment: {**payment, "account": account}, with_key=True)
+    payments.key_by(lambda payment: payment["region"])                            # value -> key
+
 Only ``key_by`` changes keys, and timestamps (event time) are never
 changed, so windows downstream see the time the event happened. Headers
 of a source record go on with it through the stateless steps.
@@ -51,7 +56,8 @@ emits each window once, when stream time (the highest event time seen on
 the input partition, kept in the store) reaches its end + grace;
 ``emit="update"`` emits on every change instead (the last one is the
 final value) and nothing at close. Records later than their window's end +
-grace are dropped and counted in the ``late_records_dropped`` metric. A
+grace are dropped and counted in the ``late_records_dropped`` metric
+(once per record, even when a hopping record missed several windows). A
 partition that stops receiving records stops its stream time too: its last
 windows close when a later record arrives, as in Kafka Streams.
 
@@ -68,6 +74,8 @@ runner, so the hop is exactly once as well (the repartition records and
 the offsets of the source commit together; the second processor reads them
 read_committed and commits its own offsets with its output). So each
 ``.to()`` registers one processor, or one per repartition in its chain.
+The repartition topics are listed in ``app.internal_topics`` and created
+(partitioned like the source) when the app starts to run.
 Keys and values crossing a repartition topic keep their Python types (str,
 bytes, int, float, bool, None, tuples, lists, dicts with str keys).
 """

@@ -21,7 +21,7 @@ What happens when:
 | event | what the runner does |
 | --- | --- |
 | partitions assigned | wait until the group's offsets for them are stable (an old owner's transaction decided), then restore each store shard: SQLite contents, then the changelog (read_committed) from the file's offset to its stable end; only then their first record |
-| partitions revoked | commit the open transaction (abort if it cannot), close their shards |
+| partitions revoked | commit the open transaction (abort if it cannot), close their shards (kept in memory until the rebalance's assignment: one given back only catches up with its changelog) |
 | partitions lost (fenced by the group) | abort the open transaction, close their shards |
 | abortable error (TransactionAbortable, CommitFailed, retries exhausted, connection) | abort, rewind every partition to its committed offset, drop pending store writes |
 | commit outcome unknown | a new producer (init_transactions settles the outcome), then rewind and catch every shard up from its changelog |
@@ -35,6 +35,14 @@ between the Kafka commit and the SQLite apply, or after another instance
 owned the partition): catch up from the changelog. Ahead of the stable end,
 or behind the log start (the topic was recreated, truncated, or the file came
 from elsewhere): thrown away and rebuilt from the changelog alone.
+Compaction keeps offsets, so a file behind a compacted changelog still
+catches up correctly, with one limit Kafka Streams shares: a file that fell
+behind by more than the topic's ``delete.retention.ms`` may miss a deletion
+whose tombstone compaction has since dropped.
+
+Memory: the committed contents of every assigned shard are held in memory
+(see ``streaming.store``); a rebalance keeps a revoked shard there until the
+assignment arrives, so a shard given back is not reloaded.
 """
 
 from __future__ import annotations
@@ -47,6 +55,7 @@ import sys
 import threading
 import time
 
+from protocol.errors import ErrorCode
 from streaming.app import App, Processor, Record
 from streaming.errors import InstanceFencedError, ProcessingError
 from streaming.store import Store, StoreError, StoreFile
@@ -62,6 +71,7 @@ CRASH_AFTER_COMMIT = "streaming.after_commit_before_store_apply"
 RESTORE_CHUNK = 10_000  # changelog records applied to SQLite per transaction while restoring
 DEFAULTS_CONSUMER = {"max_poll_records": 500}
 DEFAULTS_PRODUCER = {"transaction_timeout_ms": 10_000, "linger_ms": 5}
+GROUP_FENCING = {ErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.ILLEGAL_GENERATION, ErrorCode.FENCED_INSTANCE_ID}
 ABORTABLE = (TransactionAbortableError, CommitFailedError, RetriableError, ConnectionError, TimeoutError, OSError)
 
 
@@ -118,6 +128,10 @@ class Runner:
                 self.by_topic.setdefault(topic, []).append(processor)
                 self.stores_by_topic.setdefault(topic, set()).update(processor.stores)
         self.shards: dict[tuple[str, int], tuple[Store, StoreFile]] = {}
+        # Shards given up in the rebalance under way (their files closed), kept
+        # in memory until its assignment: an eager rebalance revokes everything
+        # and mostly gives it back, which then costs no reload.
+        self.parked: dict[tuple[str, int], Store] = {}
         self.assigned: set[TopicPartition] = set()
         self.ctx = Context(self)
         self.producer: AsyncProducer | None = None
@@ -377,6 +391,12 @@ class Runner:
             return False
         except ABORTABLE as error:
             log.warning("transaction aborted: %s: %s; rewinding to the committed offsets", type(error).__name__, error)
+            if getattr(error, "code", None) in GROUP_FENCING:
+                # The group moved on without us (this member's session ended,
+                # e.g. the process was stopped): rejoin at the next poll, which
+                # reports the partitions lost, rather than wait for a heartbeat
+                # to find out. (txn's consumer has no public enforce_rebalance yet.)
+                self.consumer._note_group_error(error.code)
             await self._abort()
             await self._recover(catch_up_stores=False)
             return False
@@ -487,6 +507,7 @@ class Runner:
                 await asyncio.sleep(1.0)
         for tp in partitions:
             self.processed.pop(tp, None)
+        self.parked.clear()  # what was given up and not given back: someone else's now
         self.last_activity = time.monotonic()
         log.info("assigned %s", ", ".join(map(str, sorted(partitions))) or "nothing")
 
@@ -494,7 +515,7 @@ class Runner:
         self.assigned -= set(partitions)
         for tp in partitions:
             self.processed.pop(tp, None)
-        await self._close_shards(sorted(set(self.shards) - self._shards_needed(self.assigned)))
+        await self._close_shards(sorted(set(self.shards) - self._shards_needed(self.assigned)), park=True)
 
     def _shards_needed(self, partitions) -> set[tuple[str, int]]:
         return {(name, tp.partition) for tp in partitions for name in self.stores_by_topic.get(tp.topic, ())}
@@ -506,11 +527,23 @@ class Runner:
 
     async def _open_shard(self, name: str, partition: int) -> None:
         file = StoreFile(self._store_path(name, partition), self.app.changelog_topic(name), partition)
-        contents, next_offset = await file.open()
-        if file.discarded_reason:
-            log.warning("store %s-%d: the SQLite file was %s; rebuilding it from the changelog", name, partition, file.discarded_reason)
-            self.metrics.add("store_rebuilds")
-        store = Store(name, partition, contents, next_offset)
+        parked = self.parked.pop((name, partition), None)
+        store = None
+        if parked is not None:
+            # Given up in this rebalance and given back: its memory is the
+            # file's contents already (same offset), so only the changelog's
+            # tail (another owner's writes meanwhile) is read.
+            _nothing, next_offset = await file.open(load=False)
+            if not file.discarded_reason and next_offset == parked.next_offset:
+                store = parked
+            else:
+                await file.close()
+        if store is None:
+            contents, next_offset = await file.open()
+            if file.discarded_reason:
+                log.warning("store %s-%d: the SQLite file was %s; rebuilding it from the changelog", name, partition, file.discarded_reason)
+                self.metrics.add("store_rebuilds")
+            store = Store(name, partition, contents, next_offset)
         try:
             await self._catch_up(store, file)
         except BaseException:
@@ -518,11 +551,13 @@ class Runner:
             raise
         self.shards[(name, partition)] = (store, file)
 
-    async def _close_shards(self, keys) -> None:
+    async def _close_shards(self, keys, *, park: bool = False) -> None:
         for key in keys:
             store, file = self.shards.pop(key)
             store.discard_pending()
             await file.close()
+            if park:
+                self.parked[key] = store
 
     async def _stable_end(self, tp: TopicPartition) -> int:
         """The changelog's end once every transaction that had written to it

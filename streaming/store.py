@@ -297,13 +297,14 @@ class StoreFile:
         self._db: aiosqlite.Connection | None = None
         self.discarded_reason: str | None = None  # why the file was thrown away on open, if it was
 
-    async def open(self) -> tuple[dict, int]:
-        """Open (or create) the file: its (contents, next_offset). A file that
-        is unreadable or belongs to another changelog is deleted and started
-        afresh (the changelog rebuilds it), with ``discarded_reason`` set."""
+    async def open(self, *, load: bool = True) -> tuple[dict, int]:
+        """Open (or create) the file: its (contents, next_offset), contents
+        left empty unless ``load``. A file that is unreadable or belongs to
+        another changelog is deleted and started afresh (the changelog
+        rebuilds it), with ``discarded_reason`` set."""
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         try:
-            return await self._open()
+            return await self._open(load)
         except sqlite3.DatabaseError as error:
             await self._close_quietly()
             self.discarded_reason = f"unreadable ({error})"
@@ -315,9 +316,9 @@ class StoreFile:
                 os.remove(self.path + suffix)
             except FileNotFoundError:
                 pass
-        return await self._open()
+        return await self._open(load)
 
-    async def _open(self) -> tuple[dict, int]:
+    async def _open(self, load: bool) -> tuple[dict, int]:
         self._db = await aiosqlite.connect(self.path, isolation_level=None)
         await self._db.execute("PRAGMA journal_mode=WAL")
         await self._db.execute("PRAGMA synchronous=NORMAL")
@@ -329,6 +330,8 @@ class StoreFile:
             return {}, 0
         if (row[0], row[1]) != (self.changelog, self.partition):
             raise _OtherChangelog(f"it holds {row[0]}-{row[1]}, not {self.changelog}-{self.partition}")
+        if not load:
+            return {}, row[2]
         async with self._db.execute("SELECT key, value FROM entries") as cursor:
             contents = {bytes(key): bytes(value) for key, value in await cursor.fetchall()}
         return contents, row[2]

@@ -16,6 +16,7 @@ import logging
 
 from protocol.framing import ClientConnection
 from protocol.messages import APIS, ApiKey
+from protocol.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +52,9 @@ class BrokerClient:
         # answers can no longer come, and a caller that waited for its timeout
         # instead (the producer's retries) would fall behind the batches after it.
         self._fail(ConnectionError(f"connection to {self.host}:{self.port} was lost"))
-        if self._read_task is not None:
-            self._read_task.cancel()
+        # The old connection's reader ends before the new one starts: one reader per client.
+        await cancel_and_wait(self._read_task)
+        self._read_task = None
         self._ready = False
         self._framing = ClientConnection(client_id=self.client_id)
         self._pending = {}
@@ -151,12 +153,8 @@ class BrokerClient:
         self._writer = None
 
     async def close(self) -> None:
-        if self._read_task is not None:
-            self._read_task.cancel()
-            try:
-                await self._read_task
-            except (asyncio.CancelledError, Exception):
-                pass
+        await cancel_and_wait(self._read_task)  # it ends every failure itself; only cancellation reaches here
+        self._read_task = None
         if self._writer is not None:
             self._writer.close()
             try:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import heapq
 import inspect
 import queue as queue_module
@@ -46,6 +47,7 @@ from protocol.constants import CoordinatorType, IsolationLevel, OffsetSpec
 from protocol.errors import ErrorCode
 from protocol.messages import ApiKey
 from protocol.records import ControlType, TimestampType, decode_batch, decode_control_record, iter_batches
+from protocol.tasks import cancel_and_wait
 from txn import assignors
 from txn.cluster import Cluster
 from txn.config import ConsumerConfig, build
@@ -106,8 +108,10 @@ class AsyncConsumer:
         self._member: GroupMember | None = None
         self._rejoin_needed = False
         self._fenced_code: int | None = None
+        # Background tasks, each owned here and stopped by close():
         self._heartbeat_task: asyncio.Task | None = None
-        self._join_task: asyncio.Task | None = None
+        self._join_task: asyncio.Task | None = None  # a JoinGroup+SyncGroup round
+        self._commits: set[asyncio.Task] = set()  # commit_async; close() waits for them
         self._last_poll = time.monotonic()
         self._last_auto_commit = time.monotonic()
         self._pending_lost: frozenset = frozenset()  # given up behind the caller's back (max.poll.interval.ms)
@@ -409,10 +413,12 @@ class AsyncConsumer:
         """Commit in the background; ``callback(error, offsets)`` when done."""
         offsets = self._consumed_offsets() if offsets is None else dict(offsets)
         task = asyncio.get_running_loop().create_task(self.commit(offsets))
+        self._commits.add(task)
+        task.add_done_callback(self._commits.discard)
         if callback is not None:
-            task.add_done_callback(lambda t: callback(t.exception(), offsets))
+            task.add_done_callback(lambda t: callback(_outcome_error(t), offsets))
         else:
-            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            task.add_done_callback(_outcome_error)  # retrieved: the caller chose not to hear
         return task
 
     async def _maybe_auto_commit(self, *, now: bool = False) -> None:
@@ -586,8 +592,13 @@ class AsyncConsumer:
         return [{"member_id": member_id, "assignment": assignors.encode_assignment(assignment)} for member_id, assignment in result.items()]
 
     def _start_heartbeats(self) -> None:
-        if self._heartbeat_task is None or self._heartbeat_task.done():
-            self._heartbeat_task = asyncio.get_running_loop().create_task(self._heartbeat_loop())
+        previous = self._heartbeat_task
+        if previous is not None and not previous.done():
+            return
+        self._heartbeat_task = None
+        if previous is not None and not previous.cancelled() and previous.exception() is not None:
+            raise previous.exception()  # a bug in the heartbeat loop: poll says so
+        self._heartbeat_task = asyncio.get_running_loop().create_task(self._heartbeat_loop())
 
     async def _heartbeat_loop(self) -> None:
         member = self._member
@@ -611,9 +622,11 @@ class AsyncConsumer:
 
     async def _leave_group(self, *, lost: bool = False) -> None:
         member = self._member
-        if self._join_task is not None:
-            self._join_task.cancel()
-            self._join_task = None
+        join_task, self._join_task = self._join_task, None
+        try:
+            await cancel_and_wait(join_task)
+        except Exception:
+            pass  # that round's outcome, error or not, is moot: the member is leaving
         if member.state == MemberState.UNJOINED:
             return
         member_id = member.member_id
@@ -634,6 +647,8 @@ class AsyncConsumer:
         if self._closed:
             return
         try:
+            if self._commits:  # asynchronous commits finish first, as in Kafka
+                await asyncio.wait(set(self._commits))
             if self._member is not None and self._member.state == MemberState.STABLE and self._subscription:
                 await self._maybe_auto_commit(now=True)
                 await self._tell_listener(RebalanceStep(revoked=self._member.owned))
@@ -641,9 +656,16 @@ class AsyncConsumer:
                 await self._leave_group()
         finally:
             self._closed = True
-            if self._heartbeat_task is not None:
-                self._heartbeat_task.cancel()
-            await self.cluster.close()
+            heartbeat, join, self._heartbeat_task, self._join_task = self._heartbeat_task, self._join_task, None, None
+            try:
+                await cancel_and_wait(heartbeat, join, *self._commits)
+            finally:
+                await self.cluster.close()
+
+
+def _outcome_error(task: asyncio.Task) -> BaseException | None:
+    """The error a finished task ended with (its cancellation included), marking it retrieved."""
+    return asyncio.CancelledError() if task.cancelled() else task.exception()
 
 
 def _supports_cooperative(assignor) -> bool:
@@ -758,10 +780,16 @@ class Consumer:
     def commit(self, offsets=None, asynchronous: bool = False):
         """Commit (blocking), or with ``asynchronous=True`` return a future."""
         if asynchronous:
-            async def commit():
-                return await self._async.commit(offsets)
+            outcome: concurrent.futures.Future = concurrent.futures.Future()
 
-            return self._thread.submit(commit())
+            def start() -> None:  # on the loop: the task is the consumer's, so close() finishes it
+                if not outcome.set_running_or_notify_cancel():
+                    return  # cancelled before it started
+                task = self._async.commit_async(offsets)
+                task.add_done_callback(lambda t: _settle_outcome(outcome, t))
+
+            self._thread.loop.call_soon_threadsafe(start)
+            return outcome
         return self._call(self._async.commit(offsets))
 
     def group_metadata(self) -> GroupMetadata:
@@ -772,6 +800,14 @@ class Consumer:
             self._call(self._async.close(), 60)
         finally:
             self._thread.stop()
+
+
+def _settle_outcome(outcome: concurrent.futures.Future, task: asyncio.Task) -> None:
+    error = _outcome_error(task)
+    if error is None:
+        outcome.set_result(task.result())
+    else:
+        outcome.set_exception(error)
 
 
 def _settle(reply: asyncio.Future, error: BaseException | None) -> None:

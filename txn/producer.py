@@ -47,6 +47,7 @@ from protocol.constants import CoordinatorType
 from protocol.errors import ErrorCode
 from protocol.messages import ApiKey
 from protocol.records import encode_batch
+from protocol.tasks import cancel_and_wait
 from txn.cluster import Cluster
 from txn.config import ProducerConfig, build
 from txn.errors import (
@@ -454,6 +455,8 @@ class AsyncProducer:
     def _delivered(self, task: asyncio.Task, tp: TopicPartition) -> None:
         self._tasks.discard(task)
         self._queues[tp].inflight -= 1
+        if task.cancelled():
+            return  # the producer is closing: nothing new starts
         if self._needs_epoch_bump and self.transactional_id is None and not self._tasks and self._fatal is None:
             # An idempotent producer recovers by itself: new epoch, then the queue moves on.
             recovery = asyncio.get_running_loop().create_task(self._recover())
@@ -480,10 +483,12 @@ class AsyncProducer:
             if self.idempotent and not isinstance(error, ProducerFencedError):
                 self._needs_epoch_bump = True  # the sequence has a hole now
             if self.transactional_id is not None and not isinstance(error, (ProducerFencedError,)) and self._txn_error is None:
-                self._txn_error = error
+                self._txn_error = batch.error
             for future in batch.futures:
                 if not future.done():
                     _fail_quietly(future, batch.error)
+            if isinstance(error, asyncio.CancelledError):
+                raise  # the producer is closing: its records failed above; the cancellation goes on
             return
         finally:
             batch.written.set()
@@ -597,7 +602,13 @@ class AsyncProducer:
             if self._fatal is None:
                 await self.flush()
         finally:
-            await self.cluster.close()
+            # What flush did not wait for (a fatal error stopped it, or flush
+            # was cancelled) is the producer's to stop before its connections go.
+            adding = [task for task in self._added.values() if not task.done()]
+            try:
+                await cancel_and_wait(*self._tasks, *adding)
+            finally:
+                await self.cluster.close()
 
 
 def _set(event: asyncio.Event) -> asyncio.Event:

@@ -8,7 +8,7 @@ reads or writes through the ``onceflow`` data source.
   (asked of the broker when the source's options can be read from the query's
   plan, else the latest offsets the source reported at its last trigger).
 - Open transactions: those whose transactional id starts with the onceflow
-  sink's ``transactionalIdPrefix`` and are not complete; an open one holds the
+  sink's ``transactionalIdPrefix`` and a dash and are not complete; an open one holds the
   output's last stable offset, so read_committed readers wait for it.
 
 The query's options are read from its logical plan through Spark's JVM
@@ -100,33 +100,35 @@ def open_transactions(admin_config, prefix: str) -> list[tuple[str, str]]:
 
     with Admin(config=admin_config) as admin:
         listed = admin.list_transactions(states=list(OPEN_STATES))
-    return [(t.transactional_id, t.state) for t in listed if t.transactional_id.startswith(prefix)]
+    return [(t.transactional_id, t.state) for t in listed if t.transactional_id.startswith(prefix + "-")]
 
 
 def _plan_options(query) -> tuple[list[dict | None], dict | None]:
-    """The options of the query's onceflow sources (in plan order) and of its
-    onceflow sink, read from the JVM plan; ([], None) where that fails."""
+    """The options of the query's onceflow sources (in plan order; None for
+    other sources) and of its onceflow sink, read from the JVM plan; ([], None)
+    where there is no JVM plan to read (Spark Connect)."""
+    from py4j.protocol import Py4JError
+
+    unreadable = (Py4JError, AttributeError)  # no JVM query here, or a plan node of another shape
     try:
         plan = query._jsq.streamingQuery().logicalPlan()
-    except Exception:  # Spark Connect, or a JVM that moved these classes: fall back to the progress report
+        leaves = plan.collectLeaves()
+    except unreadable:
         return [], None
     sources: list[dict | None] = []
-    try:
-        leaves = plan.collectLeaves()
-        for index in range(leaves.size()):
+    for index in range(leaves.size()):
+        try:
             relation = leaves.apply(index).relation()
-            if relation.table().name() == "onceflow":
-                sources.append(dict(relation.options().asCaseSensitiveMap()))
-            else:
-                sources.append(None)
-    except Exception:
-        sources = []
+            onceflow = relation.table().name() == "onceflow"
+            sources.append(dict(relation.options().asCaseSensitiveMap()) if onceflow else None)
+        except unreadable:
+            sources.append(None)
     sink = None
     try:
         if plan.table().name() == "onceflow":
             written = plan.writeOptions()
             sink = {key: written.apply(key) for key in _scala_keys(written)}
-    except Exception:
+    except unreadable:
         sink = None
     return sources, sink
 

@@ -377,7 +377,12 @@ class OnceflowStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return opts.offsets_to_json(end)
 
     def _should_wait(self, begin: dict, latest: dict) -> bool:
-        """minOffsetsPerTrigger: wait for that many new offsets, but no longer than maxTriggerDelay."""
+        """minOffsetsPerTrigger: wait for that many new offsets, but no longer
+        than maxTriggerDelay since the last batch that moved the offsets (or
+        since the query started). Spark's Kafka source restarts its delay
+        at every trigger it lets through, empty or not, so there a few records
+        arriving after a quiet spell may wait anywhere up to the delay; here
+        they go at once if the delay has passed since data last moved."""
         if self.source.min_offsets_per_trigger is None:
             return False
         if (time.monotonic() - self._last_trigger) * 1000 >= self.source.max_trigger_delay_ms:

@@ -104,8 +104,13 @@ def run_scenario(broker_process, tmp_path, *, instances: int, partitions: int, r
                 elif kind == "kill-broker":
                     broker.kill()
                     broker.start()
-                elif kind == "pause":
-                    apps[int(target)].pause()
+                elif kind == "pause":  # "pause I FOR": once instance I owns partitions, for FOR seconds
+                    index, seconds = map(float, target.split())
+                    if "assigned payments-" not in log_text(apps[int(index)]):
+                        pending.insert(0, (_when + 0.2, action))
+                        continue
+                    apps[int(index)].pause()
+                    pending = sorted(pending + [(time.monotonic() - started + seconds, f"resume {int(index)}")])
                 elif kind == "resume":
                     apps[int(target)].resume()
                 done.append(action)
@@ -160,11 +165,14 @@ def test_a_zombie_instance_is_fenced_and_writes_nothing_visible(broker_process, 
     # transaction timeout (6 s): the group gives its partitions to instance 1,
     # the coordinator aborts its open transaction. When it wakes up it still
     # believes it owns them, with records in hand.
-    faults = [(2.0, "pause 0"), (12.0, "resume 0")]
+    faults = [(3.0, "pause 0 10")]
     apps, done, notes = run_scenario(broker_process, tmp_path, instances=2, partitions=3, records=2500, seed=23, faults=faults, rate=150)
     zombie = log_text(apps[0])
-    # Woken, it either finds its producer fenced (the coordinator aborted its
+    # Woken, it finds its producer fenced (the coordinator aborted its
     # transaction and bumped the epoch: it stops, exit 3, and is restarted as
-    # a fresh member) or its offset commit refused (an old generation): abort.
-    assert "app-0 exited 3" in notes or "transaction aborted" in zombie, (notes, zombie[-3000:])
+    # a fresh member), or its offset commit refused (an old generation), or
+    # its partitions lost: it aborts.
+    assert "pause 0 10" in done and "resume 0" in done
+    assert "app-0 exited 3" in notes or "transaction aborted" in zombie or "partitions lost" in zombie, (notes, zombie[-3000:])
+    assert zombie.count("INFO streaming.runner: assigned ") >= 2, "it came back to the group (rejoined, or restarted after being fenced)"
     assert "app-1 exited" not in " ".join(notes)

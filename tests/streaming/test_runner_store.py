@@ -141,6 +141,9 @@ def test_sqlite_file_keeps_contents_with_their_position(tmp_path):
         again = StoreFile(path, "app-s-changelog", 0)
         assert await again.open() == ({b"b": b"2", b"c": b"3"}, 9)
         assert again.discarded_reason is None
+        position_only = StoreFile(path, "app-s-changelog", 0)
+        assert await position_only.open(load=False) == ({}, 9)  # a shard still in memory needs only the position
+        await position_only.close()
         await again.clear(4)
         await again.close()
         cleared = StoreFile(path, "app-s-changelog", 0)

@@ -17,7 +17,9 @@ syntax) is read by ``crash_point``, which the sink calls through its
 workers (a commit and a task run in different processes). Actions: ``kill``
 SIGKILLs this driver's whole process group (the JVM, its Python workers)
 and the caller's own group (the worker daemon's); ``exit`` ends only the
-calling Python worker (a task dies mid-write and Spark retries it).
+calling Python worker (a task dies mid-write and Spark retries it);
+``raise`` makes the sink's call raise (a commit that fails: Spark calls
+``abort`` and stops the query).
 """
 
 from __future__ import annotations
@@ -51,6 +53,10 @@ def crash_point(name: str) -> None:
     if action == "kill":
         os.killpg(int(os.environ[DRIVER_GROUP]), signal.SIGKILL)
         os.killpg(os.getpgid(0), signal.SIGKILL)
+    if action == "raise":
+        from faults.points import CrashPointReached
+
+        raise CrashPointReached(name)
     os._exit(86)
 
 

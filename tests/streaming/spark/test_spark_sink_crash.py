@@ -12,7 +12,8 @@ transaction of the query is left open.
 
 The runs share one checkpoint, so one chain of restarts covers the matrix:
 each restart first recovers from the previous crash, then reaches its own
-crash point.
+crash point. One run has its commit raise after the decision instead: Spark
+then calls the sink's abort, which must finish the batch, not undo it.
 """
 
 from __future__ import annotations
@@ -168,6 +169,10 @@ def test_driver_killed_at_every_crash_point_then_restarted(broker, tmp_path):
         code, log, fired = driver.run(checkpoint, prefix, partitions, crash)
         assert fired == crash, f"run with {crash} ended {code} without reaching it:\n{log[-3000:]}"
         assert code == -signal.SIGKILL, log[-3000:]
+    # commit() raises after deciding: Spark calls abort(), which finishes the decided batch instead of undoing it, and stops the query.
+    code, log, fired = driver.run(checkpoint, prefix, 2, "spark_sink.after_decision@1:raise")
+    assert fired == "spark_sink.after_decision@1:raise" and code == 1 and "CrashPointReached" in log, log[-3000:]
+    assert open_transactions(broker.bootstrap, prefix) == [], "abort() left the decided batch open"
     # A task's Python worker dies mid-write (its transaction open); Spark retries the task; then the query finishes.
     code, log, fired = driver.run(checkpoint, prefix, 2, "spark_sink.task_before_handle@3:exit")
     assert fired == "spark_sink.task_before_handle@3:exit", log[-3000:]

@@ -375,6 +375,14 @@ def test_describe_shows_offsets_lso_lag_and_open_transactions(spark, broker, tmp
     line = streaming.spark.describe(query)
     assert "described [stopped, batch" in line
     assert f"source {topic}-0@4 (lag 0) {topic}-1@0 (lag 6), lag 6;" in line, line
+    output = "src-describe-out"
+    create(broker, output)
+    sink_query = (
+        df.selectExpr("value").writeStream.format("onceflow").option("kafka.bootstrap.servers", broker.bootstrap).option("topic", output)
+        .option("transactionalIdPrefix", "describe-sink").option("checkpointLocation", str(tmp_path / "ckpt-sink")).trigger(availableNow=True).start()
+    )
+    assert sink_query.awaitTermination(180)
+    assert f"output {output}: 0 open transactions" in streaming.spark.describe(sink_query)
     holder = Producer(bootstrap_servers=broker.bootstrap, transactional_id="describe-job-run1-0")
     holder.init_transactions()
     holder.begin_transaction()
@@ -384,3 +392,34 @@ def test_describe_shows_offsets_lso_lag_and_open_transactions(spark, broker, tmp
     assert open_transactions(AdminConfig(bootstrap_servers=broker.bootstrap), "describe-job") == []
     holder.close()
     writer.close()
+
+
+def test_min_offsets_per_trigger_holds_batches_until_max_trigger_delay(spark, broker, tmp_path):
+    topic = "src-min"
+    create(broker, topic)
+    seen: list[tuple[float, list]] = []
+
+    def collect(batch_df, batch_id):
+        seen.append((time.monotonic(), sorted(bytes(r.value) for r in batch_df.collect())))
+
+    def wait_for(condition):
+        deadline = time.monotonic() + 120
+        while not condition():
+            assert time.monotonic() < deadline and query.exception() is None, query.exception()
+            time.sleep(0.1)
+
+    df = stream(spark, broker, subscribe=topic, startingOffsets="earliest", minOffsetsPerTrigger=10, maxTriggerDelay="6s")
+    query = df.writeStream.foreachBatch(collect).option("checkpointLocation", str(tmp_path / "ckpt")).trigger(processingTime="200 milliseconds").start()
+    writer = Writer(broker.bootstrap, topic)
+    try:
+        writer.transaction(values("many", 10))  # 11 offsets >= 10: a batch at once
+        wait_for(lambda: any(rows for _at, rows in seen))
+        many_seen_at = next(at for at, rows in seen if rows)
+        writer.transaction(values("few", 2))  # 3 offsets < 10: held until 6 s after the last batch began
+        wait_for(lambda: any(rows == values("few", 2) for _at, rows in seen))
+        few_seen_at = next(at for at, rows in seen if rows == values("few", 2))
+        assert few_seen_at - many_seen_at >= 3, "released by maxTriggerDelay (6 s, less the first batch's run), not before"
+        assert sorted(r for _at, rows in seen for r in rows) == sorted(values("many", 10) + values("few", 2))
+    finally:
+        query.stop()
+        writer.close()

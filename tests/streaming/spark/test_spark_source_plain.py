@@ -12,7 +12,7 @@ import time
 import pytest
 
 from streaming.spark.datasource import OnceflowDataSource
-from streaming.spark.source import OffsetRange, OnceflowStreamReader, rate_limit, read_range, split_ranges
+from streaming.spark.source import OffsetRange, rate_limit, read_range, split_ranges
 from txn import Admin, Producer, TopicPartition
 
 A0, A1, B0 = TopicPartition("a", 0), TopicPartition("a", 1), TopicPartition("b", 0)
