@@ -585,7 +585,10 @@ class Demo:
             series["Spark rows out"] = self.watchers["region-minutes"].samples
         png = os.path.join(self.report_dir, "timeline.png")
         problem = write_series_png(png, series, self.faults, self.elapsed(), f"onceflow demo, seed {self.seed}: {'OK' if verdict.valid and (spark_verdict is None or spark_verdict.valid) else 'FAILED'}")
-        self.say(f"  report                      {os.path.join(self.report_dir, 'report.txt')}" + (f" ({problem})" if problem else f", {png}"))
+        if not self.keep_data and self.report_dir.startswith(self.work + os.sep):
+            self.say("  report                      not kept (deleted with the data; give a report folder to keep it)")
+        else:
+            self.say(f"  report                      {os.path.join(self.report_dir, 'report.txt')}" + (f" ({problem})" if problem else f", {png}"))
 
 
 def run_demo(*, records: int = 20_000, seed: int | None = None, keep_data: str | None = None, faults: int = 6, spark: bool = True, report_dir: str | None = None, out=sys.stdout) -> int:
