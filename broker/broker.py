@@ -144,6 +144,7 @@ class Broker:
             max_frame_size=self.config.socket_request_max_bytes,
             max_inflight_per_connection=self.config.max_inflight_requests_per_connection,
             on_unsupported=self._answer_unsupported,
+            supported_versions=SUPPORTED_APIS,
         )
         try:
             self.port = await self.server.start()
