@@ -25,6 +25,10 @@ What it does, in Kafka's terms:
   ``transaction_handle()`` names the open transaction (transactional id,
   producer id, epoch), and ``AsyncProducer.resume(handle)`` in another
   process commits or aborts it without re-initializing (which would abort).
+  A producer that keeps its producer id for the next transaction (the
+  sink's executors, once per batch) ``detach_transaction()`` instead and
+  later ``begin_after_detached()``, which begins only once the coordinator
+  says the other process ended the detached transaction.
 
 This module owns the producer id, the transaction protocol (AddPartitionsToTxn,
 AddOffsetsToTxn, TxnOffsetCommit, EndTxn) and the two facades.
@@ -114,6 +118,7 @@ class AsyncProducer(Sender):
         self._fatal: BaseException | None = None
         self._needs_epoch_bump = False
         self._resumed = False
+        self._detached: TransactionHandle | None = None  # handed to another process, not yet seen ended
 
     def __reduce__(self):
         return (rebuild, (type(self), self.config))
@@ -145,6 +150,7 @@ class AsyncProducer(Sender):
             raise FatalError(message="init_transactions needs a transactional_id")
         await self._init_producer_id(-1, -1)
         self._fatal = None
+        self._detached = None  # the new epoch fenced it: ended or ending, never joined
         self._started = True
 
     async def _init_producer_id(self, producer_id: int, producer_epoch: int) -> None:
@@ -185,6 +191,8 @@ class AsyncProducer(Sender):
             raise FatalError(message="call init_transactions() first")
         if self._in_transaction:
             raise FatalError(message="a transaction is already open")
+        if self._detached is not None:
+            raise FatalError(message="a detached transaction may still be open: call begin_after_detached()")
         self._in_transaction = True
         self._added = {}
         self._offsets_added = set()
@@ -202,6 +210,55 @@ class AsyncProducer(Sender):
         if self._txn_error is not None:
             raise TransactionAbortableError(message=f"the transaction cannot commit: {self._txn_error}")
         return TransactionHandle(self.transactional_id, self.producer_id, self.producer_epoch)
+
+    def detach_transaction(self) -> TransactionHandle:
+        """Hand the open transaction to another process (which commits or
+        aborts it with ``resume(handle)``) and keep this producer, its id and
+        epoch for the next transaction: no InitProducerId per transaction.
+
+        Call after ``flush()`` (refused while records are queued or in
+        flight). Nothing can be sent until ``begin_after_detached()``: the
+        same producer id and epoch would join the detached transaction if
+        it were still open."""
+        handle = self.transaction_handle()
+        if self._tasks or any(queue.records for queue in self._queues.values()):
+            raise FatalError(message="records are still queued or in flight: flush() before detach_transaction()")
+        self._in_transaction = False
+        self._added = {}
+        self._offsets_added = set()
+        self._detached = handle
+        return handle
+
+    async def begin_after_detached(self) -> None:
+        """Begin the next transaction once the coordinator says the detached
+        one has ended (DescribeTransactions, Kafka 3.0+). A Prepare state
+        counts as ended: its outcome is fixed, and AddPartitionsToTxn waits
+        for its markers.
+
+        Raises, leaving the producer detached: ``FatalError`` with
+        INVALID_TXN_STATE while the detached transaction is still open (call
+        again later, or ``init_transactions()``, which aborts it);
+        ``ProducerFencedError`` if another instance has taken the
+        transactional id since (the epoch moved, or a timeout bumped it):
+        this producer can then only be closed, or re-initialized."""
+        handle = self._detached
+        if handle is None:
+            raise FatalError(message="no detached transaction: call begin_transaction()")
+        async for attempt in self.cluster.retrying(self.config.delivery_timeout_ms / 1000):
+            with attempt:
+                response = await self.cluster.coordinator_request(self.transactional_id, CoordinatorType.TRANSACTION, ApiKey.DESCRIBE_TRANSACTIONS, {"transactional_ids": [self.transactional_id]})
+                state = response["transaction_states"][0]
+                if state["error_code"]:
+                    raise classify(state["error_code"], f"DescribeTransactions({self.transactional_id})")
+        if (state["producer_id"], state["producer_epoch"]) != (handle.producer_id, handle.producer_epoch):
+            raise ProducerFencedError(
+                ErrorCode.PRODUCER_FENCED, f"transactional id {self.transactional_id}",
+                message=f"now producer {state['producer_id']} epoch {state['producer_epoch']}, was {handle.producer_id} epoch {handle.producer_epoch}",
+            )
+        if state["transaction_state"] not in _ENDED_STATES:
+            raise FatalError(ErrorCode.INVALID_TXN_STATE, f"transactional id {self.transactional_id}", message=f"the detached transaction is {state['transaction_state']}, not ended")
+        self._detached = None
+        self.begin_transaction()
 
     @classmethod
     def resume(cls, handle: TransactionHandle, bootstrap_servers=None, **options) -> "AsyncProducer":
@@ -363,6 +420,11 @@ class AsyncProducer(Sender):
                 await self.cluster.close()
 
 
+# DescribeTransactions states after which the same producer id and epoch
+# start a new transaction, never join the old one.
+_ENDED_STATES = {"Empty", "PrepareCommit", "PrepareAbort", "CompleteCommit", "CompleteAbort"}
+
+
 def _first_error(body: dict) -> int:
     if body.get("error_code"):
         return body["error_code"]
@@ -505,6 +567,12 @@ class Producer(SyncClient):
 
     def transaction_handle(self) -> TransactionHandle:
         return self._thread.run(self._async.transaction_handle)
+
+    def detach_transaction(self) -> TransactionHandle:
+        return self._thread.run(self._async.detach_transaction)
+
+    def begin_after_detached(self) -> None:
+        self._thread.call(self._async.begin_after_detached())
 
     @classmethod
     def resume(cls, handle: TransactionHandle, bootstrap_servers=None, **options) -> "Producer":

@@ -26,7 +26,8 @@ from txn import (
     TransactionAbortableError,
     TransactionHandle,
 )
-from txn.errors import CommitOutcomeUnknownError
+from protocol.errors import ErrorCode
+from txn.errors import CommitOutcomeUnknownError, FatalError, ProducerFencedError
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -155,6 +156,58 @@ def test_another_process_finishes_a_flushed_transaction_by_its_handle(embedded_b
     seen = read_partition(embedded_broker.bootstrap, topic, 0, 50, timeout=5 if decision == "commit" else 1)
     seen += read_partition(embedded_broker.bootstrap, topic, 1, 50, timeout=5 if decision == "commit" else 1)
     assert len(seen) == (100 if decision == "commit" else 0)
+
+
+def test_a_detached_transaction_must_end_elsewhere_before_the_producer_begins_again(embedded_broker):
+    """The sink's executors keep their producer across batches: each batch's
+    transaction is detached for the driver to finish, and the next one
+    begins only once the coordinator says the detached one ended, so its
+    records can never join a transaction the driver has not finished."""
+    topic = "detached"
+    create_topic(embedded_broker.bootstrap, topic, 1)
+    producer = Producer(bootstrap_servers=embedded_broker.bootstrap, transactional_id="detaching", linger_ms=1000)
+    producer.init_transactions()
+    producer.begin_transaction()
+    producer.send(topic, b"unflushed", partition=0)
+    with pytest.raises(FatalError, match="flush"):
+        producer.detach_transaction()  # a queued record would miss the handle
+    producer.flush()
+    first = producer.detach_transaction()
+    with pytest.raises(FatalError, match="begin_after_detached"):
+        producer.begin_transaction()
+    with pytest.raises(FatalError, match="Ongoing, not ended") as still_open:
+        producer.begin_after_detached()  # nobody has finished it yet
+    assert still_open.value.code == ErrorCode.INVALID_TXN_STATE
+    with pytest.raises(FatalError, match="outside a transaction"):
+        producer.send(topic, b"into the open one?", partition=0)
+
+    driver = Producer.resume(first, bootstrap_servers=embedded_broker.bootstrap)
+    driver.commit_transaction()
+    driver.close()
+    producer.begin_after_detached()
+    producer.send(topic, b"second, aborted", partition=0)
+    producer.flush()
+    second = producer.detach_transaction()
+    assert second == first, "the same producer id and epoch: no InitProducerId in between"
+    driver = Producer.resume(second, bootstrap_servers=embedded_broker.bootstrap)
+    driver.abort_transaction()
+    driver.close()
+    producer.begin_after_detached()
+    producer.send(topic, b"third", partition=0)
+    producer.commit_transaction()  # the producer may also finish one itself
+    assert [r.value for r in read_partition(embedded_broker.bootstrap, topic, 0, 2)] == [b"unflushed", b"third"]
+
+    producer.begin_transaction()
+    producer.send(topic, b"fenced", partition=0)
+    producer.flush()
+    producer.detach_transaction()
+    successor = Producer(bootstrap_servers=embedded_broker.bootstrap, transactional_id="detaching")
+    successor.init_transactions()  # takes the id: aborts the detached transaction, bumps the epoch
+    with pytest.raises(ProducerFencedError, match="epoch"):
+        producer.begin_after_detached()
+    producer.close()
+    successor.close()
+    assert [r.value for r in read_partition(embedded_broker.bootstrap, topic, 0, 2)] == [b"unflushed", b"third"]
 
 
 @pytest.mark.slow
