@@ -237,7 +237,8 @@ class AsyncProducer(Sender):
 
         Raises, leaving the producer detached: ``FatalError`` with
         INVALID_TXN_STATE while the detached transaction is still open (call
-        again later, or ``init_transactions()``, which aborts it);
+        again later, or ``init_transactions()``, which aborts it), or with
+        UNSUPPORTED_VERSION from a broker without DescribeTransactions;
         ``ProducerFencedError`` if another instance has taken the
         transactional id since (the epoch moved, or a timeout bumped it):
         this producer can then only be closed, or re-initialized."""
@@ -246,6 +247,9 @@ class AsyncProducer(Sender):
             raise FatalError(message="no detached transaction: call begin_transaction()")
         async for attempt in self.cluster.retrying(self.config.delivery_timeout_ms / 1000):
             with attempt:
+                coordinator = await self.cluster.coordinator(self.transactional_id, CoordinatorType.TRANSACTION)
+                if ApiKey.DESCRIBE_TRANSACTIONS not in coordinator.versions:
+                    raise FatalError(ErrorCode.UNSUPPORTED_VERSION, "DescribeTransactions", message="the broker cannot describe transactions (Kafka before 3.0): init_transactions() instead")
                 response = await self.cluster.coordinator_request(self.transactional_id, CoordinatorType.TRANSACTION, ApiKey.DESCRIBE_TRANSACTIONS, {"transactional_ids": [self.transactional_id]})
                 state = response["transaction_states"][0]
                 if state["error_code"]:

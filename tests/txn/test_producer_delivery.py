@@ -27,6 +27,7 @@ from txn import (
     TransactionHandle,
 )
 from protocol.errors import ErrorCode
+from protocol.messages import ApiKey
 from txn.errors import CommitOutcomeUnknownError, FatalError, ProducerFencedError
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -208,6 +209,31 @@ def test_a_detached_transaction_must_end_elsewhere_before_the_producer_begins_ag
     producer.close()
     successor.close()
     assert [r.value for r in read_partition(embedded_broker.bootstrap, topic, 0, 2)] == [b"unflushed", b"third"]
+
+
+def test_begin_after_detached_on_a_broker_without_describe_transactions_fails_at_once(embedded_broker):
+    create_topic(embedded_broker.bootstrap, "detached-old", 1)
+    producer = Producer(bootstrap_servers=embedded_broker.bootstrap, transactional_id="detaching-old")
+    producer.init_transactions()
+    producer.begin_transaction()
+    producer.send("detached-old", b"v", partition=0)
+    producer.flush()
+    producer.detach_transaction()
+
+    def forget_describe():  # what a Kafka 2.x broker's ApiVersions would have said
+        for client in producer._async.cluster._clients.values():
+            client.versions.pop(ApiKey.DESCRIBE_TRANSACTIONS, None)
+
+    producer._thread.run(forget_describe)
+    started = time.monotonic()
+    with pytest.raises(FatalError, match="init_transactions") as refused:
+        producer.begin_after_detached()
+    assert refused.value.code == ErrorCode.UNSUPPORTED_VERSION and time.monotonic() - started < 5, "refused at once, not retried"
+    producer.init_transactions()  # the way on: aborts the detached transaction
+    with producer.transaction():
+        producer.send("detached-old", b"after", partition=0)
+    producer.close()
+    assert [r.value for r in read_partition(embedded_broker.bootstrap, "detached-old", 0, 1)] == [b"after"]
 
 
 @pytest.mark.slow
