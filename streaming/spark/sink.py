@@ -7,12 +7,16 @@ Spark's Kafka sink does and returns the writer:
 
 - executors (``write``): one transaction per Spark task on transactional id
   ``{prefix}-{query}-{run}-{partition}``: send every row of the task's Arrow
-  batches, flush, and return the transaction's handle, left open;
+  batches, flush, and return the transaction's handle, left open (detached:
+  the Python worker keeps the producer for the id's next batch, which
+  begins only once the driver has ended this one);
 - the driver (``commit``): the two-phase commit of ``streaming.spark.decision``:
   a durable decision record first (a one-partition compacted topic
   ``onceflow.decisions.{prefix}``, written with acks=all), then EndTxn(commit)
   for every decided handle, then abort every other open transaction of the
   query. A batch re-run after a crash re-commits what was decided before.
+  The commit runner (a long-lived Python worker) keeps its clients from
+  batch to batch (``DriverClients``).
 - ``deliveryGuarantee=at_least_once``: an idempotent producer per task, no
   transaction; ``commit`` has nothing to do.
 
@@ -60,11 +64,13 @@ end at their timeout and hold the output's LSO until then.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import json
 import logging
 import os
 import re
+import threading
 import uuid
 
 import attrs
@@ -89,9 +95,11 @@ from txn.admin import AsyncAdmin
 from txn.config import AdminConfig, ConsumerConfig, ProducerConfig
 from txn.consumer import AsyncConsumer
 from protocol.errors import ErrorCode
+from protocol.loop_thread import LoopThread
 from protocol.messages import ApiKey
 from txn.errors import InvalidProducerEpochError, KafkaError, ProducerFencedError
 from txn.producer import AsyncProducer, Producer, TransactionHandle
+from txn.types import TopicPartition
 
 log = logging.getLogger(__name__)
 
@@ -300,12 +308,12 @@ class OnceflowStreamWriter(DataSourceStreamArrowWriter):
         if not self.options.exactly_once:
             return  # every task flushed with acks=all: its records are there
         hook = resolve_hook(self.options.crash_point_hook)
-        asyncio.run(DriverCommit(self.options, hook).commit([m for m in messages if m is not None], batchId))
+        on_kept_clients(self.options, lambda clients: DriverCommit(self.options, hook, clients).commit([m for m in messages if m is not None], batchId))
 
     def abort(self, messages, batchId: int) -> None:
         if not self.options.exactly_once:
             return
-        asyncio.run(DriverCommit(self.options, _no_crash).abort([m for m in messages if m is not None], batchId))
+        on_kept_clients(self.options, lambda clients: DriverCommit(self.options, _no_crash, clients).abort([m for m in messages if m is not None], batchId))
 
 
 # -- the task's side -------------------------------------------------------------------------
@@ -470,100 +478,166 @@ def _task_producer(options: SinkOptions, task: TaskIdentity) -> Producer:
 _ENSURED_DECISION_TOPICS: set[tuple[str, str]] = set()
 
 
+class DriverClients:
+    """The driver's clients for commits: an admin client, the idempotent
+    producer of decision records and the consumer that reads the latest one.
+
+    Spark runs every commit of a query in one long-lived Python worker, so
+    ``on_kept_clients`` keeps them from batch to batch: connections stay
+    open and the decision producer keeps its producer id (one InitProducerId
+    per process, not per batch). The latest decision is still read from the
+    topic at every commit, never remembered: another driver on the same
+    prefix, or a recreated topic, shows there."""
+
+    def __init__(self, options: SinkOptions):
+        self.admin = AsyncAdmin(config=options.admin_config())
+        self.decision_producer = AsyncProducer(config=options.producer_config())
+        self.decision_reader = AsyncConsumer(config=options.consumer_config())
+
+    async def close(self) -> None:
+        try:
+            await self.decision_producer.close()
+            await self.decision_reader.close()
+        finally:
+            await self.admin.close()
+
+
+# The commit runner's clients, by connection settings and decision topic,
+# on one loop thread of this process; a commit that raises drops them (the
+# next one starts afresh).
+_KEPT_CLIENTS: dict[tuple[ProducerConfig, str], DriverClients] = {}
+_KEPT_CLIENTS_LOCK = threading.Lock()
+_driver_loop: LoopThread | None = None
+
+
+def on_kept_clients(options: SinkOptions, work):
+    """Run ``work(clients)`` (a coroutine function) on this process's kept
+    ``DriverClients`` for ``options`` and return its result."""
+    global _driver_loop
+    key = (options.producer_config(), options.decision_topic)
+    with _KEPT_CLIENTS_LOCK:
+        if _driver_loop is None:
+            _driver_loop = LoopThread("onceflow-spark-driver")
+        clients = _KEPT_CLIENTS.get(key)
+        if clients is None:
+            clients = _KEPT_CLIENTS[key] = _driver_loop.run(DriverClients, options)
+        try:
+            return _driver_loop.call(work(clients))
+        except BaseException:
+            del _KEPT_CLIENTS[key]
+            try:
+                _driver_loop.call(clients.close(), 30)
+            except Exception as error:  # the error being raised is the one that matters
+                log.info("closing the driver's clients after a failed commit: %s", error)
+            raise
+
+
 class DecisionLog:
     """The sink's decisions: a one-partition compacted topic keyed by the
     prefix; the latest decision is its last record."""
 
-    def __init__(self, options: SinkOptions):
+    def __init__(self, options: SinkOptions, clients: DriverClients):
         self.options = options
+        self.clients = clients
         self.topic = options.decision_topic
+        self.partition = TopicPartition(self.topic, 0)
 
-    async def ensure(self, admin: AsyncAdmin) -> None:
+    async def ensure(self) -> None:
         key = (self.options.bootstrap_servers, self.topic)
         if key in _ENSURED_DECISION_TOPICS:
             return  # Spark reuses the Python worker that commits: once per process
-        await admin.create_topics({self.topic: 1}, configs={self.topic: {"cleanup.policy": "compact"}}, exist_ok=True)
+        await self.clients.admin.create_topics({self.topic: 1}, configs={self.topic: {"cleanup.policy": "compact"}}, exist_ok=True)
         _ENSURED_DECISION_TOPICS.add(key)
 
     async def latest(self) -> Decision | None:
-        consumer = AsyncConsumer(config=self.options.consumer_config())
-        try:
-            from txn.types import TopicPartition
-
-            tp = TopicPartition(self.topic, 0)
-            end = (await consumer.end_offsets([tp]))[tp]
-            start = (await consumer.beginning_offsets([tp]))[tp]
-            if end <= start:
-                return None
+        """The topic's last record (or None when it has none)."""
+        consumer, tp = self.clients.decision_reader, self.partition
+        ends, starts = await asyncio.gather(consumer.end_offsets([tp]), consumer.beginning_offsets([tp]))
+        end = ends[tp]
+        if end <= starts[tp]:
+            return None
+        if tp not in consumer.assignment():
             consumer.assign([tp])
-            consumer.seek(tp, end - 1)
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + 60
-            while loop.time() < deadline:
-                for record in await consumer.poll(1.0):
-                    if record.offset == end - 1:
-                        return Decision.from_bytes(record.value)
-            raise SinkError(f"could not read the latest decision at {self.topic}-0 offset {end - 1}")
-        finally:
-            await consumer.close()
+        consumer.seek(tp, end - 1)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 60
+        while loop.time() < deadline:
+            for record in await consumer.poll(1.0):
+                if record.offset == end - 1:
+                    return Decision.from_bytes(record.value)
+        raise SinkError(f"could not read the latest decision at {self.topic}-0 offset {end - 1}")
 
     async def write(self, decision: Decision) -> None:
         """Durable when this returns: acks=all, idempotent."""
-        producer = AsyncProducer(config=self.options.producer_config())
-        try:
-            await producer.start()
-            delivery = await producer.send(self.topic, decision.to_bytes(), key=self.options.transactional_id_prefix.encode(), partition=0)
-            await producer.flush()
-            await delivery
-        finally:
-            await producer.close()
+        producer = self.clients.decision_producer
+        delivery = await producer.send(self.topic, decision.to_bytes(), key=self.options.transactional_id_prefix.encode(), partition=0)
+        await producer.flush()
+        await delivery
 
 
 class DriverCommit:
-    """commit(messages, N) and abort(messages, N) of one microbatch."""
+    """commit(messages, N) and abort(messages, N) of one microbatch, on the
+    given clients (or its own, closed at the end)."""
 
-    def __init__(self, options: SinkOptions, crash_point=_no_crash):
+    def __init__(self, options: SinkOptions, crash_point=_no_crash, clients: DriverClients | None = None):
         self.options = options
         self.crash_point = crash_point
-        self.decisions = DecisionLog(options)
+        self.clients = clients
 
     async def commit(self, messages: list[SinkCommitMessage], batch_id: int) -> None:
         if not messages:
             return
-        query_id, run_id = messages[0].task.query_id, messages[0].task.run_id
-        transactions = [m.transaction for m in messages if m.transaction is not None]
-        admin = AsyncAdmin(config=self.options.admin_config())
-        try:
-            await self.decisions.ensure(admin)
-            latest = await self.decisions.latest()
-            try:
-                plan = plan_commit(latest, query_id, batch_id, run_id, transactions)
-            except PrefixInUseError:
-                await self._abort_each(transactions)
-                raise
-            decided = plan.commit
-            if plan.decide is not None:
-                decision = plan.decide
-                if self.options.commit_offsets_to_group:
-                    decision = await self._with_offsets_transaction(decision)
-                    decided = decision.transactions
-                self.crash_point(BEFORE_DECISION)
-                await self.decisions.write(decision)
-                self.crash_point(AFTER_DECISION)
-            lost = await self._commit_each(decided, batch_id)
-            await self._abort_leftovers(admin, query_id, messages, decided)
-            if lost:
-                raise DecidedTransactionsLostError(lost_message(batch_id, [t for t, _ in lost], len(decided) - len(lost), len(decided), "; ".join(f"{t.transactional_id}: {why}" for t, why in lost)))
-            self.crash_point(AFTER_ALL_COMMITS)
-        finally:
-            await admin.close()
+        async with self._clients() as clients:
+            await self._commit(clients, messages, batch_id)
 
     async def abort(self, messages: list[SinkCommitMessage], batch_id: int) -> None:
+        async with self._clients() as clients:
+            await self._abort_batch(clients, messages, batch_id)
+
+    @contextlib.asynccontextmanager
+    async def _clients(self):
+        if self.clients is not None:
+            yield self.clients
+            return
+        clients = self.clients = DriverClients(self.options)
+        try:
+            yield clients
+        finally:
+            self.clients = None
+            await clients.close()
+
+    async def _commit(self, clients: DriverClients, messages: list[SinkCommitMessage], batch_id: int) -> None:
+        query_id, run_id = messages[0].task.query_id, messages[0].task.run_id
+        transactions = [m.transaction for m in messages if m.transaction is not None]
+        decisions = DecisionLog(self.options, clients)
+        await decisions.ensure()
+        latest = await decisions.latest()
+        try:
+            plan = plan_commit(latest, query_id, batch_id, run_id, transactions)
+        except PrefixInUseError:
+            await self._abort_each(transactions)
+            raise
+        decided = plan.commit
+        if plan.decide is not None:
+            decision = plan.decide
+            if self.options.commit_offsets_to_group:
+                decision = await self._with_offsets_transaction(decision)
+                decided = decision.transactions
+            self.crash_point(BEFORE_DECISION)
+            await decisions.write(decision)
+            self.crash_point(AFTER_DECISION)
+        lost = await self._commit_each(decided, batch_id)
+        await self._abort_leftovers(clients.admin, query_id, messages, decided)
+        if lost:
+            raise DecidedTransactionsLostError(lost_message(batch_id, [t for t, _ in lost], len(decided) - len(lost), len(decided), "; ".join(f"{t.transactional_id}: {why}" for t, why in lost)))
+        self.crash_point(AFTER_ALL_COMMITS)
+
+    async def _abort_batch(self, clients: DriverClients, messages: list[SinkCommitMessage], batch_id: int) -> None:
         """Never undoes a decision: finish a decided batch, abort the rest."""
         transactions = [m.transaction for m in messages if m.transaction is not None]
         query_id = messages[0].task.query_id if messages else ""
         try:
-            latest = await self.decisions.latest()
+            latest = await DecisionLog(self.options, clients).latest()
         except (KafkaError, SinkError, OSError) as error:
             log.warning("abort of batch %s: decisions unreadable (%s); leaving its transactions to the next commit's cleanup", batch_id, error)
             return
@@ -593,14 +667,11 @@ class DriverCommit:
         return lost
 
     async def _describe(self, name: str) -> str:
-        admin = AsyncAdmin(config=self.options.admin_config())
         try:
-            state = (await admin.describe_transactions([name]))[0]
+            state = (await self.clients.admin.describe_transactions([name]))[0]
             return f"now {state.state} at producer {state.producer_id} epoch {state.producer_epoch}"
         except Exception as error:  # only for the message
             return f"state unknown: {error}"
-        finally:
-            await admin.close()
 
     async def _abort_each(self, transactions) -> None:
         for transaction in transactions:

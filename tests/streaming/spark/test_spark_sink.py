@@ -171,6 +171,9 @@ def test_batches_commit_exactly_once(broker):
     assert sorted(map(int, read_committed(broker.bootstrap))) == list(range(30))
     assert open_transactions(broker.bootstrap) == []
     assert len(producers) == 2, f"each task's producer kept from batch to batch (no InitProducerId, same epoch): {sorted(producers)}"
+    with Admin(broker.bootstrap) as admin:
+        writers = admin.describe_producers(TopicPartition("onceflow.decisions.job", 0))
+    assert len(writers) == 1, f"the driver keeps one decision producer across commits, not one per batch: {writers}"
 
 
 @pytest.mark.slow
