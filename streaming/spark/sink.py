@@ -7,9 +7,7 @@ Spark's Kafka sink does and returns the writer:
 
 - executors (``write``): one transaction per Spark task on transactional id
   ``{prefix}-{query}-{run}-{partition}``: send every row of the task's Arrow
-  batches, flush, and return the transaction's handle, left open (detached:
-  the Python worker keeps the producer for the id's next batch, which
-  begins only once the driver has ended this one);
+  batches, flush, and return the transaction's handle, left open;
 - the driver (``commit``): the two-phase commit of ``streaming.spark.decision``:
   a durable decision record first (a one-partition compacted topic
   ``onceflow.decisions.{prefix}``, written with acks=all), then EndTxn(commit)
@@ -364,7 +362,6 @@ def write_task(options: SinkOptions, columns: Columns, batches, task: TaskIdenti
     """One Spark task: its rows in one open transaction (exactly_once) or
     sent and acknowledged (at_least_once)."""
     producer = None
-    kept = False
     records = 0
     written: set[str] = set()  # "topic-partition", from the delivery reports
     failures: list[BaseException] = []
@@ -390,8 +387,7 @@ def write_task(options: SinkOptions, columns: Columns, batches, task: TaskIdenti
             raise SinkError(f"{len(failures)} of {records} records were not written: {failures[0]}")  # the task fails; Spark retries it
         if not options.exactly_once:
             return SinkCommitMessage(task, None, records)
-        handle = producer.detach_transaction()  # the driver finishes it; this worker keeps the producer for the next batch
-        kept = _keep_transactional(producer)
+        handle = producer.transaction_handle()
         transaction = SinkTransaction(handle.transactional_id, handle.producer_id, handle.producer_epoch, tuple(sorted(written)), records)
         return SinkCommitMessage(task, transaction, records)
     except BaseException:
@@ -405,44 +401,20 @@ def write_task(options: SinkOptions, columns: Columns, batches, task: TaskIdenti
             producer.close()
         raise
     finally:
-        if producer is not None and options.exactly_once and not kept:
+        if producer is not None and options.exactly_once:
             producer.close()
 
 
 # at_least_once: one idempotent producer per Python worker, kept across the
 # tasks it runs (Spark reuses workers), which saves a connection and an
-# InitProducerId per task.
+# InitProducerId per task. Transactional producers are not kept: each task
+# fences its name's earlier holder with an InitProducerId. Keeping them
+# (txn's detach_transaction / begin_after_detached, one DescribeTransactions
+# instead) was measured and dropped: Spark gives a partition's next batch to
+# whichever Python worker is free, so in local[2] 18 of 20 batches found
+# their id taken by the other worker since and paid both. It would pay off
+# with transactional ids per worker instead of per partition.
 _IDEMPOTENT_PRODUCERS: dict[ProducerConfig, Producer] = {}
-
-# exactly_once: a worker keeps the transactional producer of each id it
-# wrote with (a run reuses a partition's id batch after batch), its
-# transaction detached for the driver. The next task on that id begins
-# only after the coordinator shows the driver ended the detached one
-# (``begin_after_detached``), so batch N+1 can never write into batch N's
-# transaction; that check costs one DescribeTransactions, where a new
-# producer costs a connection and an InitProducerId (a __transaction_state
-# write). If the detached transaction is still open (a driver that has not
-# committed: never within a run, where batch N+1 starts after commit(N)), or
-# the id moved to another worker since (its epoch changed), the kept
-# producer is closed and a new one fences the id, as every task did before.
-# Least recently used first out beyond KEPT_TRANSACTIONAL_PRODUCERS (a
-# restarted run's ids are new, its predecessor's are never asked for again).
-KEPT_TRANSACTIONAL_PRODUCERS = 16
-_TRANSACTIONAL_PRODUCERS: dict[ProducerConfig, Producer] = {}
-
-
-def _keep_transactional(producer: Producer) -> bool:
-    _TRANSACTIONAL_PRODUCERS[producer.config] = producer
-    while len(_TRANSACTIONAL_PRODUCERS) > KEPT_TRANSACTIONAL_PRODUCERS:
-        _close_quietly(_TRANSACTIONAL_PRODUCERS.pop(next(iter(_TRANSACTIONAL_PRODUCERS))))
-    return True
-
-
-def _close_quietly(producer: Producer) -> None:
-    try:
-        producer.close()
-    except Exception as error:  # its transaction is detached: nothing of it is lost here
-        log.info("closing a kept producer: %s", error)
 
 
 def _task_producer(options: SinkOptions, task: TaskIdentity) -> Producer:
@@ -453,16 +425,7 @@ def _task_producer(options: SinkOptions, task: TaskIdentity) -> Producer:
             producer = _IDEMPOTENT_PRODUCERS[config] = Producer(config=config)
         return producer
     name = transactional_id(options.transactional_id_prefix, task.query_id, task.run_id, task.partition, task.attempt)
-    config = options.producer_config(transactional_id=name)
-    kept = _TRANSACTIONAL_PRODUCERS.pop(config, None)  # in use: out of the cache until it is detached again
-    if kept is not None:
-        try:
-            kept.begin_after_detached()
-            return kept
-        except Exception as error:  # still open, fenced, no DescribeTransactions: a new producer fences the id
-            log.info("kept producer of %s not reused: %s", name, error)
-            _close_quietly(kept)
-    producer = Producer(config=config)
+    producer = Producer(config=options.producer_config(transactional_id=name))
     try:
         producer.init_transactions()  # fences an earlier holder of the name and finishes what it left
         producer.begin_transaction()
