@@ -8,7 +8,10 @@ bench process never holds a JVM:
 - ``microbatch BOOTSTRAP BATCHES``: one SparkSession (local[2], lean
   settings), one Python streaming source giving one row per microbatch,
   written in turn to Spark's ``noop`` sink (the floor: what Spark itself
-  costs per batch), to the onceflow sink at_least_once and exactly_once.
+  costs per batch), to a Python data source sink that does nothing (what
+  any Python sink costs on top: the Arrow hand-over to a Python worker and
+  the driver's Python commit runner), to the onceflow sink at_least_once
+  and exactly_once.
   Prints JSON: the median ``triggerExecution`` ms of BATCHES batches per sink,
   after warm-up batches.
 - ``stall BOOTSTRAP CHECKPOINT KILL_AT``: an exactly_once query that
@@ -56,6 +59,7 @@ def _session():
 
     streaming.spark.register(spark)
     spark.dataSource.register(_one_row_source())
+    spark.dataSource.register(_python_noop_sink())
     return spark
 
 
@@ -94,6 +98,37 @@ def _one_row_source():
     return OneRowSource
 
 
+def _python_noop_sink():
+    """A Python data source sink that drops its rows: the floor of every
+    Python sink, ours included."""
+    from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
+
+    class Nothing(WriterCommitMessage):
+        pass
+
+    class DropWriter(DataSourceStreamArrowWriter):
+        def write(self, iterator):
+            for _batch in iterator:
+                pass
+            return Nothing()
+
+        def commit(self, messages, batchId):
+            pass
+
+        def abort(self, messages, batchId):
+            pass
+
+    class PythonNoopSink(DataSource):
+        @classmethod
+        def name(cls):
+            return "bench_python_noop"
+
+        def streamWriter(self, schema, overwrite):
+            return DropWriter()
+
+    return PythonNoopSink
+
+
 def _median_trigger_ms(spark, writer, batches: int) -> float:
     query = writer.trigger(processingTime="0 seconds").start()
     try:
@@ -121,6 +156,7 @@ def microbatch(bootstrap: str, batches: int) -> dict[str, float]:
     rows = spark.readStream.format("bench_one_row").load()
     out = {}
     out["noop"] = _median_trigger_ms(spark, rows.writeStream.format("noop").option("checkpointLocation", f"{work}/noop"), batches)
+    out["python_noop"] = _median_trigger_ms(spark, rows.writeStream.format("bench_python_noop").option("checkpointLocation", f"{work}/python_noop"), batches)
     for guarantee in ("at_least_once", "exactly_once"):
         writer = (
             rows.writeStream.format("onceflow").option("kafka.bootstrap.servers", bootstrap).option("topic", topic)
@@ -167,7 +203,7 @@ def _child(arguments: list[str], env: dict | None = None) -> subprocess.Popen:
 
 
 def microbatch_scenario(bootstrap: str, batches: int) -> dict[str, float]:
-    """{"noop" | "at_least_once" | "exactly_once": median ms per 1-row batch}."""
+    """{"noop" | "python_noop" | "at_least_once" | "exactly_once": median ms per 1-row batch}."""
     child = _child(["microbatch", bootstrap, str(batches)])
     try:
         output, _ = child.communicate(timeout=900)
