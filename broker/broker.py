@@ -35,17 +35,18 @@ import contextlib
 import fcntl
 import logging
 import os
-import threading
 from typing import Callable
 
 import attrs
 
+from broker.admin_apis import AdminApis
 from broker.apis import SUPPORTED_APIS, KafkaApis
 from broker.config import BrokerConfig
 from broker.replica import ReplicaManager
 from broker.server import KafkaServer
 from broker.storage_adapter import log_config_defaults, partition_log_opener, validate_log_properties
 from protocol.clock import Clock
+from protocol.loop_thread import LoopThread
 from protocol.tasks import cancel_and_wait
 from storage.durable import DiskIO
 from storage.index import IndexBudget
@@ -144,6 +145,7 @@ class Broker:
             max_frame_size=self.config.socket_request_max_bytes,
             max_inflight_per_connection=self.config.max_inflight_requests_per_connection,
             on_unsupported=self._answer_unsupported,
+            supported_versions=SUPPORTED_APIS,
         )
         try:
             self.port = await self.server.start()
@@ -172,13 +174,13 @@ class Broker:
             return coordinator.verify_transactional_produce(producer_id, producer_epoch, TopicPartition(topic, partition))
 
         group_apis = GroupApis(groups=self.groups, transactions=self.transactions, replicas=self.replicas, crash_point=crash_point)
+        admin_apis = AdminApis(config=self.config, replicas=self.replicas, cluster_id=cluster_id, advertised=advertised, log_config_defaults=log_config_defaults())
         self.apis = KafkaApis(
             config=self.config,
             replicas=self.replicas,
             cluster_id=cluster_id,
             advertised=advertised,
-            log_config_defaults=log_config_defaults(),
-            extra_handlers={**txn_apis.handlers(), **group_apis.handlers()},
+            extra_handlers={**admin_apis.handlers(), **txn_apis.handlers(), **group_apis.handlers()},
             partition_in_transaction=partition_in_transaction,
         )
         self._task_scope = contextlib.AsyncExitStack()
@@ -285,6 +287,9 @@ class EmbeddedBroker:
 
     >>> with EmbeddedBroker(data_dir) as broker:
     ...     producer = confluent_kafka.Producer({"bootstrap.servers": broker.bootstrap})
+
+    The thread is ``protocol.loop_thread.LoopThread`` serving the broker: one
+    task owns it from ``start()`` to ``stop()``.
     """
 
     def __init__(self, data_dir: str, *, port: int = 0, seams: FaultSeams | None = None, clock: Clock | None = None, **config_fields):
@@ -293,9 +298,7 @@ class EmbeddedBroker:
         self.seams = seams
         self.clock = clock
         self.broker: Broker | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._stopped: asyncio.Event | None = None
+        self._thread: LoopThread | None = None
 
     @property
     def bootstrap(self) -> str:
@@ -306,40 +309,15 @@ class EmbeddedBroker:
         return self.broker.port
 
     def start(self) -> "EmbeddedBroker":
-        ready = threading.Event()
-        failure: list[BaseException] = []
-
-        def run():
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            asyncio.set_event_loop(loop)
-            try:
-                loop.run_until_complete(self._main(ready, failure))
-            finally:
-                loop.close()
-
-        self._thread = threading.Thread(target=run, name="onceflow-broker", daemon=True)
-        self._thread.start()
-        ready.wait()
-        if failure:
-            self._thread.join()
-            raise failure[0]
+        thread = LoopThread("onceflow-broker")
+        try:
+            self.broker = thread.run(lambda: Broker(self.config, seams=self.seams, clock=self.clock))
+            thread.serve(self.broker.start, self.broker.stop)
+        except BaseException:
+            thread.stop()
+            raise
+        self._thread = thread
         return self
-
-    async def _main(self, ready: threading.Event, failure: list) -> None:
-        self._stopped = asyncio.Event()
-        self.broker = Broker(self.config, seams=self.seams, clock=self.clock)
-        try:
-            await self.broker.start()
-        except BaseException as error:
-            failure.append(error)
-            ready.set()
-            return
-        ready.set()
-        try:
-            await self._stopped.wait()
-        finally:
-            await self.broker.stop()
 
     def call(self, function, *args):
         """Run ``function(broker, *args)`` on the broker's loop and return its result."""
@@ -349,13 +327,12 @@ class EmbeddedBroker:
                 result = await result
             return result
 
-        return asyncio.run_coroutine_threadsafe(invoke(), self._loop).result()
+        return self._thread.call(invoke())
 
     def stop(self) -> None:
-        if self._loop is not None and self._thread is not None and self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._stopped.set)
-            self._thread.join()
-        self._thread = None
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.stop(timeout=60)
 
     def __enter__(self) -> "EmbeddedBroker":
         return self.start()

@@ -49,6 +49,7 @@ class KafkaServer:
         max_frame_size: int,
         max_inflight_per_connection: int = 64,
         on_unsupported: Callable[[Exception], bytes | None] | None = None,
+        supported_versions: dict[int, tuple[int, int]] | None = None,
     ):
         self._dispatch = dispatch
         self._host = host
@@ -56,6 +57,9 @@ class KafkaServer:
         self._max_frame_size = max_frame_size
         self._max_inflight = max_inflight_per_connection
         self._on_unsupported = on_unsupported
+        # What ApiVersions advertises is all the framing lets through (None:
+        # every version the schema tables know, for tests of the server alone).
+        self._supported_versions = supported_versions
         self._server: asyncio.base_events.Server | None = None
         self._connections: set[asyncio.Task] = set()
         self.bound_port: int | None = None
@@ -100,7 +104,7 @@ class KafkaServer:
                 pass  # the same top of the task: closing is all that is left
 
     async def _serve(self, reader, writer, peer) -> None:
-        connection = framing.ServerConnection(max_frame_size=self._max_frame_size)
+        connection = framing.ServerConnection(max_frame_size=self._max_frame_size, supported_versions=self._supported_versions)
         pending: asyncio.Queue = asyncio.Queue(maxsize=self._max_inflight)
         try:
             async with asyncio.TaskGroup() as tasks:

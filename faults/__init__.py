@@ -9,11 +9,14 @@
 - ``disk``: torn tails and flipped bytes on a stopped broker, failing writes
   and fsyncs on a running one;
 - ``workloads`` and ``history``: processes that do work and record it;
+- ``spark``: a user's Spark query as a driver process to SIGKILL (JVM and
+  Python workers) and restart from its checkpoint, and the query module
+  convention of ``onceflow chaos --workload spark``;
 - ``checker``: the exactly-once checker over a history;
 - ``chaos`` and ``report``: ``run_chaos`` (``onceflow chaos``), a seeded
   schedule of faults over a workload, with a report folder;
-- ``demo`` and ``storage_demo``: ``onceflow demo`` (the exactly-once pipeline
-  under kills) and ``onceflow demo --storage`` (one log under kills).
+- ``demo`` and ``storage_demo``: ``onceflow demo`` (the pipeline on the
+  runner and a Spark query after it, under kills) and ``onceflow demo --storage`` (one log under kills).
 
 This package imports nothing at import time, so ``faults.points`` costs a
 composition root nothing but itself.

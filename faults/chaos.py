@@ -4,6 +4,7 @@ seeded schedule of faults, then a final read, the checker, and a report.
     onceflow chaos --workload copier --faults kill-broker,kill-client,proxy-cut,torn-tail \\
         --duration 60 --seed 7 --report ./chaos-report
     onceflow chaos --workload streaming --app examples/word_count.py --faults kill-client,kill-broker
+    onceflow chaos --workload spark --query examples/spark_region_totals.py --faults kill-driver,kill-broker --duration 120
 
 or from Python (what a user's pytest test calls):
 
@@ -18,12 +19,23 @@ that must give (the convention is in ``faults.workloads``); the input is
 fed in the module's phases, and the output topic is checked against the
 module's ``expected`` with ``faults.checker``.
 
+The ``spark`` workload runs a user's Spark Structured Streaming query (a
+module that builds it; the convention is in ``faults.spark``) in a driver
+process of its own, feeds the module's input the same way (a phase once the
+query's committed batches cover the one before, read from its checkpoint),
+and checks the output topic against the module's ``expected``. Its driver is
+the one client (``--clients`` does not apply); ``kill-driver`` SIGKILLs it
+with its JVM and Python workers and restarts it from its checkpoint, which
+takes a JVM start (tens of seconds), so give the run a longer
+``--duration`` and a longer ``--mean-fault-interval``.
+
 The same seed gives the same fault schedule (kinds, times, victims). Faults:
 
 | kind | what happens |
 | --- | --- |
 | kill-broker | SIGKILL the broker, restart it on the same data directory |
 | kill-client | SIGKILL one workload process, start it again |
+| kill-driver | (spark) SIGKILL the Spark driver's process groups (JVM, Python workers), restart it from its checkpoint |
 | pause-client | SIGSTOP one workload process for 2 s, then SIGCONT |
 | pause-broker | SIGSTOP the broker for 2 s, then SIGCONT |
 | proxy-cut | reset every client connection at the proxy |
@@ -56,8 +68,8 @@ from faults.proxy import ThreadedFaultProxy
 from faults.report import FaultEvent, write_report
 from protocol.messages import ApiKey
 
-FAULT_KINDS = ("kill-broker", "kill-client", "pause-client", "pause-broker", "proxy-cut", "proxy-delay-endtxn", "torn-tail", "disk-fsync")
-WORKLOAD_KINDS = ("copier", "copier-confluent", "producer", "bank", "processor", "streaming")
+FAULT_KINDS = ("kill-broker", "kill-client", "kill-driver", "pause-client", "pause-broker", "proxy-cut", "proxy-delay-endtxn", "torn-tail", "disk-fsync")
+WORKLOAD_KINDS = ("copier", "copier-confluent", "producer", "bank", "processor", "streaming", "spark")
 BROKER_CONFIG = ("group.initial.rebalance.delay.ms=0", "group.min.session.timeout.ms=1000", "transaction.abort.timed.out.transaction.cleanup.interval.ms=500")
 
 
@@ -80,6 +92,9 @@ class ChaosSettings:
     # workload "streaming": a module with a streaming.App and its chaos
     # convention (faults.workloads), as a .py path or a module name.
     app: str = ""
+    # workload "spark": a module that builds a Spark query, and its chaos
+    # convention (faults.spark), as a .py path or a module name.
+    query: str = ""
 
     def __attrs_post_init__(self) -> None:
         unknown = set(self.faults) - set(FAULT_KINDS)
@@ -89,6 +104,10 @@ class ChaosSettings:
             raise ValueError("the processor workload needs a processor command, and only it takes one")
         if (self.workload == "streaming") != bool(self.app):
             raise ValueError("the streaming workload needs an app module (--app), and only it takes one")
+        if (self.workload == "spark") != bool(self.query):
+            raise ValueError("the spark workload needs a query module (--query), and only it takes one")
+        if "kill-driver" in self.faults and self.workload != "spark":
+            raise ValueError("kill-driver needs the spark workload (a Spark driver to kill)")
 
 
 @attrs.frozen
@@ -162,6 +181,9 @@ class ChaosRun:
         if settings.workload == "streaming":
             self._set_up_streaming()
             return
+        if settings.workload == "spark":
+            self._set_up_spark()
+            return
         with Admin(bootstrap_servers=self.bootstrap) as admin:
             if settings.workload.startswith("copier") or settings.workload == "processor":
                 admin.create_topics({"input": 2, "output": 3})
@@ -226,6 +248,27 @@ class ChaosRun:
             state_dir = os.path.join(self.work, f"state-{index}")  # kept across restarts: its SQLite files and instance id
             self.clients.append(self._client("streaming", f"app-{index}", "--app", self.app_path, "--state-dir", state_dir))
 
+    def _set_up_spark(self) -> None:
+        from faults.spark import DriverProcess, java_missing, load_query_module
+        from txn import Admin
+
+        problem = java_missing()
+        if problem:
+            raise RuntimeError(problem)
+        settings = self.settings
+        query_path = os.path.abspath(settings.query) if settings.query.endswith(".py") else settings.query
+        self.app_module = load_query_module(query_path)  # the feeding, the drain and the check read it as they read an app module
+        self.checkpoint = os.path.join(self.work, "spark-checkpoint")
+        self.phases = [list(phase) for phase in self.app_module.chaos_input(settings.records, settings.seed)]
+        self.fed, self.feeding, self.fed_ends, self.feeder, self.in_flight = [], [], {}, None, []
+        self.paced_chunk = self.chunk = max(1, -(-sum(map(len, self.phases)) // max(1, int(settings.duration))))
+        self.seeder = open(os.path.join(self.history_dir, "seeder.jsonl"), "a")
+        with Admin(bootstrap_servers=self.bootstrap) as admin:
+            admin.create_topics(dict(self.app_module.CHAOS_TOPICS), exist_ok=True)
+        self._feed_next_phase()
+        driver = DriverProcess("spark-driver", query_path, self.bootstrap, self.checkpoint, os.path.join(self.work, "spark-driver.log"))
+        self.clients.append(driver.start())
+
     def _feed_chunk(self) -> None:
         """Send the next chunk of the phase being fed. One idempotent producer
         for the whole run, never waited on here (a paused broker must not
@@ -273,9 +316,15 @@ class ChaosRun:
         self._feed_chunk()
 
     def _fed_input_processed(self) -> bool:
-        """Whether the app's committed offsets cover everything fed so far."""
+        """Whether the app's committed offsets (a Spark query's: its last
+        committed batch's) cover everything fed so far."""
         from txn import Admin
 
+        if self.settings.workload == "spark":
+            from faults.spark import committed_source_offsets
+
+            reached = committed_source_offsets(self.checkpoint)
+            return all(reached.get((tp.topic, tp.partition), -1) >= end for tp, end in self.fed_ends.items())
         try:
             with Admin(bootstrap_servers=self.bootstrap, request_timeout_ms=5000) as admin:
                 committed = admin.list_group_offsets(self.application_id)
@@ -324,6 +373,10 @@ class ChaosRun:
         if fault.kind == "kill-broker":
             self._restart_broker()
             return "broker killed and restarted"
+        if fault.kind == "kill-driver":
+            victim.kill()
+            victim.start()
+            return f"{victim.name} killed (JVM and Python workers) and restarted from its checkpoint"
         if fault.kind == "kill-client":
             victim.kill()
             victim.start()
@@ -403,7 +456,7 @@ class ChaosRun:
                     code = self.broker.process.returncode
                     self.broker.start()
                     self._say(f"  t={self._elapsed():5.1f}s  broker exited ({code}); restarted")
-                if settings.workload == "streaming" and self._elapsed() >= next_feed_check:
+                if settings.workload in ("streaming", "spark") and self._elapsed() >= next_feed_check:
                     next_feed_check = self._elapsed() + 0.5
                     self._feed_when_ready()
                 if self._elapsed() >= next_progress:
@@ -442,7 +495,8 @@ class ChaosRun:
         """Give the workload time to finish its work without faults, stop it,
         then read everything it produced (the final read phase)."""
         settings = self.settings
-        deadline = time.monotonic() + max(30.0, settings.duration)
+        # A Spark driver restarted late in the run needs a JVM start and its first batch.
+        deadline = time.monotonic() + max(180.0 if settings.workload == "spark" else 30.0, settings.duration)
         if settings.workload.startswith("copier"):
             from txn import Admin, TopicPartition
 
@@ -457,7 +511,7 @@ class ChaosRun:
                     time.sleep(0.5)
         elif settings.workload == "processor":
             self._wait_for_output(deadline)
-        elif settings.workload == "streaming":
+        elif settings.workload in ("streaming", "spark"):
             self._drain_streaming(deadline)
         elif settings.workload == "producer":
             for client in self.clients:
@@ -471,7 +525,7 @@ class ChaosRun:
             client.terminate(timeout=30)
         topic, partitions = {"producer": ("output", 2), "bank": ("ledger", 1)}.get(settings.workload, ("output", 3))
         extra = []
-        if settings.workload == "streaming":
+        if settings.workload in ("streaming", "spark"):
             topic = self.app_module.CHAOS_OUTPUT
             partitions = self.app_module.CHAOS_TOPICS[topic]
             extra = ["--with-keys"]
@@ -484,7 +538,7 @@ class ChaosRun:
         from txn import Consumer, TopicPartition
 
         count = self.settings.records if count is None else count
-        partitions = self.app_module.CHAOS_TOPICS[topic] if self.settings.workload == "streaming" else 3
+        partitions = self.app_module.CHAOS_TOPICS[topic] if self.settings.workload in ("streaming", "spark") else 3
         consumer = Consumer(bootstrap_servers=self.bootstrap, max_poll_records=10_000)
         consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
         seen = 0
@@ -502,7 +556,7 @@ class ChaosRun:
         for path in sorted(glob.glob(os.path.join(self.history_dir, "*.jsonl"))):
             history.extend(read_history(path))
         history.sort(key=_event_time)
-        streaming = self.settings.workload == "streaming"
+        streaming = self.settings.workload in ("streaming", "spark")
         verdict = checker_module.check_workload(self.settings.workload, history, total=10 * 100 if self.settings.workload == "bank" else None, transform=self.settings.transform,
                                                 expected_outputs=self._expected_outputs() if streaming else None,
                                                 output_topic=self.app_module.CHAOS_OUTPUT if streaming else None)

@@ -277,7 +277,7 @@ def check(history: list[dict], *, input_topic: str | None = None, output_topic: 
 
 def check_workload(workload: str, history: list[dict], *, total: int | None = None, transform=None, expected_outputs: Counter | None = None, output_topic: str | None = None) -> Verdict:
     """The checks a chaos workload calls for."""
-    if workload == "streaming":
+    if workload in ("streaming", "spark"):
         # Outputs may legitimately repeat a value: the multiset check counts them.
         return check(history, output_topic=output_topic, expected_outputs=expected_outputs, unique_values=False)
     if workload.startswith("copier") or workload == "processor":

@@ -38,11 +38,15 @@ This module owns:
 - Counters of what was forwarded and dropped per direction, and an event log
   (``ProxyEvent``: time, kind, detail) of faults applied and cleared and of
   connections and requests affected, for the harness's timeline.
-- ``ThreadedFaultProxy``: the same proxy on its own thread and loop, with a
-  blocking API, for sync tests and the chaos runner.
-- ``random_schedule`` / ``run_schedule``: a seeded, reproducible list of
-  timed fault actions and the player that applies it to a proxy.
-- ``KafkaRequestFramer`` and ``RequestHeader``: the sans-I/O request framing.
+- ``ThreadedFaultProxy``: the same proxy served by a
+  ``protocol.loop_thread.LoopThread``, with a blocking API (each of the
+  proxy's public methods, run on its loop), for sync tests and the chaos
+  runner.
+
+Beside it: ``faults.proxy_state`` (the sans-I/O part: fault settings,
+counters, events, the request framer over ``protocol.framing``) and
+``faults.proxy_schedule`` (seeded fault schedules and their players). Their
+public names are importable from here too.
 
 Kafka clients learn broker addresses from Metadata and FindCoordinator
 responses, so the broker must advertise the proxy's address (``advertised_host``
@@ -55,210 +59,53 @@ from __future__ import annotations
 import asyncio
 import collections
 import copy
+import functools
 import itertools
 import logging
 import random
 import socket
 import struct
-import threading
 import time
-from typing import Callable, Iterable, NamedTuple
+from typing import Callable
 
 import attrs
 
-from protocol.messages import ApiKey
+from faults.proxy_schedule import (
+    SCHEDULE_ACTIONS,
+    SCHEDULE_KINDS,
+    ScheduledAction,
+    random_schedule,
+    run_schedule,
+    run_schedule_async,
+)
+from faults.proxy_state import (
+    BOTH,
+    DIRECTIONS,
+    DOWNSTREAM,
+    FAULT_EVENT_KINDS,
+    UPSTREAM,
+    ConnectionDelay,
+    DirectionFaults,
+    KafkaRequestFramer,
+    ProxyCounters,
+    ProxyEvent,
+    RequestRule,
+    client_id_is,
+    directions,
+)
+from protocol.framing import RequestHeader
+from protocol.loop_thread import LoopThread
 from protocol.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
-UPSTREAM = "upstream"
-DOWNSTREAM = "downstream"
-BOTH = "both"
-DIRECTIONS = (UPSTREAM, DOWNSTREAM)
-
 READ_CHUNK_BYTES = 64 * 1024
-# Kafka's socket.request.max.bytes default; a larger "size" means the stream is not Kafka.
-MAX_REQUEST_BYTES = 100 * 1024 * 1024
 # How much of a connection's first request is kept for delay_connection predicates.
 FIRST_REQUEST_KEEP_BYTES = 64 * 1024
 CONNECT_TIMEOUT_SECONDS = 10.0
 EVENT_LOG_LIMIT = 100_000
 
-SIZE_PREFIX = struct.Struct(">i")
-# A request frame starts: int32 size (of what follows), int16 api_key,
-# int16 api_version, int32 correlation_id; header v1+ then has the client id
-# as an int16-length nullable string.
-REQUEST_HEADER = struct.Struct(">ihhi")
-CLIENT_ID_LENGTH = struct.Struct(">h")
-MIN_REQUEST_BODY_BYTES = REQUEST_HEADER.size - SIZE_PREFIX.size
-
 _LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 seconds: close() sends RST
-
-# Event kinds that record a fault being applied or cleared (the rest record
-# what happened to connections and requests).
-FAULT_EVENT_KINDS = frozenset({
-    "cut", "refuse", "refuse_cleared", "blackhole", "blackhole_cleared",
-    "delay", "delay_cleared", "hold", "release", "delay_connection",
-    "connection_delays_cleared", "delay_requests", "drop_requests",
-    "requests_cleared", "heal",
-})
-
-
-def _directions(direction: str) -> tuple[str, ...]:
-    if direction == BOTH:
-        return DIRECTIONS
-    if direction in DIRECTIONS:
-        return (direction,)
-    raise ValueError(f"direction must be upstream, downstream or both, not {direction!r}")
-
-
-# ------------------------------------------------------------------ sans-I/O framing
-
-
-@attrs.frozen
-class RequestHeader:
-    api_key: int
-    api_version: int
-    correlation_id: int
-    client_id: str | None = None
-
-    @classmethod
-    def parse(cls, frame: bytes) -> "RequestHeader | None":
-        """The header of a request frame (size prefix included), or None when
-        ``frame`` is too short. The client id is best effort: None when absent."""
-        if len(frame) < REQUEST_HEADER.size:
-            return None
-        _size, api_key, api_version, correlation_id = REQUEST_HEADER.unpack_from(frame)
-        client_id = None
-        start = REQUEST_HEADER.size + CLIENT_ID_LENGTH.size
-        if len(frame) >= start:
-            (length,) = CLIENT_ID_LENGTH.unpack_from(frame, REQUEST_HEADER.size)
-            if 0 <= length and start + length <= len(frame):
-                client_id = bytes(frame[start:start + length]).decode("utf-8", errors="replace")
-        return cls(api_key, api_version, correlation_id, client_id)
-
-
-class KafkaRequestFramer:
-    """Cuts a client-to-broker byte stream into whole request frames.
-
-    ``feed(data)`` returns ``(header, frame)`` pairs for the frames completed
-    so far. A size prefix outside ``[8, max_frame_bytes]`` means the stream is
-    not Kafka (or is corrupt): framing is lost for good, and from then on
-    ``feed`` passes bytes through as ``(None, data)``.
-    """
-
-    def __init__(self, max_frame_bytes: int = MAX_REQUEST_BYTES):
-        self.max_frame_bytes = max_frame_bytes
-        self.framing_lost = False
-        self._buffer = bytearray()
-
-    def feed(self, data: bytes) -> list[tuple[RequestHeader | None, bytes]]:
-        if self.framing_lost:
-            return [(None, bytes(data))] if data else []
-        self._buffer += data
-        pieces = []
-        while len(self._buffer) >= SIZE_PREFIX.size:
-            (size,) = SIZE_PREFIX.unpack_from(self._buffer)
-            if not MIN_REQUEST_BODY_BYTES <= size <= self.max_frame_bytes:
-                self.framing_lost = True
-                pieces.append((None, bytes(self._buffer)))
-                self._buffer.clear()
-                break
-            end = SIZE_PREFIX.size + size
-            if len(self._buffer) < end:
-                break
-            frame = bytes(self._buffer[:end])
-            del self._buffer[:end]
-            pieces.append((RequestHeader.parse(frame), frame))
-        return pieces
-
-    def take_partial(self) -> bytes:
-        """The bytes of an incomplete frame (at end of stream they go on as they are)."""
-        partial = bytes(self._buffer)
-        self._buffer.clear()
-        return partial
-
-
-def client_id_is(client_id: str) -> Callable[[bytes], bool]:
-    """A ``delay_connection`` predicate: the connection's first request was sent
-    with this Kafka ``client.id``."""
-
-    def matches(first_request: bytes) -> bool:
-        header = RequestHeader.parse(first_request)
-        return header is not None and header.client_id == client_id
-
-    return matches
-
-
-# ------------------------------------------------------------------ faults, counters, events
-
-
-@attrs.define
-class DirectionFaults:
-    blackholed: bool = False
-    held: bool = False
-    delay_seconds: float = 0.0
-    jitter_seconds: float = 0.0
-
-
-@attrs.frozen
-class ConnectionDelay:
-    """Delay the connections ``match`` picks: an int is an accept index
-    (0 is the first connection this proxy accepted), a callable gets the
-    connection's first request (size prefix included) and returns a bool."""
-
-    match: int | Callable[[bytes], bool]
-    seconds: float
-    direction: str = BOTH
-
-    def matches(self, connection: "ProxiedConnection") -> bool:
-        if isinstance(self.match, int):
-            return connection.index == self.match
-        return connection.first_request is not None and bool(self.match(connection.first_request))
-
-
-@attrs.define
-class RequestRule:
-    api_key: int
-    action: str  # "delay" or "drop"
-    seconds: float = 0.0
-    remaining: int | None = None  # requests still to act on; None: until cleared
-
-
-@attrs.define
-class DirectionCounters:
-    bytes_read: int = 0  # = forwarded + dropped + still queued
-    bytes_forwarded: int = 0
-    chunks_forwarded: int = 0
-    bytes_dropped: int = 0
-    chunks_dropped: int = 0
-
-
-@attrs.define
-class ProxyCounters:
-    upstream: DirectionCounters = attrs.field(factory=DirectionCounters)
-    downstream: DirectionCounters = attrs.field(factory=DirectionCounters)
-    connections_accepted: int = 0
-    connections_refused: int = 0
-    connections_cut: int = 0
-    connections_failed: int = 0  # the target could not be reached
-    requests_seen: int = 0
-    requests_delayed: int = 0
-    requests_dropped: int = 0
-
-    def direction(self, name: str) -> DirectionCounters:
-        return self.upstream if name == UPSTREAM else self.downstream
-
-
-@attrs.frozen
-class ProxyEvent:
-    at: float  # seconds, from the proxy's clock (time.time by default)
-    kind: str
-    detail: dict = attrs.field(factory=dict)
-
-    @property
-    def is_fault(self) -> bool:
-        return self.kind in FAULT_EVENT_KINDS
 
 
 # ------------------------------------------------------------------ connections
@@ -417,7 +264,7 @@ class FaultProxy:
         self._log("refuse" if on else "refuse_cleared")
 
     def blackhole(self, direction: str = BOTH, on: bool = True) -> None:
-        for name in _directions(direction):
+        for name in directions(direction):
             self._faults[name].blackholed = on
         self._log("blackhole" if on else "blackhole_cleared", direction=direction)
         self._announce_change()
@@ -426,7 +273,7 @@ class FaultProxy:
         """Delay every chunk by ``seconds`` plus up to ``jitter``; 0 clears."""
         if seconds < 0 or jitter < 0:
             raise ValueError("delay and jitter must be >= 0")
-        for name in _directions(direction):
+        for name in directions(direction):
             self._faults[name].delay_seconds = seconds
             self._faults[name].jitter_seconds = jitter
         if seconds or jitter:
@@ -435,20 +282,20 @@ class FaultProxy:
             self._log("delay_cleared", direction=direction)
 
     def hold(self, direction: str = BOTH) -> None:
-        for name in _directions(direction):
+        for name in directions(direction):
             self._faults[name].held = True
         self._log("hold", direction=direction)
         self._announce_change()
 
     def release(self, direction: str = BOTH) -> None:
-        for name in _directions(direction):
+        for name in directions(direction):
             self._faults[name].held = False
         self._log("release", direction=direction)
         self._announce_change()
 
     def delay_connection(self, match: int | Callable[[bytes], bool], seconds: float, direction: str = BOTH) -> None:
         """Delay the traffic of the connections ``match`` picks (see ``ConnectionDelay``)."""
-        _directions(direction)
+        directions(direction)
         if isinstance(match, bool) or not (isinstance(match, int) or callable(match)):
             raise TypeError("match is an accept index (int) or a predicate on the first request")
         if seconds < 0:
@@ -652,7 +499,7 @@ class FaultProxy:
         if faults.jitter_seconds:
             delay += self._jitter_random.uniform(0.0, faults.jitter_seconds)
         for rule in self._connection_delays:
-            if pipe.direction in _directions(rule.direction) and rule.matches(connection):
+            if pipe.direction in directions(rule.direction) and rule.matches(connection):
                 delay += rule.seconds
         # Never before the chunk ahead of it: TCP keeps order within a connection.
         due = max(asyncio.get_running_loop().time() + delay, pipe.last_deliver_at)
@@ -700,17 +547,25 @@ class FaultProxy:
 
 
 class ThreadedFaultProxy:
-    """``FaultProxy`` on its own thread and event loop, driven from sync code.
+    """``FaultProxy`` on its own thread and event loop, driven from sync code:
+    every public method of ``FaultProxy`` named in ``BLOCKING_METHODS`` is
+    available here, run on the proxy's loop, returning its result.
 
     >>> with ThreadedFaultProxy("127.0.0.1", broker_port) as proxy:
     ...     proxy.delay_requests(ApiKey.END_TXN, 1.5)
     """
 
+    # What a sync caller may call: every fault, its clearing, and observation.
+    BLOCKING_METHODS = frozenset({
+        "retarget", "cut", "refuse", "blackhole", "delay", "hold", "release",
+        "delay_connection", "clear_connection_delays", "delay_requests", "drop_requests",
+        "clear_requests", "heal", "counters", "events", "connection_count", "faults_in_effect",
+    })
+
     def __init__(self, target_host: str, target_port: int, listen_host: str = "127.0.0.1", listen_port: int = 0, **options):
-        self.proxy = FaultProxy(target_host, target_port, listen_host, listen_port, **options)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._stopped: asyncio.Event | None = None
+        self._options = (target_host, target_port, listen_host, listen_port, options)
+        self.proxy: FaultProxy | None = None
+        self._thread: LoopThread | None = None
 
     @property
     def port(self) -> int:
@@ -721,44 +576,21 @@ class ThreadedFaultProxy:
         return self.proxy.address
 
     def start(self) -> "ThreadedFaultProxy":
-        ready = threading.Event()
-        failure: list[BaseException] = []
-
-        def run() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            try:
-                loop.run_until_complete(self._main(ready, failure))
-            finally:
-                loop.close()
-
-        self._thread = threading.Thread(target=run, name="onceflow-fault-proxy", daemon=True)
-        self._thread.start()
-        ready.wait()
-        if failure:
-            self._thread.join()
-            raise failure[0]
+        target_host, target_port, listen_host, listen_port, options = self._options
+        thread = LoopThread("onceflow-fault-proxy")
+        try:
+            self.proxy = thread.run(FaultProxy, target_host, target_port, listen_host, listen_port, **options)
+            thread.serve(self.proxy.start, self.proxy.stop)
+        except BaseException:
+            thread.stop()
+            raise
+        self._thread = thread
         return self
 
-    async def _main(self, ready: threading.Event, failure: list) -> None:
-        self._stopped = asyncio.Event()
-        try:
-            await self.proxy.start()
-        except BaseException as error:
-            failure.append(error)
-            ready.set()
-            return
-        ready.set()
-        try:
-            await self._stopped.wait()
-        finally:
-            await self.proxy.stop()
-
     def stop(self) -> None:
-        if self._loop is not None and self._thread is not None and self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._stopped.set)
-            self._thread.join()
-        self._thread = None
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.stop()
 
     def __enter__(self) -> "ThreadedFaultProxy":
         return self.start()
@@ -766,180 +598,16 @@ class ThreadedFaultProxy:
     def __exit__(self, *exc_info) -> None:
         self.stop()
 
-    def _call(self, method, *args, **kwargs):
-        async def invoke():
-            return method(*args, **kwargs)
+    def __getattr__(self, name: str):
+        if name not in ThreadedFaultProxy.BLOCKING_METHODS:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        method = getattr(FaultProxy, name)
 
-        return asyncio.run_coroutine_threadsafe(invoke(), self._loop).result()
+        @functools.wraps(method)
+        def blocking(*args, **kwargs):
+            return self._thread.run(method, self.proxy, *args, **kwargs)
 
-    def retarget(self, target_host: str, target_port: int) -> None:
-        self._call(self.proxy.retarget, target_host, target_port)
-
-    def cut(self) -> int:
-        return self._call(self.proxy.cut)
-
-    def refuse(self, on: bool = True) -> None:
-        self._call(self.proxy.refuse, on)
-
-    def blackhole(self, direction: str = BOTH, on: bool = True) -> None:
-        self._call(self.proxy.blackhole, direction, on)
-
-    def delay(self, direction: str = BOTH, seconds: float = 0.0, jitter: float = 0.0) -> None:
-        self._call(self.proxy.delay, direction, seconds, jitter)
-
-    def hold(self, direction: str = BOTH) -> None:
-        self._call(self.proxy.hold, direction)
-
-    def release(self, direction: str = BOTH) -> None:
-        self._call(self.proxy.release, direction)
-
-    def delay_connection(self, match: int | Callable[[bytes], bool], seconds: float, direction: str = BOTH) -> None:
-        self._call(self.proxy.delay_connection, match, seconds, direction)
-
-    def clear_connection_delays(self) -> None:
-        self._call(self.proxy.clear_connection_delays)
-
-    def delay_requests(self, api_key: int, seconds: float, times: int | None = None) -> None:
-        self._call(self.proxy.delay_requests, api_key, seconds, times)
-
-    def drop_requests(self, api_key: int, times: int | None = None) -> None:
-        self._call(self.proxy.drop_requests, api_key, times)
-
-    def clear_requests(self, api_key: int | None = None) -> None:
-        self._call(self.proxy.clear_requests, api_key)
-
-    def heal(self) -> None:
-        self._call(self.proxy.heal)
-
-    def counters(self) -> ProxyCounters:
-        return self._call(self.proxy.counters)
-
-    def events(self, *, faults_only: bool = False) -> list[ProxyEvent]:
-        return self._call(self.proxy.events, faults_only=faults_only)
-
-    def connection_count(self) -> int:
-        return self._call(self.proxy.connection_count)
-
-    def faults_in_effect(self) -> dict:
-        return self._call(self.proxy.faults_in_effect)
-
-
-# ------------------------------------------------------------------ schedules
-
-
-class ScheduledAction(NamedTuple):
-    at: float  # seconds from the start of the run
-    action: str  # a FaultProxy method name
-    args: dict  # its keyword arguments
-
-
-# What run_schedule may call: every fault and its clearing, nothing else.
-SCHEDULE_ACTIONS = frozenset({
-    "cut", "refuse", "blackhole", "delay", "hold", "release", "delay_connection",
-    "clear_connection_delays", "delay_requests", "drop_requests", "clear_requests", "heal",
-})
-SCHEDULE_KINDS = ("blackhole", "cut", "delay", "delay_connection", "delay_requests", "drop_requests", "hold", "refuse")
-# Requests worth delaying or dropping in a transactional workload.
-TRANSACTIONAL_API_KEYS = (ApiKey.PRODUCE, ApiKey.ADD_PARTITIONS_TO_TXN, ApiKey.ADD_OFFSETS_TO_TXN, ApiKey.END_TXN, ApiKey.TXN_OFFSET_COMMIT)
-
-
-def random_schedule(
-    seed: int | str,
-    duration: float,
-    kinds: Iterable[str] = ("blackhole", "cut", "delay", "hold", "refuse"),
-    *,
-    quiet_seconds: tuple[float, float] = (0.5, 3.0),
-    fault_seconds: tuple[float, float] = (0.2, 2.0),
-    api_keys: tuple[int, ...] = TRANSACTIONAL_API_KEYS,
-) -> list[ScheduledAction]:
-    """Fault episodes, one at a time, separated by quiet spells, within
-    ``duration`` seconds; every fault is cleared by the end. The same seed and
-    arguments always give the same list (``kinds`` order does not matter).
-
-    Episodes: ``cut`` (one action); ``refuse``, ``blackhole``, ``delay``,
-    ``hold``, ``delay_requests``, ``drop_requests`` and ``delay_connection``
-    (an accept index among the first four connections) are applied, then
-    cleared after a while.
-    """
-    chosen = sorted(set(kinds))
-    unknown = set(chosen) - set(SCHEDULE_KINDS)
-    if unknown or not chosen:
-        raise ValueError(f"kinds must be a non-empty subset of {SCHEDULE_KINDS}, unknown: {sorted(unknown)}")
-    rng = random.Random(seed)
-    schedule: list[ScheduledAction] = []
-
-    def at(seconds: float) -> float:
-        return round(min(seconds, duration), 3)
-
-    now = rng.uniform(*quiet_seconds)
-    while now < duration:
-        kind = rng.choice(chosen)
-        end = now + rng.uniform(*fault_seconds)
-        direction = rng.choice((UPSTREAM, DOWNSTREAM, BOTH))
-        if kind == "cut":
-            schedule.append(ScheduledAction(at(now), "cut", {}))
-            end = now
-        elif kind == "refuse":
-            schedule += [ScheduledAction(at(now), "refuse", {"on": True}), ScheduledAction(at(end), "refuse", {"on": False})]
-        elif kind == "blackhole":
-            schedule += [
-                ScheduledAction(at(now), "blackhole", {"direction": direction, "on": True}),
-                ScheduledAction(at(end), "blackhole", {"direction": direction, "on": False}),
-            ]
-        elif kind == "delay":
-            seconds = round(rng.uniform(0.01, 0.5), 3)
-            jitter = round(rng.uniform(0.0, 0.2), 3) if rng.random() < 0.5 else 0.0
-            schedule += [
-                ScheduledAction(at(now), "delay", {"direction": direction, "seconds": seconds, "jitter": jitter}),
-                ScheduledAction(at(end), "delay", {"direction": direction, "seconds": 0.0, "jitter": 0.0}),
-            ]
-        elif kind == "hold":
-            schedule += [ScheduledAction(at(now), "hold", {"direction": direction}), ScheduledAction(at(end), "release", {"direction": direction})]
-        elif kind in ("delay_requests", "drop_requests"):
-            api_key = rng.choice(api_keys)
-            args = {"api_key": api_key, "times": rng.choice((None, 1, 2))}
-            if kind == "delay_requests":
-                args["seconds"] = round(rng.uniform(0.1, 2.0), 3)
-            schedule += [ScheduledAction(at(now), kind, args), ScheduledAction(at(end), "clear_requests", {"api_key": api_key})]
-        else:  # delay_connection
-            args = {"match": rng.randrange(4), "seconds": round(rng.uniform(0.1, 1.0), 3), "direction": direction}
-            schedule += [ScheduledAction(at(now), "delay_connection", args), ScheduledAction(at(end), "clear_connection_delays", {})]
-        now = end + rng.uniform(*quiet_seconds)
-    return schedule
-
-
-def _check_schedule(schedule: Iterable[ScheduledAction]) -> list[ScheduledAction]:
-    items = [ScheduledAction(*item) for item in schedule]
-    for item in items:
-        if item.action not in SCHEDULE_ACTIONS:
-            raise ValueError(f"not a schedule action: {item.action!r}")
-    return sorted(items, key=lambda item: item.at)
-
-
-def run_schedule(proxy: ThreadedFaultProxy, schedule: Iterable[ScheduledAction], *, stop: threading.Event | None = None) -> int:
-    """Apply each action at its time (seconds after the call); blocks until the
-    last one. Setting ``stop`` ends early. Returns how many actions ran."""
-    items = _check_schedule(schedule)
-    stop = stop or threading.Event()
-    started = time.monotonic()
-    applied = 0
-    for item in items:
-        if stop.wait(max(0.0, started + item.at - time.monotonic())):
-            break
-        getattr(proxy, item.action)(**item.args)
-        applied += 1
-    return applied
-
-
-async def run_schedule_async(proxy: FaultProxy, schedule: Iterable[ScheduledAction]) -> int:
-    """``run_schedule`` for a ``FaultProxy`` on the running loop."""
-    items = _check_schedule(schedule)
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    for item in items:
-        await asyncio.sleep(max(0.0, started + item.at - loop.time()))
-        getattr(proxy, item.action)(**item.args)
-    return len(items)
+        return blocking
 
 
 __all__ = [

@@ -92,3 +92,56 @@ def write_report(folder: str, *, settings: dict, history: list[dict], faults: li
     if problem:
         del paths["timeline.png"]
     return paths
+
+
+def per_second(samples: list[tuple[float, int]], duration: float) -> list[int]:
+    """Cumulative ``(seconds, count)`` samples -> records per whole second."""
+    totals = [0] * (int(duration) + 1)
+    for second in range(len(totals)):
+        totals[second] = max((count for at, count in samples if at < second + 1), default=0)
+    return [totals[0]] + [totals[i] - totals[i - 1] for i in range(1, len(totals))]
+
+
+def write_series_png(path: str, series: dict[str, list[tuple[float, int]]], faults: list[FaultEvent], duration: float, title: str) -> str | None:
+    """The demo's timeline: records per second of each stream (cumulative
+    ``(seconds, count)`` samples), the last one, usually small, in a panel of
+    its own as a running total, faults as vertical lines on both. Returns
+    None when written, else why not."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install onceflow[chaos]); no timeline.png"
+    names = list(series)
+    rates, running = names[:2] if len(names) > 2 else names, names[2:]
+    figure, panels = plt.subplots(1 + bool(running), 1, figsize=(11, 4 + 2 * bool(running)), dpi=100, sharex=True, squeeze=False)
+    top = panels[0][0]
+    for name, color in zip(rates, ["#4c78a8", "#54a24b"]):
+        top.step(range(int(duration) + 1), per_second(series[name], duration), where="post", color=color, label=f"{name} (records/s)")
+    top.set_ylabel("records per second")
+    top.set_title(title)
+    axes_all = [top]
+    if running:
+        bottom = panels[1][0]
+        for name in running:
+            points = sorted(series[name])
+            bottom.step([0.0] + [at for at, _ in points], [0] + [count for _, count in points], where="post", color="#b279a2", label=f"{name} (total)")
+        bottom.set_ylabel("rows")
+        axes_all.append(bottom)
+    colors: dict[str, str] = {}
+    palette = ["#e45756", "#f58518", "#000000", "#9d755d", "#72b7b2", "#eeca3b"]
+    for fault in faults:
+        first_of_kind = fault.kind not in colors
+        color = colors.setdefault(fault.kind, palette[len(colors) % len(palette)])
+        for axes in axes_all:
+            axes.axvline(fault.at, color=color, linewidth=1.5, linestyle="--", label=fault.kind if first_of_kind and axes is top else None)
+    for axes in axes_all:
+        axes.set_xlim(0, max(1, duration))
+        axes.legend(loc="upper right", fontsize="small")
+    axes_all[-1].set_xlabel("seconds since start")
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+    return None

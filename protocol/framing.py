@@ -21,6 +21,11 @@ above ``max_frame_size`` (``socket.request.max.bytes``) raises
 buffered for it. A complete frame whose API or version we do not serve raises
 ``UnsupportedRequestError`` (the frame is consumed; the next one can follow).
 ``ClientConnection`` is the mirror image for clients.
+
+``FrameBuffer`` is the one frame cutter under both (and under the fault
+proxy, which forwards whole request frames); ``RequestHeader.peek`` reads a
+request header without judging the rest of the frame, for code that only
+routes frames.
 """
 
 from __future__ import annotations
@@ -73,11 +78,39 @@ def response_header_version(api_key: int, api_version: int) -> int:
     return 1 if APIS[api_key].response.is_flexible(api_version) else 0
 
 
-class _FrameBuffer:
-    """Accumulates bytes and cuts complete frames out of them."""
+@attrs.frozen
+class RequestHeader:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None = None
 
-    def __init__(self, max_frame_size: int):
+    @classmethod
+    def peek(cls, frame) -> "RequestHeader | None":
+        """The header of a request frame (without its size prefix), or None
+        when ``frame`` is too short for one. The client id is best effort:
+        None when absent or not whole."""
+        if len(frame) < _REQUEST_HEADER.size:
+            return None
+        api_key, api_version, correlation_id = _REQUEST_HEADER.unpack_from(frame)
+        client_id = None
+        start = _REQUEST_HEADER.size + _INT16.size
+        if len(frame) >= start:
+            (length,) = _INT16.unpack_from(frame, _REQUEST_HEADER.size)
+            if 0 <= length and start + length <= len(frame):
+                client_id = bytes(frame[start : start + length]).decode("utf-8", errors="replace")
+        return cls(api_key, api_version, correlation_id, client_id)
+
+
+class FrameBuffer:
+    """Accumulates bytes and cuts complete frames out of them.
+
+    A size prefix outside ``[min_frame_size, max_frame_size]`` raises
+    ``FrameTooLargeError`` as soon as its 4 bytes are here."""
+
+    def __init__(self, max_frame_size: int, *, min_frame_size: int = 0):
         self.max_frame_size = max_frame_size
+        self.min_frame_size = min_frame_size
         self._buffer = bytearray()
         self._start = 0
 
@@ -92,8 +125,8 @@ class _FrameBuffer:
         if available < 4:
             return None
         (size,) = _SIZE.unpack_from(self._buffer, self._start)
-        if size < 0 or size > self.max_frame_size:
-            raise FrameTooLargeError(f"frame size {size} is outside 0..{self.max_frame_size}")
+        if size < self.min_frame_size or size > self.max_frame_size:
+            raise FrameTooLargeError(f"frame size {size} is outside {self.min_frame_size}..{self.max_frame_size}")
         if available < 4 + size:
             return None
         begin = self._start + 4
@@ -110,6 +143,13 @@ class _FrameBuffer:
     @property
     def buffered(self) -> int:
         return len(self._buffer) - self._start
+
+    def take_buffered(self) -> bytes:
+        """Whatever is buffered and not yet a whole frame, removed from the buffer."""
+        rest = bytes(self._buffer[self._start :])
+        self._buffer.clear()
+        self._start = 0
+        return rest
 
 
 def _read_header_client_id(frame, pos: int) -> tuple[str | None, int]:
@@ -142,7 +182,7 @@ class ServerConnection:
     """The broker's view of one connection's byte stream."""
 
     def __init__(self, *, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, supported_versions: dict[int, tuple[int, int]] | None = None):
-        self._frames = _FrameBuffer(max_frame_size)
+        self._frames = FrameBuffer(max_frame_size)
         # api key -> (min, max) this side serves; default: everything the tables know.
         self.supported_versions = supported_versions or {
             key: (api.request.valid[0], api.request.valid[1]) for key, api in APIS.items()
@@ -226,7 +266,7 @@ class ClientConnection:
 
     def __init__(self, *, client_id: str | None = "onceflow", max_frame_size: int = DEFAULT_MAX_FRAME_SIZE):
         self.client_id = client_id
-        self._frames = _FrameBuffer(max_frame_size)
+        self._frames = FrameBuffer(max_frame_size)
         self._in_flight: dict[int, tuple[int, int]] = {}
         self._next_correlation_id = 0
 

@@ -257,6 +257,5 @@ class Cleaner:
             replacement.recover()
         replacement.created_ms = segment.created_ms
         self.log.segments[index] = replacement
-        if segment in self.log._unflushed:
-            self.log._unflushed.remove(segment)
+        self.log.committer.forget(segment)
         return removed

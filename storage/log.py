@@ -1,5 +1,5 @@
 """The partition log: an ordered list of segments in one directory, with
-offset assignment, durability, crash recovery, retention and producer state.
+offset assignment, appends and reads, retention and producer state.
 
 Files in a partition directory::
 
@@ -8,48 +8,26 @@ Files in a partition directory::
     00000000000000000000.timeindex   sparse time index            (storage.index)
     00000000000000000000.txnindex    aborted transactions         (storage.txn_index)
     00000000000000001234.snapshot    producer state at offset 1234 (storage.producer_state)
-    checkpoint                       recovery point and log start offset (below)
+    checkpoint                       recovery point and log start offset (storage.recovery)
     .clean_shutdown                  present only between a clean close and the next open
     <base>.swap.range, *.cleaned, *.swap, *.deleted   a compaction swap in progress (storage.cleaner)
 
-The ``checkpoint`` file is two ASCII lines, ``recovery-point <offset>`` and
-``log-start-offset <offset>``, replaced atomically and durably
-(``storage.durable.replace_file``, as every file the log rewrites: snapshots,
-indexes). Everything below the recovery point is
-known durable with its indexes; it moves at open, at a clean close, and when
-the group committer has fsynced the segments below a roll. The log start
-offset moves with retention and DeleteRecords and is written before any
-segment is deleted. ``.clean_shutdown`` is an empty file written (and
-fsynced) last by ``close()`` and removed at open.
+``PartitionLog`` owns the offsets (log start, log end, the high watermark and
+the last stable offset), appends (a producer's batches, checked and given
+offsets in place; control markers), rolling segments, reads, ListOffsets
+lookups, retention and DeleteRecords, and the order of opening and closing.
+The log start offset moves with retention and DeleteRecords and is
+checkpointed before any segment is deleted. ``.clean_shutdown`` is an empty
+file written (and fsynced) last by ``close()`` and removed at open.
 
-Durability (``flush.policy``): "group" (default) is group commit: an fsync
-starts as soon as there is unflushed data and no fsync is running, and covers
-every append made before it started; appends that arrive during an fsync
-share the next one. ``flush.interval.ms`` (default 0) spaces the rounds at
-least that far apart, trading acknowledgement latency for fewer fsyncs.
-"always" runs the rounds back to back whatever the interval; "os" never
-fsyncs (a machine crash loses
-what the page cache held; a process crash loses nothing). The high watermark
-is the end of the durable data: consumers never see what a crash could take
-back, and ``wait_durable(offset)`` is how a Produce with acks=all waits for
-its fsync. Under asyncio one flusher task per log runs the fsyncs: a round
-of at most ``INLINE_FSYNC_BYTES`` right on the loop (two thread hand-offs
-would cost as much as the fsync), larger ones on the default executor; every state change (high watermark, waiters, checkpoint)
-stays on the loop. Without a running loop appends fsync synchronously. If a
-write or fsync fails, nothing after the last durable offset is ever
-acknowledged, the log goes into a failed state and refuses appends
-(LogFailedError) until it is reopened, which runs recovery and truncates
-whatever is not whole.
+Its two other jobs live beside it:
 
-Recovery after an unclean stop scans every segment from the one holding the
-recovery point, validates each batch's CRC and offsets (increasing, never
-overlapping the previous segment), truncates at the first torn or corrupt
-batch (deleting any later segments), rebuilds the indexes of what it
-scanned, and logs at WARNING what it dropped. After a clean shutdown the
-files are trusted once their indexes pass a sanity check (present, entries
-increasing, nothing past the end of the .log); a segment that fails it is
-scanned as after a crash, and so is everything after it. Producer state is
-rebuilt from the newest valid snapshot plus the log after it.
+- ``storage.recovery``: what ``open`` does after a stop, clean or not (the
+  checkpoint file, the segment scan that truncates a torn or corrupt tail,
+  producer state rebuilt from a snapshot and the log);
+- ``storage.group_commit``: when appends become durable and acknowledged (the
+  group committer, ``flush.policy``, ``wait_durable``, the failed state and
+  ``LogFailedError``).
 """
 
 from __future__ import annotations
@@ -72,25 +50,23 @@ from protocol.records import (
     TimestampType,
     set_max_timestamp_and_type,
 )
+from storage import recovery
 from storage.checksum import checked_batches
-from storage.config import FLUSH_ALWAYS, FLUSH_OS, LogConfig
-from storage.durable import TEMPORARY_SUFFIX, fsync_directory, replace_file
+from storage.config import LogConfig
+from storage.group_commit import GroupCommitter, LogFailedError
+from storage.durable import fsync_directory, replace_file
 from storage.index import IndexBudget
 from storage.producer_state import (
-    CorruptSnapshotError,
     DuplicateBatch,
     ProducerAppend,
     ProducerStateManager,
 )
+from storage.recovery import CLEAN_SHUTDOWN_FILE
 from storage.segment import (
     CLEANED_SUFFIX,
     DELETED_SUFFIX,
-    INDEX_SUFFIX,
-    LOG_SUFFIX,
     SNAPSHOT_SUFFIX,
     SWAP_SUFFIX,
-    TIME_INDEX_SUFFIX,
-    TXN_INDEX_SUFFIX,
     DiskIO,
     LogSegment,
     file_stem,
@@ -99,16 +75,7 @@ from storage.txn_index import AbortedTxn
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_FILE = "checkpoint"
-CLEAN_SHUTDOWN_FILE = ".clean_shutdown"
 INT32_MAX = 2**31 - 1
-
-
-# Rounds covering at most this many bytes fsync on the loop (see _flusher).
-INLINE_FSYNC_BYTES = 16 * 1024
-
-class LogFailedError(Exception):
-    """The log hit a disk error and refuses appends until reopened (KAFKA_STORAGE_ERROR)."""
 
 
 class OffsetOutOfRangeError(Exception):
@@ -148,13 +115,7 @@ class PartitionLog:
         self.producer_state = ProducerStateManager()
         self.failed: Exception | None = None
         self.closed = False
-        self._waiters: list[tuple[int, asyncio.Future]] = []
-        self._flush_task: asyncio.Task | None = None
-        self._last_flush = float("-inf")
-        self._unflushed: list[LogSegment] = []  # written since the last fsync
-        self._unflushed_bytes = 0
-        self._syncing: list[LogSegment] = []  # being fsynced by the flusher now
-        self._next_recovery_point: int | None = None  # a roll's base, once what is below it is durable
+        self.committer = GroupCommitter(self)
         self.recovery_report: list[str] = []
 
     # ------------------------------------------------------------------ opening
@@ -172,31 +133,26 @@ class PartitionLog:
         from storage.cleaner import complete_interrupted_swaps
 
         complete_interrupted_swaps(self.directory)
-        self._remove_leftovers()
+        recovery.remove_leftovers(self.directory)
         clean = os.path.exists(os.path.join(self.directory, CLEAN_SHUTDOWN_FILE))
-        recovery_point, log_start = self._read_checkpoint()
-        bases = sorted(
-            int(name[: -len(LOG_SUFFIX)])
-            for name in os.listdir(self.directory)
-            if name.endswith(LOG_SUFFIX) and name[: -len(LOG_SUFFIX)].isdigit()
-        )
-        for base in bases:
-            self.segments.append(LogSegment(self.directory, base, self.io, index_interval_bytes=self.config.index_interval_bytes, index_budget=self.index_budget))
+        recovery_point, log_start = recovery.read_checkpoint(self.directory)
+        for base in recovery.segment_bases(self.directory):
+            self.segments.append(self._new_segment(base))
         if not self.segments:
-            self.segments.append(LogSegment(self.directory, max(log_start, 0), self.io, index_interval_bytes=self.config.index_interval_bytes, index_budget=self.index_budget))
+            self.segments.append(self._new_segment(max(log_start, 0)))
         # After a clean shutdown every segment is trusted (after a sanity
         # check of its indexes); otherwise those from the recovery point on
         # are scanned.
-        self._recover(None if clean else recovery_point)
+        self.recovery_report = recovery.recover_segments(self.directory, self.segments, None if clean else recovery_point)
         for segment in self.segments:
             if segment.created_ms is None:
-                segment.created_ms = self._segment_created_ms(segment)
+                segment.created_ms = recovery.segment_created_ms(segment, self.clock)
         self.log_end_offset = max(self.segments[-1].next_offset, self.segments[-1].base_offset)
         self.log_start_offset = max(log_start, self.segments[0].base_offset)
         self.log_start_offset = min(self.log_start_offset, self.log_end_offset)
         self.durable_offset = self.log_end_offset
         self.recovery_point = self.log_end_offset
-        self._rebuild_producer_state(clean)
+        self.producer_state = recovery.rebuild_producer_state(self.directory, self.segments, self.log_start_offset, self.log_end_offset)
         # From now on a crash is unclean until close() says otherwise.
         try:
             os.remove(os.path.join(self.directory, CLEAN_SHUTDOWN_FILE))
@@ -204,164 +160,13 @@ class PartitionLog:
             pass
         self._write_checkpoint()
 
-    def _remove_leftovers(self) -> None:
-        """Temporary files of an interrupted write (``*.tmp``: the original
-        is intact) and index files whose ``.log`` is gone (a crash while
-        retention deleted the segment)."""
-        names = os.listdir(self.directory)
-        logs = {name[: -len(LOG_SUFFIX)] for name in names if name.endswith(LOG_SUFFIX)}
-        for name in names:
-            stem, _dot, suffix = name.partition(".")
-            orphan = stem.isdigit() and "." + suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX) and stem not in logs
-            if name.endswith(TEMPORARY_SUFFIX) or orphan:
-                log.warning("removing leftover %s from %s", name, self.directory)
-                os.remove(os.path.join(self.directory, name))
-
-    def _recover(self, recovery_point: int | None) -> None:
-        """Load trusted segments, scan the rest (``recovery_point`` None: trust
-        all). A trusted segment whose files fail the sanity check is scanned,
-        and so is everything after it."""
-        if recovery_point is None:
-            start_index = len(self.segments)
-        else:
-            start_index = max(0, bisect.bisect_right([s.base_offset for s in self.segments], recovery_point) - 1)
-        for index, segment in enumerate(self.segments[:start_index]):
-            problem = segment.load_clean()
-            if problem is not None:
-                message = f"{self.directory}: {problem}; rebuilding from {os.path.basename(segment.log_path)} on"
-                log.warning("recovery %s", message)
-                self.recovery_report.append(message)
-                start_index = index
-                break
-        previous_end = self.segments[start_index - 1].next_offset if start_index else None
-        for index in range(start_index, len(self.segments)):
-            segment = self.segments[index]
-            truncated, reason = segment.recover(expected_start=previous_end)
-            if truncated:
-                message = f"{self.directory}: dropped {truncated} bytes of {os.path.basename(segment.log_path)} from position {segment.size}: {reason}"
-                log.warning("recovery %s", message)
-                self.recovery_report.append(message)
-                for later in self.segments[index + 1 :]:
-                    message = f"{self.directory}: deleted segment {os.path.basename(later.log_path)} ({later.size} bytes) after the damage"
-                    log.warning("recovery %s", message)
-                    self.recovery_report.append(message)
-                    later.delete()
-                del self.segments[index + 1 :]
-                break
-            previous_end = segment.next_offset if segment.size else previous_end
-        for segment in self.segments[start_index:]:
-            segment.txn_index.truncate_to(segment.next_offset if segment.size else segment.base_offset)
-        # A segment emptied by truncation keeps its base offset as next offset.
-        for segment in self.segments:
-            if segment.size == 0:
-                segment.next_offset = segment.base_offset
-        # What the scan kept may have been only in the page cache (a process
-        # crash): make it durable before the recovery point and the high
-        # watermark move past it.
-        for segment in self.segments[start_index:]:
-            if not segment.size:
-                continue
-            segment.fsync()
-            segment.flush_indexes(fsync=True)
-            segment.txn_index.fsync()
-
-    def _segment_created_ms(self, segment: LogSegment) -> int:
-        try:
-            return int(os.stat(segment.log_path).st_mtime * 1000) if segment.size == 0 else self.clock()
-        except FileNotFoundError:
-            return self.clock()
-
-    # ------------------------------------------------------------------ checkpoints
-
-    def _read_checkpoint(self) -> tuple[int, int]:
-        path = os.path.join(self.directory, CHECKPOINT_FILE)
-        recovery_point, log_start = 0, 0
-        try:
-            with open(path, encoding="ascii") as file:
-                for line in file:
-                    key, _, value = line.strip().partition(" ")
-                    if key == "recovery-point":
-                        recovery_point = int(value)
-                    elif key == "log-start-offset":
-                        log_start = int(value)
-        except (FileNotFoundError, ValueError):
-            pass
-        return recovery_point, log_start
+    def _new_segment(self, base_offset: int) -> LogSegment:
+        return LogSegment(self.directory, base_offset, self.io, index_interval_bytes=self.config.index_interval_bytes, index_budget=self.index_budget)
 
     def _write_checkpoint(self) -> None:
-        text = f"recovery-point {self.recovery_point}\nlog-start-offset {self.log_start_offset}\n"
-        replace_file(os.path.join(self.directory, CHECKPOINT_FILE), text.encode("ascii"))
+        recovery.write_checkpoint(self.directory, self.recovery_point, self.log_start_offset)
 
     # ------------------------------------------------------------------ producer state
-
-    def _snapshot_offsets(self) -> list[int]:
-        return sorted(
-            int(name[: -len(SNAPSHOT_SUFFIX)])
-            for name in os.listdir(self.directory)
-            if name.endswith(SNAPSHOT_SUFFIX) and name[: -len(SNAPSHOT_SUFFIX)].isdigit()
-        )
-
-    def _rebuild_producer_state(self, clean: bool) -> None:
-        state = None
-        for offset in reversed(self._snapshot_offsets()):
-            path = os.path.join(self.directory, file_stem(offset) + SNAPSHOT_SUFFIX)
-            if offset > self.log_end_offset:
-                os.remove(path)  # describes data that recovery removed
-                continue
-            try:
-                with open(path, "rb") as file:
-                    state = ProducerStateManager.from_snapshot(file.read(), offset)
-                break
-            except (OSError, CorruptSnapshotError) as error:
-                log.warning("ignoring producer snapshot %s: %s", path, error)
-                os.remove(path)
-        if state is None:
-            state = ProducerStateManager()
-            state.map_end_offset = self.log_start_offset
-        self.producer_state = state
-        self._replay_producer_state(state.map_end_offset)
-
-    def _replay_producer_state(self, from_offset: int) -> None:
-        state = self.producer_state
-        for segment in self.segments:
-            if segment.next_offset <= from_offset or segment.size == 0:
-                continue
-            found = segment.find_position(from_offset)
-            if found is None:
-                continue
-            for position, header in segment.iter_headers(found[0]):
-                if header.last_offset < from_offset or header.producer_id < 0:
-                    continue
-                if header.is_control:
-                    batch = decode_batch(segment.read_at(position, header.size))
-                    marker = decode_control_record(batch.records[0])
-                    completed = state.apply_marker(
-                        header.producer_id, header.producer_epoch, marker.coordinator_epoch, marker.type, header.base_offset, header.max_timestamp
-                    )
-                    if completed is not None and completed.is_aborted:
-                        self._ensure_aborted_indexed(segment, completed)
-                else:
-                    change = ProducerAppend(
-                        header.producer_id,
-                        header.producer_epoch,
-                        header.base_sequence,
-                        header.last_sequence,
-                        header.is_transactional,
-                        header.max_timestamp,
-                        header.last_offset_delta,
-                    )
-                    state.apply_append(change, header.base_offset, header.last_offset)
-        state.map_end_offset = self.log_end_offset
-
-    def _ensure_aborted_indexed(self, segment: LogSegment, completed) -> None:
-        """Replay found an ABORT marker: make sure the segment's .txnindex has it
-        (the entry may have been lost with the page cache in a machine crash)."""
-        if any(entry.last_offset == completed.last_offset for entry in segment.txn_index.entries):
-            return
-        unstable = self.producer_state.first_unstable_offset()
-        segment.txn_index.append(
-            AbortedTxn(completed.producer_id, completed.first_offset, completed.last_offset, unstable if unstable is not None else completed.last_offset + 1)
-        )
 
     def take_snapshot(self) -> None:
         """Write the producer state at the log end. The directory fsync is the
@@ -370,7 +175,7 @@ class PartitionLog:
         path = os.path.join(self.directory, file_stem(offset) + SNAPSHOT_SUFFIX)
         replace_file(path, self.producer_state.snapshot_bytes(), sync_directory=False)
         # Keep the two newest snapshots.
-        for old in self._snapshot_offsets()[:-2]:
+        for old in recovery.snapshot_offsets(self.directory)[:-2]:
             try:
                 os.remove(os.path.join(self.directory, file_stem(old) + SNAPSHOT_SUFFIX))
             except FileNotFoundError:
@@ -468,7 +273,7 @@ class PartitionLog:
             if change is not None:
                 self.producer_state.apply_append(change, offset, offset + header.last_offset_delta)
         self.log_end_offset = last_offset + 1
-        self._after_write(segment, len(buffer))
+        self.committer.wrote(segment, len(buffer))
         return AppendInfo(first_offset, last_offset, max_timestamp, log_append_time=append_time)
 
     def append_control(self, data, *, coordinator_epoch: int) -> tuple[AppendInfo, AbortedTxn | None]:
@@ -500,7 +305,7 @@ class PartitionLog:
             unstable = self.producer_state.first_unstable_offset()
             aborted = AbortedTxn(completed.producer_id, completed.first_offset, offset, unstable if unstable is not None else offset + 1)
             segment.txn_index.append(aborted)
-        self._after_write(segment, len(buffer))
+        self.committer.wrote(segment, len(buffer))
         return AppendInfo(offset, offset, header.max_timestamp), aborted
 
     def _maybe_roll(self, size: int, first_offset: int, last_offset: int, max_timestamp: int) -> None:
@@ -524,7 +329,7 @@ class PartitionLog:
     def _replace_empty_active(self, base_offset: int) -> None:
         old = self.segments.pop()
         old.delete()
-        segment = LogSegment(self.directory, base_offset, self.io, index_interval_bytes=self.config.index_interval_bytes, index_budget=self.index_budget)
+        segment = self._new_segment(base_offset)
         segment.created_ms = self.clock()
         self.segments.append(segment)
 
@@ -536,10 +341,8 @@ class PartitionLog:
         # recovery point can move past it (see _advance_recovery_point).
         old.flush_indexes(fsync=True)
         old.txn_index.fsync()
-        if old not in self._unflushed and old.size:
-            self._unflushed.append(old)
-        self._next_recovery_point = base
-        segment = LogSegment(self.directory, base, self.io, index_interval_bytes=self.config.index_interval_bytes, index_budget=self.index_budget)
+        self.committer.rolled(old, base)
+        segment = self._new_segment(base)
         segment.created_ms = self.clock()
         self.segments.append(segment)
         try:
@@ -549,143 +352,20 @@ class PartitionLog:
         fsync_directory(self.directory)  # the new segment's files and the snapshot
         return segment
 
-    def _after_write(self, segment: LogSegment, size: int) -> None:
-        self._unflushed_bytes += size
-        if segment not in self._unflushed:
-            self._unflushed.append(segment)
-        if self.config.flush_policy == FLUSH_OS:
-            self.durable_offset = self.log_end_offset
-            self._release_waiters()
-            return
-        self._schedule_flush()
-
-    # ------------------------------------------------------------------ durability
-
-    def _schedule_flush(self) -> None:
-        if self._flush_task is not None:
-            return  # the running flusher picks up this append (it loops while data is unflushed)
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            # Not under asyncio (tools, tests of the sync API): fsync now.
-            self.flush()
-            return
-        self._flush_task = loop.create_task(self._flusher())
-
-    async def _flusher(self) -> None:
-        """The group committer of this log: one task at a time, each round one
-        fsync (on a worker thread) covering every append made before it
-        started; rounds start at most every ``flush.interval.ms`` ("group") or
-        back to back ("always"). Appends made during an fsync wait for the
-        next round. State (high watermark, waiters) changes only here, on the
-        loop, never on the worker thread."""
-        loop = asyncio.get_running_loop()
-        interval = self.config.flush_interval_ms / 1000.0
-        try:
-            while self._unflushed and self.failed is None and not self.closed:
-                if self.config.flush_policy != FLUSH_ALWAYS:
-                    # At most one fsync per interval, but no wait when the last
-                    # one is older than that: a lone append is acknowledged at
-                    # fsync speed, a busy log shares fsyncs.
-                    delay = self._last_flush + interval - loop.time()
-                    if delay > 0:
-                        await asyncio.sleep(delay)
-                if self.closed or self.failed is not None:
-                    return
-                target = self.log_end_offset
-                self._syncing = [segment for segment in self._unflushed if not segment.closed]
-                self._unflushed.clear()
-                # A small round (a commit's control records, a lone small
-                # batch) is fsynced right here: it takes about as long as the
-                # two thread hand-offs of the executor would add. Larger ones
-                # go to a worker thread so the loop keeps serving.
-                inline = self._unflushed_bytes <= INLINE_FSYNC_BYTES and len(self._syncing) == 1
-                self._unflushed_bytes = 0
-                self._last_flush = loop.time()
-                try:
-                    for segment in self._syncing:
-                        if inline:
-                            segment.fsync_unless_closed()
-                        else:
-                            await loop.run_in_executor(None, segment.fsync_unless_closed)
-                except OSError as error:
-                    if not self.closed:  # close() fsyncs itself; a late EBADF is no failure
-                        self._fail(error)
-                    return
-                finally:
-                    self._syncing = []
-                if self.failed is not None or self.closed:
-                    return
-                self.durable_offset = max(self.durable_offset, target)
-                self._advance_recovery_point(target)
-                self._release_waiters()
-        finally:
-            self._flush_task = None
+    # ------------------------------------------------------------------ durability (storage.group_commit)
 
     def flush(self) -> None:
-        """fsync everything written so far, synchronously (also what an
-        in-flight group commit is still syncing), then acknowledge it."""
-        if self.failed is not None or self.closed:
-            return
-        target = self.log_end_offset
-        segments = list(dict.fromkeys(self._syncing + self._unflushed))
-        self._unflushed.clear()
-        try:
-            for segment in segments:
-                segment.fsync_unless_closed()
-        except OSError as error:
-            self._fail(error)
-            raise LogFailedError(f"fsync failed: {error}") from error
-        self.durable_offset = max(self.durable_offset, target)
-        self._advance_recovery_point(target)
-        self._release_waiters()
+        """fsync everything written so far, synchronously, then acknowledge it."""
+        self.committer.flush()
 
-    def _advance_recovery_point(self, synced_to: int) -> None:
-        """After an fsync that covered every segment below the last roll, the
-        recovery point moves to that roll's base offset and is checkpointed:
-        recovery after a crash then scans only from the active segment on
-        (Kafka flushes a rolled segment and moves its recovery point the
-        same way). Under "os" nothing is fsynced, so it moves only on close."""
-        point = self._next_recovery_point
-        if point is None or synced_to < point or point <= self.recovery_point:
-            return
-        self._next_recovery_point = None
-        self.recovery_point = point
-        try:
-            self._write_checkpoint()
-        except OSError as error:
-            self._fail(error)
+    def wait_durable(self, offset: int) -> asyncio.Future:
+        """A future that completes when ``offset`` is durable (fails if it never will be)."""
+        return self.committer.wait_durable(offset)
 
     def _fail(self, error: Exception) -> None:
         log.error("log %s failed: %s; refusing appends until it is reopened", self.directory, error)
         self.failed = error
-        for _offset, future in self._waiters:
-            if not future.done():
-                future.set_exception(LogFailedError(f"not durable: {error}"))
-        self._waiters.clear()
-
-    def _release_waiters(self) -> None:
-        if not self._waiters:
-            return
-        remaining = []
-        for offset, future in self._waiters:
-            if offset < self.durable_offset:
-                if not future.done():
-                    future.set_result(None)
-            else:
-                remaining.append((offset, future))
-        self._waiters = remaining
-
-    def wait_durable(self, offset: int) -> asyncio.Future:
-        """A future that completes when ``offset`` is durable (fails if it never will be)."""
-        future = asyncio.get_running_loop().create_future()
-        if self.failed is not None:
-            future.set_exception(LogFailedError(f"not durable: {self.failed}"))
-        elif offset < self.durable_offset:
-            future.set_result(None)
-        else:
-            self._waiters.append((offset, future))
-        return future
+        self.committer.fail_waiters(LogFailedError(f"not durable: {error}"))
 
     @property
     def high_watermark(self) -> int:
@@ -782,8 +462,7 @@ class PartitionLog:
 
     def _delete_oldest_segment(self) -> None:
         segment = self.segments.pop(0)
-        if segment in self._unflushed:
-            self._unflushed.remove(segment)
+        self.committer.forget(segment)
         segment.delete()
         if self.log_start_offset < self.segments[0].base_offset:
             self.log_start_offset = self.segments[0].base_offset
@@ -840,8 +519,7 @@ class PartitionLog:
             except OSError as error:
                 log.error("closing %s uncleanly: %s", self.directory, error)
                 clean = False
-        if self._flush_task is not None:
-            self._flush_task.cancel()
+        self.committer.stop()
         for segment in self.segments:
             try:
                 segment.close()
@@ -849,10 +527,7 @@ class PartitionLog:
                 clean = False
         if clean:
             replace_file(os.path.join(self.directory, CLEAN_SHUTDOWN_FILE), b"")
-        for _offset, future in self._waiters:
-            if not future.done():
-                future.set_exception(LogFailedError("log closed"))
-        self._waiters.clear()
+        self.committer.fail_waiters(LogFailedError("log closed"))
         self.closed = True
 
 

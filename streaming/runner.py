@@ -480,8 +480,9 @@ class Runner:
         await self._release(partitions)
 
     async def on_partitions_lost(self, partitions) -> None:
+        log.warning("partitions lost (the group moved on without this member): %s%s", ", ".join(map(str, sorted(partitions))) or "none",
+                    "; aborting the open transaction" if self.txn_open and not self.failed else "")
         if self.txn_open and not self.failed:
-            log.warning("partitions lost (this member was fenced by the group): aborting the open transaction")
             await self._abort()
         await self._release(partitions)
 
@@ -599,7 +600,9 @@ class Runner:
         restored = 0
         position = store.next_offset
         while position < end:
-            for record in await restorer.poll(0.5):
+            # A short wait: at the tail there may be nothing visible left (only
+            # a COMMIT marker), and the fetch would wait its whole timeout.
+            for record in await restorer.poll(0.05):
                 if record.key is not None:
                     changes[record.key] = record.value
                     restored += 1
@@ -625,7 +628,10 @@ class Runner:
         try:
             assigned = sorted(self.assigned)
             ends = await self.consumer.end_offsets(assigned) if assigned else {}
-            lag = " ".join(f"{tp}:{max(0, ends[tp] - self.processed[tp]) if tp in self.processed else '?'}" for tp in assigned)
+            # Nothing processed from a partition yet: the consumer's position
+            # (where it reads next: the committed offset, until records come).
+            positions = {tp: self.processed[tp] if tp in self.processed else await self.consumer.position(tp) for tp in assigned}
+            lag = " ".join(f"{tp}:{max(0, ends[tp] - positions[tp])}" for tp in assigned)
         except (KafkaError, ConnectionError, TimeoutError, OSError):
             lag = "(unknown)"
         print(

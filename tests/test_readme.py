@@ -11,6 +11,7 @@ a shorter duration.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -33,12 +34,15 @@ SH_BLOCKS = {
     "--keep-data ./demo-run": "test_demo_inspection_block",
     "examples/transactional_copier.py": "test_copier_command_copies",
     "onceflow chaos --workload copier": "test_chaos_command_runs_and_reports",
+    "onceflow chaos --workload streaming --app": "test_chaos_quickstart_on_your_own_app",
     "onceflow bench": "test_bench_command_runs_every_scenario",
 }
 PYTHON_BLOCKS = {
     "confluent_kafka": "test_confluent_kafka_example_round_trips",
     "send_offsets_to_transaction": "test_transactional_example_copies_orders_to_payments",
     "run_chaos": "test_chaos_example_runs_and_is_valid",
+    "@app.processor": "test_runner_quickstart_app",
+    "streaming.spark.register(spark)": "test_spark_quickstart_query",
 }
 
 
@@ -160,11 +164,13 @@ def test_setup_demo_command_runs_on_a_fresh_copy(tmp_path):
     result = run_sh(the_block("sh", ".venv/bin/onceflow demo"), copy, timeout=900)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert "payments in                 20000" in result.stdout
-    assert "balances out (committed)    20000" in result.stdout
+    assert "balances out (committed)    20001" in result.stdout  # and the closing payment
+    rows = re.search(r"Spark rows out \(committed\)\s+(\d+) of (\d+) ", result.stdout)
+    assert rows and rows.group(1) == rows.group(2), result.stdout[-3000:]
     assert re.search(r"faults injected\s+6 ", result.stdout)
     assert "verdict                     OK: exactly once" in result.stdout
     seconds = float(re.search(r"time\s+([\d.]+) s", result.stdout).group(1))
-    print(f"default demo took {seconds:.1f} s")  # the README promises about a minute
+    print(f"default demo took {seconds:.1f} s")  # the README quotes what was measured
 
 
 def test_first_session_block(tmp_path):
@@ -186,7 +192,7 @@ def test_demo_inspection_block(tmp_path):
     assert "verdict                     OK: exactly once" in result.stdout
     commits = re.search(r"^(\d+)$", result.stdout, flags=re.M)
     assert commits and int(commits.group(1)) > 0, "dump-log shows COMMIT markers in balances-0"
-    assert re.search(r"^payments-pipeline-0\s", result.stdout, flags=re.M), result.stdout[-2000:]
+    assert re.search(r"^payments-pipeline-\w+\s", result.stdout, flags=re.M), result.stdout[-2000:]
     assert (tmp_path / "demo-run" / "history").is_dir()
 
 
@@ -303,3 +309,67 @@ def test_chaos_example_runs_and_is_valid(tmp_path, monkeypatch):
         os.chdir(previous)
     assert namespace["verdict"].valid
     assert os.path.exists(tmp_path / "chaos-report" / "verdict.json")
+
+
+@pytest.mark.slow
+def test_chaos_quickstart_on_your_own_app(tmp_path):
+    block = the_block("sh", "onceflow chaos --workload streaming --app")
+    result = run_sh(block.replace("examples/", os.path.join(REPO, "examples") + "/"), tmp_path, timeout=600, replacements={"--duration 30": "--duration 15"})
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert "VALID" in result.stdout
+    assert json.loads((tmp_path / "app-chaos" / "verdict.json").read_text())["valid"] is True
+
+
+def test_runner_quickstart_app(embedded_broker, tmp_path):
+    from txn import Admin, Consumer, Producer, TopicPartition
+
+    with Admin(bootstrap_servers=embedded_broker.bootstrap) as admin:
+        admin.create_topics({"payments": 3, "balances": 3})
+    amounts = [("acct-1", 5), ("acct-2", 7), ("acct-1", -2), ("acct-3", 1), ("acct-2", 3)]
+    with Producer(bootstrap_servers=embedded_broker.bootstrap) as producer:
+        for account, amount in amounts:
+            producer.send("payments", json.dumps({"amount": amount}).encode(), key=account.encode())
+    code = the_block("python", "@app.processor").replace("127.0.0.1:9092", embedded_broker.bootstrap).replace("./balances-state", str(tmp_path / "state"))
+    exec(compile(code, "README.md", "exec"), {})
+    reader = Consumer(bootstrap_servers=embedded_broker.bootstrap)
+    reader.assign([TopicPartition("balances", p) for p in range(3)])
+    out = []
+    for _ in range(20):
+        out += reader.poll(0.2)
+    reader.close()
+    last = {}
+    for record in sorted(out, key=lambda r: (r.partition, r.offset)):
+        last[record.key.decode()] = json.loads(record.value)["balance"]
+    assert len(out) == len(amounts)
+    assert last == {"acct-1": 3, "acct-2": 10, "acct-3": 1}
+
+
+@pytest.mark.slow
+def test_spark_quickstart_query(tmp_path):
+    """The Spark block as a program of its own (a JVM of its own), against a broker process."""
+    from faults.process import BrokerProcess
+    from txn import Admin, Consumer, Producer, TopicPartition
+
+    broker = BrokerProcess(str(tmp_path / "data")).start()
+    try:
+        with Admin(bootstrap_servers=broker.bootstrap) as admin:
+            admin.create_topics({"payments": 2, "payment-counts": 1})
+        with Producer(bootstrap_servers=broker.bootstrap) as producer:
+            for number in range(30):
+                producer.send("payments", b'{"amount": 1}', key=b"acct-%d" % (number % 3))
+        code = the_block("python", "streaming.spark.register(spark)").replace("127.0.0.1:9092", broker.bootstrap)
+        (tmp_path / "query.py").write_text(code)
+        environment = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYTHONPATH=REPO)
+        result = subprocess.run([sys.executable, "query.py"], cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        assert (tmp_path / "payment-counts-checkpoint" / "commits").is_dir()
+        reader = Consumer(bootstrap_servers=broker.bootstrap)
+        reader.assign([TopicPartition("payment-counts", 0)])
+        counts = {}
+        for _ in range(20):
+            for record in reader.poll(0.2):
+                counts[record.key.decode()] = int(record.value)
+        reader.close()
+        assert counts == {"acct-0": 10, "acct-1": 10, "acct-2": 10}
+    finally:
+        broker.terminate()

@@ -24,7 +24,7 @@ from txn import assignors
 from txn.cluster import Cluster
 from txn.config import AdminConfig, build
 from txn.errors import RetriableError, classify
-from txn.loop_thread import LoopThread
+from txn.sync_client import SyncClient, properties_first, rebuild
 from txn.types import OffsetAndMetadata, TopicPartition, as_topic_partition
 
 OFFSET_SPECS = {"earliest": OffsetSpec.EARLIEST, "latest": OffsetSpec.LATEST, "max_timestamp": OffsetSpec.MAX_TIMESTAMP}
@@ -97,7 +97,7 @@ class AsyncAdmin:
         self.cluster = Cluster(self.config)
 
     def __reduce__(self):
-        return (_rebuild, (type(self), self.config))
+        return (rebuild, (type(self), self.config))
 
     async def __aenter__(self) -> "AsyncAdmin":
         return self
@@ -331,35 +331,15 @@ class AsyncAdmin:
             raise classify(code, f"abort producer {producer_id} in {tp}")
 
 
-def _rebuild(cls, config):
-    return cls(config=config)
-
-
-class Admin:
+class Admin(SyncClient):
     """The synchronous admin client: every method of ``AsyncAdmin``, blocking."""
 
+    thread_name = "onceflow-admin"
+    close_timeout = 30
+
     def __init__(self, bootstrap_servers=None, config: dict | AdminConfig | None = None, **options):
-        if isinstance(bootstrap_servers, dict):
-            config, bootstrap_servers = bootstrap_servers, None
-        self._thread = LoopThread("onceflow-admin")
-        try:
-            self._async = self._thread.run(lambda: AsyncAdmin(bootstrap_servers, config, **options))
-        except BaseException:
-            self._thread.stop()
-            raise
-
-    def __reduce__(self):
-        return (_rebuild, (type(self), self._async.config))
-
-    def __enter__(self) -> "Admin":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    @property
-    def config(self) -> AdminConfig:
-        return self._async.config
+        bootstrap_servers, config = properties_first(bootstrap_servers, config)
+        super().__init__(lambda: AsyncAdmin(bootstrap_servers, config, **options))
 
     def __getattr__(self, name):
         method = getattr(AsyncAdmin, name, None)
@@ -367,13 +347,7 @@ class Admin:
             raise AttributeError(name)
 
         def blocking(*args, **kwargs):
-            return self._thread.call(getattr(self._async, name)(*args, **kwargs))
+            return self._call(getattr(self._async, name)(*args, **kwargs))
 
         blocking.__doc__ = method.__doc__
         return blocking
-
-    def close(self) -> None:
-        try:
-            self._thread.call(self._async.close(), 30)
-        finally:
-            self._thread.stop()

@@ -21,6 +21,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--mean-fault-interval", type=float, default=5.0, metavar="S", help="mean seconds between faults (default 5)")
     parser.add_argument("--report", default="chaos-report", metavar="DIR", help="where the history, verdict, summary and timeline go (default chaos-report)")
     parser.add_argument("--app", default="", metavar="MODULE", help="(streaming) the app module, a .py path or a module name, following the convention in faults.workloads")
+    parser.add_argument("--query", default="", metavar="MODULE", help="(spark) the module that builds the Spark query, a .py path or a module name, following the convention in faults.spark")
 
 
 def run(args) -> int:
@@ -29,9 +30,16 @@ def run(args) -> int:
     try:
         settings = ChaosSettings(workload=args.workload, faults=tuple(f for f in args.faults.split(",") if f), duration=args.duration, seed=args.seed,
                                  records=args.records, clients=args.clients, abort_ratio=args.abort_ratio, mean_fault_interval=args.mean_fault_interval,
-                                 app=args.app)
+                                 app=args.app, query=args.query)
     except ValueError as error:
         print(f"onceflow chaos: {error}", file=sys.stderr)
         return 2
+    if settings.workload == "spark":
+        from faults.spark import java_missing
+
+        problem = java_missing()
+        if problem:
+            print(f"onceflow chaos: {problem}", file=sys.stderr)
+            return 2
     verdict = run_chaos(settings, args.report)
     return 0 if verdict.valid else 1

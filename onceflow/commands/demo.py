@@ -1,5 +1,7 @@
-"""``onceflow demo``: the main job, a stateful exactly-once pipeline under
-broker and pipeline kills, checked (``faults.demo``); ``--storage``: the
+"""``onceflow demo``: the main job end to end, a stateful exactly-once
+pipeline on the runner and a Spark query after it, under kills of the
+broker, the pipeline's instances and the Spark driver, checked
+(``faults.demo``); ``--no-spark``: the pipeline alone; ``--storage``: the
 storage crash demo, one log whose writer is killed and whose tail is torn
 (``faults.storage_demo``).
 """
@@ -11,7 +13,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--records", type=int, default=20_000, metavar="N", help="payment events to stream in (default 20000)")
     parser.add_argument("--seed", type=int, default=None, metavar="S", help="replay a run: the same seed gives the same events and kills (default: random, printed)")
     parser.add_argument("--keep-data", default=None, metavar="DIR", help="keep the data directory, logs and histories here (default: a temporary one, deleted)")
-    parser.add_argument("--faults", type=int, default=6, metavar="N", help="how many kills of the pipeline or the broker (default 6)")
+    parser.add_argument("--faults", type=int, default=6, metavar="N", help="how many SIGKILLs of a pipeline instance, the broker or the Spark driver (default 6)")
+    parser.add_argument("--no-spark", action="store_true", help="the pipeline alone, without the Spark query (no Java needed)")
+    parser.add_argument("--report", default=None, metavar="DIR", help="where report.txt, verdict.json and timeline.png go (default: report/ in the data directory, or demo-report/ when the data is deleted)")
     parser.add_argument("--storage", action="store_true", help="the storage crash demo instead: one log, its writer killed, its tail torn")
 
 
@@ -20,6 +24,7 @@ def run(args) -> int:
         from faults.storage_demo import run_demo
 
         return run_demo(records=args.records, seed=args.seed, keep_data=args.keep_data)
-    from faults.demo import run_pipeline_demo
+    from faults.demo import run_demo
 
-    return run_pipeline_demo(records=args.records, seed=args.seed, keep_data=args.keep_data, faults=args.faults)
+    report = args.report or (None if args.keep_data else "demo-report")
+    return run_demo(records=args.records, seed=args.seed, keep_data=args.keep_data, faults=args.faults, spark=not args.no_spark, report_dir=report)

@@ -52,7 +52,9 @@ no-op.
 Limits: ``commitOffsetsToGroup`` needs the checkpoint on a file system the
 driver's Python can open (it reads Spark's offset log); a second driver
 running the same checkpoint at the same time (Spark does not prevent that
-across clusters) is not fenced.
+across clusters) is not fenced; on a broker without ListTransactions
+(Kafka before 3.0) a crashed run's open transactions are not found, so they
+end at their timeout and hold the output's LSO until then.
 """
 
 from __future__ import annotations
@@ -87,6 +89,7 @@ from txn.admin import AsyncAdmin
 from txn.config import AdminConfig, ConsumerConfig, ProducerConfig
 from txn.consumer import AsyncConsumer
 from protocol.errors import ErrorCode
+from protocol.messages import ApiKey
 from txn.errors import InvalidProducerEpochError, KafkaError, ProducerFencedError
 from txn.producer import AsyncProducer, Producer, TransactionHandle
 
@@ -508,7 +511,7 @@ class DriverCommit:
                 await self.decisions.write(decision)
                 self.crash_point(AFTER_DECISION)
             lost = await self._commit_each(decided, batch_id)
-            await self._abort_leftovers(admin, query_id)
+            await self._abort_leftovers(admin, query_id, messages, decided)
             if lost:
                 raise DecidedTransactionsLostError(lost_message(batch_id, [t for t, _ in lost], len(decided) - len(lost), len(decided), "; ".join(f"{t.transactional_id}: {why}" for t, why in lost)))
             self.crash_point(AFTER_ALL_COMMITS)
@@ -572,10 +575,13 @@ class DriverCommit:
         finally:
             await producer.cluster.close()
 
-    async def _abort_leftovers(self, admin: AsyncAdmin, query_id: str) -> None:
+    async def _abort_leftovers(self, admin: AsyncAdmin, query_id: str, messages: list[SinkCommitMessage], decided) -> None:
         """Abort this query's open transactions: failed attempts, the re-run
         of a batch decided earlier, a crashed run's. Called after every
         decided transaction is committed, so none of them is open."""
+        if not await lists_transactions(admin):
+            await self._abort_known_leftovers(messages, decided)
+            return
         listed = await admin.list_transactions(states=["Ongoing"])
         names = leftovers([t.transactional_id for t in listed], self.options.transactional_id_prefix, query_id)
         if not names:
@@ -583,6 +589,24 @@ class DriverCommit:
         for state in await admin.describe_transactions(names):
             if state.state == "Ongoing":
                 await self._abort(TransactionHandle(state.transactional_id, state.producer_id, state.producer_epoch))
+
+    async def _abort_known_leftovers(self, messages: list[SinkCommitMessage], decided) -> None:
+        """For a broker without ListTransactions (Kafka before 3.0, Tansu):
+        abort the undecided transactions the messages name, and fence the
+        earlier attempts of this batch's tasks (InitProducerId on their
+        names aborts what they left). A crashed run's transactions cannot be
+        found this way: they end at their timeout (and hold the LSO until then)."""
+        decided_names = {t.transactional_id for t in decided}
+        await self._abort_each(m.transaction for m in messages if m.transaction is not None and m.transaction.transactional_id not in decided_names)
+        for message in messages:
+            task = message.task
+            for attempt in range(task.attempt):
+                name = transactional_id(self.options.transactional_id_prefix, task.query_id, task.run_id, task.partition, attempt)
+                fence = AsyncProducer(config=self.options.producer_config(transactional_id=name))
+                try:
+                    await fence.init_transactions()
+                finally:
+                    await fence.cluster.close()
 
     async def _with_offsets_transaction(self, decision: Decision) -> Decision:
         """Add a transaction carrying the source's end offsets of this batch
@@ -600,6 +624,12 @@ class DriverCommit:
         carried = SinkTransaction(handle.transactional_id, handle.producer_id, handle.producer_epoch, (OFFSETS_PARTITION,), 0)
         as_json = {f"{tp[0]}-{tp[1]}": offset for tp, offset in offsets.items()}
         return attrs.evolve(decision, transactions=decision.transactions + (carried,), offsets=as_json)
+
+
+async def lists_transactions(admin: AsyncAdmin) -> bool:
+    """Whether the broker serves ListTransactions (KIP-664, Kafka 3.0)."""
+    broker = await admin.cluster.any_broker()
+    return ApiKey.LIST_TRANSACTIONS in broker.versions
 
 
 # What a re-commit of a transaction the broker aborted (it timed out) gets back.

@@ -93,6 +93,24 @@ def test_unsupported_api_versions_version_gets_error_35_and_ranges(shared_broker
     assert {0, 1, 2, 3, 18} <= keys
 
 
+def test_a_version_we_do_not_advertise_is_refused_though_the_schema_knows_it(shared_broker):
+    """Produce v2 (a magic-1 message set) is in the schema tables but not in
+    what ApiVersions advertises: the connection is closed without an answer,
+    and the broker goes on serving others."""
+    from broker.apis import SUPPORTED_APIS
+    from protocol.messages import APIS, ApiKey
+
+    low, _high = SUPPORTED_APIS[ApiKey.PRODUCE]
+    assert APIS[ApiKey.PRODUCE].request.valid[0] < low, "the schema tables know an older Produce than we serve"
+    client_id = b"old"
+    body = struct.pack(">hhih", ApiKey.PRODUCE, low - 1, 7, len(client_id)) + client_id + struct.pack(">hii", 1, 1000, 0)
+    with socket.create_connection(("127.0.0.1", shared_broker.port), timeout=10) as sock:
+        sock.sendall(struct.pack(">i", len(body)) + body)
+        with pytest.raises(ConnectionError):
+            read_frame(sock)
+    assert_broker_answers(shared_broker.port)
+
+
 @pytest.mark.parametrize(
     "payload",
     [

@@ -17,11 +17,12 @@ from tests.conftest import REPO
 
 
 def test_the_same_seed_gives_the_same_schedule():
-    settings = ChaosSettings(workload="copier", faults=FAULT_KINDS, duration=120, seed=7)
+    copier_faults = tuple(kind for kind in FAULT_KINDS if kind != "kill-driver")  # a Spark driver only the spark workload has
+    settings = ChaosSettings(workload="copier", faults=copier_faults, duration=120, seed=7)
     first = fault_schedule(settings)
-    assert first == fault_schedule(ChaosSettings(workload="copier", faults=tuple(reversed(FAULT_KINDS)), duration=120, seed=7))
-    assert first != fault_schedule(ChaosSettings(workload="copier", faults=FAULT_KINDS, duration=120, seed=8))
-    assert {f.kind for f in first} <= set(FAULT_KINDS) and len(first) > 10
+    assert first == fault_schedule(ChaosSettings(workload="copier", faults=tuple(reversed(copier_faults)), duration=120, seed=7))
+    assert first != fault_schedule(ChaosSettings(workload="copier", faults=copier_faults, duration=120, seed=8))
+    assert {f.kind for f in first} <= set(copier_faults) and len(first) > 10
     assert all(0 < f.at < 119 for f in first)
 
 

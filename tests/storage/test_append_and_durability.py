@@ -142,9 +142,9 @@ def fsyncs_on_a_worker(monkeypatch):
     """GatedIO holds an fsync until the test, running on the log's own loop,
     opens the gate: that needs every fsync on a worker thread, not the small
     rounds that are fsynced on the loop."""
-    import storage.log
+    import storage.group_commit
 
-    monkeypatch.setattr(storage.log, "INLINE_FSYNC_BYTES", -1)
+    monkeypatch.setattr(storage.group_commit, "INLINE_FSYNC_BYTES", -1)
 
 
 async def _started(io: GatedIO) -> None:
@@ -231,7 +231,7 @@ def test_untrustworthy_indexes_after_a_clean_shutdown_are_rebuilt(tmp_path, dama
         (tmp_path / name).write_bytes(live[name] + struct.pack(">ii", 1000, 10**6))
     else:
         (tmp_path / name).write_bytes(live[name][:8] + live[name][:8])
-    with caplog.at_level(logging.WARNING, logger="storage.log"):
+    with caplog.at_level(logging.WARNING, logger="storage"):
         reopened = PartitionLog.open(str(tmp_path), config(index_interval_bytes=100))
     assert any("rebuilding" in r.message for r in caplog.records)
     assert reopened.log_end_offset == 90
@@ -322,7 +322,7 @@ def test_small_rounds_fsync_on_the_loop_and_large_ones_on_a_worker(tmp_path):
     """A round of a few KiB (a commit's markers, a lone small batch) is fsynced
     on the loop thread: two thread hand-offs cost as much as the fsync. A
     large round goes to a worker so the loop keeps serving."""
-    from storage.log import INLINE_FSYNC_BYTES
+    from storage.group_commit import INLINE_FSYNC_BYTES
 
     io = ThreadRecordingIO()
     partition_log = PartitionLog.open(str(tmp_path), config(segment_bytes=1 << 24, flush_policy="group"), io=io)

@@ -127,9 +127,9 @@ def sqlite_state(state_dir: str, store: str = "balances") -> dict[int, tuple[int
     return out
 
 
-def app_process(name: str, bootstrap: str, state_dir: str, log_dir: str, *, env: dict | None = None, until_idle: float | None = None, extra: dict | None = None) -> ClientProcess:
+def app_process(name: str, bootstrap: str, state_dir: str, log_dir: str, *, env: dict | None = None, until_idle: float | None = None, extra: dict | None = None, progress: float = 2.0) -> ClientProcess:
     """An instance of the balances app as a child process (``onceflow run``)."""
-    command = [sys.executable, "-m", "onceflow", "run", BALANCES_APP, "--progress-interval", "2"]
+    command = [sys.executable, "-m", "onceflow", "run", BALANCES_APP, "--progress-interval", str(progress)]
     if until_idle is not None:
         command += ["--until-idle", str(until_idle)]
     environment = {"PYTHONPATH": REPO, "RUNNER_TEST_BOOTSTRAP": bootstrap, "RUNNER_TEST_STATE_DIR": state_dir, "RUNNER_TEST_OPTIONS": json.dumps(extra or {})}

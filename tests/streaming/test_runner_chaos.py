@@ -14,7 +14,6 @@ end holds exactly that partition's balances.
 
 from __future__ import annotations
 
-import os
 import random
 import shutil
 import threading

@@ -8,9 +8,10 @@ import uuid
 import pytest
 
 from protocol.messages import ApiKey
+from protocol.partitioning import default_partition, murmur2
 from tests.helpers import create_topic, raw_request, read_values
 from txn.errors import InvalidProducerEpochError
-from txn.producer import Producer, ProducerFencedError, default_partition, murmur2
+from txn.producer import Producer, ProducerFencedError
 
 
 def test_partitioner_matches_kafkas_murmur2():

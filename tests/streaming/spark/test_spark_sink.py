@@ -288,3 +288,34 @@ def test_commit_offsets_to_group_with_the_batch(broker, tmp_path):
     assert {tp: o.offset for tp, o in committed.items()} == {TopicPartition("in", 0): 40, TopicPartition("in", 1): 7}
     assert sorted(map(int, read_committed(broker.bootstrap))) == [1, 2]
     assert open_transactions(broker.bootstrap) == []
+
+
+@pytest.mark.slow
+def test_leftovers_without_list_transactions(broker, monkeypatch):
+    """A broker without ListTransactions (Kafka before 3.0): the driver aborts
+    the undecided handles it was given and fences the earlier attempts of
+    this batch's tasks by name."""
+
+    async def old_broker(admin):
+        return False
+
+    monkeypatch.setattr(sink, "lists_transactions", old_broker)
+    writer = make_stream_writer(options(broker.bootstrap), KV)
+    query, run1 = new_query()
+    first = run_tasks(writer.options, list(range(6)), 2, query, run1, 0)
+    with pytest.raises(CrashPointReached):
+        asyncio.run(DriverCommit(writer.options, Crash(AFTER_DECISION)).commit(first, 0))
+    run2 = str(uuid.uuid4())
+    # The re-run: partition 0's first attempt died with its transaction open; its second attempt wrote.
+    dead = Producer(broker.bootstrap, transactional_id=sink.transactional_id("job", query, run2, 0, 0))
+    dead.init_transactions()
+    dead.begin_transaction()
+    dead.send("out", b"99", partition=0)
+    dead.flush()
+    dead.close()
+    columns = validate_schema(KV, "out")
+    again = [write_task(writer.options, columns, iter([arrow_rows(list(range(6)))]), TaskIdentity(query, run2, 0, 0, 1))]
+    assert len(open_transactions(broker.bootstrap)) == 4  # two decided, the dead attempt, the retry
+    writer.commit(again, 0)
+    assert open_transactions(broker.bootstrap) == []
+    assert sorted(map(int, read_committed(broker.bootstrap))) == list(range(6))

@@ -1,0 +1,201 @@
+"""The fetching half of ``txn.consumer.AsyncConsumer``: Fetch requests per
+leader, the read_committed filter, and handing records out.
+
+With ``isolation_level="read_committed"`` the broker stops at the last
+stable offset and lists the aborted transactions in range; the consumer
+drops their records and every control batch, as the Java consumer does
+(``committed_records``):
+
+    for each batch, in offset order:
+        aborted transactions whose first offset <= the batch's last offset
+            make their producer "aborted";
+        an ABORT marker of an aborted producer ends that;
+        a transactional batch of an aborted producer is skipped;
+        control batches are never returned.
+
+A fetch whose data is wholly invisible moves the position past it at once.
+Positions move as records are handed out (``max_poll_records`` at a time),
+so ``position()`` and ``commit()`` never run ahead of the caller. A new
+partition starts at the group's committed offset or by
+``auto_offset_reset``.
+
+``Fetcher`` is a base class of ``AsyncConsumer``, whose ``__init__`` sets
+the state it works on: ``_positions`` (partition -> next offset, None until
+initialized), ``_buffers`` and ``_buffer_ends`` (fetched, not yet handed
+out), ``cluster`` and ``config``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import heapq
+
+import attrs
+
+from protocol.constants import IsolationLevel, OffsetSpec
+from protocol.errors import ErrorCode
+from protocol.messages import ApiKey
+from protocol.records import ControlType, TimestampType, decode_batch, decode_control_record, iter_batches
+from txn.errors import FatalError, RetriableError, classify
+from txn.types import ConsumerRecord, TopicPartition
+
+LOG_APPEND_TIME = int(TimestampType.LOG_APPEND_TIME)
+
+
+def committed_records(data, aborted: list[dict], *, read_committed: bool, start_offset: int, log_append_offsets: set | None = None):
+    """Records of a fetched partition that a consumer may see (see module doc).
+
+    A batch stamped with LogAppendTime gives its records the batch's time (as
+    Kafka's consumer does); their offsets go into ``log_append_offsets`` when
+    the caller passes a set."""
+    heap = [(entry["first_offset"], entry["producer_id"]) for entry in (aborted or [])] if read_committed else []
+    heapq.heapify(heap)
+    aborted_producers: set[int] = set()
+    out = []
+    for position, header in iter_batches(data):
+        while heap and heap[0][0] <= header.last_offset:
+            aborted_producers.add(heapq.heappop(heap)[1])
+        if header.is_control:
+            if read_committed:
+                batch = decode_batch(data, position)
+                if batch.records and decode_control_record(batch.records[0]).type == ControlType.ABORT:
+                    aborted_producers.discard(header.producer_id)
+            continue
+        if read_committed and header.is_transactional and header.producer_id in aborted_producers:
+            continue
+        batch = decode_batch(data, position)
+        if header.timestamp_type == TimestampType.LOG_APPEND_TIME:
+            appended = [attrs.evolve(record, timestamp=header.max_timestamp) for record in batch.records if record.offset >= start_offset]
+            if log_append_offsets is not None:
+                log_append_offsets.update(record.offset for record in appended)
+            out.extend(appended)
+        else:
+            out.extend(record for record in batch.records if record.offset >= start_offset)
+    return out
+
+
+class Fetcher:
+    def _drop_buffers(self, partitions) -> None:
+        for tp in partitions:
+            self._buffers.pop(tp, None)
+            self._buffer_ends.pop(tp, None)
+
+    async def _list_offset(self, tp: TopicPartition, timestamp: int) -> int:
+        body = {
+            "replica_id": -1,
+            "isolation_level": IsolationLevel.READ_COMMITTED if self.config.read_committed else IsolationLevel.READ_UNCOMMITTED,
+            "topics": [{"name": tp.topic, "partitions": [{"partition_index": tp.partition, "timestamp": timestamp, "current_leader_epoch": -1}]}],
+        }
+        async for attempt in self.cluster.retrying(self.config.request_timeout_ms / 1000):
+            with attempt:
+                response = await (await self.cluster.leader(tp.topic, tp.partition)).request(ApiKey.LIST_OFFSETS, body)
+                answer = response["topics"][0]["partitions"][0]
+                if answer["error_code"]:
+                    self.cluster.forget_leader(tp.topic, tp.partition)
+                    raise classify(answer["error_code"], f"ListOffsets {tp}")
+        return answer["offset"]
+
+    async def _initialize_positions(self) -> None:
+        missing = [tp for tp, offset in self._positions.items() if offset is None]
+        if not missing:
+            return
+        committed = await self.committed(missing) if self.group_id is not None else {}
+        for tp in missing:
+            found = committed.get(tp)
+            if found is not None:
+                self._positions[tp] = found.offset
+            elif self.config.auto_offset_reset == "none":
+                raise FatalError(ErrorCode.OFFSET_OUT_OF_RANGE, f"no committed offset for {tp} and auto_offset_reset is none")
+            else:
+                self._positions[tp] = await self._list_offset(tp, OffsetSpec.EARLIEST if self.config.auto_offset_reset == "earliest" else OffsetSpec.LATEST)
+
+    def _hand_out(self) -> list[ConsumerRecord]:
+        out: list[ConsumerRecord] = []
+        for tp in list(self._buffers):
+            records = self._buffers[tp]
+            while records and len(out) < self.config.max_poll_records:
+                out.append(records.popleft())
+            if out and out[-1].topic_partition == tp:
+                self._positions[tp] = out[-1].offset + 1
+            if not records:
+                self._positions[tp] = max(self._positions.get(tp) or 0, self._buffer_ends.pop(tp))
+                del self._buffers[tp]
+        return out
+
+    async def _fetch(self, max_wait: float) -> None:
+        wanted = [tp for tp, offset in self._positions.items() if offset is not None and tp not in self._buffers]
+        by_leader: dict[int, list[TopicPartition]] = collections.defaultdict(list)
+        for tp in wanted:
+            if (tp.topic, tp.partition) not in self.cluster.leaders:
+                await self.cluster.refresh([tp.topic])
+            by_leader[self.cluster.leaders.get((tp.topic, tp.partition), -1)].append(tp)
+        results = await asyncio.gather(*(self._fetch_from(node, tps, max_wait) for node, tps in by_leader.items()), return_exceptions=True)
+        for result in results:
+            if isinstance(result, (ConnectionError, OSError, TimeoutError, RetriableError)):
+                await asyncio.sleep(self.config.retry_backoff_ms / 1000)
+            elif isinstance(result, BaseException):
+                raise result
+
+    async def _fetch_from(self, node: int, partitions: list[TopicPartition], max_wait: float) -> None:
+        if node not in self.cluster.brokers:
+            await self.cluster.refresh([tp.topic for tp in partitions])
+            raise RetriableError(ErrorCode.LEADER_NOT_AVAILABLE, f"no leader for {partitions}")
+        client = await self.cluster.connection(self.cluster.brokers[node])
+        by_topic: dict[str, list] = collections.defaultdict(list)
+        for tp in partitions:
+            by_topic[tp.topic].append({"partition": tp.partition, "fetch_offset": self._positions[tp], "partition_max_bytes": self.config.max_partition_fetch_bytes, "log_start_offset": -1, "current_leader_epoch": -1})
+        version = min(client.version_for(ApiKey.FETCH), 12)  # 13+ names topics by id
+        body = {
+            "replica_id": -1,
+            "max_wait_ms": int(max_wait * 1000),
+            "min_bytes": self.config.fetch_min_bytes,
+            "max_bytes": self.config.fetch_max_bytes,
+            "isolation_level": IsolationLevel.READ_COMMITTED if self.config.read_committed else IsolationLevel.READ_UNCOMMITTED,
+            "session_id": 0,
+            "session_epoch": -1,
+            "topics": [{"topic": topic, "partitions": entries} for topic, entries in by_topic.items()],
+        }
+        requested = {tp: self._positions[tp] for tp in partitions}
+        response = await client.request(ApiKey.FETCH, body, version=version, timeout=max_wait + self.config.request_timeout_ms / 1000)
+        if response.get("error_code"):
+            raise classify(response["error_code"], "Fetch")
+        for topic in response["responses"]:
+            for answer in topic["partitions"]:
+                tp = TopicPartition(topic["topic"], answer["partition_index"])
+                if tp not in self._positions or self._positions[tp] != requested.get(tp) or tp in self._buffers:
+                    continue  # reassigned or sought while the fetch was out
+                code = answer["error_code"]
+                if code == ErrorCode.OFFSET_OUT_OF_RANGE:
+                    if self.config.auto_offset_reset == "none":
+                        raise FatalError(code, f"Fetch {tp} at {requested[tp]}")
+                    self._positions[tp] = await self._list_offset(tp, OffsetSpec.EARLIEST if self.config.auto_offset_reset == "earliest" else OffsetSpec.LATEST)
+                    continue
+                if code in (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.LEADER_NOT_AVAILABLE, ErrorCode.FENCED_LEADER_EPOCH, ErrorCode.UNKNOWN_LEADER_EPOCH):
+                    self.cluster.forget_leader(tp.topic, tp.partition)
+                    continue
+                if code:
+                    raise classify(code, f"Fetch {tp}")
+                data = answer["records"]
+                if not data:
+                    continue
+                start = requested[tp]
+                end = start
+                for _position, header in iter_batches(data):
+                    end = max(end, header.next_offset)
+                log_append_offsets: set[int] = set()
+                visible = committed_records(data, answer.get("aborted_transactions"), read_committed=self.config.read_committed, start_offset=start, log_append_offsets=log_append_offsets)
+                if not visible:
+                    # Wholly invisible (control batches, aborted data): move past it
+                    # now. An empty buffer would hide the partition from the next
+                    # fetch while poll() waited for it to fill, spinning until its
+                    # timeout.
+                    self._positions[tp] = max(start, end)
+                elif end > start:
+                    topic_name, index = tp.topic, tp.partition
+                    self._buffers[tp] = collections.deque(
+                        [ConsumerRecord(topic_name, index, r.offset, r.timestamp, r.key, r.value, tuple([(h.key, h.value) for h in r.headers]) if r.headers else ()) for r in visible]
+                    )
+                    if log_append_offsets:
+                        self._buffers[tp] = collections.deque(r._replace(timestamp_type=LOG_APPEND_TIME) if r.offset in log_append_offsets else r for r in self._buffers[tp])
+                    self._buffer_ends[tp] = end

@@ -1,0 +1,284 @@
+"""The sending half of ``txn.producer.AsyncProducer``: the record
+accumulator (records queued per partition, cut into batches by
+``batch_size`` and ``linger_ms``) and the sender (Produce requests, retries,
+ordering, outcomes).
+
+Up to ``max_in_flight_requests_per_connection`` (at most 5) batches per
+partition are in flight. Order survives retries because each batch's
+request is written only after its predecessor's, and a batch that fails
+waits for its predecessor's final outcome before it is sent again (the
+batches behind a failed one come back OUT_OF_ORDER_SEQUENCE_NUMBER, which is
+then expected and retried). While a batch is being retried, new ones wait,
+so the broker never sees more than five batches past it. A batch that fails
+for good takes the batches behind it along and the producer bumps its epoch
+(KIP-360) so sequences restart cleanly; an idempotent producer does that by
+itself, a transactional one when its transaction ends. Retriable errors are
+retried until ``delivery_timeout_ms``.
+
+``Sender`` is a base class of ``AsyncProducer``, whose ``__init__`` sets
+the state it works on (``_queues``, ``_tasks``, ``_round_robin``,
+``_needs_epoch_bump``, ``_txn_error``, ``_fatal``, the producer id and epoch)
+and which provides what it calls back (``check_can_send``,
+``_add_partition``, ``_bump_epoch``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import attrs
+
+from protocol.errors import ErrorCode
+from protocol.messages import ApiKey
+from protocol.partitioning import default_partition
+from protocol.records import encode_batch
+from txn.errors import (
+    ApplicationRecoverableError,
+    FatalError,
+    KafkaError,
+    ProducerFencedError,
+    RetriableError,
+    TransactionAbortableError,
+    classify,
+    is_retriable,
+)
+from txn.types import RecordMetadata, TopicPartition
+
+RECORD_OVERHEAD = 20  # a record's framing bytes, roughly, for batch sizing
+
+
+@attrs.define(eq=False)
+class Batch:
+    partition: TopicPartition
+    records: list
+    futures: list
+    created: float
+    base_sequence: int = -1
+    predecessor: "Batch | None" = None
+    written: asyncio.Event = attrs.field(factory=asyncio.Event)  # its request is on the wire (or it is finished)
+    finished: asyncio.Event = attrs.field(factory=asyncio.Event)
+    failed_attempt: bool = False  # some attempt failed: batches behind it see OUT_OF_ORDER
+    error: BaseException | None = None
+
+
+@attrs.define(eq=False)
+class PartitionQueue:
+    records: list = attrs.field(factory=list)  # (record tuple, future)
+    size: int = 0
+    timer: asyncio.TimerHandle | None = None
+    inflight: int = 0
+    last_batch: Batch | None = None
+    next_sequence: int = 0
+    retrying: int = 0  # batches between a failed attempt and their outcome
+    calm: asyncio.Event = attrs.field(factory=lambda: _set(asyncio.Event()))  # set while retrying == 0
+
+
+class Sender:
+    def can_append_now(self, topic: str, partition: int | None) -> bool:
+        """Whether ``append`` may run without awaiting anything (the producer
+        has its id and knows the topic)."""
+        return self._started and (partition is not None or topic in self.cluster.partition_counts)
+
+    def append(self, topic: str, partition: int | None, value, key=None, headers=None, timestamp=None, on_delivery=None) -> asyncio.Future:
+        """The synchronous part of ``send``, on the loop (see ``can_append_now``)."""
+        self.check_can_send()
+        if partition is None:
+            partition = default_partition(key, self.cluster.partition_counts[topic], self._round_robin)
+        future = asyncio.get_running_loop().create_future()
+        if on_delivery is not None:
+            future.add_done_callback(lambda f: on_delivery(f.exception(), None) if f.exception() else on_delivery(None, f.result()))
+        tp = TopicPartition(topic, partition)
+        queue = self._queues[tp]
+        queue.records.append(((key, value, tuple(headers or ()), int(time.time() * 1000) if timestamp is None else timestamp), future))
+        queue.size += len(value or b"") + len(key or b"") + RECORD_OVERHEAD
+        if queue.size >= self.config.batch_size:
+            self._drain(tp)
+        elif queue.timer is None:
+            queue.timer = asyncio.get_running_loop().call_later(self.config.linger_ms / 1000, self._drain, tp)
+        return future
+
+    def _drain(self, tp: TopicPartition) -> None:
+        """Turn queued records into batches while the in-flight limit allows."""
+        queue = self._queues[tp]
+        if queue.timer is not None:
+            queue.timer.cancel()
+            queue.timer = None
+        while queue.records and queue.inflight < self.config.max_in_flight_requests_per_connection and not self._needs_epoch_bump:
+            taken, size = 0, 0
+            while taken < len(queue.records) and (size < self.config.batch_size or taken == 0):
+                record = queue.records[taken][0]
+                size += len(record[1] or b"") + len(record[0] or b"") + RECORD_OVERHEAD
+                taken += 1
+            chunk, queue.records = queue.records[:taken], queue.records[taken:]
+            queue.size = max(0, queue.size - size)
+            batch = Batch(tp, [r for r, _f in chunk], [f for _r, f in chunk], time.monotonic(), predecessor=queue.last_batch)
+            if self.idempotent:
+                batch.base_sequence = queue.next_sequence
+                queue.next_sequence = (queue.next_sequence + len(chunk)) % (2**31)
+            queue.last_batch = batch
+            queue.inflight += 1
+            task = asyncio.get_running_loop().create_task(self._deliver(batch))
+            self._tasks.add(task)
+            task.add_done_callback(lambda t, tp=tp: self._delivered(t, tp))
+
+    def _delivered(self, task: asyncio.Task, tp: TopicPartition) -> None:
+        self._tasks.discard(task)
+        self._queues[tp].inflight -= 1
+        if task.cancelled():
+            return  # the producer is closing: nothing new starts
+        if self._needs_epoch_bump and self.transactional_id is None and not self._tasks and self._fatal is None:
+            # An idempotent producer recovers by itself: new epoch, then the queue moves on.
+            recovery = asyncio.get_running_loop().create_task(self._recover())
+            self._tasks.add(recovery)
+            recovery.add_done_callback(self._tasks.discard)
+        elif self._queues[tp].records:
+            self._drain(tp)
+
+    async def _recover(self) -> None:
+        try:
+            await self._bump_epoch()
+        except Exception as error:
+            self._fatal = error if isinstance(error, KafkaError) else FatalError(message=f"cannot restart sequences: {error}")
+            return
+        for tp, queue in self._queues.items():
+            if queue.records:
+                self._drain(tp)
+
+    async def _deliver(self, batch: Batch) -> None:
+        try:
+            result = await self._deliver_with_retries(batch)
+        except BaseException as error:
+            batch.error = error if isinstance(error, Exception) else FatalError(message="cancelled")
+            if self.idempotent and not isinstance(error, ProducerFencedError):
+                self._needs_epoch_bump = True  # the sequence has a hole now
+            if self.transactional_id is not None and not isinstance(error, (ProducerFencedError,)) and self._txn_error is None:
+                self._txn_error = batch.error
+            for future in batch.futures:
+                if not future.done():
+                    fail_quietly(future, batch.error)
+            if isinstance(error, asyncio.CancelledError):
+                raise  # the producer is closing: its records failed above; the cancellation goes on
+            return
+        finally:
+            batch.written.set()
+            batch.finished.set()
+        base, log_append_time = result
+        for index, future in enumerate(batch.futures):
+            if not future.done():
+                future.set_result(RecordMetadata(batch.partition.topic, batch.partition.partition, base + index if base >= 0 else -1, log_append_time if log_append_time >= 0 else batch.records[index][3]))
+
+    async def _deliver_with_retries(self, batch: Batch):
+        deadline = batch.created + self.config.delivery_timeout_ms / 1000
+        if self.transactional_id is not None:
+            await self._add_partition(batch.partition)
+        predecessor = batch.predecessor
+        if predecessor is not None:
+            await predecessor.written.wait()  # requests go out in sequence order
+        queue = self._queues[batch.partition]
+        # While an earlier batch is being retried, a new one waits: were it
+        # written first, the broker could move more than five batches past the
+        # retried one, out of its duplicate window.
+        await queue.calm.wait()
+        delay = self.config.retry_backoff_ms / 1000
+        try:
+            return await self._attempts(batch, predecessor, deadline, delay)
+        finally:
+            if batch.failed_attempt:
+                queue.retrying -= 1
+                if queue.retrying == 0:
+                    queue.calm.set()
+
+    async def _attempts(self, batch: Batch, predecessor: Batch | None, deadline: float, delay: float):
+        queue = self._queues[batch.partition]
+        while True:
+            if predecessor is not None and predecessor.finished.is_set() and predecessor.error is not None:
+                raise FatalError(message=f"an earlier batch to {batch.partition} failed: {predecessor.error}")
+            try:
+                return await self._produce(batch)
+            except Exception as error:
+                if not batch.failed_attempt:
+                    batch.failed_attempt = True
+                    queue.retrying += 1
+                    queue.calm.clear()
+                collateral = _is_code(error, ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER) and predecessor is not None and (predecessor.failed_attempt or not predecessor.finished.is_set())
+                if not (is_retriable(error) or collateral):
+                    raise
+                if time.monotonic() + delay > deadline:
+                    raise RetriableError(getattr(error, "code", 0), f"delivery to {batch.partition} timed out", message=str(error)) from error
+                batch.written.set()  # let the batches behind go out and fail fast too
+                if predecessor is not None:
+                    await predecessor.finished.wait()  # retry strictly after the batch before
+                if isinstance(error, KafkaError) and error.code in (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.LEADER_NOT_AVAILABLE):
+                    self.cluster.forget_leader(batch.partition.topic, batch.partition.partition)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.config.retry_backoff_max_ms / 1000)
+
+    async def _produce(self, batch: Batch) -> tuple[int, int]:
+        tp = batch.partition
+        data = encode_batch(
+            batch.records,
+            producer_id=self.producer_id,
+            producer_epoch=self.producer_epoch,
+            base_sequence=batch.base_sequence,
+            is_transactional=self.transactional_id is not None,
+            compression=self.config.compression_type,
+        )
+        client = await self.cluster.leader(tp.topic, tp.partition)
+        body = {"transactional_id": self.transactional_id, "acks": self.config.acks, "timeout_ms": self.config.request_timeout_ms, "topic_data": [{"name": tp.topic, "partition_data": [{"index": tp.partition, "records": data}]}]}
+        response_awaitable = await client.submit(ApiKey.PRODUCE, body, expect_response=self.config.acks != 0)
+        batch.written.set()
+        response = await response_awaitable
+        if response is None:
+            return -1, -1
+        result = response["responses"][0]["partition_responses"][0]
+        code = result["error_code"]
+        if code == ErrorCode.DUPLICATE_SEQUENCE_NUMBER:
+            return -1, -1  # written before: success, offset unknown
+        if code:
+            raise self._judge_produce(classify(code, f"produce to {tp}", in_transaction=self.transactional_id is not None))
+        return result["base_offset"], result.get("log_append_time_ms", -1)
+
+    def _judge_produce(self, error: KafkaError) -> KafkaError:
+        if isinstance(error, ApplicationRecoverableError):
+            self._fatal = self._fatal or error
+        return error
+
+    async def flush(self) -> None:
+        """Send everything queued and wait until every batch has its outcome."""
+        while True:
+            for tp in list(self._queues):
+                if self._queues[tp].records:
+                    self._drain(tp)
+            if not self._tasks:
+                if self._needs_epoch_bump and self.transactional_id is None:
+                    await self._bump_epoch()
+                    continue
+                if not any(q.records for q in self._queues.values()) or self._needs_epoch_bump:
+                    break
+                continue
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        if self._needs_epoch_bump and self.transactional_id is not None:
+            for queue in self._queues.values():  # nothing more can be sent in this transaction
+                for _record, future in queue.records:
+                    if not future.done():
+                        fail_quietly(future, TransactionAbortableError(message="an earlier send failed; abort the transaction"))
+                queue.records, queue.size = [], 0
+
+
+def _set(event: asyncio.Event) -> asyncio.Event:
+    event.set()
+    return event
+
+
+def _is_code(error: BaseException, code: ErrorCode) -> bool:
+    return isinstance(error, KafkaError) and error.code == code
+
+
+def fail_quietly(future: asyncio.Future, error: BaseException) -> None:
+    """Fail a record's future without asyncio's "exception was never
+    retrieved" at exit for every record nobody looked at (the error still
+    reaches whoever awaits the future, the on_delivery callback and, in a
+    transaction, the commit)."""
+    future.set_exception(error)
+    future.exception()  # marks it retrieved; awaiting it still raises
