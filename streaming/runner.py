@@ -395,8 +395,8 @@ class Runner:
                 # The group moved on without us (this member's session ended,
                 # e.g. the process was stopped): rejoin at the next poll, which
                 # reports the partitions lost, rather than wait for a heartbeat
-                # to find out. (txn's consumer has no public enforce_rebalance yet.)
-                self.consumer._note_group_error(error.code)
+                # to find out.
+                self.consumer.enforce_rebalance(error.code)
             await self._abort()
             await self._recover(catch_up_stores=False)
             return False
