@@ -104,6 +104,7 @@ class AsyncProducer(Sender):
         self.cluster = Cluster(self.config)
         self.producer_id, self.producer_epoch = -1, -1
         self._queues: dict[TopicPartition, PartitionQueue] = defaultdict(PartitionQueue)
+        self._topic_partitions: dict[tuple[str, int], TopicPartition] = {}  # append's, made once
         self._tasks: set[asyncio.Task] = set()
         self._round_robin = itertools.count()
         self._started = False
@@ -332,7 +333,7 @@ class AsyncProducer(Sender):
         self._check_usable()
         for queue in self._queues.values():  # unsent records of an aborted transaction are dropped
             for _record, future in queue.records:
-                if not future.done():
+                if future is not None and not future.done():
                     fail_quietly(future, TransactionAbortableError(message="the transaction was aborted"))
             queue.records, queue.size = [], 0
         await self._end(commit=False)
