@@ -180,6 +180,13 @@ class App:
                     file.flush()
                     os.fsync(file.fileno())
                 os.replace(temporary, path)
+                # The rename is durable once the directory is (as
+                # storage.durable does it; streaming may not import storage).
+                directory = os.open(self.state_dir, os.O_RDONLY)
+                try:
+                    os.fsync(directory)
+                finally:
+                    os.close(directory)
         return self._instance_id
 
     @property

@@ -209,3 +209,56 @@ def test_admin_lists_describes_and_deletes_groups(embedded_broker):
     admin.delete_consumer_groups(["admin-g"])["admin-g"].result(10)
     after = raw_request(embedded_broker.port, ApiKey.OFFSET_FETCH, 6, {"group_id": "admin-g", "topics": None})
     assert after["topics"] == []
+
+
+def test_a_failed_assignment_write_leaves_the_group_as_it_was(tmp_path):
+    """The leader's SyncGroup when the disk under ``__consumer_offsets``
+    refuses the write (the broker's DiskIO seam): the member hears
+    COORDINATOR_NOT_AVAILABLE and the group stays as it was, waiting for an
+    assignment, with none applied."""
+    import errno
+    import threading
+
+    from broker.broker import EmbeddedBroker, FaultSeams
+    from storage.durable import DiskIO
+
+    class FullDiskUnderOffsets(DiskIO):
+        def __init__(self):
+            self.paths: dict[int, str] = {}
+            self.full = threading.Event()
+
+        def open(self, path, flags):
+            fd = super().open(path, flags)
+            self.paths[fd] = path
+            return fd
+
+        def close(self, fd):
+            self.paths.pop(fd, None)
+            super().close(fd)
+
+        def write(self, fd, data):
+            if self.full.is_set() and "__consumer_offsets" in self.paths.get(fd, ""):
+                raise OSError(errno.ENOSPC, "No space left on device")
+            super().write(fd, data)
+
+    disk = FullDiskUnderOffsets()
+    with EmbeddedBroker(str(tmp_path / "data"), group_initial_rebalance_delay_ms=0, seams=FaultSeams(disk_io=disk)) as broker:
+
+        def join(member_id=""):
+            body = {"group_id": "full-disk", "session_timeout_ms": 30000, "rebalance_timeout_ms": 30000, "member_id": member_id, "protocol_type": "consumer", "protocols": [{"name": "range", "metadata": b""}]}
+            return raw_request(broker.port, ApiKey.JOIN_GROUP, 5, body)
+
+        def described():
+            return raw_request(broker.port, ApiKey.DESCRIBE_GROUPS, 5, {"groups": ["full-disk"], "include_authorized_operations": False})["groups"][0]
+
+        joined = join(join()["member_id"])
+        assert joined["error_code"] == 0 and joined["leader"] == joined["member_id"]
+        before = described()
+        assert before["group_state"] == "CompletingRebalance"
+        disk.full.set()
+        sync = {"group_id": "full-disk", "generation_id": joined["generation_id"], "member_id": joined["member_id"], "assignments": [{"member_id": joined["member_id"], "assignment": b"mine"}]}
+        answer = raw_request(broker.port, ApiKey.SYNC_GROUP, 3, sync)
+        assert answer["error_code"] == 15 and answer["assignment"] == b""  # COORDINATOR_NOT_AVAILABLE
+        after = described()
+        assert after == before, "no assignment or state of an unwritten record is applied"
+        assert after["members"][0]["member_assignment"] == b""
