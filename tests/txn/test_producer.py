@@ -22,6 +22,8 @@ def test_partitioner_matches_kafkas_murmur2():
         assert murmur2(key) & 0xFFFFFFFF == reference(key) & 0xFFFFFFFF
         # kafka-python's (and the Java client's) default partition for a key
         assert default_partition(key, 12, None) == (reference(key) & 0x7FFFFFFF) % 12
+        # again (now from the cache of repeated keys), and for a bytearray (not cacheable)
+        assert default_partition(key, 12, None) == default_partition(bytearray(key), 12, None) == (reference(key) & 0x7FFFFFFF) % 12
 
 
 def test_idempotent_producer_keeps_order_per_key(embedded_broker):
