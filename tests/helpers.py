@@ -64,10 +64,14 @@ def read_values(
     return values
 
 
-def wait_for(condition, timeout: float = 10.0, what: str = "the condition", *, interval: float = 0.05) -> None:
-    """Poll ``condition()`` until it is true; fail the test after ``timeout`` seconds."""
+def wait_for(condition, timeout: float = 10.0, what: str = "the condition", *, interval: float = 0.05):
+    """Poll ``condition()`` until it is true and return what it returned; fail
+    the test after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
-    while not condition():
+    while True:
+        value = condition()
+        if value:
+            return value
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(interval)

@@ -141,16 +141,6 @@ def verdict_of(history_dir: str, outputs: dict[str, str]):
     return check(read_histories(history_dir), input_topic="payments", output_topic="balances", transform=outputs.get)
 
 
-def wait_for(condition, timeout: float, what: str, interval: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
 def log_text(process: ClientProcess) -> str:
     with open(process.log_path, encoding="utf-8", errors="replace") as file:
         return file.read()
