@@ -344,7 +344,11 @@ class AsyncProducer(Sender):
         await self.flush()
         if commit and self._txn_error is not None:
             raise TransactionAbortableError(message=f"cannot commit, abort instead: {self._txn_error}")
-        if self._added or self._offsets_added or self._resumed:
+        # Only what the coordinator accepted makes a transaction there (as in
+        # Kafka): partitions whose AddPartitionsToTxn failed, e.g. together
+        # with an unknown one, leave it Empty, and an EndTxn would be refused.
+        partitions_added = any(added.done() and not added.cancelled() and added.exception() is None for added in self._added.values())
+        if partitions_added or self._offsets_added or self._resumed:
             if commit:
                 self.crash_point("txn.before_commit")
             body = {"transactional_id": self.transactional_id, "producer_id": self.producer_id, "producer_epoch": self.producer_epoch, "committed": commit}
@@ -401,10 +405,16 @@ class AsyncProducer(Sender):
 def _first_error(body: dict) -> int:
     if body.get("error_code"):
         return body["error_code"]
+    not_attempted = 0
     for topic in body.get("results_by_topic_v3_and_below", []) + [t for r in body.get("results_by_transaction", []) for t in r["topic_results"]]:
         for partition in topic["results_by_partition"]:
-            if partition["partition_error_code"]:
-                return partition["partition_error_code"]
+            code = partition["partition_error_code"]
+            if code == ErrorCode.OPERATION_NOT_ATTEMPTED:
+                not_attempted = code  # the others' answer when one partition failed: that one's error says why
+            elif code:
+                return code
+    if not_attempted:
+        return not_attempted
     for topic in body.get("topics", []):
         for partition in topic.get("partitions", []):
             if partition.get("error_code"):

@@ -8,10 +8,11 @@ import uuid
 
 import pytest
 
+from protocol.errors import ErrorCode
 from protocol.messages import ApiKey
 from protocol.partitioning import default_partition, murmur2
 from tests.helpers import create_topic, raw_request, read_values
-from txn.errors import InvalidProducerEpochError
+from txn.errors import InvalidProducerEpochError, TransactionAbortableError
 from txn.producer import AsyncProducer, Producer, ProducerFencedError, _first_error
 
 
@@ -136,3 +137,26 @@ def test_a_transactions_partitions_and_offsets_take_turns_at_the_coordinator(emb
     assert sorted(values) == sorted(b"%d-%d" % (r, i) for r in range(2) for i in range(60))
     committed = raw_request(embedded_broker.port, ApiKey.OFFSET_FETCH, 7, {"group_id": "own-wide-group", "topics": None, "require_stable": True})
     assert committed["topics"][0]["partitions"][0]["committed_offset"] == 6
+
+
+def test_a_partition_the_broker_does_not_know_fails_its_transaction_with_its_own_error(embedded_broker):
+    """Partitions added together fail together (as Kafka answers: the unknown
+    one UNKNOWN_TOPIC_OR_PARTITION, the rest OPERATION_NOT_ATTEMPTED); the
+    error the records carry is the one that says why."""
+    create_topic(embedded_broker.bootstrap, "own-narrow", 1)
+
+    async def main():
+        producer = AsyncProducer(embedded_broker.bootstrap, transactional_id=f"own-{uuid.uuid4()}", linger_ms=0, delivery_timeout_ms=2000)
+        await producer.init_transactions()
+        producer.begin_transaction()
+        known = producer.append("own-narrow", 0, b"fine")
+        unknown = producer.append("own-narrow", 5, b"nowhere")
+        outcomes = await asyncio.gather(known, unknown, return_exceptions=True)
+        with pytest.raises(TransactionAbortableError):
+            await producer.commit_transaction()
+        await producer.abort_transaction()
+        await producer.close()
+        return outcomes
+
+    outcomes = asyncio.run(main())
+    assert [getattr(outcome, "code", None) for outcome in outcomes] == [ErrorCode.UNKNOWN_TOPIC_OR_PARTITION] * 2
