@@ -152,7 +152,7 @@ class Broker:
         except OSError:
             await self.transactions.stop()
             await self.groups.stop()
-            self.replicas.close()
+            await self.replicas.aclose()
             self._unlock()
             raise
         host, _port = self.config.advertised
@@ -232,7 +232,7 @@ class Broker:
             await self.groups.stop()
             self.groups = None
         if self.replicas is not None:
-            self.replicas.close()
+            await self.replicas.aclose()
             self.replicas = None
         self._unlock()
 

@@ -73,6 +73,16 @@ class ReplicaManager:
                 log.warning("removing %s: no registered topic owns it (an interrupted delete)", path)
                 shutil.rmtree(path, ignore_errors=True)
 
+    async def aclose(self) -> None:
+        """Close every log under the broker's loop: each waits for its
+        flusher's fsync in flight before its files close (``PartitionLog.aclose``)."""
+        for partition_log in self.logs.values():
+            try:
+                await partition_log.aclose()
+            except Exception:
+                log.exception("closing a partition log failed")
+        self.logs.clear()
+
     def close(self) -> None:
         for partition_log in self.logs.values():
             try:

@@ -64,6 +64,12 @@ class KafkaServer:
         self._connections: set[asyncio.Task] = set()
         self.bound_port: int | None = None
 
+    @property
+    def open_connections(self) -> int:
+        """Connections being served now (a closed one counts until its
+        in-flight requests have been answered or cancelled)."""
+        return len(self._connections)
+
     async def start(self) -> int:
         """Bind and listen; a bind failure raises here, to the caller."""
         self._server = await asyncio.start_server(

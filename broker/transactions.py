@@ -72,11 +72,36 @@ class StateLogWriter:
 
 
 class MarkerWriter:
+    """Appends COMMIT/ABORT control batches: the coordinator's, for every
+    partition of a transaction it ends, and the ones a tool asks for with
+    WriteTxnMarkers. Either way the marker is durable before it counts, and
+    ``on_marker`` tells the group coordinator, so offsets pending in
+    ``__consumer_offsets`` are applied or dropped with it."""
+
     def __init__(self, replicas, clock: Clock, crash_point: Callable[[str], None], on_marker: Callable | None = None):
         self.replicas = replicas
         self.clock = clock
         self.crash_point = crash_point
         self.on_marker = on_marker
+
+    async def write_requested(self, topic: str, index: int, *, producer_id: int, producer_epoch: int, coordinator_epoch: int, commit: bool) -> None:
+        """One marker a WriteTxnMarkers request asked for (KIP-664's abort of a
+        hanging transaction). Raises what the partition's producer state refuses."""
+        partition_log = self.replicas.get_log(topic, index)
+        if partition_log is None:
+            raise LookupError(f"no partition {topic}-{index}")
+        data = encode_control_batch(
+            ControlType.COMMIT if commit else ControlType.ABORT,
+            producer_id=producer_id,
+            producer_epoch=producer_epoch,
+            coordinator_epoch=coordinator_epoch,
+            timestamp=self.clock.wall_ms(),
+        )
+        info, _aborted = partition_log.append_control(data, coordinator_epoch=coordinator_epoch)
+        await partition_log.wait_durable(info.last_offset)
+        self.replicas.notify_appended(topic, index)
+        if self.on_marker is not None:
+            self.on_marker(topic, index, producer_id, commit)
 
     async def write(self, metadata: TxnMetadata, commit: bool) -> None:
         control = ControlType.COMMIT if commit else ControlType.ABORT

@@ -18,7 +18,6 @@ from coordinator.txn_log import partition_for
 from protocol.constants import CoordinatorType
 from protocol.errors import ErrorCode
 from protocol.messages import ApiKey
-from protocol.records import ControlType, encode_control_batch
 
 log = logging.getLogger(__name__)
 
@@ -165,29 +164,24 @@ class TransactionApis:
     async def handle_write_txn_markers(self, version: int, body: dict) -> dict:
         results = []
         for marker in body.get("markers", []):
-            control = ControlType.COMMIT if marker.get("transaction_result") else ControlType.ABORT
             topics = []
             for topic in marker.get("topics", []):
                 partitions = []
                 for index in topic.get("partition_indexes", []):
                     code = ErrorCode.NONE
-                    partition_log = self.replicas.get_log(topic["name"], index)
-                    if partition_log is None:
+                    try:
+                        await self.transactions.markers.write_requested(
+                            topic["name"],
+                            index,
+                            producer_id=marker["producer_id"],
+                            producer_epoch=marker["producer_epoch"],
+                            coordinator_epoch=marker.get("coordinator_epoch", 0),
+                            commit=bool(marker.get("transaction_result")),
+                        )
+                    except LookupError:
                         code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-                    else:
-                        try:
-                            data = encode_control_batch(
-                                control,
-                                producer_id=marker["producer_id"],
-                                producer_epoch=marker["producer_epoch"],
-                                coordinator_epoch=marker.get("coordinator_epoch", 0),
-                                timestamp=int(time.time() * 1000),
-                            )
-                            info, _ = partition_log.append_control(data, coordinator_epoch=marker.get("coordinator_epoch", 0))
-                            await partition_log.wait_durable(info.last_offset)
-                            self.replicas.notify_appended(topic["name"], index)
-                        except Exception as error:  # producer-state refusals carry Kafka's error name
-                            code = getattr(ErrorCode, getattr(error, "error_name", "KAFKA_STORAGE_ERROR"), ErrorCode.KAFKA_STORAGE_ERROR)
+                    except Exception as error:  # producer-state refusals carry Kafka's error name
+                        code = getattr(ErrorCode, getattr(error, "error_name", "KAFKA_STORAGE_ERROR"), ErrorCode.KAFKA_STORAGE_ERROR)
                     partitions.append({"partition_index": index, "error_code": code})
                 topics.append({"name": topic["name"], "partitions": partitions})
             results.append({"producer_id": marker["producer_id"], "topics": topics})

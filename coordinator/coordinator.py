@@ -21,6 +21,12 @@ written, and Complete is written only after every marker is; after a crash,
 
 Only one state change per transactional id is in flight at a time; a request
 that arrives meanwhile gets CONCURRENT_TRANSACTIONS (retriable), as in Kafka.
+A state change, once started, runs to its end as the coordinator's own task
+(``protocol.tasks.OwnedWork``): the request that started it awaits it through
+``asyncio.shield``, so a request cancelled meanwhile (its connection died,
+taking its sibling requests with it) loses only its answer, never the apply
+that follows a durable write (memory would stay behind ``__transaction_state``
+and the id busy until a restart).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from coordinator.metadata import MAX_PRODUCER_EPOCH, NO_PRODUCER_EPOCH, NO_PRODU
 from coordinator.state import InvalidTransition, TxnState
 from protocol.clock import Clock
 from protocol.errors import ErrorCode
+from protocol.tasks import OwnedWork
 
 log = logging.getLogger(__name__)
 
@@ -94,9 +101,11 @@ class TransactionCoordinator:
         # The fault harness's seam: named points where a test may kill us.
         self.crash_point = crash_point
         self.txns: dict[str, TxnMetadata] = {}
+        # Ids with a state change in flight (set before it starts, cleared
+        # when it is applied or failed; for a Prepare state, once Complete is).
         self._busy: set[str] = set()
-        # Completion tasks (markers then Complete) each have this owner.
-        self._completions: set[asyncio.Task] = set()
+        # State changes and completions (markers then Complete) each have this owner.
+        self._work = OwnedWork("transaction coordinator")
         self._completing: dict[str, asyncio.Task] = {}
         self.loading = False
 
@@ -149,7 +158,7 @@ class TransactionCoordinator:
                 state=TxnState.EMPTY,
                 last_update_ms=now,
             )
-            return await self._write_then_apply(metadata, InitResult(ErrorCode.NONE, metadata.producer_id, 0))
+            return await self._change(metadata, InitResult(ErrorCode.NONE, metadata.producer_id, 0))
 
         # KIP-360: a producer that names its id and epoch may only bump from them.
         if expected_producer_id != NO_PRODUCER_ID:
@@ -184,7 +193,7 @@ class TransactionCoordinator:
             metadata = current.init_producer(producer_id, epoch, transaction_timeout_ms, now)
         except InvalidTransition:
             return InitResult(ErrorCode.CONCURRENT_TRANSACTIONS)
-        return await self._write_then_apply(metadata, InitResult(ErrorCode.NONE, producer_id, epoch))
+        return await self._change(metadata, InitResult(ErrorCode.NONE, producer_id, epoch))
 
     # -- AddPartitionsToTxn / AddOffsetsToTxn ------------------------------------
 
@@ -230,7 +239,7 @@ class TransactionCoordinator:
             metadata = current.add_partitions(partitions, self.clock.wall_ms())
         except InvalidTransition:
             return ErrorCode.INVALID_TXN_STATE
-        return (await self._write_then_apply(metadata, InitResult(ErrorCode.NONE))).error
+        return (await self._change(metadata, InitResult(ErrorCode.NONE))).error
 
     def verify_transactional_produce(self, producer_id: int, producer_epoch: int, partition: TopicPartition) -> ErrorCode:
         """KIP-890 part 1: may a transactional batch of this producer go to this
@@ -278,17 +287,8 @@ class TransactionCoordinator:
             return ErrorCode.INVALID_TXN_STATE
         now = self.clock.wall_ms()
         prepared = current.prepare_commit(now) if commit else current.prepare_abort(now)
-        self._busy.add(transactional_id)
-        try:
-            await self.txn_log.write(prepared)
-        except Exception as error:
-            self._busy.discard(transactional_id)
-            log.error("could not write %s for %s: %s", prepared.state.name, transactional_id, error)
-            return ErrorCode.NOT_COORDINATOR if isinstance(error, asyncio.CancelledError) else ErrorCode.KAFKA_STORAGE_ERROR
-        self.txns[transactional_id] = prepared
-        # The decision is durable: the client may go on; markers follow.
-        self._spawn_completion(prepared)
-        return ErrorCode.NONE
+        # Once the decision is durable the client may go on; markers follow.
+        return (await self._change(prepared, InitResult(ErrorCode.NONE))).error
 
     # -- timeouts and expiry --------------------------------------------------------
 
@@ -314,18 +314,24 @@ class TransactionCoordinator:
                 continue
             idle = now - metadata.last_update_ms
             if metadata.state in (TxnState.EMPTY, TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT) and idle >= self.settings.transactional_id_expiration_ms:
-                try:
-                    await self.txn_log.tombstone(transactional_id)
-                except Exception as error:
-                    log.error("could not expire %s: %s", transactional_id, error)
-                    continue
-                del self.txns[transactional_id]
-                expired.append(transactional_id)
+                self._busy.add(transactional_id)
+                if await self._work.run(self._expire(transactional_id)):
+                    expired.append(transactional_id)
         return expired
 
+    async def _expire(self, transactional_id: str) -> bool:
+        try:
+            try:
+                await self.txn_log.tombstone(transactional_id)
+            except Exception as error:
+                log.error("could not expire %s: %s", transactional_id, error)
+                return False
+            del self.txns[transactional_id]
+            return True
+        finally:
+            self._busy.discard(transactional_id)
+
     async def _abort_with_bump(self, current: TxnMetadata) -> None:
-        transactional_id = current.transactional_id
-        self._busy.add(transactional_id)
         now = self.clock.wall_ms()
         bump = current.producer_epoch + 1 < MAX_PRODUCER_EPOCH
         if current.state == TxnState.ONGOING:
@@ -333,22 +339,13 @@ class TransactionCoordinator:
         else:
             fenced = current
         aborting = fenced.prepare_abort(now, bump_epoch=bump)
-        try:
-            await self.txn_log.write(aborting)
-        except Exception as error:
-            self._busy.discard(transactional_id)
-            log.error("could not write PrepareAbort for %s: %s", transactional_id, error)
-            return
-        self.txns[transactional_id] = aborting
-        self._spawn_completion(aborting)
+        await self._change(aborting, InitResult(ErrorCode.NONE))  # a failed write is logged; the next tick tries again
 
     # -- completion: markers, then Complete ---------------------------------------------
 
     def _spawn_completion(self, prepared: TxnMetadata) -> asyncio.Task:
-        task = asyncio.get_running_loop().create_task(self._complete(prepared))
-        self._completions.add(task)
+        task = self._work.start(self._complete(prepared))
         self._completing[prepared.transactional_id] = task
-        task.add_done_callback(self._completions.discard)
         task.add_done_callback(lambda _t, tid=prepared.transactional_id: self._completing.get(tid) is _t and self._completing.pop(tid))
         return task
 
@@ -377,29 +374,44 @@ class TransactionCoordinator:
             self._busy.discard(transactional_id)
 
     async def wait_idle(self) -> None:
-        """Wait until every in-flight completion has finished (tests, shutdown)."""
-        while self._completions:
-            await asyncio.gather(*list(self._completions), return_exceptions=True)
+        """Wait until every in-flight state change and completion has finished (tests)."""
+        await self._work.wait()
 
     async def close(self) -> None:
-        for task in list(self._completions):
-            task.cancel()
-        await asyncio.gather(*list(self._completions), return_exceptions=True)
+        """Stop what is in flight. A change cut here may be written and not
+        applied: memory goes with the coordinator, and ``load``/``recover``
+        rebuild it from what is durable."""
+        await self._work.close()
 
     # -- writing -------------------------------------------------------------------------
 
-    async def _write_then_apply(self, metadata: TxnMetadata, result: InitResult) -> InitResult:
+    async def _change(self, metadata: TxnMetadata, result: InitResult) -> InitResult:
+        """Write ``metadata`` then apply it, as the coordinator's own task;
+        ``result`` if it was applied. The id is busy from here on: callers
+        check ``_busy`` and call this with no await in between."""
+        self._busy.add(metadata.transactional_id)
+        error = await self._work.run(self._write_then_apply(metadata))
+        return result if error == ErrorCode.NONE else InitResult(error)
+
+    async def _write_then_apply(self, metadata: TxnMetadata) -> ErrorCode:
         transactional_id = metadata.transactional_id
-        self._busy.add(transactional_id)
+        completing = False
         try:
-            await self.txn_log.write(metadata)
-        except Exception as error:
-            log.error("could not write transaction metadata of %s: %s", transactional_id, error)
-            return InitResult(ErrorCode.KAFKA_STORAGE_ERROR if not isinstance(error, asyncio.CancelledError) else ErrorCode.NOT_COORDINATOR)
+            try:
+                await self.txn_log.write(metadata)
+            except Exception as error:
+                log.error("could not write %s of %s: %s", metadata.state.name, transactional_id, error)
+                return ErrorCode.KAFKA_STORAGE_ERROR
+            self.txns[transactional_id] = metadata
+            if metadata.state.is_prepare:
+                # The decision is durable: markers, then Complete (which
+                # clears the busy mark when it is written).
+                self._spawn_completion(metadata)
+                completing = True
+            return ErrorCode.NONE
         finally:
-            self._busy.discard(transactional_id)
-        self.txns[transactional_id] = metadata
-        return result
+            if not completing:
+                self._busy.discard(transactional_id)
 
 
 __all__ = ["CoordinatorSettings", "InitResult", "TransactionCoordinator"]

@@ -51,7 +51,6 @@ import json
 import os
 import random
 import shutil
-import socket
 import sys
 import tempfile
 import time
@@ -63,7 +62,7 @@ from faults.disk import ENVIRONMENT_VARIABLE as DISK_FAULTS_VARIABLE
 from faults.disk import TORN_WRITE_POINT, DiskFaultControl
 from faults.points import ENVIRONMENT_VARIABLE as POINTS_VARIABLE
 from faults.history import read_history, sends
-from faults.process import BrokerProcess, ClientProcess
+from faults.process import BrokerProcess, ClientProcess, restartable_port
 from faults.proxy import ThreadedFaultProxy
 from faults.report import FaultEvent, write_report
 from protocol.messages import ApiKey
@@ -131,12 +130,6 @@ def fault_schedule(settings: ChaosSettings) -> list[PlannedFault]:
         planned.append(PlannedFault(round(at, 3), rng.choice(kinds), rng.randrange(max(1, settings.clients))))
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 class ChaosRun:
     def __init__(self, settings: ChaosSettings, report_dir: str, *, out=sys.stdout):
         self.settings = settings
@@ -160,7 +153,7 @@ class ChaosRun:
         return time.monotonic() - self.started
 
     def _start_broker(self) -> None:
-        port = _free_port()
+        port = restartable_port()  # the broker restarts on it (faults.process)
         self.proxy = ThreadedFaultProxy("127.0.0.1", port).start()
         self.broker = BrokerProcess(os.path.join(self.work, "data"), *BROKER_CONFIG, port=port, advertise=f"127.0.0.1:{self.proxy.port}",
                                     env={DISK_FAULTS_VARIABLE: self.disk.path}, log_path=os.path.join(self.work, "broker.log"))

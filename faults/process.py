@@ -5,19 +5,68 @@ the harness can SIGKILL, SIGTERM, SIGSTOP/SIGCONT and restart.
 it on the same directory (and port) after any of those; ``ClientProcess``
 runs any command (a workload, a user's processor) the same way. Both keep
 their output in a log file next to the data, for the report.
+
+A broker restarted on the same port must find it free. A port the kernel
+picked (bind to port 0) lies in its ephemeral range
+(``/proc/sys/net/ipv4/ip_local_port_range``), the ports it hands to
+outgoing connections: while the broker is down, any client's new
+connection may be given it, and a client reconnecting to the dead port
+itself can even be connected to itself (TCP's simultaneous open, when the
+kernel picks that very port as its local one). The broker listens with
+SO_REUSEADDR, which covers only its old connections in TIME_WAIT. So a
+broker that will be restarted listens on a port outside the ephemeral
+range (``restartable_port``), which only an explicit bind can take.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 READY = re.compile(r"onceflow broker ready on (\S+):(\d+)")
+EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+LINUX_DEFAULT_EPHEMERAL_RANGE = (32768, 60999)
+FIRST_UNPRIVILEGED_PORT = 1024
+
+
+def ephemeral_port_range(path: str = EPHEMERAL_RANGE_FILE) -> tuple[int, int]:
+    """The kernel's range of ports for outgoing connections (inclusive)."""
+    try:
+        with open(path) as file:
+            low, high = (int(field) for field in file.read().split())
+    except (OSError, ValueError):
+        return LINUX_DEFAULT_EPHEMERAL_RANGE
+    return low, high
+
+
+def restartable_port(host: str = "127.0.0.1", *, ephemeral: tuple[int, int] | None = None, rng: random.Random | None = None) -> int:
+    """A port free on ``host`` now and outside the ephemeral range, so that
+    no outgoing connection takes it while a broker on it is down (see the
+    module's docstring). Random, so that parallel runs rarely meet."""
+    low, high = ephemeral or ephemeral_port_range()
+    rng = rng or random.Random()
+    below = range(FIRST_UNPRIVILEGED_PORT, max(FIRST_UNPRIVILEGED_PORT, low))
+    above = range(min(high + 1, 65536), 65536)
+    if not below and not above:
+        raise OSError(f"the ephemeral range {low}-{high} leaves no port for a broker")
+    for _attempt in range(100):
+        index = rng.randrange(len(below) + len(above))
+        port = below[index] if index < len(below) else above[index - len(below)]
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((host, port))
+            except OSError:
+                continue
+        return port
+    raise OSError(f"no free port on {host} outside the ephemeral range {low}-{high}")
 
 
 class ManagedProcess:
@@ -56,7 +105,8 @@ class ManagedProcess:
 
 
 class BrokerProcess(ManagedProcess):
-    """``onceflow broker`` as a child process on an ephemeral (then fixed) port."""
+    """``onceflow broker`` as a child process; ``port=0`` picks a
+    ``restartable_port`` once, and every restart listens on it again."""
 
     def __init__(self, data_dir: str, *config: str, port: int = 0, env: dict | None = None, log_path: str | None = None, advertise: str | None = None):
         self.advertise = advertise  # HOST:PORT for metadata (a fault proxy in front), else the listener
@@ -72,6 +122,8 @@ class BrokerProcess(ManagedProcess):
         return f"127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 60.0) -> "BrokerProcess":
+        if self.port == 0:
+            self.port = restartable_port()
         command = [sys.executable, "-m", "onceflow", "broker", "--data-dir", self.data_dir, "--listen", f"127.0.0.1:{self.port}"]
         if self.advertise:
             command += ["--advertise", self.advertise]

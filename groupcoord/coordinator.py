@@ -27,7 +27,11 @@ a change that ``__consumer_offsets`` records (the leader's assignment, a
 group left empty) is computed as the next ``StoredGroup`` value
 (``groupcoord.metadata``), written, and only once it is durable applied to
 the live group; a write that fails leaves the group as it was. Offsets are
-cached only after their write, too.
+cached only after their write, too. A change that writes runs to its end
+once started, as the coordinator's own task (``protocol.tasks.OwnedWork``,
+awaited through ``asyncio.shield``): a request cancelled meanwhile (its
+connection died) loses only its answer, never the apply after the write
+nor the answers the other members wait for.
 
 The coordinator never touches files; ``offsets_log`` appends records to the
 group's ``__consumer_offsets`` partition and waits until they are durable.
@@ -58,6 +62,7 @@ from groupcoord.records import (
 from groupcoord.state import GroupEvent, GroupState, transition
 from protocol.clock import Clock
 from protocol.errors import ErrorCode
+from protocol.tasks import OwnedWork
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +184,8 @@ class GroupCoordinator:
         # written (state timestamps) and offset retention on clock.wall_ms().
         self.clock = clock or Clock()
         self.groups: dict[str, Group] = {}
+        # Every change that writes to __consumer_offsets runs as one of these.
+        self._work = OwnedWork("group coordinator")
 
     # -- loading -------------------------------------------------------------------
 
@@ -245,12 +252,19 @@ class GroupCoordinator:
                 log.exception("group timers failed")
 
     async def stop(self) -> None:
-        """Cancel every JoinGroup and SyncGroup still waiting for an answer."""
+        """Stop the changes in flight (one cut between its write and its
+        apply is rebuilt from the log by the next load) and cancel every
+        JoinGroup and SyncGroup still waiting for an answer."""
+        await self._work.close()
         for group in self.groups.values():
             for member in group.members.values():
                 for future in (member.join_future, member.sync_future):
                     if future is not None and not future.done():
                         future.cancel()
+
+    async def wait_idle(self) -> None:
+        """Until every change in flight has been applied (tests)."""
+        await self._work.wait()
 
     async def check_timeouts(self) -> None:
         now = self.clock.monotonic()
@@ -261,9 +275,9 @@ class GroupCoordinator:
             ]
             for member in expired:
                 log.info("group %s: member %s missed its session timeout; removing it", group.group_id, member.member_id)
-                await self._remove_member(group, member, ErrorCode.UNKNOWN_MEMBER_ID)
+                await self._work.run(self._remove_member(group, member, ErrorCode.UNKNOWN_MEMBER_ID))
             if group.state == GroupState.PREPARING_REBALANCE:
-                await self._maybe_complete_join(group)
+                await self._work.run(self._maybe_complete_join(group))
 
     # -- JoinGroup ----------------------------------------------------------------------
 
@@ -313,7 +327,7 @@ class GroupCoordinator:
         member.join_future = asyncio.get_running_loop().create_future()
         group.protocol_type = protocol_type
         self._prepare_rebalance(group)
-        await self._maybe_complete_join(group)
+        await self._work.run(self._maybe_complete_join(group))
         return await member.join_future
 
     def _common_protocols(self, group: Group, protocols) -> list[str]:
@@ -401,28 +415,33 @@ class GroupCoordinator:
             return self._sync_answer(group, member)
         member.sync_future = asyncio.get_running_loop().create_future()
         if member_id == group.leader:
-            before = group.snapshot()
-            synced = before.synced(dict(assignments), self.clock.wall_ms())
-            try:
-                applied = await self._write_then_apply(group, before, synced, raise_on_failure=True)
-            except Exception:
-                # Nothing changed: the group still waits for an assignment
-                # that is durable. Everyone waiting is told; a retried
-                # SyncGroup writes again, a rejoin starts a new rebalance.
-                for other in group.members.values():
-                    if other.sync_future is not None and not other.sync_future.done():
-                        other.sync_future.set_result({"error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE, "assignment": b""})
-                return await member.sync_future
-            if applied:
-                for other in group.members.values():
-                    if other.sync_future is not None and not other.sync_future.done():
-                        other.sync_future.set_result(self._sync_answer(group, other))
-            elif not member.sync_future.done():
-                # The group moved on while the assignment was written (a rebalance
-                # started, or another SyncGroup of this leader got there first).
-                same = group.state == GroupState.STABLE and group.generation == generation_id
-                member.sync_future.set_result(self._sync_answer(group, member) if same else {"error_code": ErrorCode.REBALANCE_IN_PROGRESS, "assignment": b""})
+            await self._work.run(self._store_assignment(group, member, generation_id, assignments))
         return await member.sync_future
+
+    async def _store_assignment(self, group: Group, member: Member, generation_id: int, assignments: list[tuple[str, bytes]]) -> None:
+        """The leader's SyncGroup: write the assignment, apply it, answer
+        every member waiting (the leader's own answer included)."""
+        before = group.snapshot()
+        synced = before.synced(dict(assignments), self.clock.wall_ms())
+        try:
+            applied = await self._write_then_apply(group, before, synced, raise_on_failure=True)
+        except Exception:
+            # Nothing changed: the group still waits for an assignment
+            # that is durable. Everyone waiting is told; a retried
+            # SyncGroup writes again, a rejoin starts a new rebalance.
+            for other in group.members.values():
+                if other.sync_future is not None and not other.sync_future.done():
+                    other.sync_future.set_result({"error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE, "assignment": b""})
+            return
+        if applied:
+            for other in group.members.values():
+                if other.sync_future is not None and not other.sync_future.done():
+                    other.sync_future.set_result(self._sync_answer(group, other))
+        elif not member.sync_future.done():
+            # The group moved on while the assignment was written (a rebalance
+            # started, or another SyncGroup of this leader got there first).
+            same = group.state == GroupState.STABLE and group.generation == generation_id
+            member.sync_future.set_result(self._sync_answer(group, member) if same else {"error_code": ErrorCode.REBALANCE_IN_PROGRESS, "assignment": b""})
 
     def _sync_answer(self, group: Group, member: Member) -> dict:
         return {"error_code": ErrorCode.NONE, "protocol_type": group.protocol_type, "protocol_name": group.protocol_name, "assignment": member.assignment}
@@ -462,7 +481,7 @@ class GroupCoordinator:
             if member is None:
                 results.append({"member_id": member_id, "group_instance_id": instance_id, "error_code": ErrorCode.UNKNOWN_MEMBER_ID})
                 continue
-            error = await self._remove_member(group, member, ErrorCode.UNKNOWN_MEMBER_ID)
+            error = await self._work.run(self._remove_member(group, member, ErrorCode.UNKNOWN_MEMBER_ID))
             results.append({"member_id": member_id, "group_instance_id": instance_id, "error_code": error})
         top = results[0]["error_code"] if len(results) == 1 else ErrorCode.NONE
         return top, results
@@ -527,11 +546,14 @@ class GroupCoordinator:
             return error
         if group is None:
             group = self.groups[group_id] = Group(group_id)
-        records = [(offset_key(group_id, t, p), offset_value(value)) for (t, p), value in offsets.items()]
+        return await self._work.run(self._write_offsets(group, offsets))
+
+    async def _write_offsets(self, group: Group, offsets: dict[TopicPartition, OffsetAndMetadata]) -> ErrorCode:
+        records = [(offset_key(group.group_id, t, p), offset_value(value)) for (t, p), value in offsets.items()]
         try:
-            await self.offsets_log.append(group_id, records)
+            await self.offsets_log.append(group.group_id, records)
         except Exception as error:
-            log.error("group %s: offset commit not written: %s", group_id, error)
+            log.error("group %s: offset commit not written: %s", group.group_id, error)
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
         group.offsets.update(offsets)
         return ErrorCode.NONE
@@ -545,12 +567,15 @@ class GroupCoordinator:
                 return error
         if group is None:
             group = self.groups[group_id] = Group(group_id)
-        records = [(offset_key(group_id, t, p), offset_value(value)) for (t, p), value in offsets.items()]
+        return await self._work.run(self._write_txn_offsets(group, producer_id, producer_epoch, offsets))
+
+    async def _write_txn_offsets(self, group: Group, producer_id: int, producer_epoch: int, offsets: dict[TopicPartition, OffsetAndMetadata]) -> ErrorCode:
+        records = [(offset_key(group.group_id, t, p), offset_value(value)) for (t, p), value in offsets.items()]
         try:
-            await self.offsets_log.append(group_id, records, producer_id=producer_id, producer_epoch=producer_epoch)
+            await self.offsets_log.append(group.group_id, records, producer_id=producer_id, producer_epoch=producer_epoch)
         except Exception as error:
             code = getattr(ErrorCode, getattr(error, "error_name", ""), None)
-            log.error("group %s: transactional offset commit not written: %s", group_id, error)
+            log.error("group %s: transactional offset commit not written: %s", group.group_id, error)
             return code if code is not None else ErrorCode.COORDINATOR_NOT_AVAILABLE
         group.pending_txn_offsets.setdefault(producer_id, {}).update(offsets)
         return ErrorCode.NONE
@@ -615,13 +640,18 @@ class GroupCoordinator:
             return ErrorCode.GROUP_ID_NOT_FOUND
         if group.state != GroupState.EMPTY:
             return ErrorCode.NON_EMPTY_GROUP
+        return await self._work.run(self._delete_group(group))
+
+    async def _delete_group(self, group: Group) -> ErrorCode:
+        group_id = group.group_id
         records = [(offset_key(group_id, t, p), None) for (t, p) in group.offsets] + [(group_key(group_id), None)]
         try:
             await self.offsets_log.append(group_id, records)
         except Exception:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
         group.move(GroupEvent.DELETE, self.clock.wall_ms())
-        del self.groups[group_id]
+        if self.groups.get(group_id) is group:
+            del self.groups[group_id]
         return ErrorCode.NONE
 
     async def delete_offsets(self, group_id: str, partitions: list[TopicPartition]) -> tuple[ErrorCode, dict[TopicPartition, ErrorCode]]:
@@ -640,14 +670,19 @@ class GroupCoordinator:
             else:
                 results[partition] = ErrorCode.NONE
                 deletable.append(partition)
-        if deletable:
-            try:
-                await self.offsets_log.append(group_id, [(offset_key(group_id, t, p), None) for t, p in deletable])
-            except Exception:
-                return ErrorCode.COORDINATOR_NOT_AVAILABLE, {}
-            for partition in deletable:
-                group.offsets.pop(partition, None)
+        if deletable and not await self._work.run(self._delete_offsets(group, deletable)):
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE, {}
         return ErrorCode.NONE, results
+
+    async def _delete_offsets(self, group: Group, partitions: list[TopicPartition]) -> bool:
+        """Write tombstones for ``partitions`` of ``group``, then forget them; False if not written."""
+        try:
+            await self.offsets_log.append(group.group_id, [(offset_key(group.group_id, t, p), None) for t, p in partitions])
+        except Exception:
+            return False
+        for partition in partitions:
+            group.offsets.pop(partition, None)
+        return True
 
     async def expire_offsets(self) -> int:
         """Offset retention (``offsets.retention.minutes``) for groups with no members."""
@@ -657,15 +692,8 @@ class GroupCoordinator:
             if group.state != GroupState.EMPTY:
                 continue
             old = [p for p, v in group.offsets.items() if v.commit_timestamp >= 0 and now - v.commit_timestamp > self.settings.offsets_retention_ms]
-            if not old:
-                continue
-            try:
-                await self.offsets_log.append(group.group_id, [(offset_key(group.group_id, t, p), None) for t, p in old])
-            except Exception:
-                continue
-            for partition in old:
-                del group.offsets[partition]
-            removed += len(old)
+            if old and await self._work.run(self._delete_offsets(group, old)):
+                removed += len(old)
         return removed
 
     async def _write_then_apply(self, group: Group, before: StoredGroup, after: StoredGroup, *, raise_on_failure: bool = False) -> bool:

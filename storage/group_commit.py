@@ -28,6 +28,14 @@ checkpointed, so recovery after a crash scans only from the active segment.
 ``GroupCommitter`` is the log's (``PartitionLog.committer``); it reads and
 moves the log's ``log_end_offset``, ``durable_offset`` and ``recovery_point``
 and nothing else.
+
+Stopping the flusher: an fsync on a worker thread cannot be interrupted, so
+a cancelled flusher first waits for the one it started (then fails the log
+if it failed) and only then ends; ``aclose()`` cancels it and waits for
+that. The log's files must not be closed before (the thread would fsync a
+closed, or reused, descriptor), so an owner under asyncio closes a log with
+``PartitionLog.aclose()``; the synchronous ``close()`` cannot wait for a
+task and is for callers without a running loop, where no flusher exists.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
+from protocol.tasks import cancel_and_wait
 from storage.config import FLUSH_ALWAYS, FLUSH_OS
 from storage.segment import LogSegment
 
@@ -134,7 +143,7 @@ class GroupCommitter:
                         if inline:
                             segment.fsync_unless_closed()
                         else:
-                            await loop.run_in_executor(None, segment.fsync_unless_closed)
+                            await self._fsync_on_a_worker(loop, segment)
                 except OSError as error:
                     if not partition_log.closed:  # close() fsyncs itself; a late EBADF is no failure
                         partition_log._fail(error)
@@ -146,6 +155,21 @@ class GroupCommitter:
                 self._made_durable(target)
         finally:
             self.task = None
+
+    async def _fsync_on_a_worker(self, loop: asyncio.AbstractEventLoop, segment: LogSegment) -> None:
+        """fsync ``segment`` on a worker thread. Cancelled meanwhile, wait for
+        the thread to finish (it cannot be stopped) before ending, and fail
+        the log if its fsync failed: whoever waits for this task may then
+        close the files."""
+        fsync = loop.run_in_executor(None, segment.fsync_unless_closed)
+        try:
+            await asyncio.shield(fsync)
+        except asyncio.CancelledError:
+            await asyncio.wait([fsync])
+            error = None if fsync.cancelled() else fsync.exception()
+            if isinstance(error, OSError) and not self.log.closed:
+                self.log._fail(error)
+            raise
 
     def flush(self) -> None:
         """fsync everything written so far, synchronously (also what an
@@ -220,6 +244,12 @@ class GroupCommitter:
         self.waiters.clear()
 
     def stop(self) -> None:
-        """The log is closing (it has flushed): the flusher task is not needed."""
+        """The log is closing (it has flushed): the flusher task is not
+        needed. Only tells it to stop; ``aclose()`` also waits."""
         if self.task is not None:
             self.task.cancel()
+
+    async def aclose(self) -> None:
+        """Stop the flusher and wait until it has ended (with any fsync it
+        had started on a worker thread)."""
+        await cancel_and_wait(self.task)

@@ -503,6 +503,14 @@ class PartitionLog:
 
     # ------------------------------------------------------------------ closing
 
+    async def aclose(self) -> None:
+        """``close()`` for an owner under asyncio: first stop the group
+        committer's flusher and wait for its fsync in flight, so that no
+        worker thread fsyncs a file descriptor ``close()`` has closed."""
+        if not self.closed:
+            await self.committer.aclose()
+        self.close()
+
     def close(self) -> None:
         """Flush, snapshot producer state, checkpoint, mark the shutdown clean."""
         if self.closed:

@@ -9,7 +9,13 @@ task, since the broker holds JoinGroup until every member rejoins; the
 rebalance listener's ``on_partitions_revoked``, ``on_partitions_assigned``
 and ``on_partitions_lost`` run inside ``poll``; heartbeats run in a
 background task while the member is stable, and a member that stopped
-polling for ``max_poll_interval_ms`` leaves (as Kafka's does).
+polling for ``max_poll_interval_ms`` leaves (as Kafka's does). A SyncGroup
+that fails on the coordinator (NOT_COORDINATOR, COORDINATOR_NOT_AVAILABLE
+when its ``__consumer_offsets`` write failed, a lost connection) is Kafka's
+case too: the coordinator is forgotten (looked up again), and after the
+retry backoff the member rejoins (SYNCING -> JOINING in the table); a round
+that fails otherwise leaves the member JOINING as well, so the next poll
+starts a legal round.
 
 ``GroupDriver`` is a base class of ``AsyncConsumer``, whose ``__init__``
 sets the state it works on: ``_member``, ``_subscription``, ``_listener``,
@@ -31,7 +37,7 @@ from protocol.errors import ErrorCode
 from protocol.messages import ApiKey
 from protocol.tasks import cancel_and_wait
 from txn import assignors
-from txn.errors import CommitFailedError, KafkaError, RetriableError, classify
+from txn.errors import CommitFailedError, KafkaError, RetriableError, classify, is_retriable
 from txn.membership import MemberState, RebalanceStep
 from txn.types import TopicPartition
 
@@ -73,7 +79,13 @@ class GroupDriver:
             if not done:
                 return False
             task, self._join_task = self._join_task, None
-            await self._after_round(task.result())
+            try:
+                outcome = task.result()
+            except BaseException:
+                if member.state == MemberState.SYNCING:
+                    member.rebalance()  # the next round starts from JoinGroup
+                raise
+            await self._after_round(outcome)
         self._start_heartbeats()
         return True
 
@@ -171,14 +183,24 @@ class GroupDriver:
             "protocol_name": protocol_name,
             "assignments": assignments,
         }
-        response = await self.cluster.coordinator_request(self.group_id, CoordinatorType.GROUP, ApiKey.SYNC_GROUP, sync, timeout=join_timeout)
-        code = response["error_code"]
+        try:
+            response = await self.cluster.coordinator_request(self.group_id, CoordinatorType.GROUP, ApiKey.SYNC_GROUP, sync, timeout=join_timeout)
+            code = response["error_code"]
+            if code and code != ErrorCode.REBALANCE_IN_PROGRESS and code not in FENCING:
+                raise classify(code, "SyncGroup")
+        except (KafkaError, OSError) as error:
+            if not (is_retriable(error) or isinstance(error, OSError)):
+                raise
+            # coordinator_request has forgotten a coordinator that moved or
+            # failed; a new round finds it again (SyncGroup alone cannot be
+            # retried: the generation may be gone by then).
+            self.cluster.forget_coordinator(self.group_id, CoordinatorType.GROUP)
+            await asyncio.sleep(self.config.retry_backoff_ms / 1000)
+            return ("rebalance", None)
         if code == ErrorCode.REBALANCE_IN_PROGRESS:
             return ("rebalance", None)
         if code in FENCING:
             return ("fenced", code)
-        if code:
-            raise classify(code, "SyncGroup")
         assignment = assignors.decode_assignment(response["assignment"]) if response["assignment"] else assignors.Assignment([])
         return ("synced", [TopicPartition(topic, partition) for topic, partition in assignment.partitions if topic in self._subscription])
 

@@ -9,6 +9,7 @@ import uuid
 
 import pytest
 
+from protocol.errors import ErrorCode
 from protocol.messages import ApiKey
 from tests.helpers import create_topic, raw_request, read_values, wait_for
 
@@ -337,3 +338,41 @@ def test_producer_ids_and_epochs_survive_restart(broker_process):
     fresh = raw_request(broker.port, ApiKey.INIT_PRODUCER_ID, 4, {"transactional_id": None, "transaction_timeout_ms": 0})
     assert fresh["producer_id"] not in (first["producer_id"], idempotent["producer_id"])
     assert fresh["producer_id"] > idempotent["producer_id"]
+
+
+@pytest.mark.slow
+def test_a_tool_aborting_a_hanging_offset_commit_drops_the_pending_offsets(embedded_broker):
+    """KIP-664's abort (WriteTxnMarkers from a tool) on the group's
+    ``__consumer_offsets`` partition ends the pending transactional offset
+    commit there and then, as the coordinator's own ABORT marker would: the
+    offsets are dropped and require_stable fetches answer again."""
+    from txn import Admin, Producer
+
+    bootstrap = embedded_broker.bootstrap
+    create_topic(bootstrap, "hanging-in", 1)
+    group = f"hanging-{uuid.uuid4()}"
+    producer = Producer(bootstrap_servers=bootstrap, transactional_id=f"hang-{uuid.uuid4()}")
+    producer.init_transactions()
+    producer.begin_transaction()
+    producer.send_offsets_to_transaction({("hanging-in", 0): 7}, group)  # pending in __consumer_offsets, never ended
+
+    def stable_fetch() -> int:
+        answer = raw_request(embedded_broker.port, ApiKey.OFFSET_FETCH, 7, {"group_id": group, "topics": [{"name": "hanging-in", "partition_indexes": [0]}], "require_stable": True})
+        return answer["topics"][0]["partitions"][0]["error_code"]
+
+    assert stable_fetch() == ErrorCode.UNSTABLE_OFFSET_COMMIT
+    with Admin(bootstrap_servers=bootstrap) as admin:
+        offsets_partitions = embedded_broker.config.offsets_topic_partitions
+        holders = [
+            (tp, description)
+            for tp, descriptions in admin.describe_producers_of([("__consumer_offsets", p) for p in range(offsets_partitions)]).items()
+            for description in descriptions
+            if description.current_txn_start_offset >= 0
+        ]
+        assert len(holders) == 1, holders
+        (partition, description), = holders
+        admin.abort_transaction(partition, description.producer_id, description.producer_epoch)
+    assert stable_fetch() == ErrorCode.NONE
+    answer = raw_request(embedded_broker.port, ApiKey.OFFSET_FETCH, 7, {"group_id": group, "topics": [{"name": "hanging-in", "partition_indexes": [0]}], "require_stable": True})
+    assert answer["topics"][0]["partitions"][0]["committed_offset"] == -1, "the aborted offsets are not applied"
+    producer.close(timeout=5)

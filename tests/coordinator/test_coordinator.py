@@ -222,3 +222,64 @@ def test_kip360_epoch_bump_from_a_known_producer():
         assert wrong.error == ErrorCode.INVALID_PRODUCER_ID_MAPPING
 
     run(scenario())
+
+
+def test_a_cancelled_request_loses_only_its_answer_the_change_is_applied():
+    """EndTxn's request task is cancelled (its connection died) while the
+    PrepareCommit write is out: the write and its apply still run to their
+    end (memory equals the log), markers and Complete follow, and the id is
+    not left busy."""
+
+    async def scenario():
+        coordinator, _ = make()
+        init = await coordinator.init_producer_id("tx", 60_000)
+        pid = init.producer_id
+        assert await coordinator.add_partitions("tx", pid, 0, [P0]) == ErrorCode.NONE
+        gate = asyncio.Event()
+        written = coordinator.txn_log.write
+
+        async def slow_write(metadata):
+            await gate.wait()
+            await written(metadata)
+
+        coordinator.txn_log.write = slow_write
+        request = asyncio.create_task(coordinator.end_transaction("tx", pid, 0, True))
+        await asyncio.sleep(0.01)
+        request.cancel()
+        await asyncio.wait([request])
+        assert request.cancelled()
+        assert await coordinator.end_transaction("tx", pid, 0, True) == ErrorCode.CONCURRENT_TRANSACTIONS  # still in flight
+        gate.set()
+        await coordinator.wait_idle()
+        assert coordinator.txns["tx"].state == TxnState.COMPLETE_COMMIT == coordinator.txn_log.records[-1].state
+        assert [m.state for m in coordinator.txn_log.records][-2:] == [TxnState.PREPARE_COMMIT, TxnState.COMPLETE_COMMIT]
+        assert coordinator.markers.written == [(pid, 0, True, [P0])]
+        assert await coordinator.end_transaction("tx", pid, 0, True) == ErrorCode.NONE
+        again = await coordinator.init_producer_id("tx", 60_000)
+        assert (again.error, again.producer_epoch) == (ErrorCode.NONE, 1)
+        await coordinator.close()
+
+    run(scenario())
+
+
+def test_close_stops_a_change_in_flight_and_waits_for_it():
+    async def scenario():
+        coordinator, _ = make()
+        stopped = asyncio.Event()
+
+        async def never_durable(metadata):
+            try:
+                await asyncio.sleep(3600)
+            finally:
+                stopped.set()
+
+        coordinator.txn_log.write = never_durable
+        request = asyncio.create_task(coordinator.init_producer_id("tx", 60_000))
+        await asyncio.sleep(0.01)
+        await coordinator.close()
+        assert stopped.is_set(), "close() returned before the write's cleanup ran"
+        assert "tx" not in coordinator.txns
+        request.cancel()
+        await asyncio.wait([request])
+
+    run(scenario())

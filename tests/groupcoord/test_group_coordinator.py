@@ -322,3 +322,46 @@ def test_a_failed_write_when_nobody_rejoins_leaves_the_rebalance_waiting():
         assert coordinator.offsets_log.batches[-1][1][0] == group.snapshot().to_record()
 
     asyncio.run(scenario())
+
+
+def test_cancelled_commit_and_leave_requests_are_applied_all_the_same():
+    """A request cancelled while its __consumer_offsets write is out (its
+    connection died) loses only its answer: the offsets are cached, the
+    last member's leave empties the group, as the log says."""
+
+    async def scenario():
+        coordinator, _clock = make(initial_rebalance_delay_ms=0)
+        gate = asyncio.Event()
+        appended = coordinator.offsets_log.append
+
+        async def slow_append(group_id, records, **kwargs):
+            await gate.wait()
+            await appended(group_id, records, **kwargs)
+
+        coordinator.offsets_log.append = slow_append
+        offsets = {("t", 0): OffsetAndMetadata(7, -1, "", 0)}
+        commit = asyncio.create_task(coordinator.commit_offsets(group_id="simple", generation_id=-1, member_id="", group_instance_id=None, offsets=offsets))
+        await asyncio.sleep(0.01)
+        commit.cancel()
+        gate.set()
+        await coordinator.wait_idle()
+        assert coordinator.fetch_offsets("simple", [("t", 0)], False) == {("t", 0): (offsets[("t", 0)], ErrorCode.NONE)}
+
+        gate.clear()
+        first = await join(coordinator)
+        joined = await join(coordinator, first["member_id"])
+        member = joined["member_id"]
+        coordinator.offsets_log.append = appended
+        sync = await coordinator.sync_group(group_id="g", generation_id=joined["generation_id"], member_id=member, group_instance_id=None, assignments=[(member, b"a")])
+        assert sync["error_code"] == ErrorCode.NONE
+        coordinator.offsets_log.append = slow_append
+        leave = asyncio.create_task(coordinator.leave_group(group_id="g", members=[(member, None)]))
+        await asyncio.sleep(0.01)
+        leave.cancel()
+        gate.set()
+        await coordinator.wait_idle()
+        group = coordinator.groups["g"]
+        assert group.state == GroupState.EMPTY and not group.members
+        await coordinator.stop()
+
+    asyncio.run(scenario())

@@ -76,3 +76,43 @@ def test_a_task_that_had_failed_raises_in_its_owner():
         assert [type(e) for e in raised.value.exceptions] == [LookupError, LookupError]
 
     asyncio.run(scenario())
+
+
+def test_owned_work_outlives_a_cancelled_caller_and_close_stops_it():
+    from protocol.tasks import OwnedWork
+
+    async def scenario():
+        work = OwnedWork("test")
+        gate = asyncio.Event()
+        finished = []
+
+        async def change():
+            await gate.wait()
+            finished.append(True)
+            return "applied"
+
+        caller = asyncio.create_task(work.run(change()))
+        await asyncio.sleep(0)
+        caller.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await caller  # the caller loses its answer...
+        assert len(work) == 1
+        gate.set()
+        await work.wait()
+        assert finished == [True] and len(work) == 0  # ...the work ran to its end
+        assert await work.run(change()) == "applied"
+
+        cleaned = []
+
+        async def endless():
+            try:
+                await asyncio.sleep(3600)
+            finally:
+                cleaned.append(True)
+
+        work.start(endless())
+        await asyncio.sleep(0)
+        await work.close()
+        assert cleaned == [True] and len(work) == 0
+
+    asyncio.run(scenario())

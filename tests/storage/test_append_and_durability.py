@@ -217,6 +217,60 @@ def test_close_during_an_fsync_in_flight_is_clean(tmp_path, fsyncs_on_a_worker):
     assert PartitionLog.open(str(tmp_path), config(segment_bytes=1 << 20)).log_end_offset == 6
 
 
+class SlowWorkerFsync(DiskIO):
+    """An fsync on a worker thread (the flusher's) waits for ``release``;
+    closing a descriptor while a worker still fsyncs it is recorded."""
+
+    def __init__(self):
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.finished = threading.Event()
+        self.in_fsync: set[int] = set()
+        self.closed_during_fsync: list[int] = []
+
+    def fsync(self, fd):
+        if threading.current_thread() is threading.main_thread():
+            return super().fsync(fd)  # the loop's own fsyncs (close's flush) pass
+        self.in_fsync.add(fd)
+        self.entered.set()
+        try:
+            assert self.release.wait(10), "the test never released the fsync"
+            super().fsync(fd)
+        finally:
+            self.in_fsync.discard(fd)
+            self.finished.set()
+
+    def close(self, fd):
+        if fd in self.in_fsync:
+            self.closed_during_fsync.append(fd)
+        super().close(fd)
+
+
+def test_aclose_waits_for_the_flushers_fsync_before_closing_the_files(tmp_path, fsyncs_on_a_worker):
+    io = SlowWorkerFsync()
+    partition_log = PartitionLog.open(str(tmp_path), config(segment_bytes=1 << 20, flush_policy="group"), io=io)
+
+    async def scenario():
+        info = partition_log.append(batch(0))
+        waiter = partition_log.wait_durable(info.last_offset)
+        assert await asyncio.get_running_loop().run_in_executor(None, io.entered.wait, 10), "the flusher's fsync never started"
+        closing = asyncio.create_task(partition_log.aclose())
+        await asyncio.sleep(0.1)
+        assert not closing.done(), "aclose waits while the flusher's fsync runs"
+        assert not partition_log.closed
+        io.release.set()
+        await asyncio.wait_for(closing, 10)
+        assert io.finished.is_set() and partition_log.closed
+        await asyncio.wait_for(waiter, 1)  # durable: acknowledged, not failed
+        assert partition_log.committer.task is None
+
+    asyncio.run(scenario())
+    assert io.closed_during_fsync == [], "a file was closed under a worker's fsync"
+    assert partition_log.failed is None
+    assert os.path.exists(tmp_path / ".clean_shutdown")
+    assert PartitionLog.open(str(tmp_path), config(segment_bytes=1 << 20)).log_end_offset == 3
+
+
 @pytest.mark.parametrize("damage", ["delete-timeindex", "index-past-end", "index-not-increasing"])
 def test_untrustworthy_indexes_after_a_clean_shutdown_are_rebuilt(tmp_path, damage, caplog):
     partition_log = PartitionLog.open(str(tmp_path), config(index_interval_bytes=100))

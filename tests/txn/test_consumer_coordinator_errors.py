@@ -1,0 +1,82 @@
+"""A txn.Consumer whose SyncGroup fails on the coordinator keeps polling:
+it forgets the coordinator, rejoins after the retry backoff, and gets its
+assignment once the coordinator can write again (Kafka's behaviour)."""
+
+from __future__ import annotations
+
+import errno
+import threading
+import time
+
+import pytest
+
+from broker.broker import EmbeddedBroker, FaultSeams
+from faults.process import restartable_port
+from storage.durable import DiskIO
+from tests.helpers import create_topic
+from txn.consumer import Consumer
+from txn.membership import MemberState
+from txn.types import TopicPartition
+
+
+class FullDiskUnderOffsets(DiskIO):
+    """Writes under ``__consumer_offsets`` fail with ENOSPC while ``full`` is set."""
+
+    def __init__(self):
+        self.paths: dict[int, str] = {}
+        self.full = threading.Event()
+        self.refused = 0
+
+    def open(self, path, flags):
+        fd = super().open(path, flags)
+        self.paths[fd] = path
+        return fd
+
+    def close(self, fd):
+        self.paths.pop(fd, None)
+        super().close(fd)
+
+    def write(self, fd, data):
+        if self.full.is_set() and "__consumer_offsets" in self.paths.get(fd, ""):
+            self.refused += 1
+            raise OSError(errno.ENOSPC, "No space left on device")
+        super().write(fd, data)
+
+
+@pytest.mark.slow
+def test_a_sync_group_refused_by_the_coordinator_is_rejoined_until_it_works(tmp_path):
+    data_dir = str(tmp_path / "data")
+    port = restartable_port()  # the broker comes back on it
+    disk = FullDiskUnderOffsets()
+    disk.full.set()
+    broker = EmbeddedBroker(data_dir, port=port, group_initial_rebalance_delay_ms=0, seams=FaultSeams(disk_io=disk)).start()
+    consumer = Consumer(broker.bootstrap, group_id="refused-sync", retry_backoff_ms=50)
+    try:
+        create_topic(broker.bootstrap, "refused-sync", 2)
+        consumer.subscribe(["refused-sync"])
+        # The leader's assignment cannot be written: every SyncGroup is
+        # answered COORDINATOR_NOT_AVAILABLE (the failed write leaves the
+        # offsets log refusing appends until it is reopened). Polls go on,
+        # empty, and the member rejoins round after round.
+        deadline = time.monotonic() + 30
+        rounds_before = None
+        while time.monotonic() < deadline:
+            assert consumer.poll(0.3) == []
+            assert consumer.assignment() == []
+            rounds = broker.call(lambda b: b.groups.coordinator.groups["refused-sync"].generation)
+            rounds_before = rounds_before if rounds_before is not None else rounds
+            if disk.refused >= 1 and rounds >= rounds_before + 2:
+                break
+        else:
+            raise AssertionError(f"the member did not rejoin after a refused SyncGroup ({disk.refused} refused writes)")
+        assert consumer._async._member.state in (MemberState.JOINING, MemberState.SYNCING), "a state the next round may start from"
+        # The disk has room again; the broker reopens the offsets log.
+        broker.stop()
+        broker = EmbeddedBroker(data_dir, port=port, group_initial_rebalance_delay_ms=0).start()
+        deadline = time.monotonic() + 60
+        while set(consumer.assignment()) != {TopicPartition("refused-sync", 0), TopicPartition("refused-sync", 1)}:
+            assert time.monotonic() < deadline, "the consumer never got its assignment"
+            consumer.poll(0.3)
+    finally:
+        consumer.close()
+        broker.stop()
