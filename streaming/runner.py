@@ -147,6 +147,7 @@ class Runner:
         self.txn_offsets: dict[TopicPartition, int] = {}
         self.dirty: set[Store] = set()
         self.processed: dict[TopicPartition, int] = {}  # next offset per partition, as far as processed
+        self.topic_partitions: dict[tuple[str, int], TopicPartition] = {}  # made once, not per record
         self.last_activity = time.monotonic()
 
     # -- the whole run -------------------------------------------------------------------------
@@ -253,11 +254,20 @@ class Runner:
                 continue
             if records:
                 self.last_activity = time.monotonic()
-                for index, raw in enumerate(records):
-                    await self._process(raw)
-                    if app.commit_records is not None and self.txn_records >= app.commit_records:
-                        if not await self._commit_or_abort():
-                            break  # rewound: the rest of this poll is read again
+                processed = 0
+                try:
+                    for raw in records:
+                        await self._process(raw)
+                        processed += 1
+                        if app.commit_records is not None and self.txn_records >= app.commit_records:
+                            if not await self._commit_or_abort():
+                                break  # rewound: the rest of this poll is read again
+                finally:
+                    self.metrics.add("records_in", processed)
+                # Processing never awaits anything that waits, so the batches
+                # it filled would go out only at the commit's flush: let them
+                # go now, to be written while the next records are processed.
+                await asyncio.sleep(0)
             if self.txn_open and time.monotonic() - self.txn_started >= interval:
                 await self._commit_or_abort()
                 self.last_activity = time.monotonic()  # a slow commit is not idleness
@@ -304,15 +314,18 @@ class Runner:
                 for topic, key, value, headers, timestamp in outputs:
                     await self._send(topic, key, value, headers, timestamp)
                 self.txn_outputs += len(outputs)
-        tp = TopicPartition(raw.topic, raw.partition)
+        tp = self.topic_partitions.get((raw.topic, raw.partition))
+        if tp is None:
+            tp = self.topic_partitions[(raw.topic, raw.partition)] = TopicPartition(raw.topic, raw.partition)
         self.txn_offsets[tp] = self.processed[tp] = raw.offset + 1
         self.txn_records += 1
-        self.metrics.add("records_in")
 
-    async def _send(self, topic: str, key, value, headers, timestamp, partition: int | None = None):
+    async def _send(self, topic: str, key, value, headers, timestamp, partition: int | None = None, *, report: bool = False):
+        """Send in the open transaction; the record's future only if
+        ``report`` (a failed record fails the commit either way)."""
         producer = self.producer
         if producer.can_append_now(topic, partition):
-            return producer.append(topic, partition, value, key, headers, timestamp)
+            return producer.append(topic, partition, value, key, headers, timestamp, report=report)
         return await producer.send(topic, value, key=key, partition=partition, headers=headers, timestamp=timestamp)
 
     async def _failed_record(self, processor: Processor, raw, error: Exception, stage: str) -> None:
@@ -340,12 +353,17 @@ class Runner:
 
     async def _commit(self) -> None:
         producer = self.producer
-        written: list[tuple[Store, dict, list]] = []
+        written: list[tuple[Store, dict, object]] = []
         for store in self.dirty:
             changes = store.take_pending()
+            if not changes:
+                continue
             topic = self.app.changelog_topic(store.name)
-            futures = [await self._send(topic, key, value, (), None, partition=store.partition) for key, value in changes.items()]
-            written.append((store, changes, futures))
+            last = len(changes) - 1
+            for index, (key, value) in enumerate(changes.items()):
+                # Only the shard's last record's offset is needed: where its SQLite file stands after this commit.
+                outcome = await self._send(topic, key, value, (), None, partition=store.partition, report=index == last)
+            written.append((store, changes, outcome))
         self.dirty = set()
         # The offsets' round trips (AddOffsetsToTxn, TxnOffsetCommit) overlap
         # the records' flush; both finish (no orphan task) before any error counts.
@@ -363,12 +381,12 @@ class Runner:
         self.txn_records = self.txn_outputs = 0
         self.txn_offsets = {}
         self.app.crash_point(CRASH_AFTER_COMMIT)
-        for store, changes, futures in written:
+        for store, changes, last in written:
             # The changelog offset after this transaction's last record of the
             # shard. An offset the broker did not report (a retried duplicate)
             # leaves the shard's position where it was: re-reading from there
             # replays writes it already has, which changes nothing.
-            reached = max((f.result().offset for f in futures), default=-1) + 1
+            reached = last.result().offset + 1
             next_offset = max(store.next_offset, reached)
             store.apply_committed(changes, next_offset)
             shard = self.shards.get((store.name, store.partition))
@@ -395,8 +413,8 @@ class Runner:
                 # The group moved on without us (this member's session ended,
                 # e.g. the process was stopped): rejoin at the next poll, which
                 # reports the partitions lost, rather than wait for a heartbeat
-                # to find out. (txn's consumer has no public enforce_rebalance yet.)
-                self.consumer._note_group_error(error.code)
+                # to find out.
+                self.consumer.enforce_rebalance(error.code)
             await self._abort()
             await self._recover(catch_up_stores=False)
             return False

@@ -60,6 +60,8 @@ import struct
 import aiosqlite
 import attrs
 
+from streaming.serde import COMPACT_JSON
+
 # -- keys -------------------------------------------------------------------------------------------
 
 TAG_NONE, TAG_FALSE, TAG_TRUE = 0x01, 0x02, 0x03
@@ -180,7 +182,7 @@ def decode_key(data: bytes):
 
 def encode_value(value) -> bytes:
     try:
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+        return COMPACT_JSON.encode(value).encode("utf-8")
     except (TypeError, ValueError) as error:
         raise StoreError(f"a store value must be JSON-able: {error}") from None
 

@@ -273,6 +273,25 @@ class AsyncConsumer(Fetcher, GroupDriver):
         member = self._member if self._subscription else None
         return GroupMetadata(self.group_id, member.generation_id if member else -1, member.member_id if member else "", self.config.group_instance_id)
 
+    def enforce_rebalance(self, group_error: int | None = None) -> None:
+        """Rejoin the group at the next ``poll`` (Kafka's ``enforceRebalance``).
+
+        ``group_error``: the group's answer that showed this member's
+        generation is over before a heartbeat did, e.g. the producer's
+        TxnOffsetCommit refused with UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION or
+        FENCED_INSTANCE_ID: the next poll then reports the partitions lost
+        (``on_partitions_lost``: they may be someone else's already), not
+        revoked. Without one (or with REBALANCE_IN_PROGRESS) the member
+        revokes and rejoins as itself."""
+        if self._member is None:
+            raise FatalError(message="enforce_rebalance() needs subscribe()")
+        if group_error is None or group_error == ErrorCode.REBALANCE_IN_PROGRESS:
+            self._rejoin_needed = True
+        elif group_error in FENCING:
+            self._note_group_error(group_error)
+        else:
+            raise FatalError(message=f"enforce_rebalance: {group_error!r} is not a group error that ends a generation ({', '.join(sorted(ErrorCode(c).name for c in FENCING))} or REBALANCE_IN_PROGRESS)")
+
     async def close(self) -> None:
         """Leave the group (after revoking, with auto-commit's last commit) and disconnect."""
         if self._closed:
@@ -400,6 +419,10 @@ class Consumer(SyncClient):
 
     def group_metadata(self) -> GroupMetadata:
         return self._thread.run(self._async.group_metadata)
+
+    def enforce_rebalance(self, group_error: int | None = None) -> None:
+        """Rejoin the group at the next ``poll`` (see ``AsyncConsumer.enforce_rebalance``)."""
+        self._thread.run(self._async.enforce_rebalance, group_error)
 
 
 def _settle_outcome(outcome: concurrent.futures.Future, task: asyncio.Task) -> None:

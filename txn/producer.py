@@ -108,11 +108,19 @@ class AsyncProducer(Sender):
         self.cluster = Cluster(self.config)
         self.producer_id, self.producer_epoch = -1, -1
         self._queues: dict[TopicPartition, PartitionQueue] = defaultdict(PartitionQueue)
+        self._topic_partitions: dict[tuple[str, int], TopicPartition] = {}  # append's, made once
         self._tasks: set[asyncio.Task] = set()
         self._round_robin = itertools.count()
         self._started = False
         self._in_transaction = False
-        self._added: dict[TopicPartition, asyncio.Future] = {}
+        self._added: dict[TopicPartition, asyncio.Future] = {}  # done once the partition is in the transaction
+        self._to_add: list[tuple[TopicPartition, asyncio.Future]] = []  # for the next AddPartitionsToTxn
+        self._adder: asyncio.Task | None = None  # sends AddPartitionsToTxn requests, one at a time
+        # The coordinator takes one state change of a transactional id at a
+        # time and answers another one meanwhile CONCURRENT_TRANSACTIONS,
+        # which costs a retry backoff: AddPartitionsToTxn and AddOffsetsToTxn
+        # take turns here instead.
+        self._coordinator_turn = asyncio.Lock()
         self._offsets_added: set[str] = set()
         self._txn_error: BaseException | None = None
         self._fatal: BaseException | None = None
@@ -292,22 +300,49 @@ class AsyncProducer(Sender):
         return error
 
     async def _add_partition(self, partition: TopicPartition) -> None:
-        pending = self._added.get(partition)
-        if pending is None:
-            pending = self._added[partition] = asyncio.ensure_future(
-                self._txn_request(
-                    ApiKey.ADD_PARTITIONS_TO_TXN,
-                    {
-                        "v3_and_below_transactional_id": self.transactional_id,
-                        "v3_and_below_producer_id": self.producer_id,
-                        "v3_and_below_producer_epoch": self.producer_epoch,
-                        "v3_and_below_topics": [{"name": partition.topic, "partitions": [partition.partition]}],
-                    },
-                    f"AddPartitionsToTxn({partition})",
-                    max_version=3,  # v4+ is the brokers' batched form (KIP-890)
-                )
-            )
-        await asyncio.shield(pending)
+        """Return once ``partition`` is part of the open transaction.
+
+        Partitions asked for while an AddPartitionsToTxn is out go together
+        in the next one (as Kafka's producer does): a request per partition
+        made every transaction with N new partitions pay N-1 rounds of
+        CONCURRENT_TRANSACTIONS and backoff (100 ms, 200 ms, ...)."""
+        added = self._added.get(partition)
+        if added is None:
+            loop = asyncio.get_running_loop()
+            added = self._added[partition] = loop.create_future()
+            self._to_add.append((partition, added))
+            if self._adder is None or self._adder.done():
+                self._adder = loop.create_task(self._add_partitions())
+        await asyncio.shield(added)
+
+    async def _add_partitions(self) -> None:
+        while self._to_add:
+            waiting, self._to_add = self._to_add, []
+            by_topic: dict[str, list[int]] = defaultdict(list)
+            for tp, _added in waiting:
+                by_topic[tp.topic].append(tp.partition)
+            body = {
+                "v3_and_below_transactional_id": self.transactional_id,
+                "v3_and_below_producer_id": self.producer_id,
+                "v3_and_below_producer_epoch": self.producer_epoch,
+                "v3_and_below_topics": [{"name": topic, "partitions": partitions} for topic, partitions in by_topic.items()],
+            }
+            try:
+                async with self._coordinator_turn:
+                    # v4+ is the brokers' batched form (KIP-890)
+                    await self._txn_request(ApiKey.ADD_PARTITIONS_TO_TXN, body, f"AddPartitionsToTxn({', '.join(str(tp) for tp, _ in waiting)})", max_version=3)
+            except BaseException as error:
+                failed = waiting + (self._to_add if isinstance(error, asyncio.CancelledError) else [])
+                outcome = FatalError(message="the producer closed before the partition was added") if isinstance(error, asyncio.CancelledError) else error
+                for _tp, added in failed:
+                    if not added.done():
+                        fail_quietly(added, outcome)
+                if isinstance(error, asyncio.CancelledError):
+                    raise
+                continue
+            for _tp, added in waiting:
+                if not added.done():
+                    added.set_result(None)
 
     async def send_offsets_to_transaction(self, offsets, group_metadata) -> None:
         """Commit consumer positions with this transaction (KIP-447).
@@ -320,11 +355,12 @@ class AsyncProducer(Sender):
             raise FatalError(message="send_offsets_to_transaction outside a transaction")
         group = GroupMetadata.of(group_metadata)
         if group.group_id not in self._offsets_added:
-            await self._txn_request(
-                ApiKey.ADD_OFFSETS_TO_TXN,
-                {"transactional_id": self.transactional_id, "producer_id": self.producer_id, "producer_epoch": self.producer_epoch, "group_id": group.group_id},
-                "AddOffsetsToTxn",
-            )
+            async with self._coordinator_turn:
+                await self._txn_request(
+                    ApiKey.ADD_OFFSETS_TO_TXN,
+                    {"transactional_id": self.transactional_id, "producer_id": self.producer_id, "producer_epoch": self.producer_epoch, "group_id": group.group_id},
+                    "AddOffsetsToTxn",
+                )
             self._offsets_added.add(group.group_id)
         by_topic: dict[str, list] = defaultdict(list)
         for partition, offset in offsets.items():
@@ -358,7 +394,7 @@ class AsyncProducer(Sender):
         self._check_usable()
         for queue in self._queues.values():  # unsent records of an aborted transaction are dropped
             for _record, future in queue.records:
-                if not future.done():
+                if future is not None and not future.done():
                     fail_quietly(future, TransactionAbortableError(message="the transaction was aborted"))
             queue.records, queue.size = [], 0
         await self._end(commit=False)
@@ -369,7 +405,11 @@ class AsyncProducer(Sender):
         await self.flush()
         if commit and self._txn_error is not None:
             raise TransactionAbortableError(message=f"cannot commit, abort instead: {self._txn_error}")
-        if self._added or self._offsets_added or self._resumed:
+        # Only what the coordinator accepted makes a transaction there (as in
+        # Kafka): partitions whose AddPartitionsToTxn failed, e.g. together
+        # with an unknown one, leave it Empty, and an EndTxn would be refused.
+        partitions_added = any(added.done() and not added.cancelled() and added.exception() is None for added in self._added.values())
+        if partitions_added or self._offsets_added or self._resumed:
             if commit:
                 self.crash_point("txn.before_commit")
             body = {"transactional_id": self.transactional_id, "producer_id": self.producer_id, "producer_epoch": self.producer_epoch, "committed": commit}
@@ -417,9 +457,8 @@ class AsyncProducer(Sender):
         finally:
             # What flush did not wait for (a fatal error stopped it, or flush
             # was cancelled) is the producer's to stop before its connections go.
-            adding = [task for task in self._added.values() if not task.done()]
             try:
-                await cancel_and_wait(*self._tasks, *adding)
+                await cancel_and_wait(*self._tasks, self._adder if self._adder is not None and not self._adder.done() else None)
             finally:
                 await self.cluster.close()
 
@@ -432,10 +471,16 @@ _ENDED_STATES = {"Empty", "PrepareCommit", "PrepareAbort", "CompleteCommit", "Co
 def _first_error(body: dict) -> int:
     if body.get("error_code"):
         return body["error_code"]
+    not_attempted = 0
     for topic in body.get("results_by_topic_v3_and_below", []) + [t for r in body.get("results_by_transaction", []) for t in r["topic_results"]]:
         for partition in topic["results_by_partition"]:
-            if partition["partition_error_code"]:
-                return partition["partition_error_code"]
+            code = partition["partition_error_code"]
+            if code == ErrorCode.OPERATION_NOT_ATTEMPTED:
+                not_attempted = code  # the others' answer when one partition failed: that one's error says why
+            elif code:
+                return code
+    if not_attempted:
+        return not_attempted
     for topic in body.get("topics", []):
         for partition in topic.get("partitions", []):
             if partition.get("error_code"):

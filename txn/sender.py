@@ -16,7 +16,7 @@ itself, a transactional one when its transaction ends. Retriable errors are
 retried until ``delivery_timeout_ms``.
 
 ``Sender`` is a base class of ``AsyncProducer``, whose ``__init__`` sets
-the state it works on (``_queues``, ``_tasks``, ``_round_robin``,
+the state it works on (``_queues``, ``_topic_partitions``, ``_tasks``, ``_round_robin``,
 ``_needs_epoch_bump``, ``_txn_error``, ``_fatal``, the producer id and epoch)
 and which provides what it calls back (``check_can_send``,
 ``_add_partition``, ``_bump_epoch``).
@@ -52,7 +52,7 @@ RECORD_OVERHEAD = 20  # a record's framing bytes, roughly, for batch sizing
 class Batch:
     partition: TopicPartition
     records: list
-    futures: list
+    futures: list  # per record: its future, or None (appended with report=False)
     created: float
     base_sequence: int = -1
     predecessor: "Batch | None" = None
@@ -64,7 +64,7 @@ class Batch:
 
 @attrs.define(eq=False)
 class PartitionQueue:
-    records: list = attrs.field(factory=list)  # (record tuple, future)
+    records: list = attrs.field(factory=list)  # (record tuple, future or None)
     size: int = 0
     timer: asyncio.TimerHandle | None = None
     inflight: int = 0
@@ -80,22 +80,35 @@ class Sender:
         has its id and knows the topic)."""
         return self._started and (partition is not None or topic in self.cluster.partition_counts)
 
-    def append(self, topic: str, partition: int | None, value, key=None, headers=None, timestamp=None, on_delivery=None) -> asyncio.Future:
-        """The synchronous part of ``send``, on the loop (see ``can_append_now``)."""
+    def append(self, topic: str, partition: int | None, value, key=None, headers=None, timestamp=None, on_delivery=None, *, report: bool = True) -> asyncio.Future | None:
+        """The synchronous part of ``send``, on the loop (see ``can_append_now``).
+
+        ``report=False`` (transactions only): no future, ``None`` returned.
+        A record that fails then fails its transaction, and the caller hears
+        of it from ``commit_transaction``; a pipeline that never looks at its
+        outputs' offsets saves a future and a ``RecordMetadata`` per record."""
         self.check_can_send()
         if partition is None:
             partition = default_partition(key, self.cluster.partition_counts[topic], self._round_robin)
-        future = asyncio.get_running_loop().create_future()
-        if on_delivery is not None:
-            future.add_done_callback(lambda f: on_delivery(f.exception(), None) if f.exception() else on_delivery(None, f.result()))
-        tp = TopicPartition(topic, partition)
+        loop = asyncio.get_running_loop()
+        if report:
+            future = loop.create_future()
+            if on_delivery is not None:
+                future.add_done_callback(lambda f: on_delivery(f.exception(), None) if f.exception() else on_delivery(None, f.result()))
+        elif self.transactional_id is None or on_delivery is not None:
+            raise FatalError(message="append(report=False) is for transactions, whose commit reports a failed record, and takes no on_delivery")
+        else:
+            future = None
+        tp = self._topic_partitions.get((topic, partition))
+        if tp is None:
+            tp = self._topic_partitions[(topic, partition)] = TopicPartition(topic, partition)
         queue = self._queues[tp]
-        queue.records.append(((key, value, tuple(headers or ()), int(time.time() * 1000) if timestamp is None else timestamp), future))
+        queue.records.append(((key, value, tuple(headers) if headers else (), int(time.time() * 1000) if timestamp is None else timestamp), future))
         queue.size += len(value or b"") + len(key or b"") + RECORD_OVERHEAD
         if queue.size >= self.config.batch_size:
             self._drain(tp)
         elif queue.timer is None:
-            queue.timer = asyncio.get_running_loop().call_later(self.config.linger_ms / 1000, self._drain, tp)
+            queue.timer = loop.call_later(self.config.linger_ms / 1000, self._drain, tp)
         return future
 
     def _drain(self, tp: TopicPartition) -> None:
@@ -155,7 +168,7 @@ class Sender:
             if self.transactional_id is not None and not isinstance(error, (ProducerFencedError,)) and self._txn_error is None:
                 self._txn_error = batch.error
             for future in batch.futures:
-                if not future.done():
+                if future is not None and not future.done():
                     fail_quietly(future, batch.error)
             if isinstance(error, asyncio.CancelledError):
                 raise  # the producer is closing: its records failed above; the cancellation goes on
@@ -165,7 +178,7 @@ class Sender:
             batch.finished.set()
         base, log_append_time = result
         for index, future in enumerate(batch.futures):
-            if not future.done():
+            if future is not None and not future.done():
                 future.set_result(RecordMetadata(batch.partition.topic, batch.partition.partition, base + index if base >= 0 else -1, log_append_time if log_append_time >= 0 else batch.records[index][3]))
 
     async def _deliver_with_retries(self, batch: Batch):
@@ -261,7 +274,7 @@ class Sender:
         if self._needs_epoch_bump and self.transactional_id is not None:
             for queue in self._queues.values():  # nothing more can be sent in this transaction
                 for _record, future in queue.records:
-                    if not future.done():
+                    if future is not None and not future.done():
                         fail_quietly(future, TransactionAbortableError(message="an earlier send failed; abort the transaction"))
                 queue.records, queue.size = [], 0
 

@@ -13,8 +13,10 @@ import uuid
 import pytest
 
 import txn.aio
+from protocol.errors import ErrorCode
 from tests.helpers import create_topic
 from txn import CommitFailedError, Consumer, OffsetAndMetadata, Producer, TopicPartition, TransactionAbortableError
+from txn.errors import FatalError
 
 
 class Recorder:
@@ -232,6 +234,60 @@ def test_commit_after_being_fenced_raises_commit_failed(embedded_broker):
     poll_until([consumer], lambda s: len(consumer.assignment()) == 1 and consumer.group_metadata().generation_id >= 1)
     consumer.commit({TopicPartition("fenced-commit", 0): 0})
     consumer.close()
+
+
+def test_enforce_rebalance_rejoins_at_the_next_poll(embedded_broker):
+    """Kafka's enforceRebalance: the member revokes and rejoins at its next
+    poll (a heartbeat, 20 s away here, could not be what made it)."""
+    create_topic(embedded_broker.bootstrap, "enforced", 2)
+    consumer = Consumer(bootstrap_servers=embedded_broker.bootstrap, group_id=f"enforced-{uuid.uuid4()}", heartbeat_interval_ms=20_000, session_timeout_ms=45_000)
+    recorder = Recorder()
+    consumer.subscribe(["enforced"], listener=recorder)
+    poll_until([consumer], lambda s: len(consumer.assignment()) == 2)
+    generation = consumer.group_metadata().generation_id
+    recorder.events.clear()
+    consumer.poll(0.2)
+    assert recorder.events == [], "nothing moves without a reason"
+    consumer.enforce_rebalance()
+    poll_until([consumer], lambda s: consumer.group_metadata().generation_id > generation and len(consumer.assignment()) == 2, timeout=10)
+    both = [TopicPartition("enforced", 0), TopicPartition("enforced", 1)]
+    assert recorder.events == [("revoked", both), ("assigned", both)]
+    with pytest.raises(FatalError):
+        consumer.enforce_rebalance(ErrorCode.NOT_COORDINATOR)  # not an answer that ends a generation
+    consumer.close()
+
+
+def test_enforce_rebalance_after_a_fencing_answer_reports_the_partitions_lost(embedded_broker):
+    """A static member replaced by a newcomer with its group.instance.id
+    hears of it from its producer's TxnOffsetCommit (Kafka answers
+    FENCED_INSTANCE_ID, our broker ILLEGAL_GENERATION: the generation
+    moved on with the newcomer's join);
+    enforce_rebalance with that answer makes its next poll report the
+    partitions lost (they are the newcomer's now), not revoked."""
+    create_topic(embedded_broker.bootstrap, "replaced", 2)
+    group = f"replaced-{uuid.uuid4()}"
+    options = {"group_id": group, "group_instance_id": "worker-1", "heartbeat_interval_ms": 20_000, "session_timeout_ms": 45_000}
+    old = Consumer(bootstrap_servers=embedded_broker.bootstrap, **options)
+    recorder = Recorder()
+    old.subscribe(["replaced"], listener=recorder)
+    poll_until([old], lambda s: len(old.assignment()) == 2)
+    newcomer = Consumer(bootstrap_servers=embedded_broker.bootstrap, **options)
+    newcomer.subscribe(["replaced"])
+    poll_until([newcomer], lambda s: len(newcomer.assignment()) == 2)
+    producer = Producer(bootstrap_servers=embedded_broker.bootstrap, transactional_id=f"replaced-{uuid.uuid4()}")
+    producer.init_transactions()
+    producer.begin_transaction()
+    with pytest.raises(TransactionAbortableError) as refused:
+        producer.send_offsets_to_transaction({TopicPartition("replaced", 0): 1}, old.group_metadata())
+    producer.abort_transaction()
+    producer.close()
+    assert refused.value.code in (ErrorCode.FENCED_INSTANCE_ID, ErrorCode.ILLEGAL_GENERATION)
+    recorder.events.clear()
+    old.enforce_rebalance(refused.value.code)
+    poll_until([old], lambda s: recorder.events, timeout=10)
+    assert recorder.events[0] == ("lost", [TopicPartition("replaced", 0), TopicPartition("replaced", 1)])
+    newcomer.close()
+    old.close()
 
 
 def test_async_api_copies_with_a_transaction(embedded_broker):

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 
 import pytest
 
+from protocol.errors import ErrorCode
 from protocol.messages import ApiKey
 from protocol.partitioning import default_partition, murmur2
 from tests.helpers import create_topic, raw_request, read_values
-from txn.errors import InvalidProducerEpochError
-from txn.producer import Producer, ProducerFencedError
+from txn.errors import InvalidProducerEpochError, TransactionAbortableError
+from txn.producer import AsyncProducer, Producer, ProducerFencedError, _first_error
 
 
 def test_partitioner_matches_kafkas_murmur2():
@@ -21,6 +23,8 @@ def test_partitioner_matches_kafkas_murmur2():
         assert murmur2(key) & 0xFFFFFFFF == reference(key) & 0xFFFFFFFF
         # kafka-python's (and the Java client's) default partition for a key
         assert default_partition(key, 12, None) == (reference(key) & 0x7FFFFFFF) % 12
+        # again (now from the cache of repeated keys), and for a bytearray (not cacheable)
+        assert default_partition(key, 12, None) == default_partition(bytearray(key), 12, None) == (reference(key) & 0x7FFFFFFF) % 12
 
 
 def test_idempotent_producer_keeps_order_per_key(embedded_broker):
@@ -93,3 +97,66 @@ def test_a_second_instance_fences_the_first(embedded_broker):
         first.commit_transaction()
     second.close()
     assert read_values(embedded_broker.bootstrap, "own-fence", isolation="read_committed", partitions=1, expect=1) == [b"successor"]
+
+
+def test_a_transactions_partitions_and_offsets_take_turns_at_the_coordinator(embedded_broker):
+    """The coordinator takes one change of a transactional id at a time and
+    answers another meanwhile CONCURRENT_TRANSACTIONS (a retry after a
+    backoff): partitions waiting to be added go in one AddPartitionsToTxn,
+    and AddOffsetsToTxn waits its turn, so no request is turned away, even
+    with offsets sent while the records flush (as the runner does)."""
+    create_topic(embedded_broker.bootstrap, "own-wide", 6)
+    create_topic(embedded_broker.bootstrap, "own-wide-in", 1)
+    answers = []
+
+    async def main():
+        producer = AsyncProducer(embedded_broker.bootstrap, transactional_id=f"own-{uuid.uuid4()}", linger_ms=0)
+        original = producer.cluster.coordinator_request
+
+        async def recording(key, key_type, api_key, body, **options):
+            response = await original(key, key_type, api_key, body, **options)
+            if api_key in (ApiKey.ADD_PARTITIONS_TO_TXN, ApiKey.ADD_OFFSETS_TO_TXN):
+                answers.append((api_key, _first_error(response)))
+            return response
+
+        producer.cluster.coordinator_request = recording
+        await producer.init_transactions()
+        for round_number in range(2):
+            producer.begin_transaction()
+            for i in range(60):
+                await producer.send("own-wide", b"%d-%d" % (round_number, i), partition=i % 6)
+            await asyncio.gather(producer.flush(), producer.send_offsets_to_transaction({("own-wide-in", 0): 5 + round_number}, "own-wide-group"))
+            await producer.commit_transaction()
+        await producer.close()
+
+    asyncio.run(main())
+    assert [code for _api, code in answers if code] == [], "no AddPartitionsToTxn/AddOffsetsToTxn was turned away"
+    adds = [api for api, _code in answers if api == ApiKey.ADD_PARTITIONS_TO_TXN]
+    assert 2 <= len(adds) <= 4, f"six partitions per transaction went in {len(adds)} AddPartitionsToTxn requests over two transactions"
+    values = read_values(embedded_broker.bootstrap, "own-wide", isolation="read_committed", partitions=6, expect=120)
+    assert sorted(values) == sorted(b"%d-%d" % (r, i) for r in range(2) for i in range(60))
+    committed = raw_request(embedded_broker.port, ApiKey.OFFSET_FETCH, 7, {"group_id": "own-wide-group", "topics": None, "require_stable": True})
+    assert committed["topics"][0]["partitions"][0]["committed_offset"] == 6
+
+
+def test_a_partition_the_broker_does_not_know_fails_its_transaction_with_its_own_error(embedded_broker):
+    """Partitions added together fail together (as Kafka answers: the unknown
+    one UNKNOWN_TOPIC_OR_PARTITION, the rest OPERATION_NOT_ATTEMPTED); the
+    error the records carry is the one that says why."""
+    create_topic(embedded_broker.bootstrap, "own-narrow", 1)
+
+    async def main():
+        producer = AsyncProducer(embedded_broker.bootstrap, transactional_id=f"own-{uuid.uuid4()}", linger_ms=0, delivery_timeout_ms=2000)
+        await producer.init_transactions()
+        producer.begin_transaction()
+        known = producer.append("own-narrow", 0, b"fine")
+        unknown = producer.append("own-narrow", 5, b"nowhere")
+        outcomes = await asyncio.gather(known, unknown, return_exceptions=True)
+        with pytest.raises(TransactionAbortableError):
+            await producer.commit_transaction()
+        await producer.abort_transaction()
+        await producer.close()
+        return outcomes
+
+    outcomes = asyncio.run(main())
+    assert [getattr(outcome, "code", None) for outcome in outcomes] == [ErrorCode.UNKNOWN_TOPIC_OR_PARTITION] * 2

@@ -5,6 +5,7 @@ outcome is unknown, configuration and pickling."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import pickle
@@ -29,6 +30,7 @@ from txn import (
 from protocol.errors import ErrorCode
 from protocol.messages import ApiKey
 from txn.errors import CommitOutcomeUnknownError, FatalError, ProducerFencedError
+from txn.producer import AsyncProducer
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -125,6 +127,37 @@ def test_failed_send_makes_the_transaction_abortable_and_the_producer_goes_on(em
     producer.close()
     assert [r.value for r in read_partition(embedded_broker.bootstrap, "abortable", 0, 1)] == [b"committed"]
 
+
+
+def test_records_appended_without_a_future_count_in_their_transaction(embedded_broker):
+    """append(report=False), for pipelines that never look at their outputs'
+    offsets: no future, yet the records commit with their transaction, a
+    failed one fails the commit (nothing is lost silently), and a producer
+    outside transactions, which has no commit to report through, refuses."""
+    create_topic(embedded_broker.bootstrap, "unreported", 2)
+
+    async def main():
+        idempotent = AsyncProducer(embedded_broker.bootstrap)
+        await idempotent.start()
+        with pytest.raises(FatalError):
+            idempotent.append("unreported", 0, b"lost?", report=False)
+        await idempotent.close()
+        producer = AsyncProducer(embedded_broker.bootstrap, transactional_id=f"unreported-{uuid.uuid4()}", delivery_timeout_ms=3000)
+        await producer.init_transactions()
+        producer.begin_transaction()
+        assert all(producer.append("unreported", i % 2, b"%d" % i, report=False) is None for i in range(300))
+        await producer.commit_transaction()
+        producer.begin_transaction()
+        producer.append("unreported", 0, b"dropped", report=False)
+        producer.append("unreported", 0, b"x" * 2_000_000, report=False)  # over message.max.bytes
+        with pytest.raises(TransactionAbortableError, match="MESSAGE_TOO_LARGE"):
+            await producer.commit_transaction()
+        await producer.abort_transaction()
+        await producer.close()
+
+    asyncio.run(main())
+    values = [r.value for p in range(2) for r in read_partition(embedded_broker.bootstrap, "unreported", p, 150)]
+    assert sorted(values) == sorted(b"%d" % i for i in range(300))
 
 CHILD = r"""
 import json, os, sys
