@@ -1,8 +1,11 @@
-"""`onceflow bench` scenario: rows/s through the onceflow Spark source.
+"""`onceflow bench` scenario: rows/s through the onceflow Spark source, and
+through the source into the exactly-once sink.
 
 One lean local[2] Spark session reads a prepared topic (committed records
 of 100 B on two partitions) through ``format("onceflow")`` into Spark's
-``noop`` sink in one AvailableNow batch, beside a no-op Python source that
+``noop`` sink in one AvailableNow batch, then the same topic into the
+onceflow sink (exactly_once, a topic of two partitions), beside a no-op
+Python source that
 emits the same number of rows of the same schema as Arrow batches (the
 floor: what Spark's Python data source path costs with no Kafka at all).
 Each is warmed up with a small run first (the first batch of a session pays
@@ -121,9 +124,35 @@ def fill_topic(bootstrap: str, rows: int) -> str:
     return topic
 
 
-def timed_batch(reader, work: str) -> tuple[int, float]:
-    """(rows, seconds) of the one AvailableNow batch of ``reader`` into noop."""
-    query = reader.load().writeStream.format("noop").option("checkpointLocation", os.path.join(work, uuid.uuid4().hex)).trigger(availableNow=True).start()
+def create_topic(bootstrap: str) -> str:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    topic = f"bench-spark-out-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # kept alive until the topic exists
+    admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(15)
+    return topic
+
+
+def committed_records(bootstrap: str, topic: str) -> int:
+    """How many records a read_committed reader sees in ``topic``."""
+    from txn import Consumer, TopicPartition
+
+    partitions = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+    with Consumer(bootstrap_servers=bootstrap, max_poll_records=50_000) as reader:
+        reader.assign(partitions)
+        ends = reader.end_offsets(partitions)
+        count = 0
+        while any(reader.position(tp) < ends[tp] for tp in partitions):
+            count += len(reader.poll(1.0))
+    return count
+
+
+def timed_batch(reader, work: str, sink=None) -> tuple[int, float]:
+    """(rows, seconds) of the one AvailableNow batch of ``reader`` into noop,
+    or into what ``sink(frame.writeStream)`` sets up."""
+    frame = reader.load()
+    writer = sink(frame) if sink is not None else frame.writeStream.format("noop")
+    query = writer.option("checkpointLocation", os.path.join(work, uuid.uuid4().hex)).trigger(availableNow=True).start()
     if not query.awaitTermination(600):
         query.stop()
         raise RuntimeError("the Spark query did not finish in 600 s")
@@ -155,20 +184,34 @@ def spark_source_scenario(bootstrap: str, settings) -> dict:
         def floor(count: int):
             return spark.readStream.format("onceflow_bench_floor").option("rows", str(count))
 
+        def exactly_once(output: str):
+            def sink(frame):
+                return (frame.select("key", "value").writeStream.format("onceflow").option("kafka.bootstrap.servers", bootstrap)
+                        .option("topic", output).option("transactionalIdPrefix", f"bench-{uuid.uuid4().hex[:8]}"))
+            return sink
+
         timed_batch(floor(10_000), work)
         timed_batch(onceflow(warm), work)
+        timed_batch(onceflow(warm), work, exactly_once(create_topic(bootstrap)))
         floor_rows, floor_seconds = timed_batch(floor(rows), work)
         read_rows, read_seconds = timed_batch(onceflow(topic), work)
-        if read_rows != rows or floor_rows != rows:
-            raise RuntimeError(f"read {read_rows} (onceflow) and {floor_rows} (floor) rows of {rows}")
+        output = create_topic(bootstrap)
+        copied_rows, copied_seconds = timed_batch(onceflow(topic), work, exactly_once(output))
+        if read_rows != rows or floor_rows != rows or copied_rows != rows:
+            raise RuntimeError(f"read {read_rows} (onceflow -> noop), {copied_rows} (onceflow -> onceflow) and {floor_rows} (floor) rows of {rows}")
+        written = committed_records(bootstrap, output)
+        if written != rows:
+            raise RuntimeError(f"the exactly-once sink's topic holds {written} committed records, not {rows}")
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
-    ours, floor_rate = read_rows / read_seconds, floor_rows / floor_seconds
+    ours, floor_rate, copied = read_rows / read_seconds, floor_rows / floor_seconds, copied_rows / copied_seconds
     return {
         "rows/s": Metric(ours, "rows/s"),
         "no-op source floor rows/s": Metric(floor_rate, "rows/s"),
         "floor/ours": Metric(floor_rate / ours, "x"),
+        "into exactly-once sink rows/s": Metric(copied, "rows/s"),
+        "floor/into sink": Metric(floor_rate / copied, "x"),
     }
 
 
