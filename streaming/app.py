@@ -118,6 +118,10 @@ class App:
         if commit_interval_ms >= transaction_timeout_ms:
             raise ConfigError(f"commit_interval_ms ({commit_interval_ms}) must be shorter than transaction_timeout_ms ({transaction_timeout_ms}): the broker aborts a transaction open longer")
         self.processors: list[Processor] = []
+        # Topics the app's own layers need ({topic: the topic whose partition
+        # count it takes}), created by the runner before it starts: the
+        # dataflow layer's repartition topics.
+        self.internal_topics: dict[str, str] = {}
         self.metrics = Metrics()
         self._instance_id = instance_id
         self._stop = threading.Event()

@@ -430,40 +430,9 @@ class Stream:
 
 def declare_internal_topic(app, topic: str, *, like: str) -> None:
     """Note that ``topic`` (a repartition topic) must exist, with as many
-    partitions as ``like``, before the app runs: the runner refuses missing
-    sources. ``app.internal_topics`` ({topic: like}) is what a runner that
-    creates internal topics itself reads; until the App does, the app's
-    ``run`` is wrapped (on this instance only) to create them first."""
-    internal = app.__dict__.setdefault("internal_topics", {})
-    internal[topic] = like
-    if getattr(type(app), "creates_internal_topics", False) or app.__dict__.get("_dataflow_run_wrapped"):
-        return
-    run = app.run
-
-    def run_after_creating_internal_topics(*args, **kwargs):
-        create_internal_topics(app)
-        return run(*args, **kwargs)
-
-    app.run = run_after_creating_internal_topics
-    app._dataflow_run_wrapped = True
-
-
-def create_internal_topics(app) -> dict[str, int]:
-    """Create the app's missing internal topics, each with its model
-    source's partition count; returns what it created. A missing source is
-    left for the runner to report."""
-    from txn import Admin
-
-    wanted = getattr(app, "internal_topics", {})
-    if not wanted:
-        return {}
-    options = {k: v for k, v in getattr(app, "consumer_options", {}).items() if k in getattr(app, "producer_options", {})}
-    with Admin(bootstrap_servers=app.bootstrap_servers, **options) as admin:
-        existing = admin.list_topics()
-        to_create = {topic: existing[like] for topic, like in wanted.items() if topic not in existing and like in existing}
-        if to_create:
-            admin.create_topics(to_create, exist_ok=True)
-    return to_create
+    partitions as ``like``, before the app runs: the runner creates what
+    ``app.internal_topics`` ({topic: like}) lists when it is missing."""
+    app.internal_topics[topic] = like
 
 
 def _count_one(count, _value):

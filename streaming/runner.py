@@ -212,9 +212,16 @@ class Runner:
 
     async def _prepare_topics(self) -> None:
         """Check the sources and create the changelogs (compacted, partitioned
-        like their sources) and the dead-letter topic when missing."""
+        like their sources), the internal topics the app declared (the
+        dataflow layer's repartition topics, partitioned like the topic each
+        names) and the dead-letter topic when missing."""
         app = self.app
         existing = await self.admin.list_topics()
+        internal = {topic: existing[like] for topic, like in app.internal_topics.items() if topic not in existing and like in existing}
+        if internal:
+            await self.admin.create_topics(internal, exist_ok=True)
+            log.info("created %s", ", ".join(sorted(internal)))
+            existing = {**existing, **internal}
         missing = sorted(t for t in self.by_topic if t not in existing)
         if missing:
             raise FatalError(message=f"source topic(s) {', '.join(missing)} do not exist: create them first")

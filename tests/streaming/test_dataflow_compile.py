@@ -34,6 +34,7 @@ class Registry:
 
     def __init__(self):
         self.processors: list[dict] = []
+        self.internal_topics: dict[str, str] = {}
 
     def processor(self, **options):
         def register(fn):
