@@ -42,19 +42,9 @@ DRIVER_GROUP = "BENCH_SPARK_DRIVER_PGID"
 
 
 def _session():
-    from pyspark.sql import SparkSession
+    from benchmarks.spark_source import spark_session
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("onceflow-bench")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "1")
-        .config("spark.sql.adaptive.enabled", "false")
-        .config("spark.driver.extraJavaOptions", "-XX:+UseSerialGC -XX:TieredStopAtLevel=1")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = spark_session()
     import streaming.spark
 
     streaming.spark.register(spark)

@@ -1,13 +1,17 @@
 """What tests of several rooms share, one copy each: making a topic, reading
 one back with an independent client, waiting for a state, a raw request on
-the wire, a free port. (Fixtures live in ``conftest.py``; import these with
+the wire, a free port, a disk that fills under ``__consumer_offsets``. (Fixtures live in ``conftest.py``; import these with
 ``from tests.helpers import ...``.)"""
 
 from __future__ import annotations
 
+import errno
 import socket
+import threading
 import time
 import uuid
+
+from storage.durable import DiskIO
 
 # Once a reader has what it expected, it waits this long for anything more
 # (a duplicate, a record that should not be visible) before it returns.
@@ -100,3 +104,28 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+class FullDiskUnderOffsets(DiskIO):
+    """A broker's DiskIO seam whose writes under ``__consumer_offsets`` fail
+    with ENOSPC while ``full`` is set (``refused`` counts them)."""
+
+    def __init__(self):
+        self.paths: dict[int, str] = {}
+        self.full = threading.Event()
+        self.refused = 0
+
+    def open(self, path, flags):
+        fd = super().open(path, flags)
+        self.paths[fd] = path
+        return fd
+
+    def close(self, fd):
+        self.paths.pop(fd, None)
+        super().close(fd)
+
+    def write(self, fd, data):
+        if self.full.is_set() and "__consumer_offsets" in self.paths.get(fd, ""):
+            self.refused += 1
+            raise OSError(errno.ENOSPC, "No space left on device")
+        super().write(fd, data)

@@ -216,30 +216,8 @@ def test_a_failed_assignment_write_leaves_the_group_as_it_was(tmp_path):
     refuses the write (the broker's DiskIO seam): the member hears
     COORDINATOR_NOT_AVAILABLE and the group stays as it was, waiting for an
     assignment, with none applied."""
-    import errno
-    import threading
-
     from broker.broker import EmbeddedBroker, FaultSeams
-    from storage.durable import DiskIO
-
-    class FullDiskUnderOffsets(DiskIO):
-        def __init__(self):
-            self.paths: dict[int, str] = {}
-            self.full = threading.Event()
-
-        def open(self, path, flags):
-            fd = super().open(path, flags)
-            self.paths[fd] = path
-            return fd
-
-        def close(self, fd):
-            self.paths.pop(fd, None)
-            super().close(fd)
-
-        def write(self, fd, data):
-            if self.full.is_set() and "__consumer_offsets" in self.paths.get(fd, ""):
-                raise OSError(errno.ENOSPC, "No space left on device")
-            super().write(fd, data)
+    from tests.helpers import FullDiskUnderOffsets
 
     disk = FullDiskUnderOffsets()
     with EmbeddedBroker(str(tmp_path / "data"), group_initial_rebalance_delay_ms=0, seams=FaultSeams(disk_io=disk)) as broker:

@@ -4,46 +4,17 @@ assignment once the coordinator can write again (Kafka's behaviour)."""
 
 from __future__ import annotations
 
-import errno
-import threading
 import time
 
-import pytest
 
 from broker.broker import EmbeddedBroker, FaultSeams
 from faults.process import restartable_port
-from storage.durable import DiskIO
-from tests.helpers import create_topic
+from tests.helpers import FullDiskUnderOffsets, create_topic
 from txn.consumer import Consumer
 from txn.membership import MemberState
 from txn.types import TopicPartition
 
 
-class FullDiskUnderOffsets(DiskIO):
-    """Writes under ``__consumer_offsets`` fail with ENOSPC while ``full`` is set."""
-
-    def __init__(self):
-        self.paths: dict[int, str] = {}
-        self.full = threading.Event()
-        self.refused = 0
-
-    def open(self, path, flags):
-        fd = super().open(path, flags)
-        self.paths[fd] = path
-        return fd
-
-    def close(self, fd):
-        self.paths.pop(fd, None)
-        super().close(fd)
-
-    def write(self, fd, data):
-        if self.full.is_set() and "__consumer_offsets" in self.paths.get(fd, ""):
-            self.refused += 1
-            raise OSError(errno.ENOSPC, "No space left on device")
-        super().write(fd, data)
-
-
-@pytest.mark.slow
 def test_a_sync_group_refused_by_the_coordinator_is_rejoined_until_it_works(tmp_path):
     data_dir = str(tmp_path / "data")
     port = restartable_port()  # the broker comes back on it
