@@ -205,20 +205,10 @@ def main(argv=None) -> int:
     module = load_query_module(args.query, require_chaos=False)
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
-    from pyspark.sql import SparkSession
+    import streaming.spark
 
     started = time.monotonic()
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("onceflow-" + os.path.splitext(os.path.basename(args.query))[0])
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.adaptive.enabled", "false")
-        .config("spark.driver.extraJavaOptions", "-XX:+UseSerialGC -XX:TieredStopAtLevel=1")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = streaming.spark.local_session("onceflow-" + os.path.splitext(os.path.basename(args.query))[0])
     query = module.build(spark, args.bootstrap, args.checkpoint)
     print(f"{STARTED_LINE.decode()} ({query.id}) in {time.monotonic() - started:.1f} s", flush=True)
     last_batch = None

@@ -8,10 +8,25 @@ transactions, built on PySpark's Python Data Source API (no JVM jar).
 
 Importing this package does not import pyspark or start Spark: the data
 source class (``streaming.spark.datasource``) is loaded by ``register``.
+``local_session`` starts a lean local session with the data source
+registered (for scripts, tests, the demo and the benchmarks).
 The option names are those of Spark's Kafka connector (``options``).
 """
 
 from __future__ import annotations
+
+import os
+import sys
+
+# A small local session starts in a few seconds less and uses less memory
+# with these: no UI, no adaptive execution, the serial collector and the
+# JIT's first tier only (measured in ../shared/notes/spark-datasource.md).
+LEAN_LOCAL_CONFIG = {
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.adaptive.enabled": "false",
+    "spark.driver.extraJavaOptions": "-XX:+UseSerialGC -XX:TieredStopAtLevel=1",
+}
 
 
 def register(spark) -> None:
@@ -28,3 +43,21 @@ def describe(query) -> str:
     from streaming.spark.progress import describe_query
 
     return describe_query(query)
+
+
+def local_session(app_name: str = "onceflow", *, master: str = "local[2]", shuffle_partitions: int = 2, config: dict | None = None):
+    """A lean local SparkSession (``LEAN_LOCAL_CONFIG``, Spark's Python
+    workers on this interpreter) with the ``onceflow`` data source
+    registered. ``config`` adds or overrides settings."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master(master).appName(app_name)
+    settings = {**LEAN_LOCAL_CONFIG, "spark.sql.shuffle.partitions": str(shuffle_partitions), **(config or {})}
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark

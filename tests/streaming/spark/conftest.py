@@ -16,26 +16,15 @@ import pytest
 
 @pytest.fixture(scope="module")
 def spark(tmp_path_factory):
-    pyspark_sql = pytest.importorskip("pyspark.sql")
+    pytest.importorskip("pyspark.sql")
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    warehouse = tmp_path_factory.mktemp("spark-warehouse")
-    session = (
-        pyspark_sql.SparkSession.builder.master("local[2]")
-        .appName("onceflow-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.adaptive.enabled", "false")
-        .config("spark.sql.warehouse.dir", str(warehouse))
-        .config("spark.driver.extraJavaOptions", "-XX:+UseSerialGC -XX:TieredStopAtLevel=1")
-        .config("spark.sql.streaming.stopTimeout", "30s")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
     import streaming.spark
 
-    streaming.spark.register(session)
+    warehouse = tmp_path_factory.mktemp("spark-warehouse")
+    session = streaming.spark.local_session(
+        "onceflow-tests", config={"spark.sql.warehouse.dir": str(warehouse), "spark.sql.streaming.stopTimeout": "30s"}
+    )
     try:
         yield session
     finally:

@@ -63,22 +63,10 @@ def crash_point(name: str) -> None:
 def main(argv: list[str]) -> int:
     bootstrap, checkpoint, prefix, partitions, *extra = argv
     os.environ[DRIVER_GROUP] = str(os.getpgid(0))
-    from pyspark.sql import SparkSession
 
     import streaming.spark
 
-    spark = (
-        SparkSession.builder.master("local[2,4]")  # up to 4 attempts per task: a task that died is retried
-        .appName("onceflow-sink-crash")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.adaptive.enabled", "false")
-        .config("spark.driver.extraJavaOptions", "-XX:+UseSerialGC -XX:TieredStopAtLevel=1")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    streaming.spark.register(spark)
+    spark = streaming.spark.local_session("onceflow-sink-crash", master="local[2,4]")  # up to 4 attempts per task: a task that died is retried
     events = (
         spark.readStream.format("onceflow")
         .option("kafka.bootstrap.servers", bootstrap)
