@@ -102,7 +102,10 @@ class KafkaApis:
         # code for a transactional batch there (NONE: allowed).
         self.partition_in_transaction = partition_in_transaction
 
-    async def dispatch(self, request) -> dict | None:
+    async def dispatch(self, request, session=None) -> dict | None:
+        """Answer one request. ``session`` (``broker.security.session``) is the
+        identity of the connection it came on; authorisation and quotas wrap
+        this dispatcher and use it, the handlers below do not."""
         handler = self._handlers.get(request.api_key)
         if handler is None:  # framing only lets through what SUPPORTED_APIS lists
             raise RuntimeError(f"no handler for api key {request.api_key}")

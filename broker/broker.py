@@ -247,8 +247,8 @@ class Broker:
                 internal=True,
             )
 
-    async def _dispatch(self, request):
-        return await self.apis.dispatch(request)
+    async def _dispatch(self, request, session):
+        return await self.apis.dispatch(request, session)
 
     def _answer_unsupported(self, error) -> bytes | None:
         """Kafka answers an ApiVersions request of a version it does not know

@@ -22,15 +22,17 @@ import asyncio
 import logging
 from typing import Awaitable, Callable
 
+from broker.security.session import Session
 from protocol import framing
 from protocol.errors import MalformedFrameError
 from protocol.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
-# A handler gets the decoded request and returns the response body (a dict),
-# or None when no response is due (Produce with acks=0).
-Handler = Callable[[framing.DecodedRequest], Awaitable[dict | None]]
+# The dispatcher gets the decoded request with the session of the connection it
+# came on and returns the response body (a dict), or None when no response is
+# due (Produce with acks=0).
+Dispatch = Callable[[framing.DecodedRequest, Session], Awaitable[dict | None]]
 
 
 class _CloseConnection(Exception):
@@ -42,7 +44,7 @@ class KafkaServer:
 
     def __init__(
         self,
-        dispatch: Callable[[framing.DecodedRequest], Awaitable[dict | None]],
+        dispatch: Dispatch,
         *,
         host: str,
         port: int,
@@ -111,12 +113,13 @@ class KafkaServer:
 
     async def _serve(self, reader, writer, peer) -> None:
         connection = framing.ServerConnection(max_frame_size=self._max_frame_size, supported_versions=self._supported_versions)
+        session = Session(client_host=peer[0] if isinstance(peer, tuple) and peer else "")
         pending: asyncio.Queue = asyncio.Queue(maxsize=self._max_inflight)
         try:
             async with asyncio.TaskGroup() as tasks:
                 writer_task = tasks.create_task(self._write_responses(connection, pending, writer, peer))
                 try:
-                    await self._read_requests(connection, reader, pending, tasks, peer)
+                    await self._read_requests(connection, reader, pending, tasks, peer, session)
                 finally:
                     # Let the writer finish what was already accepted, then stop it.
                     if not writer_task.done():
@@ -126,7 +129,7 @@ class KafkaServer:
         except* (ConnectionError, OSError):
             pass
 
-    async def _read_requests(self, connection, reader, pending, tasks, peer) -> None:
+    async def _read_requests(self, connection, reader, pending, tasks, peer, session) -> None:
         while True:
             try:
                 data = await reader.read(256 * 1024)
@@ -148,15 +151,15 @@ class KafkaServer:
                         continue
                     if request is None:
                         break
-                    await pending.put(tasks.create_task(self._answer(connection, request, peer)))
+                    await pending.put(tasks.create_task(self._answer(connection, request, peer, session)))
             except MalformedFrameError as error:
                 log.warning("closing connection from %s: malformed request: %s", peer, error)
                 # Answer what came before the bad frame, then close.
                 return
 
-    async def _answer(self, connection, request, peer) -> bytes | None:
+    async def _answer(self, connection, request, peer, session) -> bytes | None:
         try:
-            body = await self._dispatch(request)
+            body = await self._dispatch(request, session)
         except asyncio.CancelledError:
             raise
         except Exception:

@@ -45,6 +45,9 @@ class ApiKey(IntEnum):
     END_TXN = 26
     WRITE_TXN_MARKERS = 27
     TXN_OFFSET_COMMIT = 28
+    DESCRIBE_ACLS = 29
+    CREATE_ACLS = 30
+    DELETE_ACLS = 31
     DESCRIBE_CONFIGS = 32
     ALTER_CONFIGS = 33
     SASL_AUTHENTICATE = 36
@@ -52,6 +55,10 @@ class ApiKey(IntEnum):
     DELETE_GROUPS = 42
     INCREMENTAL_ALTER_CONFIGS = 44
     OFFSET_DELETE = 47
+    DESCRIBE_CLIENT_QUOTAS = 48
+    ALTER_CLIENT_QUOTAS = 49
+    DESCRIBE_USER_SCRAM_CREDENTIALS = 50
+    ALTER_USER_SCRAM_CREDENTIALS = 51
     DESCRIBE_CLUSTER = 60
     DESCRIBE_PRODUCERS = 61
     DESCRIBE_TRANSACTIONS = 65
@@ -975,6 +982,180 @@ LIST_TRANSACTIONS_RESPONSE = Message("ListTransactionsResponse", valid=(0, 1), f
     ))), (0, None)),
 )))
 
+DESCRIBE_ACLS_REQUEST = Message("DescribeAclsRequest", valid=(0, 3), flexible=(2, None), body=Struct("DescribeAclsRequest", (
+    Field("resource_type_filter", INT8, (0, None)),
+    Field("resource_name_filter", STRING, (0, None), nullable=(0, None)),
+    Field("pattern_type_filter", INT8, (1, None), default=3),
+    Field("principal_filter", STRING, (0, None), nullable=(0, None)),
+    Field("host_filter", STRING, (0, None), nullable=(0, None)),
+    Field("operation", INT8, (0, None)),
+    Field("permission_type", INT8, (0, None)),
+)))
+
+DESCRIBE_ACLS_RESPONSE = Message("DescribeAclsResponse", valid=(0, 3), flexible=(2, None), body=Struct("DescribeAclsResponse", (
+    Field("throttle_time_ms", INT32, (0, None)),
+    Field("error_code", INT16, (0, None)),
+    Field("error_message", STRING, (0, None), nullable=(0, None)),
+    Field("resources", ArrayOf(Struct("DescribeAclsResource", (
+        Field("resource_type", INT8, (0, None)),
+        Field("resource_name", STRING, (0, None)),
+        Field("pattern_type", INT8, (1, None), default=3),
+        Field("acls", ArrayOf(Struct("AclDescription", (
+            Field("principal", STRING, (0, None)),
+            Field("host", STRING, (0, None)),
+            Field("operation", INT8, (0, None)),
+            Field("permission_type", INT8, (0, None)),
+        ))), (0, None)),
+    ))), (0, None)),
+)))
+
+CREATE_ACLS_REQUEST = Message("CreateAclsRequest", valid=(0, 3), flexible=(2, None), body=Struct("CreateAclsRequest", (
+    Field("creations", ArrayOf(Struct("AclCreation", (
+        Field("resource_type", INT8, (0, None)),
+        Field("resource_name", STRING, (0, None)),
+        Field("resource_pattern_type", INT8, (1, None), default=3),
+        Field("principal", STRING, (0, None)),
+        Field("host", STRING, (0, None)),
+        Field("operation", INT8, (0, None)),
+        Field("permission_type", INT8, (0, None)),
+    ))), (0, None)),
+)))
+
+CREATE_ACLS_RESPONSE = Message("CreateAclsResponse", valid=(0, 3), flexible=(2, None), body=Struct("CreateAclsResponse", (
+    Field("throttle_time_ms", INT32, (0, None)),
+    Field("results", ArrayOf(Struct("AclCreationResult", (
+        Field("error_code", INT16, (0, None)),
+        Field("error_message", STRING, (0, None), nullable=(0, None)),
+    ))), (0, None)),
+)))
+
+DELETE_ACLS_REQUEST = Message("DeleteAclsRequest", valid=(0, 3), flexible=(2, None), body=Struct("DeleteAclsRequest", (
+    Field("filters", ArrayOf(Struct("DeleteAclsFilter", (
+        Field("resource_type_filter", INT8, (0, None)),
+        Field("resource_name_filter", STRING, (0, None), nullable=(0, None)),
+        Field("pattern_type_filter", INT8, (1, None), default=3),
+        Field("principal_filter", STRING, (0, None), nullable=(0, None)),
+        Field("host_filter", STRING, (0, None), nullable=(0, None)),
+        Field("operation", INT8, (0, None)),
+        Field("permission_type", INT8, (0, None)),
+    ))), (0, None)),
+)))
+
+DELETE_ACLS_RESPONSE = Message("DeleteAclsResponse", valid=(0, 3), flexible=(2, None), body=Struct("DeleteAclsResponse", (
+    Field("throttle_time_ms", INT32, (0, None)),
+    Field("filter_results", ArrayOf(Struct("DeleteAclsFilterResult", (
+        Field("error_code", INT16, (0, None)),
+        Field("error_message", STRING, (0, None), nullable=(0, None)),
+        Field("matching_acls", ArrayOf(Struct("DeleteAclsMatchingAcl", (
+            Field("error_code", INT16, (0, None)),
+            Field("error_message", STRING, (0, None), nullable=(0, None)),
+            Field("resource_type", INT8, (0, None)),
+            Field("resource_name", STRING, (0, None)),
+            Field("pattern_type", INT8, (1, None), default=3),
+            Field("principal", STRING, (0, None)),
+            Field("host", STRING, (0, None)),
+            Field("operation", INT8, (0, None)),
+            Field("permission_type", INT8, (0, None)),
+        ))), (0, None)),
+    ))), (0, None)),
+)))
+
+DESCRIBE_CLIENT_QUOTAS_REQUEST = Message("DescribeClientQuotasRequest", valid=(0, 1), flexible=(1, None), body=Struct("DescribeClientQuotasRequest", (
+    Field("components", ArrayOf(Struct("ComponentData", (
+        Field("entity_type", STRING, (0, None)),
+        Field("match_type", INT8, (0, None)),
+        Field("match", STRING, (0, None), nullable=(0, None)),
+    ))), (0, None)),
+    Field("strict", BOOL, (0, None)),
+)))
+
+DESCRIBE_CLIENT_QUOTAS_RESPONSE = Message("DescribeClientQuotasResponse", valid=(0, 1), flexible=(1, None), body=Struct("DescribeClientQuotasResponse", (
+    Field("throttle_time_ms", INT32, (0, None)),
+    Field("error_code", INT16, (0, None)),
+    Field("error_message", STRING, (0, None), nullable=(0, None)),
+    Field("entries", ArrayOf(Struct("EntryData", (
+        Field("entity", ArrayOf(Struct("EntityData", (
+            Field("entity_type", STRING, (0, None)),
+            Field("entity_name", STRING, (0, None), nullable=(0, None)),
+        ))), (0, None)),
+        Field("values", ArrayOf(Struct("ValueData", (
+            Field("key", STRING, (0, None)),
+            Field("value", FLOAT64, (0, None)),
+        ))), (0, None)),
+    ))), (0, None), nullable=(0, None)),
+)))
+
+ALTER_CLIENT_QUOTAS_REQUEST = Message("AlterClientQuotasRequest", valid=(0, 1), flexible=(1, None), body=Struct("AlterClientQuotasRequest", (
+    Field("entries", ArrayOf(Struct("EntryData", (
+        Field("entity", ArrayOf(Struct("EntityData", (
+            Field("entity_type", STRING, (0, None)),
+            Field("entity_name", STRING, (0, None), nullable=(0, None)),
+        ))), (0, None)),
+        Field("ops", ArrayOf(Struct("OpData", (
+            Field("key", STRING, (0, None)),
+            Field("value", FLOAT64, (0, None)),
+            Field("remove", BOOL, (0, None)),
+        ))), (0, None)),
+    ))), (0, None)),
+    Field("validate_only", BOOL, (0, None)),
+)))
+
+ALTER_CLIENT_QUOTAS_RESPONSE = Message("AlterClientQuotasResponse", valid=(0, 1), flexible=(1, None), body=Struct("AlterClientQuotasResponse", (
+    Field("throttle_time_ms", INT32, (0, None)),
+    Field("entries", ArrayOf(Struct("EntryData", (
+        Field("error_code", INT16, (0, None)),
+        Field("error_message", STRING, (0, None), nullable=(0, None)),
+        Field("entity", ArrayOf(Struct("EntityData", (
+            Field("entity_type", STRING, (0, None)),
+            Field("entity_name", STRING, (0, None), nullable=(0, None)),
+        ))), (0, None)),
+    ))), (0, None)),
+)))
+
+DESCRIBE_USER_SCRAM_CREDENTIALS_REQUEST = Message("DescribeUserScramCredentialsRequest", valid=(0, 0), flexible=(0, None), body=Struct("DescribeUserScramCredentialsRequest", (
+    Field("users", ArrayOf(Struct("UserName", (
+        Field("name", STRING, (0, None)),
+    ))), (0, None), nullable=(0, None)),
+)))
+
+DESCRIBE_USER_SCRAM_CREDENTIALS_RESPONSE = Message("DescribeUserScramCredentialsResponse", valid=(0, 0), flexible=(0, None), body=Struct("DescribeUserScramCredentialsResponse", (
+    Field("throttle_time_ms", INT32, (0, None)),
+    Field("error_code", INT16, (0, None)),
+    Field("error_message", STRING, (0, None), nullable=(0, None)),
+    Field("results", ArrayOf(Struct("DescribeUserScramCredentialsResult", (
+        Field("user", STRING, (0, None)),
+        Field("error_code", INT16, (0, None)),
+        Field("error_message", STRING, (0, None), nullable=(0, None)),
+        Field("credential_infos", ArrayOf(Struct("CredentialInfo", (
+            Field("mechanism", INT8, (0, None)),
+            Field("iterations", INT32, (0, None)),
+        ))), (0, None)),
+    ))), (0, None)),
+)))
+
+ALTER_USER_SCRAM_CREDENTIALS_REQUEST = Message("AlterUserScramCredentialsRequest", valid=(0, 0), flexible=(0, None), body=Struct("AlterUserScramCredentialsRequest", (
+    Field("deletions", ArrayOf(Struct("ScramCredentialDeletion", (
+        Field("name", STRING, (0, None)),
+        Field("mechanism", INT8, (0, None)),
+    ))), (0, None)),
+    Field("upsertions", ArrayOf(Struct("ScramCredentialUpsertion", (
+        Field("name", STRING, (0, None)),
+        Field("mechanism", INT8, (0, None)),
+        Field("iterations", INT32, (0, None)),
+        Field("salt", BYTES, (0, None)),
+        Field("salted_password", BYTES, (0, None)),
+    ))), (0, None)),
+)))
+
+ALTER_USER_SCRAM_CREDENTIALS_RESPONSE = Message("AlterUserScramCredentialsResponse", valid=(0, 0), flexible=(0, None), body=Struct("AlterUserScramCredentialsResponse", (
+    Field("throttle_time_ms", INT32, (0, None)),
+    Field("results", ArrayOf(Struct("AlterUserScramCredentialsResult", (
+        Field("user", STRING, (0, None)),
+        Field("error_code", INT16, (0, None)),
+        Field("error_message", STRING, (0, None), nullable=(0, None)),
+    ))), (0, None)),
+)))
+
 TRANSACTION_LOG_KEY = Message("TransactionLogKey", valid=(0, 0), flexible=None, body=Struct("TransactionLogKey", (
     Field("transactional_id", STRING, (0, 0)),
 )))
@@ -1070,4 +1251,11 @@ APIS = {
     ApiKey.DESCRIBE_PRODUCERS: Api(ApiKey.DESCRIBE_PRODUCERS, "DescribeProducers", DESCRIBE_PRODUCERS_REQUEST, DESCRIBE_PRODUCERS_RESPONSE),
     ApiKey.DESCRIBE_TRANSACTIONS: Api(ApiKey.DESCRIBE_TRANSACTIONS, "DescribeTransactions", DESCRIBE_TRANSACTIONS_REQUEST, DESCRIBE_TRANSACTIONS_RESPONSE),
     ApiKey.LIST_TRANSACTIONS: Api(ApiKey.LIST_TRANSACTIONS, "ListTransactions", LIST_TRANSACTIONS_REQUEST, LIST_TRANSACTIONS_RESPONSE),
+    ApiKey.DESCRIBE_ACLS: Api(ApiKey.DESCRIBE_ACLS, "DescribeAcls", DESCRIBE_ACLS_REQUEST, DESCRIBE_ACLS_RESPONSE),
+    ApiKey.CREATE_ACLS: Api(ApiKey.CREATE_ACLS, "CreateAcls", CREATE_ACLS_REQUEST, CREATE_ACLS_RESPONSE),
+    ApiKey.DELETE_ACLS: Api(ApiKey.DELETE_ACLS, "DeleteAcls", DELETE_ACLS_REQUEST, DELETE_ACLS_RESPONSE),
+    ApiKey.DESCRIBE_CLIENT_QUOTAS: Api(ApiKey.DESCRIBE_CLIENT_QUOTAS, "DescribeClientQuotas", DESCRIBE_CLIENT_QUOTAS_REQUEST, DESCRIBE_CLIENT_QUOTAS_RESPONSE),
+    ApiKey.ALTER_CLIENT_QUOTAS: Api(ApiKey.ALTER_CLIENT_QUOTAS, "AlterClientQuotas", ALTER_CLIENT_QUOTAS_REQUEST, ALTER_CLIENT_QUOTAS_RESPONSE),
+    ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: Api(ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS, "DescribeUserScramCredentials", DESCRIBE_USER_SCRAM_CREDENTIALS_REQUEST, DESCRIBE_USER_SCRAM_CREDENTIALS_RESPONSE),
+    ApiKey.ALTER_USER_SCRAM_CREDENTIALS: Api(ApiKey.ALTER_USER_SCRAM_CREDENTIALS, "AlterUserScramCredentials", ALTER_USER_SCRAM_CREDENTIALS_REQUEST, ALTER_USER_SCRAM_CREDENTIALS_RESPONSE),
 }

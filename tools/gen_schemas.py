@@ -25,7 +25,9 @@ APIS = [
     "OffsetForLeaderEpoch", "AddPartitionsToTxn", "AddOffsetsToTxn", "EndTxn", "WriteTxnMarkers",
     "TxnOffsetCommit", "DescribeConfigs", "AlterConfigs", "SaslAuthenticate", "CreatePartitions",
     "DeleteGroups", "IncrementalAlterConfigs", "OffsetDelete", "DescribeCluster", "DescribeProducers",
-    "DescribeTransactions", "ListTransactions",
+    "DescribeTransactions", "ListTransactions", "DescribeAcls", "CreateAcls", "DeleteAcls",
+    "DescribeClientQuotas", "AlterClientQuotas", "DescribeUserScramCredentials",
+    "AlterUserScramCredentials",
 ]
 RECORDS = [
     "TransactionLogKey", "TransactionLogValue", "OffsetCommitKey", "OffsetCommitValue",
