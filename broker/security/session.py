@@ -21,7 +21,7 @@ class KafkaPrincipal:
     name: str
 
     @classmethod
-    def parse(cls, text: str) -> "KafkaPrincipal":
+    def parse(cls, text: str) -> KafkaPrincipal:
         """``User:alice`` -> KafkaPrincipal("User", "alice"); the name may
         itself contain colons, the type may not be empty."""
         kind, separator, name = text.partition(":")
