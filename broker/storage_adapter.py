@@ -9,17 +9,20 @@ from typing import Callable
 
 from storage.config import LogConfig, defaults
 from storage.durable import DiskIO
+from storage.group_commit import FsyncRounds
 from storage.index import IndexBudget
 from storage.log import PartitionLog
 
 
-def partition_log_opener(*, io: DiskIO | None, index_budget: IndexBudget) -> Callable[[str, dict], PartitionLog]:
+def partition_log_opener(*, io: DiskIO | None, index_budget: IndexBudget, fsync_rounds: FsyncRounds | None = None) -> Callable[[str, dict], PartitionLog]:
     """``open_log(path, properties)`` for the ``ReplicaManager``: every log of
-    one broker writes through ``io`` (None: the real system calls) and keeps
-    its indexes within the broker's one ``index_budget``."""
+    one broker writes through ``io`` (None: the real system calls), keeps
+    its indexes within the broker's one ``index_budget`` and shares its
+    group-commit rounds with the others (``fsync_rounds``: one fsync round
+    for every partition waiting, data and internal topics alike)."""
 
     def open_partition_log(path: str, properties: dict) -> PartitionLog:
-        return PartitionLog.open(path, LogConfig.from_properties(properties), io=io, index_budget=index_budget)
+        return PartitionLog.open(path, LogConfig.from_properties(properties), io=io, index_budget=index_budget, fsync_rounds=fsync_rounds)
 
     return open_partition_log
 

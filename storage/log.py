@@ -53,7 +53,7 @@ from protocol.records import (
 from storage import recovery
 from storage.checksum import checked_batches
 from storage.config import LogConfig
-from storage.group_commit import GroupCommitter, LogFailedError
+from storage.group_commit import FsyncRounds, GroupCommitter, LogFailedError
 from storage.durable import fsync_directory, replace_file
 from storage.index import IndexBudget
 from storage.producer_state import (
@@ -100,7 +100,8 @@ def now_ms() -> int:
 
 
 class PartitionLog:
-    def __init__(self, directory: str, config: LogConfig, *, io: DiskIO | None = None, index_budget: IndexBudget | None = None, clock=now_ms):
+    def __init__(self, directory: str, config: LogConfig, *, io: DiskIO | None = None, index_budget: IndexBudget | None = None, clock=now_ms,
+                 fsync_rounds: FsyncRounds | None = None):
         self.directory = directory
         self.config = config
         self.io = io or DiskIO()
@@ -115,17 +116,19 @@ class PartitionLog:
         self.producer_state = ProducerStateManager()
         self.failed: Exception | None = None
         self.closed = False
-        self.committer = GroupCommitter(self)
+        # Group commit shared with the other logs of whoever opened this one (a broker), or its own.
+        self.committer = GroupCommitter(self, fsync_rounds)
         self.recovery_report: list[str] = []
 
     # ------------------------------------------------------------------ opening
 
     @classmethod
     def open(
-        cls, directory: str, config: LogConfig | None = None, *, io: DiskIO | None = None, index_budget: IndexBudget | None = None, clock=now_ms
+        cls, directory: str, config: LogConfig | None = None, *, io: DiskIO | None = None, index_budget: IndexBudget | None = None, clock=now_ms,
+        fsync_rounds: FsyncRounds | None = None,
     ) -> "PartitionLog":
         os.makedirs(directory, exist_ok=True)
-        partition_log = cls(directory, config or LogConfig(), io=io, index_budget=index_budget, clock=clock)
+        partition_log = cls(directory, config or LogConfig(), io=io, index_budget=index_budget, clock=clock, fsync_rounds=fsync_rounds)
         partition_log._load()
         return partition_log
 
