@@ -12,3 +12,15 @@ def test_medians_and_limits_are_computed_from_the_rounds():
     assert fraction_of_limit(produce, {"records/s": 20.0, "MB/s": 200.0}, limits).startswith("0.500 of 400 MB/s")
     commits = next(s for s in SCENARIOS if s.name == "transactions of 1 record")
     assert fraction_of_limit(commits, {"transactions/s": 25.0}, limits).startswith("0.250 of 100 fsyncs/s")
+
+
+def test_the_concurrency_chart_plots_records_per_second_against_clients(tmp_path):
+    from benchmarks import concurrency
+
+    rows = [{"scenario": "concurrency: idempotent producers", "metric": f"records/s, N={n}", "onceflow": 1000.0 * n, "peer": 900.0 * n}
+            for n in concurrency.CONCURRENCY]
+    rows.append({"scenario": "produce 100 B, acks=all", "metric": "records/s", "onceflow": 1.0, "peer": 1.0})
+    path = tmp_path / "concurrency.png"
+    assert concurrency.chart(rows, {"fsyncs_per_s": 5000.0}, str(path))
+    assert path.stat().st_size > 0
+    assert not concurrency.chart(rows[-1:], {"fsyncs_per_s": 5000.0}, str(tmp_path / "none.png")), "no concurrency rows, no chart"
