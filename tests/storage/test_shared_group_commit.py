@@ -10,6 +10,7 @@ import asyncio
 import os
 import random
 import threading
+import time
 
 import pytest
 
@@ -236,3 +237,41 @@ def test_a_machine_crash_loses_no_acknowledged_record_of_any_log(tmp_path, seed)
                 offsets += [record.offset for record in decode_batch(data, position).records]
         assert offsets == list(range(reopened.log_end_offset)), "whole batches, in order, nothing half-written"
         reopened.close()
+
+
+class TimedIO(DiskIO):
+    """An fsync that takes ``seconds`` (and does nothing else), noting its thread."""
+
+    def __init__(self):
+        self.seconds = 0.0
+        self.threads: list[int] = []
+
+    def fsync(self, fd):
+        self.threads.append(threading.get_ident())
+        time.sleep(self.seconds)
+
+
+def test_small_rounds_leave_the_loop_while_fsyncs_are_slow(tmp_path):
+    """A small round is fsynced on the loop only while fsyncs are quick: a
+    slow one (a busy shared disk) would hold every other request with it."""
+    io = TimedIO()
+    partition_log = PartitionLog.open(str(tmp_path), group(), io=io)
+    rounds = partition_log.committer.rounds
+
+    async def one_round() -> bool:
+        info = partition_log.append(batch(0))
+        await asyncio.wait_for(partition_log.wait_durable(info.last_offset), 10)
+        return io.threads[-1] == threading.get_ident()  # on the loop?
+
+    async def scenario():
+        assert await one_round(), "quick fsyncs: on the loop"
+        io.seconds = 0.01
+        await one_round()  # slow, still on the loop: the average learns it
+        assert rounds.fsync_seconds > 0.001
+        assert not await one_round(), "slow fsyncs: on a worker"
+        io.seconds = 0.0
+        on_loop = [await one_round() for _ in range(30)]
+        assert on_loop[-1], "quick again: back on the loop"
+        await partition_log.aclose()
+
+    asyncio.run(scenario())
