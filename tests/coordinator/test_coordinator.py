@@ -325,3 +325,35 @@ def test_close_stops_a_change_in_flight_and_waits_for_it():
         await asyncio.wait([request])
 
     run(scenario())
+
+
+def test_transactional_produce_finds_its_producer_without_scanning_every_id():
+    import attrs
+
+    from coordinator.coordinator import TxnTable
+
+    async def scenario():
+        coordinator, _ = make()
+        ids = [await coordinator.init_producer_id(f"tx{i}", 60_000) for i in range(3)]
+        await coordinator.add_partitions("tx1", ids[1].producer_id, 0, [P0])
+        assert coordinator.verify_transactional_produce(ids[1].producer_id, 0, P0) == ErrorCode.NONE
+        assert coordinator.verify_transactional_produce(ids[1].producer_id, 0, P1) == ErrorCode.INVALID_TXN_STATE
+        assert coordinator.verify_transactional_produce(ids[2].producer_id, 0, P0) == ErrorCode.INVALID_TXN_STATE
+        assert coordinator.verify_transactional_produce(99_999, 0, P0) == ErrorCode.INVALID_TXN_STATE
+
+    run(scenario())
+    table = TxnTable()
+    coordinator, _ = make()
+
+    async def one():
+        return await coordinator.init_producer_id("a", 60_000)
+
+    first = run(one())
+    metadata = coordinator.txns["a"]
+    table["a"] = metadata
+    assert table.of_producer(first.producer_id) is metadata
+    moved = attrs.evolve(metadata, producer_id=first.producer_id + 7)  # a new producer id (epoch exhausted)
+    table["a"] = moved
+    assert table.of_producer(first.producer_id) is None and table.of_producer(first.producer_id + 7) is moved
+    table.pop("a")
+    assert table.of_producer(first.producer_id + 7) is None and "a" not in table
