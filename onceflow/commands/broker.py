@@ -42,6 +42,7 @@ def run(args) -> int:
     from broker.broker import Broker, DataDirError
     from broker.config import BrokerConfig
     from broker.storage_adapter import validate_log_properties
+    from onceflow import logs
 
     host, port = args.listen
     fields = {"data_dir": args.data_dir, "host": host, "port": port}
@@ -68,7 +69,9 @@ def run(args) -> int:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
-        print(f"onceflow broker ready on {config.host}:{broker.port}", flush=True)
+        # In the JSON log format this line is a JSON object too; its message
+        # still holds the words faults.process.READY looks for.
+        logs.announce(f"onceflow broker ready on {config.host}:{broker.port}", host=config.host, port=broker.port, data_dir=config.data_dir)
         try:
             await stop.wait()
         finally:
