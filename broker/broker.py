@@ -167,6 +167,7 @@ class Broker:
         advertised = AdvertisedEndpoints(
             {listener.name: listener.advertised(self.ports[listener.name]) for listener in listeners}, default=listeners[0].name
         )
+        from broker.security.user_apis import UserScramApis
         from broker.txn_apis import TransactionApis
 
         txn_apis = TransactionApis(
@@ -190,7 +191,7 @@ class Broker:
             replicas=self.replicas,
             cluster_id=cluster_id,
             advertised=advertised,
-            extra_handlers={**admin_apis.handlers(), **txn_apis.handlers(), **group_apis.handlers()},
+            extra_handlers={**admin_apis.handlers(), **txn_apis.handlers(), **group_apis.handlers(), **UserScramApis(credentials=self.credentials).handlers()},
             partition_in_transaction=partition_in_transaction,
         )
         self._task_scope = contextlib.AsyncExitStack()
