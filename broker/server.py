@@ -54,6 +54,12 @@ log = logging.getLogger(__name__)
 # came on and returns the response body (a dict), or None when no response is
 # due (Produce with acks=0).
 Dispatch = Callable[[framing.DecodedRequest, Session], Awaitable[dict | None]]
+# Told of every connection as it opens, with its first session; returns what
+# the server calls with each later session of that connection (after it
+# authenticates) and with None when it closes (the broker's metrics count
+# connections per listener with it).
+SessionUpdate = Callable[[Session | None], None]
+OnConnection = Callable[[Session], SessionUpdate]
 
 
 class _CloseConnection(Exception):
@@ -68,6 +74,7 @@ class _Connection:
     session: Session
     sasl: SaslServer | None
     authenticated: asyncio.Event = attrs.field(factory=asyncio.Event)
+    session_update: Callable[[Session | None], None] | None = None  # the broker's on_connection hook
 
 
 def _now_ms() -> int:
@@ -87,6 +94,7 @@ class KafkaServer:
         max_inflight_per_connection: int = 64,
         on_unsupported: Callable[[Exception], bytes | None] | None = None,
         supported_versions: dict[int, tuple[int, int]] | None = None,
+        on_connection: OnConnection | None = None,
         listener: Listener | None = None,
         ssl_context: ssl.SSLContext | None = None,
         new_sasl_server: Callable[[], SaslServer] | None = None,
@@ -113,6 +121,7 @@ class KafkaServer:
         # What ApiVersions advertises is all the framing lets through (None:
         # every version the schema tables know, for tests of the server alone).
         self._supported_versions = supported_versions
+        self._on_connection = on_connection
         self._server: asyncio.base_events.Server | None = None
         self._connections: set[asyncio.Task] = set()
         self.bound_port: int | None = None
@@ -193,6 +202,8 @@ class KafkaServer:
         state = _Connection(session, self._new_sasl_server() if self._new_sasl_server is not None else None)
         max_frame_size = self._pre_authentication_max_frame_size if state.sasl is not None else self._max_frame_size
         connection = framing.ServerConnection(max_frame_size=max_frame_size, supported_versions=self._supported_versions)
+        session_update = self._on_connection(session) if self._on_connection is not None else None
+        state.session_update = session_update
         pending: asyncio.Queue = asyncio.Queue(maxsize=self._max_inflight)
         try:
             async with asyncio.TaskGroup() as tasks:
@@ -209,6 +220,9 @@ class KafkaServer:
             pass
         except* (ConnectionError, OSError):
             pass
+        finally:
+            if session_update is not None:
+                session_update(None)
 
     async def _authentication_deadline(self, state: _Connection, deadline: float, peer) -> None:
         try:
@@ -256,6 +270,8 @@ class KafkaServer:
                                 return
                             if state.sasl.authenticated and state.session.principal != state.sasl.principal:
                                 state.session = attrs.evolve(state.session, principal=state.sasl.principal)
+                                if state.session_update is not None:
+                                    state.session_update(state.session)
                                 connection.max_frame_size = self._max_frame_size
                                 state.authenticated.set()
                                 log.info("connection from %s on %s authenticated as %s (%s)", peer, self.listener.name, state.sasl.principal, state.sasl.mechanism)

@@ -3,7 +3,9 @@
 Prints ``onceflow broker ready on HOST:PORT`` (the first listener) once it has
 recovered its logs and listens (``faults.process.BrokerProcess`` waits for
 that line); a bad setting, an unusable data directory or a port it cannot
-bind exit 2 with one line on stderr.
+bind exit 2 with one line on stderr. With ``--metrics HOST:PORT`` it also serves Prometheus
+metrics at ``http://HOST:PORT/metrics`` (``broker.metrics``) and prints
+``onceflow broker metrics on http://HOST:PORT/metrics`` before the ready line.
 
 ``--listen`` takes one ``HOST:PORT`` (a PLAINTEXT listener) or Kafka's
 listeners list, ``PLAINTEXT://127.0.0.1:9092,SASL_SSL://0.0.0.0:9093``
@@ -77,14 +79,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ssl-cafile", default=None, metavar="PEM", help="CAs that client certificates are checked against")
     parser.add_argument("--ssl-client-auth", choices=SSL_CLIENT_AUTH, default=None, help="ask clients for a certificate: none (default), requested, required")
     parser.add_argument("--sasl-mechanisms", default=None, metavar="LIST", help=f"SASL mechanisms enabled, comma separated (default {','.join(SASL_MECHANISMS)})")
+    parser.add_argument("--metrics", type=_parse_listen, default=None, metavar="HOST:PORT", help="serve Prometheus metrics at http://HOST:PORT/metrics (port 0 picks a free one)")
     parser.add_argument("--config", type=_parse_property, action="append", default=[], metavar="KEY=VALUE", help="a broker or default topic setting, Kafka's names (repeatable)")
 
 
 def run(args) -> int:
     from broker.broker import Broker, DataDirError
     from broker.config import BrokerConfig
+    from broker.metrics import MetricsListenError
     from broker.security.tls import TlsConfigError
     from broker.storage_adapter import validate_log_properties
+    from onceflow import logs
 
     properties = dict(args.config)
     fields = {"data_dir": args.data_dir}
@@ -109,7 +114,7 @@ def run(args) -> int:
         return 2
 
     async def serve() -> int:
-        broker = Broker(config)
+        broker = Broker(config, metrics_address=args.metrics)
         try:
             await broker.start()
         except DataDirError as error:
@@ -117,6 +122,9 @@ def run(args) -> int:
             return 2
         except TlsConfigError as error:
             print(f"onceflow broker: bad configuration: {error}", file=sys.stderr)
+            return 2
+        except MetricsListenError as error:
+            print(f"onceflow broker: {error.strerror}", file=sys.stderr)
             return 2
         except OSError as error:
             where = ", ".join(str(listener) for listener in config.effective_listeners)
@@ -126,7 +134,11 @@ def run(args) -> int:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
-        print(f"onceflow broker ready on {config.host}:{broker.port}", flush=True)
+        if args.metrics is not None:
+            logs.announce(f"onceflow broker metrics on http://{args.metrics[0]}:{broker.metrics_port}/metrics", metrics_port=broker.metrics_port)
+        # In the JSON log format this line is a JSON object too; its message
+        # still holds the words faults.process.READY looks for.
+        logs.announce(f"onceflow broker ready on {config.host}:{broker.port}", host=config.host, port=broker.port, data_dir=config.data_dir)
         try:
             await stop.wait()
         finally:
