@@ -23,7 +23,7 @@ from broker.security.acls import PatternType as Pat
 from broker.security.acls import ResourceType as Res
 from broker.security.authorizer import RULES
 from protocol.errors import ErrorCode
-from protocol.messages import ApiKey
+from protocol.messages import APIS, ApiKey
 from protocol.records import encode_batch
 
 ANON = "User:ANONYMOUS"
@@ -399,3 +399,72 @@ def test_aiokafka_gets_kafkas_errors(acl_broker):
 
     asyncio.run(scenario())
     assert log_end(broker, "secret") == 0
+
+
+# -- every denial encodes, in every version ----------------------------------------------------------------
+
+BATCH = encode_batch([(b"k", b"v", (), 0)])
+PARTS = [{"partition": 0, "partition_index": 0, "index": 0, "records": BATCH, "fetch_offset": 0, "timestamp": -1, "offset": 0, "committed_offset": 1}]
+SAMPLES = {
+    ApiKey.PRODUCE: {"transactional_id": None, "acks": -1, "topic_data": [{"name": "t", "partition_data": PARTS}]},
+    ApiKey.FETCH: {"replica_id": -1, "topics": [{"topic": "t", "topic_id": uuid.uuid4(), "partitions": PARTS}]},
+    ApiKey.LIST_OFFSETS: {"topics": [{"name": "t", "partitions": PARTS}]},
+    ApiKey.METADATA: {"topics": [{"name": "t"}], "allow_auto_topic_creation": True},
+    ApiKey.OFFSET_COMMIT: {"group_id": "g", "topics": [{"name": "t", "partitions": PARTS}]},
+    ApiKey.OFFSET_FETCH: {"group_id": "g", "topics": [{"name": "t", "partition_indexes": [0]}], "groups": [{"group_id": "g", "topics": [{"name": "t", "partition_indexes": [0]}]}]},
+    ApiKey.FIND_COORDINATOR: {"key": "g", "key_type": 0, "coordinator_keys": ["g"]},
+    ApiKey.JOIN_GROUP: {"group_id": "g", "member_id": "m"},
+    ApiKey.HEARTBEAT: {"group_id": "g"},
+    ApiKey.LEAVE_GROUP: {"group_id": "g"},
+    ApiKey.SYNC_GROUP: {"group_id": "g"},
+    ApiKey.DESCRIBE_GROUPS: {"groups": ["g"]},
+    ApiKey.LIST_GROUPS: {},
+    ApiKey.CREATE_TOPICS: {"topics": [{"name": "t", "num_partitions": 1}]},
+    ApiKey.DELETE_TOPICS: {"topic_names": ["t"], "topics": [{"name": "t", "topic_id": uuid.uuid4()}]},
+    ApiKey.DELETE_RECORDS: {"topics": [{"name": "t", "partitions": PARTS}]},
+    ApiKey.INIT_PRODUCER_ID: {"transactional_id": "x"},
+    ApiKey.ADD_PARTITIONS_TO_TXN: {"v3_and_below_transactional_id": "x", "v3_and_below_topics": [{"name": "t", "partitions": [0]}], "transactions": []},
+    ApiKey.ADD_OFFSETS_TO_TXN: {"transactional_id": "x", "group_id": "g"},
+    ApiKey.END_TXN: {"transactional_id": "x"},
+    ApiKey.WRITE_TXN_MARKERS: {"markers": [{"producer_id": 1, "topics": [{"name": "t", "partition_indexes": [0]}]}]},
+    ApiKey.TXN_OFFSET_COMMIT: {"transactional_id": "x", "group_id": "g", "topics": [{"name": "t", "partitions": PARTS}]},
+    ApiKey.DESCRIBE_ACLS: {},
+    ApiKey.CREATE_ACLS: {"creations": [{}]},
+    ApiKey.DELETE_ACLS: {"filters": [{}]},
+    ApiKey.DESCRIBE_CONFIGS: {"resources": [{"resource_type": 2, "resource_name": "t"}, {"resource_type": 4, "resource_name": "0"}]},
+    ApiKey.ALTER_CONFIGS: {"resources": [{"resource_type": 2, "resource_name": "t"}]},
+    ApiKey.INCREMENTAL_ALTER_CONFIGS: {"resources": [{"resource_type": 4, "resource_name": "0"}]},
+    ApiKey.CREATE_PARTITIONS: {"topics": [{"name": "t", "count": 2}]},
+    ApiKey.DELETE_GROUPS: {"groups_names": ["g"]},
+    ApiKey.OFFSET_DELETE: {"group_id": "g", "topics": [{"name": "t", "partitions": PARTS}]},
+    ApiKey.DESCRIBE_CLIENT_QUOTAS: {},
+    ApiKey.ALTER_CLIENT_QUOTAS: {"entries": [{"entity": [{"entity_type": "user", "entity_name": "bob"}]}]},
+    ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: {},
+    ApiKey.ALTER_USER_SCRAM_CREDENTIALS: {"deletions": [{"name": "bob"}], "upsertions": [{"name": "alice"}]},
+    ApiKey.DESCRIBE_CLUSTER: {"include_cluster_authorized_operations": True},
+    ApiKey.DESCRIBE_PRODUCERS: {"topics": [{"name": "t", "partition_indexes": [0]}]},
+    ApiKey.DESCRIBE_TRANSACTIONS: {"transactional_ids": ["x"]},
+    ApiKey.LIST_TRANSACTIONS: {},
+}
+CASES = [(api, version) for api in SAMPLES for version in range(APIS[api].response.valid[0], APIS[api].response.valid[1] + 1)]
+
+
+@pytest.mark.parametrize("api, version", CASES, ids=[f"{ApiKey(a).name}-v{v}" for a, v in CASES])
+def test_every_denial_encodes_in_every_version(api, version):
+    """A denied request's answer (with a handler's empty answer where the
+    rule still calls one) is a valid response of that API and version."""
+    import types
+
+    from broker.security.acls import AclAuthorizer
+    from broker.security.authorizer import Check, TopicView
+    from broker.security.session import Session
+    from protocol import schema
+
+    no_topics = types.SimpleNamespace(topics={}, topics_by_id={})
+    check = Check(AclAuthorizer([]), Session(), TopicView(no_topics, auto_create=True))
+    verdict = RULES[api](check, version, dict(SAMPLES[api]))
+    response = verdict.finish(None if verdict.body is None else {})
+    if response is None:
+        assert api == ApiKey.PRODUCE or verdict.body is not None
+        return
+    schema.encode(APIS[api].response, version, response)
