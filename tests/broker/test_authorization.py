@@ -468,3 +468,114 @@ def test_every_denial_encodes_in_every_version(api, version):
         assert api == ApiKey.PRODUCE or verdict.body is not None
         return
     schema.encode(APIS[api].response, version, response)
+
+
+# -- whole flows and restarts ---------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_acls_made_over_the_wire_survive_sigkill(broker_process, tmp_path):
+    """CreateAcls is answered only once acls.json is on disk: a SIGKILL right
+    after loses nothing, and a DeleteAcls is as durable."""
+    from txn import Admin
+
+    seed = str(tmp_path / "broker0")
+    import os
+
+    os.makedirs(seed, exist_ok=True)
+    AclStore(seed).save([allow(Res.CLUSTER, "kafka-cluster", Op.ALTER)])
+    broker = broker_process("authorizer.class.name=acl")
+    wanted = [allow(Res.TOPIC, f"t{i}", Op.READ, principal=f"User:u{i}") for i in range(20)]
+    with Admin(bootstrap_servers=broker.bootstrap) as admin:
+        admin.create_acls(wanted)
+    broker.kill()
+    broker.start()
+    with Admin(bootstrap_servers=broker.bootstrap) as admin:
+        assert set(admin.describe_acls()) == set(wanted) | {allow(Res.CLUSTER, "kafka-cluster", Op.ALTER)}
+        from protocol.acls import AclBindingFilter
+
+        removed = admin.delete_acls([AclBindingFilter(resource_type=Res.TOPIC, name="t", pattern_type=Pat.MATCH)])
+        assert removed == []
+        removed = admin.delete_acls([AclBindingFilter(principal="User:u3")])
+        assert removed == [wanted[3]]
+    broker.kill()
+    broker.start()
+    with Admin(bootstrap_servers=broker.bootstrap) as admin:
+        assert set(admin.describe_acls()) == (set(wanted) - {wanted[3]}) | {allow(Res.CLUSTER, "kafka-cluster", Op.ALTER)}
+
+
+@pytest.mark.slow
+def test_confluent_kafka_transactions_and_groups_with_the_right_acls_and_each_missing_one(acl_broker):
+    """A consume-transform-produce transaction with confluent-kafka, as a
+    user grants it (kafka-acls --producer --transactional-id, --consumer
+    --group); then each ACL taken away fails with Kafka's error."""
+    from confluent_kafka import (
+        Consumer,
+        KafkaError,
+        KafkaException,
+        Producer,
+        TopicPartition,
+    )
+
+    grants = [
+        allow(Res.TOPIC, "in", Op.READ),
+        allow(Res.TOPIC, "out", Op.WRITE),
+        allow(Res.TOPIC, "out", Op.READ),
+        allow(Res.TRANSACTIONAL_ID, "etl", Op.WRITE),
+        allow(Res.GROUP, "etl-group", Op.READ),
+        allow(Res.GROUP, "read-", Op.READ, pattern=Pat.PREFIXED),
+        allow(Res.TOPIC, "in", Op.WRITE),
+    ]
+    broker = acl_broker(grants)
+    create(broker, "in", "out")
+
+    def run_once(tag: str):
+        """Produce one input record, then consume it in the group and write
+        it to out in a transaction with the offsets. Raises KafkaException."""
+        seed = Producer({"bootstrap.servers": broker.bootstrap, "message.timeout.ms": 10000})
+        seed.produce("in", tag.encode())
+        assert seed.flush(20) == 0
+        consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "etl-group", "enable.auto.commit": False, "auto.offset.reset": "earliest", "isolation.level": "read_committed"})
+        producer = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": "etl"})
+        try:
+            producer.init_transactions(20)
+            consumer.assign([TopicPartition("in", 0)])
+            message = None
+            for _ in range(100):
+                message = consumer.poll(0.2)
+                if message is not None:
+                    break
+            assert message is not None
+            if message.error():
+                raise KafkaException(message.error())
+            producer.begin_transaction()
+            producer.produce("out", message.value())
+            producer.send_offsets_to_transaction([TopicPartition("in", 0, message.offset() + 1)], consumer.consumer_group_metadata(), 20)
+            producer.commit_transaction(20)
+        finally:
+            consumer.close()
+
+    run_once("first")
+    from tests.helpers import read_values
+
+    assert read_values(broker.bootstrap, "out", partitions=1, expect=1) == [b"first"]
+    committed = broker.call(lambda b: b.groups.coordinator.fetch_offsets("etl-group", [("in", 0)], False))
+    assert committed[("in", 0)][0].offset >= 1
+
+    expected = {
+        allow(Res.TRANSACTIONAL_ID, "etl", Op.WRITE): KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+        allow(Res.GROUP, "etl-group", Op.READ): KafkaError.GROUP_AUTHORIZATION_FAILED,
+        allow(Res.TOPIC, "in", Op.READ): KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    }
+    from broker.broker import EmbeddedBroker
+
+    data_dir = broker.config.data_dir
+    broker.stop()
+    for missing, code in expected.items():
+        AclStore(data_dir).save([g for g in grants if g != missing])
+        with EmbeddedBroker(data_dir, group_initial_rebalance_delay_ms=0, properties={"authorizer.class.name": "acl"}) as broker:
+            out_before = log_end(broker, "out")
+            with pytest.raises(KafkaException) as raised:
+                run_once(f"without {missing.entry.operation.name} on {missing.pattern}")
+            assert raised.value.args[0].code() == code, (missing, raised.value.args[0])
+            assert log_end(broker, "out") == out_before, "a denied transaction wrote to out"
