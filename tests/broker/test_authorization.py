@@ -463,6 +463,7 @@ def test_every_denial_encodes_in_every_version(api, version):
     no_topics = types.SimpleNamespace(topics={}, topics_by_id={})
     check = Check(AclAuthorizer([]), Session(), TopicView(no_topics, auto_create=True))
     verdict = RULES[api](check, version, dict(SAMPLES[api]))
+    assert verdict is not None, "nothing is allowed here: every rule has something to deny"
     response = verdict.finish(None if verdict.body is None else {})
     if response is None:
         assert api == ApiKey.PRODUCE or verdict.body is not None
@@ -579,3 +580,17 @@ def test_confluent_kafka_transactions_and_groups_with_the_right_acls_and_each_mi
                 run_once(f"without {missing.entry.operation.name} on {missing.pattern}")
             assert raised.value.args[0].code() == code, (missing, raised.value.args[0])
             assert log_end(broker, "out") == out_before, "a denied transaction wrote to out"
+
+
+@pytest.mark.slow
+def test_the_acl_benchmark_scenario_runs(monkeypatch):
+    """The harness of ``onceflow bench --only ACL`` (not its speed): both
+    brokers take the load, the one with 100 ACLs without refusing it."""
+    from benchmarks import bench_acl
+    from benchmarks.suite import ScenarioSettings
+
+    assert len(bench_acl.bench_acls()) == bench_acl.ACL_COUNT
+    monkeypatch.setattr(bench_acl, "ALTERNATIONS", 1)
+    metrics = bench_acl.acl_cost_scenario("unused", ScenarioSettings(records=4000))
+    assert metrics["records/s with 100 ACLs"].value > 0 and metrics["records/s without an authorizer"].value > 0
+    assert 0 < metrics["authorisation per Produce (3 topics) us"].value < metrics["broker work per Produce, no check us"].value
