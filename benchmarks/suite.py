@@ -343,6 +343,12 @@ def spark_source_scenario(bootstrap: str, settings: ScenarioSettings) -> dict[st
     return run(bootstrap, settings)
 
 
+def acl_cost_scenario(bootstrap: str, settings: ScenarioSettings) -> dict[str, Metric]:
+    from benchmarks import bench_acl  # starts its own two brokers, alike but for the authorizer
+
+    return bench_acl.acl_cost_scenario(bootstrap, settings)
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(len(ordered) * q / 100))]
@@ -363,6 +369,13 @@ SCENARIOS = (
     Scenario("exactly-once copier (750/txn)", copier_scenario),
     Scenario("end to end, produce to read_committed", latency_scenario),
 )
+
+# Only when named by --only ("ACL"): each starts its own brokers beside the
+# suite's target, to compare settings of ours in one run (no peer).
+SECURITY_SCENARIOS = (
+    Scenario("ACL check on the produce path", acl_cost_scenario, peer=False),
+)
+
 
 def spark_microbatch_scenario(bootstrap: str, settings: ScenarioSettings) -> dict[str, Metric]:
     """A one-row microbatch through Spark to the noop sink (Spark's own
@@ -526,6 +539,8 @@ def run_suite(args) -> int:
 
     settings = ScenarioSettings(records=args.records, seconds=args.seconds, latency_rate=args.latency_rate, copier_records=args.copier_records, spark_rows=args.spark_rows)
     offered = SCENARIOS + SPARK_SCENARIOS if args.spark or args.only else SCENARIOS
+    if args.only:
+        offered += SECURITY_SCENARIOS
     scenarios = [s for s in offered if not args.only or any(s.name.startswith(p.strip()) for p in args.only.split(","))]
     work = tempfile.mkdtemp(prefix="onceflow-bench-", dir=args.work_dir)
     try:
