@@ -21,6 +21,7 @@ from prometheus_client import (
     CollectorRegistry,
     Histogram,
     ProcessCollector,
+    disable_created_metrics,
     generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -50,6 +51,10 @@ class RunnerMetrics:
     ``app.metrics``' observers, and a collector reading the runner."""
 
     def __init__(self, app, runner):
+        # A ``_created`` series beside every counter and histogram child would
+        # double what Prometheus stores for nothing a dashboard uses (the
+        # setting is the library's, process-wide).
+        disable_created_metrics()
         registry = self.registry = CollectorRegistry(auto_describe=False)
         self.commit_seconds = Histogram(
             "onceflow_runner_commit_duration_seconds",

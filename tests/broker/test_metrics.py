@@ -308,3 +308,27 @@ def test_the_broker_command_serves_metrics_and_says_where(tmp_path):
         assert f"cannot serve metrics on {busy}" in result.stderr
     finally:
         taken.close()
+
+
+def test_error_codes_inside_produce_and_fetch_answers_are_counted(broker):
+    from protocol.records import encode_batch
+    from tests.helpers import raw_request
+
+    topic = f"codes-{uuid.uuid4().hex[:6]}"
+    create_topic(broker.bootstrap, topic, partitions=1)
+    batch = encode_batch([(None, b"v", (), 0)])
+    produce = {"transactional_id": None, "acks": 1, "timeout_ms": 5000,
+               "topic_data": [{"name": topic, "partition_data": [{"index": 0, "records": batch}, {"index": 7, "records": batch}]}]}
+    answer = raw_request(broker.port, 0, 9, produce)
+    assert [p["error_code"] for p in answer["responses"][0]["partition_responses"]] == [0, 3]
+    fetch = {"replica_id": -1, "max_wait_ms": 0, "min_bytes": 0, "max_bytes": 1 << 20, "isolation_level": 0, "session_id": 0, "session_epoch": -1,
+             "topics": [{"topic": topic, "partitions": [{"partition": 0, "current_leader_epoch": -1, "fetch_offset": 99, "log_start_offset": -1, "partition_max_bytes": 1 << 20}]}],
+             "forgotten_topics_data": [], "rack_id": ""}
+    answer = raw_request(broker.port, 1, 11, fetch)
+    assert answer["responses"][0]["partitions"][0]["error_code"] == 1
+    now = scrape(broker)
+    assert now.value("onceflow_request_errors_total", api="Produce", error="UNKNOWN_TOPIC_OR_PARTITION") == 1
+    assert now.value("onceflow_request_errors_total", api="Fetch", error="OFFSET_OUT_OF_RANGE") == 1
+    assert now.value("onceflow_requests_total", api="Produce", version=9) == 1
+    assert now.value("onceflow_requests_total", api="Fetch", version=11) == 1
+    assert now.value("onceflow_topic_bytes_in_total", topic=topic) == 2 * len(batch), "both partitions' bytes came in"
