@@ -112,6 +112,9 @@ class Broker:
         self.transactions = None
         self.groups = None
         self.port: int | None = None
+        # broker.security.acls.AclAuthorizer when authorizer.class.name is set.
+        self.authorizer = None
+        self._dispatcher = None
         # Prometheus metrics, when an address to serve them on is given.
         self.metrics_address = metrics_address
         self.metrics: BrokerMetrics | None = BrokerMetrics() if metrics_address is not None else None
@@ -140,6 +143,7 @@ class Broker:
                 open_log=partition_log_opener(io=self.seams.disk_io, index_budget=self.index_budget, flush_observer=self.metrics),
                 validate_config=validate_log_properties,
             )
+            self.authorizer = self._load_authorizer(data_dir)
             self.replicas.load()
             self._ensure_offsets_topic()
         except ValueError as error:
@@ -208,14 +212,19 @@ class Broker:
 
         group_apis = GroupApis(groups=self.groups, transactions=self.transactions, replicas=self.replicas, crash_point=crash_point)
         admin_apis = AdminApis(config=self.config, replicas=self.replicas, cluster_id=cluster_id, advertised=advertised, log_config_defaults=log_config_defaults())
+        from broker.security.acl_apis import AclApis
+        from broker.security.acl_store import AclStore
+
+        acl_apis = AclApis(authorizer=self.authorizer, store=AclStore(data_dir))
         self.apis = KafkaApis(
             config=self.config,
             replicas=self.replicas,
             cluster_id=cluster_id,
             advertised=advertised,
-            extra_handlers={**admin_apis.handlers(), **txn_apis.handlers(), **group_apis.handlers()},
+            extra_handlers={**admin_apis.handlers(), **txn_apis.handlers(), **group_apis.handlers(), **acl_apis.handlers()},
             partition_in_transaction=partition_in_transaction,
         )
+        self._dispatcher = self._authorizing(self.apis.dispatch)
         self._task_scope = contextlib.AsyncExitStack()
         tasks = await self._task_scope.enter_async_context(asyncio.TaskGroup())
         loops = {"housekeeping": self._housekeep(), **self.groups.background(), **self.transactions.background()}
@@ -284,7 +293,41 @@ class Broker:
             )
 
     async def _dispatch(self, request, session):
-        return await self.apis.dispatch(request, session)
+        return await self._dispatcher(request, session)
+
+    def _load_authorizer(self, data_dir: str):
+        """The ACL authorizer with the stored ACLs, or None when
+        ``authorizer.class.name`` is not set (then nothing is checked: every
+        connection may do everything, as in Kafka without an authorizer). A
+        damaged ACL file stops the start (DataDirError): taken for "no ACLs"
+        it could open what the ACLs closed."""
+        if not self.config.authorizer:
+            return None
+        from broker.security.acl_store import AclStore, AclStoreError
+        from broker.security.acls import AclAuthorizer, AuthorizerSettings
+
+        try:
+            bindings = AclStore(data_dir).load()
+        except AclStoreError as error:
+            raise ValueError(str(error)) from None
+        settings = AuthorizerSettings(super_users=self.config.super_users, allow_everyone_if_no_acl_found=self.config.allow_everyone_if_no_acl_found)
+        if not bindings and not settings.super_users and not settings.allow_everyone_if_no_acl_found:
+            log.warning(
+                "the ACL authorizer is on with no ACLs, no super.users and allow.everyone.if.no.acl.found=false: "
+                "every request will be refused; add ACLs with `onceflow acls add --data-dir %s` while the broker is stopped, or set super.users",
+                data_dir,
+            )
+        log.info("ACL authorizer on: %d ACLs, super users %s", len(bindings), ", ".join(sorted(settings.super_users)) or "none")
+        return AclAuthorizer(bindings, settings)
+
+    def _authorizing(self, dispatch):
+        """``dispatch`` behind the ACL check when an authorizer is configured
+        (``broker.security.authorizer``), else ``dispatch`` itself."""
+        if self.authorizer is None:
+            return dispatch
+        from broker.security.authorizer import AuthorizingDispatch, TopicView
+
+        return AuthorizingDispatch(dispatch, self.authorizer, TopicView(self.replicas, self.config.auto_create_topics))
 
     def _answer_unsupported(self, error) -> bytes | None:
         """Kafka answers an ApiVersions request of a version it does not know

@@ -45,7 +45,7 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from broker.security.session import ANONYMOUS, Session
 from coordinator.state import TxnState
@@ -104,6 +104,9 @@ class BrokerMetrics:
         self.connections_opened = Counter("onceflow_connections_opened_total", "Connections accepted, by listener", ["listener"], registry=registry)
         # (listener, authenticated) -> open connections, kept by the server's callbacks.
         self.connections: dict[tuple[str, bool], int] = {}
+        # What rendering the metrics costs the loop (up to the previous scrape).
+        self.scrapes = 0
+        self.scrape_seconds = 0.0
         self._transaction_outcomes = {
             TxnState.COMPLETE_COMMIT: self.transactions.labels(outcome="commit"),
             TxnState.COMPLETE_ABORT: self.transactions.labels(outcome="abort"),
@@ -116,7 +119,11 @@ class BrokerMetrics:
 
     def render(self) -> bytes:
         """The exposition text of every metric (call on the broker's loop)."""
-        return generate_latest(self.registry)
+        started = time.perf_counter()
+        body = generate_latest(self.registry)
+        self.scrapes += 1
+        self.scrape_seconds += time.perf_counter() - started
+        return body
 
     def watch(self, broker) -> None:
         """Read ``broker``'s state at every scrape from now on."""
@@ -331,6 +338,8 @@ class BrokerStateCollector:
         for (listener, authenticated), count in sorted(self.metrics.connections.items()):
             connections.add_metric([listener, "true" if authenticated else "false"], count)
         yield connections
+        yield CounterMetricFamily("onceflow_metrics_scrapes", "Scrapes of this endpoint rendered (before this one)", value=self.metrics.scrapes)
+        yield CounterMetricFamily("onceflow_metrics_scrape_seconds", "Time the broker's loop spent rendering them", value=self.metrics.scrape_seconds)
 
     def _partitions(self, replicas, transactions, now_ms: int):
         labels = ["topic", "partition"]

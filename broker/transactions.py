@@ -182,8 +182,7 @@ class TransactionManager:
                         entries.append((transactional_id, decode_value(transactional_id, record.value)))
                     except (ValueError, TypeError) as error:
                         log.error("skipping an unreadable %s record at offset %d: %s", TRANSACTION_STATE_TOPIC, record.offset, error)
-        self.coordinator.load(entries)
-        log.info("loaded %d transactional ids from %s", len(self.coordinator.txns), TRANSACTION_STATE_TOPIC)
+        self.coordinator.load(entries)  # recover() logs what was loaded
 
     async def start(self) -> None:
         self.ensure_topic()

@@ -46,6 +46,7 @@ def run(args) -> int:
     from broker.config import BrokerConfig
     from broker.metrics import MetricsListenError
     from broker.storage_adapter import validate_log_properties
+    from onceflow import logs
 
     host, port = args.listen
     fields = {"data_dir": args.data_dir, "host": host, "port": port}
@@ -76,8 +77,10 @@ def run(args) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
         if args.metrics is not None:
-            print(f"onceflow broker metrics on http://{args.metrics[0]}:{broker.metrics_port}/metrics", flush=True)
-        print(f"onceflow broker ready on {config.host}:{broker.port}", flush=True)
+            logs.announce(f"onceflow broker metrics on http://{args.metrics[0]}:{broker.metrics_port}/metrics", metrics_port=broker.metrics_port)
+        # In the JSON log format this line is a JSON object too; its message
+        # still holds the words faults.process.READY looks for.
+        logs.announce(f"onceflow broker ready on {config.host}:{broker.port}", host=config.host, port=broker.port, data_dir=config.data_dir)
         try:
             await stop.wait()
         finally:
