@@ -7,8 +7,8 @@ on the produce path, as a ratio measured in one run.
 Two brokers (processes, fresh data directories, default durability: group
 commit, acks=all waits for the fsync) run side by side: one plain, one with
 ``--metrics`` (every request counted and timed by ``MeasuredDispatch``, every
-fsync round observed, connections counted) and a scraper reading its
-``/metrics`` every second while it is loaded, which is more often than a
+fsync round observed, connections counted) and a scraper (a process of its
+own) reading its ``/metrics`` every second while it is loaded, which is more often than a
 Prometheus server would. The same confluent-kafka producer (idempotent,
 acks=all, 100-byte records) fills a fresh topic on each in turn, off and on
 alternating round after round so that drift on a shared machine falls on
@@ -38,7 +38,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 
@@ -80,33 +79,38 @@ class BrokerUnderTest:
         self.process.wait(30)
 
 
+# The scraper runs as a process of its own: a thread in this process would
+# contend for the GIL with the producing loop and slow the "on" rounds by
+# itself (each of its socket reads hands the GIL back and forth).
+SCRAPER = """
+import sys, time, urllib.request
+url, interval = sys.argv[1], float(sys.argv[2])
+while True:
+    started = time.perf_counter()
+    with urllib.request.urlopen(url, timeout=10) as response:
+        response.read()
+    print(time.perf_counter() - started, flush=True)
+    time.sleep(interval)
+"""
+
+
 class Scraper:
-    """Reads ``/metrics`` every ``interval`` seconds until stopped (a thread it
-    owns), timing each scrape."""
+    """Reads ``/metrics`` every ``interval`` seconds (from a child process)
+    until stopped, timing each scrape."""
 
     def __init__(self, port: int, interval: float = 1.0):
-        self.url = f"http://127.0.0.1:{port}/metrics"
-        self.interval = interval
+        self.command = [sys.executable, "-c", SCRAPER, f"http://127.0.0.1:{port}/metrics", str(interval)]
         self.seconds: list[float] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="metrics scraper", daemon=True)
-
-    def _run(self) -> None:
-        while True:  # one scrape at once, then one per interval
-            started = time.perf_counter()
-            with urllib.request.urlopen(self.url, timeout=10) as response:
-                response.read()
-            self.seconds.append(time.perf_counter() - started)
-            if self._stop.wait(self.interval):
-                return
+        self.process: subprocess.Popen | None = None
 
     def __enter__(self) -> "Scraper":
-        self._thread.start()
+        self.process = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         return self
 
     def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(30)
+        self.process.terminate()
+        output, _ = self.process.communicate(timeout=30)
+        self.seconds = [float(line) for line in output.split()]
 
 
 def served(port: int) -> tuple[float, float, float, float]:

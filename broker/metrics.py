@@ -12,7 +12,8 @@ and two kinds of metric:
   storage hands over plain numbers and never imports this), connections
   opened;
 - read at scrape time by ``BrokerStateCollector`` from the broker's own state:
-  per-partition offsets (log start, high watermark, last stable, log end),
+  per-partition offsets (log start, high watermark, last stable, log end;
+  internal topics' partitions only once written to),
   open transactions and the age of the oldest (per partition and per
   ``__transaction_state`` partition), producer ids, transactional ids by
   state, groups by state, their members, committed offsets and lag, the
@@ -353,7 +354,12 @@ class BrokerStateCollector:
         producers = 0
         if replicas is not None:
             started = _open_transaction_starts(transactions)
+            internal = {name for name, info in replicas.topics.items() if info.internal}
             for (topic, partition), partition_log in list(replicas.logs.items()):
+                if topic in internal and partition_log.log_end_offset == 0:
+                    # Most of the 50 + 50 internal partitions are never written
+                    # to; their series would be most of a scrape's cost.
+                    continue
                 values = [topic, str(partition)]
                 end.add_metric(values, partition_log.log_end_offset)
                 high.add_metric(values, partition_log.high_watermark)
