@@ -3,6 +3,7 @@
     onceflow bench [--rounds 3] [--records 200000] [--seconds 3] [--json FILE] [--png FILE]
                    [--spark [--spark-rows 1000000]]
     onceflow bench --runner [--runner-records 30000] ...   (instead: the streaming runner beside Quix Streams, benchmarks.runner_bench)
+    onceflow bench --metrics-cost [--rounds 3] [--records 200000]   (instead: produce with the broker's metrics off and on, benchmarks.metrics_cost)
     .venv/bin/python -m benchmarks ...        (the same)
 
 Every scenario is driven by the same client, confluent-kafka (librdkafka, so
@@ -532,6 +533,10 @@ def run_suite(args) -> int:
         from benchmarks import runner_bench
 
         return runner_bench.run_from_args(args)
+    if getattr(args, "metrics_cost", False):
+        from benchmarks import metrics_cost
+
+        return metrics_cost.run_from_args(args)
     from benchmarks.limits import measure_limits
 
     def say(line: str) -> None:

@@ -33,6 +33,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--png", default=None, metavar="FILE", help="also draw the table as a chart here (needs matplotlib)")
     parser.add_argument("--spark", action="store_true", help="also the Spark data source scenarios (a local Spark session each; minutes)")
     parser.add_argument("--spark-rows", type=int, default=1_000_000, metavar="N", help="rows of the Spark throughput scenarios (default 1000000)")
+    parser.add_argument("--metrics-cost", action="store_true", help="instead of the broker scenarios: produce throughput with the broker's Prometheus metrics off and on, alternating, and their ratio (benchmarks.metrics_cost)")
     runner = parser.add_argument_group("the streaming runner beside Quix Streams 3 (benchmarks.runner_bench)")
     runner.add_argument("--runner", action="store_true", help="instead of the broker scenarios: onceflow's runner and Quix Streams, exactly once, the same apps on our broker")
     runner.add_argument("--runner-records", type=int, default=30_000, metavar="N", help="payments per throughput scenario (default 30000)")
