@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -59,7 +60,7 @@ def test_a_text_line_is_one_line_with_its_fields():
 
 def test_configure_routes_every_logger_and_announce_follows_the_format():
     stream, out = io.StringIO(), io.StringIO()
-    saved = logging.root.handlers[:], logging.root.level, sys.excepthook
+    saved = logging.root.handlers[:], logging.root.level, sys.excepthook, threading.excepthook
     try:
         logs.configure("DEBUG", "json", stream=stream)
         logging.getLogger("groupcoord.coordinator").debug("moved", extra={"group_id": "g"})
@@ -75,7 +76,7 @@ def test_configure_routes_every_logger_and_announce_follows_the_format():
         logs.announce("onceflow broker ready on 127.0.0.1:9", stream=out, port=9)
         assert out.getvalue() == "onceflow broker ready on 127.0.0.1:9\n"
     finally:
-        logging.root.handlers[:], sys.excepthook = saved[0], saved[2]
+        logging.root.handlers[:], sys.excepthook, threading.excepthook = saved[0], saved[2], saved[3]
         logging.root.setLevel(saved[1])
         logging.captureWarnings(False)
 
@@ -192,7 +193,7 @@ def test_json_logs_of_a_transaction_a_group_and_recovery_after_a_kill(json_broke
     def state_changes(kind: str) -> list[dict]:
         return [e for e in json_broker.events() if e.get("event") == kind]
 
-    transaction_steps = lambda: [(e["old_state"], e["new_state"]) for e in state_changes("transaction_state_change") if e["transactional_id"] == "logged-tx"]  # noqa: E731
+    transaction_steps = lambda: [(e["old_state"], e["new_state"]) for e in state_changes("transaction_state_change") if e["transactional_id"] == "logged-tx"]
     wait_for(lambda: ("PrepareCommit", "CompleteCommit") in transaction_steps(), timeout=30, what="the commit's completion to be logged")
     assert transaction_steps() == [("none", "Empty"), ("Empty", "Ongoing"), ("Ongoing", "PrepareCommit"), ("PrepareCommit", "CompleteCommit")]
     for change in state_changes("transaction_state_change"):

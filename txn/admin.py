@@ -89,6 +89,13 @@ class ListedOffset:
     timestamp: int
 
 
+@attrs.frozen
+class TopicListing:
+    name: str
+    partitions: int
+    internal: bool  # the broker says so (Metadata's is_internal), or a name Kafka reserves (``__``)
+
+
 class AsyncAdmin:
     def __init__(self, bootstrap_servers=None, config: dict | AdminConfig | None = None, **options):
         if bootstrap_servers is not None:
@@ -329,6 +336,24 @@ class AsyncAdmin:
         code = response["markers"][0]["topics"][0]["partitions"][0]["error_code"]
         if code:
             raise classify(code, f"abort producer {producer_id} in {tp}")
+
+    # -- for onceflow status: what a broker serves, and topics with their kind ---------------------
+
+    async def api_versions(self) -> dict[int, tuple[int, int]]:
+        """``{api key: (min version, max version)}`` that a broker serves (its
+        ApiVersions answer): a tool meant for any Kafka-protocol broker asks
+        before it uses an API that some lack (Tansu serves neither
+        ListTransactions nor DescribeProducers)."""
+        async for attempt in self.cluster.retrying(self.config.request_timeout_ms / 1000):
+            with attempt:
+                client = await self.cluster.any_broker()
+                return dict(client.versions)
+
+    async def topic_listings(self) -> list[TopicListing]:
+        """Every topic with its partition count and whether it is internal, by name."""
+        body = await self.cluster.refresh(None, allow_auto_create=False)
+        listed = [TopicListing(t["name"], len(t["partitions"]), bool(t.get("is_internal")) or t["name"].startswith("__")) for t in body["topics"] if not t["error_code"]]
+        return sorted(listed, key=lambda t: t.name)
 
 
 class Admin(SyncClient):
