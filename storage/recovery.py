@@ -9,7 +9,10 @@ This module owns:
   snapshots, indexes). Everything below the recovery point is known durable
   with its indexes; it moves at open, at a clean close, and when the group
   committer has fsynced the segments below a roll. ``.clean_shutdown``
-  (``CLEAN_SHUTDOWN_FILE``) is the empty file a clean close writes last;
+  (``CLEAN_SHUTDOWN_FILE``) is the empty file that vouches for the files:
+  a clean close writes it last, an open that recovered writes it after the
+  checkpoint, and the first change after an open removes it, durably,
+  before it writes (``mark_clean``, ``unmark_clean``);
 - leftovers of interrupted writes (``*.tmp``: the original is intact; index
   files whose ``.log`` is gone), removed at open;
 - the segment scan (``recover_segments``): after an unclean stop every
@@ -38,7 +41,7 @@ import os
 from typing import Callable, Iterable
 
 from protocol.records import decode_batch, decode_control_record
-from storage.durable import TEMPORARY_SUFFIX, replace_file
+from storage.durable import TEMPORARY_SUFFIX, fsync_directory, replace_file
 from storage.producer_state import CorruptSnapshotError, ProducerAppend, ProducerStateManager
 from storage.segment import INDEX_SUFFIX, LOG_SUFFIX, SNAPSHOT_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX, LogSegment, file_stem
 from storage.txn_index import AbortedTxn
@@ -72,6 +75,32 @@ def read_checkpoint(directory: str) -> tuple[int, int]:
 def write_checkpoint(directory: str, recovery_point: int, log_start_offset: int) -> None:
     text = f"recovery-point {recovery_point}\nlog-start-offset {log_start_offset}\n"
     replace_file(os.path.join(directory, CHECKPOINT_FILE), text.encode("ascii"))
+
+
+# ------------------------------------------------------------------ the clean-shutdown mark
+
+
+def is_marked_clean(directory: str) -> bool:
+    return os.path.exists(os.path.join(directory, CLEAN_SHUTDOWN_FILE))
+
+
+def mark_clean(directory: str) -> None:
+    """Create ``.clean_shutdown`` once everything it vouches for is durable.
+    Its own creation needs no fsync: an empty file either exists or not, and
+    if a machine crash loses it the directory is only recovered once more."""
+    with open(os.path.join(directory, CLEAN_SHUTDOWN_FILE), "wb"):
+        pass
+
+
+def unmark_clean(directory: str) -> None:
+    """Remove ``.clean_shutdown`` and make the removal durable before the
+    caller changes any file: were the mark to survive a crash that the
+    change did not, recovery would trust files it must scan."""
+    try:
+        os.remove(os.path.join(directory, CLEAN_SHUTDOWN_FILE))
+    except FileNotFoundError:
+        pass
+    fsync_directory(directory)
 
 
 # ------------------------------------------------------------------ segments
