@@ -36,7 +36,7 @@ import time
 
 import attrs
 
-from onceflow.client_commands import QUICK, CommandError, add_bootstrap_option
+from onceflow.client_commands import CommandError, add_bootstrap_option, client_options
 
 DEFAULT_WATCH_SECONDS = 2.0
 OPEN_STATES = ("Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence")
@@ -412,7 +412,7 @@ def _watch_seconds(text: str) -> float:
 
 
 def add_arguments(parser) -> None:
-    add_bootstrap_option(parser)
+    add_bootstrap_option(parser)  # and the security options every client command takes
     parser.add_argument("--watch", nargs="?", type=_watch_seconds, const=DEFAULT_WATCH_SECONDS, default=None, metavar="SECONDS", help=f"redraw every SECONDS (default {DEFAULT_WATCH_SECONDS:g}) until Ctrl-C")
     parser.add_argument("--json", action="store_true", help="print one JSON document (one per line under --watch) for scripts")
     parser.add_argument("--group", action="append", default=[], metavar="G", help="show only this group (repeatable)")
@@ -440,7 +440,11 @@ def run(args) -> int:
         return 1
 
     try:
-        with Admin(bootstrap_servers=args.bootstrap_server, **QUICK) as admin:
+        try:
+            options = client_options(args)  # short timeouts; the shared security options
+        except CommandError as error:
+            return fail(str(error))
+        with Admin(bootstrap_servers=args.bootstrap_server, **options) as admin:
             try:
                 draw(admin)
             except (RetriesExhaustedError, ConnectionError, OSError, TimeoutError) as error:

@@ -16,7 +16,8 @@ import time
 
 import pytest
 
-from onceflow.cli import main
+from onceflow.cli import build_parser, main
+from onceflow.client_commands import client_options
 from onceflow.commands import status as status_command
 from protocol.records import encode_batch
 from tests.conftest import REPO
@@ -220,3 +221,13 @@ def test_an_unknown_topic_is_refused(embedded_broker, capsys):
     code = main(["status", "--bootstrap-server", embedded_broker.bootstrap, "--topic", "missing"])
     captured = capsys.readouterr()
     assert code == 1 and captured.err == "onceflow status: unknown topic 'missing'\n" and captured.out == ""
+
+
+def test_it_takes_the_client_commands_security_options(tmp_path, capsys):
+    code = main(["status", "--bootstrap-server", "127.0.0.1:1", "--command-config", str(tmp_path / "missing.properties")])
+    captured = capsys.readouterr()
+    assert code == 1 and captured.err.startswith("onceflow status: cannot read --command-config") and captured.err.count("\n") == 1
+    properties = tmp_path / "client.properties"
+    properties.write_text("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=SCRAM-SHA-256\n")
+    args = build_parser().parse_args(["status", "--command-config", str(properties), "--sasl-username", "ops", "--sasl-password", "secret"])
+    assert {key: client_options(args)[key] for key in ("security.protocol", "sasl.mechanism", "sasl.username")} == {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-256", "sasl.username": "ops"}
