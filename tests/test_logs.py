@@ -82,6 +82,81 @@ def test_configure_routes_every_logger_and_announce_follows_the_format():
         logging.captureWarnings(False)
 
 
+# -- the coordinators' state-change lines, without a socket ---------------------------
+
+
+def _changes(caplog, event: str) -> list[dict]:
+    return [{key: getattr(r, key) for key in ("transactional_id", "group_id", "producer_id", "producer_epoch", "generation", "member_id", "old_state", "new_state") if hasattr(r, key)}
+            for r in caplog.records if getattr(r, "event", None) == event and r.levelno == logging.DEBUG]
+
+
+def test_a_timed_out_transaction_its_fence_and_its_expiry_are_logged_once_each(caplog):
+    import asyncio
+
+    from tests.coordinator.test_coordinator import P0, make
+
+    async def scenario():
+        coordinator, clock = make(transactional_id_expiration_ms=1000)
+        init = await coordinator.init_producer_id("tx", 5000)
+        await coordinator.add_partitions("tx", init.producer_id, 0, [P0])
+        coordinator.txn_log.fail = True
+        assert await coordinator.end_transaction("tx", init.producer_id, 0, True) != 0, "a failed write changes nothing"
+        coordinator.txn_log.fail = False
+        clock.advance(6.0)
+        assert await coordinator.abort_timed_out() == ["tx"]
+        await coordinator.wait_idle()
+        clock.advance(2.0)
+        assert await coordinator.expire_transactional_ids() == ["tx"]
+        return init.producer_id
+
+    with caplog.at_level(logging.DEBUG, logger="coordinator.coordinator"):
+        producer_id = asyncio.run(scenario())
+    assert _changes(caplog, "transaction_state_change") == [
+        {"transactional_id": "tx", "producer_id": producer_id, "producer_epoch": 0, "old_state": "none", "new_state": "Empty"},
+        {"transactional_id": "tx", "producer_id": producer_id, "producer_epoch": 0, "old_state": "Empty", "new_state": "Ongoing"},
+        {"transactional_id": "tx", "producer_id": producer_id, "producer_epoch": 1, "old_state": "Ongoing", "new_state": "PrepareAbort"},
+        {"transactional_id": "tx", "producer_id": producer_id, "producer_epoch": 1, "old_state": "PrepareAbort", "new_state": "CompleteAbort"},
+        {"transactional_id": "tx", "producer_id": producer_id, "producer_epoch": 1, "old_state": "CompleteAbort", "new_state": "Dead"},
+    ]
+
+
+def test_a_silent_members_removal_and_a_delete_are_logged_with_the_member(caplog):
+    import asyncio
+
+    from tests.groupcoord.test_group_coordinator import join, join_two, make
+
+    async def scenario():
+        coordinator, clock = make()
+        a, b = await join_two(coordinator)
+        leader = a if a["members"] else b
+        await asyncio.gather(*(
+            coordinator.sync_group(group_id="g", generation_id=1, member_id=m["member_id"], group_instance_id=None, assignments=[(a["member_id"], b"1"), (b["member_id"], b"2")] if m is leader else [])
+            for m in (a, b)
+        ))
+        clock.advance(0.6)
+        await coordinator.heartbeat(group_id="g", generation_id=1, member_id=a["member_id"], group_instance_id=None)
+        clock.advance(0.6)  # b has been silent longer than its session
+        await coordinator.check_timeouts()
+        rejoined = await asyncio.wait_for(join(coordinator, a["member_id"]), 5)
+        await coordinator.leave_group(group_id="g", members=[(rejoined["member_id"], None)])
+        assert await coordinator.delete_group("g") == 0
+        await coordinator.stop()
+        return a["member_id"], b["member_id"], leader["member_id"]
+
+    with caplog.at_level(logging.DEBUG, logger="groupcoord.coordinator"):
+        kept, silent, leader = asyncio.run(scenario())
+    steps = [(c["old_state"], c["new_state"], c["generation"], c["member_id"]) for c in _changes(caplog, "group_state_change")]
+    assert steps[0][:3] == ("Empty", "PreparingRebalance", 0)
+    assert steps[1:] == [
+        ("PreparingRebalance", "CompletingRebalance", 1, leader),
+        ("CompletingRebalance", "Stable", 1, leader),
+        ("Stable", "PreparingRebalance", 1, silent),
+        ("PreparingRebalance", "CompletingRebalance", 2, kept),
+        ("CompletingRebalance", "Empty", 3, None),
+        ("Empty", "Dead", 3, None),
+    ]
+
+
 # -- a real broker process ------------------------------------------------------------
 
 
