@@ -231,3 +231,24 @@ def test_it_takes_the_client_commands_security_options(tmp_path, capsys):
     properties.write_text("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=SCRAM-SHA-256\n")
     args = build_parser().parse_args(["status", "--command-config", str(properties), "--sasl-username", "ops", "--sasl-password", "secret"])
     assert {key: client_options(args)[key] for key in ("security.protocol", "sasl.mechanism", "sasl.username")} == {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-256", "sasl.username": "ops"}
+
+
+@pytest.mark.slow
+def test_watch_outlives_the_broker_and_still_ends_on_sigint(broker_process, tmp_path):
+    broker = broker_process()
+    errors = tmp_path / "status.err"
+    with open(errors, "w") as err_file:
+        process = subprocess.Popen([sys.executable, "-m", "onceflow", "status", "--bootstrap-server", broker.bootstrap, "--watch", "0.3"],
+                                   cwd=REPO, stdout=subprocess.PIPE, stderr=err_file, text=True)
+    try:
+        wait_for(lambda: process.stdout.readline().startswith("onceflow status of"), timeout=60, what="a first screen")
+        broker.kill()
+        wait_for(lambda: "retrying every 0.3s" in errors.read_text(), timeout=60, what="a failed refresh reported")
+        assert process.poll() is None, "a failed refresh does not end --watch"
+        process.send_signal(signal.SIGINT)
+        assert process.wait(60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+    text = errors.read_text()
+    assert "Traceback" not in text and all(line.startswith("onceflow status: ") for line in text.splitlines()), text
