@@ -171,13 +171,14 @@ def configure(level: str = "INFO", log_format: str = "text", stream: TextIO | No
     threading.excepthook = log_uncaught_in_thread
 
 
-def announce(message: str, stream: TextIO | None = None, **fields) -> None:
-    """Write ``message`` as one line for a program reading this process's
-    stdout: the message itself in the text format, a JSON object (with
-    ``fields``) in the JSON format."""
+def announce(message: str, stream: TextIO | None = None, *, level: int = logging.INFO, **fields) -> None:
+    """Write ``message`` as one line for a program or a person reading this
+    process's stdout (or ``stream``: a command's one-line error on stderr):
+    the message itself in the text format, a JSON object (with ``fields``)
+    in the JSON format."""
     stream = stream if stream is not None else sys.stdout
     if _chosen_format == "json":
-        record = logging.LogRecord("onceflow", logging.INFO, __file__, 0, message, (), None)
+        record = logging.LogRecord("onceflow", level, __file__, 0, message, (), None)
         record.__dict__.update(fields)
         stream.write(JsonFormatter().format(record) + "\n")
     else:

@@ -329,3 +329,18 @@ def test_json_logs_of_a_transaction_a_group_and_recovery_after_a_kill(json_broke
     events = json_broker.events()  # every line of every start, both streams, is JSON
     assert [e["crash_point"] for e in events if "crash_point" in e] == ["coordinator.after_prepare_commit"]
     assert [e["message"] for e in events if e["logger"] == "onceflow" and "stopped" in e["message"]] == ["broker stopped cleanly"]
+
+
+def test_a_broker_that_cannot_start_says_so_in_one_json_line(tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run([sys.executable, "-m", "onceflow", "--log-format", "json", "broker", "--data-dir", str(tmp_path / "data"), "--listen", f"127.0.0.1:{port}"],
+                                cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 2 and result.stdout == ""
+    events = [json.loads(line) for line in result.stderr.splitlines()]
+    [refusal] = [e for e in events if e["level"] == "ERROR"]
+    assert refusal["message"].startswith(f"onceflow broker: cannot listen on 127.0.0.1:{port}") and refusal["logger"] == "onceflow"
