@@ -37,6 +37,7 @@ import time
 import attrs
 
 from onceflow.client_commands import CommandError, add_bootstrap_option, client_options
+from txn.types import TopicPartition
 
 DEFAULT_WATCH_SECONDS = 2.0
 OPEN_STATES = ("Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence")
@@ -44,15 +45,6 @@ TRANSACTION_STATE_TOPIC = "__transaction_state"  # DescribeProducers has nothing
 
 
 # -- the screen as values ------------------------------------------------------------------------
-
-
-@attrs.frozen
-class PartitionRef:
-    topic: str
-    partition: int
-
-    def __str__(self) -> str:
-        return f"{self.topic}-{self.partition}"
 
 
 @attrs.frozen
@@ -76,7 +68,7 @@ class MemberStatus:
     group_instance_id: str | None
     client_id: str
     host: str
-    assignment: tuple[PartitionRef, ...]
+    assignment: tuple[TopicPartition, ...]
 
 
 @attrs.frozen
@@ -111,7 +103,7 @@ class TransactionStatus:
     timeout_ms: int
     start_time_ms: int
     age_ms: int | None  # since start_time_ms, by this machine's clock; None if not started
-    partitions: tuple[PartitionRef, ...]
+    partitions: tuple[TopicPartition, ...]
 
 
 @attrs.frozen
@@ -185,16 +177,16 @@ def gather(admin, *, bootstrap_server: str = "", topics=(), groups=(), include_i
         committed = {group_id: admin.list_group_offsets(group_id, named) if named else {} for group_id in group_ids}
 
     # One ListOffsets per leader and isolation for every partition shown anywhere.
-    wanted = {PartitionRef(name, p) for name in shown_topics for p in range(listings[name].partitions)}
+    wanted = {TopicPartition(name, p) for name in shown_topics for p in range(listings[name].partitions)}
     for group in group_descriptions:
-        wanted |= {PartitionRef(tp.topic, tp.partition) for member in group.members for tp in member.assignment if tp.topic in listings}
-        wanted |= {PartitionRef(tp.topic, tp.partition) for tp in committed[group.group_id] if tp.topic in listings}
+        wanted |= {tp for member in group.members for tp in member.assignment if tp.topic in listings}
+        wanted |= {tp for tp in committed[group.group_id] if tp.topic in listings}
     if topics:
-        wanted = {ref for ref in wanted if ref.topic in topics}
-    offsets = _offsets(admin, sorted(wanted, key=lambda ref: (ref.topic, ref.partition)))
+        wanted = {tp for tp in wanted if tp.topic in topics}
+    offsets = _offsets(admin, sorted(wanted))
 
     topic_status = tuple(
-        TopicStatus(name, listings[name].internal, tuple(PartitionStatus(p, *offsets[PartitionRef(name, p)]) for p in range(listings[name].partitions)))
+        TopicStatus(name, listings[name].internal, tuple(PartitionStatus(p, *offsets[TopicPartition(name, p)]) for p in range(listings[name].partitions)))
         for name in shown_topics
     )
     group_status = None
@@ -212,49 +204,38 @@ def gather(admin, *, bootstrap_server: str = "", topics=(), groups=(), include_i
         if topics:
             transactions = tuple(t for t in transactions if not t.partitions or any(p.topic in topics for p in t.partitions))
         if serves("hanging", ApiKey.DESCRIBE_PRODUCERS):
-            scanned = [PartitionRef(name, p) for name in (topics or listings) if name != TRANSACTION_STATE_TOPIC for p in range(listings[name].partitions)]
+            scanned = [TopicPartition(name, p) for name in (topics or listings) if name != TRANSACTION_STATE_TOPIC for p in range(listings[name].partitions)]
             hanging = _hanging(admin, scanned, transactions, now_ms)
     elif not any(u.section == "hanging" for u in unavailable):
         unavailable.append(Unavailable("hanging", "needs the transactions section"))
     return ClusterStatus(bootstrap_server, now_ms, topic_status, group_status, transactions, states, hanging, tuple(unavailable))
 
 
-def _offsets(admin, partitions: list[PartitionRef]) -> dict[PartitionRef, tuple[int, int, int]]:
+def _offsets(admin, partitions: list[TopicPartition]) -> dict[TopicPartition, tuple[int, int, int]]:
     """``{partition: (log start, high watermark, last stable offset)}``."""
     if not partitions:
         return {}
-    keys = [(ref.topic, ref.partition) for ref in partitions]
-    earliest = admin.list_offsets({key: "earliest" for key in keys}, isolation_level="read_uncommitted")
-    high = admin.list_offsets({key: "latest" for key in keys}, isolation_level="read_uncommitted")
-    stable = admin.list_offsets({key: "latest" for key in keys}, isolation_level="read_committed")
-    out = {}
-    for ref in partitions:
-        tp = _tp(ref)
-        out[ref] = (earliest[tp].offset, high[tp].offset, stable[tp].offset)
-    return out
-
-
-def _tp(ref: PartitionRef):
-    from txn.types import TopicPartition
-
-    return TopicPartition(ref.topic, ref.partition)
+    earliest = admin.list_offsets({tp: "earliest" for tp in partitions}, isolation_level="read_uncommitted")
+    high = admin.list_offsets({tp: "latest" for tp in partitions}, isolation_level="read_uncommitted")
+    stable = admin.list_offsets({tp: "latest" for tp in partitions}, isolation_level="read_committed")
+    return {tp: (earliest[tp].offset, high[tp].offset, stable[tp].offset) for tp in partitions}
 
 
 def _group_status(group, committed: dict, offsets: dict, topics) -> GroupStatus:
-    owner = {PartitionRef(tp.topic, tp.partition): member.member_id for member in group.members for tp in member.assignment}
-    rows = set(owner) | {PartitionRef(tp.topic, tp.partition) for tp in committed}
+    owner = {tp: member.member_id for member in group.members for tp in member.assignment}
+    rows = set(owner) | set(committed)
     if topics:
         rows = {ref for ref in rows if ref.topic in topics}
     lags = []
-    for ref in sorted(rows, key=lambda ref: (ref.topic, ref.partition)):
-        found = committed.get(_tp(ref))
+    for ref in sorted(rows):
+        found = committed.get(ref)
         committed_offset = found.offset if found is not None else None
         _start, high, stable = offsets.get(ref, (None, None, None))
         lag = stable - committed_offset if committed_offset is not None and stable is not None else None
         lag_uncommitted = high - committed_offset if committed_offset is not None and high is not None else None
         lags.append(PartitionLag(ref.topic, ref.partition, committed_offset, high, stable, lag, lag_uncommitted, owner.get(ref)))
     members = tuple(
-        MemberStatus(m.member_id, m.group_instance_id, m.client_id, m.host, tuple(PartitionRef(tp.topic, tp.partition) for tp in m.assignment))
+        MemberStatus(m.member_id, m.group_instance_id, m.client_id, m.host, tuple(sorted(m.assignment)))
         for m in group.members
     )
     return GroupStatus(group.group_id, group.state, group.protocol_type, group.protocol, members, tuple(lags), sum(row.lag for row in lags if row.lag is not None))
@@ -282,32 +263,31 @@ def _transaction_status(description, now_ms: int) -> TransactionStatus:
     return TransactionStatus(
         description.transactional_id, description.producer_id, description.producer_epoch, description.state, description.timeout_ms,
         description.start_time_ms, now_ms - description.start_time_ms if description.start_time_ms >= 0 else None,
-        tuple(sorted((PartitionRef(tp.topic, tp.partition) for tp in description.partitions), key=lambda ref: (ref.topic, ref.partition))),
+        tuple(sorted(description.partitions)),
     )
 
 
-def _hanging(admin, partitions: list[PartitionRef], transactions: tuple[TransactionStatus, ...], now_ms: int) -> tuple[HangingCandidate, ...]:
+def _hanging(admin, partitions: list[TopicPartition], transactions: tuple[TransactionStatus, ...], now_ms: int) -> tuple[HangingCandidate, ...]:
     if not partitions:
         return ()
     by_producer = {t.producer_id: t for t in transactions}
-    described = admin.describe_producers_of([(ref.topic, ref.partition) for ref in partitions])
+    described = admin.describe_producers_of(partitions)
     candidates = []
-    for tp, producers in sorted(described.items(), key=lambda item: (item[0].topic, item[0].partition)):
-        ref = PartitionRef(tp.topic, tp.partition)
+    for tp, producers in sorted(described.items()):
         for producer in producers:
             if producer.current_txn_start_offset < 0:
                 continue
-            reason = _hanging_reason(by_producer.get(producer.producer_id), ref, now_ms)
+            reason = _hanging_reason(by_producer.get(producer.producer_id), tp, now_ms)
             if reason in ("no_open_transaction", "partition_not_in_transaction"):
                 # A transaction that began after the listing above is not
                 # hanging: ask the coordinator again about this producer.
-                reason = _hanging_reason(_current_transaction(admin, producer.producer_id, now_ms), ref, now_ms)
+                reason = _hanging_reason(_current_transaction(admin, producer.producer_id, now_ms), tp, now_ms)
             if reason is not None:
                 candidates.append(HangingCandidate(tp.topic, tp.partition, producer.producer_id, producer.producer_epoch, producer.coordinator_epoch, producer.current_txn_start_offset, producer.last_timestamp, reason))
     return tuple(candidates)
 
 
-def _hanging_reason(transaction: TransactionStatus | None, partition: PartitionRef, now_ms: int) -> str | None:
+def _hanging_reason(transaction: TransactionStatus | None, partition: TopicPartition, now_ms: int) -> str | None:
     if transaction is None:
         return "no_open_transaction"
     if partition not in transaction.partitions:
