@@ -343,4 +343,4 @@ def test_a_broker_that_cannot_start_says_so_in_one_json_line(tmp_path):
     assert result.returncode == 2 and result.stdout == ""
     events = [json.loads(line) for line in result.stderr.splitlines()]
     [refusal] = [e for e in events if e["level"] == "ERROR"]
-    assert refusal["message"].startswith(f"onceflow broker: cannot listen on 127.0.0.1:{port}") and refusal["logger"] == "onceflow"
+    assert refusal["message"].startswith(f"onceflow broker: cannot listen on PLAINTEXT://127.0.0.1:{port}:") and refusal["logger"] == "onceflow"
