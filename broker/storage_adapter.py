@@ -5,8 +5,10 @@ and DescribeConfigs)."""
 
 from __future__ import annotations
 
+import os
 from typing import Callable
 
+from storage import recovery
 from storage.config import LogConfig, defaults
 from storage.durable import DiskIO
 from storage.index import IndexBudget
@@ -22,6 +24,19 @@ def partition_log_opener(*, io: DiskIO | None, index_budget: IndexBudget) -> Cal
         return PartitionLog.open(path, LogConfig.from_properties(properties), io=io, index_budget=index_budget)
 
     return open_partition_log
+
+
+def partition_needs_recovery(path: str) -> bool:
+    """A partition directory changed since it was last whole (no
+    ``.clean_shutdown`` mark, and files in it): the broker opens these at
+    start, after a stop that was not clean."""
+    if recovery.is_marked_clean(path):
+        return False
+    try:
+        with os.scandir(path) as entries:
+            return any(True for _entry in entries)
+    except FileNotFoundError:
+        return False
 
 
 def validate_log_properties(properties: dict) -> None:
