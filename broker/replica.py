@@ -39,6 +39,7 @@ import uuid
 from broker.metadata import MetadataStore, TopicInfo
 from storage.durable import fsync_directory
 from storage.names import InvalidTopicError, partition_dir_name, validate_topic_name
+from storage.recovery import log_summary
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,7 @@ class ReplicaManager:
         self.topics_by_id: dict[uuid.UUID, TopicInfo] = {}
         self.logs: dict[tuple[str, int], object] = {}  # the open ones
         self.recovered_at_start: list[tuple[str, int]] = []
+        self._created_empty: set[tuple[str, int]] = set()
         self._waiters: dict[tuple[str, int], set[asyncio.Future]] = {}
 
     # -- start and stop -----------------------------------------------------
@@ -103,15 +105,13 @@ class ReplicaManager:
                     log.warning("removing %s: no registered topic owns it (an interrupted delete)", entry.path)
                     shutil.rmtree(entry.path, ignore_errors=True)
         self.recovered_at_start = []
-        if stopped_clean:
-            return
-        for info in self.topics.values():
-            for partition in range(info.partitions):
-                if self._needs_recovery(self._partition_path(info.name, partition)):
-                    self._open_partition(info, partition)
-                    self.recovered_at_start.append((info.name, partition))
-        if self.recovered_at_start:
-            log.info("recovered %d partitions changed since they were last whole", len(self.recovered_at_start))
+        if not stopped_clean:
+            for info in self.topics.values():
+                for partition in range(info.partitions):
+                    if self._needs_recovery(self._partition_path(info.name, partition)):
+                        self._open_partition(info, partition)
+                        self.recovered_at_start.append((info.name, partition))
+        log_summary(self.logs[key] for key in self.recovered_at_start)
 
     @property
     def _clean_stop_path(self) -> str:
@@ -217,6 +217,7 @@ class ReplicaManager:
         the data directory (their logs open when first used). A directory
         already there is a leftover no registered partition owned (a delete
         interrupted before its files went): it goes first."""
+        self._created_empty.update(partitions)
         for name, partition in partitions:
             path = self._partition_path(name, partition)
             try:
@@ -300,6 +301,11 @@ class ReplicaManager:
 
     def is_open(self, topic: str, partition: int) -> bool:
         return (topic, partition) in self.logs
+
+    def created_unopened(self) -> list[tuple[str, int]]:
+        """Partitions created since start and not opened since: empty, so
+        their offsets (all 0) are known without opening them."""
+        return [key for key in self._created_empty if key not in self.logs and key[0] in self.topics and key[1] < self.topics[key[0]].partitions]
 
     def partitions(self) -> list[tuple[str, int]]:
         """Every registered partition, open or not."""
