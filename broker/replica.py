@@ -189,6 +189,7 @@ class ReplicaManager:
         if validate_only or not accepted:
             return results
         topics = {**self.topics, **accepted}
+        self.crash_point("replicas.topics_registering")
         self.store.save_topics(topics)  # the topics exist whole from here; their directories follow
         self.topics = topics
         for info in accepted.values():
