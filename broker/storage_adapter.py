@@ -5,7 +5,6 @@ and DescribeConfigs)."""
 
 from __future__ import annotations
 
-import os
 from typing import Callable
 
 from storage import recovery
@@ -31,16 +30,10 @@ def partition_log_opener(*, io: DiskIO | None, index_budget: IndexBudget, flush_
 
 
 def partition_needs_recovery(path: str) -> bool:
-    """A partition directory changed since it was last whole (no
-    ``.clean_shutdown`` mark, and files in it): the broker opens these at
-    start, after a stop that was not clean."""
-    if recovery.is_marked_clean(path):
-        return False
-    try:
-        with os.scandir(path) as entries:
-            return any(True for _entry in entries)
-    except FileNotFoundError:
-        return False
+    """A partition directory changed since it was last whole
+    (``storage.recovery.needs_recovery``): the broker opens these at start,
+    after a stop that was not clean."""
+    return recovery.needs_recovery(path)
 
 
 def validate_log_properties(properties: dict) -> None:
