@@ -3,6 +3,7 @@
     onceflow bench [--rounds 3] [--records 200000] [--seconds 3] [--json FILE] [--png FILE]
                    [--spark [--spark-rows 1000000]]
     onceflow bench --runner [--runner-records 30000] ...   (instead: the streaming runner beside Quix Streams, benchmarks.runner_bench)
+    onceflow bench --restart [--baseline DIR] ...          (instead: start, stop and topic creation as partitions grow, benchmarks.restart_bench)
     .venv/bin/python -m benchmarks ...        (the same)
 
 Every scenario is driven by the same client, confluent-kafka (librdkafka, so
@@ -519,6 +520,10 @@ def run_suite(args) -> int:
         from benchmarks import runner_bench
 
         return runner_bench.run_from_args(args)
+    if getattr(args, "restart", False):
+        from benchmarks import restart_bench
+
+        return restart_bench.run_from_args(args)
     from benchmarks.limits import measure_limits
 
     def say(line: str) -> None:
