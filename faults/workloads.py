@@ -76,6 +76,7 @@ def _text(value: bytes | None) -> str | None:
 
 
 def run_copier(args, recorder: HistoryWriter) -> int:
+    recorder.event("ok", "start", {"pid": os.getpid()})  # before the client imports: a restart's cost is readable from the history
     from txn import Consumer, Producer
     from txn.errors import CommitFailedError, CommitOutcomeUnknownError, KafkaError, ProducerFencedError, RetriableError, TransactionAbortableError
 
@@ -95,6 +96,7 @@ def run_copier(args, recorder: HistoryWriter) -> int:
         crash_point=crash_point,
     )
     producer.init_transactions()
+    recorder.event("ok", "init", {"producer_id": producer.producer_id})
 
     class RecordAssignments:
         def on_partitions_assigned(self, partitions):
