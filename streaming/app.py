@@ -40,6 +40,7 @@ from streaming.errors import StateDirInUseError
 from streaming.serde import Serde, resolve
 from txn.config import CommonConfig, ConsumerConfig, ProducerConfig
 from txn.errors import ConfigError
+from txn.security import is_security_option
 
 ON_ERROR = ("stop", "dead-letter")
 RUNNER_OWNED_OPTIONS = {"group_id", "group_instance_id", "transactional_id", "isolation_level", "enable_auto_commit", "enable_idempotence", "bootstrap_servers"}
@@ -126,6 +127,13 @@ class App:
         self._instance_id = instance_id
         self._stop = threading.Event()
         self._runner = None
+
+    def add_client_options(self, options: dict) -> None:
+        """More client options (as the constructor's keywords), over those
+        given before: ``onceflow run``'s security flags reach the app's clients here."""
+        consumer, producer = split_client_options(options)
+        self.consumer_options.update(consumer)
+        self.producer_options.update(producer)
 
     # -- building ----------------------------------------------------------------------------------
 
@@ -236,7 +244,9 @@ class App:
 
 
 def split_client_options(options: dict) -> tuple[dict, dict]:
-    """Client options (Kafka or Python spelling) for the consumer and the producer."""
+    """Client options (Kafka or Python spelling) for the consumer and the
+    producer; the security settings (``security_protocol``, ``sasl.*``,
+    ``ssl.*``) go to both, hence to every client the runner opens."""
     common = {field.name for field in attrs.fields(CommonConfig)}
     consumer_only = {field.name for field in attrs.fields(ConsumerConfig)} - common
     producer_only = {field.name for field in attrs.fields(ProducerConfig)} - common
@@ -245,7 +255,7 @@ def split_client_options(options: dict) -> tuple[dict, dict]:
         name = raw_name.replace(".", "_").replace("-", "_")
         if name in RUNNER_OWNED_OPTIONS:
             raise ConfigError(f"{raw_name} is set by the runner (application_id and instance_id decide it)")
-        if name in common:
+        if name in common or is_security_option(raw_name):
             consumer[name] = producer[name] = value
         elif name in consumer_only:
             consumer[name] = value

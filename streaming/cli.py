@@ -71,6 +71,8 @@ def run(args) -> int:
         print(f"onceflow run: {error}", file=sys.stderr)
         return 1
     try:
+        # onceflow run's security flags (--security-protocol, --command-config, ...), as Kafka properties.
+        app.add_client_options(getattr(args, "client_options", None) or {})
         app.run(until_idle=args.until_idle, progress_interval=args.progress_interval or None)
     except StreamingError as error:
         print(f"onceflow run: {error}", file=sys.stderr)

@@ -49,7 +49,7 @@ class Cluster:
     async def connection(self, address: tuple[str, int]) -> BrokerClient:
         client = self._clients.get(address)
         if client is None:
-            client = self._clients[address] = BrokerClient(*address, client_id=self.config.client_id, request_timeout=self.config.request_timeout_ms / 1000)
+            client = self._clients[address] = BrokerClient(*address, client_id=self.config.client_id, request_timeout=self.config.request_timeout_ms / 1000, security=self.config.security)
         if not client.connected:
             await client.connect()
         return client
