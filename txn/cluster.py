@@ -34,6 +34,12 @@ COORDINATOR_MOVED = {ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILA
 # else starts at retry_backoff_ms.
 QUICK_RETRY_CODES = {ErrorCode.CONCURRENT_TRANSACTIONS, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS}
 QUICK_RETRY_S = 0.02
+# A connection that failed (the broker is down or restarting) is tried again
+# at most this long after the last try: a refused connect costs the broker
+# nothing, and a longer wait is only time lost after it is back (a client
+# whose waits had grown to retry_backoff_max_ms came back up to a second
+# after the broker did).
+RECONNECT_BACKOFF_MAX_S = 0.25
 
 
 class Cluster:
@@ -175,7 +181,10 @@ class Cluster:
     def _backoff(self, state: tenacity.RetryCallState) -> float:
         error = state.outcome.exception() if state.outcome is not None else None
         first = QUICK_RETRY_S if getattr(error, "code", None) in QUICK_RETRY_CODES else self.config.retry_backoff_ms / 1000
-        return min(first * 2 ** (state.attempt_number - 1), self.config.retry_backoff_max_ms / 1000)
+        cap = self.config.retry_backoff_max_ms / 1000
+        if isinstance(error, ConnectionError):
+            cap = min(cap, RECONNECT_BACKOFF_MAX_S)
+        return min(first * 2 ** (state.attempt_number - 1), cap)
 
 
 def _exhausted(state: tenacity.RetryCallState):

@@ -1,7 +1,8 @@
 """The clients' retry backoff (txn.cluster.Cluster.retrying): a coordinator
 that is busy for a moment (CONCURRENT_TRANSACTIONS, COORDINATOR_LOAD_IN_PROGRESS)
 is asked again after 20 ms, doubling; other retriable errors wait
-retry_backoff_ms, doubling; both up to retry_backoff_max_ms. Over a real
+retry_backoff_ms, doubling; both up to retry_backoff_max_ms, and a failed
+connection up to 250 ms. Over a real
 broker, a restarted instance's InitProducerId over the transaction its
 predecessor left open gets CONCURRENT_TRANSACTIONS once and its retry works."""
 
@@ -17,9 +18,9 @@ from txn.config import ProducerConfig
 from txn.errors import RetriableError
 
 
-def waits(code: int, attempts: int, **config) -> list[float]:
+def waits(code: int | None, attempts: int, **config) -> list[float]:
     cluster = Cluster(ProducerConfig(bootstrap_servers=["127.0.0.1:9"], **config))
-    error = RetriableError(code, "test")
+    error = ConnectionRefusedError("the broker is down") if code is None else RetriableError(code, "test")
     outcome = types.SimpleNamespace(exception=lambda: error)
     return [cluster._backoff(types.SimpleNamespace(attempt_number=n, outcome=outcome)) for n in range(1, attempts + 1)]
 
@@ -29,6 +30,9 @@ def test_a_busy_coordinator_is_asked_again_soon_and_other_errors_back_off_as_con
     assert waits(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, 8) == pytest.approx([0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.0, 1.0])
     assert waits(ErrorCode.REQUEST_TIMED_OUT, 5) == pytest.approx([0.1, 0.2, 0.4, 0.8, 1.0])
     assert waits(ErrorCode.REQUEST_TIMED_OUT, 3, retry_backoff_ms=50, retry_backoff_max_ms=120) == pytest.approx([0.05, 0.1, 0.12])
+    # A broker that refuses connections is tried again at least every 250 ms.
+    assert waits(None, 4) == pytest.approx([0.1, 0.2, 0.25, 0.25])
+    assert waits(None, 3, retry_backoff_ms=10, retry_backoff_max_ms=30) == pytest.approx([0.01, 0.02, 0.03])
 
 
 def test_init_over_a_transaction_left_open_retries_its_concurrent_transactions_answer(tmp_path, monkeypatch):
