@@ -1,13 +1,17 @@
 """`onceflow bench --recovery`: how long each fault stops an exactly-once
 pipeline, beside the targets (the README's "Availability under faults").
 
-    onceflow bench --recovery [--recovery-rounds 3] [--recovery-seconds 24] [--json FILE]
+    onceflow bench --recovery [--recovery-rounds 3] [--recovery-seconds 24] [--recovery-workload copier|streaming] [--json FILE]
 
 For each fault kind with a target, a chaos run (``faults.chaos``) of the
 transactional copier (two processes, static members of one group, our
 client's defaults) with only that fault, a few times a run, on input
 arriving at a steady rate; ``faults.availability`` measures each fault's
-recovery from the run's history. Figures are medians and worsts over every
+recovery from the run's history. With ``--recovery-workload streaming``
+the pipeline is ``examples/enrichment.py`` on the streaming runner (two
+instances), whose commits are seen as its group's committed offsets moving
+(sampled every 0.25 s, and not by instance: "after cleared" is then anyone's
+first commit). Figures are medians and worsts over every
 fault of the kind in every round; the machine is shared, so read them as
 what this machine did in this run, not as constants.
 
@@ -32,15 +36,18 @@ TARGETS = {"kill-client": 2.0, "kill-broker": 2.0, "pause-broker": 1.0}
 STALL_TARGET = max(TARGETS.values())
 
 
-def measure_kind(kind: str, *, rounds: int, seconds: float, records_per_second: int, say) -> dict:
+STREAMING_APP = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "enrichment.py")
+
+
+def measure_kind(kind: str, *, rounds: int, seconds: float, records_per_second: int, say, workload: str = "copier") -> dict:
     from faults.chaos import ChaosRun, ChaosSettings
 
     after_clear, first_output, stalls, valid = [], [], [], True
     for round_number in range(rounds):
         report = tempfile.mkdtemp(prefix=f"onceflow-recovery-{kind}-")
         try:
-            settings = ChaosSettings(workload="copier", faults=(kind,), duration=seconds, seed=round_number + 1, records=int(records_per_second * seconds),
-                                     mean_fault_interval=seconds / 4, abort_ratio=0.0)
+            settings = ChaosSettings(workload=workload, faults=(kind,), duration=seconds, seed=round_number + 1, records=int(records_per_second * seconds),
+                                     mean_fault_interval=seconds / 4, abort_ratio=0.0, app=STREAMING_APP if workload == "streaming" else "")
             run = ChaosRun(settings, report, out=io.StringIO())
             verdict = run.run()
             valid = valid and verdict.valid
@@ -89,11 +96,12 @@ def run_from_args(args) -> int:
     if unknown:
         say(f"onceflow bench --recovery: no target for {', '.join(unknown)}; known: {', '.join(TARGETS)}")
         return 2
-    say(f"recovery after faults: the copier, {args.recovery_rounds} rounds of {args.recovery_seconds:.0f} s per fault kind, input at {args.recovery_rate}/s")
-    rows = [measure_kind(kind, rounds=args.recovery_rounds, seconds=args.recovery_seconds, records_per_second=args.recovery_rate, say=say) for kind in kinds]
+    workload = getattr(args, "recovery_workload", "copier")
+    say(f"recovery after faults: the {'copier' if workload == 'copier' else 'streaming runner (examples/enrichment.py)'}, {args.recovery_rounds} rounds of {args.recovery_seconds:.0f} s per fault kind, input at {args.recovery_rate}/s")
+    rows = [measure_kind(kind, rounds=args.recovery_rounds, seconds=args.recovery_seconds, records_per_second=args.recovery_rate, say=say, workload=workload) for kind in kinds]
     for line in table(rows):
         say(line)
     if args.json:
         with open(args.json, "w") as file:
-            json.dump({"settings": {"rounds": args.recovery_rounds, "seconds": args.recovery_seconds, "rate": args.recovery_rate, "cpus": os.cpu_count()}, "rows": rows}, file, indent=2)
+            json.dump({"settings": {"workload": workload, "rounds": args.recovery_rounds, "seconds": args.recovery_seconds, "rate": args.recovery_rate, "cpus": os.cpu_count()}, "rows": rows}, file, indent=2)
     return 0 if all(row["valid"] for row in rows) else 1
