@@ -530,6 +530,10 @@ def run_suite(args) -> int:
     """The whole run, for ``onceflow bench`` (whose module,
     ``onceflow.commands.bench``, owns the options); with ``--runner``, the
     streaming runner's benchmark instead (``benchmarks.runner_bench``)."""
+    if getattr(args, "recovery", False):
+        from benchmarks import recovery
+
+        return recovery.run_from_args(args)
     if getattr(args, "runner", False):
         from benchmarks import runner_bench
 
