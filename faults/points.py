@@ -11,7 +11,9 @@ the harness's workloads pass ``point`` from here:
 Points compiled in: ``coordinator.after_prepare_commit`` /
 ``coordinator.after_prepare_abort`` (the decision is durable),
 ``coordinator.markers_partial`` (markers reached some partitions),
-``coordinator.before_complete``, ``groupcoord.after_pending_offsets`` (a
+``coordinator.before_complete``, ``replicas.topics_registering`` /
+``replicas.topic_registered`` (CreateTopics before and after its registry
+write, before the partition directories), ``groupcoord.after_pending_offsets`` (a
 transactional offset commit is written, pending), ``storage.torn_write``
 (half of a batch reaches the segment, then the process dies) and, in our
 client, ``txn.before_commit`` (records produced, EndTxn not yet sent).
@@ -28,8 +30,8 @@ as SIGKILL would); "raise" raises ``CrashPointReached``.
 
 from __future__ import annotations
 
+import logging
 import os
-import sys
 
 ENVIRONMENT_VARIABLE = "ONCEFLOW_CRASH_POINTS"
 CRASH_EXIT_CODE = 86
@@ -87,8 +89,9 @@ def reached(name: str) -> str | None:
 def fire(name: str, action: str) -> None:
     if action == "raise":
         raise CrashPointReached(name)
-    sys.stderr.write(f"onceflow: crash point {name} reached; exiting\n")
-    sys.stderr.flush()
+    # Through logging (whose handlers flush each line), so that a process
+    # logging JSON says this in JSON too.
+    logging.getLogger(__name__).critical("onceflow: crash point %s reached; exiting", name, extra={"crash_point": name})
     os._exit(CRASH_EXIT_CODE)
 
 

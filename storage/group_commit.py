@@ -45,6 +45,11 @@ checkpointed, so recovery after a crash scans only from the active segment.
 moves the log's ``log_end_offset``, ``durable_offset`` and ``recovery_point``
 and nothing else.
 
+What it measures goes to ``observer`` (a ``FlushObserver``, None by default):
+each round's fsync time, bytes and appends (over every log in it), as plain
+numbers. The broker sets one on every log it opens and turns them into its
+metrics; storage knows nothing of how they are exported.
+
 Stopping: an fsync on a worker thread cannot be interrupted, so a cancelled
 flusher first waits for the ones it started (then fails each log whose fsync
 failed) and only then ends. A log's files must not be closed under such an
@@ -60,7 +65,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from protocol.tasks import cancel_and_wait
 from storage.config import FLUSH_ALWAYS, FLUSH_OS
@@ -80,6 +85,13 @@ FSYNC_AVERAGE_WEIGHT = 0.2
 WORKER_FSYNCS = 4
 
 
+class FlushObserver(Protocol):
+    """Told after every fsync round that succeeded (a seam the composition
+    root fills: ``broker.storage_adapter``)."""
+
+    def flushed(self, seconds: float, round_bytes: int, round_appends: int) -> None: ...
+
+
 class LogFailedError(Exception):
     """The log hit a disk error and refuses appends until reopened (KAFKA_STORAGE_ERROR)."""
 
@@ -93,6 +105,8 @@ class GroupCommitter:
         self.last_flush = float("-inf")
         self.unflushed: list[LogSegment] = []  # written since the last fsync
         self.unflushed_bytes = 0
+        self.unflushed_appends = 0
+        self.observer: FlushObserver | None = None
         self.syncing: list[LogSegment] = []  # being fsynced by a round now
         self.next_recovery_point: int | None = None  # a roll's base, once what is below it is durable
 
@@ -106,6 +120,7 @@ class GroupCommitter:
     def wrote(self, segment: LogSegment, size: int) -> None:
         """``size`` bytes were appended to ``segment`` (the log end has moved)."""
         self.unflushed_bytes += size
+        self.unflushed_appends += 1
         if segment not in self.unflushed:
             self.unflushed.append(segment)
         if self.log.config.flush_policy == FLUSH_OS:
@@ -148,15 +163,17 @@ class GroupCommitter:
             return 0.0
         return self.last_flush + self.log.config.flush_interval_ms / 1000.0 - now
 
-    def begin_round(self, now: float) -> tuple[int, int]:
+    def begin_round(self, now: float) -> tuple[int, int, int]:
         """This log joins the round starting now: its unflushed segments move
-        to ``syncing``. Returns (the offset the round makes durable, bytes)."""
+        to ``syncing``. Returns (the offset the round makes durable, bytes,
+        appends)."""
         target = self.log.log_end_offset
         self.syncing = [segment for segment in self.unflushed if not segment.closed]
         self.unflushed.clear()
-        size, self.unflushed_bytes = self.unflushed_bytes, 0
+        size, appends = self.unflushed_bytes, self.unflushed_appends
+        self.unflushed_bytes = self.unflushed_appends = 0
         self.last_flush = now
-        return target, size
+        return target, size, appends
 
     def end_round(self, target: int, error: OSError | None) -> None:
         """The round's fsyncs of this log's segments returned (``error`` if one failed)."""
@@ -178,12 +195,17 @@ class GroupCommitter:
         target = partition_log.log_end_offset
         segments = list(dict.fromkeys(self.syncing + self.unflushed))
         self.unflushed.clear()
+        round_bytes, round_appends = self.unflushed_bytes, self.unflushed_appends
+        self.unflushed_bytes = self.unflushed_appends = 0
+        began = time.perf_counter()
         try:
             for segment in segments:
                 segment.fsync_unless_closed()
         except OSError as error:
             partition_log._fail(error)
             raise LogFailedError(f"fsync failed: {error}") from error
+        if self.observer is not None and segments:
+            self.observer.flushed(time.perf_counter() - began, round_bytes, round_appends)
         self._made_durable(target)
 
     def _made_durable(self, target: int) -> None:
@@ -326,17 +348,19 @@ class FsyncRounds:
 
     async def _round(self, loop: asyncio.AbstractEventLoop, due: list[GroupCommitter]) -> None:
         now = loop.time()
-        targets, total_bytes = [], 0
+        targets, sizes = [], []
         for committer in due:
-            target, size = committer.begin_round(now)
+            target, size, appends = committer.begin_round(now)
             targets.append(target)
-            total_bytes += size
+            sizes.append((size, appends))
+        total_bytes = sum(size for size, _appends in sizes)
         work = [(committer, segment) for committer in due for segment in committer.syncing]
         errors: dict[GroupCommitter, OSError] = {}
         self.in_round = set(due)
         self.round_over = loop.create_future()
         self.rounds += 1
         self.fsyncs += len(work)
+        began = time.perf_counter()
         try:
             if len(work) <= INLINE_FSYNC_FILES and total_bytes <= INLINE_FSYNC_BYTES and self.fsync_seconds <= INLINE_FSYNC_SECONDS:
                 self.inline_rounds += 1
@@ -353,8 +377,13 @@ class FsyncRounds:
             self.round_over.set_result(None)
             self.round_over = None
             self.in_round = set()
+        seconds = time.perf_counter() - began
         for committer, target in zip(due, targets):
             committer.end_round(target, errors.get(committer))
+        succeeded = [(committer, size) for committer, size in zip(due, sizes) if committer not in errors]
+        observer = next((committer.observer for committer, _size in succeeded if committer.observer is not None), None)
+        if observer is not None:
+            observer.flushed(seconds, sum(size for _c, (size, _a) in succeeded), sum(appends for _c, (_s, appends) in succeeded))
 
     async def _fsync_on_workers(self, loop, work: list[tuple[GroupCommitter, LogSegment]], errors: dict) -> None:
         """fsync ``work`` on up to ``WORKER_FSYNCS`` worker threads. Cancelled

@@ -17,6 +17,7 @@ import attrs
 
 from protocol.compression import Compression
 from txn.errors import ConfigError
+from txn.security import SecurityConfig, is_security_option
 
 COMPRESSIONS = {"none": Compression.NONE, "gzip": Compression.GZIP, "snappy": Compression.SNAPPY, "lz4": Compression.LZ4, "zstd": Compression.ZSTD}
 
@@ -95,6 +96,8 @@ class CommonConfig:
     retry_backoff_ms: int = attrs.field(default=100, converter=int, validator=_not_negative)
     retry_backoff_max_ms: int = attrs.field(default=1_000, converter=int, validator=_not_negative)
     metadata_max_age_ms: int = attrs.field(default=300_000, converter=int, validator=_positive)
+    # security.protocol, sasl.*, ssl.* (every spelling ``txn.security`` knows) land here.
+    security: SecurityConfig = attrs.field(factory=SecurityConfig, validator=attrs.validators.instance_of(SecurityConfig))
 
 
 @attrs.frozen(kw_only=True)
@@ -160,13 +163,24 @@ class AdminConfig(CommonConfig):
 
 def build(config_class, options: dict | None = None, **keywords):
     """A ``config_class`` from Kafka-style (``linger.ms``) or Python-style
-    (``linger_ms``) names; an existing config passes through with overrides."""
+    (``linger_ms``) names; an existing config passes through with overrides.
+    Security settings (``security.protocol``, ``sasl.username``, ...) are
+    gathered into one ``SecurityConfig``, over a ``security=`` value if given."""
     merged: dict = {}
+    security_options: dict = {}
     for source in (options or {}, keywords):
         if isinstance(source, CommonConfig):
             source = attrs.asdict(source, recurse=False)
         for name, value in source.items():
-            merged[name.replace(".", "_").replace("-", "_")] = value
+            if is_security_option(name):
+                security_options[name] = value
+            else:
+                merged[name.replace(".", "_").replace("-", "_")] = value
+    if security_options or "security" in merged:
+        base = merged.get("security")
+        if base is not None and not isinstance(base, SecurityConfig):
+            raise ConfigError(f"security must be a txn.security.SecurityConfig, not {type(base).__name__}")
+        merged["security"] = SecurityConfig.build(security_options, base=base)
     known = {field.name for field in attrs.fields(config_class)}
     unknown = sorted(set(merged) - known)
     if unknown:
@@ -175,7 +189,7 @@ def build(config_class, options: dict | None = None, **keywords):
         return config_class(**merged)
     except TypeError as error:
         raise ConfigError(str(error)) from None
-    except (ValueError,) as error:
+    except ValueError as error:
         if isinstance(error, ConfigError):
             raise
         raise ConfigError(str(error)) from None

@@ -7,27 +7,46 @@ Several requests may be in flight at once; a reader task owned by the
 connection matches responses to them. A broken connection fails every
 waiting request with ``ConnectionError``; the caller (the client's retry
 policy) reconnects.
+
+Security (``txn.security.SecurityConfig``): on SSL and SASL_SSL the socket is
+TLS-wrapped (the broker's certificate checked against the CA file and its
+name); on SASL_* the connection authenticates right after ApiVersions, by
+``SaslClient``'s exchange (SaslHandshake v1, then SaslAuthenticate). A
+refusal or a failed TLS handshake raises ``AuthenticationError``, which is
+not retried. When the broker gives the session a lifetime (KIP-368), the
+connection authenticates again on its own before it lapses: the next
+request after 85-95% of the lifetime waits for the requests in flight, runs
+the exchange again, and goes on; past the lifetime it reconnects instead.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import random
+import ssl
+import time
 
 from protocol.framing import ClientConnection
 from protocol.messages import APIS, ApiKey
 from protocol.tasks import cancel_and_wait
+from txn.security import PLAINTEXT, AuthenticationError, SaslClient, SecurityConfig
 
 log = logging.getLogger(__name__)
 
 
 
 class BrokerClient:
-    def __init__(self, host: str, port: int, *, client_id: str = "onceflow-txn", request_timeout: float = 30.0):
+    def __init__(self, host: str, port: int, *, client_id: str = "onceflow-txn", request_timeout: float = 30.0, security: SecurityConfig = PLAINTEXT):
         self.host = host
         self.port = port
         self.client_id = client_id
         self.request_timeout = request_timeout
+        self.security = security
+        self._ssl_context: ssl.SSLContext | None = None  # built on the first connect, then reused
+        self._reauthenticate_after: float | None = None  # monotonic seconds (KIP-368)
+        self._session_expires: float | None = None
+        self._reauth_lock = asyncio.Lock()
         self._framing = ClientConnection(client_id=client_id)
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
@@ -58,13 +77,77 @@ class BrokerClient:
         self._ready = False
         self._framing = ClientConnection(client_id=self.client_id)
         self._pending = {}
-        self._reader, self._writer = await asyncio.wait_for(asyncio.open_connection(self.host, self.port), self.request_timeout)
+        self._reauthenticate_after = self._session_expires = None
+        self._reader, self._writer = await asyncio.wait_for(self._open(), self.request_timeout)
         self._read_task = asyncio.get_running_loop().create_task(self._read_loop(self._reader, self._framing, self._pending))
-        body = await self._send(ApiKey.API_VERSIONS, 3, {"client_software_name": "onceflow-txn", "client_software_version": "0.1"})
-        if body["error_code"]:
-            body = await self._send(ApiKey.API_VERSIONS, 0, {})
-        self.versions = {entry["api_key"]: (entry["min_version"], entry["max_version"]) for entry in body["api_keys"]}
+        try:
+            body = await self._send(ApiKey.API_VERSIONS, 3, {"client_software_name": "onceflow-txn", "client_software_version": "0.1"})
+            if body["error_code"]:
+                body = await self._send(ApiKey.API_VERSIONS, 0, {})
+            self.versions = {entry["api_key"]: (entry["min_version"], entry["max_version"]) for entry in body["api_keys"]}
+            if self.security.uses_sasl:
+                await self._authenticate()
+        except AuthenticationError:
+            await self._drop()
+            raise
         self._ready = True
+
+    async def _open(self):
+        """The socket, TLS-wrapped on SSL and SASL_SSL."""
+        if self.security.uses_tls and self._ssl_context is None:
+            self._ssl_context = self.security.ssl_context()
+        if self._ssl_context is None:
+            return await asyncio.open_connection(self.host, self.port)
+        try:
+            return await asyncio.open_connection(self.host, self.port, ssl=self._ssl_context, server_hostname=self.host, ssl_handshake_timeout=self.request_timeout)
+        except ssl.SSLError as error:
+            # Not retriable: an untrusted or misnamed certificate stays so.
+            raise AuthenticationError(0, f"TLS handshake with {self.host}:{self.port}", message=getattr(error, "verify_message", None) or error.reason or str(error)) from None
+
+    async def _authenticate(self) -> None:
+        """One SASL exchange on this connection (the first, or a KIP-368 re-authentication)."""
+        if ApiKey.SASL_HANDSHAKE not in self.versions or ApiKey.SASL_AUTHENTICATE not in self.versions:
+            raise AuthenticationError(0, f"SASL with {self.host}:{self.port}", message="the broker does not offer SaslHandshake/SaslAuthenticate (is this a SASL listener?)")
+        sasl = SaslClient(self.security)
+        started = time.monotonic()
+        token = sasl.receive_handshake(await self._send(ApiKey.SASL_HANDSHAKE, 1, sasl.handshake_request()))
+        version = self.version_for(ApiKey.SASL_AUTHENTICATE)
+        while token is not None:
+            token = sasl.receive_authenticate(await self._send(ApiKey.SASL_AUTHENTICATE, version, {"auth_bytes": token}))
+        if sasl.session_lifetime_ms > 0:
+            lifetime = sasl.session_lifetime_ms / 1000
+            # As Kafka's clients: somewhere in 85-95% of the lifetime, so a fleet does not re-authenticate at once.
+            self._reauthenticate_after = started + lifetime * random.uniform(0.85, 0.95)
+            self._session_expires = started + lifetime
+        else:
+            self._reauthenticate_after = self._session_expires = None
+
+    async def _drop(self) -> None:
+        """Close this connection now (after a refused authentication)."""
+        self._fail(ConnectionError(f"connection to {self.host}:{self.port} was closed"))
+        await cancel_and_wait(self._read_task)
+        self._read_task = None
+
+    async def _keep_session(self) -> None:
+        """KIP-368: re-authenticate a session near its end; past it, reconnect."""
+        if self._reauthenticate_after is None or time.monotonic() < self._reauthenticate_after:
+            return
+        async with self._reauth_lock:
+            if self._reauthenticate_after is None or time.monotonic() < self._reauthenticate_after:
+                return  # another request did it while we waited
+            if time.monotonic() >= self._session_expires:
+                async with self._connect_lock:
+                    await self._connect()
+                return
+            # The broker answers in order; nothing of ours is interleaved with the exchange.
+            in_flight = [future for future in self._pending.values() if not future.done()]
+            if in_flight:
+                await asyncio.wait(in_flight, timeout=max(0.0, self._session_expires - time.monotonic()))
+            try:
+                await self._authenticate()
+            except (TimeoutError, AuthenticationError, ConnectionError):
+                await self._drop()
+                raise
 
     def version_for(self, api_key: int) -> int:
         ours = APIS[api_key].request.valid
@@ -81,6 +164,7 @@ class BrokerClient:
         request timeout, for requests the broker holds, like JoinGroup)."""
         if not self.connected:
             await self.connect()
+        await self._keep_session()
         awaitable = await self._submit(api_key, self.version_for(api_key) if version is None else version, body, expect_response=expect_response, timeout=timeout)
         return await awaitable
 
@@ -90,6 +174,7 @@ class BrokerClient:
         in that order, which the producer relies on for its sequences."""
         if not self.connected:
             await self.connect()
+        await self._keep_session()
         return await self._submit(api_key, self.version_for(api_key) if version is None else version, body, expect_response=expect_response)
 
     async def _submit(self, api_key: int, version: int, body: dict, *, expect_response: bool = True, timeout: float | None = None):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 import time
 
-from onceflow.client_commands import QUICK, add_bootstrap_option, partition_count, reporting_errors
+from onceflow.client_commands import add_bootstrap_option, client_options, partition_count, reporting_errors
 
 
 def add_arguments(parser) -> None:
@@ -30,11 +30,11 @@ def run(args) -> int:
 def _consume(args, out) -> int:
     from txn import Admin, Consumer, TopicPartition
 
-    with Admin(bootstrap_servers=args.bootstrap_server, **QUICK) as admin:
+    with Admin(bootstrap_servers=args.bootstrap_server, **client_options(args)) as admin:
         count = partition_count(admin, args.topic)
     consumer = Consumer(
         bootstrap_servers=args.bootstrap_server, group_id=args.group, isolation_level=args.isolation,
-        auto_offset_reset="earliest" if args.from_beginning else "latest", **QUICK,
+        auto_offset_reset="earliest" if args.from_beginning else "latest", **client_options(args),
     )
     printed = 0
     try:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from onceflow.client_commands import QUICK, CommandError, add_bootstrap_option, partition_count, reporting_errors
+from onceflow.client_commands import CommandError, add_bootstrap_option, client_options, partition_count, reporting_errors
 
 
 def add_arguments(parser) -> None:
@@ -25,9 +25,9 @@ def run(args) -> int:
 def _produce(args, lines, err) -> int:
     from txn import Admin, Producer
 
-    with Admin(bootstrap_servers=args.bootstrap_server, **QUICK) as admin:
+    with Admin(bootstrap_servers=args.bootstrap_server, **client_options(args)) as admin:
         partition_count(admin, args.topic)
-    producer = Producer(bootstrap_servers=args.bootstrap_server, transactional_id=args.transactional_id, **QUICK)
+    producer = Producer(bootstrap_servers=args.bootstrap_server, transactional_id=args.transactional_id, **client_options(args))
     try:
         if args.transactional_id:
             producer.init_transactions()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from onceflow.client_commands import QUICK, CommandError, add_bootstrap_option, partition_count, reporting_errors
+from onceflow.client_commands import CommandError, add_bootstrap_option, client_options, partition_count, reporting_errors
 
 
 def add_arguments(parser) -> None:
@@ -32,7 +32,7 @@ def run(args) -> int:
 def _topics(args, out) -> int:
     from txn import Admin, TopicPartition
 
-    with Admin(bootstrap_servers=args.bootstrap_server, **QUICK) as admin:
+    with Admin(bootstrap_servers=args.bootstrap_server, **client_options(args)) as admin:
         if args.action == "create":
             configs = {}
             for item in args.config:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 import time
 
-from onceflow.client_commands import QUICK, add_bootstrap_option, partition_count, reporting_errors
+from onceflow.client_commands import add_bootstrap_option, client_options, partition_count, reporting_errors
 
 DEFAULT_MAX_AGE_MS = 15 * 60 * 1000  # kafka-transactions.sh's default
 
@@ -40,7 +40,7 @@ def run(args) -> int:
     from txn import Admin
 
     def act() -> int:
-        with Admin(bootstrap_servers=args.bootstrap_server, **QUICK) as admin:
+        with Admin(bootstrap_servers=args.bootstrap_server, **client_options(args)) as admin:
             if args.action == "list":
                 return list_transactions(admin)
             if args.action == "describe":

@@ -12,6 +12,12 @@ Shared by the source (``parse_source_options``) and the sink
   talk in plain text.
 - ``kafka.*`` options lose their prefix and become our ``txn`` client
   configuration (``kafka.fetch.max.bytes`` -> ``ConsumerConfig.fetch_max_bytes``).
+- Security settings are the Kafka client's (``kafka.security.protocol``,
+  ``kafka.sasl.mechanism``, ``kafka.sasl.jaas.config`` with the PLAIN or
+  SCRAM login module, ``kafka.ssl.truststore.location`` of type PEM,
+  ``kafka.ssl.endpoint.identification.algorithm``) or librdkafka's
+  (``kafka.sasl.username``, ``kafka.ssl.ca.location``, ...); they reach
+  every client the driver and the executors open (``txn.security``).
 - Options Spark forbids are refused with Spark's messages.
 - Isolation is read_committed unless ``kafka.isolation.level`` says
   read_uncommitted (Spark's Kafka source defaults to the Kafka client's
@@ -28,6 +34,7 @@ import attrs
 
 from txn.config import AdminConfig, CommonConfig, ConsumerConfig, build
 from txn.errors import ConfigError
+from txn.security import is_security_option
 from txn.types import TopicPartition
 
 EARLIEST, LATEST = -2, -1  # the special offsets of Spark's offset JSON
@@ -59,8 +66,6 @@ FORBIDDEN_SINK_PARAMS = {
 # The executors' consumers read whole ranges into Arrow batches: larger polls
 # and fetches than a record-at-a-time consumer's defaults (a kafka.* option wins).
 SOURCE_CONSUMER_DEFAULTS = {"max.poll.records": "32768", "max.partition.fetch.bytes": str(8 << 20)}
-# Kafka client properties that change nothing for our clients at the values given.
-HARMLESS_PARAMS = {"security.protocol": {"plaintext"}}
 
 
 class OptionError(ValueError):
@@ -111,17 +116,15 @@ def client_config(config_class: type[CommonConfig], params: dict[str, str], *, o
     chosen: dict[str, str] = {}
     unknown = []
     for name, value in params.items():
-        if str(value).lower() in HARMLESS_PARAMS.get(name, ()):
-            continue
         field = name.replace(".", "_").replace("-", "_")
-        if field in known:
+        if field in known or is_security_option(name):
             chosen[field] = value
         elif not only_known:
             unknown.append(f"kafka.{name}")
     if unknown:
         raise OptionError(
             f"Kafka option(s) {', '.join(sorted(unknown))} not supported by onceflow's {config_class.__name__} "
-            f"(supported: {', '.join('kafka.' + f.replace('_', '.') for f in sorted(known))})"
+            f"(supported: {', '.join('kafka.' + f.replace('_', '.') for f in sorted(known - {'security'}))}, and the security settings)"
         )
     chosen.update({name: value for name, value in overrides.items() if value is not None})
     try:

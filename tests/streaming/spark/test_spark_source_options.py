@@ -46,6 +46,19 @@ def test_option_names_are_case_insensitive_and_kafka_params_reach_the_consumer()
     assert parsed.include_headers is True and parsed.max_trigger_delay_ms == 30_000
 
 
+def test_security_settings_reach_the_consumer_and_the_admin_as_spark_users_write_them():
+    jaas = 'org.apache.kafka.common.security.scram.ScramLoginModule required username="alice" password="pw";'
+    parsed = opts.parse_source_options(
+        {"kafka.bootstrap.servers": "h:1", "subscribe": "a", "kafka.security.protocol": "SASL_SSL", "kafka.sasl.mechanism": "SCRAM-SHA-512",
+         "kafka.sasl.jaas.config": jaas, "kafka.ssl.truststore.location": "/ca.pem", "kafka.ssl.truststore.type": "PEM"},
+        streaming=True,
+    )
+    for config in (parsed.consumer, parsed.admin):
+        assert config.security.security_protocol == "SASL_SSL" and config.security.sasl_mechanism == "SCRAM-SHA-512"
+        assert config.security.sasl_username == "alice" and config.security.ssl_cafile == "/ca.pem"
+    assert "pw" not in repr(parsed)
+
+
 def test_subscription_is_exactly_one_of_three():
     assert "One of the following options must be specified for Kafka source: subscribe, subscribePattern, assign" in error(base={"kafka.bootstrap.servers": "h:1"})
     assert "Only one of the following options can be specified" in error(subscribePattern="t.*")
@@ -67,8 +80,9 @@ def test_forbidden_and_missing_kafka_params():
     assert "values are deserialized as byte arrays" in error(**{"kafka.value.deserializer": "x"})
     assert error(**{"kafka.enable.auto.commit": "true"}) == "Kafka option 'enable.auto.commit' is not supported"
     assert error(**{"kafka.interceptor.classes": "x"}) == "Kafka option 'interceptor.classes' is not supported"
-    unknown = error(**{"kafka.security.protocol": "SSL", "kafka.sasl.mechanism": "PLAIN"})
-    assert "kafka.sasl.mechanism, kafka.security.protocol not supported by onceflow's ConsumerConfig" in unknown
+    unknown = error(**{"kafka.sasl.kerberos.service.name": "kafka", "kafka.metric.reporters": "x"})
+    assert "kafka.metric.reporters, kafka.sasl.kerberos.service.name not supported by onceflow's ConsumerConfig" in unknown
+    assert "security_protocol must be one of PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL, not 'TLS'" in error(**{"kafka.security.protocol": "TLS"})
     assert "invalid Kafka option" in error(**{"kafka.isolation.level": "serializable"})
     with pytest.raises(opts.OptionError, match="serialized with ByteArraySerializer"):
         opts.reject_forbidden_sink_params(opts.kafka_params({"kafka.value.serializer": "x"}))
