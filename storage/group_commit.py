@@ -18,15 +18,15 @@ one round instead of queueing N rounds on the loop one after the other (a
 round per log, fsynced on the loop, held the loop for each fsync in turn:
 with 16 producers a py-spy profile had 59% of the loop's time in those
 fsyncs). A round of at most ``INLINE_FSYNC_FILES`` files and
-``INLINE_FSYNC_BYTES`` bytes is fsynced right on the loop while the disk's
-fsyncs are quick (a moving average of at most ``INLINE_FSYNC_SECONDS``: two
-thread hand-offs would cost as much as the fsync: a lone client, a commit's
-markers); a larger round, or any round while fsyncs are slow (a disk shared
-with busy neighbours: 2-5 ms instead of 0.2), goes to at most
-``WORKER_FSYNCS`` worker threads, so the loop keeps reading and appending
-the requests that will share the next round instead of standing still for
-the whole fsync (and the kernel commits the files' journal entries
-together). Every state change (high watermark,
+``INLINE_FSYNC_BYTES`` bytes is fsynced right on the loop (two thread
+hand-offs would cost as much as the fsync: a lone client, a commit's
+markers); a larger one goes to at most ``WORKER_FSYNCS`` worker threads, so
+the loop keeps reading and appending the requests that will share the next
+round (and the kernel commits the files' journal entries together). Sending
+small rounds to a worker too while fsyncs were slow (a moving average above
+0.3 ms) was tried: on the loaded shared machine it doubled the 4 KiB-batch
+producer and one-record transactions in one A/B and cut a lone copier's
+transactions to a third in another, so the rule stays this simple one. Every state change (high watermark,
 waiters, checkpoint) stays on the loop. Without a running loop appends
 fsync synchronously. A log opened on its own gets rounds of its own.
 
@@ -77,10 +77,6 @@ if TYPE_CHECKING:
 # A round of at most this many files and bytes fsyncs on the loop (see FsyncRounds).
 INLINE_FSYNC_FILES = 2
 INLINE_FSYNC_BYTES = 16 * 1024
-# ... and only while the disk's fsyncs take at most this long (moving average).
-INLINE_FSYNC_SECONDS = 0.0003
-# Weight of the latest fsync in that average.
-FSYNC_AVERAGE_WEIGHT = 0.2
 # A larger round's files are split among at most this many worker threads.
 WORKER_FSYNCS = 4
 
@@ -299,7 +295,6 @@ class FsyncRounds:
         self.rounds = 0  # rounds run, and fsyncs made by them (tests, benchmarks)
         self.fsyncs = 0
         self.inline_rounds = 0
-        self.fsync_seconds = 0.0  # moving average of one file's fsync
 
     def request(self, committer: GroupCommitter) -> None:
         self.pending[committer] = None
@@ -362,15 +357,13 @@ class FsyncRounds:
         self.fsyncs += len(work)
         began = time.perf_counter()
         try:
-            if len(work) <= INLINE_FSYNC_FILES and total_bytes <= INLINE_FSYNC_BYTES and self.fsync_seconds <= INLINE_FSYNC_SECONDS:
+            if len(work) <= INLINE_FSYNC_FILES and total_bytes <= INLINE_FSYNC_BYTES:
                 self.inline_rounds += 1
                 for committer, segment in work:
-                    began = time.perf_counter()
                     try:
                         segment.fsync_unless_closed()
                     except OSError as error:
                         errors.setdefault(committer, error)
-                    self._timed(time.perf_counter() - began)
             else:
                 await self._fsync_on_workers(loop, work, errors)
         finally:
@@ -392,15 +385,13 @@ class FsyncRounds:
         task may then close the files."""
 
         def fsync_all(share):
-            failed, took = {}, []
+            failed = {}
             for committer, segment in share:
-                began = time.perf_counter()
                 try:
                     segment.fsync_unless_closed()
                 except OSError as error:
                     failed.setdefault(committer, error)
-                took.append(time.perf_counter() - began)
-            return failed, took
+            return failed
 
         shares = [work[i::WORKER_FSYNCS] for i in range(min(WORKER_FSYNCS, len(work)))]
         threads = [loop.run_in_executor(None, fsync_all, share) for share in shares]
@@ -409,18 +400,13 @@ class FsyncRounds:
         except asyncio.CancelledError:
             await asyncio.wait(threads)
             for thread in threads:
-                for committer, error in ({} if thread.cancelled() or thread.exception() else thread.result()[0]).items():
+                for committer, error in ({} if thread.cancelled() or thread.exception() else thread.result()).items():
                     if not committer.log.closed:
                         committer.log._fail(error)
             raise
-        for failed, took in results:
+        for failed in results:
             for committer, error in failed.items():
                 errors.setdefault(committer, error)
-            for seconds in took:
-                self._timed(seconds)
-
-    def _timed(self, seconds: float) -> None:
-        self.fsync_seconds += FSYNC_AVERAGE_WEIGHT * (seconds - self.fsync_seconds)
 
     async def wait_out(self, committer: GroupCommitter) -> None:
         """Return once no running round is fsyncing ``committer``'s files."""
