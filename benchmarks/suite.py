@@ -374,7 +374,7 @@ SCENARIOS = (
     # N clients at once, each waiting for its own small requests: does the
     # broker share its fsyncs (benchmarks.concurrency)?
     Scenario("concurrency: idempotent producers, 10 x 100 B per request", concurrency_scenario(idempotent_producers), limit="fsync"),
-    Scenario("concurrency: transactional copiers, 10 records + offsets per transaction", concurrency_scenario(transactional_copiers), limit="fsync"),
+    Scenario("concurrency: transactional copiers, 10 records + offsets per transaction", concurrency_scenario(transactional_copiers)),
 )
 
 # Only when named by --only ("ACL"): each starts its own brokers beside the
