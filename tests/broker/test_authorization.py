@@ -594,3 +594,54 @@ def test_the_acl_benchmark_scenario_runs(monkeypatch):
     metrics = bench_acl.acl_cost_scenario("unused", ScenarioSettings(records=4000))
     assert metrics["records/s with 100 ACLs"].value > 0 and metrics["records/s without an authorizer"].value > 0
     assert 0 < metrics["authorisation per Produce (3 topics) us"].value < metrics["broker work per Produce, no check us"].value
+
+
+def test_transaction_apis_deny_as_kafka_does_and_change_nothing(acl_broker):
+    """AddPartitionsToTxn fails whole when a topic is denied (denied topics
+    TOPIC_AUTHORIZATION_FAILED, the others OPERATION_NOT_ATTEMPTED);
+    AddOffsetsToTxn and TxnOffsetCommit need READ on the group; nothing
+    reaches the coordinators."""
+    broker = acl_broker([allow(Res.TRANSACTIONAL_ID, "tx", Op.WRITE), allow(Res.TOPIC, "ok", Op.WRITE), allow(Res.TOPIC, "ok", Op.READ)])
+    create(broker, "ok", "no")
+    init = request(broker.port, ApiKey.INIT_PRODUCER_ID, 4, {"transactional_id": "tx", "transaction_timeout_ms": 60000, "producer_id": -1, "producer_epoch": -1})
+    assert init["error_code"] == ErrorCode.NONE
+    ids = {"v3_and_below_transactional_id": "tx", "v3_and_below_producer_id": init["producer_id"], "v3_and_below_producer_epoch": init["producer_epoch"]}
+    added = request(broker.port, ApiKey.ADD_PARTITIONS_TO_TXN, 3, {**ids, "v3_and_below_topics": [{"name": "ok", "partitions": [0]}, {"name": "no", "partitions": [0]}]})
+    codes = {t["name"]: t["results_by_partition"][0]["partition_error_code"] for t in added["results_by_topic_v3_and_below"]}
+    assert codes == {"ok": ErrorCode.OPERATION_NOT_ATTEMPTED, "no": ErrorCode.TOPIC_AUTHORIZATION_FAILED}
+    assert broker.call(lambda b: b.transactions.coordinator.txns["tx"].partitions) == frozenset()
+    offsets = request(broker.port, ApiKey.ADD_OFFSETS_TO_TXN, 3, {"transactional_id": "tx", "producer_id": init["producer_id"], "producer_epoch": init["producer_epoch"], "group_id": "g"})
+    assert offsets["error_code"] == ErrorCode.GROUP_AUTHORIZATION_FAILED
+    assert broker.call(lambda b: b.transactions.coordinator.txns["tx"].partitions) == frozenset()
+    commit = {"transactional_id": "tx", "group_id": "g", "producer_id": init["producer_id"], "producer_epoch": init["producer_epoch"], "generation_id": -1, "member_id": "", "topics": [{"name": "ok", "partitions": [{"partition_index": 0, "committed_offset": 3}]}]}
+    assert request(broker.port, ApiKey.TXN_OFFSET_COMMIT, 3, commit)["topics"][0]["partitions"][0]["error_code"] == ErrorCode.GROUP_AUTHORIZATION_FAILED
+    assert request(broker.port, ApiKey.TXN_OFFSET_COMMIT, 3, {**commit, "transactional_id": "other"})["topics"][0]["partitions"][0]["error_code"] == ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    assert broker.call(lambda b: "g" in b.groups.coordinator.groups) is False
+    # The batched (v4+) form is for brokers: CLUSTER_ACTION.
+    batched = request(broker.port, ApiKey.ADD_PARTITIONS_TO_TXN, 4, {"transactions": [{"transactional_id": "tx", "producer_id": init["producer_id"], "producer_epoch": init["producer_epoch"], "verify_only": False, "topics": [{"name": "ok", "partitions": [0]}]}]})
+    assert batched["error_code"] == ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+    assert broker.call(lambda b: b.transactions.coordinator.txns["tx"].partitions) == frozenset()
+    # With only allowed topics the request goes through.
+    added = request(broker.port, ApiKey.ADD_PARTITIONS_TO_TXN, 3, {**ids, "v3_and_below_topics": [{"name": "ok", "partitions": [0]}]})
+    assert added["results_by_topic_v3_and_below"][0]["results_by_partition"][0]["partition_error_code"] == ErrorCode.NONE
+
+
+def test_more_admin_apis_deny_and_change_nothing(acl_broker):
+    broker = acl_broker([allow(Res.TOPIC, "t", Op.DESCRIBE)])
+    create(broker, "t")
+    grow = request(broker.port, ApiKey.CREATE_PARTITIONS, 3, {"topics": [{"name": "t", "count": 3, "assignments": None}], "timeout_ms": 5000, "validate_only": False})
+    assert grow["results"][0]["error_code"] == ErrorCode.TOPIC_AUTHORIZATION_FAILED
+    assert broker.call(lambda b: b.replicas.topics["t"].partitions) == 1
+    alter = request(broker.port, ApiKey.INCREMENTAL_ALTER_CONFIGS, 1, {"resources": [{"resource_type": 2, "resource_name": "t", "configs": [{"name": "retention.ms", "config_operation": 0, "value": "1"}]}], "validate_only": False})
+    assert alter["responses"][0]["error_code"] == ErrorCode.TOPIC_AUTHORIZATION_FAILED
+    assert "retention.ms" not in broker.call(lambda b: b.replicas.topics["t"].config)
+    request(broker.port, ApiKey.PRODUCE, 9, produce_body("t"))  # denied as well: no WRITE
+    assert log_end(broker, "t") == 0
+    deleted = request(broker.port, ApiKey.DELETE_RECORDS, 2, {"topics": [{"name": "t", "partitions": [{"partition_index": 0, "offset": -1}]}], "timeout_ms": 5000})
+    assert deleted["topics"][0]["partitions"][0]["error_code"] == ErrorCode.TOPIC_AUTHORIZATION_FAILED
+    groups = request(broker.port, ApiKey.DELETE_GROUPS, 2, {"groups_names": ["g"]})
+    assert groups["results"][0]["error_code"] == ErrorCode.GROUP_AUTHORIZATION_FAILED
+    # DescribeCluster answers anyone, as Kafka does; DESCRIBE on the cluster
+    # only decides the authorized operations shown (none here).
+    cluster = request(broker.port, ApiKey.DESCRIBE_CLUSTER, 1, {"include_cluster_authorized_operations": True})
+    assert cluster["error_code"] == ErrorCode.NONE and cluster["brokers"] and cluster["cluster_authorized_operations"] == 0
