@@ -645,3 +645,24 @@ def test_more_admin_apis_deny_and_change_nothing(acl_broker):
     # only decides the authorized operations shown (none here).
     cluster = request(broker.port, ApiKey.DESCRIBE_CLUSTER, 1, {"include_cluster_authorized_operations": True})
     assert cluster["error_code"] == ErrorCode.NONE and cluster["brokers"] and cluster["cluster_authorized_operations"] == 0
+
+
+def test_our_clients_surface_kafkas_errors_at_once(acl_broker):
+    """txn's producer and consumer: a denied topic or group is an
+    InvalidConfigurationError carrying Kafka's code, not a retry until the
+    delivery timeout."""
+    from txn import Consumer, Producer
+    from txn.errors import InvalidConfigurationError
+
+    broker = acl_broker([allow(Res.TOPIC, "ok", Op.ALL), allow(Res.CLUSTER, "kafka-cluster", Op.IDEMPOTENT_WRITE)])
+    create(broker, "ok", "no")
+    with Producer(bootstrap_servers=broker.bootstrap, delivery_timeout_ms=60000) as producer:
+        producer.send("ok", b"v").result(30)
+        with pytest.raises(InvalidConfigurationError) as raised:
+            producer.send("no", b"v").result(30)
+        assert raised.value.code == ErrorCode.TOPIC_AUTHORIZATION_FAILED
+    with Consumer(bootstrap_servers=broker.bootstrap, group_id="not-mine") as consumer, pytest.raises(InvalidConfigurationError) as raised:
+        consumer.subscribe(["ok"])
+        consumer.poll(30)
+    assert raised.value.code == ErrorCode.GROUP_AUTHORIZATION_FAILED
+    assert log_end(broker, "no") == 0
