@@ -141,6 +141,8 @@ class AclAuthorizer:
     def _decide(self, principal, host, operation, resource_type, name) -> bool:
         if principal in self.settings.super_users:
             return True
+        if name is None:  # a resource without a name is nobody's
+            return False
         entries = self._applicable(resource_type, name)
         if not entries:
             return self.settings.allow_everyone_if_no_acl_found

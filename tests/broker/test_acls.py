@@ -240,3 +240,8 @@ def test_offline_editing_refuses_a_running_brokers_directory(tmp_path):
         fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         with pytest.raises(AclStoreError, match="running broker"), offline(str(tmp_path / "new")):
             pass
+
+
+def test_a_resource_without_a_name_is_nobodys():
+    prefixed = acl(Res.TOPIC, "a", "User:bob", Op.READ, pattern=Pat.PREFIXED)
+    assert AclAuthorizer([prefixed, acl(Res.TOPIC, "*", "User:bob", Op.READ)]).authorize("User:bob", "h", Op.READ, Res.TOPIC, None) is False
