@@ -4,6 +4,7 @@
                    [--spark [--spark-rows 1000000]]
     onceflow bench --runner [--runner-records 30000] ...   (instead: the streaming runner beside Quix Streams, benchmarks.runner_bench)
     onceflow bench --metrics-cost [--rounds 3] [--records 200000]   (instead: produce with the broker's metrics off and on, benchmarks.metrics_cost)
+    onceflow bench --restart [--baseline DIR] ...          (instead: start, stop and topic creation as partitions grow, benchmarks.restart_bench)
     .venv/bin/python -m benchmarks ...        (the same)
 
 Every scenario is driven by the same client, confluent-kafka (librdkafka, so
@@ -529,6 +530,10 @@ def run_suite(args) -> int:
     """The whole run, for ``onceflow bench`` (whose module,
     ``onceflow.commands.bench``, owns the options); with ``--runner``, the
     streaming runner's benchmark instead (``benchmarks.runner_bench``)."""
+    if getattr(args, "recovery", False):
+        from benchmarks import recovery
+
+        return recovery.run_from_args(args)
     if getattr(args, "runner", False):
         from benchmarks import runner_bench
 
@@ -537,6 +542,10 @@ def run_suite(args) -> int:
         from benchmarks import metrics_cost
 
         return metrics_cost.run_from_args(args)
+    if getattr(args, "restart", False):
+        from benchmarks import restart_bench
+
+        return restart_bench.run_from_args(args)
     from benchmarks.limits import measure_limits
 
     def say(line: str) -> None:

@@ -89,6 +89,13 @@ class ListedOffset:
     timestamp: int
 
 
+@attrs.frozen
+class TopicListing:
+    name: str
+    partitions: int
+    internal: bool  # the broker says so (Metadata's is_internal), or a name Kafka reserves (``__``)
+
+
 class AsyncAdmin:
     def __init__(self, bootstrap_servers=None, config: dict | AdminConfig | None = None, **options):
         if bootstrap_servers is not None:
@@ -377,25 +384,6 @@ class AsyncAdmin:
             removed += [_binding(m["resource_type"], m["resource_name"], m["pattern_type"], m) for m in result["matching_acls"]]
         return removed
 
-
-def _acl_filter_fields(acl_filter) -> dict:
-    return {
-        "resource_type_filter": int(acl_filter.resource_type),
-        "resource_name_filter": acl_filter.name,
-        "pattern_type_filter": int(acl_filter.pattern_type),
-        "principal_filter": acl_filter.principal,
-        "host_filter": acl_filter.host,
-        "operation": int(acl_filter.operation),
-        "permission_type": int(acl_filter.permission_type),
-    }
-
-
-def _binding(resource_type, name, pattern_type, entry):
-    from protocol.acls import AclBinding
-
-    return AclBinding.of(resource_type, name, entry["principal"], entry["operation"], entry["permission_type"], host=entry["host"], pattern_type=pattern_type)
-
-
     # -- SCRAM users (KIP-554) ------------------------------------------------------------------
 
     async def describe_user_scram_credentials(self, users: list[str] | None = None) -> dict[str, dict[str, int]]:
@@ -448,11 +436,48 @@ def _binding(resource_type, name, pattern_type, entry):
             if result["error_code"]:
                 raise classify(result["error_code"], f"alter SCRAM user {result['user']} ({result.get('error_message')})")
 
+    # -- for onceflow status: what a broker serves, and topics with their kind ---------------------
+
+    async def api_versions(self) -> dict[int, tuple[int, int]]:
+        """``{api key: (min version, max version)}`` that a broker serves (its
+        ApiVersions answer): a tool meant for any Kafka-protocol broker asks
+        before it uses an API that some lack (Tansu serves neither
+        ListTransactions nor DescribeProducers)."""
+        async for attempt in self.cluster.retrying(self.config.request_timeout_ms / 1000):
+            with attempt:
+                client = await self.cluster.any_broker()
+                return dict(client.versions)
+
+    async def topic_listings(self) -> list[TopicListing]:
+        """Every topic with its partition count and whether it is internal, by name."""
+        body = await self.cluster.refresh(None, allow_auto_create=False)
+        listed = [TopicListing(t["name"], len(t["partitions"]), bool(t.get("is_internal")) or t["name"].startswith("__")) for t in body["topics"] if not t["error_code"]]
+        return sorted(listed, key=lambda t: t.name)
+
+def _acl_filter_fields(acl_filter) -> dict:
+    return {
+        "resource_type_filter": int(acl_filter.resource_type),
+        "resource_name_filter": acl_filter.name,
+        "pattern_type_filter": int(acl_filter.pattern_type),
+        "principal_filter": acl_filter.principal,
+        "host_filter": acl_filter.host,
+        "operation": int(acl_filter.operation),
+        "permission_type": int(acl_filter.permission_type),
+    }
+
+
+def _binding(resource_type, name, pattern_type, entry):
+    from protocol.acls import AclBinding
+
+    return AclBinding.of(resource_type, name, entry["principal"], entry["operation"], entry["permission_type"], host=entry["host"], pattern_type=pattern_type)
+
 
 def _scram_mechanism(kafka_type: int):
     from protocol.scram import MECHANISMS_BY_TYPE
 
     return MECHANISMS_BY_TYPE[kafka_type]
+
+
 
 
 class Admin(SyncClient):
