@@ -404,10 +404,11 @@ def test_aiokafka_gets_kafkas_errors(acl_broker):
 # -- every denial encodes, in every version ----------------------------------------------------------------
 
 BATCH = encode_batch([(b"k", b"v", (), 0)])
+T_ID = uuid.uuid4()  # topic "t"'s id (Fetch v13+ names topics by id)
 PARTS = [{"partition": 0, "partition_index": 0, "index": 0, "records": BATCH, "fetch_offset": 0, "timestamp": -1, "offset": 0, "committed_offset": 1}]
 SAMPLES = {
     ApiKey.PRODUCE: {"transactional_id": None, "acks": -1, "topic_data": [{"name": "t", "partition_data": PARTS}]},
-    ApiKey.FETCH: {"replica_id": -1, "topics": [{"topic": "t", "topic_id": uuid.uuid4(), "partitions": PARTS}]},
+    ApiKey.FETCH: {"replica_id": -1, "topics": [{"topic": "t", "topic_id": T_ID, "partitions": PARTS}]},
     ApiKey.LIST_OFFSETS: {"topics": [{"name": "t", "partitions": PARTS}]},
     ApiKey.METADATA: {"topics": [{"name": "t"}], "allow_auto_topic_creation": True},
     ApiKey.OFFSET_COMMIT: {"group_id": "g", "topics": [{"name": "t", "partitions": PARTS}]},
@@ -460,7 +461,7 @@ def test_every_denial_encodes_in_every_version(api, version):
     from broker.security.session import Session
     from protocol import schema
 
-    no_topics = types.SimpleNamespace(topics={}, topics_by_id={})
+    no_topics = types.SimpleNamespace(topics={}, topics_by_id={T_ID: types.SimpleNamespace(name="t")})
     check = Check(AclAuthorizer([]), Session(), TopicView(no_topics, auto_create=True))
     verdict = RULES[api](check, version, dict(SAMPLES[api]))
     assert verdict is not None, "nothing is allowed here: every rule has something to deny"
