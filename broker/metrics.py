@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Callable
 
 from prometheus_client import (
@@ -271,8 +272,6 @@ class MeasuredDispatch:
 
 
 def _as_uuid(value):
-    import uuid
-
     if isinstance(value, uuid.UUID):
         return value
     try:
