@@ -356,3 +356,38 @@ def test_the_bench_measures_what_metrics_cost_on_produce(tmp_path):
         assert 0 <= row["metrics share, scrape every 15 s"] <= row["metrics share, scrape every 1 s"]
     assert summary["scrapes"] >= 2 and summary["seconds per scrape"] > 0
     assert 0 < summary["seconds added per Produce request"] < 0.01
+
+
+@pytest.mark.slow
+def test_a_scrape_never_opens_a_partition(tmp_path):
+    """Partitions open when first used (broker.replica); a scrape reads the
+    open ones and must not open (and maybe recover) the rest."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    data = str(tmp_path / "lazy")
+    topic = f"lazy-{uuid.uuid4().hex[:6]}"
+    options = {"group_initial_rebalance_delay_ms": 0, "metrics_address": ("127.0.0.1", 0), "properties": SMALL_INTERNAL}
+    with EmbeddedBroker(data, **options) as first:
+        create_topic(first.bootstrap, topic, partitions=1)
+        producer = Producer({"bootstrap.servers": first.bootstrap, "acks": "all"})
+        for index in range(10):
+            producer.produce(topic, f"v{index}".encode(), partition=0)
+        producer.flush(30)
+        consumer = Consumer({"bootstrap.servers": first.bootstrap, "group.id": "lazy-group", "enable.auto.commit": False})
+        consumer.commit(offsets=[TopicPartition(topic, 0, 4)], asynchronous=False)
+        consumer.close()
+    with EmbeddedBroker(data, **options) as again:
+        now = scrape(again)
+        assert now.matching("onceflow_partition_log_end_offset", topic=topic) == {}
+        assert now.value("onceflow_group_committed_offset", group="lazy-group", topic=topic, partition=0) == 4
+        assert now.matching("onceflow_group_lag", group="lazy-group") == {}, "no lag from a log that is not open"
+        assert not again.call(lambda broker: broker.replicas.is_open(topic, 0)), "the scrape opened the partition"
+        consumer = Consumer({"bootstrap.servers": again.bootstrap, "group.id": "reader", "auto.offset.reset": "earliest"})
+        consumer.assign([TopicPartition(topic, 0)])
+        try:
+            wait_for(lambda: consumer.poll(0.5) is not None, 30, "a record")
+        finally:
+            consumer.close()
+        opened = scrape(again)
+        assert opened.value("onceflow_partition_log_end_offset", topic=topic, partition=0) == 10
+        assert opened.value("onceflow_group_lag", group="lazy-group", topic=topic, partition=0) == 6
