@@ -391,3 +391,36 @@ def test_a_scrape_never_opens_a_partition(tmp_path):
         opened = scrape(again)
         assert opened.value("onceflow_partition_log_end_offset", topic=topic, partition=0) == 10
         assert opened.value("onceflow_group_lag", group="lazy-group", topic=topic, partition=0) == 6
+
+
+def test_connections_are_counted_per_listener_and_by_whether_they_authenticated(tmp_path):
+    from confluent_kafka import Producer
+
+    from broker.security.credentials import CredentialStore, make
+
+    data = str(tmp_path / "sasl")
+    CredentialStore(data).load().upsert("alice", "PLAIN", make("PLAIN", "wonder-land-7"))
+    listeners = {"listeners": "PLAINTEXT://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0", **SMALL_INTERNAL}
+    with EmbeddedBroker(data, metrics_address=("127.0.0.1", 0), properties=listeners) as secured:
+
+        def connections(listener: str, authenticated: str) -> float:
+            return scrape(secured).value("onceflow_connections", 0.0, listener=listener, authenticated=authenticated)
+
+        host, port = secured.bootstrap_for("SASL_PLAINTEXT").rsplit(":", 1)
+        stranger = socket.create_connection((host, int(port)))
+        try:
+            wait_for(lambda: connections("SASL_PLAINTEXT", "false") == 1, 10, "the unauthenticated connection")
+            producer = Producer({"bootstrap.servers": secured.bootstrap_for("SASL_PLAINTEXT"), "security.protocol": "SASL_PLAINTEXT",
+                                 "sasl.mechanism": "PLAIN", "sasl.username": "alice", "sasl.password": "wonder-land-7", "acks": "all"})
+            producer.produce("sasl-metrics", b"v")
+            assert producer.flush(30) == 0
+            assert connections("SASL_PLAINTEXT", "true") >= 1, "alice's connections count as authenticated"
+            assert connections("SASL_PLAINTEXT", "false") == 1, "only the stranger is not"
+            assert connections("PLAINTEXT", "false") == 0
+            del producer
+        finally:
+            stranger.close()
+        # Well within the authentication timeout: a peer that leaves before
+        # authenticating is gone at once, not when its deadline passes.
+        wait_for(lambda: connections("SASL_PLAINTEXT", "true") == 0 and connections("SASL_PLAINTEXT", "false") == 0, 5, "every connection closed")
+        assert scrape(secured).value("onceflow_connections_opened_total", listener="SASL_PLAINTEXT") >= 2
