@@ -424,3 +424,48 @@ def test_connections_are_counted_per_listener_and_by_whether_they_authenticated(
         # authenticating is gone at once, not when its deadline passes.
         wait_for(lambda: connections("SASL_PLAINTEXT", "true") == 0 and connections("SASL_PLAINTEXT", "false") == 0, 5, "every connection closed")
         assert scrape(secured).value("onceflow_connections_opened_total", listener="SASL_PLAINTEXT") >= 2
+
+
+def test_offsets_committed_in_a_transaction_show_only_once_it_commits(broker):
+    """aiokafka's consume-transform-produce: the group's offset sent in a
+    transaction is pending (no committed offset, no lag) until EndTxn
+    commits; an aborted one never shows; the outcomes are counted."""
+    from aiokafka import AIOKafkaProducer
+    from aiokafka.structs import TopicPartition as AioPartition
+
+    source, sink, group = (f"{name}-{uuid.uuid4().hex[:6]}" for name in ("src", "dst", "copier"))
+    create_topic(broker.bootstrap, source, partitions=1)
+    create_topic(broker.bootstrap, sink, partitions=1)
+    before = scrape(broker)
+    seen: dict[str, Scrape] = {}
+
+    async def copy():
+        seeder = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, acks="all")
+        await seeder.start()
+        try:
+            for index in range(8):
+                await seeder.send_and_wait(source, f"in-{index}".encode(), partition=0)
+        finally:
+            await seeder.stop()
+        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id=f"tx-{uuid.uuid4().hex[:6]}", linger_ms=1)
+        await producer.start()
+        try:
+            for offset, commit in ((3, False), (5, True)):
+                await producer.begin_transaction()
+                await producer.send_and_wait(sink, f"out-{offset}".encode(), partition=0)
+                await producer.send_offsets_to_transaction({AioPartition(source, 0): offset}, group)
+                seen[f"pending {offset}"] = await asyncio.to_thread(scrape, broker)
+                await (producer.commit_transaction() if commit else producer.abort_transaction())
+        finally:
+            await producer.stop()
+
+    asyncio.run(copy())
+    assert seen["pending 3"].matching("onceflow_group_committed_offset", group=group) == {}
+    assert seen["pending 5"].matching("onceflow_group_committed_offset", group=group) == {}, "the aborted offset 3 never showed"
+    assert seen["pending 5"].value("onceflow_partition_open_transactions", topic=sink, partition=0) == 1
+    done = wait_for(lambda: (s := scrape(broker)).value("onceflow_transactions_total", 0.0, outcome="commit") - before.value("onceflow_transactions_total", 0.0, outcome="commit") == 1 and s, 30, "the commit counted")
+    assert done.value("onceflow_transactions_total", outcome="abort") - before.value("onceflow_transactions_total", 0.0, outcome="abort") == 1
+    assert done.value("onceflow_group_committed_offset", group=group, topic=source, partition=0) == 5
+    assert done.value("onceflow_group_lag", group=group, topic=source, partition=0) == 8 - 5
+    assert done.total("onceflow_requests_total", api="TxnOffsetCommit") - before.total("onceflow_requests_total", api="TxnOffsetCommit") == 2
+    assert done.total("onceflow_requests_total", api="AddOffsetsToTxn") - before.total("onceflow_requests_total", api="AddOffsetsToTxn") == 2
