@@ -79,6 +79,9 @@ class MetricsListenError(OSError):
 
 
 class BrokerMetrics:
+    """One broker's registry: the counters and histograms its parts update
+    through the hooks below, and (after ``watch``) the gauges read from it."""
+
     def __init__(self) -> None:
         # A ``_created`` series beside every counter and histogram child would
         # double what Prometheus stores for nothing a dashboard uses (the
