@@ -469,3 +469,22 @@ def test_offsets_committed_in_a_transaction_show_only_once_it_commits(broker):
     assert done.value("onceflow_group_lag", group=group, topic=source, partition=0) == 8 - 5
     assert done.total("onceflow_requests_total", api="TxnOffsetCommit") - before.total("onceflow_requests_total", api="TxnOffsetCommit") == 2
     assert done.total("onceflow_requests_total", api="AddOffsetsToTxn") - before.total("onceflow_requests_total", api="AddOffsetsToTxn") == 2
+
+
+def test_requests_the_authorizer_denies_are_counted_with_their_error(tmp_path):
+    """The metrics layer wraps the authorizing dispatcher: a denied Produce
+    is a request with TOPIC_AUTHORIZATION_FAILED, and nothing is appended."""
+    from protocol.records import encode_batch
+    from tests.helpers import raw_request
+
+    properties = {"authorizer.class.name": "acl", "allow.everyone.if.no.acl.found": "false", **SMALL_INTERNAL}
+    with EmbeddedBroker(str(tmp_path / "acl"), metrics_address=("127.0.0.1", 0), properties=properties) as guarded:
+        guarded.call(lambda broker: broker.replicas.create_topic("guarded", 1))
+        batch = encode_batch([(None, b"v", (), 0)])
+        body = {"transactional_id": None, "acks": -1, "timeout_ms": 5000, "topic_data": [{"name": "guarded", "partition_data": [{"index": 0, "records": batch}]}]}
+        answer = raw_request(guarded.port, 0, 9, body)
+        assert answer["responses"][0]["partition_responses"][0]["error_code"] == 29  # TOPIC_AUTHORIZATION_FAILED
+        now = scrape(guarded)
+        assert now.value("onceflow_request_errors_total", api="Produce", error="TOPIC_AUTHORIZATION_FAILED") == 1
+        assert now.value("onceflow_requests_total", api="Produce", version=9) == 1
+        assert now.value("onceflow_partition_log_end_offset", topic="guarded", partition=0) == 0
