@@ -208,11 +208,16 @@ class KafkaServer:
         try:
             async with asyncio.TaskGroup() as tasks:
                 writer_task = tasks.create_task(self._write_responses(connection, pending, writer, peer))
+                deadline_task = None
                 if state.sasl is not None:
-                    tasks.create_task(self._authentication_deadline(state, deadline, peer))
+                    deadline_task = tasks.create_task(self._authentication_deadline(state, deadline, peer))
                 try:
                     await self._read_requests(connection, reader, pending, tasks, peer, state)
                 finally:
+                    # The peer is gone or done: no deadline left to keep (it
+                    # would hold the connection open until it passed).
+                    if deadline_task is not None:
+                        deadline_task.cancel()
                     # Let the writer finish what was already accepted, then stop it.
                     if not writer_task.done():
                         await pending.put(None)
