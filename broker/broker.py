@@ -96,6 +96,8 @@ class Broker:
         self._loops: list[asyncio.Task] = []
         self.transactions = None
         self.groups = None
+        self.quotas = None  # broker.security.quotas.ClientQuotas, from the data directory
+        self._throttled_dispatch = None  # the dispatcher inside the quota layer
         self.port: int | None = None
 
     @property
@@ -122,6 +124,9 @@ class Broker:
             )
             self.replicas.load()
             self._ensure_offsets_topic()
+            from broker.security.quotas import ClientQuotas, QuotaStore
+
+            self.quotas = ClientQuotas(QuotaStore(data_dir), window_seconds=self.config.quota_window_size_seconds, samples=self.config.quota_window_num)
         except ValueError as error:
             self._unlock()
             raise DataDirError(str(error)) from None
@@ -175,14 +180,18 @@ class Broker:
 
         group_apis = GroupApis(groups=self.groups, transactions=self.transactions, replicas=self.replicas, crash_point=crash_point)
         admin_apis = AdminApis(config=self.config, replicas=self.replicas, cluster_id=cluster_id, advertised=advertised, log_config_defaults=log_config_defaults())
+        from broker.security.quotas import QuotaApis, QuotaLayer
+
         self.apis = KafkaApis(
             config=self.config,
             replicas=self.replicas,
             cluster_id=cluster_id,
             advertised=advertised,
-            extra_handlers={**admin_apis.handlers(), **txn_apis.handlers(), **group_apis.handlers()},
+            extra_handlers={**admin_apis.handlers(), **txn_apis.handlers(), **group_apis.handlers(), **QuotaApis(self.quotas).handlers()},
             partition_in_transaction=partition_in_transaction,
         )
+        # Produce and Fetch are metered per user and throttled (KIP-13, KIP-219).
+        self._throttled_dispatch = QuotaLayer(self.apis.dispatch, self.quotas, clock=self.clock.monotonic)
         self._task_scope = contextlib.AsyncExitStack()
         tasks = await self._task_scope.enter_async_context(asyncio.TaskGroup())
         loops = {"housekeeping": self._housekeep(), **self.groups.background(), **self.transactions.background()}
@@ -248,7 +257,7 @@ class Broker:
             )
 
     async def _dispatch(self, request, session):
-        return await self.apis.dispatch(request, session)
+        return await self._throttled_dispatch(request, session)
 
     def _answer_unsupported(self, error) -> bytes | None:
         """Kafka answers an ApiVersions request of a version it does not know

@@ -33,6 +33,8 @@ _INT_SETTINGS = {
     "group.max.session.timeout.ms": "group_max_session_timeout_ms",
     "offsets.retention.minutes": "offsets_retention_minutes",
     "offsets.retention.check.interval.ms": "offsets_retention_check_interval_ms",
+    "quota.window.num": "quota_window_num",
+    "quota.window.size.seconds": "quota_window_size_seconds",
 }
 _BOOL_SETTINGS = {"auto.create.topics.enable": "auto_create_topics"}
 
@@ -78,6 +80,9 @@ class BrokerConfig:
     group_max_session_timeout_ms: int = attrs.field(default=1_800_000, validator=attrs.validators.ge(1))
     offsets_retention_minutes: int = attrs.field(default=7 * 24 * 60, validator=attrs.validators.ge(1))
     offsets_retention_check_interval_ms: int = attrs.field(default=600_000, validator=attrs.validators.ge(10))
+    # Client quotas are measured over quota.window.num samples of quota.window.size.seconds (Kafka's defaults).
+    quota_window_num: int = attrs.field(default=11, validator=attrs.validators.ge(2))
+    quota_window_size_seconds: int = attrs.field(default=1, validator=attrs.validators.ge(1))
     # Defaults for topic (log) settings, in Kafka's names: segment.bytes, flush.policy, ...
     log_defaults: dict = attrs.field(factory=dict)
 

@@ -14,6 +14,11 @@ No peer input crashes the process: a frame that cannot be decoded closes that
 connection (logged), an unsupported ApiVersions version is answered with
 UNSUPPORTED_VERSION as Kafka does, and an exception inside a handler is logged
 and closes only that connection.
+
+A response with ``throttle_time_ms`` > 0 (a client over its quota,
+``broker.security.quotas``) mutes its connection for that long, as Kafka
+does (KIP-219): no further request of it is read or started until then,
+whether or not the client honours the field.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from typing import Awaitable, Callable
+
+import attrs
 
 from broker.security.session import Session
 from protocol import framing
@@ -37,6 +44,23 @@ Dispatch = Callable[[framing.DecodedRequest, Session], Awaitable[dict | None]]
 
 class _CloseConnection(Exception):
     """Raised inside a connection to end it after what was already answered."""
+
+
+@attrs.define
+class _Mute:
+    """Until when (loop time) one connection is not read from: a throttled client's."""
+
+    until: float = 0.0
+
+    def throttled(self, body) -> None:
+        throttle_ms = body.get("throttle_time_ms") if isinstance(body, dict) else None
+        if throttle_ms and throttle_ms > 0:
+            self.until = max(self.until, asyncio.get_running_loop().time() + throttle_ms / 1000)
+
+    async def wait(self) -> None:
+        delay = self.until - asyncio.get_running_loop().time()
+        if delay > 0:
+            await asyncio.sleep(delay)
 
 
 class KafkaServer:
@@ -115,11 +139,12 @@ class KafkaServer:
         connection = framing.ServerConnection(max_frame_size=self._max_frame_size, supported_versions=self._supported_versions)
         session = Session(client_host=peer[0] if isinstance(peer, tuple) and peer else "")
         pending: asyncio.Queue = asyncio.Queue(maxsize=self._max_inflight)
+        mute = _Mute()
         try:
             async with asyncio.TaskGroup() as tasks:
                 writer_task = tasks.create_task(self._write_responses(connection, pending, writer, peer))
                 try:
-                    await self._read_requests(connection, reader, pending, tasks, peer, session)
+                    await self._read_requests(connection, reader, pending, tasks, peer, session, mute)
                 finally:
                     # Let the writer finish what was already accepted, then stop it.
                     if not writer_task.done():
@@ -129,8 +154,9 @@ class KafkaServer:
         except* (ConnectionError, OSError):
             pass
 
-    async def _read_requests(self, connection, reader, pending, tasks, peer, session) -> None:
+    async def _read_requests(self, connection, reader, pending, tasks, peer, session, mute) -> None:
         while True:
+            await mute.wait()
             try:
                 data = await reader.read(256 * 1024)
             except (ConnectionError, OSError):
@@ -151,13 +177,14 @@ class KafkaServer:
                         continue
                     if request is None:
                         break
-                    await pending.put(tasks.create_task(self._answer(connection, request, peer, session)))
+                    await mute.wait()  # a request already read waits out a throttle too
+                    await pending.put(tasks.create_task(self._answer(connection, request, peer, session, mute)))
             except MalformedFrameError as error:
                 log.warning("closing connection from %s: malformed request: %s", peer, error)
                 # Answer what came before the bad frame, then close.
                 return
 
-    async def _answer(self, connection, request, peer, session) -> bytes | None:
+    async def _answer(self, connection, request, peer, session, mute) -> bytes | None:
         try:
             body = await self._dispatch(request, session)
         except asyncio.CancelledError:
@@ -173,6 +200,7 @@ class KafkaServer:
             raise _CloseConnection() from None
         if body is None:
             return None
+        mute.throttled(body)
         return connection.encode_response(request, body)
 
     async def _write_responses(self, connection, pending, writer, peer) -> None:
