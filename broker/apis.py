@@ -71,6 +71,9 @@ SUPPORTED_APIS: dict[ApiKey, tuple[int, int]] = {
     ApiKey.TXN_OFFSET_COMMIT: (0, 4),
     ApiKey.DELETE_GROUPS: (0, 2),
     ApiKey.OFFSET_DELETE: (0, 0),
+    ApiKey.DESCRIBE_ACLS: (0, 3),
+    ApiKey.CREATE_ACLS: (0, 3),
+    ApiKey.DELETE_ACLS: (0, 3),
 }
 
 class KafkaApis:

@@ -26,6 +26,12 @@ through. By default they come from the fault harness as the process's
 environment arms it (``ONCEFLOW_CRASH_POINTS``, ``ONCEFLOW_DISK_FAULTS``);
 no room below reads the environment or imports ``faults``. The broker also
 owns the one index budget (``storage.index.IndexBudget``) its logs share.
+
+With ``metrics_address`` the broker keeps its Prometheus metrics
+(``broker.metrics``): the dispatcher is wrapped in ``MeasuredDispatch``, the
+logs report their fsync rounds, the transaction coordinator's durable
+completions and the server's connections are counted, and ``/metrics`` is
+served on the broker's own loop (started after the listener, stopped first).
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ import attrs
 from broker.admin_apis import AdminApis
 from broker.apis import SUPPORTED_APIS, KafkaApis
 from broker.config import BrokerConfig
+from broker.metrics import BrokerMetrics, MeasuredDispatch
 from broker.replica import ReplicaManager
 from broker.server import KafkaServer
 from broker.storage_adapter import log_config_defaults, partition_log_opener, validate_log_properties
@@ -80,7 +87,15 @@ class FaultSeams:
 
 
 class Broker:
-    def __init__(self, config: BrokerConfig, *, seams: FaultSeams | None = None, index_budget: IndexBudget | None = None, clock: Clock | None = None):
+    def __init__(
+        self,
+        config: BrokerConfig,
+        *,
+        seams: FaultSeams | None = None,
+        index_budget: IndexBudget | None = None,
+        clock: Clock | None = None,
+        metrics_address: tuple[str, int] | None = None,
+    ):
         self.config = config.with_data_dir(config.data_dir)
         self.seams = FaultSeams.from_environment() if seams is None else seams
         # Every index of this broker's logs counts against this one budget
@@ -97,8 +112,15 @@ class Broker:
         self.transactions = None
         self.groups = None
         self.quotas = None  # broker.security.quotas.ClientQuotas, from the data directory
-        self._throttled_dispatch = None  # the dispatcher inside the quota layer
         self.port: int | None = None
+        # broker.security.acls.AclAuthorizer when authorizer.class.name is set.
+        self.authorizer = None
+        self._dispatcher = None
+        # Prometheus metrics, when an address to serve them on is given.
+        self.metrics_address = metrics_address
+        self.metrics: BrokerMetrics | None = BrokerMetrics() if metrics_address is not None else None
+        self.metrics_endpoint = None
+        self.metrics_port: int | None = None
 
     @property
     def bootstrap(self) -> str:
@@ -119,9 +141,10 @@ class Broker:
             self.replicas = ReplicaManager(
                 data_dir,
                 self.config.log_defaults,
-                open_log=partition_log_opener(io=self.seams.disk_io, index_budget=self.index_budget),
+                open_log=partition_log_opener(io=self.seams.disk_io, index_budget=self.index_budget, flush_observer=self.metrics),
                 validate_config=validate_log_properties,
             )
+            self.authorizer = self._load_authorizer(data_dir)
             self.replicas.load()
             self._ensure_offsets_topic()
             from broker.security.quotas import ClientQuotas, QuotaStore
@@ -140,21 +163,34 @@ class Broker:
         crash_point = self.seams.crash_point
         self.groups = GroupManager(replicas=self.replicas, config=self.config, clock=self.clock)
         await self.groups.start()
-        self.transactions = TransactionManager(replicas=self.replicas, config=self.config, crash_point=crash_point, on_marker=self.groups.on_marker, clock=self.clock)
+        self.transactions = TransactionManager(
+            replicas=self.replicas, config=self.config, crash_point=crash_point, on_marker=self.groups.on_marker, clock=self.clock,
+            on_state_written=self.metrics.transaction_state_written if self.metrics is not None else None,
+        )
         await self.transactions.start()
 
+        dispatch = self._dispatch
+        if self.metrics is not None:
+            dispatch = MeasuredDispatch(dispatch, self.metrics, lambda: self.replicas.topics_by_id)
         self.server = KafkaServer(
-            self._dispatch,
+            dispatch,
             host=self.config.host,
             port=self.config.port,
             max_frame_size=self.config.socket_request_max_bytes,
             max_inflight_per_connection=self.config.max_inflight_requests_per_connection,
             on_unsupported=self._answer_unsupported,
             supported_versions=SUPPORTED_APIS,
+            on_connection=self.metrics.connection_opened if self.metrics is not None else None,
         )
         try:
             self.port = await self.server.start()
+            if self.metrics is not None:
+                self.metrics.watch(self)
+                self.metrics_endpoint = await self.metrics.serve(*self.metrics_address)
+                self.metrics_port = self.metrics_endpoint.bound_port
         except OSError:
+            await self.server.stop()
+            self.server = None
             await self.transactions.stop()
             await self.groups.stop()
             await self.replicas.aclose()
@@ -180,18 +216,22 @@ class Broker:
 
         group_apis = GroupApis(groups=self.groups, transactions=self.transactions, replicas=self.replicas, crash_point=crash_point)
         admin_apis = AdminApis(config=self.config, replicas=self.replicas, cluster_id=cluster_id, advertised=advertised, log_config_defaults=log_config_defaults())
+        from broker.security.acl_apis import AclApis
+        from broker.security.acl_store import AclStore
         from broker.security.quotas import QuotaApis, QuotaLayer
 
+        acl_apis = AclApis(authorizer=self.authorizer, store=AclStore(data_dir))
         self.apis = KafkaApis(
             config=self.config,
             replicas=self.replicas,
             cluster_id=cluster_id,
             advertised=advertised,
-            extra_handlers={**admin_apis.handlers(), **txn_apis.handlers(), **group_apis.handlers(), **QuotaApis(self.quotas).handlers()},
+            extra_handlers={**admin_apis.handlers(), **txn_apis.handlers(), **group_apis.handlers(), **acl_apis.handlers(), **QuotaApis(self.quotas).handlers()},
             partition_in_transaction=partition_in_transaction,
         )
-        # Produce and Fetch are metered per user and throttled (KIP-13, KIP-219).
-        self._throttled_dispatch = QuotaLayer(self.apis.dispatch, self.quotas, clock=self.clock.monotonic)
+        # Inside the ACL check (a denied request is not metered): Produce and
+        # Fetch are metered per user and throttled (KIP-13, KIP-219).
+        self._dispatcher = self._authorizing(QuotaLayer(self.apis.dispatch, self.quotas, clock=self.clock.monotonic))
         self._task_scope = contextlib.AsyncExitStack()
         tasks = await self._task_scope.enter_async_context(asyncio.TaskGroup())
         loops = {"housekeeping": self._housekeep(), **self.groups.background(), **self.transactions.background()}
@@ -231,6 +271,9 @@ class Broker:
                     await scope.aclose()
 
     async def _close(self) -> None:
+        if self.metrics_endpoint is not None:
+            await self.metrics_endpoint.stop()
+            self.metrics_endpoint = None
         if self.server is not None:
             await self.server.stop()
             self.server = None
@@ -257,7 +300,41 @@ class Broker:
             )
 
     async def _dispatch(self, request, session):
-        return await self._throttled_dispatch(request, session)
+        return await self._dispatcher(request, session)
+
+    def _load_authorizer(self, data_dir: str):
+        """The ACL authorizer with the stored ACLs, or None when
+        ``authorizer.class.name`` is not set (then nothing is checked: every
+        connection may do everything, as in Kafka without an authorizer). A
+        damaged ACL file stops the start (DataDirError): taken for "no ACLs"
+        it could open what the ACLs closed."""
+        if not self.config.authorizer:
+            return None
+        from broker.security.acl_store import AclStore, AclStoreError
+        from broker.security.acls import AclAuthorizer, AuthorizerSettings
+
+        try:
+            bindings = AclStore(data_dir).load()
+        except AclStoreError as error:
+            raise ValueError(str(error)) from None
+        settings = AuthorizerSettings(super_users=self.config.super_users, allow_everyone_if_no_acl_found=self.config.allow_everyone_if_no_acl_found)
+        if not bindings and not settings.super_users and not settings.allow_everyone_if_no_acl_found:
+            log.warning(
+                "the ACL authorizer is on with no ACLs, no super.users and allow.everyone.if.no.acl.found=false: "
+                "every request will be refused; add ACLs with `onceflow acls add --data-dir %s` while the broker is stopped, or set super.users",
+                data_dir,
+            )
+        log.info("ACL authorizer on: %d ACLs, super users %s", len(bindings), ", ".join(sorted(settings.super_users)) or "none")
+        return AclAuthorizer(bindings, settings)
+
+    def _authorizing(self, dispatch):
+        """``dispatch`` behind the ACL check when an authorizer is configured
+        (``broker.security.authorizer``), else ``dispatch`` itself."""
+        if self.authorizer is None:
+            return dispatch
+        from broker.security.authorizer import AuthorizingDispatch, TopicView
+
+        return AuthorizingDispatch(dispatch, self.authorizer, TopicView(self.replicas, self.config.auto_create_topics))
 
     def _answer_unsupported(self, error) -> bytes | None:
         """Kafka answers an ApiVersions request of a version it does not know
@@ -301,11 +378,15 @@ class EmbeddedBroker:
     task owns it from ``start()`` to ``stop()``.
     """
 
-    def __init__(self, data_dir: str, *, port: int = 0, seams: FaultSeams | None = None, clock: Clock | None = None, **config_fields):
+    def __init__(
+        self, data_dir: str, *, port: int = 0, seams: FaultSeams | None = None, clock: Clock | None = None,
+        metrics_address: tuple[str, int] | None = None, **config_fields,
+    ):
         properties = config_fields.pop("properties", {})
         self.config = BrokerConfig.from_properties(properties, data_dir=data_dir, port=port, **config_fields)
         self.seams = seams
         self.clock = clock
+        self.metrics_address = metrics_address  # ("127.0.0.1", 0): serve /metrics on a free port
         self.broker: Broker | None = None
         self._thread: LoopThread | None = None
 
@@ -317,10 +398,15 @@ class EmbeddedBroker:
     def port(self) -> int:
         return self.broker.port
 
+    @property
+    def metrics_url(self) -> str:
+        """Where the broker serves its metrics (given ``metrics_address``)."""
+        return f"http://{self.metrics_address[0]}:{self.broker.metrics_port}/metrics"
+
     def start(self) -> "EmbeddedBroker":
         thread = LoopThread("onceflow-broker")
         try:
-            self.broker = thread.run(lambda: Broker(self.config, seams=self.seams, clock=self.clock))
+            self.broker = thread.run(lambda: Broker(self.config, seams=self.seams, clock=self.clock, metrics_address=self.metrics_address))
             thread.serve(self.broker.start, self.broker.stop)
         except BaseException:
             thread.stop()

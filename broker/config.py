@@ -36,7 +36,19 @@ _INT_SETTINGS = {
     "quota.window.num": "quota_window_num",
     "quota.window.size.seconds": "quota_window_size_seconds",
 }
-_BOOL_SETTINGS = {"auto.create.topics.enable": "auto_create_topics"}
+_BOOL_SETTINGS = {"auto.create.topics.enable": "auto_create_topics", "allow.everyone.if.no.acl.found": "allow_everyone_if_no_acl_found"}
+
+# ``authorizer.class.name``: Kafka's two ACL authorizers (so a copied
+# server.properties works) or onceflow's short name; empty: no authorizer.
+ACL_AUTHORIZER = "acl"
+AUTHORIZER_NAMES = {"": "", ACL_AUTHORIZER: ACL_AUTHORIZER, "kafka.security.authorizer.AclAuthorizer": ACL_AUTHORIZER, "org.apache.kafka.metadata.authorizer.StandardAuthorizer": ACL_AUTHORIZER}
+
+
+def _parse_authorizer(value) -> str:
+    name = str(value).strip()
+    if name not in AUTHORIZER_NAMES:
+        raise ValueError(f"authorizer.class.name must be acl (or Kafka's AclAuthorizer/StandardAuthorizer class name), or empty for none, not {value!r}")
+    return AUTHORIZER_NAMES[name]
 
 
 def _parse_bool(name: str, value) -> bool:
@@ -83,6 +95,10 @@ class BrokerConfig:
     # Client quotas are measured over quota.window.num samples of quota.window.size.seconds (Kafka's defaults).
     quota_window_num: int = attrs.field(default=11, validator=attrs.validators.ge(2))
     quota_window_size_seconds: int = attrs.field(default=1, validator=attrs.validators.ge(1))
+    # Authorisation (broker.security): "" (nothing checked) or "acl".
+    authorizer: str = ""
+    super_users: frozenset = attrs.field(factory=frozenset, converter=frozenset)
+    allow_everyone_if_no_acl_found: bool = False
     # Defaults for topic (log) settings, in Kafka's names: segment.bytes, flush.policy, ...
     log_defaults: dict = attrs.field(factory=dict)
 
@@ -105,6 +121,12 @@ class BrokerConfig:
                 values[_BOOL_SETTINGS[name]] = _parse_bool(name, raw)
             elif name == "log.dirs" or name == "log.dir":
                 values["data_dir"] = str(raw)
+            elif name == "authorizer.class.name":
+                values["authorizer"] = _parse_authorizer(raw)
+            elif name == "super.users":
+                from broker.security.acls import AuthorizerSettings
+
+                values["super_users"] = AuthorizerSettings.parse_super_users(str(raw))
             elif name == "cluster.id":
                 values["cluster_id"] = str(raw)
             elif name.startswith("log."):

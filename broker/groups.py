@@ -83,7 +83,7 @@ class GroupManager:
                         self.coordinator.load_record(record.key, record.value, producer_id=header.producer_id, transactional=header.is_transactional)
                     except (ValueError, TypeError) as error:
                         log.error("skipping an unreadable %s record at offset %d: %s", OFFSETS_TOPIC, record.offset, error)
-        log.info("loaded %d groups from %s", len(self.coordinator.groups), OFFSETS_TOPIC)
+        self.coordinator.log_loaded()
 
     def on_marker(self, topic: str, partition: int, producer_id: int, commit: bool) -> None:
         if topic == OFFSETS_TOPIC:

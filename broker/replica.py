@@ -20,6 +20,7 @@ import uuid
 
 from broker.metadata import MetadataStore, TopicInfo
 from storage.names import InvalidTopicError, partition_dir_name, validate_topic_name
+from storage.recovery import log_summary
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,7 @@ class ReplicaManager:
             if _looks_like_partition_dir(entry) or entry.endswith("-delete"):
                 log.warning("removing %s: no registered topic owns it (an interrupted delete)", path)
                 shutil.rmtree(path, ignore_errors=True)
+        log_summary(self.logs.values())
 
     async def aclose(self) -> None:
         """Close every log under the broker's loop: each waits for its

@@ -40,6 +40,12 @@ log = logging.getLogger(__name__)
 # came on and returns the response body (a dict), or None when no response is
 # due (Produce with acks=0).
 Dispatch = Callable[[framing.DecodedRequest, Session], Awaitable[dict | None]]
+# Told of every connection as it opens, with its first session; returns what
+# the server calls with each later session of that connection (after it
+# authenticates) and with None when it closes (the broker's metrics count
+# connections per listener with it).
+SessionUpdate = Callable[[Session | None], None]
+OnConnection = Callable[[Session], SessionUpdate]
 
 
 class _CloseConnection(Exception):
@@ -76,6 +82,7 @@ class KafkaServer:
         max_inflight_per_connection: int = 64,
         on_unsupported: Callable[[Exception], bytes | None] | None = None,
         supported_versions: dict[int, tuple[int, int]] | None = None,
+        on_connection: OnConnection | None = None,
     ):
         self._dispatch = dispatch
         self._host = host
@@ -86,6 +93,7 @@ class KafkaServer:
         # What ApiVersions advertises is all the framing lets through (None:
         # every version the schema tables know, for tests of the server alone).
         self._supported_versions = supported_versions
+        self._on_connection = on_connection
         self._server: asyncio.base_events.Server | None = None
         self._connections: set[asyncio.Task] = set()
         self.bound_port: int | None = None
@@ -138,6 +146,7 @@ class KafkaServer:
     async def _serve(self, reader, writer, peer) -> None:
         connection = framing.ServerConnection(max_frame_size=self._max_frame_size, supported_versions=self._supported_versions)
         session = Session(client_host=peer[0] if isinstance(peer, tuple) and peer else "")
+        session_update = self._on_connection(session) if self._on_connection is not None else None
         pending: asyncio.Queue = asyncio.Queue(maxsize=self._max_inflight)
         mute = _Mute()
         try:
@@ -153,6 +162,9 @@ class KafkaServer:
             pass
         except* (ConnectionError, OSError):
             pass
+        finally:
+            if session_update is not None:
+                session_update(None)
 
     async def _read_requests(self, connection, reader, pending, tasks, peer, session, mute) -> None:
         while True:

@@ -9,17 +9,21 @@ from typing import Callable
 
 from storage.config import LogConfig, defaults
 from storage.durable import DiskIO
+from storage.group_commit import FlushObserver
 from storage.index import IndexBudget
 from storage.log import PartitionLog
 
 
-def partition_log_opener(*, io: DiskIO | None, index_budget: IndexBudget) -> Callable[[str, dict], PartitionLog]:
+def partition_log_opener(*, io: DiskIO | None, index_budget: IndexBudget, flush_observer: FlushObserver | None = None) -> Callable[[str, dict], PartitionLog]:
     """``open_log(path, properties)`` for the ``ReplicaManager``: every log of
-    one broker writes through ``io`` (None: the real system calls) and keeps
-    its indexes within the broker's one ``index_budget``."""
+    one broker writes through ``io`` (None: the real system calls), keeps
+    its indexes within the broker's one ``index_budget`` and reports its
+    fsync rounds to ``flush_observer`` (the broker's metrics, or None)."""
 
     def open_partition_log(path: str, properties: dict) -> PartitionLog:
-        return PartitionLog.open(path, LogConfig.from_properties(properties), io=io, index_budget=index_budget)
+        partition_log = PartitionLog.open(path, LogConfig.from_properties(properties), io=io, index_budget=index_budget)
+        partition_log.committer.observer = flush_observer
+        return partition_log
 
     return open_partition_log
 

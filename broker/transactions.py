@@ -47,10 +47,13 @@ COORDINATOR_EPOCH = 0
 
 
 class StateLogWriter:
-    def __init__(self, replicas, partitions: int, clock: Clock):
+    def __init__(self, replicas, partitions: int, clock: Clock, on_written: Callable[[TxnMetadata], None] | None = None):
         self.replicas = replicas
         self.partitions = partitions
         self.clock = clock
+        # Told of each metadata once it is durable (the broker's metrics count
+        # the CompleteCommit/CompleteAbort ones: one per finished transaction).
+        self.on_written = on_written
 
     def _log_for(self, transactional_id: str):
         partition = partition_for(transactional_id, self.partitions)
@@ -61,6 +64,8 @@ class StateLogWriter:
 
     async def write(self, metadata: TxnMetadata) -> None:
         await self._append(metadata.transactional_id, encode_value(metadata))
+        if self.on_written is not None:
+            self.on_written(metadata)
 
     async def tombstone(self, transactional_id: str) -> None:
         await self._append(transactional_id, None)
@@ -132,13 +137,13 @@ class MarkerWriter:
 
 
 class TransactionManager:
-    def __init__(self, *, replicas, config, crash_point: Callable[[str], None] = lambda name: None, on_marker=None, clock: Clock | None = None):
+    def __init__(self, *, replicas, config, crash_point: Callable[[str], None] = lambda name: None, on_marker=None, clock: Clock | None = None, on_state_written=None):
         self.replicas = replicas
         self.config = config
         self.crash_point = crash_point
         self.partitions = config.transaction_state_partitions
         clock = clock or Clock()
-        self.state_log = StateLogWriter(replicas, self.partitions, clock)
+        self.state_log = StateLogWriter(replicas, self.partitions, clock, on_state_written)
         self.markers = MarkerWriter(replicas, clock, crash_point, on_marker)
         self.producer_ids = ProducerIdAllocator(os.path.join(replicas.data_dir, "__cluster_metadata"))
         self.coordinator = TransactionCoordinator(
@@ -177,8 +182,7 @@ class TransactionManager:
                         entries.append((transactional_id, decode_value(transactional_id, record.value)))
                     except (ValueError, TypeError) as error:
                         log.error("skipping an unreadable %s record at offset %d: %s", TRANSACTION_STATE_TOPIC, record.offset, error)
-        self.coordinator.load(entries)
-        log.info("loaded %d transactional ids from %s", len(self.coordinator.txns), TRANSACTION_STATE_TOPIC)
+        self.coordinator.load(entries)  # recover() logs what was loaded
 
     async def start(self) -> None:
         self.ensure_topic()

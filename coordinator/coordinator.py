@@ -120,13 +120,30 @@ class TransactionCoordinator:
                 self.txns[transactional_id] = metadata
 
     def recover(self) -> list[asyncio.Task]:
-        """Finish every transaction left in a Prepare state (and fence-aborts)."""
+        """Finish every transaction left in a Prepare state (and fence-aborts);
+        one INFO line says what was loaded and what recovery does with it."""
         tasks = []
         for transactional_id, metadata in list(self.txns.items()):
             if metadata.state.is_prepare:
-                log.info("recovering transaction %s in %s: rewriting markers", transactional_id, metadata.state.name)
+                log.debug(
+                    "recovering transaction %s in %s: rewriting markers", transactional_id, _state_name(metadata.state),
+                    extra={"transactional_id": transactional_id, "producer_id": metadata.producer_id, "producer_epoch": metadata.producer_epoch, "state": _state_name(metadata.state)},
+                )
                 self._busy.add(transactional_id)
                 tasks.append(self._spawn_completion(metadata))
+        states = [metadata.state for metadata in self.txns.values()]
+        counts = {
+            "transactional_ids": len(states),
+            "completing_commit": states.count(TxnState.PREPARE_COMMIT),
+            "completing_abort": states.count(TxnState.PREPARE_ABORT),
+            "ongoing": states.count(TxnState.ONGOING) + states.count(TxnState.PREPARE_EPOCH_FENCE),
+        }
+        log.info(
+            "recovery: loaded %(transactional_ids)d transactional ids; completing %(completing_commit)d prepared commits and "
+            "%(completing_abort)d prepared aborts (markers rewritten); %(ongoing)d transactions ongoing (aborted if their timeout passes)",
+            counts,
+            extra={"event": "transaction_recovery", **counts},
+        )
         return tasks
 
     # -- InitProducerId ---------------------------------------------------------
@@ -326,7 +343,8 @@ class TransactionCoordinator:
             except Exception as error:
                 log.error("could not expire %s: %s", transactional_id, error)
                 return False
-            del self.txns[transactional_id]
+            expired = self.txns.pop(transactional_id)
+            _log_change(expired, expired.state, "Dead")
             return True
         finally:
             self._busy.discard(transactional_id)
@@ -361,7 +379,7 @@ class TransactionCoordinator:
                     self.crash_point("coordinator.before_complete")
                     completed = prepared.complete(self.clock.wall_ms())
                     await self.txn_log.write(completed)
-                    self.txns[transactional_id] = completed
+                    self._apply(completed)
                     return
                 except asyncio.CancelledError:
                     raise
@@ -385,6 +403,14 @@ class TransactionCoordinator:
 
     # -- writing -------------------------------------------------------------------------
 
+    def _apply(self, metadata: TxnMetadata) -> None:
+        """Make ``metadata``, now durable, the id's state. Every state change
+        of a transactional id passes here (and its expiry through
+        ``_expire``), so this is where it is logged."""
+        before = self.txns.get(metadata.transactional_id)
+        self.txns[metadata.transactional_id] = metadata
+        _log_change(metadata, before.state if before is not None else None, metadata.state)
+
     async def _change(self, metadata: TxnMetadata, result: InitResult) -> InitResult:
         """Write ``metadata`` then apply it, as the coordinator's own task;
         ``result`` if it was applied. The id is busy from here on: callers
@@ -402,7 +428,7 @@ class TransactionCoordinator:
             except Exception as error:
                 log.error("could not write %s of %s: %s", metadata.state.name, transactional_id, error)
                 return ErrorCode.KAFKA_STORAGE_ERROR
-            self.txns[transactional_id] = metadata
+            self._apply(metadata)
             if metadata.state.is_prepare:
                 # The decision is durable: markers, then Complete (which
                 # clears the busy mark when it is written).
@@ -412,6 +438,32 @@ class TransactionCoordinator:
         finally:
             if not completing:
                 self._busy.discard(transactional_id)
+
+
+def _state_name(state: TxnState | str | None) -> str:
+    """Kafka's name of a state (``PrepareCommit``), as ListTransactions shows it."""
+    if state is None:
+        return "none"
+    return state if isinstance(state, str) else "".join(word.capitalize() for word in state.name.split("_"))
+
+
+def _log_change(metadata: TxnMetadata, old: TxnState | None, new: TxnState | str) -> None:
+    """One DEBUG line per state change of a transactional id, its ids as fields."""
+    if not log.isEnabledFor(logging.DEBUG):
+        return  # the fields below cost a little on every transaction
+    old_name, new_name = _state_name(old), _state_name(new)
+    log.debug(
+        "transaction %s: %s -> %s (producer %d epoch %d)", metadata.transactional_id, old_name, new_name, metadata.producer_id, metadata.producer_epoch,
+        extra={
+            "event": "transaction_state_change",
+            "transactional_id": metadata.transactional_id,
+            "producer_id": metadata.producer_id,
+            "producer_epoch": metadata.producer_epoch,
+            "old_state": old_name,
+            "new_state": new_name,
+            "partitions": sorted(str(tp) for tp in metadata.partitions),
+        },
+    )
 
 
 __all__ = ["CoordinatorSettings", "InitResult", "TransactionCoordinator"]

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 import random
 import shutil
@@ -58,13 +59,15 @@ import time
 import attrs
 
 from faults import checker as checker_module
+from faults.availability import Output, measure
 from faults.disk import ENVIRONMENT_VARIABLE as DISK_FAULTS_VARIABLE
 from faults.disk import TORN_WRITE_POINT, DiskFaultControl
+from faults.history import polls, read_history, sends
 from faults.points import ENVIRONMENT_VARIABLE as POINTS_VARIABLE
-from faults.history import read_history, sends
 from faults.process import BrokerProcess, ClientProcess, restartable_port
 from faults.proxy import ThreadedFaultProxy
 from faults.report import FaultEvent, write_report
+from faults.watcher import ProgressProbe, TopicWatcher, deltas
 from protocol.messages import ApiKey
 
 FAULT_KINDS = ("kill-broker", "kill-client", "kill-driver", "pause-client", "pause-broker", "proxy-cut", "proxy-delay-endtxn", "torn-tail", "disk-fsync")
@@ -142,7 +145,9 @@ class ChaosRun:
         self.faults: list[FaultEvent] = []
         self.clients: list[ClientProcess] = []
         self.started = time.monotonic()
-        self.pending_clears: list[tuple[float, str, object]] = []
+        self.pending_clears: list[tuple[float, str, object, int]] = []  # (due, action, target, index of the fault)
+        self.probe: ProgressProbe | None = None  # the workload's committed input position (streaming, spark)
+        self.output_watcher: TopicWatcher | None = None  # the output as a read_committed reader sees it (processor)
 
     # -- set-up ----------------------------------------------------------------------------------
 
@@ -168,7 +173,7 @@ class ChaosRun:
         return client.start()
 
     def _set_up_workload(self) -> None:
-        from txn import Admin, Producer
+        from txn import Admin
 
         settings = self.settings
         if settings.workload == "streaming":
@@ -185,20 +190,15 @@ class ChaosRun:
             else:
                 admin.create_topics({"ledger": 1})
         if settings.workload.startswith("copier") or settings.workload == "processor":
-            seeder = open(os.path.join(self.history_dir, "seeder.jsonl"), "w")
-            producer = Producer(bootstrap_servers=self.bootstrap, linger_ms=20, batch_size=1 << 18)
-            futures = [(str(i), producer.send("input", str(i).encode(), key=b"k%d" % (i % 100))) for i in range(settings.records)]
-            producer.flush()
-            for value, future in futures:
-                metadata = future.result(60)
-                seeder.write(json.dumps({"time": time.time(), "process": "seeder", "type": "ok", "op": "send", "value": [["send", f"input-{metadata.partition}", value, metadata.offset]]}) + "\n")
-            seeder.close()
-            producer.close()
+            # The input arrives at a steady rate over the whole run (``_feed_due``),
+            # so every fault lands on records in flight.
+            self._set_up_feed([[("input", f"k{i % 100}", str(i), None, None) for i in range(settings.records)]], op="send")
             for index in range(settings.clients if settings.workload != "processor" else 0):
                 extra = ["--input", "input", "--output", "output", "--group", "copiers", "--transactional-id", f"copier-{index}",
                          "--abort-ratio", str(settings.abort_ratio), "--seed", str(settings.seed * 100 + index)]
                 self.clients.append(self._client(settings.workload, f"copier-{index}", *extra))
             if settings.workload == "processor":
+                self.output_watcher = TopicWatcher(self.bootstrap, "output", 3, self._elapsed)
                 for index in range(settings.clients):
                     command = [part.format(bootstrap=self.bootstrap, input="input", output="output", index=index) for part in settings.processor]
                     client = ClientProcess(f"processor-{index}", command, os.path.join(self.work, f"processor-{index}.log"))
@@ -225,18 +225,10 @@ class ChaosRun:
         self.app_module = load_app_module(self.app_path)
         probe = self.app_module.build_app(self.bootstrap, os.path.join(self.work, "probe-state"))
         self.application_id = probe.application_id
-        self.phases = [list(phase) for phase in self.app_module.chaos_input(settings.records, settings.seed)]
-        self.fed: list[tuple] = []  # in feeding order: what ``expected`` is given
-        self.feeding: list[tuple] = []  # the rest of the phase being fed
-        # The whole input spread over about half the run, a chunk per feed check (every 0.5 s).
-        self.paced_chunk = self.chunk = max(1, -(-sum(map(len, self.phases)) // max(1, int(settings.duration))))
-        self.fed_ends: dict = {}  # TopicPartition -> end offset after what was fed
-        self.feeder = None  # the input's producer
-        self.in_flight: list = []  # (record, future) sent, not yet acknowledged
-        self.seeder = open(os.path.join(self.history_dir, "seeder.jsonl"), "a")
         with Admin(bootstrap_servers=self.bootstrap) as admin:
             admin.create_topics(dict(self.app_module.CHAOS_TOPICS), exist_ok=True)
-        self._feed_next_phase()
+        self._set_up_feed([list(phase) for phase in self.app_module.chaos_input(settings.records, settings.seed)], op="seed")
+        self.probe = ProgressProbe(self._group_position, self._elapsed, interval=0.25)
         for index in range(settings.clients):
             state_dir = os.path.join(self.work, f"state-{index}")  # kept across restarts: its SQLite files and instance id
             self.clients.append(self._client("streaming", f"app-{index}", "--app", self.app_path, "--state-dir", state_dir))
@@ -252,21 +244,55 @@ class ChaosRun:
         query_path = os.path.abspath(settings.query) if settings.query.endswith(".py") else settings.query
         self.app_module = load_query_module(query_path)  # the feeding, the drain and the check read it as they read an app module
         self.checkpoint = os.path.join(self.work, "spark-checkpoint")
-        self.phases = [list(phase) for phase in self.app_module.chaos_input(settings.records, settings.seed)]
-        self.fed, self.feeding, self.fed_ends, self.feeder, self.in_flight = [], [], {}, None, []
-        self.paced_chunk = self.chunk = max(1, -(-sum(map(len, self.phases)) // max(1, int(settings.duration))))
-        self.seeder = open(os.path.join(self.history_dir, "seeder.jsonl"), "a")
         with Admin(bootstrap_servers=self.bootstrap) as admin:
             admin.create_topics(dict(self.app_module.CHAOS_TOPICS), exist_ok=True)
-        self._feed_next_phase()
+        self._set_up_feed([list(phase) for phase in self.app_module.chaos_input(settings.records, settings.seed)], op="seed")
+        self.probe = ProgressProbe(self._spark_position, self._elapsed, interval=0.25)
         driver = DriverProcess("spark-driver", query_path, self.bootstrap, self.checkpoint, os.path.join(self.work, "spark-driver.log"))
         self.clients.append(driver.start())
 
-    def _feed_chunk(self) -> None:
-        """Send the next chunk of the phase being fed. One idempotent producer
-        for the whole run, never waited on here (a paused broker must not
-        stall the fault loop): its retries cannot duplicate a record, and
-        ``_settle_feeds`` notes each record once acknowledged."""
+    def _set_up_feed(self, phases: list[list[tuple]], *, op: str) -> None:
+        """The input to feed, in phases of ``(topic, key, value, timestamp_ms,
+        partition)``; each acknowledged record goes to the history as an
+        ``ok`` ``op`` by the seeder (``send``: the copier's checker counts it
+        as input; ``seed``: a note the expected output speaks for)."""
+        self.phases = phases
+        self.feed_op = op
+        self.feed_total = sum(map(len, phases))
+        self.input_topics = sorted({record[0] for phase in phases for record in phase})
+        self.fed: list[tuple] = []  # acknowledged, in feeding order: what ``expected`` is given
+        self.sent_count = 0
+        self.feeding: list[tuple] = []  # the rest of the phase being fed
+        self.fed_ends: dict = {}  # TopicPartition -> end offset after what was fed
+        self.feeder = None  # the input's producer
+        self.in_flight: list = []  # (record, future) sent, not yet acknowledged
+        self.next_phase_check = 0.0
+        self.seeder = open(os.path.join(self.history_dir, "seeder.jsonl"), "a")
+        self._feed_next_phase()
+
+    def _feed_due(self, *, everything: bool = False) -> None:
+        """Send what a steady rate has due by now (the whole input over the
+        run's ``--duration``), or ``everything`` left (the drain). A phase
+        starts once the workload has processed the ones before it."""
+        self._settle_feeds()
+        fraction = 1.0 if everything else min(1.0, self._elapsed() / max(1e-3, self.settings.duration))
+        due = math.ceil(self.feed_total * fraction)
+        while self.sent_count < due:
+            if not self.feeding:
+                if not self.phases or self.in_flight or self._elapsed() < self.next_phase_check:
+                    return
+                self.next_phase_check = self._elapsed() + 0.5
+                if not self._fed_input_processed():
+                    return
+                self._feed_next_phase()
+                continue
+            self._send_input(min(due - self.sent_count, len(self.feeding)))
+
+    def _send_input(self, count: int) -> None:
+        """Send the next ``count`` records of the phase being fed. One
+        idempotent producer for the whole run, never waited on here (a paused
+        broker must not stall the fault loop): its retries cannot duplicate a
+        record, and ``_settle_feeds`` notes each record once acknowledged."""
         from txn import Producer
 
         def raw(part):
@@ -274,7 +300,8 @@ class ChaosRun:
 
         if self.feeder is None:
             self.feeder = Producer(bootstrap_servers=self.bootstrap, linger_ms=20, batch_size=1 << 18, delivery_timeout_ms=300_000, request_timeout_ms=5000)
-        chunk, self.feeding = self.feeding[: self.chunk], self.feeding[self.chunk :]
+        chunk, self.feeding = self.feeding[:count], self.feeding[count:]
+        self.sent_count += len(chunk)
         for record in chunk:
             self.in_flight.append((record, self.feeder.send(record[0], raw(record[2]), key=raw(record[1]), partition=record[4], timestamp=record[3])))
 
@@ -294,19 +321,14 @@ class ChaosRun:
             tp = TopicPartition(metadata.topic, metadata.partition)
             self.fed_ends[tp] = max(self.fed_ends.get(tp, 0), metadata.offset + 1)
             text = record[2] if isinstance(record[2], str) or record[2] is None else record[2].decode("utf-8", "replace")
-            self.seeder.write(json.dumps({"time": time.time(), "process": "seeder", "type": "ok", "op": "seed",
+            self.seeder.write(json.dumps({"time": time.time(), "process": "seeder", "type": "ok", "op": self.feed_op,
                                           "value": [["send", f"{metadata.topic}-{metadata.partition}", text, metadata.offset]]}) + "\n")
             self.fed.append(record)
         self.seeder.flush()
 
-    def _feed_next_phase(self, *, paced: bool = True) -> None:
-        """Start the next phase: fed over the run in chunks (so the faults
-        fall while the app works), or at once while draining."""
+    def _feed_next_phase(self) -> None:
         self.feeding = self.phases.pop(0)
-        total = len(self.feeding)
-        self.chunk = self.paced_chunk if paced else total
-        self._say(f"  t={self._elapsed():5.1f}s  feeding an input phase of {total} records ({len(self.phases)} phases to go)")
-        self._feed_chunk()
+        self._say(f"  t={self._elapsed():5.1f}s  feeding an input phase of {len(self.feeding)} records over the run ({len(self.phases)} phases to go)")
 
     def _fed_input_processed(self) -> bool:
         """Whether the app's committed offsets (a Spark query's: its last
@@ -325,23 +347,34 @@ class ChaosRun:
             return False
         return all(committed.get(tp) is not None and committed[tp].offset >= end for tp, end in self.fed_ends.items())
 
-    def _feed_when_ready(self, *, paced: bool = True) -> None:
-        self._settle_feeds()
-        if self.feeding:
-            if not paced:
-                self.chunk = len(self.feeding)
-            self._feed_chunk()
-        elif self.phases and not self.in_flight and self._fed_input_processed():
-            self._feed_next_phase(paced=paced)
+    def _group_position(self) -> int | None:
+        """Input records the streaming app has consumed and committed: its
+        group's committed offsets on the input topics (the input is not
+        transactional, so an offset counts records)."""
+        from txn import Admin
+
+        with Admin(bootstrap_servers=self.bootstrap, request_timeout_ms=2000) as admin:
+            committed = admin.list_group_offsets(self.application_id)
+        return sum(offset.offset for tp, offset in committed.items() if offset is not None and tp.topic in self.input_topics)
+
+    def _spark_position(self) -> int | None:
+        """Input records the Spark query's committed batches cover."""
+        from faults.spark import committed_source_offsets
+
+        return sum(end for (topic, _partition), end in committed_source_offsets(self.checkpoint).items() if topic in self.input_topics)
+
+    def _finish_feeding(self, deadline: float) -> None:
+        """Feed the rest of the input without faults, until every record is acknowledged."""
+        while (self.phases or self.feeding or self.in_flight) and time.monotonic() < deadline:
+            for client in self.clients:
+                client.restart_if_exited()
+            self._feed_due(everything=True)
+            time.sleep(0.2)
 
     def _drain_streaming(self, deadline: float) -> None:
         """Feed the rest of the input without faults, then wait until the
         output holds as many committed records as expected."""
-        while (self.phases or self.feeding or self.in_flight) and time.monotonic() < deadline:
-            for client in self.clients:
-                client.restart_if_exited()
-            self._feed_when_ready(paced=False)
-            time.sleep(0.5)
+        self._finish_feeding(deadline)
         self.expected_outputs = self._expected_outputs()
         self._wait_for_output(deadline, topic=self.app_module.CHAOS_OUTPUT, count=sum(self.expected_outputs.values()))
 
@@ -359,35 +392,37 @@ class ChaosRun:
         self.broker.kill()
         self.broker.start()
 
-    def _apply(self, fault: PlannedFault) -> str:
+    def _apply(self, fault: PlannedFault) -> tuple[str, str, bool]:
+        """Apply one fault: (what happened, the victim process's name or "",
+        whether it lasts until a pending clear rather than ending here)."""
         victims = [c for c in self.clients if c.name != "auditor"] or self.clients
         victim = victims[fault.victim % len(victims)] if victims else None
         now = self._elapsed()
         if fault.kind == "kill-broker":
             self._restart_broker()
-            return "broker killed and restarted"
+            return "broker killed and restarted", "", False
         if fault.kind == "kill-driver":
             victim.kill()
             victim.start()
-            return f"{victim.name} killed (JVM and Python workers) and restarted from its checkpoint"
+            return f"{victim.name} killed (JVM and Python workers) and restarted from its checkpoint", victim.name, False
         if fault.kind == "kill-client":
             victim.kill()
             victim.start()
-            return f"{victim.name} killed and restarted"
+            return f"{victim.name} killed and restarted", victim.name, False
         if fault.kind == "pause-client":
             victim.pause()
-            self.pending_clears.append((now + 2.0, "resume", victim))
-            return f"{victim.name} paused for 2 s"
+            self.pending_clears.append((now + 2.0, "resume", victim, len(self.faults) - 1))
+            return f"{victim.name} paused for 2 s", victim.name, True
         if fault.kind == "pause-broker":
             self.broker.pause()
-            self.pending_clears.append((now + 2.0, "resume", self.broker))
-            return "broker paused for 2 s"
+            self.pending_clears.append((now + 2.0, "resume", self.broker, len(self.faults) - 1))
+            return "broker paused for 2 s", "", True
         if fault.kind == "proxy-cut":
-            return f"{self.proxy.cut()} connections cut"
+            return f"{self.proxy.cut()} connections cut", "", False
         if fault.kind == "proxy-delay-endtxn":
             self.proxy.delay_requests(ApiKey.END_TXN, 2.0)
-            self.pending_clears.append((now + 5.0, "clear-requests", None))
-            return "EndTxn held 2 s for 5 s"
+            self.pending_clears.append((now + 5.0, "clear-requests", None, len(self.faults) - 1))
+            return "EndTxn held 2 s for 5 s", "", True
         if fault.kind == "torn-tail":
             # A real torn write: the broker dies halfway through one of its next
             # segment writes (an unacknowledged batch), then restarts and recovers.
@@ -396,25 +431,33 @@ class ChaosRun:
             self.broker.env = {DISK_FAULTS_VARIABLE: self.disk.path, POINTS_VARIABLE: f"{TORN_WRITE_POINT}@{hit}:exit"}
             self.broker.start()
             self.broker.env = {DISK_FAULTS_VARIABLE: self.disk.path}
-            return f"broker restarted to die mid-write at its write #{hit}"
+            return f"broker restarted to die mid-write at its write #{hit}", "", False
         if fault.kind == "disk-fsync":
             self.disk.fail_fsyncs("EIO", seconds=1.0)
-            self.pending_clears.append((now + 1.5, "restart-broker", None))
-            return "fsync fails with EIO for 1 s, then the broker restarts"
+            self.pending_clears.append((now + 1.5, "restart-broker", None, len(self.faults) - 1))
+            return "fsync fails with EIO for 1 s, then the broker restarts", "", True
         raise ValueError(fault.kind)
+
+    def _cleared(self, index: int) -> None:
+        """Fault ``index`` stopped acting now (the availability measure counts from here)."""
+        self.faults[index] = attrs.evolve(self.faults[index], cleared=round(self._elapsed(), 3))
+
+    def _clear(self, item) -> None:
+        _due, action, target, index = item
+        if action == "resume":
+            target.resume()
+        elif action == "clear-requests":
+            self.proxy.clear_requests(ApiKey.END_TXN)
+        elif action == "restart-broker":
+            self.disk.clear()
+            self._restart_broker()
+        self._cleared(index)
 
     def _clear_due(self) -> None:
         now = self._elapsed()
         for item in [c for c in self.pending_clears if c[0] <= now]:
             self.pending_clears.remove(item)
-            _due, action, target = item
-            if action == "resume":
-                target.resume()
-            elif action == "clear-requests":
-                self.proxy.clear_requests(ApiKey.END_TXN)
-            elif action == "restart-broker":
-                self.disk.clear()
-                self._restart_broker()
+            self._clear(item)
 
     # -- the run ------------------------------------------------------------------------------------
 
@@ -433,15 +476,23 @@ class ChaosRun:
         try:
             self._set_up_workload()
             self.started = time.monotonic()
-            next_progress = next_feed_check = 1.0
+            self.feeding_input = hasattr(self, "feed_total")
+            for watcher in (self.probe, self.output_watcher):
+                if watcher is not None:
+                    watcher.start()
+            next_progress = 1.0
             queue = list(schedule)
             while self._elapsed() < settings.duration:
                 self._clear_due()
                 while queue and queue[0].at <= self._elapsed():
                     fault = queue.pop(0)
-                    detail = self._apply(fault)
-                    self.faults.append(FaultEvent(round(self._elapsed(), 3), fault.kind, detail))
-                    self._say(f"  t={self._elapsed():5.1f}s  {fault.kind}: {detail}")
+                    at = self._elapsed()
+                    self.faults.append(FaultEvent(round(at, 3), fault.kind))
+                    detail, victim, lasting = self._apply(fault)
+                    self.faults[-1] = attrs.evolve(self.faults[-1], detail=detail, victim=victim)
+                    if not lasting:
+                        self._cleared(len(self.faults) - 1)
+                    self._say(f"  t={at:5.1f}s  {fault.kind}: {detail}" + ("" if lasting else f" (cleared at {self._elapsed():.1f} s)"))
                 for client in self.clients:
                     if client.restart_if_exited():
                         self._say(f"  t={self._elapsed():5.1f}s  {client.name} exited; restarted")
@@ -449,16 +500,21 @@ class ChaosRun:
                     code = self.broker.process.returncode
                     self.broker.start()
                     self._say(f"  t={self._elapsed():5.1f}s  broker exited ({code}); restarted")
-                if settings.workload in ("streaming", "spark") and self._elapsed() >= next_feed_check:
-                    next_feed_check = self._elapsed() + 0.5
-                    self._feed_when_ready()
+                    if self.faults and self.faults[-1].kind == "torn-tail":  # it died at its crash point: that fault ends now
+                        self._cleared(len(self.faults) - 1)
+                if self.feeding_input:
+                    self._feed_due()
                 if self._elapsed() >= next_progress:
                     next_progress += 5.0
                     self._say(f"  t={self._elapsed():5.1f}s  {len(self.faults)} faults so far, {self._history_lines()} history events")
                 time.sleep(0.1)
+            self.faulted_until = self._elapsed()
             self._heal()
             self._drain()
         finally:
+            for watcher in (self.probe, self.output_watcher):
+                if watcher is not None:
+                    watcher.stop.set()
             for client in self.clients:
                 if client.alive:
                     client.kill()
@@ -474,11 +530,8 @@ class ChaosRun:
     def _heal(self) -> None:
         self.proxy.heal()
         self.disk.clear()
-        for _due, action, target in self.pending_clears:
-            if action == "resume":
-                target.resume()
-            elif action == "restart-broker":
-                self._restart_broker()
+        for item in self.pending_clears:
+            self._clear(item)
         self.pending_clears.clear()
         if not self.broker.alive:
             self.broker.start()
@@ -490,6 +543,8 @@ class ChaosRun:
         settings = self.settings
         # A Spark driver restarted late in the run needs a JVM start and its first batch.
         deadline = time.monotonic() + max(180.0 if settings.workload == "spark" else 30.0, settings.duration)
+        if settings.workload.startswith("copier") or settings.workload == "processor":
+            self._finish_feeding(deadline)
         if settings.workload.startswith("copier"):
             from txn import Admin, TopicPartition
 
@@ -561,16 +616,49 @@ class ChaosRun:
             if e["type"] == "ok" and e["op"] in ("txn", "send") and e["process"] != "seeder"
             for _send in sends(e)
         ]
+        availability = self.availability = self._availability(history)
+        for recovery in availability.recoveries:
+            if recovery.in_flight is False:
+                verdict.add("idle-fault", {"at": recovery.at, "kind": recovery.kind, "why": "no input was waiting: the workload had finished or not begun"})
         settings = attrs.asdict(self.settings)
         settings["faults"] = ",".join(self.settings.faults)
         settings["processor"] = " ".join(self.settings.processor)
         settings["transform"] = getattr(self.settings.transform, "__name__", None)
-        paths = write_report(self.report_dir, settings=settings, history=history, faults=self.faults, verdict=verdict, ok_times=ok_times, duration=self._elapsed())
+        paths = write_report(self.report_dir, settings=settings, history=history, faults=self.faults, verdict=verdict, ok_times=ok_times, duration=self._elapsed(),
+                             availability=availability)
         shutil.copy(self.broker.log_path, os.path.join(self.report_dir, "broker.log"))
         self._say(verdict.summary())
+        for line in availability.lines():
+            self._say(line)
         self._say(f"report: {self.report_dir} ({', '.join(sorted(paths))})")
         shutil.rmtree(self.work, ignore_errors=True)
         return verdict
+
+    def _availability(self, history: list[dict]):
+        """The run's availability (``faults.availability``). Committed output:
+        the workload's own ``ok`` transactions and sends, by process; for the
+        streaming and Spark workloads, whose output may wait for windows to
+        close, the advance of their committed input position (each advance is
+        a committed transaction), sampled every 0.25 s. In flight: input
+        acknowledged vs. input consumed and committed."""
+        def since_start(event):
+            return _event_time(event) - self.wall_started
+
+        inputs = consumed = None
+        if self.probe is not None:
+            outputs = [Output(at, count, "") for at, count in deltas(self.probe.samples)]
+            consumed = deltas(self.probe.samples)
+        else:
+            outputs = [Output(since_start(e), len(sends(e)), e["process"]) for e in history
+                       if e["type"] == "ok" and e["op"] in ("txn", "send") and e["process"] != "seeder" and sends(e)]
+            if self.output_watcher is not None:  # a user's processor records nothing: its output as a reader sees it
+                outputs = self.output_watcher.outputs()
+            if self.settings.workload.startswith("copier"):
+                consumed = [(since_start(e), sum(len(read) for poll in polls(e) for read in poll.values())) for e in history
+                            if e["type"] == "ok" and e["op"] == "txn" and e["process"] != "seeder"]
+        if consumed is not None:
+            inputs = [(since_start(e), len(sends(e))) for e in history if e["process"] == "seeder" and e["type"] == "ok"]
+        return measure(outputs, self.faults, start=0.0, end=getattr(self, "faulted_until", self._elapsed()), inputs=inputs, consumed=consumed)
 
     @property
     def wall_started(self) -> float:

@@ -20,6 +20,7 @@ them):
 | copy-duplicate | (copier) an input record has more than one committed copy; (streaming) an expected output record is there more often than expected |
 | copy-unexpected | (copier) an output record that is no input record; (streaming) an output record nobody expected |
 | bank-total | (bank) an audit saw balances that do not add up to the total |
+| idle-fault | (chaos harness) a fault hit while no input was waiting: the workload had finished (or not begun), so the fault proved nothing |
 
 A history without a final read phase (no process named ``final-reader``)
 reports ``unseen`` as a count only: it may simply have ended first.
@@ -45,6 +46,7 @@ EXAMPLES = 8
 ERRORS = (
     "lost-write", "unseen", "duplicate", "aborted-read", "inconsistent-offsets", "nonmonotonic-poll", "int-nonmonotonic-poll",
     "poll-skip", "int-poll-skip", "nonmonotonic-send", "copy-missing", "copy-duplicate", "copy-unexpected", "bank-total",
+    "idle-fault",
 )
 
 

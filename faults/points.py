@@ -28,8 +28,8 @@ as SIGKILL would); "raise" raises ``CrashPointReached``.
 
 from __future__ import annotations
 
+import logging
 import os
-import sys
 
 ENVIRONMENT_VARIABLE = "ONCEFLOW_CRASH_POINTS"
 CRASH_EXIT_CODE = 86
@@ -87,8 +87,9 @@ def reached(name: str) -> str | None:
 def fire(name: str, action: str) -> None:
     if action == "raise":
         raise CrashPointReached(name)
-    sys.stderr.write(f"onceflow: crash point {name} reached; exiting\n")
-    sys.stderr.flush()
+    # Through logging (whose handlers flush each line), so that a process
+    # logging JSON says this in JSON too.
+    logging.getLogger(__name__).critical("onceflow: crash point %s reached; exiting", name, extra={"crash_point": name})
     os._exit(CRASH_EXIT_CODE)
 
 

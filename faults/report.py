@@ -4,8 +4,12 @@
         history.jsonl     every event of every workload process, merged by time
         faults.jsonl      every fault the schedule applied or cleared
         verdict.json      the checker's verdict (anomalies with examples, counts)
+                          and the run's availability (``faults.availability``)
         summary.txt       the same, readable, plus the run's settings
-        timeline.png      committed (acknowledged) records per second, faults marked
+        timeline.png      committed (acknowledged) records per second, faults
+                          marked, each with its outage (fault to first output)
+                          shaded and the moment its rate was back; the
+                          longest stretch with no output hatched
 
 The PNG needs matplotlib (``pip install onceflow[chaos]``); without it the
 report says so in summary.txt and everything else is written.
@@ -17,17 +21,9 @@ import json
 import os
 from collections import Counter
 
-import attrs
+from faults.availability import Availability, FaultEvent
 
-
-@attrs.frozen
-class FaultEvent:
-    at: float  # seconds since the run started
-    kind: str  # kill-broker, kill-client, proxy-cut, torn-tail, ...
-    detail: str = ""
-
-    def to_json(self) -> dict:
-        return attrs.asdict(self)
+__all__ = ["FaultEvent", "write_report", "write_series_png", "write_timeline_png"]
 
 
 def write_jsonl(path: str, items) -> None:
@@ -41,7 +37,27 @@ def throughput_per_second(times: list[float], duration: float) -> list[int]:
     return [buckets.get(second, 0) for second in range(int(duration) + 1)]
 
 
-def write_timeline_png(path: str, ok_times: list[float], faults: list[FaultEvent], duration: float, title: str) -> str | None:
+def mark_availability(axes, availability: Availability | None) -> None:
+    """Each fault's outage (fault to first committed output) shaded, a
+    triangle where its rate was back, the longest stall hatched."""
+    if availability is None:
+        return
+    labelled = set()
+    for recovery in availability.recoveries:
+        if recovery.first_output_s:
+            axes.axvspan(recovery.at, recovery.at + recovery.first_output_s, color="#e45756", alpha=0.15, linewidth=0,
+                         label=None if "outage" in labelled else "fault to first output")
+            labelled.add("outage")
+        if recovery.rate_back_s is not None:
+            axes.plot([recovery.at + recovery.rate_back_s], [0], marker="^", color="#333333", markersize=7, clip_on=False,
+                      label=None if "back" in labelled else "rate back (80%)")
+            labelled.add("back")
+    stall = availability.longest_stall
+    if stall is not None:
+        axes.axvspan(stall.start, stall.end, fill=False, hatch="//", edgecolor="#777777", linewidth=0, label=f"longest stall {stall.seconds:.1f} s")
+
+
+def write_timeline_png(path: str, ok_times: list[float], faults: list[FaultEvent], duration: float, title: str, availability: Availability | None = None) -> str | None:
     """Plot acknowledged operations per second with the faults as vertical
     lines. Returns None when written, else why not."""
     try:
@@ -53,13 +69,14 @@ def write_timeline_png(path: str, ok_times: list[float], faults: list[FaultEvent
         return "matplotlib is not installed (pip install onceflow[chaos]); no timeline.png"
     counts = throughput_per_second(ok_times, duration)
     figure, axes = plt.subplots(figsize=(11, 4), dpi=100)
-    axes.bar(range(len(counts)), counts, width=1.0, color="#4c78a8", label="committed records/s")
+    axes.bar(range(len(counts)), counts, width=1.0, align="edge", color="#4c78a8", label="committed records/s")
     colors: dict[str, str] = {}
     palette = ["#e45756", "#f58518", "#54a24b", "#b279a2", "#9d755d", "#72b7b2", "#eeca3b"]
     for fault in faults:
         first_of_kind = fault.kind not in colors
         color = colors.setdefault(fault.kind, palette[len(colors) % len(palette)])
         axes.axvline(fault.at, color=color, linewidth=1.5, label=fault.kind if first_of_kind else None)
+    mark_availability(axes, availability)
     axes.set_xlabel("seconds since start")
     axes.set_ylabel("records per second")
     axes.set_title(title)
@@ -71,15 +88,17 @@ def write_timeline_png(path: str, ok_times: list[float], faults: list[FaultEvent
     return None
 
 
-def write_report(folder: str, *, settings: dict, history: list[dict], faults: list[FaultEvent], verdict, ok_times: list[float], duration: float) -> dict[str, str]:
+def write_report(folder: str, *, settings: dict, history: list[dict], faults: list[FaultEvent], verdict, ok_times: list[float], duration: float,
+                 availability: Availability | None = None) -> dict[str, str]:
     """Write the report folder; returns {name: path}."""
     os.makedirs(folder, exist_ok=True)
     paths = {name: os.path.join(folder, name) for name in ("history.jsonl", "faults.jsonl", "verdict.json", "summary.txt", "timeline.png")}
     write_jsonl(paths["history.jsonl"], history)
     write_jsonl(paths["faults.jsonl"], [f.to_json() for f in faults])
     with open(paths["verdict.json"], "w") as file:
-        json.dump(verdict.to_json(), file, indent=2, sort_keys=True)
-    problem = write_timeline_png(paths["timeline.png"], ok_times, faults, duration, f"{settings.get('workload')} seed {settings.get('seed')}: {'VALID' if verdict.valid else 'ANOMALIES'}")
+        json.dump(verdict.to_json() | ({"availability": availability.to_json()} if availability else {}), file, indent=2, sort_keys=True)
+    problem = write_timeline_png(paths["timeline.png"], ok_times, faults, duration, f"{settings.get('workload')} seed {settings.get('seed')}: {'VALID' if verdict.valid else 'ANOMALIES'}",
+                                 availability)
     with open(paths["summary.txt"], "w") as file:
         file.write("onceflow chaos run\n")
         for key, value in settings.items():
@@ -87,6 +106,8 @@ def write_report(folder: str, *, settings: dict, history: list[dict], faults: li
         file.write(f"  faults applied: {len(faults)} ({', '.join(f'{k} x{n}' for k, n in Counter(f.kind for f in faults).items()) or 'none'})\n\n")
         file.write(verdict.summary())
         file.write("\n")
+        if availability is not None:
+            file.write("\n" + "\n".join(availability.lines()) + "\n")
         if problem:
             file.write(f"\n{problem}\n")
     if problem:
@@ -102,7 +123,8 @@ def per_second(samples: list[tuple[float, int]], duration: float) -> list[int]:
     return [totals[0]] + [totals[i] - totals[i - 1] for i in range(1, len(totals))]
 
 
-def write_series_png(path: str, series: dict[str, list[tuple[float, int]]], faults: list[FaultEvent], duration: float, title: str) -> str | None:
+def write_series_png(path: str, series: dict[str, list[tuple[float, int]]], faults: list[FaultEvent], duration: float, title: str,
+                     availability: Availability | None = None) -> str | None:
     """The demo's timeline: records per second of each stream (cumulative
     ``(seconds, count)`` samples), the last one, usually small, in a panel of
     its own as a running total, faults as vertical lines on both. Returns
@@ -137,6 +159,7 @@ def write_series_png(path: str, series: dict[str, list[tuple[float, int]]], faul
         color = colors.setdefault(fault.kind, palette[len(colors) % len(palette)])
         for axes in axes_all:
             axes.axvline(fault.at, color=color, linewidth=1.5, linestyle="--", label=fault.kind if first_of_kind and axes is top else None)
+    mark_availability(top, availability)
     for axes in axes_all:
         axes.set_xlim(0, max(1, duration))
         axes.legend(loc="upper right", fontsize="small")

@@ -121,11 +121,14 @@ class Group:
     new_group_delay_until: float | None = None
     state_timestamp: int = -1
 
-    def move(self, event: GroupEvent, now_ms: int) -> None:
+    def move(self, event: GroupEvent, now_ms: int, member_id: str | None = None) -> None:
         """A change that is not written to ``__consumer_offsets`` (a rebalance
-        starts, every member has joined): the table decides, memory follows."""
+        starts, every member has joined): the table decides, memory follows.
+        ``member_id``: the member whose join or leave caused it, if one did."""
+        old = self.state
         self.state = transition(self.state, event)
         self.state_timestamp = now_ms
+        _log_change(self, old, event, member_id if member_id is not None else self.leader)
 
     def snapshot(self) -> StoredGroup:
         """The group as its GroupMetadata record would hold it now."""
@@ -162,18 +165,41 @@ class Group:
                 del self.static_members[gone.group_instance_id]
         for member_id, member in self.members.items():
             member.assignment = kept[member_id].assignment
+        old = self.state
         self.state = stored.state
         self.generation = stored.generation
         self.protocol_type = stored.protocol_type
         self.protocol_name = stored.protocol_name
         self.leader = stored.leader
         self.state_timestamp = stored.state_timestamp
+        # A written change is the leader's assignment (to Stable) or the group left empty.
+        _log_change(self, old, GroupEvent.LEADER_SYNC if stored.state == GroupState.STABLE else GroupEvent.ALL_MEMBERS_GONE, stored.leader)
 
     def has_pending_txn(self, partition: TopicPartition) -> bool:
         return any(partition in pending for pending in self.pending_txn_offsets.values())
 
 
 STATE_NAMES = {s: s.value for s in GroupState}
+
+
+def _log_change(group: Group, old: GroupState, event: GroupEvent, member_id: str | None) -> None:
+    """One DEBUG line per state change of a group (``Group.move`` and
+    ``Group.apply`` are the only places its state changes), ids as fields."""
+    if not log.isEnabledFor(logging.DEBUG):
+        return
+    log.debug(
+        "group %s: %s -> %s (generation %d, %s)", group.group_id, old.value, group.state.value, group.generation, event.name.lower(),
+        extra={
+            "event": "group_state_change",
+            "group_id": group.group_id,
+            "generation": group.generation,
+            "member_id": member_id,
+            "members": sorted(group.members),
+            "old_state": old.value,
+            "new_state": group.state.value,
+            "cause": event.name.lower(),
+        },
+    )
 
 
 class GroupCoordinator:
@@ -237,6 +263,25 @@ class GroupCoordinator:
                 if member.group_instance_id:
                     group.static_members[member.group_instance_id] = member.member_id
             group.state = GroupState.STABLE if group.members else GroupState.EMPTY
+
+    def log_loaded(self) -> dict:
+        """One INFO line (counts as fields) of what replaying ``__consumer_offsets`` rebuilt."""
+        states = [group.state for group in self.groups.values()]
+        counts = {
+            "groups": len(states),
+            "stable": states.count(GroupState.STABLE),
+            "empty": states.count(GroupState.EMPTY),
+            "members": sum(len(group.members) for group in self.groups.values()),
+            "committed_offsets": sum(len(group.offsets) for group in self.groups.values()),
+            "pending_transactional_offsets": sum(len(pending) for group in self.groups.values() for pending in group.pending_txn_offsets.values()),
+        }
+        log.info(
+            "recovery: loaded %(groups)d groups (%(stable)d stable, %(empty)d empty) with %(members)d members, "
+            "%(committed_offsets)d committed offsets and %(pending_transactional_offsets)d transactional offsets awaiting their marker",
+            counts,
+            extra={"event": "group_recovery", **counts},
+        )
+        return counts
 
     # -- timers ---------------------------------------------------------------------
 
@@ -326,7 +371,7 @@ class GroupCoordinator:
             member.join_future.set_result({"error_code": ErrorCode.UNKNOWN_MEMBER_ID, "member_id": member_id})
         member.join_future = asyncio.get_running_loop().create_future()
         group.protocol_type = protocol_type
-        self._prepare_rebalance(group)
+        self._prepare_rebalance(group, member_id=member_id)
         await self._work.run(self._maybe_complete_join(group))
         return await member.join_future
 
@@ -337,14 +382,14 @@ class GroupCoordinator:
             names = [n for n in names if n in supported]
         return names
 
-    def _prepare_rebalance(self, group: Group, event: GroupEvent = GroupEvent.MEMBER_JOIN) -> None:
+    def _prepare_rebalance(self, group: Group, event: GroupEvent = GroupEvent.MEMBER_JOIN, member_id: str | None = None) -> None:
         if group.state == GroupState.PREPARING_REBALANCE:
             return
         was_empty = group.state == GroupState.EMPTY
         for member in group.members.values():
             if member.sync_future is not None and not member.sync_future.done():
                 member.sync_future.set_result({"error_code": ErrorCode.REBALANCE_IN_PROGRESS, "assignment": b""})
-        group.move(event, self.clock.wall_ms())
+        group.move(event, self.clock.wall_ms(), member_id)
         timeout = max((m.rebalance_timeout_ms for m in group.members.values()), default=0) / 1000.0
         now = self.clock.monotonic()
         group.join_deadline = now + timeout
@@ -505,7 +550,7 @@ class GroupCoordinator:
                 return ErrorCode.NONE
             self._member_gone(group, member, error)
             if group.state in (GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
-                self._prepare_rebalance(group, GroupEvent.MEMBER_LEAVE)
+                self._prepare_rebalance(group, GroupEvent.MEMBER_LEAVE, member.member_id)
             await self._maybe_complete_join(group)
             return ErrorCode.NONE
         return ErrorCode.NONE

@@ -1,7 +1,8 @@
 """The ``onceflow`` command line: the global options, the table of commands,
 and the one dispatch.
 
-    onceflow [--log-level LEVEL] COMMAND [options]      (or python -m onceflow ...)
+    onceflow [--log-level LEVEL] [--log-format text|json] COMMAND [options]
+                                                        (or python -m onceflow ...)
 
 Each command is a module of ``onceflow.commands`` offering
 ``add_arguments(parser)`` and ``run(args) -> int``. A command's module is
@@ -11,7 +12,8 @@ time its parser parses or prints help), so ``onceflow --help`` and
 benchmarks. Adding a command is one module plus one row of ``COMMANDS``.
 
 The global options are parsed once, before the command's, and reach every
-command (logging is configured before ``run``). Exit status: 0 success, 1 a
+command (logging is configured before ``run``, by ``onceflow.logs``: one
+line per event, text or JSON objects). Exit status: 0 success, 1 a
 failed check, a refused request or damaged input, 2 a usage or start-up
 error (argparse's usage errors included).
 """
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import sys
 
 import attrs
@@ -48,7 +49,7 @@ COMMANDS = (
 COMMANDS_BY_NAME = {command.name: command for command in COMMANDS}
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+LOG_FORMATS = ("text", "json")  # onceflow.logs.FORMATS, known without importing it
 
 
 def _log_level(text: str) -> str:
@@ -88,6 +89,7 @@ class _CommandParser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="onceflow", description="exactly-once streaming on a Kafka-protocol log")
     parser.add_argument("--log-level", type=_log_level, default="INFO", metavar="LEVEL", help=f"logging level on stderr: {', '.join(LOG_LEVELS)} (default INFO)")
+    parser.add_argument("--log-format", choices=LOG_FORMATS, default="text", help="one line per event on stderr: text (default) or json (objects with time, level, logger, message and the event's fields)")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_CommandParser)
     for command in COMMANDS:
         commands.add_parser(command.name, help=command.summary, description=command.summary, command_module=command.module)
@@ -96,7 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level, format=LOG_FORMAT, stream=sys.stderr)
+    from onceflow import logs
+
+    logs.configure(args.log_level, args.log_format)
     module = importlib.import_module(COMMANDS_BY_NAME[args.command].module)
     return module.run(args)
 

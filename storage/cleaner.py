@@ -73,6 +73,8 @@ def _no_crash(stage: str) -> None:
 
 def complete_interrupted_swaps(directory: str) -> None:
     names = os.listdir(directory)
+    if not any(name.endswith((RANGE_NOTE_SUFFIX, CLEANED_SUFFIX, SWAP_SUFFIX, DELETED_SUFFIX)) for name in names):
+        return  # nothing was interrupted (every open but after a crash mid-compaction)
     for name in names:
         if not name.endswith(RANGE_NOTE_SUFFIX):
             continue
@@ -139,6 +141,7 @@ class Cleaner:
         segments = self.cleanable_segments()
         if not segments:
             return 0
+        self.log.begin_changes()
         aborted = self._aborted_ranges()
         offset_map = self.build_offset_map(segments, aborted)
         now = self.log.clock()

@@ -29,6 +29,11 @@ checkpointed, so recovery after a crash scans only from the active segment.
 moves the log's ``log_end_offset``, ``durable_offset`` and ``recovery_point``
 and nothing else.
 
+What it measures goes to ``observer`` (a ``FlushObserver``, None by default):
+each round's fsync time, bytes and appends, as plain numbers. The broker
+sets one on every log it opens and turns them into its metrics; storage
+knows nothing of how they are exported.
+
 Stopping the flusher: an fsync on a worker thread cannot be interrupted, so
 a cancelled flusher first waits for the one it started (then fails the log
 if it failed) and only then ends; ``aclose()`` cancels it and waits for
@@ -41,7 +46,8 @@ task and is for callers without a running loop, where no flusher exists.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+import time
+from typing import TYPE_CHECKING, Protocol
 
 from protocol.tasks import cancel_and_wait
 from storage.config import FLUSH_ALWAYS, FLUSH_OS
@@ -52,6 +58,13 @@ if TYPE_CHECKING:
 
 # Rounds covering at most this many bytes fsync on the loop (see GroupCommitter.run).
 INLINE_FSYNC_BYTES = 16 * 1024
+
+
+class FlushObserver(Protocol):
+    """Told after every fsync round that succeeded (a seam the composition
+    root fills: ``broker.storage_adapter``)."""
+
+    def flushed(self, seconds: float, round_bytes: int, round_appends: int) -> None: ...
 
 
 class LogFailedError(Exception):
@@ -66,6 +79,8 @@ class GroupCommitter:
         self.last_flush = float("-inf")
         self.unflushed: list[LogSegment] = []  # written since the last fsync
         self.unflushed_bytes = 0
+        self.unflushed_appends = 0
+        self.observer: FlushObserver | None = None
         self.syncing: list[LogSegment] = []  # being fsynced by the flusher now
         self.next_recovery_point: int | None = None  # a roll's base, once what is below it is durable
 
@@ -74,6 +89,7 @@ class GroupCommitter:
     def wrote(self, segment: LogSegment, size: int) -> None:
         """``size`` bytes were appended to ``segment`` (the log end has moved)."""
         self.unflushed_bytes += size
+        self.unflushed_appends += 1
         if segment not in self.unflushed:
             self.unflushed.append(segment)
         if self.log.config.flush_policy == FLUSH_OS:
@@ -136,8 +152,10 @@ class GroupCommitter:
                 # two thread hand-offs of the executor would add. Larger ones
                 # go to a worker thread so the loop keeps serving.
                 inline = self.unflushed_bytes <= INLINE_FSYNC_BYTES and len(self.syncing) == 1
-                self.unflushed_bytes = 0
+                round_bytes, round_appends = self.unflushed_bytes, self.unflushed_appends
+                self.unflushed_bytes = self.unflushed_appends = 0
                 self.last_flush = loop.time()
+                began = time.perf_counter()
                 try:
                     for segment in self.syncing:
                         if inline:
@@ -152,6 +170,8 @@ class GroupCommitter:
                     self.syncing = []
                 if partition_log.failed is not None or partition_log.closed:
                     return
+                if self.observer is not None:
+                    self.observer.flushed(time.perf_counter() - began, round_bytes, round_appends)
                 self._made_durable(target)
         finally:
             self.task = None
@@ -180,12 +200,17 @@ class GroupCommitter:
         target = partition_log.log_end_offset
         segments = list(dict.fromkeys(self.syncing + self.unflushed))
         self.unflushed.clear()
+        round_bytes, round_appends = self.unflushed_bytes, self.unflushed_appends
+        self.unflushed_bytes = self.unflushed_appends = 0
+        began = time.perf_counter()
         try:
             for segment in segments:
                 segment.fsync_unless_closed()
         except OSError as error:
             partition_log._fail(error)
             raise LogFailedError(f"fsync failed: {error}") from error
+        if self.observer is not None and segments:
+            self.observer.flushed(time.perf_counter() - began, round_bytes, round_appends)
         self._made_durable(target)
 
     def _made_durable(self, target: int) -> None:

@@ -9,7 +9,7 @@ Files in a partition directory::
     00000000000000000000.txnindex    aborted transactions         (storage.txn_index)
     00000000000000001234.snapshot    producer state at offset 1234 (storage.producer_state)
     checkpoint                       recovery point and log start offset (storage.recovery)
-    .clean_shutdown                  present only between a clean close and the next open
+    .clean_shutdown                  present while the files are as a clean close (or recovery) left them
     <base>.swap.range, *.cleaned, *.swap, *.deleted   a compaction swap in progress (storage.cleaner)
 
 ``PartitionLog`` owns the offsets (log start, log end, the high watermark and
@@ -17,8 +17,16 @@ the last stable offset), appends (a producer's batches, checked and given
 offsets in place; control markers), rolling segments, reads, ListOffsets
 lookups, retention and DeleteRecords, and the order of opening and closing.
 The log start offset moves with retention and DeleteRecords and is
-checkpointed before any segment is deleted. ``.clean_shutdown`` is an empty
-file written (and fsynced) last by ``close()`` and removed at open.
+checkpointed before any segment is deleted.
+
+``.clean_shutdown`` vouches that the files are whole and their indexes
+right: ``close()`` writes it last, and so does ``open`` after recovering a
+directory that had none. It stays while the log is only read, and goes
+(durably: a directory fsync) before the first change to any file
+(``begin_changes``), so a log opened and only read, or never opened at all,
+needs no recovery after a crash however the broker stopped, and closing it
+costs no fsync. A broker can therefore open its logs lazily: the ones that
+lack the file are exactly those changed since they were last whole.
 
 Its two other jobs live beside it:
 
@@ -117,6 +125,8 @@ class PartitionLog:
         self.closed = False
         self.committer = GroupCommitter(self)
         self.recovery_report: list[str] = []
+        # True while .clean_shutdown is on disk: nothing changed since it was written.
+        self.marked_clean = False
 
     # ------------------------------------------------------------------ opening
 
@@ -153,12 +163,26 @@ class PartitionLog:
         self.durable_offset = self.log_end_offset
         self.recovery_point = self.log_end_offset
         self.producer_state = recovery.rebuild_producer_state(self.directory, self.segments, self.log_start_offset, self.log_end_offset)
-        # From now on a crash is unclean until close() says otherwise.
+        if not clean:
+            # Recovery made everything up to the log end durable (segments,
+            # indexes, removals): say so, then vouch for the files until
+            # the first change (``begin_changes``).
+            self._write_checkpoint()
+            recovery.mark_clean(self.directory)
+        self.marked_clean = True
+
+    def begin_changes(self) -> None:
+        """Called before anything changes a file of this log: the first time
+        after open, remove ``.clean_shutdown`` durably, so that a crash from
+        now on is seen as unclean and the changed files are recovered."""
+        if not self.marked_clean:
+            return
         try:
-            os.remove(os.path.join(self.directory, CLEAN_SHUTDOWN_FILE))
-        except FileNotFoundError:
-            pass
-        self._write_checkpoint()
+            recovery.unmark_clean(self.directory)
+        except OSError as error:
+            self._fail(error)
+            raise LogFailedError(f"removing {CLEAN_SHUTDOWN_FILE} from {self.directory} failed: {error}") from error
+        self.marked_clean = False
 
     def _new_segment(self, base_offset: int) -> LogSegment:
         return LogSegment(self.directory, base_offset, self.io, index_interval_bytes=self.config.index_interval_bytes, index_budget=self.index_budget)
@@ -258,6 +282,7 @@ class PartitionLog:
             next_offset += header.last_offset_delta + 1
         first_offset = base_offsets[0]
         last_offset = next_offset - 1
+        self.begin_changes()
         try:
             self._maybe_roll(len(buffer), first_offset, last_offset, max_timestamp)
         except OSError as error:
@@ -287,6 +312,7 @@ class PartitionLog:
         self.producer_state.check_marker(header.producer_id, header.producer_epoch, coordinator_epoch)
         offset = self.log_end_offset
         set_base_offset(buffer, 0, offset, 0)
+        self.begin_changes()
         try:
             self._maybe_roll(len(buffer), offset, offset, header.max_timestamp)
         except OSError as error:
@@ -334,6 +360,7 @@ class PartitionLog:
         self.segments.append(segment)
 
     def roll(self, next_base: int | None = None) -> LogSegment:
+        self.begin_changes()
         base = self.log_end_offset if next_base is None else next_base
         old = self.active_segment
         # The old segment's indexes are final: make them durable now (small
@@ -450,6 +477,7 @@ class PartitionLog:
             raise OffsetOutOfRangeError(f"offset {offset} is beyond the high watermark {self.high_watermark}")
         if offset <= self.log_start_offset:
             return self.log_start_offset
+        self.begin_changes()
         self.log_start_offset = offset
         self._write_checkpoint()
         self._delete_segments_below(offset)
@@ -461,6 +489,7 @@ class PartitionLog:
             self._delete_oldest_segment()
 
     def _delete_oldest_segment(self) -> None:
+        self.begin_changes()
         segment = self.segments.pop(0)
         self.committer.forget(segment)
         segment.delete()
@@ -512,10 +541,13 @@ class PartitionLog:
         self.close()
 
     def close(self) -> None:
-        """Flush, snapshot producer state, checkpoint, mark the shutdown clean."""
+        """Flush, snapshot producer state, checkpoint, mark the shutdown
+        clean; a log unchanged since it was opened (still marked clean)
+        only closes its files."""
         if self.closed:
             return
-        clean = self.failed is None
+        unchanged = self.marked_clean and self.failed is None
+        clean = self.failed is None and not unchanged
         if clean:
             try:
                 self.flush()
@@ -535,6 +567,7 @@ class PartitionLog:
                 clean = False
         if clean:
             replace_file(os.path.join(self.directory, CLEAN_SHUTDOWN_FILE), b"")
+            self.marked_clean = True
         self.committer.fail_waiters(LogFailedError("log closed"))
         self.closed = True
 

@@ -9,7 +9,10 @@ This module owns:
   snapshots, indexes). Everything below the recovery point is known durable
   with its indexes; it moves at open, at a clean close, and when the group
   committer has fsynced the segments below a roll. ``.clean_shutdown``
-  (``CLEAN_SHUTDOWN_FILE``) is the empty file a clean close writes last;
+  (``CLEAN_SHUTDOWN_FILE``) is the empty file that vouches for the files:
+  a clean close writes it last, an open that recovered writes it after the
+  checkpoint, and the first change after an open removes it, durably,
+  before it writes (``mark_clean``, ``unmark_clean``);
 - leftovers of interrupted writes (``*.tmp``: the original is intact; index
   files whose ``.log`` is gone), removed at open;
 - the segment scan (``recover_segments``): after an unclean stop every
@@ -25,7 +28,9 @@ This module owns:
   ``<offset>.snapshot`` plus a replay of the log after it; a replayed ABORT
   marker missing from its segment's ``.txnindex`` is indexed again.
 
-``storage.log.PartitionLog.open`` runs these in order.
+``storage.log.PartitionLog.open`` runs these in order. What the scan did is
+counted on its report (``RecoveryReport``), and ``log_summary`` logs the
+counts of every log a broker opened as one line at INFO.
 """
 
 from __future__ import annotations
@@ -33,10 +38,10 @@ from __future__ import annotations
 import bisect
 import logging
 import os
-from typing import Callable
+from typing import Callable, Iterable
 
 from protocol.records import decode_batch, decode_control_record
-from storage.durable import TEMPORARY_SUFFIX, replace_file
+from storage.durable import TEMPORARY_SUFFIX, fsync_directory, replace_file
 from storage.producer_state import CorruptSnapshotError, ProducerAppend, ProducerStateManager
 from storage.segment import INDEX_SUFFIX, LOG_SUFFIX, SNAPSHOT_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX, LogSegment, file_stem
 from storage.txn_index import AbortedTxn
@@ -72,7 +77,47 @@ def write_checkpoint(directory: str, recovery_point: int, log_start_offset: int)
     replace_file(os.path.join(directory, CHECKPOINT_FILE), text.encode("ascii"))
 
 
+# ------------------------------------------------------------------ the clean-shutdown mark
+
+
+def is_marked_clean(directory: str) -> bool:
+    return os.path.exists(os.path.join(directory, CLEAN_SHUTDOWN_FILE))
+
+
+def mark_clean(directory: str) -> None:
+    """Create ``.clean_shutdown`` once everything it vouches for is durable.
+    Its own creation needs no fsync: an empty file either exists or not, and
+    if a machine crash loses it the directory is only recovered once more."""
+    with open(os.path.join(directory, CLEAN_SHUTDOWN_FILE), "wb"):
+        pass
+
+
+def unmark_clean(directory: str) -> None:
+    """Remove ``.clean_shutdown`` and make the removal durable before the
+    caller changes any file: were the mark to survive a crash that the
+    change did not, recovery would trust files it must scan."""
+    try:
+        os.remove(os.path.join(directory, CLEAN_SHUTDOWN_FILE))
+    except FileNotFoundError:
+        pass
+    fsync_directory(directory)
+
+
 # ------------------------------------------------------------------ segments
+
+
+class RecoveryReport(list):
+    """What recovery dropped, one line each (a list of lines, as
+    ``PartitionLog.recovery_report`` has always been), with the counts the
+    broker's startup summary adds up."""
+
+    def __init__(self, lines: Iterable[str] = (), *, clean_shutdown: bool = True):
+        super().__init__(lines)
+        self.clean_shutdown = clean_shutdown
+        self.segments_trusted = 0  # after a clean shutdown: indexes sanity-checked, batches not read
+        self.segments_scanned = 0  # every batch's CRC and offsets checked
+        self.bytes_truncated = 0
+        self.segments_deleted = 0  # after the damage
 
 
 def remove_leftovers(directory: str) -> None:
@@ -101,8 +146,9 @@ def recover_segments(directory: str, segments: list[LogSegment], recovery_point:
     """Load trusted segments, scan the rest (``recovery_point`` None: trust
     all). A trusted segment whose files fail the sanity check is scanned,
     and so is everything after it. Segments after damage are deleted and
-    removed from ``segments``. Returns what was dropped, one line each."""
-    report: list[str] = []
+    removed from ``segments``. Returns what was dropped, one line each, and
+    the counts (``RecoveryReport``)."""
+    report = RecoveryReport(clean_shutdown=recovery_point is None)
     if recovery_point is None:
         start_index = len(segments)
     else:
@@ -115,11 +161,14 @@ def recover_segments(directory: str, segments: list[LogSegment], recovery_point:
             report.append(message)
             start_index = index
             break
+        report.segments_trusted += 1
     previous_end = segments[start_index - 1].next_offset if start_index else None
     for index in range(start_index, len(segments)):
         segment = segments[index]
         truncated, reason = segment.recover(expected_start=previous_end)
+        report.segments_scanned += 1
         if truncated:
+            report.bytes_truncated += truncated
             message = f"{directory}: dropped {truncated} bytes of {os.path.basename(segment.log_path)} from position {segment.size}: {reason}"
             log.warning("recovery %s", message)
             report.append(message)
@@ -127,6 +176,7 @@ def recover_segments(directory: str, segments: list[LogSegment], recovery_point:
                 message = f"{directory}: deleted segment {os.path.basename(later.log_path)} ({later.size} bytes) after the damage"
                 log.warning("recovery %s", message)
                 report.append(message)
+                report.segments_deleted += 1
                 later.delete()
             del segments[index + 1 :]
             break
@@ -233,3 +283,33 @@ def _ensure_aborted_indexed(state: ProducerStateManager, segment: LogSegment, co
     segment.txn_index.append(
         AbortedTxn(completed.producer_id, completed.first_offset, completed.last_offset, unstable if unstable is not None else completed.last_offset + 1)
     )
+
+
+# ------------------------------------------------------------------ the startup summary
+
+
+def log_summary(partition_logs: Iterable) -> dict:
+    """Log one INFO line of what opening ``partition_logs`` (``PartitionLog``s,
+    just opened) found and did, with the counts as fields; returns them."""
+    counts = {"partitions": 0, "unclean": 0, "segments_checked": 0, "segments_scanned": 0, "bytes_truncated": 0, "segments_deleted": 0, "producer_states": 0, "open_transactions": 0}
+    for partition_log in partition_logs:
+        report = getattr(partition_log, "recovery_report", None)
+        counts["partitions"] += 1
+        if isinstance(report, RecoveryReport):
+            counts["unclean"] += not report.clean_shutdown
+            counts["segments_checked"] += report.segments_trusted + report.segments_scanned
+            counts["segments_scanned"] += report.segments_scanned
+            counts["bytes_truncated"] += report.bytes_truncated
+            counts["segments_deleted"] += report.segments_deleted
+        producer_state = getattr(partition_log, "producer_state", None)
+        if producer_state is not None:
+            counts["producer_states"] += len(producer_state.producers)
+            counts["open_transactions"] += len(producer_state.ongoing)
+    log.info(
+        "recovery: opened %(partitions)d partition logs (%(unclean)d after an unclean stop): %(segments_checked)d segments checked "
+        "(%(segments_scanned)d scanned batch by batch), %(bytes_truncated)d bytes truncated, %(segments_deleted)d segments deleted, "
+        "%(producer_states)d producer states loaded, %(open_transactions)d transactions open in the logs",
+        counts,
+        extra={"event": "log_recovery", **counts},
+    )
+    return counts

@@ -52,6 +52,23 @@ def test_copier_under_every_process_and_network_fault(tmp_path):
     with open(os.path.join(report, "timeline.png"), "rb") as file:
         assert file.read(8) == b"\x89PNG\r\n\x1a\n"
     assert "VALID" in open(os.path.join(report, "summary.txt")).read()
+    # The input arrived over the whole run: every fault hit records in flight,
+    # and each one's recovery is measured (faults.availability).
+    availability = json.load(open(os.path.join(report, "verdict.json")))["availability"]
+    assert availability["faults_idle"] == 0 and availability["faults_in_flight"] == len(faults)
+    assert len(availability["per_fault"]) == len(faults)
+    assert all(fault["first_output_s"] is not None for fault in availability["per_fault"]), availability["per_fault"]
+    assert "faults hit while records were in flight" in open(os.path.join(report, "summary.txt")).read()
+
+
+@pytest.mark.slow
+def test_a_fault_on_a_finished_workload_is_reported(tmp_path):
+    """The harness checks that the workload outlives its faults: one record
+    of input is copied at once, so the faults after it hit an idle copier."""
+    verdict, report = run(tmp_path, workload="copier", faults=("kill-client",), duration=8, seed=1, records=1, mean_fault_interval=3)
+    assert verdict.anomaly_counts.get("idle-fault", 0) >= 1, verdict.summary()
+    assert set(verdict.anomaly_counts) == {"idle-fault"}, verdict.summary()  # exactly once still held
+    assert json.load(open(os.path.join(report, "verdict.json")))["availability"]["faults_idle"] >= 1
 
 
 @pytest.mark.slow

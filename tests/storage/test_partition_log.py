@@ -108,10 +108,75 @@ def test_clean_restart_keeps_everything(tmp_path):
     indexes = index_files(str(tmp_path))
     assert os.path.exists(tmp_path / ".clean_shutdown")
     reopened = PartitionLog.open(str(tmp_path), small_config())
-    assert not os.path.exists(tmp_path / ".clean_shutdown")
     assert all_batches(reopened) == before
     assert reopened.recovery_report == []
     assert index_files(str(tmp_path)) == indexes
+    # Only read: the files are still as the clean close left them.
+    assert os.path.exists(tmp_path / ".clean_shutdown")
+    reopened.append(batch(99))
+    assert not os.path.exists(tmp_path / ".clean_shutdown"), "the first change removes the mark"
+
+
+class MarkWatchingIO(DiskIO):
+    """Records, at every write to a .log file, whether .clean_shutdown was still there."""
+
+    def __init__(self, directory):
+        self.mark = os.path.join(directory, ".clean_shutdown")
+        self.log_fds: set[int] = set()
+        self.marked_at_write: list[bool] = []
+
+    def open(self, path, flags):
+        fd = super().open(path, flags)
+        if path.endswith(".log"):
+            self.log_fds.add(fd)
+        return fd
+
+    def write(self, fd, data):
+        if fd in self.log_fds:
+            self.marked_at_write.append(os.path.exists(self.mark))
+        super().write(fd, data)
+
+
+def test_a_log_only_read_needs_no_recovery_after_a_crash_and_a_changed_one_does(tmp_path, monkeypatch):
+    from storage.segment import LogSegment
+
+    scans = []
+    real_recover = LogSegment.recover
+    monkeypatch.setattr(LogSegment, "recover", lambda segment, **kw: scans.append(segment.base_offset) or real_recover(segment, **kw))
+    partition_log = PartitionLog.open(str(tmp_path), small_config())
+    fill(partition_log, 20)
+    partition_log.close()
+    checkpoint = (tmp_path / "checkpoint").read_bytes()
+    # Opened, read, then the process dies (no close): nothing to recover.
+    reader = PartitionLog.open(str(tmp_path), small_config())
+    before = all_batches(reader)
+    _crash_copy(reader)
+    scans.clear()
+    reopened = PartitionLog.open(str(tmp_path), small_config())
+    assert scans == [], "a log that was only read is trusted as a clean one"
+    assert all_batches(reopened) == before
+    assert (tmp_path / "checkpoint").read_bytes() == checkpoint, "opening a clean log rewrites nothing"
+    # Changed, then the process dies with a torn tail: scanned and cut back.
+    io = MarkWatchingIO(str(tmp_path))
+    writer = PartitionLog.open(str(tmp_path), small_config(), io=io)
+    end = writer.log_end_offset
+    writer.append(batch(50))
+    writer.append(batch(51))
+    assert io.marked_at_write == [False, False], "the mark is gone before the first byte is written"
+    _crash_copy(writer)
+    active = writer.segments[-1].log_path
+    os.truncate(active, os.path.getsize(active) - 5)
+    scans.clear()
+    recovered = PartitionLog.open(str(tmp_path), small_config())
+    assert scans, "a changed log is scanned from its recovery point"
+    assert recovered.log_end_offset == end + 3
+    assert [r.offset for b in all_batches(recovered) for r in b.records] == list(range(end + 3))
+    # Recovery leaves it whole and marked: the next crash costs no scan.
+    assert os.path.exists(tmp_path / ".clean_shutdown")
+    _crash_copy(recovered)
+    scans.clear()
+    assert PartitionLog.open(str(tmp_path), small_config()).log_end_offset == end + 3
+    assert scans == []
 
 
 def _crash_copy(partition_log: PartitionLog) -> None:

@@ -1,0 +1,395 @@
+"""Access control lists with Kafka's model: the values, the numeric codes the
+wire carries, and the decision (sans-I/O: no sockets, no files).
+
+An ACL (``AclBinding``) says: *principal* from *host* is ALLOWed (or DENYed)
+*operation* on the resources a *pattern* names. A pattern is a resource type
+(TOPIC, GROUP, TRANSACTIONAL_ID, CLUSTER, ...), a name and a pattern type:
+LITERAL (the name itself, or ``*`` for every resource of the type) or
+PREFIXED (every name starting with it). The codes of every enum are Kafka's
+(``org.apache.kafka.common.acl`` / ``resource``), as CreateAcls, DescribeAcls
+and DeleteAcls carry them.
+
+``AclAuthorizer.authorize`` decides as Kafka's AclAuthorizer and
+StandardAuthorizer do:
+
+1. a super user (``super.users``) may do anything;
+2. the ACLs that apply to the resource are those of its literal name, of the
+   literal wildcard ``*`` and of every prefix of its name;
+3. if none applies, the answer is ``allow.everyone.if.no.acl.found``
+   (false unless configured, as in Kafka);
+4. a DENY that matches the principal (or ``User:*``), the host (or ``*``) and
+   the operation (or ALL) refuses, whatever ALLOWs say;
+5. otherwise an ALLOW that matches allows; an ALLOW of READ, WRITE, DELETE
+   or ALTER also allows DESCRIBE, one of ALTER_CONFIGS also allows
+   DESCRIBE_CONFIGS (a DENY implies nothing but itself);
+6. anything else is refused.
+
+Decisions are cached per (principal, host, operation, resource); the cache is
+emptied whenever the ACLs change, so a check on the produce path is one
+dictionary look-up.
+
+``AclBindingFilter`` is the filter of DescribeAcls and DeleteAcls: ANY
+matches every value of a field, a null name/principal/host any value, and the
+pattern type MATCH selects the ACLs that would apply to the named resource
+(its literal, the wildcard, its prefixes).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+
+import attrs
+
+
+class ResourceType(enum.IntEnum):
+    UNKNOWN = 0
+    ANY = 1
+    TOPIC = 2
+    GROUP = 3
+    CLUSTER = 4
+    TRANSACTIONAL_ID = 5
+    DELEGATION_TOKEN = 6
+    USER = 7
+
+
+class AclOperation(enum.IntEnum):
+    UNKNOWN = 0
+    ANY = 1
+    ALL = 2
+    READ = 3
+    WRITE = 4
+    CREATE = 5
+    DELETE = 6
+    ALTER = 7
+    DESCRIBE = 8
+    CLUSTER_ACTION = 9
+    DESCRIBE_CONFIGS = 10
+    ALTER_CONFIGS = 11
+    IDEMPOTENT_WRITE = 12
+    CREATE_TOKENS = 13
+    DESCRIBE_TOKENS = 14
+
+
+class AclPermissionType(enum.IntEnum):
+    UNKNOWN = 0
+    ANY = 1
+    DENY = 2
+    ALLOW = 3
+
+
+class PatternType(enum.IntEnum):
+    UNKNOWN = 0
+    ANY = 1
+    MATCH = 2
+    LITERAL = 3
+    PREFIXED = 4
+
+
+WILDCARD_RESOURCE = "*"
+WILDCARD_PRINCIPAL = "User:*"
+WILDCARD_HOST = "*"
+# The one name of the CLUSTER resource (Kafka's CLUSTER_NAME).
+CLUSTER_NAME = "kafka-cluster"
+
+# An ALLOW of one of these operations also allows the key (AclOperation's javadoc).
+IMPLIED_BY = {
+    AclOperation.DESCRIBE: frozenset({AclOperation.DESCRIBE, AclOperation.READ, AclOperation.WRITE, AclOperation.DELETE, AclOperation.ALTER}),
+    AclOperation.DESCRIBE_CONFIGS: frozenset({AclOperation.DESCRIBE_CONFIGS, AclOperation.ALTER_CONFIGS}),
+}
+
+# The operations that mean something for each resource type (Kafka's
+# docs, "Operations and Resources on Protocols"), for authorized-operation sets.
+OPERATIONS_OF = {
+    ResourceType.TOPIC: (AclOperation.READ, AclOperation.WRITE, AclOperation.CREATE, AclOperation.DELETE, AclOperation.ALTER, AclOperation.DESCRIBE, AclOperation.DESCRIBE_CONFIGS, AclOperation.ALTER_CONFIGS),
+    ResourceType.GROUP: (AclOperation.READ, AclOperation.DELETE, AclOperation.DESCRIBE),
+    ResourceType.CLUSTER: (AclOperation.CREATE, AclOperation.CLUSTER_ACTION, AclOperation.DESCRIBE_CONFIGS, AclOperation.ALTER_CONFIGS, AclOperation.IDEMPOTENT_WRITE, AclOperation.ALTER, AclOperation.DESCRIBE),
+    ResourceType.TRANSACTIONAL_ID: (AclOperation.DESCRIBE, AclOperation.WRITE),
+}
+
+
+class InvalidAclError(ValueError):
+    """An ACL or filter that cannot be stored or used (Kafka answers INVALID_REQUEST)."""
+
+
+def _enum_name(value) -> str:
+    return value.name if isinstance(value, enum.Enum) else str(value)
+
+
+@attrs.frozen
+class ResourcePattern:
+    resource_type: ResourceType = attrs.field(converter=ResourceType)
+    name: str
+    pattern_type: PatternType = attrs.field(converter=PatternType, default=PatternType.LITERAL)
+
+    def __str__(self) -> str:
+        return f"{self.resource_type.name}:{self.pattern_type.name}:{self.name}"
+
+
+@attrs.frozen
+class AccessControlEntry:
+    principal: str
+    host: str
+    operation: AclOperation = attrs.field(converter=AclOperation)
+    permission_type: AclPermissionType = attrs.field(converter=AclPermissionType)
+
+
+@attrs.frozen
+class AclBinding:
+    pattern: ResourcePattern
+    entry: AccessControlEntry
+
+    @classmethod
+    def of(cls, resource_type, name: str, principal: str, operation, permission_type=AclPermissionType.ALLOW, *, host: str = WILDCARD_HOST, pattern_type=PatternType.LITERAL) -> AclBinding:
+        """One ACL from its parts; enum members or their codes alike."""
+        return cls(ResourcePattern(resource_type, name, pattern_type), AccessControlEntry(principal, host, operation, permission_type))
+
+    def validate(self) -> AclBinding:
+        """Raise InvalidAclError unless this ACL can be stored (what Kafka's
+        controller accepts); return it."""
+        pattern, entry = self.pattern, self.entry
+        if pattern.resource_type in (ResourceType.UNKNOWN, ResourceType.ANY):
+            raise InvalidAclError(f"invalid resource type {_enum_name(pattern.resource_type)}")
+        if pattern.pattern_type not in (PatternType.LITERAL, PatternType.PREFIXED):
+            raise InvalidAclError(f"invalid pattern type {_enum_name(pattern.pattern_type)}: an ACL is LITERAL or PREFIXED")
+        if not pattern.name:
+            raise InvalidAclError("invalid empty resource name")
+        if pattern.resource_type == ResourceType.CLUSTER and pattern.name != CLUSTER_NAME:
+            raise InvalidAclError(f"the only valid name for the CLUSTER resource is {CLUSTER_NAME}")
+        if entry.operation in (AclOperation.UNKNOWN, AclOperation.ANY):
+            raise InvalidAclError(f"invalid operation {_enum_name(entry.operation)}")
+        if entry.permission_type not in (AclPermissionType.ALLOW, AclPermissionType.DENY):
+            raise InvalidAclError(f"invalid permission type {_enum_name(entry.permission_type)}")
+        kind, separator, name = entry.principal.partition(":")
+        if not separator or not kind or not name:
+            raise InvalidAclError(f"a principal is written Type:name (User:alice), not {entry.principal!r}")
+        if not entry.host:
+            raise InvalidAclError("invalid empty host (use * for every host)")
+        return self
+
+    def __str__(self) -> str:
+        entry = self.entry
+        return f"{entry.permission_type.name} {entry.principal} from {entry.host} {entry.operation.name} on {self.pattern}"
+
+
+def _enum_or_unknown(kind, value):
+    try:
+        return kind(value)
+    except ValueError:
+        return kind.UNKNOWN
+
+
+@attrs.frozen
+class AclBindingFilter:
+    """DescribeAcls' and DeleteAcls' filter: None and ANY match anything."""
+
+    resource_type: ResourceType = attrs.field(converter=lambda v: _enum_or_unknown(ResourceType, v), default=ResourceType.ANY)
+    name: str | None = None
+    pattern_type: PatternType = attrs.field(converter=lambda v: _enum_or_unknown(PatternType, v), default=PatternType.ANY)
+    principal: str | None = None
+    host: str | None = None
+    operation: AclOperation = attrs.field(converter=lambda v: _enum_or_unknown(AclOperation, v), default=AclOperation.ANY)
+    permission_type: AclPermissionType = attrs.field(converter=lambda v: _enum_or_unknown(AclPermissionType, v), default=AclPermissionType.ANY)
+
+    def validate(self) -> AclBindingFilter:
+        unknown = [
+            field
+            for field, value in (("resource type", self.resource_type), ("pattern type", self.pattern_type), ("operation", self.operation), ("permission type", self.permission_type))
+            if value.name == "UNKNOWN"
+        ]
+        if unknown:
+            raise InvalidAclError(f"the filter has an UNKNOWN {', '.join(unknown)}")
+        return self
+
+    def matches_pattern(self, pattern: ResourcePattern) -> bool:
+        if self.resource_type != ResourceType.ANY and self.resource_type != pattern.resource_type:
+            return False
+        if self.pattern_type not in (PatternType.ANY, PatternType.MATCH) and self.pattern_type != pattern.pattern_type:
+            return False
+        if self.name is None:
+            return True
+        if self.pattern_type in (PatternType.ANY, pattern.pattern_type):
+            return self.name == pattern.name
+        # MATCH: the ACLs that would apply to a resource of this name.
+        if pattern.pattern_type == PatternType.LITERAL:
+            return self.name == pattern.name or pattern.name == WILDCARD_RESOURCE
+        return self.name.startswith(pattern.name)
+
+    def matches_entry(self, entry: AccessControlEntry) -> bool:
+        return (
+            (self.principal is None or self.principal == entry.principal)
+            and (self.host is None or self.host == entry.host)
+            and (self.operation == AclOperation.ANY or self.operation == entry.operation)
+            and (self.permission_type == AclPermissionType.ANY or self.permission_type == entry.permission_type)
+        )
+
+    def matches(self, binding: AclBinding) -> bool:
+        return self.matches_pattern(binding.pattern) and self.matches_entry(binding.entry)
+
+
+MATCH_ALL = AclBindingFilter()
+
+
+@attrs.frozen
+class AuthorizerSettings:
+    """``super.users`` (principals, ``User:admin``) and
+    ``allow.everyone.if.no.acl.found``, as Kafka names them."""
+
+    super_users: frozenset = attrs.field(factory=frozenset, converter=frozenset)
+    allow_everyone_if_no_acl_found: bool = False
+
+    @staticmethod
+    def parse_super_users(text: str) -> frozenset:
+        """Kafka's ``super.users``: principals separated by semicolons."""
+        users = frozenset(part.strip() for part in text.split(";") if part.strip())
+        for user in users:
+            kind, separator, name = user.partition(":")
+            if not separator or not kind or not name:
+                raise ValueError(f"super.users wants principals Type:name separated by ';', not {user!r}")
+        return users
+
+
+# Bound on cached decisions: principals x resources can grow without end
+# (a client naming random topics); past it the cache starts again.
+MAX_CACHED_DECISIONS = 100_000
+
+
+class AclAuthorizer:
+    """The ACLs in force and the decision over them (Kafka's semantics, see
+    the module's docstring). Mutated only through ``replace`` (the broker
+    writes the new set to disk first, then swaps it in)."""
+
+    def __init__(self, bindings: Iterable[AclBinding] = (), settings: AuthorizerSettings | None = None):
+        self.settings = settings or AuthorizerSettings()
+        self.bindings: frozenset[AclBinding] = frozenset()
+        self._literal: dict[tuple[ResourceType, str], list[AccessControlEntry]] = {}
+        self._prefixed: dict[ResourceType, list[tuple[str, AccessControlEntry]]] = {}
+        self._count_by_type: dict[ResourceType, int] = {}
+        self._cache: dict[tuple, bool] = {}
+        self.replace(bindings)
+
+    def replace(self, bindings: Iterable[AclBinding]) -> None:
+        """Make ``bindings`` the ACLs in force (and forget every cached decision)."""
+        self.bindings = frozenset(bindings)
+        literal: dict = {}
+        prefixed: dict = {}
+        counts: dict = {}
+        for binding in self.bindings:
+            pattern = binding.pattern
+            counts[pattern.resource_type] = counts.get(pattern.resource_type, 0) + 1
+            if pattern.pattern_type == PatternType.PREFIXED:
+                prefixed.setdefault(pattern.resource_type, []).append((pattern.name, binding.entry))
+            else:
+                literal.setdefault((pattern.resource_type, pattern.name), []).append(binding.entry)
+        self._literal, self._prefixed, self._count_by_type = literal, prefixed, counts
+        self._cache = {}
+
+    def matching(self, acl_filter: AclBindingFilter) -> list[AclBinding]:
+        return sorted((b for b in self.bindings if acl_filter.matches(b)), key=_binding_order)
+
+    def is_super_user(self, principal: str) -> bool:
+        return principal in self.settings.super_users
+
+    def authorize(self, principal: str, host: str, operation: AclOperation, resource_type: ResourceType, name: str) -> bool:
+        """May ``principal`` (``User:alice``) connecting from ``host`` do
+        ``operation`` on the resource?"""
+        key = (principal, host, operation, resource_type, name)
+        decision = self._cache.get(key)
+        if decision is None:
+            decision = self._decide(principal, host, operation, resource_type, name)
+            if len(self._cache) >= MAX_CACHED_DECISIONS:
+                self._cache = {}
+            self._cache[key] = decision
+        return decision
+
+    def _applicable(self, resource_type: ResourceType, name: str) -> list[AccessControlEntry]:
+        entries = list(self._literal.get((resource_type, name), ()))
+        if name != WILDCARD_RESOURCE:
+            entries += self._literal.get((resource_type, WILDCARD_RESOURCE), ())
+        for prefix, entry in self._prefixed.get(resource_type, ()):
+            if name.startswith(prefix):
+                entries.append(entry)
+        return entries
+
+    def _decide(self, principal, host, operation, resource_type, name) -> bool:
+        if principal in self.settings.super_users:
+            return True
+        entries = self._applicable(resource_type, name)
+        if not entries:
+            return self.settings.allow_everyone_if_no_acl_found
+        principals = (principal, WILDCARD_PRINCIPAL)
+        hosts = (host, WILDCARD_HOST)
+        relevant = [e for e in entries if e.principal in principals and e.host in hosts]
+        if any(e.permission_type == AclPermissionType.DENY and e.operation in (operation, AclOperation.ALL) for e in relevant):
+            return False
+        allowing = IMPLIED_BY.get(operation, (operation,))
+        return any(e.permission_type == AclPermissionType.ALLOW and (e.operation == AclOperation.ALL or e.operation in allowing) for e in relevant)
+
+    def authorize_any(self, principal: str, host: str, operation: AclOperation, resource_type: ResourceType) -> bool:
+        """May the principal do ``operation`` on at least one resource of the
+        type (KIP-679's authorizeByResourceType, which lets an idempotent
+        producer with WRITE on some topic initialise without IDEMPOTENT_WRITE)?
+        An ALLOW counts unless a DENY covers everything it names: a DENY of
+        the wildcard, of the same literal, or of a prefix of its name."""
+        key = (principal, host, operation, resource_type, None)
+        decision = self._cache.get(key)
+        if decision is None:
+            decision = self._decide_any(principal, host, operation, resource_type)
+            self._cache[key] = decision
+        return decision
+
+    def _decide_any(self, principal, host, operation, resource_type) -> bool:
+        if principal in self.settings.super_users:
+            return True
+        if not self._count_by_type.get(resource_type):
+            return self.settings.allow_everyone_if_no_acl_found
+        principals = (principal, WILDCARD_PRINCIPAL)
+        hosts = (host, WILDCARD_HOST)
+
+        def applies(entry, permission) -> bool:
+            return entry.permission_type == permission and entry.operation in (operation, AclOperation.ALL) and entry.principal in principals and entry.host in hosts
+
+        denied_literals = set()
+        denied_prefixes = []
+        allowed: list[tuple[str, PatternType]] = []
+        for (kind, name), entries in self._literal.items():
+            if kind != resource_type:
+                continue
+            for entry in entries:
+                if applies(entry, AclPermissionType.DENY):
+                    denied_literals.add(name)
+                elif applies(entry, AclPermissionType.ALLOW):
+                    allowed.append((name, PatternType.LITERAL))
+        for prefix, entry in self._prefixed.get(resource_type, ()):
+            if applies(entry, AclPermissionType.DENY):
+                denied_prefixes.append(prefix)
+            elif applies(entry, AclPermissionType.ALLOW):
+                allowed.append((prefix, PatternType.PREFIXED))
+        if WILDCARD_RESOURCE in denied_literals:
+            return False
+        for name, pattern_type in allowed:
+            if any(name.startswith(prefix) for prefix in denied_prefixes):
+                continue
+            if pattern_type == PatternType.LITERAL and name in denied_literals:
+                continue
+            return True
+        return False
+
+    def authorized_operations(self, principal: str, host: str, resource_type: ResourceType, name: str) -> int:
+        """Kafka's authorized-operations bit field (KIP-430): bit ``code`` set
+        for each meaningful operation the principal may do on the resource."""
+        bits = 0
+        for operation in OPERATIONS_OF.get(resource_type, ()):
+            if self.authorize(principal, host, operation, resource_type, name):
+                bits |= 1 << int(operation)
+        return bits
+
+
+def _binding_order(binding: AclBinding):
+    pattern, entry = binding.pattern, binding.entry
+    return (int(pattern.resource_type), pattern.name, int(pattern.pattern_type), entry.principal, entry.host, int(entry.operation), int(entry.permission_type))
+
+
+def sorted_bindings(bindings: Iterable[AclBinding]) -> list[AclBinding]:
+    """A stable order (resource, then entry) for listings and the stored file."""
+    return sorted(bindings, key=_binding_order)

@@ -1,0 +1,310 @@
+"""The broker's Prometheus endpoint, scraped over HTTP and read with
+``prometheus_client``'s own parser while real clients (confluent-kafka,
+kafka-python, aiokafka) produce, consume and run transactions: the counters
+move by exactly what the clients did, the gauges say what the log holds (the
+last stable offset stays put while a transaction is open), and the endpoint
+survives bad HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+import uuid
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from broker.broker import EmbeddedBroker
+from tests.helpers import create_topic, wait_for
+
+SMALL_INTERNAL = {"offsets.topic.num.partitions": "3", "transaction.state.log.num.partitions": "3"}
+
+
+@pytest.fixture
+def broker(tmp_path):
+    with EmbeddedBroker(str(tmp_path / "data"), group_initial_rebalance_delay_ms=0, metrics_address=("127.0.0.1", 0), properties=SMALL_INTERNAL) as running:
+        yield running
+
+
+class Scrape:
+    """One scrape, parsed: sample values by name and labels."""
+
+    def __init__(self, url: str):
+        with urllib.request.urlopen(url, timeout=10) as response:
+            assert response.status == 200
+            assert response.headers["Content-Type"].startswith("text/plain")
+            text = response.read().decode()
+        self.families = {family.name: family for family in text_string_to_metric_families(text)}
+        self.samples: dict[tuple[str, frozenset], float] = {}
+        for family in self.families.values():
+            for sample in family.samples:
+                self.samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
+
+    def value(self, name: str, default: float | None = None, **labels) -> float:
+        key = (name, frozenset((k, str(v)) for k, v in labels.items()))
+        if key not in self.samples:
+            if default is not None:
+                return default
+            raise KeyError(f"no sample {name}{labels}")
+        return self.samples[key]
+
+    def matching(self, name: str, **labels) -> dict[frozenset, float]:
+        wanted = {(k, str(v)) for k, v in labels.items()}
+        return {key[1]: value for key, value in self.samples.items() if key[0] == name and wanted <= key[1]}
+
+    def total(self, name: str, **labels) -> float:
+        return sum(self.matching(name, **labels).values())
+
+
+def scrape(broker) -> Scrape:
+    return Scrape(broker.metrics_url)
+
+
+# --------------------------------------------------------------------------- transactions (confluent-kafka)
+
+
+def test_transaction_outcomes_are_counted_exactly_and_the_lso_holds_while_one_is_open(broker):
+    from confluent_kafka import Producer
+
+    topic = f"txn-{uuid.uuid4().hex[:6]}"
+    create_topic(broker.bootstrap, topic, partitions=1)
+    before = scrape(broker)
+    assert before.value("onceflow_transactions_total", 0.0, outcome="commit") == 0
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": f"tx-{uuid.uuid4().hex[:6]}", "linger.ms": 1})
+    producer.init_transactions(30)
+    outcomes = ["commit", "abort", "commit", "commit", "abort"]
+    for outcome in outcomes:
+        producer.begin_transaction()
+        for index in range(4):
+            producer.produce(topic, f"{outcome}-{index}".encode())
+        producer.flush(30)
+        (producer.commit_transaction if outcome == "commit" else producer.abort_transaction)(30)
+
+    def outcomes_counted():
+        now = scrape(broker)
+        counted = (now.value("onceflow_transactions_total", 0.0, outcome="commit"), now.value("onceflow_transactions_total", 0.0, outcome="abort"))
+        return now if counted == (3, 2) else None
+
+    settled = wait_for(outcomes_counted, 30, "3 commits and 2 aborts in onceflow_transactions_total")
+    high = settled.value("onceflow_partition_high_watermark", topic=topic, partition=0)
+    assert high == 5 * (4 + 1), "four records and one marker per transaction"
+    assert settled.value("onceflow_partition_last_stable_offset", topic=topic, partition=0) == high
+    assert settled.value("onceflow_partition_open_transactions", topic=topic, partition=0) == 0
+    for api, at_least in (("InitProducerId", 1), ("AddPartitionsToTxn", 5), ("EndTxn", 5), ("Produce", 5)):
+        assert settled.total("onceflow_requests_total", api=api) - before.total("onceflow_requests_total", api=api) >= at_least, api
+
+    # A transaction left open holds the LSO at its first offset.
+    producer.begin_transaction()
+    for index in range(3):
+        producer.produce(topic, f"open-{index}".encode())
+    producer.flush(30)
+    held = wait_for(lambda: (s := scrape(broker)).value("onceflow_partition_high_watermark", topic=topic, partition=0) == high + 3 and s, 30, "the open transaction's records")
+    assert held.value("onceflow_partition_last_stable_offset", topic=topic, partition=0) == high
+    assert held.value("onceflow_partition_log_end_offset", topic=topic, partition=0) == high + 3
+    assert held.value("onceflow_partition_open_transactions", topic=topic, partition=0) == 1
+    assert held.value("onceflow_partition_oldest_open_transaction_age_seconds", topic=topic, partition=0) >= 0
+    assert held.total("onceflow_transaction_coordinator_open_transactions") == 1
+    assert len(held.matching("onceflow_transaction_coordinator_oldest_open_transaction_age_seconds")) == 1
+    assert held.value("onceflow_transactional_ids", state="ONGOING") == 1
+    assert held.value("onceflow_transactions_total", outcome="commit") == 3, "an open transaction is no outcome"
+    producer.commit_transaction(30)
+    moved = wait_for(lambda: (s := scrape(broker)).value("onceflow_partition_last_stable_offset", topic=topic, partition=0) > high and s, 30, "the LSO to move after the commit")
+    assert moved.value("onceflow_partition_last_stable_offset", topic=topic, partition=0) == high + 4
+    assert moved.value("onceflow_partition_high_watermark", topic=topic, partition=0) == high + 4
+    assert moved.matching("onceflow_partition_oldest_open_transaction_age_seconds", topic=topic) == {}
+    assert moved.total("onceflow_transaction_coordinator_open_transactions") == 0
+    assert moved.value("onceflow_transactions_total", outcome="commit") == 4
+    assert moved.value("onceflow_transactions_total", outcome="abort") == 2
+    assert moved.value("onceflow_producer_ids") >= 1
+
+
+# --------------------------------------------------------------------------- groups and lag (kafka-python)
+
+
+def test_group_lag_is_the_end_offset_minus_the_committed_offset(broker):
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+    from kafka.structs import OffsetAndMetadata
+
+    topic = f"lag-{uuid.uuid4().hex[:6]}"
+    group = f"group-{uuid.uuid4().hex[:6]}"
+    create_topic(broker.bootstrap, topic, partitions=2)
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all")
+    for index in range(60):
+        producer.send(topic, f"v{index}".encode(), partition=index % 2)
+    producer.flush(30)
+    producer.close()
+    consumer = KafkaConsumer(topic, bootstrap_servers=broker.bootstrap, group_id=group, enable_auto_commit=False, auto_offset_reset="earliest")
+    try:
+        read = 0
+        deadline_polls = 200
+        while read < 60 and deadline_polls:
+            read += sum(len(batch) for batch in consumer.poll(timeout_ms=500).values())
+            deadline_polls -= 1
+        assert read == 60
+        consumer.commit({TopicPartition(topic, 0): OffsetAndMetadata(17, "", -1), TopicPartition(topic, 1): OffsetAndMetadata(4, "", -1)})
+        now = scrape(broker)
+        for partition, committed in ((0, 17), (1, 4)):
+            high = now.value("onceflow_partition_high_watermark", topic=topic, partition=partition)
+            assert high == 30
+            assert now.value("onceflow_group_committed_offset", group=group, topic=topic, partition=partition) == committed
+            assert now.value("onceflow_group_lag", group=group, topic=topic, partition=partition) == high - committed
+        assert now.value("onceflow_group_members", group=group) == 1
+        assert now.value("onceflow_group_state", group=group, state="Stable") == 1
+        assert now.value("onceflow_groups", state="Stable") >= 1
+        assert now.value("onceflow_topic_bytes_out_total", topic=topic) >= now.total("onceflow_partition_size_bytes", topic=topic)
+        assert now.total("onceflow_requests_total", api="JoinGroup") >= 1 and now.total("onceflow_requests_total", api="OffsetCommit") >= 1
+    finally:
+        consumer.close()
+    left = wait_for(lambda: (s := scrape(broker)).value("onceflow_group_members", group=group) == 0 and s, 30, "the member to leave")
+    assert left.value("onceflow_group_state", group=group, state="Empty") == 1
+    assert left.value("onceflow_group_lag", group=group, topic=topic, partition=0) == 13, "lag outlives the members"
+
+
+# --------------------------------------------------------------------------- bytes and requests (aiokafka)
+
+
+def test_request_counts_and_bytes_in_grow_with_what_aiokafka_sends(broker):
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+    topic = f"bytes-{uuid.uuid4().hex[:6]}"
+    create_topic(broker.bootstrap, topic, partitions=2)
+    before = scrape(broker)
+
+    async def produce_and_read():
+        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, acks="all", linger_ms=5)
+        await producer.start()
+        try:
+            for index in range(200):
+                await producer.send(topic, b"x" * 100, partition=index % 2)
+            await producer.flush()
+        finally:
+            await producer.stop()
+        consumer = AIOKafkaConsumer(topic, bootstrap_servers=broker.bootstrap, auto_offset_reset="earliest", isolation_level="read_committed")
+        await consumer.start()
+        try:
+            got = 0
+            while got < 200:
+                batches = await consumer.getmany(timeout_ms=1000)
+                got += sum(len(records) for records in batches.values())
+            return got
+        finally:
+            await consumer.stop()
+
+    assert asyncio.run(produce_and_read()) == 200
+    after = scrape(broker)
+    stored = after.total("onceflow_partition_size_bytes", topic=topic)
+    assert stored > 200 * 100
+    # Nothing was retried, so every byte received is a byte stored.
+    assert after.value("onceflow_topic_bytes_in_total", topic=topic) == stored
+    assert after.value("onceflow_topic_bytes_out_total", topic=topic) >= stored
+    produces = after.total("onceflow_requests_total", api="Produce") - before.total("onceflow_requests_total", api="Produce")
+    fetches = after.total("onceflow_requests_total", api="Fetch") - before.total("onceflow_requests_total", api="Fetch")
+    assert produces >= 1 and fetches >= 1
+    latency_count = after.total("onceflow_request_duration_seconds_count", api="Produce") - before.total("onceflow_request_duration_seconds_count", api="Produce")
+    assert latency_count == produces, "every counted request is timed"
+    # acks=all: each Produce waited for an fsync round, which storage reported.
+    fsyncs = after.value("onceflow_log_fsync_duration_seconds_count")
+    assert fsyncs >= 2 and after.value("onceflow_log_flush_round_appends_count") == fsyncs
+    assert after.value("onceflow_log_flush_round_bytes_sum") >= stored
+    assert after.value("process_resident_memory_bytes") > 10 * 1024 * 1024
+
+
+def test_error_codes_are_counted_per_api(broker):
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    topic = f"dup-{uuid.uuid4().hex[:6]}"
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    assert scrape(broker).value("onceflow_request_errors_total", 0.0, api="CreateTopics", error="TOPIC_ALREADY_EXISTS") == 0
+    for _ in range(2):
+        with pytest.raises(Exception, match="TOPIC_ALREADY_EXISTS|already exists"):
+            admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    assert scrape(broker).value("onceflow_request_errors_total", api="CreateTopics", error="TOPIC_ALREADY_EXISTS") == 2
+
+
+def test_connections_are_counted_while_open(broker):
+    base = scrape(broker).value("onceflow_connections", 0.0, listener="PLAINTEXT", authenticated="false")
+    sockets = [socket.create_connection(("127.0.0.1", broker.port)) for _ in range(3)]
+    try:
+        wait_for(lambda: scrape(broker).value("onceflow_connections", 0.0, listener="PLAINTEXT", authenticated="false") == base + 3, 10, "three more connections")
+    finally:
+        for sock in sockets:
+            sock.close()
+    wait_for(lambda: scrape(broker).value("onceflow_connections", 0.0, listener="PLAINTEXT", authenticated="false") == base, 10, "the connections to be gone")
+    assert scrape(broker).value("onceflow_connections_opened_total", listener="PLAINTEXT") >= 3
+
+
+def test_each_broker_in_a_process_has_its_own_metrics(tmp_path, broker):
+    topic = f"own-{uuid.uuid4().hex[:6]}"
+    with EmbeddedBroker(str(tmp_path / "other"), metrics_address=("127.0.0.1", 0), properties=SMALL_INTERNAL) as other:
+        create_topic(broker.bootstrap, topic, partitions=1)
+        assert scrape(broker).matching("onceflow_partition_log_end_offset", topic=topic)
+        assert scrape(other).matching("onceflow_partition_log_end_offset", topic=topic) == {}
+        assert scrape(other).total("onceflow_requests_total", api="CreateTopics") == 0
+
+
+# --------------------------------------------------------------------------- the HTTP edge
+
+
+def http_exchange(port: int, data: bytes, *, close_write: bool = True) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=15) as sock:
+        sock.sendall(data)
+        if close_write:
+            sock.shutdown(socket.SHUT_WR)
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_bad_http_gets_an_error_status_and_the_endpoint_keeps_serving(broker):
+    port = broker.broker.metrics_port
+    assert http_exchange(port, b"GET /nope HTTP/1.1\r\nHost: x\r\n\r\n").startswith(b"HTTP/1.1 404 ")
+    assert http_exchange(port, b"POST /metrics HTTP/1.1\r\nHost: x\r\n\r\n").startswith(b"HTTP/1.1 405 ")
+    assert http_exchange(port, b"\x00\xff garbage\r\n\r\n").startswith(b"HTTP/1.1 400 ")
+    assert http_exchange(port, b"GET /metrics\r\n\r\n").startswith(b"HTTP/1.1 400 ")
+    assert http_exchange(port, b"GET /metr").startswith(b"HTTP/1.1 400 "), "a head cut short"
+    assert http_exchange(port, b"GET /" + b"a" * 40_000 + b" HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 400 "), "a head too long"
+    head = http_exchange(port, b"HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ") and head.endswith(b"\r\n\r\n")
+    with pytest.raises(urllib.error.HTTPError) as raised:
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10)
+    assert raised.value.code == 404
+    assert scrape(broker).value("onceflow_index_budget_max_entries") > 0
+
+
+# --------------------------------------------------------------------------- onceflow broker --metrics
+
+
+@pytest.mark.slow
+def test_the_broker_command_serves_metrics_and_says_where(tmp_path):
+    command = [sys.executable, "-m", "onceflow", "broker", "--data-dir", str(tmp_path / "data"), "--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=os.getcwd())
+    try:
+        first = process.stdout.readline()
+        assert first.startswith("onceflow broker metrics on http://127.0.0.1:"), first
+        url = first.split(" on ", 1)[1].strip()
+        assert process.stdout.readline().startswith("onceflow broker ready on ")
+        page = Scrape(url)
+        assert page.value("onceflow_partition_high_watermark", topic="__consumer_offsets", partition=0) == 0
+        assert page.value("process_resident_memory_bytes") > 0
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(60) == 0
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        busy = f"127.0.0.1:{taken.getsockname()[1]}"
+        result = subprocess.run([*command[:-1], busy], check=False, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 2
+        assert f"cannot serve metrics on {busy}" in result.stderr
+    finally:
+        taken.close()
