@@ -394,6 +394,65 @@ class AsyncAdmin:
         ]
 
 
+    # -- SCRAM users (KIP-554) ------------------------------------------------------------------
+
+    async def describe_user_scram_credentials(self, users: list[str] | None = None) -> dict[str, dict[str, int]]:
+        """``{user: {mechanism name: iterations}}`` of the named users (every
+        SCRAM user when None); a user without credentials raises."""
+        body = {"users": None if users is None else [{"name": name} for name in users]}
+        response = await self._any(ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS, body)
+        if response["error_code"]:
+            raise classify(response["error_code"], f"describe SCRAM users ({response.get('error_message')})")
+        described = {}
+        for result in response["results"]:
+            if result["error_code"]:
+                raise classify(result["error_code"], f"describe SCRAM user {result['user']} ({result.get('error_message')})")
+            described[result["user"]] = {
+                _scram_mechanism(info["mechanism"]).name: info["iterations"] for info in result["credential_infos"]
+            }
+        return described
+
+    async def upsert_user_scram_credential(self, user: str, password: str, *, mechanism: str = "SCRAM-SHA-256", iterations: int = 4096) -> None:
+        """Set ``user``'s password for ``mechanism``, salted here (KIP-554:
+        the password never crosses the wire, only the salted form)."""
+        import os
+
+        from protocol.scram import MECHANISMS, salted_password
+
+        scram = MECHANISMS.get(mechanism)
+        if scram is None:
+            raise ValueError(f"unknown SCRAM mechanism {mechanism!r} (one of {', '.join(MECHANISMS)})")
+        salt = os.urandom(32)
+        upsertion = {
+            "name": user,
+            "mechanism": scram.kafka_type,
+            "iterations": iterations,
+            "salt": salt,
+            "salted_password": salted_password(scram, password.encode("utf-8"), salt, iterations),
+        }
+        await self._alter_user_scram_credentials({"deletions": [], "upsertions": [upsertion]})
+
+    async def delete_user_scram_credential(self, user: str, mechanism: str = "SCRAM-SHA-256") -> None:
+        from protocol.scram import MECHANISMS
+
+        scram = MECHANISMS.get(mechanism)
+        if scram is None:
+            raise ValueError(f"unknown SCRAM mechanism {mechanism!r} (one of {', '.join(MECHANISMS)})")
+        await self._alter_user_scram_credentials({"deletions": [{"name": user, "mechanism": scram.kafka_type}], "upsertions": []})
+
+    async def _alter_user_scram_credentials(self, body: dict) -> None:
+        response = await self._any(ApiKey.ALTER_USER_SCRAM_CREDENTIALS, body)
+        for result in response["results"]:
+            if result["error_code"]:
+                raise classify(result["error_code"], f"alter SCRAM user {result['user']} ({result.get('error_message')})")
+
+
+def _scram_mechanism(kafka_type: int):
+    from protocol.scram import MECHANISMS_BY_TYPE
+
+    return MECHANISMS_BY_TYPE[kafka_type]
+
+
 class Admin(SyncClient):
     """The synchronous admin client: every method of ``AsyncAdmin``, blocking."""
 
