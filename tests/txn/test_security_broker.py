@@ -174,7 +174,7 @@ def test_plaintext_client_on_a_sasl_listener_gives_up_within_its_timeout(secured
     broker, _ca = secured
 
     def connect():
-        with Admin(bootstrap_servers=broker.bootstrap_for("SASL_PLAINTEXT"), request_timeout_ms=5000, retry_backoff_max_ms=200) as admin:
+        with Admin(bootstrap_servers=broker.bootstrap_for("SASL_PLAINTEXT"), request_timeout_ms=2000, retry_backoff_max_ms=200) as admin:
             admin.list_topics()
 
     # Kafka's broker closes such a connection; the client sees it as lost and gives up within its timeout.
@@ -184,6 +184,7 @@ def test_plaintext_client_on_a_sasl_listener_gives_up_within_its_timeout(secured
     assert time.monotonic() - started < 30
 
 
+@pytest.mark.slow
 def test_a_session_with_a_lifetime_is_renewed_on_the_same_connection(tmp_path):
     ca = TestCA(tmp_path / "ca")
     broker = start_secured(str(tmp_path / "data"), ca, **{"connections.max.reauth.ms": "1500"})
