@@ -128,3 +128,45 @@ def test_validate_only_and_removal_and_durability(tmp_path):
     assert describe(reloaded, [])["entries"] == [{"entity": user("alice"), "values": [{"key": PRODUCER_BYTE_RATE, "value": 1024.0}]}]
     alter(reloaded, [{"entity": user("alice"), "ops": [op(PRODUCER_BYTE_RATE, remove=True)]}])
     assert describe(QuotaApis(ClientQuotas(QuotaStore(str(tmp_path)))), [])["entries"] == []
+
+
+def test_the_layer_holds_a_throttled_users_requests_on_every_connection_and_no_one_elses(tmp_path):
+    """Six 250-byte produces of alice over two connections at once against
+    1000 B/s (a 1 s window, so 1000 bytes pass at once): the fifth takes her
+    over and is answered with 250 ms to back off, so the sixth, on the other
+    connection, is served only 250 ms later (and told to back off too);
+    bob's produce meanwhile is served at once."""
+    import time
+
+    from broker.security.quotas import QuotaLayer
+    from broker.security.session import KafkaPrincipal, Session
+    from protocol.framing import DecodedRequest
+    from protocol.messages import ApiKey
+
+    quotas = ClientQuotas(QuotaStore(str(tmp_path)), window_seconds=1.0, samples=2)
+    quotas.apply(QuotaConfig().altered("alice", {PRODUCER_BYTE_RATE: 1000}))
+    served = []
+
+    async def inner(request, session):
+        served.append((session.principal.name, time.monotonic()))
+        return {"throttle_time_ms": 0, "responses": []}
+
+    layer = QuotaLayer(inner, quotas, clock=time.monotonic)
+    produce = DecodedRequest(ApiKey.PRODUCE, 9, 1, "c", {"topic_data": [{"name": "t", "partition_data": [{"index": 0, "records": b"x" * 250}]}]}, True)
+    alice = [Session(principal=KafkaPrincipal("User", "alice"), client_host=f"10.0.0.{n}") for n in (1, 2)]
+    bob = Session(principal=KafkaPrincipal("User", "bob"))
+
+    async def scenario():
+        started = time.monotonic()
+        answers = await asyncio.gather(*(layer(produce, alice[i % 2]) for i in range(6)), layer(produce, bob))
+        return started, answers
+
+    started, answers = asyncio.run(scenario())
+    alice_times = [at - started for name, at in served if name == "alice"]
+    bob_time = next(at - started for name, at in served if name == "bob")
+    assert len(alice_times) == 6
+    assert sorted(alice_times)[4] < 0.1 and 0.2 <= max(alice_times) <= 1.0, alice_times
+    assert bob_time < 0.1
+    throttles = sorted(a["throttle_time_ms"] for a in answers[:6])
+    assert throttles[:4] == [0, 0, 0, 0] and all(150 <= t <= 300 for t in throttles[4:]), throttles
+    assert answers[6]["throttle_time_ms"] == 0
