@@ -41,11 +41,12 @@ import attrs
 
 from broker.security.limits import ConnectionLimiter
 from broker.security.listeners import PLAINTEXT, SSL, Listener
-from broker.security.sasl import SaslRefusal, SaslServer
+from broker.security.sasl import SaslRefusal, SaslServer, SaslState
 from broker.security.session import Session
 from broker.security.tls import principal_from_certificate
 from protocol import framing
 from protocol.errors import MalformedFrameError
+from protocol.messages import ApiKey
 from protocol.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,10 @@ class _Connection:
     sasl: SaslServer | None
     authenticated: asyncio.Event = attrs.field(factory=asyncio.Event)
     session_update: Callable[[Session | None], None] | None = None  # the broker's on_connection hook
+
+
+# How long a closing connection may wait for the peer (TLS close_notify).
+_CLOSE_TIMEOUT = 2.0
 
 
 def _now_ms() -> int:
@@ -159,6 +164,7 @@ class KafkaServer:
             writer.transport.abort()
             return
         self._connections.add(task)
+        stopping = False
         try:
             await self._serve(reader, writer, peer)
         except asyncio.CancelledError:
@@ -166,16 +172,24 @@ class KafkaServer:
             # (nobody above waits to be cancelled) and it must end normally:
             # start_server's done-callback calls task.exception(), which
             # raises on a cancelled task and is logged as an error.
-            pass
+            stopping = True
         except Exception:  # a bug on our side: log it, lose only this connection
             log.exception("connection from %s failed", peer)
         finally:
             self._connections.discard(task)
             if self._limiter is not None:
                 self._limiter.closed(ip)
+            if stopping:
+                writer.transport.abort()  # the broker stops: no goodbyes
             writer.close()
             try:
-                await writer.wait_closed()
+                # A TLS close waits for the peer's close_notify (asyncio's
+                # default: 30 s); a peer that never sends one must not hold
+                # up the broker's stop.
+                async with asyncio.timeout(_CLOSE_TIMEOUT):
+                    await writer.wait_closed()
+            except TimeoutError:
+                writer.transport.abort()
             except (OSError, asyncio.CancelledError):
                 pass  # the same top of the task: closing is all that is left
 
@@ -208,11 +222,15 @@ class KafkaServer:
         try:
             async with asyncio.TaskGroup() as tasks:
                 writer_task = tasks.create_task(self._write_responses(connection, pending, writer, peer))
+                deadline_task = None
                 if state.sasl is not None:
-                    tasks.create_task(self._authentication_deadline(state, deadline, peer))
+                    deadline_task = tasks.create_task(self._authentication_deadline(state, deadline, peer))
                 try:
                     await self._read_requests(connection, reader, pending, tasks, peer, state)
                 finally:
+                    # The connection is ending: its deadline no longer matters.
+                    if deadline_task is not None:
+                        deadline_task.cancel()
                     # Let the writer finish what was already accepted, then stop it.
                     if not writer_task.done():
                         await pending.put(None)
@@ -268,13 +286,16 @@ class KafkaServer:
                                     peer, self.listener.name, state.sasl.mechanism or "handshake", reply.body.get("error_message") or f"error {reply.body['error_code']}",
                                 )
                                 return
-                            if state.sasl.authenticated and state.session.principal != state.sasl.principal:
-                                state.session = attrs.evolve(state.session, principal=state.sasl.principal)
-                                if state.session_update is not None:
-                                    state.session_update(state.session)
-                                connection.max_frame_size = self._max_frame_size
-                                state.authenticated.set()
-                                log.info("connection from %s on %s authenticated as %s (%s)", peer, self.listener.name, state.sasl.principal, state.sasl.mechanism)
+                            if request.api_key == ApiKey.SASL_AUTHENTICATE and state.sasl.state is SaslState.AUTHENTICATED:
+                                if state.session.principal == state.sasl.principal:
+                                    log.info("connection from %s on %s re-authenticated as %s", peer, self.listener.name, state.sasl.principal)
+                                else:
+                                    state.session = attrs.evolve(state.session, principal=state.sasl.principal)
+                                    if state.session_update is not None:
+                                        state.session_update(state.session)
+                                    connection.max_frame_size = self._max_frame_size
+                                    state.authenticated.set()
+                                    log.info("connection from %s on %s authenticated as %s (%s)", peer, self.listener.name, state.sasl.principal, state.sasl.mechanism)
                             continue
                     await pending.put(tasks.create_task(self._answer(connection, request, peer, state.session)))
             except MalformedFrameError as error:
