@@ -15,6 +15,7 @@ Fetch long-polls and respects its byte limits. Handlers never touch sockets
 from __future__ import annotations
 
 import inspect
+import contextvars
 import logging
 import time
 import uuid
@@ -80,6 +81,13 @@ SUPPORTED_APIS: dict[ApiKey, tuple[int, int]] = {
     ApiKey.DELETE_ACLS: (0, 3),
 }
 
+# Who sent the request being handled: its header's client id and its
+# connection's host, as Kafka shows them ("/127.0.0.1"). Set by dispatch for
+# the request's own task; the group coordinator records them per member for
+# DescribeGroups (onceflow status, kafka-consumer-groups).
+REQUEST_ORIGIN: contextvars.ContextVar[tuple[str, str]] = contextvars.ContextVar("request_origin", default=("", ""))
+
+
 class KafkaApis:
     """Dispatches decoded requests to handlers: its own (the data plane) and
     those the broker composes in (``extra_handlers``: admin, transactions,
@@ -125,6 +133,7 @@ class KafkaApis:
         handler = self._handlers.get(request.api_key)
         if handler is None:  # framing only lets through what SUPPORTED_APIS lists
             raise RuntimeError(f"no handler for api key {request.api_key}")
+        REQUEST_ORIGIN.set((request.client_id or "", f"/{session.client_host}" if session is not None else ""))
         if request.api_key in self._wants_session:
             return await handler(request.api_version, request.body, session=session)
         return await handler(request.api_version, request.body)

@@ -3,7 +3,9 @@
 ``Broker`` wires the rooms together and owns start-up and shutdown order:
 
 1. lock the data directory (one broker per directory) and check its identity;
-2. open every partition log (crash recovery runs here);
+2. read the topic registry and recover the partition logs changed since
+   they were last whole (after a clean stop, none); the others open when
+   first used (``broker.replica``);
 3. bind the listeners (one ``KafkaServer`` each, sharing one connection
    limiter and the credential store); only now is the broker "ready"
    (``start()`` returns);
@@ -53,7 +55,7 @@ from broker.config import BrokerConfig
 from broker.metrics import BrokerMetrics, MeasuredDispatch
 from broker.replica import ReplicaManager
 from broker.server import KafkaServer
-from broker.storage_adapter import log_config_defaults, partition_log_opener, validate_log_properties
+from broker.storage_adapter import log_config_defaults, partition_log_opener, partition_needs_recovery, validate_log_properties
 from protocol.clock import Clock
 from protocol.loop_thread import LoopThread
 from protocol.tasks import cancel_and_wait
@@ -152,6 +154,8 @@ class Broker:
                 self.config.log_defaults,
                 open_log=partition_log_opener(io=self.seams.disk_io, index_budget=self.index_budget, flush_observer=self.metrics),
                 validate_config=validate_log_properties,
+                needs_recovery=partition_needs_recovery,
+                crash_point=self.seams.crash_point,
             )
             self.authorizer = self._load_authorizer(data_dir)
             self.replicas.load()
@@ -309,8 +313,17 @@ class Broker:
         interval = self.config.retention_check_interval_ms / 1000.0
         while True:
             await asyncio.sleep(interval)
-            for (topic, partition), partition_log in list(self.replicas.logs.items()):
+            for number, (topic, partition) in enumerate(self.replicas.partitions()):
+                if number % 500 == 499:
+                    await asyncio.sleep(0)  # thousands of partitions: let requests in
+                # A partition not open since start has nothing in memory to
+                # expire and is opened only if it has segments to delete or clean.
+                if not self.replicas.is_open(topic, partition) and not self.replicas.needs_housekeeping(topic, partition):
+                    continue
                 try:
+                    partition_log = self.replicas.get_log(topic, partition)
+                    if partition_log is None:
+                        continue  # deleted meanwhile
                     partition_log.enforce_retention()
                     if partition_log.config.compact:
                         Cleaner(partition_log).clean()

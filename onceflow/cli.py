@@ -41,6 +41,8 @@ COMMANDS = (
     Command("consume", "onceflow.commands.consume", "print records of a topic"),
     Command("transactions", "onceflow.commands.transactions", "list, describe, find hanging, abort transactions (KIP-664)"),
     Command("users", "onceflow.commands.users", "add, delete or list the users SASL clients log in as (offline or KIP-554)"),
+    Command("acls", "onceflow.commands.acls", "add, list or remove ACLs (kafka-acls' options), on a running broker or offline"),
+    Command("status", "onceflow.commands.status", "one screen: topics with end offsets and LSO, groups with members and lag, open and hanging transactions"),
     Command("dump-log", "onceflow.commands.dump_log", "print segment files like Kafka's DumpLogSegments"),
     Command("run", "onceflow.commands.run", "run a streaming app module (exactly-once processors with state stores)"),
     Command("demo", "onceflow.commands.demo", "see onceflow work end to end: a stateful exactly-once pipeline under kills"),

@@ -110,7 +110,7 @@ def run(args) -> int:
         config = BrokerConfig.from_properties(properties, **fields)
         validate_log_properties(config.log_defaults)
     except (ValueError, TypeError) as error:
-        print(f"onceflow broker: bad configuration: {error}", file=sys.stderr)
+        logs.announce(f"onceflow broker: bad configuration: {error}", sys.stderr, level=logging.ERROR)
         return 2
 
     async def serve() -> int:
@@ -118,17 +118,17 @@ def run(args) -> int:
         try:
             await broker.start()
         except DataDirError as error:
-            print(f"onceflow broker: {error}", file=sys.stderr)
+            logs.announce(f"onceflow broker: {error}", sys.stderr, level=logging.ERROR)
             return 2
         except TlsConfigError as error:
-            print(f"onceflow broker: bad configuration: {error}", file=sys.stderr)
+            logs.announce(f"onceflow broker: bad configuration: {error}", sys.stderr, level=logging.ERROR)
             return 2
         except MetricsListenError as error:
-            print(f"onceflow broker: {error.strerror}", file=sys.stderr)
+            logs.announce(f"onceflow broker: {error.strerror}", sys.stderr, level=logging.ERROR)
             return 2
         except OSError as error:
             where = ", ".join(str(listener) for listener in config.effective_listeners)
-            print(f"onceflow broker: cannot listen on {where}: {error.strerror or error}", file=sys.stderr)
+            logs.announce(f"onceflow broker: cannot listen on {where}: {error.strerror or error}", sys.stderr, level=logging.ERROR)
             return 2
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
