@@ -93,6 +93,19 @@ def test_users_over_the_wire_take_effect_at_once(tmp_path, capsys):
         assert users("delete", "dora", *wire, capsys=capsys)[0] == 0
         code, _, err = users("delete", "dora", *wire, capsys=capsys)
         assert code == 1 and "RESOURCE_NOT_FOUND" in err
+        # Through the SASL listener, logged in as a user made over the wire.
+        assert users("add", "admin", "--password", "adm", "--mechanism", "SCRAM-SHA-512", *wire, capsys=capsys)[0] == 0
+        secured = (
+            "--bootstrap-server", broker.bootstrap_for("SASL_PLAINTEXT"), "--security-protocol", "SASL_PLAINTEXT",
+            "--sasl-mechanism", "SCRAM-SHA-512", "--sasl-username", "admin", "--sasl-password", "adm",
+        )
+        assert users("add", "gail", "--password", "g", *secured, capsys=capsys)[0] == 0
+        code, out, _ = users("list", *secured, capsys=capsys)
+        assert code == 0 and [line.split("\t")[0] for line in out.splitlines()] == ["admin", "gail"]
+        code, _, err = users("list", *secured[:-1], "not-adm", capsys=capsys)
+        assert code == 1 and "Authentication failed" in err, err
+        assert users("delete", "gail", *wire, capsys=capsys)[0] == 0
+        assert users("delete", "admin", *wire, capsys=capsys)[0] == 0
     # What was changed over the wire was on disk.
     assert CredentialStore(str(tmp_path / "data")).load().users() == {}
 
