@@ -32,6 +32,7 @@ closed.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import ssl
 import time
@@ -115,6 +116,7 @@ class KafkaServer:
         self._ssl_context = ssl_context if self.listener.uses_tls else None
         self._new_sasl_server = new_sasl_server if self.listener.uses_sasl else None
         self._limiter = limiter
+        self._password_checker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"onceflow-sasl-{self.listener.name}") if self._new_sasl_server else None
         self._authentication_timeout = authentication_timeout
         self._pre_authentication_max_frame_size = min(pre_authentication_max_frame_size, max_frame_size)
         self._dispatch = dispatch
@@ -153,6 +155,8 @@ class KafkaServer:
         if self._server is not None:
             await self._server.wait_closed()
             self._server = None
+        if self._password_checker is not None:
+            self._password_checker.shutdown(wait=False, cancel_futures=True)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -274,7 +278,15 @@ class KafkaServer:
                         break
                     if state.sasl is not None:
                         try:
-                            reply = state.sasl.receive(request.api_key, request.api_version, request.body, _now_ms())
+                            if request.api_key == ApiKey.SASL_AUTHENTICATE and state.sasl.mechanism == "PLAIN":
+                                # Checking a PLAIN password is a PBKDF2 (milliseconds
+                                # of CPU): off the loop, one at a time, so a flood
+                                # of logins slows logins only.
+                                reply = await asyncio.get_running_loop().run_in_executor(
+                                    self._password_checker, state.sasl.receive, request.api_key, request.api_version, request.body, _now_ms()
+                                )
+                            else:
+                                reply = state.sasl.receive(request.api_key, request.api_version, request.body, _now_ms())
                         except SaslRefusal as refusal:
                             log.warning("closing connection from %s on %s: %s", peer, self.listener.name, refusal)
                             return
