@@ -35,6 +35,7 @@ import asyncio
 import concurrent.futures
 import logging
 import ssl
+import struct
 import time
 from typing import Awaitable, Callable
 
@@ -77,6 +78,7 @@ class _Connection:
     sasl: SaslServer | None
     authenticated: asyncio.Event = attrs.field(factory=asyncio.Event)
     session_update: Callable[[Session | None], None] | None = None  # the broker's on_connection hook
+    raw_tokens: bool = False  # after a v0 SaslHandshake, until the login ends
 
 
 # How long a closing connection may wait for the peer (TLS close_notify).
@@ -265,6 +267,21 @@ class KafkaServer:
             try:
                 connection.receive_data(data)
                 while True:
+                    if state.raw_tokens:
+                        # After a v0 SaslHandshake the tokens come as bare
+                        # size-prefixed frames, without request headers
+                        # (clients from before Kafka 1.0).
+                        frame = connection.next_frame()
+                        if frame is None:
+                            break
+                        body = {"auth_bytes": bytes(frame)}
+                        reply = await self._sasl_receive(state, ApiKey.SASL_AUTHENTICATE, 0, body, peer)
+                        if reply is None or reply.close:
+                            return  # a v0 client learns of a refusal by the close
+                        answer = reply.body["auth_bytes"] or b""
+                        await pending.put(_ready(struct.pack(">i", len(answer)) + answer))
+                        self._after_sasl(state, connection, ApiKey.SASL_AUTHENTICATE, peer)
+                        continue
                     try:
                         request = connection.next_request()
                     except framing.UnsupportedRequestError as error:
@@ -276,44 +293,67 @@ class KafkaServer:
                         continue
                     if request is None:
                         break
+                    if state.sasl is not None and request.api_key in (ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE):
+                        reply = await self._sasl_receive(state, request.api_key, request.api_version, request.body, peer)
+                        if reply is None:
+                            return
+                        await pending.put(_ready(connection.encode_response(request, reply.body)))
+                        if reply.close:
+                            return
+                        if request.api_key == ApiKey.SASL_HANDSHAKE and request.api_version == 0:
+                            state.raw_tokens = True
+                        self._after_sasl(state, connection, request.api_key, peer)
+                        continue
                     if state.sasl is not None:
                         try:
-                            if request.api_key == ApiKey.SASL_AUTHENTICATE and state.sasl.mechanism == "PLAIN":
-                                # Checking a PLAIN password is a PBKDF2 (milliseconds
-                                # of CPU): off the loop, one at a time, so a flood
-                                # of logins slows logins only.
-                                reply = await asyncio.get_running_loop().run_in_executor(
-                                    self._password_checker, state.sasl.receive, request.api_key, request.api_version, request.body, _now_ms()
-                                )
-                            else:
-                                reply = state.sasl.receive(request.api_key, request.api_version, request.body, _now_ms())
+                            state.sasl.receive(request.api_key, request.api_version, request.body, _now_ms())
                         except SaslRefusal as refusal:
                             log.warning("closing connection from %s on %s: %s", peer, self.listener.name, refusal)
                             return
-                        if reply is not None:
-                            await pending.put(_ready(connection.encode_response(request, reply.body)))
-                            if reply.close:
-                                log.warning(
-                                    "closing connection from %s on %s: SASL %s refused (%s)",
-                                    peer, self.listener.name, state.sasl.mechanism or "handshake", reply.body.get("error_message") or f"error {reply.body['error_code']}",
-                                )
-                                return
-                            if request.api_key == ApiKey.SASL_AUTHENTICATE and state.sasl.state is SaslState.AUTHENTICATED:
-                                if state.session.principal == state.sasl.principal:
-                                    log.info("connection from %s on %s re-authenticated as %s", peer, self.listener.name, state.sasl.principal)
-                                else:
-                                    state.session = attrs.evolve(state.session, principal=state.sasl.principal)
-                                    if state.session_update is not None:
-                                        state.session_update(state.session)
-                                    connection.max_frame_size = self._max_frame_size
-                                    state.authenticated.set()
-                                    log.info("connection from %s on %s authenticated as %s (%s)", peer, self.listener.name, state.sasl.principal, state.sasl.mechanism)
-                            continue
                     await pending.put(tasks.create_task(self._answer(connection, request, peer, state.session)))
             except MalformedFrameError as error:
                 log.warning("closing connection from %s: malformed request: %s", peer, error)
                 # Answer what came before the bad frame, then close.
                 return
+
+    async def _sasl_receive(self, state: _Connection, api_key: int, version: int, body: dict, peer):
+        """The SASL machine's reply, or None when the connection must close
+        without one (logged either way when it closes)."""
+        try:
+            if api_key == ApiKey.SASL_AUTHENTICATE and state.sasl.mechanism == "PLAIN":
+                # Checking a PLAIN password is a PBKDF2 (milliseconds of CPU):
+                # off the loop, one at a time, so a flood of logins slows
+                # logins only.
+                reply = await asyncio.get_running_loop().run_in_executor(
+                    self._password_checker, state.sasl.receive, api_key, version, body, _now_ms()
+                )
+            else:
+                reply = state.sasl.receive(api_key, version, body, _now_ms())
+        except SaslRefusal as refusal:
+            log.warning("closing connection from %s on %s: %s", peer, self.listener.name, refusal)
+            return None
+        if reply is not None and reply.close:
+            log.warning(
+                "closing connection from %s on %s: SASL %s refused (%s)",
+                peer, self.listener.name, state.sasl.mechanism or "handshake", reply.body.get("error_message") or f"error {reply.body['error_code']}",
+            )
+        return reply
+
+    def _after_sasl(self, state: _Connection, connection, api_key: int, peer) -> None:
+        """What an accepted SASL step changes: on a finished login, the
+        session (and the frame limit, and the authentication deadline)."""
+        if api_key != ApiKey.SASL_AUTHENTICATE or state.sasl.state is not SaslState.AUTHENTICATED:
+            return
+        state.raw_tokens = False
+        if state.session.principal == state.sasl.principal:
+            log.info("connection from %s on %s re-authenticated as %s", peer, self.listener.name, state.sasl.principal)
+            return
+        state.session = attrs.evolve(state.session, principal=state.sasl.principal)
+        if state.session_update is not None:
+            state.session_update(state.session)
+        connection.max_frame_size = self._max_frame_size
+        state.authenticated.set()
+        log.info("connection from %s on %s authenticated as %s (%s)", peer, self.listener.name, state.sasl.principal, state.sasl.mechanism)
 
     async def _answer(self, connection, request, peer, session) -> bytes | None:
         try:

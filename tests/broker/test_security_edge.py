@@ -318,3 +318,42 @@ def test_fuzzed_sasl_over_a_socket_never_crashes_nor_authenticates(sasl_broker):
     client = RawClient(address)
     assert client.plain_login()["error_code"] == 0
     assert client.request(ApiKey.METADATA, 4, {"topics": None, "allow_auto_topic_creation": False})["topics"]
+
+
+class RawTokens(RawClient):
+    """A client from before Kafka 1.0: SaslHandshake v0, then bare size-prefixed tokens."""
+
+    def token(self, data: bytes) -> bytes:
+        self.sock.sendall(struct.pack(">i", len(data)) + data)
+        header = self._exactly(4)
+        return self._exactly(struct.unpack(">i", header)[0])
+
+    def _exactly(self, size: int) -> bytes:
+        data = b""
+        while len(data) < size:
+            chunk = self.sock.recv(size - len(data))
+            if not chunk:
+                raise ConnectionError("the broker closed the connection")
+            data += chunk
+        return data
+
+
+@pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256"])
+def test_a_v0_handshake_takes_raw_tokens(sasl_broker, mechanism):
+    from tests.broker.test_security_sasl import ScramClient
+
+    broker = sasl_broker()
+    client = RawTokens(broker.bootstrap_for("SASL_PLAINTEXT"))
+    assert client.request(ApiKey.SASL_HANDSHAKE, 0, {"mechanism": mechanism})["error_code"] == 0
+    if mechanism == "PLAIN":
+        assert client.token(f"\0alice\0{PASSWORD}".encode()) == b""  # the empty answer Kafka sends
+    else:
+        scram = ScramClient(mechanism, "alice", PASSWORD)
+        server_first = client.token(scram.first())
+        assert client.token(scram.final(server_first)).startswith(b"v=")
+    assert client.request(ApiKey.METADATA, 4, {"topics": [], "allow_auto_topic_creation": False})["brokers"]
+    # A wrong password: no answer, the connection is closed.
+    refused = RawTokens(broker.bootstrap_for("SASL_PLAINTEXT"))
+    refused.request(ApiKey.SASL_HANDSHAKE, 0, {"mechanism": "PLAIN"})
+    with pytest.raises(ConnectionError):
+        refused.token(b"\0alice\0wrong")
