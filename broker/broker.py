@@ -398,6 +398,8 @@ class Broker:
                 "every request will be refused; add ACLs with `onceflow acls add --data-dir %s` while the broker is stopped, or set super.users",
                 data_dir,
             )
+        if all(listener.security_protocol == "PLAINTEXT" for listener in self.config.effective_listeners):
+            log.warning("the ACL authorizer is on but no listener authenticates: every client is User:ANONYMOUS, told apart only by host")
         log.info("ACL authorizer on: %d ACLs, super users %s", len(bindings), ", ".join(sorted(settings.super_users)) or "none")
         return AclAuthorizer(bindings, settings)
 
