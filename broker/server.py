@@ -109,6 +109,7 @@ class KafkaServer:
         limiter: ConnectionLimiter | None = None,
         authentication_timeout: float = 10.0,
         pre_authentication_max_frame_size: int = 524288,
+        failed_authentication_delay: float = 0.1,
     ):
         self.listener = listener or Listener(PLAINTEXT, PLAINTEXT, host, port)
         if self.listener.uses_tls and ssl_context is None:
@@ -120,6 +121,7 @@ class KafkaServer:
         self._limiter = limiter
         self._password_checker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"onceflow-sasl-{self.listener.name}") if self._new_sasl_server else None
         self._authentication_timeout = authentication_timeout
+        self._failed_authentication_delay = failed_authentication_delay
         self._pre_authentication_max_frame_size = min(pre_authentication_max_frame_size, max_frame_size)
         self._dispatch = dispatch
         self._host = host
@@ -337,6 +339,9 @@ class KafkaServer:
                 "closing connection from %s on %s: SASL %s refused (%s)",
                 peer, self.listener.name, state.sasl.mechanism or "handshake", reply.body.get("error_message") or f"error {reply.body['error_code']}",
             )
+            # Kafka's connection.failed.authentication.delay.ms: a guesser
+            # waits for each refusal.
+            await asyncio.sleep(self._failed_authentication_delay)
         return reply
 
     def _after_sasl(self, state: _Connection, connection, api_key: int, peer) -> None:

@@ -357,3 +357,13 @@ def test_a_v0_handshake_takes_raw_tokens(sasl_broker, mechanism):
     refused.request(ApiKey.SASL_HANDSHAKE, 0, {"mechanism": "PLAIN"})
     with pytest.raises(ConnectionError):
         refused.token(b"\0alice\0wrong")
+
+
+def test_a_failed_login_is_answered_after_the_delay(sasl_broker):
+    broker = sasl_broker(**{"connection.failed.authentication.delay.ms": "600"})
+    client = RawClient(broker.bootstrap_for("SASL_PLAINTEXT"))
+    started = time.monotonic()
+    reply = client.plain_login(password="guess")
+    assert reply["error_code"] == ErrorCode.SASL_AUTHENTICATION_FAILED
+    assert time.monotonic() - started >= 0.55
+    assert client.closed_by_peer()
