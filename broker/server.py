@@ -83,6 +83,9 @@ class _Connection:
 
 # How long a closing connection may wait for the peer (TLS close_notify).
 _CLOSE_TIMEOUT = 2.0
+# How long a refused login's connection stays open for the peer to read the
+# answer and close first.
+_LINGER_AFTER_REFUSAL = 1.0
 
 
 def _now_ms() -> int:
@@ -301,6 +304,7 @@ class KafkaServer:
                             return
                         await pending.put(_ready(connection.encode_response(request, reply.body)))
                         if reply.close:
+                            await _linger(reader)
                             return
                         if request.api_key == ApiKey.SASL_HANDSHAKE and request.api_version == 0:
                             state.raw_tokens = True
@@ -393,6 +397,17 @@ class KafkaServer:
             writer.write(memoryview(frame))
             frame = None
             await writer.drain()
+
+
+async def _linger(reader: asyncio.StreamReader) -> None:
+    """Give a refused peer a moment to read its answer and close first: some
+    clients (kafka-python) drop an answer that arrives with our close."""
+    try:
+        async with asyncio.timeout(_LINGER_AFTER_REFUSAL):
+            while await reader.read(65536):
+                pass  # nothing it sends now is served
+    except (TimeoutError, ConnectionError, OSError):
+        pass
 
 
 def _ready(frame: bytes) -> asyncio.Future:
