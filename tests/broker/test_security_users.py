@@ -154,3 +154,10 @@ def test_a_damaged_credential_file_is_refused(tmp_path):
 def test_the_users_command_is_listed():
     result = subprocess.run([sys.executable, "-m", "onceflow", "users", "--help"], capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0 and "add" in result.stdout and "list" in result.stdout
+
+
+def test_weak_hashing_is_refused_offline(tmp_path, capsys):
+    for mechanism in ("PLAIN", "SCRAM-SHA-256"):
+        code, _, err = users("add", "hal", "--password", "h", "--mechanism", mechanism, "--iterations", "10", "--data-dir", str(tmp_path), capsys=capsys)
+        assert code == 1 and "iterations" in err
+    assert CredentialStore(str(tmp_path)).load().users() == {}
