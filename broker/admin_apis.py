@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 
 from broker.apis import as_uuid
+from broker.security.listeners import advertised_address
 from broker.replica import (
     InvalidConfigError,
     InvalidPartitionsError,
@@ -277,8 +278,8 @@ class AdminApis:
             return {"error_code": ErrorCode.INVALID_CONFIG, "error_message": str(error)}
         return {}
 
-    async def handle_describe_cluster(self, version: int, body: dict) -> dict:
-        host, port = self.advertised
+    async def handle_describe_cluster(self, version: int, body: dict, *, session=None) -> dict:
+        host, port = advertised_address(self.advertised, session)
         return {
             "throttle_time_ms": 0,
             "error_code": ErrorCode.NONE,

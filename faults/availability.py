@@ -24,8 +24,8 @@ Definitions (the report, verdict.json and the README use these words):
   (after recovering its logs), a paused process continued, the proxy's delay
   lifted, the killed client's process started again. ``first_after_clear_s``
   is from then to the first committed output by the victim (the restarted
-  client instance's, for a client fault; anyone's for a broker or network
-  fault). These are what the targets are stated in (README: "Availability").
+  client instance's, for a client fault, when outputs say who committed
+  them; anyone's for a broker or network fault, or when they do not). These are what the targets are stated in (README: "Availability").
 - **stall**: a stretch with no committed output, between two outputs (or the
   last output and the end of the faulted run). ``stall_outside_faults`` is
   the longest part of any stall while no fault was in progress (outside
@@ -241,13 +241,14 @@ def measure(outputs: Sequence[Output], faults: Sequence[FaultEvent], *, start: f
     ``inputs``/``consumed``: (time, records) acknowledged into the input and
     consumed-and-committed by the workload, for "in flight" (None: unknown)."""
     series = _Series(outputs)
+    attributed = any(output.process for output in outputs)  # a watcher's outputs do not say whose they are
     whole = [series.count(second, second + 1) for second in range(int(start), int(end)) if second + 1 <= end]
     run_level = float(statistics.median(whole)) if whole else 0.0
     recoveries = []
     for fault in sorted(faults, key=lambda f: f.at):
         cleared = fault.at if fault.cleared is None else max(fault.at, fault.cleared)
         first = series.first_after(fault.at)
-        after_clear = series.first_after(cleared, process_prefix=f"{fault.victim}/" if fault.victim else "")
+        after_clear = series.first_after(cleared, process_prefix=f"{fault.victim}/" if fault.victim and attributed else "")
         level = _level(series, fault.at, start, run_level)
         in_flight = None
         if inputs is not None and consumed is not None:

@@ -11,13 +11,21 @@ or from Python (what a user's pytest test calls):
     verdict = run_chaos(ChaosSettings(workload="copier", faults=("kill-client",), duration=20, seed=7), report_dir)
     assert verdict.valid, verdict.summary()
 
+The input of the copier, processor, streaming and Spark workloads arrives
+at a steady rate over the whole ``--duration`` (``records`` of it, by one
+idempotent producer), so every fault lands on records in flight; the report
+measures how long each fault stopped the committed output
+(``faults.availability``), and a fault that hit an idle workload is an
+``idle-fault`` anomaly: the run proved nothing about it.
+
 The ``streaming`` workload runs ``--clients`` instances of a user's
 ``streaming.App`` (each its own process and state directory, one
 application id, so they share the input partitions and every kill is a
 rebalance) from a module that also says what input to feed and what output
 that must give (the convention is in ``faults.workloads``); the input is
-fed in the module's phases, and the output topic is checked against the
-module's ``expected`` with ``faults.checker``.
+fed in the module's phases (a phase once the app's committed offsets cover the one
+before), and the output topic is checked against the module's ``expected``
+with ``faults.checker``.
 
 The ``spark`` workload runs a user's Spark Structured Streaming query (a
 module that builds it; the convention is in ``faults.spark``) in a driver
@@ -81,7 +89,7 @@ class ChaosSettings:
     faults: tuple = attrs.field(default=("kill-broker", "kill-client", "proxy-cut"), converter=tuple)
     duration: float = 30.0
     seed: int = 0
-    records: int = 20_000  # input records (copier), sends per producer process (producer)
+    records: int = 20_000  # input records, fed at a steady rate over the duration (copier, processor, streaming, spark); sends per producer process (producer)
     clients: int = 2  # workload processes
     abort_ratio: float = 0.1
     mean_fault_interval: float = 5.0

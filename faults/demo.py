@@ -47,10 +47,12 @@ import threading
 import time
 from collections import Counter
 
+from faults.availability import FaultEvent, measure
 from faults.checker import check
 from faults.history import HistoryWriter, read_histories
 from faults.process import REPO, BrokerProcess, ClientProcess
-from faults.report import FaultEvent, write_series_png
+from faults.report import write_series_png
+from faults.watcher import TopicWatcher, deltas, outputs_of
 
 TOPICS = {"payments": 3, "balances": 3, "region-minutes": 2}
 BROKER_CONFIG = ("group.initial.rebalance.delay.ms=0", "group.min.session.timeout.ms=1000", "transaction.abort.timed.out.transaction.cleanup.interval.ms=500")
@@ -107,32 +109,6 @@ def spark_rows_expected(balances: list[tuple[str, int]]) -> dict[str, dict]:
     latest = max(timestamp for _value, timestamp in balances)
     rows = module.totals_of(balances)
     return {key: row for key, row in rows.items() if row["window_start"] + module.WINDOW_MS <= latest - module.WATERMARK_MS}
-
-
-class TopicWatcher(threading.Thread):
-    """Counts committed records of a topic, for the progress line and the timeline."""
-
-    def __init__(self, bootstrap: str, topic: str, started: float):
-        super().__init__(daemon=True)
-        self.bootstrap, self.topic, self.started = bootstrap, topic, started
-        self.count = 0
-        self.samples: list[tuple[float, int]] = []  # (seconds since start, records so far)
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        from txn import Consumer, TopicPartition
-
-        consumer = Consumer(bootstrap_servers=self.bootstrap, max_poll_records=10_000, request_timeout_ms=5000)
-        consumer.assign([TopicPartition(self.topic, p) for p in range(TOPICS[self.topic])])
-        while not self.stop.is_set():
-            try:
-                records = consumer.poll(0.5)
-            except Exception:  # noqa: BLE001 - the broker is being killed: ask again
-                time.sleep(0.5)
-                continue
-            self.count += len(records)
-            self.samples.append((time.monotonic() - self.started, self.count))
-        consumer.close()
 
 
 class InputStream(threading.Thread):
@@ -242,7 +218,12 @@ def aborted_offsets(data_dir: str, topic: str) -> set[tuple[int, int]]:
     transaction, read from the log files themselves: a transactional batch
     belongs to its producer's transaction until that producer's next COMMIT
     or ABORT marker in the partition."""
-    from protocol.records import ControlType, decode_batch, decode_control_record, iter_batches
+    from protocol.records import (
+        ControlType,
+        decode_batch,
+        decode_control_record,
+        iter_batches,
+    )
 
     aborted: set[tuple[int, int]] = set()
     for name in os.listdir(data_dir):
@@ -359,7 +340,7 @@ class Demo:
             process = ClientProcess(f"pipeline-{index}", command, os.path.join(self.work, f"pipeline-{index}.log"), env={"PYTHONPATH": REPO})
             self.pipelines.append(process.start())
         for topic in ("balances", "region-minutes") if self.spark else ("balances",):
-            self.watchers[topic] = TopicWatcher(self.broker.bootstrap, topic, self.started)
+            self.watchers[topic] = TopicWatcher(self.broker.bootstrap, topic, TOPICS[topic], self.elapsed)
             self.watchers[topic].start()
 
     def spark_batches(self) -> int:
@@ -368,21 +349,24 @@ class Demo:
         return committed_batches(self.checkpoint) + 1 if self.spark else 0
 
     def kill(self, kind: str) -> str:
+        """SIGKILL and restart; the fault is noted at the kill and cleared
+        once the restart is done (the broker listening again)."""
+        at = round(self.elapsed(), 2)
         if kind == "pipeline":
             victim = self.pipelines[self.rng.randrange(len(self.pipelines))]
             victim.kill()
             victim.start()
-            self.faults.append(FaultEvent(round(self.elapsed(), 2), "kill-pipeline", victim.name))
+            self.faults.append(FaultEvent(at, "kill-pipeline", victim.name, cleared=round(self.elapsed(), 2), victim=victim.name))
             return f"SIGKILL {victim.name}, restarted"
         if kind == "broker":
             self.broker.kill()
             self.broker.start()
-            self.faults.append(FaultEvent(round(self.elapsed(), 2), "kill-broker"))
+            self.faults.append(FaultEvent(at, "kill-broker", cleared=round(self.elapsed(), 2)))
             return "SIGKILL broker, restarted on the same data"
         self.driver.kill()
         batches = self.spark_batches()
         self.driver.start()
-        self.faults.append(FaultEvent(round(self.elapsed(), 2), "kill-spark-driver", f"{batches} batches committed"))
+        self.faults.append(FaultEvent(at, "kill-spark-driver", f"{batches} batches committed", cleared=round(self.elapsed(), 2), victim="spark"))
         return f"SIGKILL Spark driver (JVM and Python workers) with {batches} batches committed, restarted from its checkpoint"
 
     def restart_exited(self) -> None:
@@ -565,6 +549,8 @@ class Demo:
             lines.append(verdict.summary())
         if spark_verdict is not None and not spark_verdict.valid:
             lines.append("Spark rows: " + spark_verdict.summary())
+        self.availability = self.measure_availability()
+        lines += ["  pipeline " + self.availability.lines()[0]] + ["  " + line for line in self.availability.lines()[1:]]
         self.say()
         for line in lines:
             self.say(line)
@@ -573,18 +559,30 @@ class Demo:
             shutil.rmtree(self.work, ignore_errors=True)
         return 0 if valid else 1
 
+    def measure_availability(self):
+        """The pipeline's availability (``faults.availability``): committed
+        output is the balances a read_committed watcher sees (one per
+        payment), over the stretch while payments streamed in or a fault was
+        in progress (after that nothing more is due)."""
+        outputs = outputs_of(self.watchers["balances"].samples)
+        inputs = deltas(self.stream.samples)
+        end = max([at for at, _count in self.stream.samples] + [f.cleared or f.at for f in self.faults] + [0.0])
+        return measure(outputs, self.faults, start=0.0, end=end, inputs=inputs, consumed=[(o.at, o.records) for o in outputs])
+
     def write_report(self, lines: list[str], verdict, spark_verdict) -> None:
         os.makedirs(self.report_dir, exist_ok=True)
         with open(os.path.join(self.report_dir, "report.txt"), "w") as file:
             file.write("\n".join(lines) + "\n")
         with open(os.path.join(self.report_dir, "verdict.json"), "w") as file:
             json.dump({"balances": verdict.to_json(), "spark": spark_verdict.to_json() if spark_verdict else None,
-                       "faults": [f.to_json() for f in self.faults], "seed": self.seed, "records": self.records}, file, indent=2, sort_keys=True)
+                       "faults": [f.to_json() for f in self.faults], "seed": self.seed, "records": self.records,
+                       "availability": self.availability.to_json()}, file, indent=2, sort_keys=True)
         series = {"payments in": self.stream.samples, "balances out": self.watchers["balances"].samples}
         if self.spark:
             series["Spark rows out"] = self.watchers["region-minutes"].samples
         png = os.path.join(self.report_dir, "timeline.png")
-        problem = write_series_png(png, series, self.faults, self.elapsed(), f"onceflow demo, seed {self.seed}: {'OK' if verdict.valid and (spark_verdict is None or spark_verdict.valid) else 'FAILED'}")
+        problem = write_series_png(png, series, self.faults, self.elapsed(), f"onceflow demo, seed {self.seed}: {'OK' if verdict.valid and (spark_verdict is None or spark_verdict.valid) else 'FAILED'}",
+                                   self.availability)
         if not self.keep_data and self.report_dir.startswith(self.work + os.sep):
             self.say("  report                      not kept (deleted with the data; give a report folder to keep it)")
         else:

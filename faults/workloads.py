@@ -76,12 +76,17 @@ def _text(value: bytes | None) -> str | None:
 
 
 def run_copier(args, recorder: HistoryWriter) -> int:
+    recorder.event("ok", "start", {"pid": os.getpid()})  # before the client imports: a restart's cost is readable from the history
     from txn import Consumer, Producer
     from txn.errors import CommitFailedError, CommitOutcomeUnknownError, KafkaError, ProducerFencedError, RetriableError, TransactionAbortableError
 
     rng = random.Random(args.seed)
     stop = _stopping()
-    consumer = Consumer(bootstrap_servers=args.bootstrap, group_id=args.group, session_timeout_ms=6000, heartbeat_interval_ms=500, max_poll_records=args.records_per_txn, request_timeout_ms=5000)
+    # A static member (its transactional id as its instance id): a restarted
+    # copier takes its partitions back at once, where a new dynamic member
+    # would wait out the dead one's session in a rebalance (about 10 s here).
+    consumer = Consumer(bootstrap_servers=args.bootstrap, group_id=args.group, group_instance_id=args.transactional_id, session_timeout_ms=6000, heartbeat_interval_ms=500,
+                        max_poll_records=args.records_per_txn, request_timeout_ms=5000)
     producer = Producer(
         bootstrap_servers=args.bootstrap,
         transactional_id=args.transactional_id,
@@ -91,6 +96,7 @@ def run_copier(args, recorder: HistoryWriter) -> int:
         crash_point=crash_point,
     )
     producer.init_transactions()
+    recorder.event("ok", "init", {"producer_id": producer.producer_id})
 
     class RecordAssignments:
         def on_partitions_assigned(self, partitions):
@@ -159,7 +165,8 @@ def run_confluent_copier(args, recorder: HistoryWriter) -> int:
     rng = random.Random(args.seed)
     stop = _stopping()
     consumer = Consumer({"bootstrap.servers": args.bootstrap, "group.id": args.group, "isolation.level": "read_committed", "enable.auto.commit": False,
-                         "auto.offset.reset": "earliest", "session.timeout.ms": 6000, "metadata.recovery.strategy": "none"})
+                         "auto.offset.reset": "earliest", "session.timeout.ms": 6000, "metadata.recovery.strategy": "none",
+                         "group.instance.id": args.transactional_id})
     producer = Producer({"bootstrap.servers": args.bootstrap, "transactional.id": args.transactional_id, "linger.ms": 5, "transaction.timeout.ms": 10_000, "metadata.recovery.strategy": "none"})
     producer.init_transactions(60)
     consumer.subscribe([args.input], on_assign=lambda c, partitions: recorder.event("ok", "assign", [f"{p.topic}-{p.partition}" for p in partitions]))

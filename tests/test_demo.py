@@ -1,5 +1,6 @@
 """The README's main job runs and its check can fail."""
 
+import json
 import os
 import re
 import subprocess
@@ -136,6 +137,10 @@ def test_pipeline_demo_is_exactly_once_through_kills(tmp_path):
     committed = re.search(r"transactions\s+(\d+) committed, (\d+) aborted", report)
     assert committed and int(committed.group(1)) > 0, report
     assert os.path.isdir(os.path.join(tmp_path, "data", "balances-0")), "the data is kept for inspection"
+    # The pipeline's availability: each kill's recovery measured (faults.availability).
+    assert re.search(r"pipeline availability: \d+ of 4 faults hit while records were in flight", report), report
+    availability = json.loads(open(os.path.join(tmp_path, "report", "verdict.json")).read())["availability"]
+    assert len(availability["per_fault"]) == 4 and availability["longest_stall"] is not None
 
 
 @pytest.mark.slow

@@ -25,6 +25,21 @@ from txn.connection import BrokerClient
 from txn.errors import KafkaError, RetriableError, RetriesExhaustedError, classify, is_retriable
 
 COORDINATOR_MOVED = {ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE}
+# Answers that mean "the coordinator is busy for a moment": finishing the
+# previous transaction's markers (CONCURRENT_TRANSACTIONS, e.g. a restarted
+# instance's InitProducerId over the transaction its dead predecessor left
+# open) or loading its log after a restart. They clear in tens of
+# milliseconds, so their retries start at QUICK_RETRY_S (as Kafka's producer
+# retries AddPartitionsToTxn after 20 ms) and double from there; everything
+# else starts at retry_backoff_ms.
+QUICK_RETRY_CODES = {ErrorCode.CONCURRENT_TRANSACTIONS, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS}
+QUICK_RETRY_S = 0.02
+# A connection that failed (the broker is down or restarting) is tried again
+# at most this long after the last try: a refused connect costs the broker
+# nothing, and a longer wait is only time lost after it is back (a client
+# whose waits had grown to retry_backoff_max_ms came back up to a second
+# after the broker did).
+RECONNECT_BACKOFF_MAX_S = 0.25
 
 
 class Cluster:
@@ -153,13 +168,23 @@ class Cluster:
     # -- retries ------------------------------------------------------------------------------
 
     def retrying(self, deadline_seconds: float):
-        """Retry retriable errors with exponential backoff until the deadline."""
+        """Retry retriable errors with exponential backoff until the deadline
+        (``QUICK_RETRY_CODES`` from a shorter first wait)."""
         return tenacity.AsyncRetrying(
             retry=tenacity.retry_if_exception(is_retriable),
-            wait=tenacity.wait_exponential(multiplier=self.config.retry_backoff_ms / 1000, max=self.config.retry_backoff_max_ms / 1000),
+            wait=self._backoff,
             stop=tenacity.stop_after_delay(deadline_seconds),
             retry_error_callback=_exhausted,
         )
+
+
+    def _backoff(self, state: tenacity.RetryCallState) -> float:
+        error = state.outcome.exception() if state.outcome is not None else None
+        first = QUICK_RETRY_S if getattr(error, "code", None) in QUICK_RETRY_CODES else self.config.retry_backoff_ms / 1000
+        cap = self.config.retry_backoff_max_ms / 1000
+        if isinstance(error, ConnectionError):
+            cap = min(cap, RECONNECT_BACKOFF_MAX_S)
+        return min(first * 2 ** (state.attempt_number - 1), cap)
 
 
 def _exhausted(state: tenacity.RetryCallState):

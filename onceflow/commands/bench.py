@@ -33,6 +33,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--png", default=None, metavar="FILE", help="also draw the table as a chart here (needs matplotlib)")
     parser.add_argument("--spark", action="store_true", help="also the Spark data source scenarios (a local Spark session each; minutes)")
     parser.add_argument("--spark-rows", type=int, default=1_000_000, metavar="N", help="rows of the Spark throughput scenarios (default 1000000)")
+    parser.add_argument("--metrics-cost", action="store_true", help="instead of the broker scenarios: produce throughput with the broker's Prometheus metrics off and on, alternating, and their ratio (benchmarks.metrics_cost)")
     restart = parser.add_argument_group("start, stop and topic creation as partitions grow (benchmarks.restart_bench)")
     restart.add_argument("--restart", action="store_true", help="instead of the broker scenarios: restart and topic-creation times and RSS at each --restart-partitions")
     restart.add_argument("--restart-partitions", default="100,1000,10000", metavar="N,...", help="partition counts, 10 per topic (default 100,1000,10000)")
@@ -43,6 +44,13 @@ def add_arguments(parser) -> None:
     runner.add_argument("--runner-latency-rate", type=int, default=500, metavar="N", help="records/s fed in the latency scenario (default 500)")
     runner.add_argument("--runner-latency-seconds", type=float, default=5.0, metavar="S", help="length of the latency scenario (default 5)")
     runner.add_argument("--restore-keys", type=int, default=1_000_000, metavar="N", help="keys of the store restored from its changelog, 0 to skip (default 1000000)")
+    recovery = parser.add_argument_group("recovery time after faults (benchmarks.recovery)")
+    recovery.add_argument("--recovery", action="store_true", help="instead of the broker scenarios: how long each fault stops the exactly-once copier, beside the targets")
+    recovery.add_argument("--recovery-faults", default=None, metavar="KIND,...", help="fault kinds (default: kill-client,kill-broker,pause-broker)")
+    recovery.add_argument("--recovery-rounds", type=int, default=3, metavar="N", help="chaos runs per fault kind (default 3)")
+    recovery.add_argument("--recovery-seconds", type=float, default=24.0, metavar="S", help="length of each run (about 4 faults each) (default 24)")
+    recovery.add_argument("--recovery-workload", default="copier", choices=["copier", "streaming"], help="the pipeline: the copier, or examples/enrichment.py on the streaming runner (default copier)")
+    recovery.add_argument("--recovery-rate", type=int, default=300, metavar="N", help="input records/s (default 300)")
     runner.add_argument("--commit-interval-ms", type=int, default=100, metavar="MS", help="both frameworks' commit interval (default 100, the runner's)")
 
 

@@ -292,7 +292,9 @@ def test_the_broker_command_serves_metrics_and_says_where(tmp_path):
         url = first.split(" on ", 1)[1].strip()
         assert process.stdout.readline().startswith("onceflow broker ready on ")
         page = Scrape(url)
-        assert page.value("onceflow_partition_high_watermark", topic="__consumer_offsets", partition=0) == 0
+        assert page.value("onceflow_index_budget_max_entries") > 0
+        assert page.matching("onceflow_partition_high_watermark") == {}, "internal partitions never written to are left out"
+        assert page.value("onceflow_transaction_coordinator_open_transactions", coordinator_partition=49) == 0
         assert page.value("process_resident_memory_bytes") > 0
     finally:
         process.send_signal(signal.SIGTERM)
@@ -308,3 +310,49 @@ def test_the_broker_command_serves_metrics_and_says_where(tmp_path):
         assert f"cannot serve metrics on {busy}" in result.stderr
     finally:
         taken.close()
+
+
+def test_error_codes_inside_produce_and_fetch_answers_are_counted(broker):
+    from protocol.records import encode_batch
+    from tests.helpers import raw_request
+
+    topic = f"codes-{uuid.uuid4().hex[:6]}"
+    create_topic(broker.bootstrap, topic, partitions=1)
+    batch = encode_batch([(None, b"v", (), 0)])
+    produce = {"transactional_id": None, "acks": 1, "timeout_ms": 5000,
+               "topic_data": [{"name": topic, "partition_data": [{"index": 0, "records": batch}, {"index": 7, "records": batch}]}]}
+    answer = raw_request(broker.port, 0, 9, produce)
+    assert [p["error_code"] for p in answer["responses"][0]["partition_responses"]] == [0, 3]
+    fetch = {"replica_id": -1, "max_wait_ms": 0, "min_bytes": 0, "max_bytes": 1 << 20, "isolation_level": 0, "session_id": 0, "session_epoch": -1,
+             "topics": [{"topic": topic, "partitions": [{"partition": 0, "current_leader_epoch": -1, "fetch_offset": 99, "log_start_offset": -1, "partition_max_bytes": 1 << 20}]}],
+             "forgotten_topics_data": [], "rack_id": ""}
+    answer = raw_request(broker.port, 1, 11, fetch)
+    assert answer["responses"][0]["partitions"][0]["error_code"] == 1
+    now = scrape(broker)
+    assert now.value("onceflow_request_errors_total", api="Produce", error="UNKNOWN_TOPIC_OR_PARTITION") == 1
+    assert now.value("onceflow_request_errors_total", api="Fetch", error="OFFSET_OUT_OF_RANGE") == 1
+    assert now.value("onceflow_requests_total", api="Produce", version=9) == 1
+    assert now.value("onceflow_requests_total", api="Fetch", version=11) == 1
+    assert now.value("onceflow_topic_bytes_in_total", topic=topic) == 2 * len(batch), "both partitions' bytes came in"
+
+
+@pytest.mark.slow
+def test_the_bench_measures_what_metrics_cost_on_produce(tmp_path):
+    """``onceflow bench --metrics-cost`` runs end to end (tiny sizes: the
+    figures themselves are the bench's business, not a test's)."""
+    out = tmp_path / "cost.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "onceflow", "bench", "--metrics-cost", "--rounds", "1", "--records", "4000", "--work-dir", str(tmp_path), "--json", str(out)],
+        check=False, capture_output=True, text=True, timeout=300, cwd=os.getcwd(),
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "metrics share" in result.stdout or "share @15s" in result.stdout
+    import json
+
+    summary = json.loads(out.read_text())
+    for shape in ("large batches", "small batches"):
+        row = summary[shape]
+        assert row["off records/s"] > 0 and row["on records/s"] > 0 and row["Produce requests/s"] > 0
+        assert 0 <= row["metrics share, scrape every 15 s"] <= row["metrics share, scrape every 1 s"]
+    assert summary["scrapes"] >= 2 and summary["seconds per scrape"] > 0
+    assert 0 < summary["seconds added per Produce request"] < 0.01
