@@ -298,7 +298,13 @@ class ReplicaManager:
         info = self.topics.get(topic)
         if info is None or not isinstance(partition, int) or not 0 <= partition < info.partitions:
             return None
-        return self._open_partition(info, partition)
+        try:
+            return self._open_partition(info, partition)
+        except Exception:
+            # Nothing is kept: the next request tries again (the one asking
+            # now loses its connection, as on any broker-side failure).
+            log.exception("opening partition %s-%d failed", topic, partition)
+            raise
 
     def is_open(self, topic: str, partition: int) -> bool:
         return (topic, partition) in self.logs
