@@ -6,15 +6,16 @@ on the produce path, as a ratio measured in one run.
 
 Two brokers (processes, fresh data directories, default durability: group
 commit, acks=all waits for the fsync) run side by side: one plain, one with
-``--metrics`` (every request counted and timed by ``MeasuredDispatch``, every
-fsync round observed, connections counted) and a scraper (a process of its
-own) reading its ``/metrics`` every second while it is loaded, which is more often than a
-Prometheus server would. The same confluent-kafka producer (idempotent,
-acks=all, 100-byte records) fills a fresh topic on each in turn, off and on
-alternating round after round so that drift on a shared machine falls on
-both (after one uncounted warm-up fill of each); the medians are compared (on / off: 1.0 means free, the aim is above
-0.97). Two shapes: large batches (1 MiB, linger 5 ms: few requests, the
-per-record path) and small ones (16 KiB, linger 1 ms: many requests, where a
+``--metrics`` (every request counted and timed by ``MeasuredDispatch``,
+every fsync round observed, connections counted) and a scraper (a process of
+its own) reading its ``/metrics`` every second while it is loaded, more
+often than a Prometheus server would. The same confluent-kafka producer
+(idempotent, acks=all, 100-byte records) fills a fresh topic on each in
+turn, off and on alternating round after round so that drift on a shared
+machine falls on both (after one uncounted warm-up fill of each); on/off is
+the median of the rounds' ratios (1.0 means free, the aim is above 0.97).
+Two shapes: large batches (1 MiB, linger 5 ms: few requests, the per-record
+path) and small ones (16 KiB, linger 1 ms: many requests, where a
 per-request cost shows).
 
 On a shared machine the end-to-end ratio moves by more than the cost it
@@ -180,6 +181,28 @@ def dispatch_overhead_seconds(calls: int = 200_000) -> float:
     return asyncio.run(best())
 
 
+def run_rounds(off: BrokerUnderTest, on: BrokerUnderTest, rounds: int, records: int, results: dict, load: dict, say) -> None:
+    """The timed fills, off and on alternating; the "on" broker's counters
+    before and after each of its fills give the rates it served."""
+    for round_number in range(rounds):
+        for shape, (batch_bytes, linger_ms, divisor) in SHAPES.items():
+            count = records // divisor
+            # Alternate which goes first, so neither always meets a warmer page cache.
+            order = ((off, "off"), (on, "on")) if round_number % 2 == 0 else ((on, "on"), (off, "off"))
+            for broker, label in order:
+                topic = new_topic(broker.bootstrap)
+                if label == "on":
+                    before = served(broker.metrics_port)
+                    rate = fill(broker.bootstrap, topic, b"m" * RECORD_BYTES, count, idempotent=True, batch_bytes=batch_bytes, linger_ms=linger_ms)
+                    after = served(broker.metrics_port)
+                    duration = count / rate
+                    load[shape].append(((after[0] - before[0]) / duration, (after[1] - before[1]) / duration))
+                else:
+                    rate = fill(broker.bootstrap, topic, b"m" * RECORD_BYTES, count, idempotent=True, batch_bytes=batch_bytes, linger_ms=linger_ms)
+                results[shape][label].append(rate)
+                say(f"  round {round_number + 1}, {shape}, metrics {label}: {rate:,.0f} records/s")
+
+
 def run(records: int, rounds: int, say, work_dir: str | None = None) -> dict:
     """Medians of produce records/s, off and on, per shape and their ratio,
     and the loop share the metrics take at the rates the "on" broker served."""
@@ -196,25 +219,12 @@ def run(records: int, rounds: int, say, work_dir: str | None = None) -> dict:
                 for batch_bytes, linger_ms, divisor in SHAPES.values():
                     fill(broker.bootstrap, new_topic(broker.bootstrap), b"w" * RECORD_BYTES, max(1000, records // divisor // 10), idempotent=True, batch_bytes=batch_bytes, linger_ms=linger_ms)
             first = served(on.metrics_port)
-            for round_number in range(rounds):
-                for shape, (batch_bytes, linger_ms, divisor) in SHAPES.items():
-                    count = records // divisor
-                    # Alternate which goes first, so neither always meets a warmer page cache.
-                    order = ((off, "off"), (on, "on")) if round_number % 2 == 0 else ((on, "on"), (off, "off"))
-                    for broker, label in order:
-                        topic = new_topic(broker.bootstrap)
-                        if label == "on":
-                            before = served(broker.metrics_port)
-                            with Scraper(broker.metrics_port) as scraper:
-                                rate = fill(broker.bootstrap, topic, b"m" * RECORD_BYTES, count, idempotent=True, batch_bytes=batch_bytes, linger_ms=linger_ms)
-                            scrape_seconds += scraper.seconds
-                            after = served(broker.metrics_port)
-                            duration = count / rate
-                            load[shape].append(((after[0] - before[0]) / duration, (after[1] - before[1]) / duration))
-                        else:
-                            rate = fill(broker.bootstrap, topic, b"m" * RECORD_BYTES, count, idempotent=True, batch_bytes=batch_bytes, linger_ms=linger_ms)
-                        results[shape][label].append(rate)
-                        say(f"  round {round_number + 1}, {shape}, metrics {label}: {rate:,.0f} records/s")
+            # One scraper for the whole run, during the "off" rounds too: its
+            # own CPU (a Python process) then weighs on both alike, and only
+            # the rendering falls on the "on" broker alone.
+            with Scraper(on.metrics_port) as scraper:
+                run_rounds(off, on, rounds, records, results, load, say)
+            scrape_seconds = scraper.seconds
             last = served(on.metrics_port)
             rendered = (last[2] - first[2], last[3] - first[3])
     finally:
@@ -222,7 +232,7 @@ def run(records: int, rounds: int, say, work_dir: str | None = None) -> dict:
     per_request = dispatch_overhead_seconds()
     per_round = flush_observer_seconds()
     # The broker's own account of its rendering time (the scraper's clock
-    # also counts the HTTP round trip and its wait for this process's GIL).
+    # also counts the HTTP round trip and its own process's scheduling).
     per_scrape = rendered[1] / rendered[0] if rendered[0] else 0.0
     summary = {
         "seconds added per Produce request": per_request,
@@ -233,11 +243,14 @@ def run(records: int, rounds: int, say, work_dir: str | None = None) -> dict:
     }
     for shape, rates in results.items():
         off_median, on_median = statistics.median(rates["off"]), statistics.median(rates["on"])
+        # Each round's two runs are neighbours in time: their ratio, then the
+        # median of those, is steadier than a ratio of medians from different rounds.
+        paired = statistics.median(on / off for on, off in zip(rates["on"], rates["off"]))
         requests_per_second = statistics.median(r for r, _ in load[shape])
         rounds_per_second = statistics.median(f for _, f in load[shape])
         request_path = per_request * requests_per_second + per_round * rounds_per_second
         summary[shape] = {
-            "off records/s": off_median, "on records/s": on_median, "on/off": on_median / off_median, "rounds": rates,
+            "off records/s": off_median, "on records/s": on_median, "on/off": paired, "rounds": rates,
             "Produce requests/s": requests_per_second, "fsync rounds/s": rounds_per_second,
             # The share of the loop's time the metrics take: the request path,
             # plus scrapes every 15 s (Prometheus' default) or every second.

@@ -118,6 +118,7 @@ class Broker:
         self._loops: list[asyncio.Task] = []
         self.transactions = None
         self.groups = None
+        self.quotas = None  # broker.security.quotas.ClientQuotas, from the data directory
         self.port: int | None = None
         # broker.security.acls.AclAuthorizer when authorizer.class.name is set.
         self.authorizer = None
@@ -160,6 +161,9 @@ class Broker:
             self.authorizer = self._load_authorizer(data_dir)
             self.replicas.load()
             self._ensure_offsets_topic()
+            from broker.security.quotas import ClientQuotas, QuotaStore
+
+            self.quotas = ClientQuotas(QuotaStore(data_dir), window_seconds=self.config.quota_window_size_seconds, samples=self.config.quota_window_num)
             from broker.security.credentials import CredentialStore
 
             self.credentials = CredentialStore(data_dir, io=self.seams.disk_io).load()
@@ -226,6 +230,7 @@ class Broker:
         admin_apis = AdminApis(config=self.config, replicas=self.replicas, cluster_id=cluster_id, advertised=advertised, log_config_defaults=log_config_defaults())
         from broker.security.acl_apis import AclApis
         from broker.security.acl_store import AclStore
+        from broker.security.quotas import QuotaApis, QuotaLayer
 
         acl_apis = AclApis(authorizer=self.authorizer, store=AclStore(data_dir))
         self.apis = KafkaApis(
@@ -239,10 +244,13 @@ class Broker:
                 **group_apis.handlers(),
                 **acl_apis.handlers(),
                 **UserScramApis(credentials=self.credentials).handlers(),
+                **QuotaApis(self.quotas).handlers(),
             },
             partition_in_transaction=partition_in_transaction,
         )
-        self._dispatcher = self._authorizing(self.apis.dispatch)
+        # Inside the ACL check (a denied request is not metered): Produce and
+        # Fetch are metered per user and throttled (KIP-13, KIP-219).
+        self._dispatcher = self._authorizing(QuotaLayer(self.apis.dispatch, self.quotas, clock=self.clock.monotonic))
         self._task_scope = contextlib.AsyncExitStack()
         tasks = await self._task_scope.enter_async_context(asyncio.TaskGroup())
         loops = {"housekeeping": self._housekeep(), **self.groups.background(), **self.transactions.background()}
@@ -398,6 +406,8 @@ class Broker:
                 "every request will be refused; add ACLs with `onceflow acls add --data-dir %s` while the broker is stopped, or set super.users",
                 data_dir,
             )
+        if all(listener.security_protocol == "PLAINTEXT" for listener in self.config.effective_listeners):
+            log.warning("the ACL authorizer is on but no listener authenticates: every client is User:ANONYMOUS, told apart only by host")
         log.info("ACL authorizer on: %d ACLs, super users %s", len(bindings), ", ".join(sorted(settings.super_users)) or "none")
         return AclAuthorizer(bindings, settings)
 

@@ -11,9 +11,11 @@ and two kinds of metric:
   fsync time and group-commit round size (storage's ``FlushObserver`` seam:
   storage hands over plain numbers and never imports this), connections
   opened;
-- read at scrape time by ``BrokerStateCollector`` from the broker's own state:
-  per-partition offsets (log start, high watermark, last stable, log end;
-  internal topics' partitions only once written to),
+- read at scrape time by ``BrokerStateCollector`` from the broker's own state,
+  never opening a partition (``broker.replica`` opens them when first used):
+  per-partition offsets (log start, high watermark, last stable, log end) of
+  the open partitions and of those created since start (zeros), internal
+  topics' only once written to,
   open transactions and the age of the oldest (per partition and per
   ``__transaction_state`` partition), producer ids, transactional ids by
   state, groups by state, their members, committed offsets and lag, the
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Callable
 
 from prometheus_client import (
@@ -76,6 +79,9 @@ class MetricsListenError(OSError):
 
 
 class BrokerMetrics:
+    """One broker's registry: the counters and histograms its parts update
+    through the hooks below, and (after ``watch``) the gauges read from it."""
+
     def __init__(self) -> None:
         # A ``_created`` series beside every counter and histogram child would
         # double what Prometheus stores for nothing a dashboard uses (the
@@ -271,8 +277,6 @@ class MeasuredDispatch:
 
 
 def _as_uuid(value):
-    import uuid
-
     if isinstance(value, uuid.UUID):
         return value
     try:
@@ -372,14 +376,12 @@ class BrokerStateCollector:
                 first = started.get((topic, partition))
                 if first is not None:
                     oldest.add_metric(values, max(0, now_ms - first) / 1000.0)
-            # Partitions open when first used (broker.replica): those created
-            # since start and unused are empty; others not yet opened since
-            # start are not reported until they are used.
-            created = getattr(replicas, "created_unopened", None)
-            for topic, partition in created() if created is not None else ():
-                values = [topic, str(partition)]
-                for family in (end, high, stable, start, size, open_txns):
-                    family.add_metric(values, 0)
+            # Created since start and never used: empty, known without opening them.
+            for topic, partition in replicas.created_unopened():
+                if topic not in internal:
+                    values = [topic, str(partition)]
+                    for family in (end, high, stable, start, size, open_txns):
+                        family.add_metric(values, 0)
         yield from (end, high, stable, start, size, open_txns, oldest)
         yield GaugeMetricFamily("onceflow_producer_ids", "Producer ids whose state the partitions keep (for duplicate detection), summed over partitions", value=producers)
 
@@ -426,7 +428,8 @@ class BrokerStateCollector:
                 for (topic, partition), offset in list(group.offsets.items()):
                     values = [group_id, topic, str(partition)]
                     committed.add_metric(values, offset.offset)
-                    partition_log = replicas.get_log(topic, partition) if replicas is not None else None
+                    # Only an open log: a scrape must not open (and maybe recover) partitions.
+                    partition_log = replicas.logs.get((topic, partition)) if replicas is not None else None
                     if partition_log is not None:
                         lag.add_metric(values, max(0, partition_log.high_watermark - offset.offset))
             for name, count in sorted(counts.items()):

@@ -15,6 +15,11 @@ connection (logged), an unsupported ApiVersions version is answered with
 UNSUPPORTED_VERSION as Kafka does, and an exception inside a handler is logged
 and closes only that connection.
 
+A response with ``throttle_time_ms`` > 0 (a client over its quota,
+``broker.security.quotas``) mutes its connection for that long, as Kafka
+does (KIP-219): no further request of it is read or started until then,
+whether or not the client honours the field.
+
 A server serves one listener (``broker.security.listeners``); the broker runs
 one per listener. Its edge, in the order a connection meets it: the shared
 ``ConnectionLimiter`` (a connection over ``max.connections`` or
@@ -64,6 +69,23 @@ OnConnection = Callable[[Session], SessionUpdate]
 
 class _CloseConnection(Exception):
     """Raised inside a connection to end it after what was already answered."""
+
+
+@attrs.define
+class _Mute:
+    """Until when (loop time) one connection is not read from: a throttled client's."""
+
+    until: float = 0.0
+
+    def throttled(self, body) -> None:
+        throttle_ms = body.get("throttle_time_ms") if isinstance(body, dict) else None
+        if throttle_ms and throttle_ms > 0:
+            self.until = max(self.until, asyncio.get_running_loop().time() + throttle_ms / 1000)
+
+    async def wait(self) -> None:
+        delay = self.until - asyncio.get_running_loop().time()
+        if delay > 0:
+            await asyncio.sleep(delay)
 
 
 @attrs.define(eq=False)
@@ -205,14 +227,20 @@ class KafkaServer:
         session_update = self._on_connection(session) if self._on_connection is not None else None
         state.session_update = session_update
         pending: asyncio.Queue = asyncio.Queue(maxsize=self._max_inflight)
+        mute = _Mute()
         try:
             async with asyncio.TaskGroup() as tasks:
                 writer_task = tasks.create_task(self._write_responses(connection, pending, writer, peer))
+                deadline_task = None
                 if state.sasl is not None:
-                    tasks.create_task(self._authentication_deadline(state, deadline, peer))
+                    deadline_task = tasks.create_task(self._authentication_deadline(state, deadline, peer))
                 try:
-                    await self._read_requests(connection, reader, pending, tasks, peer, state)
+                    await self._read_requests(connection, reader, pending, tasks, peer, state, mute)
                 finally:
+                    # The peer is gone or done: no deadline left to keep (it
+                    # would hold the connection open until it passed).
+                    if deadline_task is not None:
+                        deadline_task.cancel()
                     # Let the writer finish what was already accepted, then stop it.
                     if not writer_task.done():
                         await pending.put(None)
@@ -232,8 +260,9 @@ class KafkaServer:
             log.warning("closing connection from %s on %s: not authenticated within the authentication timeout", peer, self.listener.name)
             raise _CloseConnection() from None
 
-    async def _read_requests(self, connection, reader, pending, tasks, peer, state: _Connection) -> None:
+    async def _read_requests(self, connection, reader, pending, tasks, peer, state: _Connection, mute: _Mute) -> None:
         while True:
+            await mute.wait()
             try:
                 data = await reader.read(256 * 1024)
             except (ConnectionError, OSError):
@@ -276,13 +305,14 @@ class KafkaServer:
                                 state.authenticated.set()
                                 log.info("connection from %s on %s authenticated as %s (%s)", peer, self.listener.name, state.sasl.principal, state.sasl.mechanism)
                             continue
-                    await pending.put(tasks.create_task(self._answer(connection, request, peer, state.session)))
+                    await mute.wait()  # a request already read waits out a throttle too
+                    await pending.put(tasks.create_task(self._answer(connection, request, peer, state.session, mute)))
             except MalformedFrameError as error:
                 log.warning("closing connection from %s: malformed request: %s", peer, error)
                 # Answer what came before the bad frame, then close.
                 return
 
-    async def _answer(self, connection, request, peer, session) -> bytes | None:
+    async def _answer(self, connection, request, peer, session, mute) -> bytes | None:
         try:
             body = await self._dispatch(request, session)
         except asyncio.CancelledError:
@@ -298,6 +328,7 @@ class KafkaServer:
             raise _CloseConnection() from None
         if body is None:
             return None
+        mute.throttled(body)
         return connection.encode_response(request, body)
 
     async def _write_responses(self, connection, pending, writer, peer) -> None:

@@ -28,11 +28,14 @@ StandardAuthorizer do:
 
 Decisions are cached per (principal, host, operation, resource); the cache is
 emptied whenever the ACLs change, so a check on the produce path is one
-dictionary look-up.
+dictionary look-up. A denial is logged (``broker.security.audit``, INFO) when
+it is decided, so once per principal, host, operation and resource until the
+ACLs change, not once per request.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 
 import attrs
@@ -55,6 +58,10 @@ from protocol.acls import (  # noqa: F401  (the model, re-exported beside its de
     ResourcePattern,
     ResourceType,
 )
+
+# Denials, as Kafka's authorizer logger reports them: once per principal,
+# host, operation and resource until the ACLs change (decisions are cached).
+audit = logging.getLogger("broker.security.audit")
 
 
 @attrs.frozen
@@ -124,6 +131,8 @@ class AclAuthorizer:
         decision = self._cache.get(key)
         if decision is None:
             decision = self._decide(principal, host, operation, resource_type, name)
+            if not decision:
+                audit.info("principal %s is denied operation %s from host %s on resource %s:%s", principal, operation.name, host, resource_type.name, name)
             if len(self._cache) >= MAX_CACHED_DECISIONS:
                 self._cache = {}
             self._cache[key] = decision
@@ -141,6 +150,8 @@ class AclAuthorizer:
     def _decide(self, principal, host, operation, resource_type, name) -> bool:
         if principal in self.settings.super_users:
             return True
+        if name is None:  # a resource without a name is nobody's
+            return False
         entries = self._applicable(resource_type, name)
         if not entries:
             return self.settings.allow_everyone_if_no_acl_found

@@ -232,28 +232,24 @@ _produce_topics = topic_partitions_rule(
 # -- Fetch ----------------------------------------------------------------------------------------------
 
 
-def _fetch_topic_name(check: Check):
-    def name_of(topic, version):
-        return check.topics.name_for_id(topic.get("topic_id")) if version >= 13 else topic.get("topic")
-
-    return name_of
-
-
 def _fetch_partition(index, version):
     return {"partition_index": index, "error_code": TOPIC_DENIED, "high_watermark": -1, "last_stable_offset": -1, "log_start_offset": -1, "aborted_transactions": None, "preferred_read_replica": -1, "records": b""}
 
 
-def fetch(check: Check, version: int, body: dict) -> Verdict:
+def fetch(check: Check, version: int, body: dict) -> Verdict | None:
     replica_id = body.get("replica_state", {}).get("replica_id", -1) if version >= 15 else body.get("replica_id", -1)
     if replica_id >= 0 and not check.cluster(Op.CLUSTER_ACTION):
         # A follower's fetch: Kafka fails every partition.
         return answer(_fetch_empty(body, version, [(t, TOPIC_DENIED) for t in body.get("topics") or []]))
-    name_of = _fetch_topic_name(check)
     topics = body.get("topics") or []
+    by_id = version >= 13
     # An unknown topic id is the handler's UNKNOWN_TOPIC_ID, not a denial.
-    kept, denied = split(topics, lambda t: (version >= 13 and name_of(t, version) is None) or check.topic(Op.READ, name_of(t, version)))
-    if not denied:
-        return Verdict(body)
+    names = [check.topics.name_for_id(t.get("topic_id")) if by_id else t.get("topic") for t in topics]
+    allowed = [(by_id and name is None) or check.topic(Op.READ, name) for name in names]
+    if all(allowed):  # the hot path of every consumer: as it is
+        return None
+    kept = [t for t, ok in zip(topics, allowed) if ok]
+    denied = [t for t, ok in zip(topics, allowed) if not ok]
     denied_entries = _fetch_empty(body, version, [(t, TOPIC_DENIED) for t in denied])["responses"]
 
     def finish(response):

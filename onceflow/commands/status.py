@@ -17,6 +17,8 @@ Kafka-protocol broker:
   transaction open there that the coordinator does not know as open for
   that partition, or one open longer than its transaction timeout. Either
   holds the partition's LSO back; ``onceflow transactions abort`` ends it.
+  Only partitions whose LSO is below their end are asked (no other can
+  hold an open transaction).
 
 A broker that lacks an API (Tansu has no ListTransactions nor
 DescribeProducers) leaves that section out, saying why (``unavailable``).
@@ -204,8 +206,12 @@ def gather(admin, *, bootstrap_server: str = "", topics=(), groups=(), include_i
         if topics:
             transactions = tuple(t for t in transactions if not t.partitions or any(p.topic in topics for p in t.partitions))
         if serves("hanging", ApiKey.DESCRIBE_PRODUCERS):
+            # Only a partition whose LSO is below its end has a transaction
+            # open in it: DescribeProducers goes to those alone.
             scanned = [TopicPartition(name, p) for name in (topics or listings) if name != TRANSACTION_STATE_TOPIC for p in range(listings[name].partitions)]
-            hanging = _hanging(admin, scanned, transactions, now_ms)
+            offsets.update(_offsets(admin, [tp for tp in scanned if tp not in offsets]))
+            unstable = [tp for tp in scanned if offsets[tp][2] < offsets[tp][1]]
+            hanging = _hanging(admin, unstable, transactions, now_ms)
     elif not any(u.section == "hanging" for u in unavailable):
         unavailable.append(Unavailable("hanging", "needs the transactions section"))
     return ClusterStatus(bootstrap_server, now_ms, topic_status, group_status, transactions, states, hanging, tuple(unavailable))

@@ -362,10 +362,10 @@ def test_kafka_python_gets_kafkas_errors(acl_broker):
     with pytest.raises(TopicAuthorizationFailedError):
         producer.send("secret", b"v").get(30)
     producer.close()
-    consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap, consumer_timeout_ms=3000)
+    consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap, consumer_timeout_ms=10000)
     consumer.assign([TopicPartition("ok", 0)])
     consumer.seek_to_beginning()
-    assert [m.value for m in consumer] == [b"v"]
+    assert next(iter(consumer)).value == b"v"
     consumer.close()
     assert log_end(broker, "secret") == 0
 
@@ -404,10 +404,11 @@ def test_aiokafka_gets_kafkas_errors(acl_broker):
 # -- every denial encodes, in every version ----------------------------------------------------------------
 
 BATCH = encode_batch([(b"k", b"v", (), 0)])
+T_ID = uuid.uuid4()  # topic "t"'s id (Fetch v13+ names topics by id)
 PARTS = [{"partition": 0, "partition_index": 0, "index": 0, "records": BATCH, "fetch_offset": 0, "timestamp": -1, "offset": 0, "committed_offset": 1}]
 SAMPLES = {
     ApiKey.PRODUCE: {"transactional_id": None, "acks": -1, "topic_data": [{"name": "t", "partition_data": PARTS}]},
-    ApiKey.FETCH: {"replica_id": -1, "topics": [{"topic": "t", "topic_id": uuid.uuid4(), "partitions": PARTS}]},
+    ApiKey.FETCH: {"replica_id": -1, "topics": [{"topic": "t", "topic_id": T_ID, "partitions": PARTS}]},
     ApiKey.LIST_OFFSETS: {"topics": [{"name": "t", "partitions": PARTS}]},
     ApiKey.METADATA: {"topics": [{"name": "t"}], "allow_auto_topic_creation": True},
     ApiKey.OFFSET_COMMIT: {"group_id": "g", "topics": [{"name": "t", "partitions": PARTS}]},
@@ -460,7 +461,7 @@ def test_every_denial_encodes_in_every_version(api, version):
     from broker.security.session import Session
     from protocol import schema
 
-    no_topics = types.SimpleNamespace(topics={}, topics_by_id={})
+    no_topics = types.SimpleNamespace(topics={}, topics_by_id={T_ID: types.SimpleNamespace(name="t")})
     check = Check(AclAuthorizer([]), Session(), TopicView(no_topics, auto_create=True))
     verdict = RULES[api](check, version, dict(SAMPLES[api]))
     assert verdict is not None, "nothing is allowed here: every rule has something to deny"
@@ -594,3 +595,75 @@ def test_the_acl_benchmark_scenario_runs(monkeypatch):
     metrics = bench_acl.acl_cost_scenario("unused", ScenarioSettings(records=4000))
     assert metrics["records/s with 100 ACLs"].value > 0 and metrics["records/s without an authorizer"].value > 0
     assert 0 < metrics["authorisation per Produce (3 topics) us"].value < metrics["broker work per Produce, no check us"].value
+
+
+def test_transaction_apis_deny_as_kafka_does_and_change_nothing(acl_broker):
+    """AddPartitionsToTxn fails whole when a topic is denied (denied topics
+    TOPIC_AUTHORIZATION_FAILED, the others OPERATION_NOT_ATTEMPTED);
+    AddOffsetsToTxn and TxnOffsetCommit need READ on the group; nothing
+    reaches the coordinators."""
+    broker = acl_broker([allow(Res.TRANSACTIONAL_ID, "tx", Op.WRITE), allow(Res.TOPIC, "ok", Op.WRITE), allow(Res.TOPIC, "ok", Op.READ)])
+    create(broker, "ok", "no")
+    init = request(broker.port, ApiKey.INIT_PRODUCER_ID, 4, {"transactional_id": "tx", "transaction_timeout_ms": 60000, "producer_id": -1, "producer_epoch": -1})
+    assert init["error_code"] == ErrorCode.NONE
+    ids = {"v3_and_below_transactional_id": "tx", "v3_and_below_producer_id": init["producer_id"], "v3_and_below_producer_epoch": init["producer_epoch"]}
+    added = request(broker.port, ApiKey.ADD_PARTITIONS_TO_TXN, 3, {**ids, "v3_and_below_topics": [{"name": "ok", "partitions": [0]}, {"name": "no", "partitions": [0]}]})
+    codes = {t["name"]: t["results_by_partition"][0]["partition_error_code"] for t in added["results_by_topic_v3_and_below"]}
+    assert codes == {"ok": ErrorCode.OPERATION_NOT_ATTEMPTED, "no": ErrorCode.TOPIC_AUTHORIZATION_FAILED}
+    assert broker.call(lambda b: b.transactions.coordinator.txns["tx"].partitions) == frozenset()
+    offsets = request(broker.port, ApiKey.ADD_OFFSETS_TO_TXN, 3, {"transactional_id": "tx", "producer_id": init["producer_id"], "producer_epoch": init["producer_epoch"], "group_id": "g"})
+    assert offsets["error_code"] == ErrorCode.GROUP_AUTHORIZATION_FAILED
+    assert broker.call(lambda b: b.transactions.coordinator.txns["tx"].partitions) == frozenset()
+    commit = {"transactional_id": "tx", "group_id": "g", "producer_id": init["producer_id"], "producer_epoch": init["producer_epoch"], "generation_id": -1, "member_id": "", "topics": [{"name": "ok", "partitions": [{"partition_index": 0, "committed_offset": 3}]}]}
+    assert request(broker.port, ApiKey.TXN_OFFSET_COMMIT, 3, commit)["topics"][0]["partitions"][0]["error_code"] == ErrorCode.GROUP_AUTHORIZATION_FAILED
+    assert request(broker.port, ApiKey.TXN_OFFSET_COMMIT, 3, {**commit, "transactional_id": "other"})["topics"][0]["partitions"][0]["error_code"] == ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    assert broker.call(lambda b: "g" in b.groups.coordinator.groups) is False
+    # The batched (v4+) form is for brokers: CLUSTER_ACTION.
+    batched = request(broker.port, ApiKey.ADD_PARTITIONS_TO_TXN, 4, {"transactions": [{"transactional_id": "tx", "producer_id": init["producer_id"], "producer_epoch": init["producer_epoch"], "verify_only": False, "topics": [{"name": "ok", "partitions": [0]}]}]})
+    assert batched["error_code"] == ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+    assert broker.call(lambda b: b.transactions.coordinator.txns["tx"].partitions) == frozenset()
+    # With only allowed topics the request goes through.
+    added = request(broker.port, ApiKey.ADD_PARTITIONS_TO_TXN, 3, {**ids, "v3_and_below_topics": [{"name": "ok", "partitions": [0]}]})
+    assert added["results_by_topic_v3_and_below"][0]["results_by_partition"][0]["partition_error_code"] == ErrorCode.NONE
+
+
+def test_more_admin_apis_deny_and_change_nothing(acl_broker):
+    broker = acl_broker([allow(Res.TOPIC, "t", Op.DESCRIBE)])
+    create(broker, "t")
+    grow = request(broker.port, ApiKey.CREATE_PARTITIONS, 3, {"topics": [{"name": "t", "count": 3, "assignments": None}], "timeout_ms": 5000, "validate_only": False})
+    assert grow["results"][0]["error_code"] == ErrorCode.TOPIC_AUTHORIZATION_FAILED
+    assert broker.call(lambda b: b.replicas.topics["t"].partitions) == 1
+    alter = request(broker.port, ApiKey.INCREMENTAL_ALTER_CONFIGS, 1, {"resources": [{"resource_type": 2, "resource_name": "t", "configs": [{"name": "retention.ms", "config_operation": 0, "value": "1"}]}], "validate_only": False})
+    assert alter["responses"][0]["error_code"] == ErrorCode.TOPIC_AUTHORIZATION_FAILED
+    assert "retention.ms" not in broker.call(lambda b: b.replicas.topics["t"].config)
+    request(broker.port, ApiKey.PRODUCE, 9, produce_body("t"))  # denied as well: no WRITE
+    assert log_end(broker, "t") == 0
+    deleted = request(broker.port, ApiKey.DELETE_RECORDS, 2, {"topics": [{"name": "t", "partitions": [{"partition_index": 0, "offset": -1}]}], "timeout_ms": 5000})
+    assert deleted["topics"][0]["partitions"][0]["error_code"] == ErrorCode.TOPIC_AUTHORIZATION_FAILED
+    groups = request(broker.port, ApiKey.DELETE_GROUPS, 2, {"groups_names": ["g"]})
+    assert groups["results"][0]["error_code"] == ErrorCode.GROUP_AUTHORIZATION_FAILED
+    # DescribeCluster answers anyone, as Kafka does; DESCRIBE on the cluster
+    # only decides the authorized operations shown (none here).
+    cluster = request(broker.port, ApiKey.DESCRIBE_CLUSTER, 1, {"include_cluster_authorized_operations": True})
+    assert cluster["error_code"] == ErrorCode.NONE and cluster["brokers"] and cluster["cluster_authorized_operations"] == 0
+
+
+def test_our_clients_surface_kafkas_errors_at_once(acl_broker):
+    """txn's producer and consumer: a denied topic or group is an
+    InvalidConfigurationError carrying Kafka's code, not a retry until the
+    delivery timeout."""
+    from txn import Consumer, Producer
+    from txn.errors import InvalidConfigurationError
+
+    broker = acl_broker([allow(Res.TOPIC, "ok", Op.ALL), allow(Res.CLUSTER, "kafka-cluster", Op.IDEMPOTENT_WRITE)])
+    create(broker, "ok", "no")
+    with Producer(bootstrap_servers=broker.bootstrap, delivery_timeout_ms=60000) as producer:
+        producer.send("ok", b"v").result(30)
+        with pytest.raises(InvalidConfigurationError) as raised:
+            producer.send("no", b"v").result(30)
+        assert raised.value.code == ErrorCode.TOPIC_AUTHORIZATION_FAILED
+    with Consumer(bootstrap_servers=broker.bootstrap, group_id="not-mine") as consumer, pytest.raises(InvalidConfigurationError) as raised:
+        consumer.subscribe(["ok"])
+        consumer.poll(30)
+    assert raised.value.code == ErrorCode.GROUP_AUTHORIZATION_FAILED
+    assert log_end(broker, "no") == 0

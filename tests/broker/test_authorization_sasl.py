@@ -18,9 +18,6 @@ import uuid
 
 import pytest
 
-pytest.importorskip("broker.security.credentials", reason="SASL (issue 18's listeners) is not on this branch yet")
-
-
 PROTOCOL = "SASL_PLAINTEXT"
 USERS = {"admin": ("SCRAM-SHA-512", "admin-secret-1"), "alice": ("SCRAM-SHA-256", "alice-secret-2"), "mallory": ("SCRAM-SHA-512", "mallory-secret-3")}
 
@@ -35,9 +32,8 @@ def root_handlers_restored():
 
 @pytest.fixture(scope="module")
 def guarded(tmp_path_factory):
-    from broker.security.credentials import CredentialStore, make
-
     from broker.broker import EmbeddedBroker
+    from broker.security.credentials import CredentialStore, make
 
     data_dir = str(tmp_path_factory.mktemp("guarded") / "data")
     store = CredentialStore(data_dir).load()

@@ -100,3 +100,10 @@ def test_over_the_wire_without_alter_on_the_cluster_is_refused(tmp_path, capsys)
     with EmbeddedBroker(str(tmp_path / "open")) as broker:
         status, _, err = run(capsys, "list", "--bootstrap-server", broker.bootstrap)
         assert status == 1 and "SECURITY_DISABLED" in err
+
+
+def test_the_broker_refuses_an_unknown_authorizer_or_a_bad_super_users(tmp_path, capsys):
+    for setting, says in (("authorizer.class.name=com.example.Mine", "authorizer.class.name must be acl"), ("super.users=admin", "super.users wants principals")):
+        status = main(["broker", "--data-dir", str(tmp_path / "data"), "--listen", "127.0.0.1:0", "--config", setting])
+        err = capsys.readouterr().err
+        assert status == 2 and says in err and "Traceback" not in err

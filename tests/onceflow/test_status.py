@@ -132,11 +132,14 @@ def test_json_field_by_field_then_commit_and_a_hanging_transaction(known_state, 
     assert rows_of(text, "HANGING") == [["none"]]
 
     # Committed: the LSO catches up with the end (the marker is one offset more).
-    open_transaction.commit_transaction()
-    document = json.loads(onceflow_status(capsys, "--bootstrap-server", bootstrap, "--json", "--topic", "orders", "--group", "pipeline")[1])
+    open_transaction.commit_transaction()  # answered once the decision is durable; the markers follow
+
+    def completed() -> dict | None:
+        document = json.loads(onceflow_status(capsys, "--bootstrap-server", bootstrap, "--json", "--topic", "orders", "--group", "pipeline")[1])
+        return document if document["transactional_id_states"] == {"CompleteCommit": 2} else None
+    document = wait_for(completed, timeout=30, what="the commit to complete")
     assert document["topics"][0]["partitions"][0] == {"partition": 0, "log_start_offset": 0, "high_watermark": 9, "last_stable_offset": 9}
     assert document["groups"][0]["offsets"][0]["lag"] == 9 - 2 and document["transactions"] == []
-    assert document["transactional_id_states"] == {"CompleteCommit": 2}
 
     # A transaction the coordinator does not know, written straight into the
     # log (as an old bug or a lost coordinator could leave): it holds orders-1's LSO.

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 
 import pytest
@@ -30,6 +31,7 @@ from tests.streaming.runner_support import (
     BROKER_CONFIG,
     create_topics,
     payments,
+    read_all,
     send_payments,
 )
 from txn import Admin, Producer
@@ -240,3 +242,49 @@ def test_aborts_by_cause_restore_progress_and_lag_render_from_the_runners_state(
     app.metrics.observe("commit_seconds", 0.02)
     assert b"onceflow_runner_commit_duration_seconds_count 1.0" in exported.render(), "a closed exporter takes no more observations"
     assert json.dumps(dict(app.metrics))  # still a plain dict of numbers
+
+
+@pytest.mark.slow
+def test_an_abort_in_a_real_run_is_counted_with_its_cause(broker_process, tmp_path):
+    """A processor that stalls the loop past the session timeout once: the
+    group moves on, the runner aborts (and says why), rejoins, and the output
+    is still every record exactly once."""
+    broker = broker_process(*BROKER_CONFIG)
+    with Admin(bootstrap_servers=broker.bootstrap) as admin:
+        admin.create_topics({"slow-in": 1, "slow-out": 1})
+    producer = Producer(bootstrap_servers=broker.bootstrap)
+    for index in range(30):
+        producer.send("slow-in", f"r{index}".encode(), key=b"k")
+    producer.flush()
+    producer.close()
+    app = streaming.App(broker.bootstrap, "stalling", str(tmp_path / "state"), session_timeout_ms=2000, heartbeat_interval_ms=200, commit_records=40)
+    stalled = []
+
+    @app.processor(source="slow-in", sink="slow-out")
+    def copy(record, ctx):
+        if record.value == b"r10" and not stalled:
+            stalled.append(True)
+            time.sleep(4)  # the loop (and its heartbeats) stops past the 2 s session
+        ctx.emit(record.key, record.value)
+
+    thread, failures = run_in_thread(app)
+    try:
+        wait_for(lambda: app.metrics_url or failures, 60, "the runner's endpoint")
+        assert not failures, failures
+
+        def recovered():
+            samples = scrape(app.metrics_url)
+            aborts = matching(samples, "onceflow_runner_aborts_total")
+            return samples if aborts and value(samples, "onceflow_runner_records_out_total") == 30 else None
+
+        samples = wait_for(recovered, 90, "an abort, then all 30 records out")
+    finally:
+        app.stop()
+        thread.join(60)
+    assert not failures, failures
+    causes = {dict(labels)["cause"]: count for labels, count in matching(samples, "onceflow_runner_aborts_total").items()}
+    assert set(causes) <= {"group_fenced", "partitions_lost", "commit_failed"}, causes
+    assert sum(causes.values()) == app.metrics["aborts"] >= 1
+    assert value(samples, "onceflow_runner_rebalances_total") >= 2, "it joined again"
+    out = read_all(broker.bootstrap, "slow-out", 1, expect=30)
+    assert sorted(record.value for record in out) == sorted(f"r{index}".encode() for index in range(30)), "exactly once through the abort"
