@@ -351,6 +351,12 @@ def acl_cost_scenario(bootstrap: str, settings: ScenarioSettings) -> dict[str, M
     return bench_acl.acl_cost_scenario(bootstrap, settings)
 
 
+def sasl_ssl_scenario(bootstrap: str, settings: ScenarioSettings) -> dict[str, Metric]:
+    from benchmarks import bench_sasl  # starts its own broker with a PLAINTEXT and a SASL_SSL listener
+
+    return bench_sasl.sasl_ssl_scenario(bootstrap, settings)
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(len(ordered) * q / 100))]
@@ -372,10 +378,11 @@ SCENARIOS = (
     Scenario("end to end, produce to read_committed", latency_scenario),
 )
 
-# Only when named by --only ("ACL"): each starts its own brokers beside the
+# Only when named by --only ("ACL", "SASL_SSL"): each starts its own brokers beside the
 # suite's target, to compare settings of ours in one run (no peer).
 SECURITY_SCENARIOS = (
     Scenario("ACL check on the produce path", acl_cost_scenario, peer=False),
+    Scenario("SASL_SSL beside PLAINTEXT", sasl_ssl_scenario, peer=False),
 )
 
 

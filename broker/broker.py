@@ -295,6 +295,7 @@ class Broker:
                 limiter=limiter,
                 authentication_timeout=config.authentication_timeout_ms / 1000.0,
                 pre_authentication_max_frame_size=config.sasl_server_max_receive_size,
+                failed_authentication_delay=config.failed_authentication_delay_ms / 1000.0,
             )
             self.servers[listener.name] = server
             self.ports[listener.name] = await server.start()

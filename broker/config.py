@@ -42,6 +42,7 @@ _INT_SETTINGS = {
     "max.connections.per.ip": "max_connections_per_ip",
     "sasl.server.max.receive.size": "sasl_server_max_receive_size",
     "connections.authentication.timeout.ms": "authentication_timeout_ms",
+    "connection.failed.authentication.delay.ms": "failed_authentication_delay_ms",
 }
 _LISTENER_SETTINGS = ("listeners", "advertised.listeners", "listener.security.protocol.map")
 SSL_CLIENT_AUTH = ("none", "requested", "required")
@@ -144,6 +145,9 @@ class BrokerConfig:
     # onceflow's own: a connection on a TLS or SASL listener that has not
     # finished its TLS handshake and SASL authentication by then is closed.
     authentication_timeout_ms: int = attrs.field(default=10_000, validator=attrs.validators.ge(1))
+    # Kafka's: a failed login is answered (and closed) this much later, to
+    # slow down password guessing.
+    failed_authentication_delay_ms: int = attrs.field(default=100, validator=attrs.validators.ge(0))
     # Authorisation (broker.security): "" (nothing checked) or "acl".
     authorizer: str = ""
     super_users: frozenset = attrs.field(factory=frozenset, converter=frozenset)

@@ -82,6 +82,8 @@ def _unb64(text: str) -> bytes:
 def make(mechanism: str, password: str, *, iterations: int = DEFAULT_ITERATIONS):
     """A fresh credential of ``mechanism`` for ``password``."""
     if mechanism == PLAIN:
+        if not 4096 <= iterations <= 1_000_000:
+            raise CredentialError(f"PLAIN hashing iterations must be within 4096..1000000, not {iterations}")
         return PlainCredential.make(password, iterations=iterations)
     scram = MECHANISMS.get(mechanism)
     if scram is None:

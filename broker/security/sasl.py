@@ -20,6 +20,10 @@ not say whether the user exists) and then the connection is closed. With
 handshake closes the connection, and a re-authentication must prove the same
 principal.
 
+After a v0 SaslHandshake the tokens arrive as bare frames without request
+headers (clients from before Kafka 1.0); ``broker.server`` unwraps them and
+hands them in as SaslAuthenticate v0 bodies: this machine is the same.
+
 The states and the events that move between them are one table
 (``TRANSITIONS``); ``ALLOWED`` says which requests each state lets through.
 The mechanisms are exchanges with one ``step(token) -> challenge`` method:
