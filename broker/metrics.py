@@ -382,14 +382,6 @@ class BrokerStateCollector:
                     values = [topic, str(partition)]
                     for family in (end, high, stable, start, size, open_txns):
                         family.add_metric(values, 0)
-            # Partitions open when first used (broker.replica): those created
-            # since start and unused are empty; others not yet opened since
-            # start are not reported until they are used.
-            created = getattr(replicas, "created_unopened", None)
-            for topic, partition in created() if created is not None else ():
-                values = [topic, str(partition)]
-                for family in (end, high, stable, start, size, open_txns):
-                    family.add_metric(values, 0)
         yield from (end, high, stable, start, size, open_txns, oldest)
         yield GaugeMetricFamily("onceflow_producer_ids", "Producer ids whose state the partitions keep (for duplicate detection), summed over partitions", value=producers)
 

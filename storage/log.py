@@ -565,7 +565,9 @@ class PartitionLog:
                     segment.flush_indexes(fsync=True)
                 self.recovery_point = self.log_end_offset
                 self.take_snapshot()
-                self._write_checkpoint()
+                # One directory fsync for the snapshot's and the checkpoint's renames.
+                recovery.write_checkpoint(self.directory, self.recovery_point, self.log_start_offset, sync_directory=False)
+                fsync_directory(self.directory)
             except OSError as error:
                 log.error("closing %s uncleanly: %s", self.directory, error)
                 clean = False
@@ -576,7 +578,8 @@ class PartitionLog:
             except OSError:
                 clean = False
         if clean:
-            replace_file(os.path.join(self.directory, CLEAN_SHUTDOWN_FILE), b"")
+            # Everything it vouches for is durable now (see recovery.mark_clean).
+            recovery.mark_clean(self.directory)
             self.marked_clean = True
         self.committer.fail_waiters(LogFailedError("log closed"))
         self.closed = True
