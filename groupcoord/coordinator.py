@@ -359,6 +359,21 @@ class GroupCoordinator:
             return {"error_code": ErrorCode.GROUP_MAX_SIZE_REACHED, "member_id": member_id}
 
         member = group.members.get(member_id)
+        if member is not None and self._static_rejoin_keeps_assignment(group, member, protocol_type, protocols):
+            # KIP-345: a static member back from a restart, in a stable group,
+            # with protocols that leave the group's choice as it is, gets the
+            # current generation and (at SyncGroup) its assignment back. A
+            # rebalance here would stop every member until each had heard of
+            # it at its next heartbeat (up to heartbeat.interval.ms: 3 s by
+            # default) and rejoined. The leader still rebalances: a client
+            # before JoinGroup v9 cannot be told to skip the assignment.
+            member.protocols = list(protocols)
+            member.session_timeout_ms = session_timeout_ms
+            member.rebalance_timeout_ms = rebalance_timeout_ms
+            member.last_heartbeat = self.clock.monotonic()
+            log.info("group %s: static member %s (%s) rejoined; generation %d kept, no rebalance", group.group_id, member_id, group_instance_id, group.generation)
+            return {"error_code": ErrorCode.NONE, "generation_id": group.generation, "protocol_type": group.protocol_type, "protocol_name": group.protocol_name,
+                    "leader": group.leader, "member_id": member_id, "members": []}
         if member is None:
             member = Member(member_id, group_instance_id, client_id, client_host, session_timeout_ms, rebalance_timeout_ms, protocol_type, list(protocols))
             group.members[member_id] = member
@@ -374,6 +389,10 @@ class GroupCoordinator:
         self._prepare_rebalance(group, member_id=member_id)
         await self._work.run(self._maybe_complete_join(group))
         return await member.join_future
+
+    def _static_rejoin_keeps_assignment(self, group: Group, member: Member, protocol_type: str, protocols) -> bool:
+        return (bool(member.group_instance_id) and group.state == GroupState.STABLE and member.member_id != group.leader
+                and protocol_type == group.protocol_type and [name for name, _ in protocols] == [name for name, _ in member.protocols])
 
     def _common_protocols(self, group: Group, protocols) -> list[str]:
         names = [name for name, _ in protocols]

@@ -193,6 +193,58 @@ def test_static_member_keeps_its_member_id_and_fences_impostors():
     asyncio.run(scenario())
 
 
+def test_a_restarted_static_follower_gets_its_assignment_back_without_a_rebalance():
+    """KIP-345: the follower's restart costs the group nothing (no member has
+    to hear of a rebalance and rejoin); the leader's restart still rebalances."""
+    async def scenario():
+        coordinator, _ = make()
+        a, b = await joined_together(coordinator, join(coordinator, instance="w-1"), join(coordinator, instance="w-2"))
+        leader = a if a["members"] else b
+        follower = b if leader is a else a
+        follower_instance = "w-2" if follower is b else "w-1"
+        leader_instance = "w-1" if follower_instance == "w-2" else "w-2"
+        assignments = [(leader["member_id"], b"L"), (follower["member_id"], b"F")]
+        await asyncio.gather(
+            coordinator.sync_group(group_id="g", generation_id=1, member_id=follower["member_id"], group_instance_id=follower_instance, assignments=[]),
+            coordinator.sync_group(group_id="g", generation_id=1, member_id=leader["member_id"], group_instance_id=leader_instance, assignments=assignments),
+        )
+        # The follower's process dies and a new one starts: an empty member id, the same instance id.
+        again = await asyncio.wait_for(join(coordinator, instance=follower_instance), 5)
+        assert again["error_code"] == ErrorCode.NONE and again["generation_id"] == 1 and again["member_id"] == follower["member_id"]
+        assert again["leader"] == leader["member_id"] and again["members"] == []
+        assert coordinator.groups["g"].state == GroupState.STABLE
+        synced = await coordinator.sync_group(group_id="g", generation_id=1, member_id=follower["member_id"], group_instance_id=follower_instance, assignments=[])
+        assert synced["error_code"] == ErrorCode.NONE and synced["assignment"] == b"F"
+        assert await coordinator.heartbeat(group_id="g", generation_id=1, member_id=leader["member_id"], group_instance_id=leader_instance) == ErrorCode.NONE
+        # Different protocols would change the group's choice: that rebalances.
+        changed = asyncio.ensure_future(join(coordinator, instance=follower_instance, protocols=(("roundrobin", b"meta"), ("range", b"meta"))))
+        for _ in range(100):
+            await asyncio.sleep(0)
+        assert coordinator.groups["g"].state == GroupState.PREPARING_REBALANCE
+        changed.cancel()
+        await coordinator.stop()
+
+    async def leader_restarts():
+        coordinator, _ = make()
+        a, b = await joined_together(coordinator, join(coordinator, instance="w-1"), join(coordinator, instance="w-2"))
+        leader = a if a["members"] else b
+        leader_instance = "w-1" if leader is a else "w-2"
+        follower = b if leader is a else a
+        await asyncio.gather(
+            coordinator.sync_group(group_id="g", generation_id=1, member_id=follower["member_id"], group_instance_id=None, assignments=[]),
+            coordinator.sync_group(group_id="g", generation_id=1, member_id=leader["member_id"], group_instance_id=None, assignments=[(leader["member_id"], b"L"), (follower["member_id"], b"F")]),
+        )
+        rejoin = asyncio.ensure_future(join(coordinator, instance=leader_instance))
+        for _ in range(100):
+            await asyncio.sleep(0)
+        assert coordinator.groups["g"].state == GroupState.PREPARING_REBALANCE, "the leader's restart rebalances"
+        rejoin.cancel()
+        await coordinator.stop()
+
+    asyncio.run(scenario())
+    asyncio.run(leader_restarts())
+
+
 def test_offsets_of_empty_groups_expire_after_retention():
     async def scenario():
         coordinator, clock = make(offsets_retention_ms=1000)
