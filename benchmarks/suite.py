@@ -3,6 +3,8 @@
     onceflow bench [--rounds 3] [--records 200000] [--seconds 3] [--json FILE] [--png FILE]
                    [--spark [--spark-rows 1000000]]
     onceflow bench --runner [--runner-records 30000] ...   (instead: the streaming runner beside Quix Streams, benchmarks.runner_bench)
+    onceflow bench --metrics-cost [--rounds 3] [--records 200000]   (instead: produce with the broker's metrics off and on, benchmarks.metrics_cost)
+    onceflow bench --restart [--baseline DIR] ...          (instead: start, stop and topic creation as partitions grow, benchmarks.restart_bench)
     .venv/bin/python -m benchmarks ...        (the same)
 
 Every scenario is driven by the same client, confluent-kafka (librdkafka, so
@@ -343,6 +345,12 @@ def spark_source_scenario(bootstrap: str, settings: ScenarioSettings) -> dict[st
     return run(bootstrap, settings)
 
 
+def acl_cost_scenario(bootstrap: str, settings: ScenarioSettings) -> dict[str, Metric]:
+    from benchmarks import bench_acl  # starts its own two brokers, alike but for the authorizer
+
+    return bench_acl.acl_cost_scenario(bootstrap, settings)
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(len(ordered) * q / 100))]
@@ -363,6 +371,13 @@ SCENARIOS = (
     Scenario("exactly-once copier (750/txn)", copier_scenario),
     Scenario("end to end, produce to read_committed", latency_scenario),
 )
+
+# Only when named by --only ("ACL"): each starts its own brokers beside the
+# suite's target, to compare settings of ours in one run (no peer).
+SECURITY_SCENARIOS = (
+    Scenario("ACL check on the produce path", acl_cost_scenario, peer=False),
+)
+
 
 def spark_microbatch_scenario(bootstrap: str, settings: ScenarioSettings) -> dict[str, Metric]:
     """A one-row microbatch through Spark to the noop sink (Spark's own
@@ -523,6 +538,14 @@ def run_suite(args) -> int:
         from benchmarks import runner_bench
 
         return runner_bench.run_from_args(args)
+    if getattr(args, "metrics_cost", False):
+        from benchmarks import metrics_cost
+
+        return metrics_cost.run_from_args(args)
+    if getattr(args, "restart", False):
+        from benchmarks import restart_bench
+
+        return restart_bench.run_from_args(args)
     from benchmarks.limits import measure_limits
 
     def say(line: str) -> None:
@@ -530,6 +553,8 @@ def run_suite(args) -> int:
 
     settings = ScenarioSettings(records=args.records, seconds=args.seconds, latency_rate=args.latency_rate, copier_records=args.copier_records, spark_rows=args.spark_rows)
     offered = SCENARIOS + SPARK_SCENARIOS if args.spark or args.only else SCENARIOS
+    if args.only:
+        offered += SECURITY_SCENARIOS
     scenarios = [s for s in offered if not args.only or any(s.name.startswith(p.strip()) for p in args.only.split(","))]
     work = tempfile.mkdtemp(prefix="onceflow-bench-", dir=args.work_dir)
     try:

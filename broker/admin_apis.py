@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 
 from broker.apis import as_uuid
+from broker.security.listeners import advertised_address
 from broker.replica import (
     InvalidConfigError,
     InvalidPartitionsError,
@@ -60,9 +61,11 @@ class AdminApis:
     async def handle_create_topics(self, version: int, body: dict) -> dict:
         validate_only = body.get("validate_only", False)
         results = []
+        specs = []  # (result, name, partitions, config): registered together below
         for topic in body.get("topics", []):
             name = topic.get("name")
             result = {"name": name, "error_code": ErrorCode.NONE, "error_message": None, "num_partitions": -1, "replication_factor": -1, "configs": None}
+            results.append(result)
             partitions = topic.get("num_partitions", -1)
             replication = topic.get("replication_factor", -1)
             if topic.get("assignments"):
@@ -72,20 +75,22 @@ class AdminApis:
             if replication not in (-1, 1):
                 result["error_code"] = ErrorCode.INVALID_REPLICATION_FACTOR
                 result["error_message"] = f"replication factor {replication} is larger than the 1 available broker"
-                results.append(result)
                 continue
             config = {entry["name"]: entry["value"] for entry in topic.get("configs", []) if entry.get("value") is not None}
-            try:
-                info = self.replicas.create_topic(name, partitions, config, validate_only=validate_only)
-            except InvalidTopicError as error:
-                result["error_code"], result["error_message"] = ErrorCode.INVALID_TOPIC_EXCEPTION, str(error)
-            except TopicExistsError as error:
-                result["error_code"], result["error_message"] = ErrorCode.TOPIC_ALREADY_EXISTS, str(error)
-            except InvalidPartitionsError as error:
-                result["error_code"], result["error_message"] = ErrorCode.INVALID_PARTITIONS, str(error)
-            except InvalidConfigError as error:
-                result["error_code"], result["error_message"] = ErrorCode.INVALID_CONFIG, str(error)
+            specs.append((result, name, partitions, config))
+        # One registry write and one directory fsync for the whole request.
+        created = self.replicas.create_topics([spec[1:] for spec in specs], validate_only=validate_only)
+        for (result, _name, _partitions, _config), outcome in zip(specs, created):
+            if isinstance(outcome, InvalidTopicError):
+                result["error_code"], result["error_message"] = ErrorCode.INVALID_TOPIC_EXCEPTION, str(outcome)
+            elif isinstance(outcome, TopicExistsError):
+                result["error_code"], result["error_message"] = ErrorCode.TOPIC_ALREADY_EXISTS, str(outcome)
+            elif isinstance(outcome, InvalidPartitionsError):
+                result["error_code"], result["error_message"] = ErrorCode.INVALID_PARTITIONS, str(outcome)
+            elif isinstance(outcome, InvalidConfigError):
+                result["error_code"], result["error_message"] = ErrorCode.INVALID_CONFIG, str(outcome)
             else:
+                info = outcome
                 result["topic_id"] = info.topic_id
                 result["num_partitions"] = info.partitions
                 result["replication_factor"] = 1
@@ -93,7 +98,6 @@ class AdminApis:
                     {"name": key, "value": str(value), "read_only": False, "config_source": SOURCE_DYNAMIC_TOPIC if key in info.config else SOURCE_DEFAULT, "is_sensitive": False}
                     for key, value in sorted(self._topic_config_values(info).items())
                 ]
-            results.append(result)
         return {"throttle_time_ms": 0, "topics": results}
 
     async def handle_delete_topics(self, version: int, body: dict) -> dict:
@@ -274,8 +278,8 @@ class AdminApis:
             return {"error_code": ErrorCode.INVALID_CONFIG, "error_message": str(error)}
         return {}
 
-    async def handle_describe_cluster(self, version: int, body: dict) -> dict:
-        host, port = self.advertised
+    async def handle_describe_cluster(self, version: int, body: dict, *, session=None) -> dict:
+        host, port = advertised_address(self.advertised, session)
         return {
             "throttle_time_ms": 0,
             "error_code": ErrorCode.NONE,

@@ -14,6 +14,8 @@ Fetch long-polls and respects its byte limits. Handlers never touch sockets
 
 from __future__ import annotations
 
+import inspect
+import contextvars
 import logging
 import time
 import uuid
@@ -22,6 +24,7 @@ from broker.replica import (
     ReplicaManager,
     TopicExistsError,
 )
+from broker.security.listeners import advertised_address
 from protocol.constants import IsolationLevel, OffsetSpec
 from protocol.errors import ErrorCode
 from protocol.messages import ApiKey
@@ -69,10 +72,21 @@ SUPPORTED_APIS: dict[ApiKey, tuple[int, int]] = {
     ApiKey.TXN_OFFSET_COMMIT: (0, 4),
     ApiKey.DELETE_GROUPS: (0, 2),
     ApiKey.OFFSET_DELETE: (0, 0),
+    ApiKey.SASL_HANDSHAKE: (0, 1),
+    ApiKey.SASL_AUTHENTICATE: (0, 2),
+    ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: (0, 0),
+    ApiKey.ALTER_USER_SCRAM_CREDENTIALS: (0, 0),
     ApiKey.DESCRIBE_ACLS: (0, 3),
     ApiKey.CREATE_ACLS: (0, 3),
     ApiKey.DELETE_ACLS: (0, 3),
 }
+
+# Who sent the request being handled: its header's client id and its
+# connection's host, as Kafka shows them ("/127.0.0.1"). Set by dispatch for
+# the request's own task; the group coordinator records them per member for
+# DescribeGroups (onceflow status, kafka-consumer-groups).
+REQUEST_ORIGIN: contextvars.ContextVar[tuple[str, str]] = contextvars.ContextVar("request_origin", default=("", ""))
+
 
 class KafkaApis:
     """Dispatches decoded requests to handlers: its own (the data plane) and
@@ -99,8 +113,15 @@ class KafkaApis:
             ApiKey.LIST_OFFSETS: self.handle_list_offsets,
             ApiKey.METADATA: self.handle_metadata,
             ApiKey.API_VERSIONS: self.handle_api_versions,
+            ApiKey.SASL_HANDSHAKE: self.handle_sasl_outside_sasl,
+            ApiKey.SASL_AUTHENTICATE: self.handle_sasl_outside_sasl,
         }
         self._handlers.update(extra_handlers or {})
+        # Handlers whose answer depends on who asks or on which listener (a
+        # keyword-only ``session`` parameter) get the request's session.
+        self._wants_session = {
+            key for key, handler in self._handlers.items() if "session" in inspect.signature(handler).parameters
+        }
         # KIP-890 part 1: (producer id, epoch, topic, partition) -> the error
         # code for a transactional batch there (NONE: allowed).
         self.partition_in_transaction = partition_in_transaction
@@ -112,7 +133,22 @@ class KafkaApis:
         handler = self._handlers.get(request.api_key)
         if handler is None:  # framing only lets through what SUPPORTED_APIS lists
             raise RuntimeError(f"no handler for api key {request.api_key}")
+        REQUEST_ORIGIN.set((request.client_id or "", f"/{session.client_host}" if session is not None else ""))
+        if request.api_key in self._wants_session:
+            return await handler(request.api_version, request.body, session=session)
         return await handler(request.api_version, request.body)
+
+    async def handle_sasl_outside_sasl(self, version: int, body: dict) -> dict:
+        """SaslHandshake or SaslAuthenticate that reached the dispatcher: the
+        connection is on a listener without SASL (a SASL listener's
+        ``SaslServer`` answers these itself). Kafka answers ILLEGAL_SASL_STATE."""
+        return {
+            "error_code": ErrorCode.ILLEGAL_SASL_STATE,
+            "mechanisms": [],
+            "error_message": "this listener does not use SASL",
+            "auth_bytes": b"",
+            "session_lifetime_ms": 0,
+        }
 
     # -- ApiVersions --------------------------------------------------------
 
@@ -131,9 +167,9 @@ class KafkaApis:
 
     # -- Metadata -------------------------------------------------------------
 
-    async def handle_metadata(self, version: int, body: dict) -> dict:
+    async def handle_metadata(self, version: int, body: dict, *, session=None) -> dict:
         requested = body.get("topics")
-        host, port = self.advertised
+        host, port = advertised_address(self.advertised, session)
         node_id = self.config.node_id
         if requested is None or (version == 0 and not requested):
             names = [name for name in self.replicas.topics]

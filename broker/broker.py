@@ -3,8 +3,12 @@
 ``Broker`` wires the rooms together and owns start-up and shutdown order:
 
 1. lock the data directory (one broker per directory) and check its identity;
-2. open every partition log (crash recovery runs here);
-3. bind the listener; only now is the broker "ready" (``start()`` returns);
+2. read the topic registry and recover the partition logs changed since
+   they were last whole (after a clean stop, none); the others open when
+   first used (``broker.replica``);
+3. bind the listeners (one ``KafkaServer`` each, sharing one connection
+   limiter and the credential store); only now is the broker "ready"
+   (``start()`` returns);
 
 and on ``stop()`` the reverse: stop the background loops, stop accepting,
 close connections, flush and close the logs (which writes their
@@ -51,7 +55,7 @@ from broker.config import BrokerConfig
 from broker.metrics import BrokerMetrics, MeasuredDispatch
 from broker.replica import ReplicaManager
 from broker.server import KafkaServer
-from broker.storage_adapter import log_config_defaults, partition_log_opener, validate_log_properties
+from broker.storage_adapter import log_config_defaults, partition_log_opener, partition_needs_recovery, validate_log_properties
 from protocol.clock import Clock
 from protocol.loop_thread import LoopThread
 from protocol.tasks import cancel_and_wait
@@ -105,7 +109,10 @@ class Broker:
         self.clock = clock or Clock()
         self.replicas: ReplicaManager | None = None
         self.apis: KafkaApis | None = None
-        self.server: KafkaServer | None = None
+        self.server: KafkaServer | None = None  # the first listener's
+        self.servers: dict[str, KafkaServer] = {}  # listener name -> its server
+        self.ports: dict[str, int] = {}  # listener name -> bound port
+        self.credentials = None
         self._lock_file = None
         self._task_scope: contextlib.AsyncExitStack | None = None  # holds the TaskGroup
         self._loops: list[asyncio.Task] = []
@@ -125,6 +132,11 @@ class Broker:
     def bootstrap(self) -> str:
         return f"{self.config.host}:{self.port}"
 
+    def bootstrap_for(self, listener_name: str) -> str:
+        """``host:port`` a client connects to for the listener so named."""
+        listener = next(item for item in self.config.effective_listeners if item.name == listener_name)
+        return f"{listener.host}:{self.ports[listener_name]}"
+
     async def start(self) -> None:
         """Recover the logs and listen. Raises DataDirError or OSError (bind) on failure."""
         data_dir = self.config.data_dir
@@ -142,10 +154,16 @@ class Broker:
                 self.config.log_defaults,
                 open_log=partition_log_opener(io=self.seams.disk_io, index_budget=self.index_budget, flush_observer=self.metrics),
                 validate_config=validate_log_properties,
+                needs_recovery=partition_needs_recovery,
+                crash_point=self.seams.crash_point,
             )
             self.authorizer = self._load_authorizer(data_dir)
             self.replicas.load()
             self._ensure_offsets_topic()
+            from broker.security.credentials import CredentialStore
+
+            self.credentials = CredentialStore(data_dir, io=self.seams.disk_io).load()
+            self.credentials.ensure_secret()
         except ValueError as error:
             self._unlock()
             raise DataDirError(str(error)) from None
@@ -168,32 +186,26 @@ class Broker:
         dispatch = self._dispatch
         if self.metrics is not None:
             dispatch = MeasuredDispatch(dispatch, self.metrics, lambda: self.replicas.topics_by_id)
-        self.server = KafkaServer(
-            dispatch,
-            host=self.config.host,
-            port=self.config.port,
-            max_frame_size=self.config.socket_request_max_bytes,
-            max_inflight_per_connection=self.config.max_inflight_requests_per_connection,
-            on_unsupported=self._answer_unsupported,
-            supported_versions=SUPPORTED_APIS,
-            on_connection=self.metrics.connection_opened if self.metrics is not None else None,
-        )
         try:
-            self.port = await self.server.start()
+            await self._listen(dispatch)
             if self.metrics is not None:
                 self.metrics.watch(self)
                 self.metrics_endpoint = await self.metrics.serve(*self.metrics_address)
                 self.metrics_port = self.metrics_endpoint.bound_port
-        except OSError:
-            await self.server.stop()
-            self.server = None
+        except (OSError, ValueError):
+            await self._stop_servers()
             await self.transactions.stop()
             await self.groups.stop()
             await self.replicas.aclose()
             self._unlock()
             raise
-        host, _port = self.config.advertised
-        advertised = (host, self.config.advertised_port or self.port)
+        from broker.security.listeners import AdvertisedEndpoints
+
+        listeners = self.config.effective_listeners
+        advertised = AdvertisedEndpoints(
+            {listener.name: listener.advertised(self.ports[listener.name]) for listener in listeners}, default=listeners[0].name
+        )
+        from broker.security.user_apis import UserScramApis
         from broker.txn_apis import TransactionApis
 
         txn_apis = TransactionApis(
@@ -221,7 +233,13 @@ class Broker:
             replicas=self.replicas,
             cluster_id=cluster_id,
             advertised=advertised,
-            extra_handlers={**admin_apis.handlers(), **txn_apis.handlers(), **group_apis.handlers(), **acl_apis.handlers()},
+            extra_handlers={
+                **admin_apis.handlers(),
+                **txn_apis.handlers(),
+                **group_apis.handlers(),
+                **acl_apis.handlers(),
+                **UserScramApis(credentials=self.credentials).handlers(),
+            },
             partition_in_transaction=partition_in_transaction,
         )
         self._dispatcher = self._authorizing(self.apis.dispatch)
@@ -230,6 +248,62 @@ class Broker:
         loops = {"housekeeping": self._housekeep(), **self.groups.background(), **self.transactions.background()}
         self._loops = [tasks.create_task(loop, name=f"broker {name}") for name, loop in loops.items()]
         log.info("onceflow broker ready on %s:%d (data in %s)", self.config.host, self.port, data_dir)
+        if len(listeners) > 1:
+            log.info("listeners: %s", ", ".join(f"{item.name}://{item.host}:{self.ports[item.name]}" for item in listeners))
+
+    async def _listen(self, dispatch) -> None:
+        """One server per listener; they share the connection limits and the
+        credentials. A bind failure (OSError) or an unusable TLS setting
+        (ValueError) reaches the caller."""
+        from broker.security.limits import ConnectionLimiter
+        from broker.security.sasl import SaslServer
+        from broker.security.tls import server_context
+
+        config = self.config
+        limiter = ConnectionLimiter(max_connections=config.max_connections, max_connections_per_ip=config.max_connections_per_ip)
+
+        def new_sasl_server() -> SaslServer:
+            return SaslServer(mechanisms=config.sasl_enabled_mechanisms, credentials=self.credentials, reauth_ms=config.connections_max_reauth_ms)
+
+        context = None
+        open_to_all = []
+        for listener in config.effective_listeners:
+            if listener.uses_tls and context is None:
+                context = server_context(
+                    certfile=config.ssl_certfile, keyfile=config.ssl_keyfile, cafile=config.ssl_cafile, client_auth=config.ssl_client_auth
+                )
+            server = KafkaServer(
+                dispatch,
+                host=listener.host,
+                port=listener.port,
+                max_frame_size=config.socket_request_max_bytes,
+                max_inflight_per_connection=config.max_inflight_requests_per_connection,
+                on_unsupported=self._answer_unsupported,
+                supported_versions=SUPPORTED_APIS,
+                on_connection=self.metrics.connection_opened if self.metrics is not None else None,
+                listener=listener,
+                ssl_context=context,
+                new_sasl_server=new_sasl_server,
+                limiter=limiter,
+                authentication_timeout=config.authentication_timeout_ms / 1000.0,
+                pre_authentication_max_frame_size=config.sasl_server_max_receive_size,
+            )
+            self.servers[listener.name] = server
+            self.ports[listener.name] = await server.start()
+            if self.server is None:
+                self.server, self.port = server, self.ports[listener.name]
+            if not listener.is_loopback and not (listener.uses_sasl or (listener.security_protocol == "SSL" and config.ssl_client_auth == "required")):
+                open_to_all.append(f"{listener.name}://{listener.host}:{self.ports[listener.name]}")
+        if open_to_all:
+            log.warning(
+                "listening on %s without authentication: anyone who can reach it may read, write and fence transactions (use SASL_SSL or SASL_PLAINTEXT)",
+                ", ".join(open_to_all),
+            )
+
+    async def _stop_servers(self) -> None:
+        servers, self.servers, self.server = list(self.servers.values()), {}, None
+        for server in servers:
+            await server.stop()
 
     async def _housekeep(self) -> None:
         """Retention, compaction and producer-id expiry, every
@@ -239,8 +313,17 @@ class Broker:
         interval = self.config.retention_check_interval_ms / 1000.0
         while True:
             await asyncio.sleep(interval)
-            for (topic, partition), partition_log in list(self.replicas.logs.items()):
+            for number, (topic, partition) in enumerate(self.replicas.partitions()):
+                if number % 500 == 499:
+                    await asyncio.sleep(0)  # thousands of partitions: let requests in
+                # A partition not open since start has nothing in memory to
+                # expire and is opened only if it has segments to delete or clean.
+                if not self.replicas.is_open(topic, partition) and not self.replicas.needs_housekeeping(topic, partition):
+                    continue
                 try:
+                    partition_log = self.replicas.get_log(topic, partition)
+                    if partition_log is None:
+                        continue  # deleted meanwhile
                     partition_log.enforce_retention()
                     if partition_log.config.compact:
                         Cleaner(partition_log).clean()
@@ -267,9 +350,7 @@ class Broker:
         if self.metrics_endpoint is not None:
             await self.metrics_endpoint.stop()
             self.metrics_endpoint = None
-        if self.server is not None:
-            await self.server.stop()
-            self.server = None
+        await self._stop_servers()
         if self.transactions is not None:
             await self.transactions.stop()
             self.transactions = None
@@ -317,6 +398,8 @@ class Broker:
                 "every request will be refused; add ACLs with `onceflow acls add --data-dir %s` while the broker is stopped, or set super.users",
                 data_dir,
             )
+        if all(listener.security_protocol == "PLAINTEXT" for listener in self.config.effective_listeners):
+            log.warning("the ACL authorizer is on but no listener authenticates: every client is User:ANONYMOUS, told apart only by host")
         log.info("ACL authorizer on: %d ACLs, super users %s", len(bindings), ", ".join(sorted(settings.super_users)) or "none")
         return AclAuthorizer(bindings, settings)
 
@@ -390,6 +473,9 @@ class EmbeddedBroker:
     @property
     def port(self) -> int:
         return self.broker.port
+
+    def bootstrap_for(self, listener_name: str) -> str:
+        return self.broker.bootstrap_for(listener_name)
 
     @property
     def metrics_url(self) -> str:

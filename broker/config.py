@@ -11,6 +11,8 @@ import os
 
 import attrs
 
+from broker.security.listeners import PLAINTEXT, Listener, parse_listeners
+
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 9092
 DEFAULT_DATA_DIR = "./onceflow-data"
@@ -33,7 +35,34 @@ _INT_SETTINGS = {
     "group.max.session.timeout.ms": "group_max_session_timeout_ms",
     "offsets.retention.minutes": "offsets_retention_minutes",
     "offsets.retention.check.interval.ms": "offsets_retention_check_interval_ms",
+    "connections.max.reauth.ms": "connections_max_reauth_ms",
+    "max.connections": "max_connections",
+    "max.connections.per.ip": "max_connections_per_ip",
+    "sasl.server.max.receive.size": "sasl_server_max_receive_size",
+    "connections.authentication.timeout.ms": "authentication_timeout_ms",
 }
+_LISTENER_SETTINGS = ("listeners", "advertised.listeners", "listener.security.protocol.map")
+SSL_CLIENT_AUTH = ("none", "requested", "required")
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+UNLIMITED = 2**31 - 1
+
+
+def _mechanisms(value) -> tuple[str, ...]:
+    names = value.split(",") if isinstance(value, str) else list(value)
+    mechanisms = tuple(dict.fromkeys(name.strip().upper() for name in names if name.strip()))
+    unknown = [name for name in mechanisms if name not in SASL_MECHANISMS]
+    if unknown or not mechanisms:
+        raise ValueError(f"sasl.enabled.mechanisms must name some of {', '.join(SASL_MECHANISMS)}, not {value!r}")
+    return mechanisms
+
+
+def _client_auth(value) -> str:
+    text = str(value).strip().lower()
+    if text not in SSL_CLIENT_AUTH:
+        raise ValueError(f"ssl.client.auth must be one of {', '.join(SSL_CLIENT_AUTH)}, not {value!r}")
+    return text
+
+
 _BOOL_SETTINGS = {"auto.create.topics.enable": "auto_create_topics", "allow.everyone.if.no.acl.found": "allow_everyone_if_no_acl_found"}
 
 # ``authorizer.class.name``: Kafka's two ACL authorizers (so a copied
@@ -90,6 +119,26 @@ class BrokerConfig:
     group_max_session_timeout_ms: int = attrs.field(default=1_800_000, validator=attrs.validators.ge(1))
     offsets_retention_minutes: int = attrs.field(default=7 * 24 * 60, validator=attrs.validators.ge(1))
     offsets_retention_check_interval_ms: int = attrs.field(default=600_000, validator=attrs.validators.ge(10))
+    # Security (broker.security). Empty listeners: one PLAINTEXT listener on
+    # host:port (advertising advertised_host/advertised_port), as before.
+    listeners: tuple = attrs.field(default=(), converter=tuple)
+    # TLS for SSL and SASL_SSL listeners: PEM files (certificate chain, key,
+    # and the CAs client certificates are checked against).
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    ssl_cafile: str | None = None
+    ssl_client_auth: str = attrs.field(default="none", converter=_client_auth)
+    sasl_enabled_mechanisms: tuple = attrs.field(default=SASL_MECHANISMS, converter=_mechanisms)
+    # KIP-368: 0 means sessions never expire (no re-authentication needed).
+    connections_max_reauth_ms: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    max_connections: int = attrs.field(default=UNLIMITED, validator=attrs.validators.ge(1))
+    max_connections_per_ip: int = attrs.field(default=UNLIMITED, validator=attrs.validators.ge(1))
+    # The largest frame a connection may send before it has authenticated
+    # (Kafka's sasl.server.max.receive.size, 512 KiB).
+    sasl_server_max_receive_size: int = attrs.field(default=524288, validator=attrs.validators.ge(1024))
+    # onceflow's own: a connection on a TLS or SASL listener that has not
+    # finished its TLS handshake and SASL authentication by then is closed.
+    authentication_timeout_ms: int = attrs.field(default=10_000, validator=attrs.validators.ge(1))
     # Authorisation (broker.security): "" (nothing checked) or "acl".
     authorizer: str = ""
     super_users: frozenset = attrs.field(factory=frozenset, converter=frozenset)
@@ -101,13 +150,28 @@ class BrokerConfig:
     def advertised(self) -> tuple[str, int]:
         return (self.advertised_host or self.host, self.advertised_port or self.port)
 
+    @property
+    def effective_listeners(self) -> tuple[Listener, ...]:
+        """The listeners to bind: ``listeners``, or the one PLAINTEXT listener
+        that ``host``/``port`` (and ``advertised_*``) describe."""
+        if self.listeners:
+            return self.listeners
+        return (Listener(PLAINTEXT, PLAINTEXT, self.host, self.port, self.advertised_host, self.advertised_port),)
+
     @classmethod
     def from_properties(cls, properties: dict, **fields) -> "BrokerConfig":
         """Build from Kafka-style names; unknown names that are topic settings go to log_defaults."""
         values = dict(fields)
         log_defaults = dict(values.pop("log_defaults", {}) or {})
+        listener_settings = {}
         for name, raw in properties.items():
-            if name in _INT_SETTINGS:
+            if name in _LISTENER_SETTINGS:
+                listener_settings[name] = str(raw)
+            elif name == "sasl.enabled.mechanisms":
+                values["sasl_enabled_mechanisms"] = _mechanisms(raw)
+            elif name == "ssl.client.auth":
+                values["ssl_client_auth"] = _client_auth(raw)
+            elif name in _INT_SETTINGS:
                 try:
                     values[_INT_SETTINGS[name]] = int(raw)
                 except ValueError:
@@ -129,6 +193,29 @@ class BrokerConfig:
                 log_defaults[name[len("log.") :]] = raw
             else:
                 log_defaults[name] = raw
+        if isinstance(values.get("listeners"), str):  # EmbeddedBroker(listeners="SASL_SSL://...")
+            listener_settings.setdefault("listeners", values.pop("listeners"))
+        if "listeners" in listener_settings:
+            listeners = parse_listeners(
+                listener_settings["listeners"],
+                advertised=listener_settings.get("advertised.listeners"),
+                protocol_map=listener_settings.get("listener.security.protocol.map"),
+            )
+            values["listeners"] = listeners
+        elif listener_settings:
+            raise ValueError(f"{', '.join(sorted(listener_settings))} need listeners as well")
+        if values.get("listeners"):
+            first = values["listeners"][0]
+            # host/port name the first listener (what bootstrap and logs show).
+            values["host"], values["port"] = first.host, first.port
+            if values.get("advertised_host") or values.get("advertised_port"):
+                # The one --advertise of a command line applies to the first listener.
+                first = attrs.evolve(
+                    first,
+                    advertised_host=first.advertised_host or values.get("advertised_host"),
+                    advertised_port=first.advertised_port or values.get("advertised_port"),
+                )
+                values["listeners"] = (first, *values["listeners"][1:])
         return cls(log_defaults=log_defaults, **values)
 
     def with_data_dir(self, data_dir: str) -> "BrokerConfig":

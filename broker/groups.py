@@ -22,6 +22,7 @@ from protocol.clock import Clock
 from protocol.errors import ErrorCode
 from protocol.messages import ApiKey
 from protocol.partitioning import partition_for
+from broker.apis import REQUEST_ORIGIN
 from broker.replay import replay
 from protocol.records import ControlType, decode_control_record, encode_batch
 
@@ -134,12 +135,13 @@ class GroupApis:
         }
 
     async def handle_join_group(self, version: int, body: dict) -> dict:
+        client_id, client_host = REQUEST_ORIGIN.get()
         result = await self.coordinator.join_group(
             group_id=body.get("group_id", ""),
             member_id=body.get("member_id", ""),
             group_instance_id=body.get("group_instance_id"),
-            client_id="",
-            client_host="",
+            client_id=client_id,
+            client_host=client_host,
             session_timeout_ms=body.get("session_timeout_ms", 10_000),
             rebalance_timeout_ms=body.get("rebalance_timeout_ms", -1),
             protocol_type=body.get("protocol_type", ""),

@@ -11,8 +11,11 @@ and two kinds of metric:
   fsync time and group-commit round size (storage's ``FlushObserver`` seam:
   storage hands over plain numbers and never imports this), connections
   opened;
-- read at scrape time by ``BrokerStateCollector`` from the broker's own state:
-  per-partition offsets (log start, high watermark, last stable, log end),
+- read at scrape time by ``BrokerStateCollector`` from the broker's own state,
+  never opening a partition (``broker.replica`` opens them when first used):
+  per-partition offsets (log start, high watermark, last stable, log end) of
+  the open partitions and of those created since start (zeros), internal
+  topics' only once written to,
   open transactions and the age of the oldest (per partition and per
   ``__transaction_state`` partition), producer ids, transactional ids by
   state, groups by state, their members, committed offsets and lag, the
@@ -34,10 +37,19 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Callable
+import uuid
+from collections.abc import Callable
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from broker.security.session import ANONYMOUS, Session
 from coordinator.state import TxnState
@@ -67,7 +79,14 @@ class MetricsListenError(OSError):
 
 
 class BrokerMetrics:
+    """One broker's registry: the counters and histograms its parts update
+    through the hooks below, and (after ``watch``) the gauges read from it."""
+
     def __init__(self) -> None:
+        # A ``_created`` series beside every counter and histogram child would
+        # double what Prometheus stores for nothing a dashboard uses (the
+        # setting is the library's, process-wide).
+        disable_created_metrics()
         registry = self.registry = CollectorRegistry(auto_describe=False)
         self.requests = Counter("onceflow_requests_total", "Requests answered, by API and version", ["api", "version"], registry=registry)
         self.request_errors = Counter(
@@ -92,6 +111,9 @@ class BrokerMetrics:
         self.connections_opened = Counter("onceflow_connections_opened_total", "Connections accepted, by listener", ["listener"], registry=registry)
         # (listener, authenticated) -> open connections, kept by the server's callbacks.
         self.connections: dict[tuple[str, bool], int] = {}
+        # What rendering the metrics costs the loop (up to the previous scrape).
+        self.scrapes = 0
+        self.scrape_seconds = 0.0
         self._transaction_outcomes = {
             TxnState.COMPLETE_COMMIT: self.transactions.labels(outcome="commit"),
             TxnState.COMPLETE_ABORT: self.transactions.labels(outcome="abort"),
@@ -104,7 +126,11 @@ class BrokerMetrics:
 
     def render(self) -> bytes:
         """The exposition text of every metric (call on the broker's loop)."""
-        return generate_latest(self.registry)
+        started = time.perf_counter()
+        body = generate_latest(self.registry)
+        self.scrapes += 1
+        self.scrape_seconds += time.perf_counter() - started
+        return body
 
     def watch(self, broker) -> None:
         """Read ``broker``'s state at every scrape from now on."""
@@ -195,13 +221,20 @@ class MeasuredDispatch:
             raise
         latency.observe(time.perf_counter() - started)
         count.inc()
+        if response is None:  # Produce with acks=0
+            if request.api_key == ApiKey.PRODUCE:
+                self._count_produced(request.body)
+            return response
         if request.api_key == ApiKey.PRODUCE:
             self._count_produced(request.body)
-        if response is not None:
-            if request.api_key == ApiKey.FETCH:
-                self._count_fetched(response)
-            for code in error_codes(response):
-                self._error(api, code)
+            codes = produce_error_codes(response)
+        elif request.api_key == ApiKey.FETCH:
+            self._count_fetched(response)
+            codes = fetch_error_codes(response)
+        else:
+            codes = error_codes(response)
+        for code in codes:
+            self._error(api, code)
         return response
 
     def _labels(self, api_key: int, version: int) -> tuple:
@@ -244,8 +277,6 @@ class MeasuredDispatch:
 
 
 def _as_uuid(value):
-    import uuid
-
     if isinstance(value, uuid.UUID):
         return value
     try:
@@ -273,6 +304,26 @@ def error_codes(body):
                     stack.append(value)
 
 
+def produce_error_codes(response: dict) -> list[int]:
+    """``error_codes`` of a Produce response, by its known shape (the hot path)."""
+    return [
+        partition.get("error_code")
+        for topic in response.get("responses") or ()
+        for partition in topic.get("partition_responses") or ()
+        if partition.get("error_code")
+    ]
+
+
+def fetch_error_codes(response: dict) -> list[int]:
+    """``error_codes`` of a Fetch response, by its known shape."""
+    codes = [response["error_code"]] if response.get("error_code") else []
+    for topic in response.get("responses") or ():
+        for partition in topic.get("partitions") or ():
+            if partition.get("error_code"):
+                codes.append(partition["error_code"])
+    return codes
+
+
 class BrokerStateCollector:
     """Gauges read from the broker's state at scrape time (on its loop)."""
 
@@ -292,6 +343,8 @@ class BrokerStateCollector:
         for (listener, authenticated), count in sorted(self.metrics.connections.items()):
             connections.add_metric([listener, "true" if authenticated else "false"], count)
         yield connections
+        yield CounterMetricFamily("onceflow_metrics_scrapes", "Scrapes of this endpoint rendered (before this one)", value=self.metrics.scrapes)
+        yield CounterMetricFamily("onceflow_metrics_scrape_seconds", "Time the broker's loop spent rendering them", value=self.metrics.scrape_seconds)
 
     def _partitions(self, replicas, transactions, now_ms: int):
         labels = ["topic", "partition"]
@@ -305,7 +358,12 @@ class BrokerStateCollector:
         producers = 0
         if replicas is not None:
             started = _open_transaction_starts(transactions)
+            internal = {name for name, info in replicas.topics.items() if info.internal}
             for (topic, partition), partition_log in list(replicas.logs.items()):
+                if topic in internal and partition_log.log_end_offset == 0:
+                    # Most of the 50 + 50 internal partitions are never written
+                    # to; their series would be most of a scrape's cost.
+                    continue
                 values = [topic, str(partition)]
                 end.add_metric(values, partition_log.log_end_offset)
                 high.add_metric(values, partition_log.high_watermark)
@@ -318,6 +376,20 @@ class BrokerStateCollector:
                 first = started.get((topic, partition))
                 if first is not None:
                     oldest.add_metric(values, max(0, now_ms - first) / 1000.0)
+            # Created since start and never used: empty, known without opening them.
+            for topic, partition in replicas.created_unopened():
+                if topic not in internal:
+                    values = [topic, str(partition)]
+                    for family in (end, high, stable, start, size, open_txns):
+                        family.add_metric(values, 0)
+            # Partitions open when first used (broker.replica): those created
+            # since start and unused are empty; others not yet opened since
+            # start are not reported until they are used.
+            created = getattr(replicas, "created_unopened", None)
+            for topic, partition in created() if created is not None else ():
+                values = [topic, str(partition)]
+                for family in (end, high, stable, start, size, open_txns):
+                    family.add_metric(values, 0)
         yield from (end, high, stable, start, size, open_txns, oldest)
         yield GaugeMetricFamily("onceflow_producer_ids", "Producer ids whose state the partitions keep (for duplicate detection), summed over partitions", value=producers)
 
@@ -364,7 +436,8 @@ class BrokerStateCollector:
                 for (topic, partition), offset in list(group.offsets.items()):
                     values = [group_id, topic, str(partition)]
                     committed.add_metric(values, offset.offset)
-                    partition_log = replicas.get_log(topic, partition) if replicas is not None else None
+                    # Only an open log: a scrape must not open (and maybe recover) partitions.
+                    partition_log = replicas.logs.get((topic, partition)) if replicas is not None else None
                     if partition_log is not None:
                         lag.add_metric(values, max(0, partition_log.high_watermark - offset.offset))
             for name, count in sorted(counts.items()):

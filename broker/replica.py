@@ -6,6 +6,24 @@ keeps the topic registry (``broker.metadata``) and the partition directories
 in step, applies per-topic configuration over the broker defaults, and lets a
 long-polling Fetch wait until any of its partitions grows.
 
+Partitions are opened when first used (``get_log``), not at start, so that
+start, stop and topic creation cost nothing per idle partition:
+
+- a clean stop writes ``.clean_shutdown`` in the data directory once every
+  open log has closed cleanly (each then carries its own mark, see
+  ``storage.log``); the next start removes it and opens nothing but what
+  the coordinators load;
+- after any other stop, start opens (and so recovers) every partition whose
+  directory lacks its mark and holds files: exactly those changed since
+  they were last whole. Recovery happens before the broker serves, bounded
+  by what was written since, and never on a request's path; the rest are
+  whole and open in a few file reads when first asked for. (Were a mark to
+  go missing anyway, the lazy open recovers that partition then.)
+- creating a topic writes the registry once (atomically and durably: the
+  topic exists whole or not at all) and then makes the partition
+  directories with one fsync of the data directory; a partition directory
+  lost to a crash before that is made again when the partition is opened.
+
 Everything here runs on the broker's event loop; only fsyncs leave it (inside
 storage's group committer).
 """
@@ -19,10 +37,14 @@ import shutil
 import uuid
 
 from broker.metadata import MetadataStore, TopicInfo
+from storage.durable import fsync_directory
 from storage.names import InvalidTopicError, partition_dir_name, validate_topic_name
 from storage.recovery import log_summary
 
 log = logging.getLogger(__name__)
+
+# In the data directory after a clean stop (Kafka's .kafka_cleanshutdown).
+CLEAN_STOP_FILE = ".clean_shutdown"
 
 
 class TopicExistsError(Exception):
@@ -42,56 +64,97 @@ class InvalidConfigError(ValueError):
 
 
 class ReplicaManager:
-    def __init__(self, data_dir: str, log_defaults: dict, *, open_log, validate_config):
-        """``open_log(path, properties) -> log`` and ``validate_config(properties)``
-        come from storage; they are injected so this class stays about topics."""
+    def __init__(self, data_dir: str, log_defaults: dict, *, open_log, validate_config, needs_recovery, crash_point=lambda name: None):
+        """``open_log(path, properties) -> log``, ``validate_config(properties)``
+        and ``needs_recovery(path) -> bool`` (the directory was changed since
+        it was last whole) come from storage; they are injected so this class
+        stays about topics. ``crash_point`` is the fault harness's seam."""
         self.data_dir = data_dir
         self.store = MetadataStore(data_dir)
         self.log_defaults = dict(log_defaults)
         self._open_log = open_log
         self._validate_config = validate_config
+        self._needs_recovery = needs_recovery
+        self.crash_point = crash_point
         self.topics: dict[str, TopicInfo] = {}
         self.topics_by_id: dict[uuid.UUID, TopicInfo] = {}
-        self.logs: dict[tuple[str, int], object] = {}
+        self.logs: dict[tuple[str, int], object] = {}  # the open ones
+        self.recovered_at_start: list[tuple[str, int]] = []
+        self._created_empty: set[tuple[str, int]] = set()
         self._waiters: dict[tuple[str, int], set[asyncio.Future]] = {}
 
     # -- start and stop -----------------------------------------------------
 
     def load(self) -> None:
-        """Open every registered partition (running crash recovery) and drop leftovers."""
+        """Read the registry, drop leftovers of interrupted deletes and, unless
+        the broker stopped cleanly, open (recovering) every partition changed
+        since it was last whole. The others open when first used."""
         self.topics = self.store.load_topics()
         self.topics_by_id = {info.topic_id: info for info in self.topics.values()}
-        owned = set()
-        for info in self.topics.values():
-            for partition in range(info.partitions):
-                owned.add(partition_dir_name(info.name, partition))
-                self._open_partition(info, partition)
-        for entry in os.listdir(self.data_dir):
-            path = os.path.join(self.data_dir, entry)
-            if entry in owned or not os.path.isdir(path) or entry.startswith("__cluster_metadata"):
-                continue
-            if _looks_like_partition_dir(entry) or entry.endswith("-delete"):
-                log.warning("removing %s: no registered topic owns it (an interrupted delete)", path)
-                shutil.rmtree(path, ignore_errors=True)
-        log_summary(self.logs.values())
+        stopped_clean = os.path.exists(self._clean_stop_path)
+        if stopped_clean:
+            # From now on a crash is unclean, whatever the partitions say.
+            os.remove(self._clean_stop_path)
+            fsync_directory(self.data_dir)
+        owned = {partition_dir_name(info.name, partition) for info in self.topics.values() for partition in range(info.partitions)}
+        with os.scandir(self.data_dir) as entries:
+            for entry in entries:
+                if entry.name in owned or entry.name.startswith("__cluster_metadata") or not entry.is_dir(follow_symlinks=False):
+                    continue
+                if _looks_like_partition_dir(entry.name) or entry.name.endswith("-delete"):
+                    log.warning("removing %s: no registered topic owns it (an interrupted delete)", entry.path)
+                    shutil.rmtree(entry.path, ignore_errors=True)
+        self.recovered_at_start = []
+        if not stopped_clean:
+            for info in self.topics.values():
+                for partition in range(info.partitions):
+                    if self._needs_recovery(self._partition_path(info.name, partition)):
+                        self._open_partition(info, partition)
+                        self.recovered_at_start.append((info.name, partition))
+        log_summary(self.logs[key] for key in self.recovered_at_start)
+
+    @property
+    def _clean_stop_path(self) -> str:
+        return os.path.join(self.data_dir, CLEAN_STOP_FILE)
 
     async def aclose(self) -> None:
-        """Close every log under the broker's loop: each waits for its
-        flusher's fsync in flight before its files close (``PartitionLog.aclose``)."""
+        """Close every open log under the broker's loop: each waits for its
+        flusher's fsync in flight before its files close (``PartitionLog.aclose``).
+        If all closed cleanly, mark the stop clean."""
+        clean = True
         for partition_log in self.logs.values():
             try:
                 await partition_log.aclose()
             except Exception:
                 log.exception("closing a partition log failed")
+                clean = False
+            clean = clean and getattr(partition_log, "failed", None) is None
         self.logs.clear()
+        self._mark_clean_stop(clean)
 
     def close(self) -> None:
+        clean = True
         for partition_log in self.logs.values():
             try:
                 partition_log.close()
             except Exception:
                 log.exception("closing a partition log failed")
+                clean = False
+            clean = clean and getattr(partition_log, "failed", None) is None
         self.logs.clear()
+        self._mark_clean_stop(clean)
+
+    def _mark_clean_stop(self, clean: bool) -> None:
+        """Every partition directory now carries its own mark or holds
+        nothing to recover; say so, so the next start need not look. No
+        fsync: if a machine crash loses this file the next start looks."""
+        if not clean:
+            return
+        try:
+            with open(self._clean_stop_path, "wb"):
+                pass
+        except OSError as error:
+            log.warning("could not mark the stop clean (the next start checks every partition): %s", error)
 
     # -- topics -------------------------------------------------------------
 
@@ -101,28 +164,70 @@ class ReplicaManager:
         return properties
 
     def create_topic(self, name: str, partitions: int, config: dict | None = None, *, internal: bool = False, validate_only: bool = False) -> TopicInfo:
+        (created,) = self.create_topics([(name, partitions, config)], internal=internal, validate_only=validate_only)
+        if isinstance(created, Exception):
+            raise created
+        return created
+
+    def create_topics(self, specs, *, internal: bool = False, validate_only: bool = False) -> list:
+        """Create several topics (``(name, partitions, config)`` each) with one
+        registry write and one fsync of the data directory for all. Returns,
+        per spec, its TopicInfo or the error that refused it (InvalidTopicError,
+        TopicExistsError, InvalidPartitionsError, InvalidConfigError)."""
+        results: list = []
+        accepted: dict[str, TopicInfo] = {}
+        for name, partitions, config in specs:
+            try:
+                info = self._new_topic(name, partitions, config, internal=internal)
+                if name in accepted:
+                    raise TopicExistsError(f"topic '{name}' is named twice")
+            except (InvalidTopicError, TopicExistsError, InvalidPartitionsError, InvalidConfigError) as error:
+                results.append(error)
+                continue
+            accepted[name] = info
+            results.append(info)
+        if validate_only or not accepted:
+            return results
+        topics = {**self.topics, **accepted}
+        self.crash_point("replicas.topics_registering")
+        self.store.save_topics(topics)  # the topics exist whole from here; their directories follow
+        self.topics = topics
+        for info in accepted.values():
+            self.topics_by_id[info.topic_id] = info
+        self.crash_point("replicas.topic_registered")
+        self._make_partition_dirs([(info.name, partition) for info in accepted.values() for partition in range(info.partitions)])
+        for info in accepted.values():
+            log.info("created topic %s with %d partitions", info.name, info.partitions)
+        return results
+
+    def _new_topic(self, name: str, partitions: int, config: dict | None, *, internal: bool) -> TopicInfo:
         validate_topic_name(name)
         if name in self.topics:
             raise TopicExistsError(f"topic '{name}' already exists")
-        if partitions < 1:
+        if not isinstance(partitions, int) or partitions < 1:
             raise InvalidPartitionsError(f"number of partitions must be at least 1, not {partitions}")
         config = {str(k): str(v) for k, v in (config or {}).items()}
         try:
             self._validate_config({**self.log_defaults, **config})
         except ValueError as error:
             raise InvalidConfigError(str(error)) from None
-        info = TopicInfo(name=name, topic_id=uuid.uuid4(), partitions=partitions, config=config, internal=internal)
-        if validate_only:
-            return info
-        topics = dict(self.topics)
-        topics[name] = info
-        self.store.save_topics(topics)  # registered first: a crash leaves a topic with empty partitions
-        self.topics = topics
-        self.topics_by_id[info.topic_id] = info
-        for partition in range(partitions):
-            self._open_partition(info, partition)
-        log.info("created topic %s with %d partitions", name, partitions)
-        return info
+        return TopicInfo(name=name, topic_id=uuid.uuid4(), partitions=partitions, config=config, internal=internal)
+
+    def _make_partition_dirs(self, partitions: list[tuple[str, int]]) -> None:
+        """Empty directories for new partitions, made durable by one fsync of
+        the data directory (their logs open when first used). A directory
+        already there is a leftover no registered partition owned (a delete
+        interrupted before its files went): it goes first."""
+        self._created_empty.update(partitions)
+        for name, partition in partitions:
+            path = self._partition_path(name, partition)
+            try:
+                os.mkdir(path)
+            except FileExistsError:
+                log.warning("removing %s: left over from an earlier topic of the same name", path)
+                shutil.rmtree(path)
+                os.mkdir(path)
+        fsync_directory(self.data_dir)
 
     def delete_topic(self, name: str) -> TopicInfo:
         info = self.topics.get(name)
@@ -137,8 +242,7 @@ class ReplicaManager:
             partition_log = self.logs.pop((name, partition), None)
             if partition_log is not None:
                 partition_log.close()
-            path = os.path.join(self.data_dir, partition_dir_name(name, partition))
-            shutil.rmtree(path, ignore_errors=True)
+            shutil.rmtree(self._partition_path(name, partition), ignore_errors=True)
             self._wake((name, partition))
         log.info("deleted topic %s", name)
         return info
@@ -159,8 +263,7 @@ class ReplicaManager:
         self.store.save_topics(topics)
         self.topics = topics
         self.topics_by_id[grown.topic_id] = grown
-        for partition in range(info.partitions, count):
-            self._open_partition(grown, partition)
+        self._make_partition_dirs([(name, partition) for partition in range(info.partitions, count)])
         return grown
 
     def alter_topic_config(self, name: str, config: dict) -> TopicInfo:
@@ -187,11 +290,52 @@ class ReplicaManager:
     # -- partitions ---------------------------------------------------------
 
     def get_log(self, topic: str, partition: int):
-        return self.logs.get((topic, partition))
+        """The partition's log, opened now if this is its first use since
+        start; None if the topic or partition does not exist."""
+        partition_log = self.logs.get((topic, partition))
+        if partition_log is not None:
+            return partition_log
+        info = self.topics.get(topic)
+        if info is None or not isinstance(partition, int) or not 0 <= partition < info.partitions:
+            return None
+        return self._open_partition(info, partition)
 
-    def _open_partition(self, info: TopicInfo, partition: int) -> None:
-        path = os.path.join(self.data_dir, partition_dir_name(info.name, partition))
-        self.logs[(info.name, partition)] = self._open_log(path, self.effective_config(info))
+    def is_open(self, topic: str, partition: int) -> bool:
+        return (topic, partition) in self.logs
+
+    def created_unopened(self) -> list[tuple[str, int]]:
+        """Partitions created since start and not opened since: empty, so
+        their offsets (all 0) are known without opening them."""
+        return [key for key in self._created_empty if key not in self.logs and key[0] in self.topics and key[1] < self.topics[key[0]].partitions]
+
+    def partitions(self) -> list[tuple[str, int]]:
+        """Every registered partition, open or not."""
+        return [(info.name, partition) for info in self.topics.values() for partition in range(info.partitions)]
+
+    def _partition_path(self, topic: str, partition: int) -> str:
+        return os.path.join(self.data_dir, partition_dir_name(topic, partition))
+
+    def _open_partition(self, info: TopicInfo, partition: int):
+        path = self._partition_path(info.name, partition)
+        if not os.path.isdir(path):
+            # Lost to a crash between the registry write and the directories
+            # (or removed by hand): made again, durably, before data goes in.
+            os.makedirs(path, exist_ok=True)
+            fsync_directory(self.data_dir)
+        partition_log = self.logs[(info.name, partition)] = self._open_log(path, self.effective_config(info))
+        return partition_log
+
+    def needs_housekeeping(self, topic: str, partition: int) -> bool:
+        """Whether retention or compaction could have anything to do in a
+        partition that is not open: only whole segments before the active
+        one are ever deleted or cleaned, so one with a single segment has
+        nothing (and stays closed)."""
+        path = self._partition_path(topic, partition)
+        try:
+            with os.scandir(path) as entries:
+                return sum(1 for entry in entries if entry.name.endswith(".log")) > 1
+        except FileNotFoundError:
+            return False
 
     # -- waiting for data (Fetch long-poll) -----------------------------------
 

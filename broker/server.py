@@ -14,15 +14,36 @@ No peer input crashes the process: a frame that cannot be decoded closes that
 connection (logged), an unsupported ApiVersions version is answered with
 UNSUPPORTED_VERSION as Kafka does, and an exception inside a handler is logged
 and closes only that connection.
+
+A server serves one listener (``broker.security.listeners``); the broker runs
+one per listener. Its edge, in the order a connection meets it: the shared
+``ConnectionLimiter`` (a connection over ``max.connections`` or
+``max.connections.per.ip`` is closed at once, logged); TLS on SSL and
+SASL_SSL listeners (``asyncio``'s ``start_tls`` on the accepted stream, so the
+limit applies before the handshake costs anything); on SASL listeners the
+connection's ``broker.security.sasl.SaslServer``, which sees every request
+before the dispatcher, answers SaslHandshake/SaslAuthenticate itself and
+replaces the connection's ``Session`` when it authenticates. Until then a
+frame may be at most ``sasl.server.max.receive.size`` bytes, and a connection
+that has not finished TLS and SASL within the authentication timeout is
+closed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
+import time
 from typing import Awaitable, Callable
 
+import attrs
+
+from broker.security.limits import ConnectionLimiter
+from broker.security.listeners import PLAINTEXT, SSL, Listener
+from broker.security.sasl import SaslRefusal, SaslServer
 from broker.security.session import Session
+from broker.security.tls import principal_from_certificate
 from protocol import framing
 from protocol.errors import MalformedFrameError
 from protocol.tasks import cancel_and_wait
@@ -45,6 +66,21 @@ class _CloseConnection(Exception):
     """Raised inside a connection to end it after what was already answered."""
 
 
+@attrs.define(eq=False)
+class _Connection:
+    """What the tasks of one connection share: its current session (replaced
+    when it authenticates) and its SASL machine (None on a listener without SASL)."""
+
+    session: Session
+    sasl: SaslServer | None
+    authenticated: asyncio.Event = attrs.field(factory=asyncio.Event)
+    session_update: Callable[[Session | None], None] | None = None  # the broker's on_connection hook
+
+
+def _now_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
 class KafkaServer:
     """Listens on one address and serves every connection with ``dispatch``."""
 
@@ -59,7 +95,23 @@ class KafkaServer:
         on_unsupported: Callable[[Exception], bytes | None] | None = None,
         supported_versions: dict[int, tuple[int, int]] | None = None,
         on_connection: OnConnection | None = None,
+        listener: Listener | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        new_sasl_server: Callable[[], SaslServer] | None = None,
+        limiter: ConnectionLimiter | None = None,
+        authentication_timeout: float = 10.0,
+        pre_authentication_max_frame_size: int = 524288,
     ):
+        self.listener = listener or Listener(PLAINTEXT, PLAINTEXT, host, port)
+        if self.listener.uses_tls and ssl_context is None:
+            raise ValueError(f"listener {self.listener} needs a TLS context")
+        if self.listener.uses_sasl and new_sasl_server is None:
+            raise ValueError(f"listener {self.listener} needs SASL")
+        self._ssl_context = ssl_context if self.listener.uses_tls else None
+        self._new_sasl_server = new_sasl_server if self.listener.uses_sasl else None
+        self._limiter = limiter
+        self._authentication_timeout = authentication_timeout
+        self._pre_authentication_max_frame_size = min(pre_authentication_max_frame_size, max_frame_size)
         self._dispatch = dispatch
         self._host = host
         self._port = port
@@ -99,8 +151,14 @@ class KafkaServer:
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
-        self._connections.add(task)
         peer = writer.get_extra_info("peername")
+        ip = peer[0] if isinstance(peer, tuple) and peer else ""
+        refusal = self._limiter.try_open(ip) if self._limiter is not None else None
+        if refusal is not None:
+            log.warning("refusing connection from %s on %s: %s", peer, self.listener.name, refusal)
+            writer.transport.abort()
+            return
+        self._connections.add(task)
         try:
             await self._serve(reader, writer, peer)
         except asyncio.CancelledError:
@@ -113,6 +171,8 @@ class KafkaServer:
             log.exception("connection from %s failed", peer)
         finally:
             self._connections.discard(task)
+            if self._limiter is not None:
+                self._limiter.closed(ip)
             writer.close()
             try:
                 await writer.wait_closed()
@@ -120,16 +180,44 @@ class KafkaServer:
                 pass  # the same top of the task: closing is all that is left
 
     async def _serve(self, reader, writer, peer) -> None:
-        connection = framing.ServerConnection(max_frame_size=self._max_frame_size, supported_versions=self._supported_versions)
-        session = Session(client_host=peer[0] if isinstance(peer, tuple) and peer else "")
+        deadline = asyncio.get_running_loop().time() + self._authentication_timeout
+        session = Session(
+            client_host=peer[0] if isinstance(peer, tuple) and peer else "",
+            listener=self.listener.name,
+            security_protocol=self.listener.security_protocol,
+        )
+        if self._ssl_context is not None:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await writer.start_tls(self._ssl_context)
+            except TimeoutError:
+                log.warning("closing connection from %s on %s: no TLS handshake within the authentication timeout", peer, self.listener.name)
+                return
+            except (ssl.SSLError, ConnectionError, OSError) as error:
+                log.info("TLS handshake with %s on %s failed: %s", peer, self.listener.name, error)
+                return
+            if self.listener.security_protocol == SSL:
+                certificate = writer.get_extra_info("peercert")
+                session = attrs.evolve(session, principal=principal_from_certificate(certificate))
+        state = _Connection(session, self._new_sasl_server() if self._new_sasl_server is not None else None)
+        max_frame_size = self._pre_authentication_max_frame_size if state.sasl is not None else self._max_frame_size
+        connection = framing.ServerConnection(max_frame_size=max_frame_size, supported_versions=self._supported_versions)
         session_update = self._on_connection(session) if self._on_connection is not None else None
+        state.session_update = session_update
         pending: asyncio.Queue = asyncio.Queue(maxsize=self._max_inflight)
         try:
             async with asyncio.TaskGroup() as tasks:
                 writer_task = tasks.create_task(self._write_responses(connection, pending, writer, peer))
+                deadline_task = None
+                if state.sasl is not None:
+                    deadline_task = tasks.create_task(self._authentication_deadline(state, deadline, peer))
                 try:
-                    await self._read_requests(connection, reader, pending, tasks, peer, session)
+                    await self._read_requests(connection, reader, pending, tasks, peer, state)
                 finally:
+                    # The peer is gone or done: no deadline left to keep (it
+                    # would hold the connection open until it passed).
+                    if deadline_task is not None:
+                        deadline_task.cancel()
                     # Let the writer finish what was already accepted, then stop it.
                     if not writer_task.done():
                         await pending.put(None)
@@ -141,7 +229,15 @@ class KafkaServer:
             if session_update is not None:
                 session_update(None)
 
-    async def _read_requests(self, connection, reader, pending, tasks, peer, session) -> None:
+    async def _authentication_deadline(self, state: _Connection, deadline: float, peer) -> None:
+        try:
+            async with asyncio.timeout_at(deadline):
+                await state.authenticated.wait()
+        except TimeoutError:
+            log.warning("closing connection from %s on %s: not authenticated within the authentication timeout", peer, self.listener.name)
+            raise _CloseConnection() from None
+
+    async def _read_requests(self, connection, reader, pending, tasks, peer, state: _Connection) -> None:
         while True:
             try:
                 data = await reader.read(256 * 1024)
@@ -163,7 +259,29 @@ class KafkaServer:
                         continue
                     if request is None:
                         break
-                    await pending.put(tasks.create_task(self._answer(connection, request, peer, session)))
+                    if state.sasl is not None:
+                        try:
+                            reply = state.sasl.receive(request.api_key, request.api_version, request.body, _now_ms())
+                        except SaslRefusal as refusal:
+                            log.warning("closing connection from %s on %s: %s", peer, self.listener.name, refusal)
+                            return
+                        if reply is not None:
+                            await pending.put(_ready(connection.encode_response(request, reply.body)))
+                            if reply.close:
+                                log.warning(
+                                    "closing connection from %s on %s: SASL %s refused (%s)",
+                                    peer, self.listener.name, state.sasl.mechanism or "handshake", reply.body.get("error_message") or f"error {reply.body['error_code']}",
+                                )
+                                return
+                            if state.sasl.authenticated and state.session.principal != state.sasl.principal:
+                                state.session = attrs.evolve(state.session, principal=state.sasl.principal)
+                                if state.session_update is not None:
+                                    state.session_update(state.session)
+                                connection.max_frame_size = self._max_frame_size
+                                state.authenticated.set()
+                                log.info("connection from %s on %s authenticated as %s (%s)", peer, self.listener.name, state.sasl.principal, state.sasl.mechanism)
+                            continue
+                    await pending.put(tasks.create_task(self._answer(connection, request, peer, state.session)))
             except MalformedFrameError as error:
                 log.warning("closing connection from %s: malformed request: %s", peer, error)
                 # Answer what came before the bad frame, then close.

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from storage import recovery
 from storage.config import LogConfig, defaults
 from storage.durable import DiskIO
 from storage.group_commit import FlushObserver
@@ -26,6 +27,13 @@ def partition_log_opener(*, io: DiskIO | None, index_budget: IndexBudget, flush_
         return partition_log
 
     return open_partition_log
+
+
+def partition_needs_recovery(path: str) -> bool:
+    """A partition directory changed since it was last whole
+    (``storage.recovery.needs_recovery``): the broker opens these at start,
+    after a stop that was not clean."""
+    return recovery.needs_recovery(path)
 
 
 def validate_log_properties(properties: dict) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 
+from broker.security.listeners import advertised_address
 from coordinator.metadata import TopicPartition
 from coordinator.state import TxnState
 from coordinator.txn_log import partition_for
@@ -60,8 +61,8 @@ class TransactionApis:
 
     # -- FindCoordinator ------------------------------------------------------------
 
-    async def handle_find_coordinator(self, version: int, body: dict) -> dict:
-        host, port = self.advertised
+    async def handle_find_coordinator(self, version: int, body: dict, *, session=None) -> dict:
+        host, port = advertised_address(self.advertised, session)
         key_type = body.get("key_type", CoordinatorType.GROUP)
         if key_type not in (CoordinatorType.GROUP, CoordinatorType.TRANSACTION):
             error, node, host_out, port_out = ErrorCode.INVALID_REQUEST, -1, "", -1

@@ -11,7 +11,9 @@ the harness's workloads pass ``point`` from here:
 Points compiled in: ``coordinator.after_prepare_commit`` /
 ``coordinator.after_prepare_abort`` (the decision is durable),
 ``coordinator.markers_partial`` (markers reached some partitions),
-``coordinator.before_complete``, ``groupcoord.after_pending_offsets`` (a
+``coordinator.before_complete``, ``replicas.topics_registering`` /
+``replicas.topic_registered`` (CreateTopics before and after its registry
+write, before the partition directories), ``groupcoord.after_pending_offsets`` (a
 transactional offset commit is written, pending), ``storage.torn_write``
 (half of a batch reaches the segment, then the process dies) and, in our
 client, ``txn.before_commit`` (records produced, EndTxn not yet sent).

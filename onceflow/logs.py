@@ -105,6 +105,23 @@ def _text_value(value) -> str:
     return json.dumps(value)
 
 
+class _OurHandler(logging.StreamHandler):
+    """The handler ``configure`` installs: its stream, or the ``sys.stderr``
+    of the moment (which tests and daemonising programs replace)."""
+
+    def __init__(self, stream: TextIO | None):
+        super().__init__(stream if stream is not None else sys.stderr)
+        self._follow_stderr = stream is None
+
+    @property
+    def stream(self):
+        return sys.stderr if self._follow_stderr else self._stream
+
+    @stream.setter
+    def stream(self, value) -> None:
+        self._stream = value
+
+
 def formatter(log_format: str) -> logging.Formatter:
     if log_format == "json":
         return JsonFormatter()
@@ -114,14 +131,27 @@ def formatter(log_format: str) -> logging.Formatter:
 
 
 def configure(level: str = "INFO", log_format: str = "text", stream: TextIO | None = None) -> None:
-    """Send every logger's records to ``stream`` (stderr), one line each, in
-    ``log_format``; Python warnings and uncaught exceptions too."""
+    """Send every logger's records to ``stream`` (default: stderr, whatever
+    ``sys.stderr`` is when a line is written), one line each, in
+    ``log_format``; Python warnings and uncaught exceptions too.
+
+    As ``logging.basicConfig`` does, this leaves alone a program that
+    configured logging itself (handlers on the root logger that are not
+    ours: an application embedding a command, pytest), unless it names a
+    ``stream``; calling it again replaces what it installed before."""
     global _chosen_format
-    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
-    handler.setFormatter(formatter(log_format))
-    logging.basicConfig(level=level, handlers=[handler], force=True)
-    logging.captureWarnings(True)
     _chosen_format = log_format
+    root = logging.getLogger()
+    ours = [handler for handler in root.handlers if isinstance(handler, _OurHandler)]
+    if stream is None and len(ours) < len(root.handlers):
+        return
+    for handler in ours:
+        root.removeHandler(handler)
+    handler = _OurHandler(stream)
+    handler.setFormatter(formatter(log_format))
+    root.addHandler(handler)
+    root.setLevel(level)
+    logging.captureWarnings(True)
 
     def log_uncaught(kind, value, traceback) -> None:
         if issubclass(kind, KeyboardInterrupt):
@@ -141,13 +171,14 @@ def configure(level: str = "INFO", log_format: str = "text", stream: TextIO | No
     threading.excepthook = log_uncaught_in_thread
 
 
-def announce(message: str, stream: TextIO | None = None, **fields) -> None:
-    """Write ``message`` as one line for a program reading this process's
-    stdout: the message itself in the text format, a JSON object (with
-    ``fields``) in the JSON format."""
+def announce(message: str, stream: TextIO | None = None, *, level: int = logging.INFO, **fields) -> None:
+    """Write ``message`` as one line for a program or a person reading this
+    process's stdout (or ``stream``: a command's one-line error on stderr):
+    the message itself in the text format, a JSON object (with ``fields``)
+    in the JSON format."""
     stream = stream if stream is not None else sys.stdout
     if _chosen_format == "json":
-        record = logging.LogRecord("onceflow", logging.INFO, __file__, 0, message, (), None)
+        record = logging.LogRecord("onceflow", level, __file__, 0, message, (), None)
         record.__dict__.update(fields)
         stream.write(JsonFormatter().format(record) + "\n")
     else:

@@ -188,6 +188,15 @@ class ServerConnection:
             key: (api.request.valid[0], api.request.valid[1]) for key, api in APIS.items()
         }
 
+    @property
+    def max_frame_size(self) -> int:
+        return self._frames.max_frame_size
+
+    @max_frame_size.setter
+    def max_frame_size(self, size: int) -> None:
+        # The broker raises it once a SASL connection has authenticated.
+        self._frames.max_frame_size = size
+
     def receive_data(self, data: bytes) -> None:
         self._frames.feed(data)
 

@@ -127,6 +127,7 @@ class PartitionLog:
         self.recovery_report: list[str] = []
         # True while .clean_shutdown is on disk: nothing changed since it was written.
         self.marked_clean = False
+        self.changed = False  # since open (``begin_changes``)
 
     # ------------------------------------------------------------------ opening
 
@@ -163,18 +164,24 @@ class PartitionLog:
         self.durable_offset = self.log_end_offset
         self.recovery_point = self.log_end_offset
         self.producer_state = recovery.rebuild_producer_state(self.directory, self.segments, self.log_start_offset, self.log_end_offset)
-        if not clean:
+        if clean:
+            self.marked_clean = True
+        elif self.size_bytes:
             # Recovery made everything up to the log end durable (segments,
             # indexes, removals): say so, then vouch for the files until
             # the first change (``begin_changes``).
             self._write_checkpoint()
             recovery.mark_clean(self.directory)
-        self.marked_clean = True
+            self.marked_clean = True
+        # else no data at all (a new partition): nothing to vouch for, and
+        # nothing to recover after a crash before its first append
+        # (``recovery.needs_recovery``), so no mark and no fsync.
 
     def begin_changes(self) -> None:
         """Called before anything changes a file of this log: the first time
         after open, remove ``.clean_shutdown`` durably, so that a crash from
         now on is seen as unclean and the changed files are recovered."""
+        self.changed = True
         if not self.marked_clean:
             return
         try:
@@ -542,11 +549,11 @@ class PartitionLog:
 
     def close(self) -> None:
         """Flush, snapshot producer state, checkpoint, mark the shutdown
-        clean; a log unchanged since it was opened (still marked clean)
+        clean; a log unchanged since it was opened, marked clean or empty,
         only closes its files."""
         if self.closed:
             return
-        unchanged = self.marked_clean and self.failed is None
+        unchanged = self.failed is None and not self.changed and (self.marked_clean or not self.size_bytes)
         clean = self.failed is None and not unchanged
         if clean:
             try:

@@ -43,12 +43,14 @@ from typing import Callable, Iterable
 from protocol.records import decode_batch, decode_control_record
 from storage.durable import TEMPORARY_SUFFIX, fsync_directory, replace_file
 from storage.producer_state import CorruptSnapshotError, ProducerAppend, ProducerStateManager
-from storage.segment import INDEX_SUFFIX, LOG_SUFFIX, SNAPSHOT_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX, LogSegment, file_stem
+from storage.segment import CLEANED_SUFFIX, DELETED_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX, SNAPSHOT_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX, LogSegment, file_stem
 from storage.txn_index import AbortedTxn
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_FILE = "checkpoint"
+# Leftovers of an interrupted replace_file or compaction swap (storage.cleaner).
+INTERRUPTED_SUFFIXES = (TEMPORARY_SUFFIX, CLEANED_SUFFIX, SWAP_SUFFIX, DELETED_SUFFIX, ".swap.range")
 CLEAN_SHUTDOWN_FILE = ".clean_shutdown"
 
 
@@ -82,6 +84,27 @@ def write_checkpoint(directory: str, recovery_point: int, log_start_offset: int)
 
 def is_marked_clean(directory: str) -> bool:
     return os.path.exists(os.path.join(directory, CLEAN_SHUTDOWN_FILE))
+
+
+def needs_recovery(directory: str) -> bool:
+    """Whether a partition directory was changed since it was last whole:
+    no ``.clean_shutdown`` and data in a segment (a directory whose
+    segments are all empty has nothing to recover, nor one that is missing).
+    A broker opens these at start after a stop that was not clean; opening
+    any other recovers it anyway if its mark is missing."""
+    if is_marked_clean(directory):
+        return False
+    try:
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                if entry.name.endswith(LOG_SUFFIX):
+                    if entry.stat().st_size:
+                        return True
+                elif entry.name.endswith(INTERRUPTED_SUFFIXES):
+                    return True  # a write or a compaction swap was interrupted
+    except FileNotFoundError:
+        return False
+    return False
 
 
 def mark_clean(directory: str) -> None:

@@ -77,10 +77,28 @@ class Metrics(dict):
     """Counters by name (``records_in``, ``records_out``, ``commits``,
     ``aborts``, ``dead_letters``, ``restored_records``, ``rebalances``, and
     whatever processors count with ``ctx.count``). A plain dict of ints,
-    readable from any thread while the app runs and after."""
+    readable from any thread while the app runs and after.
+
+    ``aborts_by_cause`` splits ``aborts`` by why the runner aborted. Timings
+    (``commit_seconds``) are not kept here: ``observe`` hands each to the
+    ``observers`` (``streaming.metrics`` adds one when the app serves
+    Prometheus metrics; none by default)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.aborts_by_cause: dict[str, int] = {}
+        self.observers: list[Callable[[str, float], None]] = []
 
     def add(self, name: str, n: int = 1) -> None:
         self[name] = self.get(name, 0) + n
+
+    def aborted(self, cause: str) -> None:
+        self.add("aborts")
+        self.aborts_by_cause[cause] = self.aborts_by_cause.get(cause, 0) + 1
+
+    def observe(self, name: str, value: float) -> None:
+        for observer in self.observers:
+            observer(name, value)
 
 
 class App:
@@ -124,6 +142,7 @@ class App:
         # dataflow layer's repartition topics.
         self.internal_topics: dict[str, str] = {}
         self.metrics = Metrics()
+        self.metrics_url: str | None = None  # where a running app serves its Prometheus metrics (run(metrics_address=...))
         self._instance_id = instance_id
         self._stop = threading.Event()
         self._runner = None
@@ -218,12 +237,14 @@ class App:
 
     # -- running ---------------------------------------------------------------------------------
 
-    def run(self, until_idle: float | None = None, progress_interval: float | None = None, progress_out=None) -> None:
+    def run(self, until_idle: float | None = None, progress_interval: float | None = None, progress_out=None, metrics_address: tuple[str, int] | None = None) -> None:
         """Process until ``stop()``, SIGTERM or SIGINT (each finishes the open
         transaction), or, with ``until_idle``, until no record came for that
         many seconds. Raises ``ProcessingError`` (``on_error="stop"``) or
         ``InstanceFencedError``. ``progress_interval`` prints a progress line
-        to ``progress_out`` (stderr) that often."""
+        to ``progress_out`` (stderr) that often. ``metrics_address`` (host,
+        port; port 0 picks one) serves Prometheus metrics there while it
+        runs (``streaming.metrics``; ``metrics_url`` says where)."""
         import asyncio
 
         from streaming.runner import Runner
@@ -231,7 +252,7 @@ class App:
         if not self.processors:
             raise ConfigError("the app has no processors: register one with @app.processor(...)")
         self._stop.clear()
-        runner = self._runner = Runner(self, until_idle=until_idle, progress_interval=progress_interval, progress_out=progress_out)
+        runner = self._runner = Runner(self, until_idle=until_idle, progress_interval=progress_interval, progress_out=progress_out, metrics_address=metrics_address)
         asyncio.run(runner.run())
 
     def stop(self) -> None:

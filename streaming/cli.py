@@ -33,7 +33,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", help="a Python file that builds a streaming.App (named app)")
     parser.add_argument("--app", default=None, help="the variable holding the App (default: app, or the only App in the module)")
     parser.add_argument("--until-idle", type=float, default=None, metavar="SECONDS", help="stop after this long without a record (default: run until SIGTERM/SIGINT)")
+    parser.add_argument("--metrics", type=_parse_address, default=None, metavar="HOST:PORT", help="serve Prometheus metrics at http://HOST:PORT/metrics while it runs (port 0 picks a free one; the log says which)")
     parser.add_argument("--progress-interval", type=float, default=5.0, metavar="SECONDS", help="seconds between progress lines on stderr (0: none)")
+
+
+def _parse_address(text: str) -> tuple[str, int]:
+    host, separator, port = text.rpartition(":")
+    if not separator or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"wants HOST:PORT, not {text!r}")
+    return host or "127.0.0.1", int(port)
 
 
 def load_app(path: str, name: str | None = None):
@@ -73,12 +81,15 @@ def run(args) -> int:
     try:
         # onceflow run's security flags (--security-protocol, --command-config, ...), as Kafka properties.
         app.add_client_options(getattr(args, "client_options", None) or {})
-        app.run(until_idle=args.until_idle, progress_interval=args.progress_interval or None)
+        app.run(until_idle=args.until_idle, progress_interval=args.progress_interval or None, metrics_address=getattr(args, "metrics", None))
     except StreamingError as error:
         print(f"onceflow run: {error}", file=sys.stderr)
         return error.exit_code
     except (ConfigError, KafkaError) as error:
         print(f"onceflow run: {type(error).__name__}: {error}", file=sys.stderr)
+        return 1
+    except OSError as error:  # the metrics address cannot be bound
+        print(f"onceflow run: {error}", file=sys.stderr)
         return 1
     metrics = ", ".join(f"{name} {value}" for name, value in sorted(app.metrics.items()))
     print(f"onceflow run: stopped ({metrics})", file=sys.stderr)

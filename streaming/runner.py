@@ -29,6 +29,13 @@ What happens when:
 | a record fails (bad bytes, processor raises) | ``on_error="dead-letter"``: its raw bytes to the dead-letter topic in the same transaction, headers naming the error and position; ``"stop"``: abort, ``ProcessingError`` naming the record. The record's own store writes and emits are dropped either way; the rest of the transaction is untouched |
 | stop, SIGTERM, SIGINT | commit the open transaction, close the stores, leave |
 
+Metrics: the runner counts into ``app.metrics`` (plain numbers: counters,
+aborts by cause, commit times handed to its observers) and keeps the lag of
+its assigned partitions and the progress of restores as state; with
+``metrics_address`` it serves them for Prometheus on its own loop
+(``streaming.metrics``, the one module of the runner that imports
+``prometheus_client``), refreshing the lag every ``LAG_REFRESH_SECONDS``.
+
 A shard's SQLite file can never be trusted blindly: its offset is checked
 against the changelog before use. Behind (the usual case after a crash
 between the Kafka commit and the SQLite apply, or after another instance
@@ -71,6 +78,7 @@ CRASH_AFTER_COMMIT = "streaming.after_commit_before_store_apply"
 RESTORE_CHUNK = 10_000  # changelog records applied to SQLite per transaction while restoring
 DEFAULTS_CONSUMER = {"max_poll_records": 500}
 DEFAULTS_PRODUCER = {"transaction_timeout_ms": 10_000, "linger_ms": 5}
+LAG_REFRESH_SECONDS = 1.0  # how often the lag is asked for while metrics are served
 GROUP_FENCING = {ErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.ILLEGAL_GENERATION, ErrorCode.FENCED_INSTANCE_ID}
 ABORTABLE = (TransactionAbortableError, CommitFailedError, RetriableError, ConnectionError, TimeoutError, OSError)
 
@@ -115,8 +123,9 @@ class Context:
 
 
 class Runner:
-    def __init__(self, app: App, *, until_idle: float | None = None, progress_interval: float | None = None, progress_out=None):
+    def __init__(self, app: App, *, until_idle: float | None = None, progress_interval: float | None = None, progress_out=None, metrics_address: tuple[str, int] | None = None):
         self.app = app
+        self.metrics_address = metrics_address
         self.metrics = app.metrics
         self.until_idle = until_idle
         self.progress_interval = progress_interval
@@ -149,6 +158,11 @@ class Runner:
         self.processed: dict[TopicPartition, int] = {}  # next offset per partition, as far as processed
         self.topic_partitions: dict[tuple[str, int], TopicPartition] = {}  # made once, not per record
         self.last_activity = time.monotonic()
+        # What the metrics read besides app.metrics: the lag per assigned
+        # partition (as last asked for) and each shard being restored's
+        # (position, stable end) in its changelog.
+        self.lag: dict[TopicPartition, int] = {}
+        self.restoring: dict[tuple[str, int], tuple[int, int]] = {}
 
     # -- the whole run -------------------------------------------------------------------------
 
@@ -162,7 +176,15 @@ class Runner:
                 loop.add_signal_handler(signum, app.stop)
                 installed.append(signum)
         common = {k: v for k, v in app.consumer_options.items() if k in app.producer_options}
+        endpoint = exported = None
         try:
+            if self.metrics_address is not None:
+                from streaming.metrics import RunnerMetrics
+
+                exported = RunnerMetrics(app, self)
+                endpoint = await exported.serve(*self.metrics_address)
+                app.metrics_url = f"http://{self.metrics_address[0]}:{endpoint.bound_port}/metrics"
+                log.info("serving metrics on %s", app.metrics_url)
             self.admin = AsyncAdmin(app.bootstrap_servers, **common)
             await self._prepare_topics()
             self.producer = self._new_producer()
@@ -182,6 +204,10 @@ class Runner:
             raise
         finally:
             await self._shutdown()
+            if endpoint is not None:
+                await endpoint.stop()
+                exported.close()
+                app.metrics_url = None
             for signum in installed:
                 loop.remove_signal_handler(signum)
             lock.close()
@@ -189,6 +215,7 @@ class Runner:
     async def _shutdown(self) -> None:
         if self.failed and self.txn_open and self.producer is not None:
             self.txn_open = False
+            self.metrics.aborted("stopped_on_error")
             try:
                 await self.producer.abort_transaction()
             except Exception as error:  # fenced or broker gone: the coordinator's timeout aborts it
@@ -249,6 +276,7 @@ class Runner:
         app, consumer = self.app, self.consumer
         interval = app.commit_interval_ms / 1000
         next_progress = time.monotonic() + (self.progress_interval or 0)
+        next_lag = time.monotonic()
         progress_mark = (time.monotonic(), 0, 0)
         self.last_activity = time.monotonic()
         while not app.stopping:
@@ -279,6 +307,9 @@ class Runner:
                 await self._commit_or_abort()
                 self.last_activity = time.monotonic()  # a slow commit is not idleness
             now = time.monotonic()
+            if self.metrics_address is not None and now >= next_lag:
+                self.lag = await self._lag() or self.lag
+                next_lag = now + LAG_REFRESH_SECONDS
             if self.progress_interval and now >= next_progress:
                 progress_mark = await self._progress(progress_mark)
                 next_progress = now + self.progress_interval
@@ -360,6 +391,7 @@ class Runner:
 
     async def _commit(self) -> None:
         producer = self.producer
+        began = time.monotonic()
         written: list[tuple[Store, dict, object]] = []
         for store in self.dirty:
             changes = store.take_pending()
@@ -384,6 +416,7 @@ class Runner:
         await producer.commit_transaction()
         self.txn_open = False
         self.metrics.add("commits")
+        self.metrics.observe("commit_seconds", time.monotonic() - began)
         self.metrics.add("records_out", self.txn_outputs)
         self.txn_records = self.txn_outputs = 0
         self.txn_offsets = {}
@@ -422,7 +455,7 @@ class Runner:
                 # reports the partitions lost, rather than wait for a heartbeat
                 # to find out.
                 self.consumer.enforce_rebalance(error.code)
-            await self._abort()
+            await self._abort(abort_cause(error))
             await self._recover(catch_up_stores=False)
             return False
 
@@ -435,8 +468,8 @@ class Runner:
         log.error(message)
         return InstanceFencedError(message)
 
-    async def _abort(self) -> None:
-        self.metrics.add("aborts")
+    async def _abort(self, cause: str) -> None:
+        self.metrics.aborted(cause)
         self.txn_open = False
         self.txn_records = self.txn_outputs = 0
         self.txn_offsets = {}
@@ -508,7 +541,7 @@ class Runner:
         log.warning("partitions lost (the group moved on without this member): %s%s", ", ".join(map(str, sorted(partitions))) or "none",
                     "; aborting the open transaction" if self.txn_open and not self.failed else "")
         if self.txn_open and not self.failed:
-            await self._abort()
+            await self._abort("partitions_lost")
         await self._release(partitions)
 
     async def on_partitions_assigned(self, partitions) -> None:
@@ -618,6 +651,17 @@ class Runner:
         if store.next_offset >= end:
             return
         began = time.monotonic()
+        key = (store.name, store.partition)
+        self.restoring[key] = (store.next_offset, end)
+        try:
+            restored, position = await self._restore(store, file, tp, end)
+        finally:
+            self.restoring.pop(key, None)
+        self.metrics.add("restored_records", restored)
+        log.info("store %s-%d: restored %d changelog records up to offset %d in %.2f s", store.name, store.partition, restored, position, time.monotonic() - began)
+
+    async def _restore(self, store: Store, file: StoreFile, tp: TopicPartition, end: int) -> tuple[int, int]:
+        """Apply the changelog from the shard's offset to ``end``; (records restored, offset reached)."""
         restorer = self.restorer
         restorer.assign([tp])
         restorer.seek(tp, store.next_offset)
@@ -632,6 +676,7 @@ class Runner:
                     changes[record.key] = record.value
                     restored += 1
             position = await restorer.position(tp)
+            self.restoring[(store.name, store.partition)] = (position, end)
             if len(changes) >= RESTORE_CHUNK:
                 store.apply_committed(changes, position)
                 await file.apply(changes, position)
@@ -640,8 +685,7 @@ class Runner:
             store.apply_committed(changes, position)
             await file.apply(changes, position)
         restorer.assign([])
-        self.metrics.add("restored_records", restored)
-        log.info("store %s-%d: restored %d changelog records up to offset %d in %.2f s", store.name, store.partition, restored, position, time.monotonic() - began)
+        return restored, position
 
     # -- progress ------------------------------------------------------------------------------
 
@@ -649,16 +693,8 @@ class Runner:
         now = time.monotonic()
         records_in, records_out = self.metrics.get("records_in", 0), self.metrics.get("records_out", 0)
         elapsed = max(1e-9, now - mark[0])
-        lag = ""
-        try:
-            assigned = sorted(self.assigned)
-            ends = await self.consumer.end_offsets(assigned) if assigned else {}
-            # Nothing processed from a partition yet: the consumer's position
-            # (where it reads next: the committed offset, until records come).
-            positions = {tp: self.processed[tp] if tp in self.processed else await self.consumer.position(tp) for tp in assigned}
-            lag = " ".join(f"{tp}:{max(0, ends[tp] - positions[tp])}" for tp in assigned)
-        except (KafkaError, ConnectionError, TimeoutError, OSError):
-            lag = "(unknown)"
+        lags = await self._lag()
+        lag = "(unknown)" if lags is None else " ".join(f"{tp}:{behind}" for tp, behind in sorted(lags.items()))
         print(
             f"{self.app.application_id}/{self.app.instance_id}: in {(records_in - mark[1]) / elapsed:,.0f}/s "
             f"out {(records_out - mark[2]) / elapsed:,.0f}/s, {self.metrics.get('commits', 0)} commits, "
@@ -666,3 +702,31 @@ class Runner:
             file=self.progress_out, flush=True,
         )
         return now, records_in, records_out
+
+    async def _lag(self) -> dict[TopicPartition, int] | None:
+        """Records behind the end (the last stable offset: the consumer reads
+        read_committed) per assigned partition; None if the broker did not answer."""
+        try:
+            assigned = sorted(self.assigned)
+            ends = await self.consumer.end_offsets(assigned) if assigned else {}
+            # Nothing processed from a partition yet: the consumer's position
+            # (where it reads next: the committed offset, until records come).
+            positions = {tp: self.processed[tp] if tp in self.processed else await self.consumer.position(tp) for tp in assigned}
+            return {tp: max(0, ends[tp] - positions[tp]) for tp in assigned}
+        except (KafkaError, ConnectionError, TimeoutError, OSError):
+            return None
+
+
+def abort_cause(error: BaseException) -> str:
+    """Why an abortable error aborted the transaction, in a few bounded words (a metric's label)."""
+    if getattr(error, "code", None) in GROUP_FENCING:
+        return "group_fenced"
+    if isinstance(error, CommitFailedError):
+        return "commit_failed"
+    if isinstance(error, TransactionAbortableError):
+        return "transaction_abortable"
+    if isinstance(error, RetriableError):
+        return "retries_exhausted"
+    if isinstance(error, TimeoutError):
+        return "timeout"
+    return "connection"

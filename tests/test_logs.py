@@ -13,11 +13,13 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 
 from faults.process import READY, restartable_port
 from onceflow import logs
+from protocol.partitioning import partition_for
 from tests.conftest import REPO
 from tests.helpers import create_topic, raw_request, wait_for
 
@@ -59,7 +61,7 @@ def test_a_text_line_is_one_line_with_its_fields():
 
 def test_configure_routes_every_logger_and_announce_follows_the_format():
     stream, out = io.StringIO(), io.StringIO()
-    saved = logging.root.handlers[:], logging.root.level, sys.excepthook
+    saved = logging.root.handlers[:], logging.root.level, sys.excepthook, threading.excepthook
     try:
         logs.configure("DEBUG", "json", stream=stream)
         logging.getLogger("groupcoord.coordinator").debug("moved", extra={"group_id": "g"})
@@ -75,9 +77,84 @@ def test_configure_routes_every_logger_and_announce_follows_the_format():
         logs.announce("onceflow broker ready on 127.0.0.1:9", stream=out, port=9)
         assert out.getvalue() == "onceflow broker ready on 127.0.0.1:9\n"
     finally:
-        logging.root.handlers[:], sys.excepthook = saved[0], saved[2]
+        logging.root.handlers[:], sys.excepthook, threading.excepthook = saved[0], saved[2], saved[3]
         logging.root.setLevel(saved[1])
         logging.captureWarnings(False)
+
+
+# -- the coordinators' state-change lines, without a socket ---------------------------
+
+
+def _changes(caplog, event: str) -> list[dict]:
+    return [{key: getattr(r, key) for key in ("transactional_id", "group_id", "producer_id", "producer_epoch", "generation", "member_id", "old_state", "new_state") if hasattr(r, key)}
+            for r in caplog.records if getattr(r, "event", None) == event and r.levelno == logging.DEBUG]
+
+
+def test_a_timed_out_transaction_its_fence_and_its_expiry_are_logged_once_each(caplog):
+    import asyncio
+
+    from tests.coordinator.test_coordinator import P0, make
+
+    async def scenario():
+        coordinator, clock = make(transactional_id_expiration_ms=1000)
+        init = await coordinator.init_producer_id("tx", 5000)
+        await coordinator.add_partitions("tx", init.producer_id, 0, [P0])
+        coordinator.txn_log.fail = True
+        assert await coordinator.end_transaction("tx", init.producer_id, 0, True) != 0, "a failed write changes nothing"
+        coordinator.txn_log.fail = False
+        clock.advance(6.0)
+        assert await coordinator.abort_timed_out() == ["tx"]
+        await coordinator.wait_idle()
+        clock.advance(2.0)
+        assert await coordinator.expire_transactional_ids() == ["tx"]
+        return init.producer_id
+
+    with caplog.at_level(logging.DEBUG, logger="coordinator.coordinator"):
+        producer_id = asyncio.run(scenario())
+    assert _changes(caplog, "transaction_state_change") == [
+        {"transactional_id": "tx", "producer_id": producer_id, "producer_epoch": 0, "old_state": "none", "new_state": "Empty"},
+        {"transactional_id": "tx", "producer_id": producer_id, "producer_epoch": 0, "old_state": "Empty", "new_state": "Ongoing"},
+        {"transactional_id": "tx", "producer_id": producer_id, "producer_epoch": 1, "old_state": "Ongoing", "new_state": "PrepareAbort"},
+        {"transactional_id": "tx", "producer_id": producer_id, "producer_epoch": 1, "old_state": "PrepareAbort", "new_state": "CompleteAbort"},
+        {"transactional_id": "tx", "producer_id": producer_id, "producer_epoch": 1, "old_state": "CompleteAbort", "new_state": "Dead"},
+    ]
+
+
+def test_a_silent_members_removal_and_a_delete_are_logged_with_the_member(caplog):
+    import asyncio
+
+    from tests.groupcoord.test_group_coordinator import join, join_two, make
+
+    async def scenario():
+        coordinator, clock = make()
+        a, b = await join_two(coordinator)
+        leader = a if a["members"] else b
+        await asyncio.gather(*(
+            coordinator.sync_group(group_id="g", generation_id=1, member_id=m["member_id"], group_instance_id=None, assignments=[(a["member_id"], b"1"), (b["member_id"], b"2")] if m is leader else [])
+            for m in (a, b)
+        ))
+        clock.advance(0.6)
+        await coordinator.heartbeat(group_id="g", generation_id=1, member_id=a["member_id"], group_instance_id=None)
+        clock.advance(0.6)  # b has been silent longer than its session
+        await coordinator.check_timeouts()
+        rejoined = await asyncio.wait_for(join(coordinator, a["member_id"]), 5)
+        await coordinator.leave_group(group_id="g", members=[(rejoined["member_id"], None)])
+        assert await coordinator.delete_group("g") == 0
+        await coordinator.stop()
+        return a["member_id"], b["member_id"], leader["member_id"]
+
+    with caplog.at_level(logging.DEBUG, logger="groupcoord.coordinator"):
+        kept, silent, leader = asyncio.run(scenario())
+    steps = [(c["old_state"], c["new_state"], c["generation"], c["member_id"]) for c in _changes(caplog, "group_state_change")]
+    assert steps[0][:3] == ("Empty", "PreparingRebalance", 0)
+    assert steps[1:] == [
+        ("PreparingRebalance", "CompletingRebalance", 1, leader),
+        ("CompletingRebalance", "Stable", 1, leader),
+        ("Stable", "PreparingRebalance", 1, silent),
+        ("PreparingRebalance", "CompletingRebalance", 2, kept),
+        ("CompletingRebalance", "Empty", 3, None),
+        ("Empty", "Dead", 3, None),
+    ]
 
 
 # -- a real broker process ------------------------------------------------------------
@@ -192,7 +269,7 @@ def test_json_logs_of_a_transaction_a_group_and_recovery_after_a_kill(json_broke
     def state_changes(kind: str) -> list[dict]:
         return [e for e in json_broker.events() if e.get("event") == kind]
 
-    transaction_steps = lambda: [(e["old_state"], e["new_state"]) for e in state_changes("transaction_state_change") if e["transactional_id"] == "logged-tx"]  # noqa: E731
+    transaction_steps = lambda: [(e["old_state"], e["new_state"]) for e in state_changes("transaction_state_change") if e["transactional_id"] == "logged-tx"]
     wait_for(lambda: ("PrepareCommit", "CompleteCommit") in transaction_steps(), timeout=30, what="the commit's completion to be logged")
     assert transaction_steps() == [("none", "Empty"), ("Empty", "Ongoing"), ("Ongoing", "PrepareCommit"), ("PrepareCommit", "CompleteCommit")]
     for change in state_changes("transaction_state_change"):
@@ -220,9 +297,13 @@ def test_json_logs_of_a_transaction_a_group_and_recovery_after_a_kill(json_broke
     with open(segment, "ab") as file:
         file.write(head[:29])  # a batch's first 29 bytes: its header is cut short
     started = json_broker.start(env={"ONCEFLOW_CRASH_POINTS": "coordinator.after_prepare_commit@1:exit"})
-    partitions = 1 + 50 + 50  # the topic, __consumer_offsets, __transaction_state
+    # Opened at start: the partitions changed since they were last whole
+    # (the topic, and those of __consumer_offsets and __transaction_state the
+    # group and the transactions wrote); the others open when first used.
+    changed = {("logged", 0), ("__consumer_offsets", partition_for("logged-group", 50))} | {("__transaction_state", partition_for(t, 50)) for t in ("logged-tx", "open-tx")}
     storage = _one(started, "log_recovery")
     assert storage["level"] == "INFO" and storage["logger"] == "storage.recovery"
+    partitions = len(changed)
     assert (storage["partitions"], storage["unclean"], storage["segments_checked"], storage["segments_scanned"]) == (partitions, partitions, partitions, partitions)
     assert storage["bytes_truncated"] == 29 and storage["segments_deleted"] == 0
     assert storage["producer_states"] == 2, "logged-tx and open-tx wrote to the topic"
@@ -243,9 +324,24 @@ def test_json_logs_of_a_transaction_a_group_and_recovery_after_a_kill(json_broke
     transactions = _one(started, "transaction_recovery")
     assert (transactions["transactional_ids"], transactions["ongoing"], transactions["completing_commit"], transactions["completing_abort"]) == (3, 1, 1, 0)
     storage = _one(started, "log_recovery")
-    assert storage["bytes_truncated"] == 0 and storage["unclean"] == partitions
+    assert storage["bytes_truncated"] == 0 and storage["unclean"] == storage["partitions"] == 1, "only decided-tx's __transaction_state partition changed"
     wait_for(lambda: any(e.get("transactional_id") == "decided-tx" and e.get("new_state") == "CompleteCommit" for e in json_broker.events()), timeout=30, what="the decided commit's completion")
     assert json_broker.stop() == 0
     events = json_broker.events()  # every line of every start, both streams, is JSON
     assert [e["crash_point"] for e in events if "crash_point" in e] == ["coordinator.after_prepare_commit"]
     assert [e["message"] for e in events if e["logger"] == "onceflow" and "stopped" in e["message"]] == ["broker stopped cleanly"]
+
+
+def test_a_broker_that_cannot_start_says_so_in_one_json_line(tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run([sys.executable, "-m", "onceflow", "--log-format", "json", "broker", "--data-dir", str(tmp_path / "data"), "--listen", f"127.0.0.1:{port}"],
+                                cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 2 and result.stdout == ""
+    events = [json.loads(line) for line in result.stderr.splitlines()]
+    [refusal] = [e for e in events if e["level"] == "ERROR"]
+    assert refusal["message"].startswith(f"onceflow broker: cannot listen on PLAINTEXT://127.0.0.1:{port}:") and refusal["logger"] == "onceflow"

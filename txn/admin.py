@@ -89,6 +89,13 @@ class ListedOffset:
     timestamp: int
 
 
+@attrs.frozen
+class TopicListing:
+    name: str
+    partitions: int
+    internal: bool  # the broker says so (Metadata's is_internal), or a name Kafka reserves (``__``)
+
+
 class AsyncAdmin:
     def __init__(self, bootstrap_servers=None, config: dict | AdminConfig | None = None, **options):
         if bootstrap_servers is not None:
@@ -329,6 +336,148 @@ class AsyncAdmin:
         code = response["markers"][0]["topics"][0]["partitions"][0]["error_code"]
         if code:
             raise classify(code, f"abort producer {producer_id} in {tp}")
+
+    # -- ACLs (CreateAcls, DescribeAcls, DeleteAcls) -------------------------------------------------
+
+    async def create_acls(self, bindings) -> None:
+        """Add ``protocol.acls.AclBinding`` values; the first refused one
+        raises ``KafkaError`` naming it (the others of the request stay added,
+        as in Kafka)."""
+        bindings = list(bindings)
+        creations = [
+            {
+                "resource_type": int(b.pattern.resource_type),
+                "resource_name": b.pattern.name,
+                "resource_pattern_type": int(b.pattern.pattern_type),
+                "principal": b.entry.principal,
+                "host": b.entry.host,
+                "operation": int(b.entry.operation),
+                "permission_type": int(b.entry.permission_type),
+            }
+            for b in bindings
+        ]
+        response = await self._any(ApiKey.CREATE_ACLS, {"creations": creations})
+        for binding, result in zip(bindings, response["results"]):
+            if result["error_code"]:
+                raise classify(result["error_code"], f"create ACL {binding}" + (f" ({result['error_message']})" if result.get("error_message") else ""))
+
+    async def describe_acls(self, acl_filter=None) -> list:
+        """The ACLs matching a ``protocol.acls.AclBindingFilter`` (default: all)."""
+        from protocol.acls import MATCH_ALL
+
+        response = await self._any(ApiKey.DESCRIBE_ACLS, _acl_filter_fields(acl_filter or MATCH_ALL))
+        if response["error_code"]:
+            raise classify(response["error_code"], "describe ACLs" + (f" ({response['error_message']})" if response.get("error_message") else ""))
+        return [
+            _binding(resource["resource_type"], resource["resource_name"], resource["pattern_type"], acl)
+            for resource in response["resources"]
+            for acl in resource["acls"]
+        ]
+
+    async def delete_acls(self, filters) -> list:
+        """Remove every ACL matching any of the ``AclBindingFilter`` values; the ACLs removed."""
+        response = await self._any(ApiKey.DELETE_ACLS, {"filters": [_acl_filter_fields(f) for f in filters]})
+        removed = []
+        for result in response["filter_results"]:
+            if result["error_code"]:
+                raise classify(result["error_code"], "delete ACLs" + (f" ({result['error_message']})" if result.get("error_message") else ""))
+            removed += [_binding(m["resource_type"], m["resource_name"], m["pattern_type"], m) for m in result["matching_acls"]]
+        return removed
+
+    # -- SCRAM users (KIP-554) ------------------------------------------------------------------
+
+    async def describe_user_scram_credentials(self, users: list[str] | None = None) -> dict[str, dict[str, int]]:
+        """``{user: {mechanism name: iterations}}`` of the named users (every
+        SCRAM user when None); a user without credentials raises."""
+        body = {"users": None if users is None else [{"name": name} for name in users]}
+        response = await self._any(ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS, body)
+        if response["error_code"]:
+            raise classify(response["error_code"], f"describe SCRAM users ({response.get('error_message')})")
+        described = {}
+        for result in response["results"]:
+            if result["error_code"]:
+                raise classify(result["error_code"], f"describe SCRAM user {result['user']} ({result.get('error_message')})")
+            described[result["user"]] = {
+                _scram_mechanism(info["mechanism"]).name: info["iterations"] for info in result["credential_infos"]
+            }
+        return described
+
+    async def upsert_user_scram_credential(self, user: str, password: str, *, mechanism: str = "SCRAM-SHA-256", iterations: int = 4096) -> None:
+        """Set ``user``'s password for ``mechanism``, salted here (KIP-554:
+        the password never crosses the wire, only the salted form)."""
+        import os
+
+        from protocol.scram import MECHANISMS, salted_password
+
+        scram = MECHANISMS.get(mechanism)
+        if scram is None:
+            raise ValueError(f"unknown SCRAM mechanism {mechanism!r} (one of {', '.join(MECHANISMS)})")
+        salt = os.urandom(32)
+        upsertion = {
+            "name": user,
+            "mechanism": scram.kafka_type,
+            "iterations": iterations,
+            "salt": salt,
+            "salted_password": salted_password(scram, password.encode("utf-8"), salt, iterations),
+        }
+        await self._alter_user_scram_credentials({"deletions": [], "upsertions": [upsertion]})
+
+    async def delete_user_scram_credential(self, user: str, mechanism: str = "SCRAM-SHA-256") -> None:
+        from protocol.scram import MECHANISMS
+
+        scram = MECHANISMS.get(mechanism)
+        if scram is None:
+            raise ValueError(f"unknown SCRAM mechanism {mechanism!r} (one of {', '.join(MECHANISMS)})")
+        await self._alter_user_scram_credentials({"deletions": [{"name": user, "mechanism": scram.kafka_type}], "upsertions": []})
+
+    async def _alter_user_scram_credentials(self, body: dict) -> None:
+        response = await self._any(ApiKey.ALTER_USER_SCRAM_CREDENTIALS, body)
+        for result in response["results"]:
+            if result["error_code"]:
+                raise classify(result["error_code"], f"alter SCRAM user {result['user']} ({result.get('error_message')})")
+
+    # -- for onceflow status: what a broker serves, and topics with their kind ---------------------
+
+    async def api_versions(self) -> dict[int, tuple[int, int]]:
+        """``{api key: (min version, max version)}`` that a broker serves (its
+        ApiVersions answer): a tool meant for any Kafka-protocol broker asks
+        before it uses an API that some lack (Tansu serves neither
+        ListTransactions nor DescribeProducers)."""
+        async for attempt in self.cluster.retrying(self.config.request_timeout_ms / 1000):
+            with attempt:
+                client = await self.cluster.any_broker()
+                return dict(client.versions)
+
+    async def topic_listings(self) -> list[TopicListing]:
+        """Every topic with its partition count and whether it is internal, by name."""
+        body = await self.cluster.refresh(None, allow_auto_create=False)
+        listed = [TopicListing(t["name"], len(t["partitions"]), bool(t.get("is_internal")) or t["name"].startswith("__")) for t in body["topics"] if not t["error_code"]]
+        return sorted(listed, key=lambda t: t.name)
+
+def _acl_filter_fields(acl_filter) -> dict:
+    return {
+        "resource_type_filter": int(acl_filter.resource_type),
+        "resource_name_filter": acl_filter.name,
+        "pattern_type_filter": int(acl_filter.pattern_type),
+        "principal_filter": acl_filter.principal,
+        "host_filter": acl_filter.host,
+        "operation": int(acl_filter.operation),
+        "permission_type": int(acl_filter.permission_type),
+    }
+
+
+def _binding(resource_type, name, pattern_type, entry):
+    from protocol.acls import AclBinding
+
+    return AclBinding.of(resource_type, name, entry["principal"], entry["operation"], entry["permission_type"], host=entry["host"], pattern_type=pattern_type)
+
+
+def _scram_mechanism(kafka_type: int):
+    from protocol.scram import MECHANISMS_BY_TYPE
+
+    return MECHANISMS_BY_TYPE[kafka_type]
+
+
 
 
 class Admin(SyncClient):

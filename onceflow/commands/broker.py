@@ -1,11 +1,17 @@
 """``onceflow broker``: run a broker until SIGTERM or SIGINT.
 
-Prints ``onceflow broker ready on HOST:PORT`` once it has recovered its logs
-and listens (``faults.process.BrokerProcess`` waits for that line); a bad
-setting, an unusable data directory or a port it cannot bind exit 2 with
-one line on stderr. With ``--metrics HOST:PORT`` it also serves Prometheus
+Prints ``onceflow broker ready on HOST:PORT`` (the first listener) once it has
+recovered its logs and listens (``faults.process.BrokerProcess`` waits for
+that line); a bad setting, an unusable data directory or a port it cannot
+bind exit 2 with one line on stderr. With ``--metrics HOST:PORT`` it also serves Prometheus
 metrics at ``http://HOST:PORT/metrics`` (``broker.metrics``) and prints
 ``onceflow broker metrics on http://HOST:PORT/metrics`` before the ready line.
+
+``--listen`` takes one ``HOST:PORT`` (a PLAINTEXT listener) or Kafka's
+listeners list, ``PLAINTEXT://127.0.0.1:9092,SASL_SSL://0.0.0.0:9093``
+(``--config listener.security.protocol.map=INTERNAL:PLAINTEXT,...`` names
+custom listeners); ``--advertise`` likewise (one ``HOST:PORT`` is the first
+listener's advertised address).
 """
 
 from __future__ import annotations
@@ -16,7 +22,13 @@ import logging
 import signal
 import sys
 
-from broker.config import DEFAULT_DATA_DIR, DEFAULT_HOST, DEFAULT_PORT
+from broker.config import (
+    DEFAULT_DATA_DIR,
+    DEFAULT_HOST,
+    DEFAULT_PORT,
+    SASL_MECHANISMS,
+    SSL_CLIENT_AUTH,
+)
 
 
 def _parse_listen(text: str) -> tuple[str, int]:
@@ -24,6 +36,27 @@ def _parse_listen(text: str) -> tuple[str, int]:
     if not sep or not port.isdigit():
         raise argparse.ArgumentTypeError(f"wants HOST:PORT, not {text!r}")
     return host or DEFAULT_HOST, int(port)
+
+
+def _parse_listeners(text: str) -> str | tuple[str, int]:
+    """A listeners list stays text (parsed with the other listener settings);
+    one ``HOST:PORT`` is the single PLAINTEXT listener, as always."""
+    if "://" in text:
+        from broker.security.listeners import ListenerError, parse_listeners
+
+        try:
+            if _only_protocols(text):  # custom names wait for --config's protocol map
+                parse_listeners(text)
+        except ListenerError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+        return text
+    return _parse_listen(text)
+
+
+def _only_protocols(text: str) -> bool:
+    from broker.security.listeners import SECURITY_PROTOCOLS
+
+    return all(part.split("://", 1)[0].strip().upper() in SECURITY_PROTOCOLS for part in text.split(",") if part.strip())
 
 
 def _parse_property(text: str) -> tuple[str, str]:
@@ -35,8 +68,17 @@ def _parse_property(text: str) -> tuple[str, str]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help=f"where the logs live (default {DEFAULT_DATA_DIR})")
-    parser.add_argument("--listen", type=_parse_listen, default=(DEFAULT_HOST, DEFAULT_PORT), metavar="HOST:PORT", help=f"where to listen (default {DEFAULT_HOST}:{DEFAULT_PORT}; port 0 picks a free one)")
-    parser.add_argument("--advertise", type=_parse_listen, default=None, metavar="HOST:PORT", help="the address put in metadata (default: --listen)")
+    parser.add_argument(
+        "--listen", type=_parse_listeners, default=(DEFAULT_HOST, DEFAULT_PORT), metavar="LISTENERS",
+        help=f"HOST:PORT, or listeners Kafka style: PLAINTEXT://127.0.0.1:9092,SASL_SSL://0.0.0.0:9093 "
+        f"(also SSL, SASL_PLAINTEXT; default {DEFAULT_HOST}:{DEFAULT_PORT}; port 0 picks a free one)",
+    )
+    parser.add_argument("--advertise", type=_parse_listeners, default=None, metavar="ADDRESSES", help="the address put in metadata: HOST:PORT for the first listener, or NAME://HOST:PORT,... per listener (default: where each listens)")
+    parser.add_argument("--ssl-certfile", default=None, metavar="PEM", help="the broker's certificate (chain) for SSL and SASL_SSL listeners")
+    parser.add_argument("--ssl-keyfile", default=None, metavar="PEM", help="its private key (default: in --ssl-certfile)")
+    parser.add_argument("--ssl-cafile", default=None, metavar="PEM", help="CAs that client certificates are checked against")
+    parser.add_argument("--ssl-client-auth", choices=SSL_CLIENT_AUTH, default=None, help="ask clients for a certificate: none (default), requested, required")
+    parser.add_argument("--sasl-mechanisms", default=None, metavar="LIST", help=f"SASL mechanisms enabled, comma separated (default {','.join(SASL_MECHANISMS)})")
     parser.add_argument("--metrics", type=_parse_listen, default=None, metavar="HOST:PORT", help="serve Prometheus metrics at http://HOST:PORT/metrics (port 0 picks a free one)")
     parser.add_argument("--config", type=_parse_property, action="append", default=[], metavar="KEY=VALUE", help="a broker or default topic setting, Kafka's names (repeatable)")
 
@@ -45,18 +87,30 @@ def run(args) -> int:
     from broker.broker import Broker, DataDirError
     from broker.config import BrokerConfig
     from broker.metrics import MetricsListenError
+    from broker.security.tls import TlsConfigError
     from broker.storage_adapter import validate_log_properties
     from onceflow import logs
 
-    host, port = args.listen
-    fields = {"data_dir": args.data_dir, "host": host, "port": port}
-    if args.advertise:
+    properties = dict(args.config)
+    fields = {"data_dir": args.data_dir}
+    if isinstance(args.listen, str):
+        properties["listeners"] = args.listen
+    else:
+        fields["host"], fields["port"] = args.listen
+    if isinstance(args.advertise, str):
+        properties["advertised.listeners"] = args.advertise
+    elif args.advertise:
         fields["advertised_host"], fields["advertised_port"] = args.advertise
+    for option, field in (("ssl_certfile", "ssl_certfile"), ("ssl_keyfile", "ssl_keyfile"), ("ssl_cafile", "ssl_cafile"), ("ssl_client_auth", "ssl_client_auth")):
+        if getattr(args, option) is not None:
+            fields[field] = getattr(args, option)
+    if args.sasl_mechanisms is not None:
+        properties["sasl.enabled.mechanisms"] = args.sasl_mechanisms
     try:
-        config = BrokerConfig.from_properties(dict(args.config), **fields)
+        config = BrokerConfig.from_properties(properties, **fields)
         validate_log_properties(config.log_defaults)
     except (ValueError, TypeError) as error:
-        print(f"onceflow broker: bad configuration: {error}", file=sys.stderr)
+        logs.announce(f"onceflow broker: bad configuration: {error}", sys.stderr, level=logging.ERROR)
         return 2
 
     async def serve() -> int:
@@ -64,13 +118,17 @@ def run(args) -> int:
         try:
             await broker.start()
         except DataDirError as error:
-            print(f"onceflow broker: {error}", file=sys.stderr)
+            logs.announce(f"onceflow broker: {error}", sys.stderr, level=logging.ERROR)
+            return 2
+        except TlsConfigError as error:
+            logs.announce(f"onceflow broker: bad configuration: {error}", sys.stderr, level=logging.ERROR)
             return 2
         except MetricsListenError as error:
-            print(f"onceflow broker: {error.strerror}", file=sys.stderr)
+            logs.announce(f"onceflow broker: {error.strerror}", sys.stderr, level=logging.ERROR)
             return 2
         except OSError as error:
-            print(f"onceflow broker: cannot listen on {host}:{port}: {error.strerror or error}", file=sys.stderr)
+            where = ", ".join(str(listener) for listener in config.effective_listeners)
+            logs.announce(f"onceflow broker: cannot listen on {where}: {error.strerror or error}", sys.stderr, level=logging.ERROR)
             return 2
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

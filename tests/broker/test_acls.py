@@ -240,3 +240,22 @@ def test_offline_editing_refuses_a_running_brokers_directory(tmp_path):
         fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         with pytest.raises(AclStoreError, match="running broker"), offline(str(tmp_path / "new")):
             pass
+
+
+def test_a_resource_without_a_name_is_nobodys():
+    prefixed = acl(Res.TOPIC, "a", "User:bob", Op.READ, pattern=Pat.PREFIXED)
+    assert AclAuthorizer([prefixed, acl(Res.TOPIC, "*", "User:bob", Op.READ)]).authorize("User:bob", "h", Op.READ, Res.TOPIC, None) is False
+
+
+def test_a_denial_is_logged_once_until_the_acls_change(caplog):
+    import logging
+
+    authorizer = AclAuthorizer([BOB_WRITES_ORDERS])
+    with caplog.at_level(logging.INFO, logger="broker.security.audit"):
+        for _ in range(3):
+            authorizer.authorize("User:eve", "10.0.0.9", Op.WRITE, Res.TOPIC, "orders")
+        authorizer.authorize("User:bob", "10.0.0.1", Op.WRITE, Res.TOPIC, "orders")
+        authorizer.replace([BOB_WRITES_ORDERS])
+        authorizer.authorize("User:eve", "10.0.0.9", Op.WRITE, Res.TOPIC, "orders")
+    lines = [r.getMessage() for r in caplog.records if r.name == "broker.security.audit"]
+    assert lines == ["principal User:eve is denied operation WRITE from host 10.0.0.9 on resource TOPIC:orders"] * 2

@@ -23,7 +23,7 @@ from broker.security.acls import PatternType as Pat
 from broker.security.acls import ResourceType as Res
 from broker.security.authorizer import RULES
 from protocol.errors import ErrorCode
-from protocol.messages import ApiKey
+from protocol.messages import APIS, ApiKey
 from protocol.records import encode_batch
 
 ANON = "User:ANONYMOUS"
@@ -362,10 +362,10 @@ def test_kafka_python_gets_kafkas_errors(acl_broker):
     with pytest.raises(TopicAuthorizationFailedError):
         producer.send("secret", b"v").get(30)
     producer.close()
-    consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap, consumer_timeout_ms=3000)
+    consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap, consumer_timeout_ms=10000)
     consumer.assign([TopicPartition("ok", 0)])
     consumer.seek_to_beginning()
-    assert [m.value for m in consumer] == [b"v"]
+    assert next(iter(consumer)).value == b"v"
     consumer.close()
     assert log_end(broker, "secret") == 0
 
@@ -399,3 +399,271 @@ def test_aiokafka_gets_kafkas_errors(acl_broker):
 
     asyncio.run(scenario())
     assert log_end(broker, "secret") == 0
+
+
+# -- every denial encodes, in every version ----------------------------------------------------------------
+
+BATCH = encode_batch([(b"k", b"v", (), 0)])
+T_ID = uuid.uuid4()  # topic "t"'s id (Fetch v13+ names topics by id)
+PARTS = [{"partition": 0, "partition_index": 0, "index": 0, "records": BATCH, "fetch_offset": 0, "timestamp": -1, "offset": 0, "committed_offset": 1}]
+SAMPLES = {
+    ApiKey.PRODUCE: {"transactional_id": None, "acks": -1, "topic_data": [{"name": "t", "partition_data": PARTS}]},
+    ApiKey.FETCH: {"replica_id": -1, "topics": [{"topic": "t", "topic_id": T_ID, "partitions": PARTS}]},
+    ApiKey.LIST_OFFSETS: {"topics": [{"name": "t", "partitions": PARTS}]},
+    ApiKey.METADATA: {"topics": [{"name": "t"}], "allow_auto_topic_creation": True},
+    ApiKey.OFFSET_COMMIT: {"group_id": "g", "topics": [{"name": "t", "partitions": PARTS}]},
+    ApiKey.OFFSET_FETCH: {"group_id": "g", "topics": [{"name": "t", "partition_indexes": [0]}], "groups": [{"group_id": "g", "topics": [{"name": "t", "partition_indexes": [0]}]}]},
+    ApiKey.FIND_COORDINATOR: {"key": "g", "key_type": 0, "coordinator_keys": ["g"]},
+    ApiKey.JOIN_GROUP: {"group_id": "g", "member_id": "m"},
+    ApiKey.HEARTBEAT: {"group_id": "g"},
+    ApiKey.LEAVE_GROUP: {"group_id": "g"},
+    ApiKey.SYNC_GROUP: {"group_id": "g"},
+    ApiKey.DESCRIBE_GROUPS: {"groups": ["g"]},
+    ApiKey.LIST_GROUPS: {},
+    ApiKey.CREATE_TOPICS: {"topics": [{"name": "t", "num_partitions": 1}]},
+    ApiKey.DELETE_TOPICS: {"topic_names": ["t"], "topics": [{"name": "t", "topic_id": uuid.uuid4()}]},
+    ApiKey.DELETE_RECORDS: {"topics": [{"name": "t", "partitions": PARTS}]},
+    ApiKey.INIT_PRODUCER_ID: {"transactional_id": "x"},
+    ApiKey.ADD_PARTITIONS_TO_TXN: {"v3_and_below_transactional_id": "x", "v3_and_below_topics": [{"name": "t", "partitions": [0]}], "transactions": []},
+    ApiKey.ADD_OFFSETS_TO_TXN: {"transactional_id": "x", "group_id": "g"},
+    ApiKey.END_TXN: {"transactional_id": "x"},
+    ApiKey.WRITE_TXN_MARKERS: {"markers": [{"producer_id": 1, "topics": [{"name": "t", "partition_indexes": [0]}]}]},
+    ApiKey.TXN_OFFSET_COMMIT: {"transactional_id": "x", "group_id": "g", "topics": [{"name": "t", "partitions": PARTS}]},
+    ApiKey.DESCRIBE_ACLS: {},
+    ApiKey.CREATE_ACLS: {"creations": [{}]},
+    ApiKey.DELETE_ACLS: {"filters": [{}]},
+    ApiKey.DESCRIBE_CONFIGS: {"resources": [{"resource_type": 2, "resource_name": "t"}, {"resource_type": 4, "resource_name": "0"}]},
+    ApiKey.ALTER_CONFIGS: {"resources": [{"resource_type": 2, "resource_name": "t"}]},
+    ApiKey.INCREMENTAL_ALTER_CONFIGS: {"resources": [{"resource_type": 4, "resource_name": "0"}]},
+    ApiKey.CREATE_PARTITIONS: {"topics": [{"name": "t", "count": 2}]},
+    ApiKey.DELETE_GROUPS: {"groups_names": ["g"]},
+    ApiKey.OFFSET_DELETE: {"group_id": "g", "topics": [{"name": "t", "partitions": PARTS}]},
+    ApiKey.DESCRIBE_CLIENT_QUOTAS: {},
+    ApiKey.ALTER_CLIENT_QUOTAS: {"entries": [{"entity": [{"entity_type": "user", "entity_name": "bob"}]}]},
+    ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: {},
+    ApiKey.ALTER_USER_SCRAM_CREDENTIALS: {"deletions": [{"name": "bob"}], "upsertions": [{"name": "alice"}]},
+    ApiKey.DESCRIBE_CLUSTER: {"include_cluster_authorized_operations": True},
+    ApiKey.DESCRIBE_PRODUCERS: {"topics": [{"name": "t", "partition_indexes": [0]}]},
+    ApiKey.DESCRIBE_TRANSACTIONS: {"transactional_ids": ["x"]},
+    ApiKey.LIST_TRANSACTIONS: {},
+}
+CASES = [(api, version) for api in SAMPLES for version in range(APIS[api].response.valid[0], APIS[api].response.valid[1] + 1)]
+
+
+@pytest.mark.parametrize("api, version", CASES, ids=[f"{ApiKey(a).name}-v{v}" for a, v in CASES])
+def test_every_denial_encodes_in_every_version(api, version):
+    """A denied request's answer (with a handler's empty answer where the
+    rule still calls one) is a valid response of that API and version."""
+    import types
+
+    from broker.security.acls import AclAuthorizer
+    from broker.security.authorizer import Check, TopicView
+    from broker.security.session import Session
+    from protocol import schema
+
+    no_topics = types.SimpleNamespace(topics={}, topics_by_id={T_ID: types.SimpleNamespace(name="t")})
+    check = Check(AclAuthorizer([]), Session(), TopicView(no_topics, auto_create=True))
+    verdict = RULES[api](check, version, dict(SAMPLES[api]))
+    assert verdict is not None, "nothing is allowed here: every rule has something to deny"
+    response = verdict.finish(None if verdict.body is None else {})
+    if response is None:
+        assert api == ApiKey.PRODUCE or verdict.body is not None
+        return
+    schema.encode(APIS[api].response, version, response)
+
+
+# -- whole flows and restarts ---------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_acls_made_over_the_wire_survive_sigkill(broker_process, tmp_path):
+    """CreateAcls is answered only once acls.json is on disk: a SIGKILL right
+    after loses nothing, and a DeleteAcls is as durable."""
+    from txn import Admin
+
+    seed = str(tmp_path / "broker0")
+    import os
+
+    os.makedirs(seed, exist_ok=True)
+    AclStore(seed).save([allow(Res.CLUSTER, "kafka-cluster", Op.ALTER)])
+    broker = broker_process("authorizer.class.name=acl")
+    wanted = [allow(Res.TOPIC, f"t{i}", Op.READ, principal=f"User:u{i}") for i in range(20)]
+    with Admin(bootstrap_servers=broker.bootstrap) as admin:
+        admin.create_acls(wanted)
+    broker.kill()
+    broker.start()
+    with Admin(bootstrap_servers=broker.bootstrap) as admin:
+        assert set(admin.describe_acls()) == set(wanted) | {allow(Res.CLUSTER, "kafka-cluster", Op.ALTER)}
+        from protocol.acls import AclBindingFilter
+
+        removed = admin.delete_acls([AclBindingFilter(resource_type=Res.TOPIC, name="t", pattern_type=Pat.MATCH)])
+        assert removed == []
+        removed = admin.delete_acls([AclBindingFilter(principal="User:u3")])
+        assert removed == [wanted[3]]
+    broker.kill()
+    broker.start()
+    with Admin(bootstrap_servers=broker.bootstrap) as admin:
+        assert set(admin.describe_acls()) == (set(wanted) - {wanted[3]}) | {allow(Res.CLUSTER, "kafka-cluster", Op.ALTER)}
+
+
+@pytest.mark.slow
+def test_confluent_kafka_transactions_and_groups_with_the_right_acls_and_each_missing_one(acl_broker):
+    """A consume-transform-produce transaction with confluent-kafka, as a
+    user grants it (kafka-acls --producer --transactional-id, --consumer
+    --group); then each ACL taken away fails with Kafka's error."""
+    from confluent_kafka import (
+        Consumer,
+        KafkaError,
+        KafkaException,
+        Producer,
+        TopicPartition,
+    )
+
+    grants = [
+        allow(Res.TOPIC, "in", Op.READ),
+        allow(Res.TOPIC, "out", Op.WRITE),
+        allow(Res.TOPIC, "out", Op.READ),
+        allow(Res.TRANSACTIONAL_ID, "etl", Op.WRITE),
+        allow(Res.GROUP, "etl-group", Op.READ),
+        allow(Res.GROUP, "read-", Op.READ, pattern=Pat.PREFIXED),
+        allow(Res.TOPIC, "in", Op.WRITE),
+    ]
+    broker = acl_broker(grants)
+    create(broker, "in", "out")
+
+    def run_once(tag: str):
+        """Produce one input record, then consume it in the group and write
+        it to out in a transaction with the offsets. Raises KafkaException."""
+        seed = Producer({"bootstrap.servers": broker.bootstrap, "message.timeout.ms": 10000})
+        seed.produce("in", tag.encode())
+        assert seed.flush(20) == 0
+        consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "etl-group", "enable.auto.commit": False, "auto.offset.reset": "earliest", "isolation.level": "read_committed"})
+        producer = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": "etl"})
+        try:
+            producer.init_transactions(20)
+            consumer.assign([TopicPartition("in", 0)])
+            message = None
+            for _ in range(100):
+                message = consumer.poll(0.2)
+                if message is not None:
+                    break
+            assert message is not None
+            if message.error():
+                raise KafkaException(message.error())
+            producer.begin_transaction()
+            producer.produce("out", message.value())
+            producer.send_offsets_to_transaction([TopicPartition("in", 0, message.offset() + 1)], consumer.consumer_group_metadata(), 20)
+            producer.commit_transaction(20)
+        finally:
+            consumer.close()
+
+    run_once("first")
+    from tests.helpers import read_values
+
+    assert read_values(broker.bootstrap, "out", partitions=1, expect=1) == [b"first"]
+    committed = broker.call(lambda b: b.groups.coordinator.fetch_offsets("etl-group", [("in", 0)], False))
+    assert committed[("in", 0)][0].offset >= 1
+
+    expected = {
+        allow(Res.TRANSACTIONAL_ID, "etl", Op.WRITE): KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+        allow(Res.GROUP, "etl-group", Op.READ): KafkaError.GROUP_AUTHORIZATION_FAILED,
+        allow(Res.TOPIC, "in", Op.READ): KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    }
+    from broker.broker import EmbeddedBroker
+
+    data_dir = broker.config.data_dir
+    broker.stop()
+    for missing, code in expected.items():
+        AclStore(data_dir).save([g for g in grants if g != missing])
+        with EmbeddedBroker(data_dir, group_initial_rebalance_delay_ms=0, properties={"authorizer.class.name": "acl"}) as broker:
+            out_before = log_end(broker, "out")
+            with pytest.raises(KafkaException) as raised:
+                run_once(f"without {missing.entry.operation.name} on {missing.pattern}")
+            assert raised.value.args[0].code() == code, (missing, raised.value.args[0])
+            assert log_end(broker, "out") == out_before, "a denied transaction wrote to out"
+
+
+@pytest.mark.slow
+def test_the_acl_benchmark_scenario_runs(monkeypatch):
+    """The harness of ``onceflow bench --only ACL`` (not its speed): both
+    brokers take the load, the one with 100 ACLs without refusing it."""
+    from benchmarks import bench_acl
+    from benchmarks.suite import ScenarioSettings
+
+    assert len(bench_acl.bench_acls()) == bench_acl.ACL_COUNT
+    monkeypatch.setattr(bench_acl, "ALTERNATIONS", 1)
+    metrics = bench_acl.acl_cost_scenario("unused", ScenarioSettings(records=4000))
+    assert metrics["records/s with 100 ACLs"].value > 0 and metrics["records/s without an authorizer"].value > 0
+    assert 0 < metrics["authorisation per Produce (3 topics) us"].value < metrics["broker work per Produce, no check us"].value
+
+
+def test_transaction_apis_deny_as_kafka_does_and_change_nothing(acl_broker):
+    """AddPartitionsToTxn fails whole when a topic is denied (denied topics
+    TOPIC_AUTHORIZATION_FAILED, the others OPERATION_NOT_ATTEMPTED);
+    AddOffsetsToTxn and TxnOffsetCommit need READ on the group; nothing
+    reaches the coordinators."""
+    broker = acl_broker([allow(Res.TRANSACTIONAL_ID, "tx", Op.WRITE), allow(Res.TOPIC, "ok", Op.WRITE), allow(Res.TOPIC, "ok", Op.READ)])
+    create(broker, "ok", "no")
+    init = request(broker.port, ApiKey.INIT_PRODUCER_ID, 4, {"transactional_id": "tx", "transaction_timeout_ms": 60000, "producer_id": -1, "producer_epoch": -1})
+    assert init["error_code"] == ErrorCode.NONE
+    ids = {"v3_and_below_transactional_id": "tx", "v3_and_below_producer_id": init["producer_id"], "v3_and_below_producer_epoch": init["producer_epoch"]}
+    added = request(broker.port, ApiKey.ADD_PARTITIONS_TO_TXN, 3, {**ids, "v3_and_below_topics": [{"name": "ok", "partitions": [0]}, {"name": "no", "partitions": [0]}]})
+    codes = {t["name"]: t["results_by_partition"][0]["partition_error_code"] for t in added["results_by_topic_v3_and_below"]}
+    assert codes == {"ok": ErrorCode.OPERATION_NOT_ATTEMPTED, "no": ErrorCode.TOPIC_AUTHORIZATION_FAILED}
+    assert broker.call(lambda b: b.transactions.coordinator.txns["tx"].partitions) == frozenset()
+    offsets = request(broker.port, ApiKey.ADD_OFFSETS_TO_TXN, 3, {"transactional_id": "tx", "producer_id": init["producer_id"], "producer_epoch": init["producer_epoch"], "group_id": "g"})
+    assert offsets["error_code"] == ErrorCode.GROUP_AUTHORIZATION_FAILED
+    assert broker.call(lambda b: b.transactions.coordinator.txns["tx"].partitions) == frozenset()
+    commit = {"transactional_id": "tx", "group_id": "g", "producer_id": init["producer_id"], "producer_epoch": init["producer_epoch"], "generation_id": -1, "member_id": "", "topics": [{"name": "ok", "partitions": [{"partition_index": 0, "committed_offset": 3}]}]}
+    assert request(broker.port, ApiKey.TXN_OFFSET_COMMIT, 3, commit)["topics"][0]["partitions"][0]["error_code"] == ErrorCode.GROUP_AUTHORIZATION_FAILED
+    assert request(broker.port, ApiKey.TXN_OFFSET_COMMIT, 3, {**commit, "transactional_id": "other"})["topics"][0]["partitions"][0]["error_code"] == ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    assert broker.call(lambda b: "g" in b.groups.coordinator.groups) is False
+    # The batched (v4+) form is for brokers: CLUSTER_ACTION.
+    batched = request(broker.port, ApiKey.ADD_PARTITIONS_TO_TXN, 4, {"transactions": [{"transactional_id": "tx", "producer_id": init["producer_id"], "producer_epoch": init["producer_epoch"], "verify_only": False, "topics": [{"name": "ok", "partitions": [0]}]}]})
+    assert batched["error_code"] == ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+    assert broker.call(lambda b: b.transactions.coordinator.txns["tx"].partitions) == frozenset()
+    # With only allowed topics the request goes through.
+    added = request(broker.port, ApiKey.ADD_PARTITIONS_TO_TXN, 3, {**ids, "v3_and_below_topics": [{"name": "ok", "partitions": [0]}]})
+    assert added["results_by_topic_v3_and_below"][0]["results_by_partition"][0]["partition_error_code"] == ErrorCode.NONE
+
+
+def test_more_admin_apis_deny_and_change_nothing(acl_broker):
+    broker = acl_broker([allow(Res.TOPIC, "t", Op.DESCRIBE)])
+    create(broker, "t")
+    grow = request(broker.port, ApiKey.CREATE_PARTITIONS, 3, {"topics": [{"name": "t", "count": 3, "assignments": None}], "timeout_ms": 5000, "validate_only": False})
+    assert grow["results"][0]["error_code"] == ErrorCode.TOPIC_AUTHORIZATION_FAILED
+    assert broker.call(lambda b: b.replicas.topics["t"].partitions) == 1
+    alter = request(broker.port, ApiKey.INCREMENTAL_ALTER_CONFIGS, 1, {"resources": [{"resource_type": 2, "resource_name": "t", "configs": [{"name": "retention.ms", "config_operation": 0, "value": "1"}]}], "validate_only": False})
+    assert alter["responses"][0]["error_code"] == ErrorCode.TOPIC_AUTHORIZATION_FAILED
+    assert "retention.ms" not in broker.call(lambda b: b.replicas.topics["t"].config)
+    request(broker.port, ApiKey.PRODUCE, 9, produce_body("t"))  # denied as well: no WRITE
+    assert log_end(broker, "t") == 0
+    deleted = request(broker.port, ApiKey.DELETE_RECORDS, 2, {"topics": [{"name": "t", "partitions": [{"partition_index": 0, "offset": -1}]}], "timeout_ms": 5000})
+    assert deleted["topics"][0]["partitions"][0]["error_code"] == ErrorCode.TOPIC_AUTHORIZATION_FAILED
+    groups = request(broker.port, ApiKey.DELETE_GROUPS, 2, {"groups_names": ["g"]})
+    assert groups["results"][0]["error_code"] == ErrorCode.GROUP_AUTHORIZATION_FAILED
+    # DescribeCluster answers anyone, as Kafka does; DESCRIBE on the cluster
+    # only decides the authorized operations shown (none here).
+    cluster = request(broker.port, ApiKey.DESCRIBE_CLUSTER, 1, {"include_cluster_authorized_operations": True})
+    assert cluster["error_code"] == ErrorCode.NONE and cluster["brokers"] and cluster["cluster_authorized_operations"] == 0
+
+
+def test_our_clients_surface_kafkas_errors_at_once(acl_broker):
+    """txn's producer and consumer: a denied topic or group is an
+    InvalidConfigurationError carrying Kafka's code, not a retry until the
+    delivery timeout."""
+    from txn import Consumer, Producer
+    from txn.errors import InvalidConfigurationError
+
+    broker = acl_broker([allow(Res.TOPIC, "ok", Op.ALL), allow(Res.CLUSTER, "kafka-cluster", Op.IDEMPOTENT_WRITE)])
+    create(broker, "ok", "no")
+    with Producer(bootstrap_servers=broker.bootstrap, delivery_timeout_ms=60000) as producer:
+        producer.send("ok", b"v").result(30)
+        with pytest.raises(InvalidConfigurationError) as raised:
+            producer.send("no", b"v").result(30)
+        assert raised.value.code == ErrorCode.TOPIC_AUTHORIZATION_FAILED
+    with Consumer(bootstrap_servers=broker.bootstrap, group_id="not-mine") as consumer, pytest.raises(InvalidConfigurationError) as raised:
+        consumer.subscribe(["ok"])
+        consumer.poll(30)
+    assert raised.value.code == ErrorCode.GROUP_AUTHORIZATION_FAILED
+    assert log_end(broker, "no") == 0

@@ -292,7 +292,9 @@ def test_the_broker_command_serves_metrics_and_says_where(tmp_path):
         url = first.split(" on ", 1)[1].strip()
         assert process.stdout.readline().startswith("onceflow broker ready on ")
         page = Scrape(url)
-        assert page.value("onceflow_partition_high_watermark", topic="__consumer_offsets", partition=0) == 0
+        assert page.value("onceflow_index_budget_max_entries") > 0
+        assert page.matching("onceflow_partition_high_watermark") == {}, "internal partitions never written to are left out"
+        assert page.value("onceflow_transaction_coordinator_open_transactions", coordinator_partition=49) == 0
         assert page.value("process_resident_memory_bytes") > 0
     finally:
         process.send_signal(signal.SIGTERM)
@@ -308,3 +310,181 @@ def test_the_broker_command_serves_metrics_and_says_where(tmp_path):
         assert f"cannot serve metrics on {busy}" in result.stderr
     finally:
         taken.close()
+
+
+def test_error_codes_inside_produce_and_fetch_answers_are_counted(broker):
+    from protocol.records import encode_batch
+    from tests.helpers import raw_request
+
+    topic = f"codes-{uuid.uuid4().hex[:6]}"
+    create_topic(broker.bootstrap, topic, partitions=1)
+    batch = encode_batch([(None, b"v", (), 0)])
+    produce = {"transactional_id": None, "acks": 1, "timeout_ms": 5000,
+               "topic_data": [{"name": topic, "partition_data": [{"index": 0, "records": batch}, {"index": 7, "records": batch}]}]}
+    answer = raw_request(broker.port, 0, 9, produce)
+    assert [p["error_code"] for p in answer["responses"][0]["partition_responses"]] == [0, 3]
+    fetch = {"replica_id": -1, "max_wait_ms": 0, "min_bytes": 0, "max_bytes": 1 << 20, "isolation_level": 0, "session_id": 0, "session_epoch": -1,
+             "topics": [{"topic": topic, "partitions": [{"partition": 0, "current_leader_epoch": -1, "fetch_offset": 99, "log_start_offset": -1, "partition_max_bytes": 1 << 20}]}],
+             "forgotten_topics_data": [], "rack_id": ""}
+    answer = raw_request(broker.port, 1, 11, fetch)
+    assert answer["responses"][0]["partitions"][0]["error_code"] == 1
+    now = scrape(broker)
+    assert now.value("onceflow_request_errors_total", api="Produce", error="UNKNOWN_TOPIC_OR_PARTITION") == 1
+    assert now.value("onceflow_request_errors_total", api="Fetch", error="OFFSET_OUT_OF_RANGE") == 1
+    assert now.value("onceflow_requests_total", api="Produce", version=9) == 1
+    assert now.value("onceflow_requests_total", api="Fetch", version=11) == 1
+    assert now.value("onceflow_topic_bytes_in_total", topic=topic) == 2 * len(batch), "both partitions' bytes came in"
+
+
+@pytest.mark.slow
+def test_the_bench_measures_what_metrics_cost_on_produce(tmp_path):
+    """``onceflow bench --metrics-cost`` runs end to end (tiny sizes: the
+    figures themselves are the bench's business, not a test's)."""
+    out = tmp_path / "cost.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "onceflow", "bench", "--metrics-cost", "--rounds", "1", "--records", "4000", "--work-dir", str(tmp_path), "--json", str(out)],
+        check=False, capture_output=True, text=True, timeout=300, cwd=os.getcwd(),
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "metrics share" in result.stdout or "share @15s" in result.stdout
+    import json
+
+    summary = json.loads(out.read_text())
+    for shape in ("large batches", "small batches"):
+        row = summary[shape]
+        assert row["off records/s"] > 0 and row["on records/s"] > 0 and row["Produce requests/s"] > 0
+        assert 0 <= row["metrics share, scrape every 15 s"] <= row["metrics share, scrape every 1 s"]
+    assert summary["scrapes"] >= 2 and summary["seconds per scrape"] > 0
+    assert 0 < summary["seconds added per Produce request"] < 0.01
+
+
+@pytest.mark.slow
+def test_a_scrape_never_opens_a_partition(tmp_path):
+    """Partitions open when first used (broker.replica); a scrape reads the
+    open ones and must not open (and maybe recover) the rest."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    data = str(tmp_path / "lazy")
+    topic = f"lazy-{uuid.uuid4().hex[:6]}"
+    options = {"group_initial_rebalance_delay_ms": 0, "metrics_address": ("127.0.0.1", 0), "properties": SMALL_INTERNAL}
+    with EmbeddedBroker(data, **options) as first:
+        create_topic(first.bootstrap, topic, partitions=1)
+        producer = Producer({"bootstrap.servers": first.bootstrap, "acks": "all"})
+        for index in range(10):
+            producer.produce(topic, f"v{index}".encode(), partition=0)
+        producer.flush(30)
+        consumer = Consumer({"bootstrap.servers": first.bootstrap, "group.id": "lazy-group", "enable.auto.commit": False})
+        consumer.commit(offsets=[TopicPartition(topic, 0, 4)], asynchronous=False)
+        consumer.close()
+    with EmbeddedBroker(data, **options) as again:
+        now = scrape(again)
+        assert now.matching("onceflow_partition_log_end_offset", topic=topic) == {}
+        assert now.value("onceflow_group_committed_offset", group="lazy-group", topic=topic, partition=0) == 4
+        assert now.matching("onceflow_group_lag", group="lazy-group") == {}, "no lag from a log that is not open"
+        assert not again.call(lambda broker: broker.replicas.is_open(topic, 0)), "the scrape opened the partition"
+        consumer = Consumer({"bootstrap.servers": again.bootstrap, "group.id": "reader", "auto.offset.reset": "earliest"})
+        consumer.assign([TopicPartition(topic, 0)])
+        try:
+            wait_for(lambda: consumer.poll(0.5) is not None, 30, "a record")
+        finally:
+            consumer.close()
+        opened = scrape(again)
+        assert opened.value("onceflow_partition_log_end_offset", topic=topic, partition=0) == 10
+        assert opened.value("onceflow_group_lag", group="lazy-group", topic=topic, partition=0) == 6
+
+
+def test_connections_are_counted_per_listener_and_by_whether_they_authenticated(tmp_path):
+    from confluent_kafka import Producer
+
+    from broker.security.credentials import CredentialStore, make
+
+    data = str(tmp_path / "sasl")
+    CredentialStore(data).load().upsert("alice", "PLAIN", make("PLAIN", "wonder-land-7"))
+    listeners = {"listeners": "PLAINTEXT://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0", **SMALL_INTERNAL}
+    with EmbeddedBroker(data, metrics_address=("127.0.0.1", 0), properties=listeners) as secured:
+
+        def connections(listener: str, authenticated: str) -> float:
+            return scrape(secured).value("onceflow_connections", 0.0, listener=listener, authenticated=authenticated)
+
+        host, port = secured.bootstrap_for("SASL_PLAINTEXT").rsplit(":", 1)
+        stranger = socket.create_connection((host, int(port)))
+        try:
+            wait_for(lambda: connections("SASL_PLAINTEXT", "false") == 1, 10, "the unauthenticated connection")
+            producer = Producer({"bootstrap.servers": secured.bootstrap_for("SASL_PLAINTEXT"), "security.protocol": "SASL_PLAINTEXT",
+                                 "sasl.mechanism": "PLAIN", "sasl.username": "alice", "sasl.password": "wonder-land-7", "acks": "all"})
+            producer.produce("sasl-metrics", b"v")
+            assert producer.flush(30) == 0
+            assert connections("SASL_PLAINTEXT", "true") >= 1, "alice's connections count as authenticated"
+            assert connections("SASL_PLAINTEXT", "false") == 1, "only the stranger is not"
+            assert connections("PLAINTEXT", "false") == 0
+            del producer
+        finally:
+            stranger.close()
+        # Well within the authentication timeout: a peer that leaves before
+        # authenticating is gone at once, not when its deadline passes.
+        wait_for(lambda: connections("SASL_PLAINTEXT", "true") == 0 and connections("SASL_PLAINTEXT", "false") == 0, 5, "every connection closed")
+        assert scrape(secured).value("onceflow_connections_opened_total", listener="SASL_PLAINTEXT") >= 2
+
+
+def test_offsets_committed_in_a_transaction_show_only_once_it_commits(broker):
+    """aiokafka's consume-transform-produce: the group's offset sent in a
+    transaction is pending (no committed offset, no lag) until EndTxn
+    commits; an aborted one never shows; the outcomes are counted."""
+    from aiokafka import AIOKafkaProducer
+    from aiokafka.structs import TopicPartition as AioPartition
+
+    source, sink, group = (f"{name}-{uuid.uuid4().hex[:6]}" for name in ("src", "dst", "copier"))
+    create_topic(broker.bootstrap, source, partitions=1)
+    create_topic(broker.bootstrap, sink, partitions=1)
+    before = scrape(broker)
+    seen: dict[str, Scrape] = {}
+
+    async def copy():
+        seeder = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, acks="all")
+        await seeder.start()
+        try:
+            for index in range(8):
+                await seeder.send_and_wait(source, f"in-{index}".encode(), partition=0)
+        finally:
+            await seeder.stop()
+        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id=f"tx-{uuid.uuid4().hex[:6]}", linger_ms=1)
+        await producer.start()
+        try:
+            for offset, commit in ((3, False), (5, True)):
+                await producer.begin_transaction()
+                await producer.send_and_wait(sink, f"out-{offset}".encode(), partition=0)
+                await producer.send_offsets_to_transaction({AioPartition(source, 0): offset}, group)
+                seen[f"pending {offset}"] = await asyncio.to_thread(scrape, broker)
+                await (producer.commit_transaction() if commit else producer.abort_transaction())
+        finally:
+            await producer.stop()
+
+    asyncio.run(copy())
+    assert seen["pending 3"].matching("onceflow_group_committed_offset", group=group) == {}
+    assert seen["pending 5"].matching("onceflow_group_committed_offset", group=group) == {}, "the aborted offset 3 never showed"
+    assert seen["pending 5"].value("onceflow_partition_open_transactions", topic=sink, partition=0) == 1
+    done = wait_for(lambda: (s := scrape(broker)).value("onceflow_transactions_total", 0.0, outcome="commit") - before.value("onceflow_transactions_total", 0.0, outcome="commit") == 1 and s, 30, "the commit counted")
+    assert done.value("onceflow_transactions_total", outcome="abort") - before.value("onceflow_transactions_total", 0.0, outcome="abort") == 1
+    assert done.value("onceflow_group_committed_offset", group=group, topic=source, partition=0) == 5
+    assert done.value("onceflow_group_lag", group=group, topic=source, partition=0) == 8 - 5
+    assert done.total("onceflow_requests_total", api="TxnOffsetCommit") - before.total("onceflow_requests_total", api="TxnOffsetCommit") == 2
+    assert done.total("onceflow_requests_total", api="AddOffsetsToTxn") - before.total("onceflow_requests_total", api="AddOffsetsToTxn") == 2
+
+
+def test_requests_the_authorizer_denies_are_counted_with_their_error(tmp_path):
+    """The metrics layer wraps the authorizing dispatcher: a denied Produce
+    is a request with TOPIC_AUTHORIZATION_FAILED, and nothing is appended."""
+    from protocol.records import encode_batch
+    from tests.helpers import raw_request
+
+    properties = {"authorizer.class.name": "acl", "allow.everyone.if.no.acl.found": "false", **SMALL_INTERNAL}
+    with EmbeddedBroker(str(tmp_path / "acl"), metrics_address=("127.0.0.1", 0), properties=properties) as guarded:
+        guarded.call(lambda broker: broker.replicas.create_topic("guarded", 1))
+        batch = encode_batch([(None, b"v", (), 0)])
+        body = {"transactional_id": None, "acks": -1, "timeout_ms": 5000, "topic_data": [{"name": "guarded", "partition_data": [{"index": 0, "records": batch}]}]}
+        answer = raw_request(guarded.port, 0, 9, body)
+        assert answer["responses"][0]["partition_responses"][0]["error_code"] == 29  # TOPIC_AUTHORIZATION_FAILED
+        now = scrape(guarded)
+        assert now.value("onceflow_request_errors_total", api="Produce", error="TOPIC_AUTHORIZATION_FAILED") == 1
+        assert now.value("onceflow_requests_total", api="Produce", version=9) == 1
+        assert now.value("onceflow_partition_log_end_offset", topic="guarded", partition=0) == 0

@@ -50,9 +50,9 @@ class HeldDurability:
 
     def _install(self, broker) -> None:
         self.gate = asyncio.Event()
-        for (topic, _partition), partition_log in broker.replicas.logs.items():
-            if topic == self.topic:
-                partition_log.wait_durable = self._held(partition_log.wait_durable)
+        for partition in range(broker.replicas.topics[self.topic].partitions):
+            partition_log = broker.replicas.get_log(self.topic, partition)
+            partition_log.wait_durable = self._held(partition_log.wait_durable)
 
     def _held(self, wait_durable):
         async def held(offset):

@@ -453,3 +453,28 @@ def test_an_index_without_entries_is_dropped_and_read_back(tmp_path):
     index._drop()
     assert index.lookup(14) == (13, 4096)
     index.close()
+
+
+def test_needs_recovery_names_exactly_the_directories_changed_since_they_were_last_whole(tmp_path):
+    from storage.recovery import needs_recovery
+
+    directory = tmp_path / "p"
+    assert not needs_recovery(str(directory)), "a partition directory not made yet"
+    directory.mkdir()
+    assert not needs_recovery(str(directory)), "an empty one"
+    fresh = PartitionLog.open(str(directory), small_config())
+    assert fresh.read(0, 100) == b""
+    fresh.close()
+    assert not os.path.exists(directory / "checkpoint"), "a new log opened and closed unwritten writes nothing"
+    assert not needs_recovery(str(directory)), "segments without data: nothing to recover"
+    written = PartitionLog.open(str(directory), small_config())
+    fill(written, 3)
+    _crash_copy(written)
+    assert needs_recovery(str(directory)), "data written, then a crash"
+    PartitionLog.open(str(directory), small_config())
+    assert not needs_recovery(str(directory)), "recovered at open, and marked whole"
+    (directory / "00000000000000000000.index.tmp").write_bytes(b"")
+    os.remove(directory / ".clean_shutdown")
+    assert needs_recovery(str(directory))
+    PartitionLog.open(str(directory), small_config()).close()
+    assert not os.path.exists(directory / "00000000000000000000.index.tmp") and not needs_recovery(str(directory))

@@ -182,8 +182,12 @@ def ak_produce(bootstrap, topic, records, partition=0, compression=None, **confi
 
     async def run():
         producer = AIOKafkaProducer(bootstrap_servers=bootstrap, compression_type=compression, linger_ms=20, **config)
-        await producer.start()
         try:
+            # stop() even when start() fails (Tansu refuses aiokafka's
+            # InitProducerId): an unclosed producer's __del__ runs at a random
+            # later point, once inside pytest's traceback formatting, where
+            # CPython 3.11 turned it into an INTERNALERROR that ended the run.
+            await producer.start()
             futures = [await producer.send(topic, value=value, key=key, headers=headers, timestamp_ms=timestamp, partition=partition)
                        for key, value, headers, timestamp in records]
             return [(await future).offset for future in futures]

@@ -1,0 +1,253 @@
+"""Users' credentials, stored hashed in the data directory.
+
+One file, replaced atomically and durably (``storage.durable.replace_file``)
+on every change, so a crash leaves the old set or the new one::
+
+    __cluster_metadata/credentials.json
+    {"version": 1,
+     "secret": "<base64>",          # keys the fake salts of unknown users
+     "users": {"alice": {
+         "SCRAM-SHA-256": {"salt": b64, "stored_key": b64, "server_key": b64, "iterations": 4096},
+         "SCRAM-SHA-512": {...},
+         "PLAIN": {"salt": b64, "hash": b64, "iterations": 4096}}}}
+
+SCRAM credentials are ``protocol.scram.ScramCredential`` (StoredKey and
+ServerKey, never the password). A PLAIN user is kept as a salted PBKDF2-SHA256
+hash of the password, checked in constant time. A name with no credential
+for a mechanism gets a fake SCRAM salt derived from the store's secret, the
+same one every time, so a SCRAM exchange does not tell whether a user exists.
+
+The broker holds one ``CredentialStore`` for its data directory and changes
+it through ``upsert``/``delete`` (write the file, then apply: an
+authentication that starts after the call sees the change). ``onceflow users
+--data-dir`` changes the same file while no broker runs (it takes the data
+directory's lock, so it refuses while a broker holds it).
+"""
+
+from __future__ import annotations
+
+import base64
+import fcntl
+import hashlib
+import hmac
+import json
+import os
+from contextlib import contextmanager
+
+import attrs
+
+from protocol.scram import MECHANISMS, ScramCredential, ScramMechanism, make_credential
+from storage.durable import replace_file
+
+PLAIN = "PLAIN"
+CREDENTIAL_MECHANISMS = (PLAIN, *MECHANISMS)
+DEFAULT_ITERATIONS = 4096
+PLAIN_HASH = "sha256"
+_FILE_VERSION = 1
+
+
+class CredentialError(ValueError):
+    """A credential that cannot be stored (said in the message)."""
+
+
+@attrs.frozen
+class PlainCredential:
+    """A PLAIN user's password as a salted PBKDF2 hash."""
+
+    salt: bytes
+    hash: bytes
+    iterations: int
+
+    @classmethod
+    def make(cls, password: str, *, iterations: int = DEFAULT_ITERATIONS) -> PlainCredential:
+        salt = os.urandom(32)
+        return cls(salt, _plain_hash(password, salt, iterations), iterations)
+
+    def verify(self, password: str) -> bool:
+        return hmac.compare_digest(_plain_hash(password, self.salt, self.iterations), self.hash)
+
+
+def _plain_hash(password: str, salt: bytes, iterations: int) -> bytes:
+    return hashlib.pbkdf2_hmac(PLAIN_HASH, password.encode("utf-8"), salt, iterations)
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.b64decode(text.encode("ascii"), validate=True)
+
+
+def make(mechanism: str, password: str, *, iterations: int = DEFAULT_ITERATIONS):
+    """A fresh credential of ``mechanism`` for ``password``."""
+    if mechanism == PLAIN:
+        return PlainCredential.make(password, iterations=iterations)
+    scram = MECHANISMS.get(mechanism)
+    if scram is None:
+        raise CredentialError(f"unknown mechanism {mechanism!r} (one of {', '.join(CREDENTIAL_MECHANISMS)})")
+    try:
+        return make_credential(scram, password, iterations=iterations)
+    except ValueError as error:
+        raise CredentialError(str(error)) from None
+
+
+def validate_username(name: str) -> None:
+    if not name:
+        raise CredentialError("a user name may not be empty")
+    if any(ord(char) < 0x20 for char in name):
+        raise CredentialError(f"a user name may not contain control characters: {name!r}")
+
+
+class CredentialStore:
+    """The credentials of one data directory, in memory and on disk."""
+
+    def __init__(self, data_dir: str, *, io=None):
+        self.path = os.path.join(data_dir, "__cluster_metadata", "credentials.json")
+        self._io = io
+        self._users: dict[str, dict] = {}
+        self._secret = b""
+
+    def load(self) -> CredentialStore:
+        """Read the file (a missing file is an empty store; it is created
+        with its secret at the first write, or by ``ensure_secret``)."""
+        try:
+            with open(self.path, "rb") as handle:
+                data = json.loads(handle.read())
+        except FileNotFoundError:
+            self._users, self._secret = {}, b""
+            return self
+        except (OSError, ValueError) as error:
+            raise CredentialError(f"cannot read {self.path}: {error}") from None
+        try:
+            if data.get("version") != _FILE_VERSION:
+                raise ValueError(f"unknown version {data.get('version')!r}")
+            self._secret = _unb64(data["secret"])
+            self._users = {name: _decode_user(entries) for name, entries in data["users"].items()}
+        except (KeyError, TypeError, ValueError) as error:
+            raise CredentialError(f"{self.path} is damaged: {error}") from None
+        return self
+
+    def ensure_secret(self) -> None:
+        """Give the store its secret (and file) if it has none yet, so fake
+        salts stay the same across restarts."""
+        if not self._secret:
+            self._write(self._users, os.urandom(32))
+
+    # -- reading ---------------------------------------------------------------
+
+    def users(self) -> dict[str, tuple[str, ...]]:
+        """name -> the mechanisms it has a credential for."""
+        return {name: tuple(sorted(entries)) for name, entries in sorted(self._users.items())}
+
+    def get(self, name: str, mechanism: str):
+        return self._users.get(name, {}).get(mechanism)
+
+    def scram_credential(self, name: str, mechanism: ScramMechanism) -> ScramCredential | None:
+        credential = self.get(name, mechanism.name)
+        return credential if isinstance(credential, ScramCredential) else None
+
+    def fake_salt(self, name: str, mechanism: ScramMechanism) -> bytes:
+        """A salt for a name with no credential: stable per name, unguessable
+        without the store's secret."""
+        secret = self._secret or b"onceflow-no-secret-yet"
+        return hmac.new(secret, f"{mechanism.name}\0{name}".encode(), "sha256").digest()
+
+    def verify_plain(self, name: str, password: str) -> bool:
+        """Checks ``password``; an unknown name costs the same hashing work."""
+        credential = self.get(name, PLAIN)
+        if isinstance(credential, PlainCredential):
+            return credential.verify(password)
+        _plain_hash(password, self.fake_salt(name, MECHANISMS["SCRAM-SHA-256"]), DEFAULT_ITERATIONS)
+        return False
+
+    # -- changing (write the file, then apply) ------------------------------------
+
+    def upsert(self, name: str, mechanism: str, credential) -> None:
+        validate_username(name)
+        users = {user: dict(entries) for user, entries in self._users.items()}
+        users.setdefault(name, {})[mechanism] = credential
+        self._write(users, self._secret or os.urandom(32))
+
+    def delete(self, name: str, mechanism: str | None = None) -> bool:
+        """Remove one credential (or all of the user's); False if none was there."""
+        entries = self._users.get(name)
+        if not entries or (mechanism is not None and mechanism not in entries):
+            return False
+        users = {user: dict(values) for user, values in self._users.items()}
+        if mechanism is None:
+            del users[name]
+        else:
+            del users[name][mechanism]
+            if not users[name]:
+                del users[name]
+        self._write(users, self._secret or os.urandom(32))
+        return True
+
+    def _write(self, users: dict[str, dict], secret: bytes) -> None:
+        data = {
+            "version": _FILE_VERSION,
+            "secret": _b64(secret),
+            "users": {name: _encode_user(entries) for name, entries in sorted(users.items())},
+        }
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        replace_file(self.path, json.dumps(data, indent=1, sort_keys=True).encode("utf-8"), io=self._io)
+        self._users, self._secret = users, secret
+
+
+def _encode_user(entries: dict) -> dict:
+    encoded = {}
+    for mechanism, credential in entries.items():
+        if isinstance(credential, PlainCredential):
+            encoded[mechanism] = {"salt": _b64(credential.salt), "hash": _b64(credential.hash), "iterations": credential.iterations}
+        else:
+            encoded[mechanism] = {
+                "salt": _b64(credential.salt),
+                "stored_key": _b64(credential.stored_key),
+                "server_key": _b64(credential.server_key),
+                "iterations": credential.iterations,
+            }
+    return encoded
+
+
+def _decode_user(entries: dict) -> dict:
+    decoded = {}
+    for mechanism, values in entries.items():
+        if mechanism == PLAIN:
+            decoded[mechanism] = PlainCredential(_unb64(values["salt"]), _unb64(values["hash"]), int(values["iterations"]))
+        elif mechanism in MECHANISMS:
+            decoded[mechanism] = ScramCredential(
+                salt=_unb64(values["salt"]),
+                stored_key=_unb64(values["stored_key"]),
+                server_key=_unb64(values["server_key"]),
+                iterations=int(values["iterations"]),
+            )
+        else:
+            raise ValueError(f"unknown mechanism {mechanism!r}")
+    return decoded
+
+
+class DataDirInUse(Exception):
+    """A broker holds the data directory (change credentials over the wire then)."""
+
+
+@contextmanager
+def offline_store(data_dir: str):
+    """The store of a data directory no broker is using, under the
+    directory's lock for as long as the caller changes it."""
+    if not os.path.isdir(data_dir):
+        os.makedirs(data_dir, exist_ok=True)
+    handle = open(os.path.join(data_dir, ".lock"), "a+")
+    try:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise DataDirInUse(
+                f"a broker is using {data_dir} (.lock is held): stop it, or use --bootstrap-server to change users over the wire"
+            ) from None
+        try:
+            yield CredentialStore(data_dir).load()
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+    finally:
+        handle.close()

@@ -1,0 +1,143 @@
+"""Users: ``onceflow users`` offline (a stopped broker's data directory) and
+over the wire (KIP-554), the credential file on disk (hashed, durable,
+refused while a broker holds the directory), and confluent-kafka's
+AdminClient managing SCRAM users that then log in."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from broker.broker import EmbeddedBroker
+from broker.security.credentials import CredentialStore
+from onceflow.cli import main
+
+LISTENERS = "PLAINTEXT://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0"
+
+
+def users(*argv, capsys) -> tuple[int, str, str]:
+    code = main(["users", *argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def logs_in(broker, mechanism, username, password) -> bool:
+    """Whether librdkafka authenticates on the SASL_PLAINTEXT listener (it
+    fetches metadata only after logging in)."""
+    import confluent_kafka.admin
+
+    errors = []
+    admin = confluent_kafka.admin.AdminClient(
+        {
+            "bootstrap.servers": broker.bootstrap_for("SASL_PLAINTEXT"),
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": mechanism,
+            "sasl.username": username,
+            "sasl.password": password,
+            "error_cb": errors.append,
+        }
+    )
+    try:
+        admin.list_topics(timeout=3)
+        return True
+    except confluent_kafka.KafkaException:
+        return False
+
+
+def test_users_added_offline_log_in_once_the_broker_starts(tmp_path, capsys):
+    data_dir = str(tmp_path / "data")
+    assert users("add", "alice", "--password", "a-pass", "--mechanism", "SCRAM-SHA-512", "--data-dir", data_dir, capsys=capsys)[0] == 0
+    assert users("add", "bob", "--password", "b-pass", "--mechanism", "PLAIN", "--data-dir", data_dir, capsys=capsys)[0] == 0
+    assert users("add", "bob", "--password", "b-pass2", "--data-dir", data_dir, capsys=capsys)[0] == 0
+    code, out, _ = users("list", "--data-dir", data_dir, capsys=capsys)
+    assert code == 0
+    assert out.splitlines() == ["alice\tSCRAM-SHA-512(iterations=4096)", "bob\tPLAIN(iterations=4096),SCRAM-SHA-256(iterations=4096)"]
+    with open(os.path.join(data_dir, "__cluster_metadata", "credentials.json"), encoding="utf-8") as handle:
+        stored = handle.read()
+    for password in ("a-pass", "b-pass", "b-pass2"):
+        assert password not in stored  # hashed, never as typed
+    with EmbeddedBroker(data_dir, properties={"listeners": LISTENERS}) as broker:
+        assert logs_in(broker, "SCRAM-SHA-512", "alice", "a-pass")
+        assert logs_in(broker, "PLAIN", "bob", "b-pass")
+        assert logs_in(broker, "SCRAM-SHA-256", "bob", "b-pass2")
+        assert not logs_in(broker, "SCRAM-SHA-256", "alice", "a-pass")  # no credential of that mechanism
+        # While the broker holds the directory, offline changes are refused.
+        code, _, err = users("add", "carol", "--password", "c", "--data-dir", data_dir, capsys=capsys)
+        assert code == 1 and "is using" in err
+    assert users("delete", "bob", "--mechanism", "PLAIN", "--data-dir", data_dir, capsys=capsys)[0] == 0
+    code, _, err = users("delete", "nobody", "--data-dir", data_dir, capsys=capsys)
+    assert code == 1 and "nobody" in err
+    assert CredentialStore(data_dir).load().users() == {"alice": ("SCRAM-SHA-512",), "bob": ("SCRAM-SHA-256",)}
+
+
+@pytest.mark.slow
+def test_users_over_the_wire_take_effect_at_once(tmp_path, capsys):
+    with EmbeddedBroker(str(tmp_path / "data"), properties={"listeners": LISTENERS}) as broker:
+        wire = ("--bootstrap-server", broker.bootstrap)
+        assert not logs_in(broker, "SCRAM-SHA-256", "dora", "d-pass")
+        assert users("add", "dora", "--password", "d-pass", *wire, capsys=capsys)[0] == 0
+        assert logs_in(broker, "SCRAM-SHA-256", "dora", "d-pass")
+        assert users("add", "dora", "--password", "d-pass-512", "--mechanism", "SCRAM-SHA-512", "--iterations", "8192", *wire, capsys=capsys)[0] == 0
+        code, out, _ = users("list", *wire, capsys=capsys)
+        assert code == 0 and out.splitlines() == ["dora\tSCRAM-SHA-256(iterations=4096),SCRAM-SHA-512(iterations=8192)"]
+        assert users("delete", "dora", "--mechanism", "SCRAM-SHA-256", *wire, capsys=capsys)[0] == 0
+        assert not logs_in(broker, "SCRAM-SHA-256", "dora", "d-pass")
+        assert logs_in(broker, "SCRAM-SHA-512", "dora", "d-pass-512")
+        code, _, err = users("add", "erin", "--password", "e", "--mechanism", "PLAIN", *wire, capsys=capsys)
+        assert code == 2 and "offline" in err
+        code, _, err = users("add", "erin", "--password", "e", "--iterations", "100", *wire, capsys=capsys)
+        assert code == 1 and "UNACCEPTABLE_CREDENTIAL" in err
+        assert users("delete", "dora", *wire, capsys=capsys)[0] == 0
+        code, _, err = users("delete", "dora", *wire, capsys=capsys)
+        assert code == 1 and "RESOURCE_NOT_FOUND" in err
+    # What was changed over the wire was on disk.
+    assert CredentialStore(str(tmp_path / "data")).load().users() == {}
+
+
+@pytest.mark.slow
+def test_confluent_kafka_admin_manages_scram_users(tmp_path):
+    from confluent_kafka.admin import (
+        AdminClient,
+        ScramCredentialInfo,
+        ScramMechanism,
+        UserScramCredentialDeletion,
+        UserScramCredentialUpsertion,
+    )
+
+    with EmbeddedBroker(str(tmp_path / "data"), properties={"listeners": LISTENERS}) as broker:
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        upsert = UserScramCredentialUpsertion("fred", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 10000), b"f-pass")
+        for future in admin.alter_user_scram_credentials([upsert]).values():
+            assert future.result(20) is None
+        described = {user: future.result(20) for user, future in admin.describe_user_scram_credentials(["fred"]).items()}
+        (info,) = described["fred"].scram_credential_infos
+        assert (info.mechanism, info.iterations) == (ScramMechanism.SCRAM_SHA_512, 10000)
+        assert logs_in(broker, "SCRAM-SHA-512", "fred", "f-pass")
+        assert not logs_in(broker, "SCRAM-SHA-512", "fred", "wrong")
+        for future in admin.alter_user_scram_credentials([UserScramCredentialDeletion("fred", ScramMechanism.SCRAM_SHA_512)]).values():
+            assert future.result(20) is None
+        assert not logs_in(broker, "SCRAM-SHA-512", "fred", "f-pass")
+        with pytest.raises(Exception, match="RESOURCE_NOT_FOUND|nonexistent"):
+            for future in admin.describe_user_scram_credentials(["fred"]).values():
+                future.result(20)
+
+
+def test_a_damaged_credential_file_is_refused(tmp_path):
+    """A damaged credential file is refused with its name, never read as an
+    empty store (which would lock every user out, or let a later write drop them)."""
+    store = CredentialStore(str(tmp_path)).load()
+    from broker.security.credentials import CredentialError, make
+
+    store.upsert("gus", "SCRAM-SHA-256", make("SCRAM-SHA-256", "g"))
+    with open(store.path, "r+b") as handle:
+        handle.truncate(os.path.getsize(store.path) // 2)
+    with pytest.raises(CredentialError, match="credentials.json"):
+        CredentialStore(str(tmp_path)).load()
+
+
+def test_the_users_command_is_listed():
+    result = subprocess.run([sys.executable, "-m", "onceflow", "users", "--help"], capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0 and "add" in result.stdout and "list" in result.stdout
