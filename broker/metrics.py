@@ -376,20 +376,15 @@ class BrokerStateCollector:
                 first = started.get((topic, partition))
                 if first is not None:
                     oldest.add_metric(values, max(0, now_ms - first) / 1000.0)
-            # Created since start and never used: empty, known without opening them.
+            # Partitions open when first used (broker.replica): those created
+            # since start and unused are empty, known without opening them;
+            # others not yet opened since start are not reported until they
+            # are used (internal ones only once written to, as above).
             for topic, partition in replicas.created_unopened():
                 if topic not in internal:
                     values = [topic, str(partition)]
                     for family in (end, high, stable, start, size, open_txns):
                         family.add_metric(values, 0)
-            # Partitions open when first used (broker.replica): those created
-            # since start and unused are empty; others not yet opened since
-            # start are not reported until they are used.
-            created = getattr(replicas, "created_unopened", None)
-            for topic, partition in created() if created is not None else ():
-                values = [topic, str(partition)]
-                for family in (end, high, stable, start, size, open_txns):
-                    family.add_metric(values, 0)
         yield from (end, high, stable, start, size, open_txns, oldest)
         yield GaugeMetricFamily("onceflow_producer_ids", "Producer ids whose state the partitions keep (for duplicate detection), summed over partitions", value=producers)
 

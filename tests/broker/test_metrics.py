@@ -488,3 +488,23 @@ def test_requests_the_authorizer_denies_are_counted_with_their_error(tmp_path):
         assert now.value("onceflow_request_errors_total", api="Produce", error="TOPIC_AUTHORIZATION_FAILED") == 1
         assert now.value("onceflow_requests_total", api="Produce", version=9) == 1
         assert now.value("onceflow_partition_log_end_offset", topic="guarded", partition=0) == 0
+
+
+def test_every_series_is_exposed_once(broker):
+    """A partition created since start and never used, and an internal one
+    (also created, never written): each has one sample per gauge. Prometheus
+    drops a scrape with a duplicate series; the parser here does not."""
+    import collections
+
+    topic = f"fresh-{uuid.uuid4().hex[:6]}"
+    create_topic(broker.bootstrap, topic, partitions=2)
+    with urllib.request.urlopen(broker.metrics_url, timeout=10) as response:
+        text = response.read().decode()
+    seen = collections.Counter()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            seen[(sample.name, frozenset(sample.labels.items()))] += 1
+    twice = {key: count for key, count in seen.items() if count > 1}
+    assert twice == {}
+    assert seen[("onceflow_partition_log_end_offset", frozenset({("topic", topic), ("partition", "1")}))] == 1
+
