@@ -397,8 +397,15 @@ def delete_topics(check: Check, version: int, body: dict) -> Verdict:
         def name_of(entry):
             return entry.get("name") if entry.get("name") is not None else check.topics.name_for_id(entry.get("topic_id"))
 
+        def shown_name(entry):
+            # Asked by id: the name is told only to who may describe the
+            # topic (Kafka: the id is not secret, the name is).
+            if entry.get("name") is not None or check.topic(Op.DESCRIBE, name_of(entry)):
+                return name_of(entry)
+            return None
+
         kept, denied = split(body.get("topics") or [], lambda e: name_of(e) is None or check.topic(Op.DELETE, name_of(e)))
-        denied_entries = [{"name": name_of(e), "topic_id": e.get("topic_id"), "error_code": TOPIC_DENIED, "error_message": None} for e in denied]
+        denied_entries = [{"name": shown_name(e), "topic_id": e.get("topic_id"), "error_code": TOPIC_DENIED, "error_message": None} for e in denied]
         key = "topics"
     else:
         kept, denied = split(body.get("topic_names") or [], lambda name: check.topic(Op.DELETE, name))
