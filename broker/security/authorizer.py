@@ -193,10 +193,12 @@ def produce(check: Check, version: int, body: dict) -> Verdict | None:
     topics = body.get("topic_data") or []
     transactional_id = body.get("transactional_id")
     # The hot path, in one pass and without a closure per topic: every topic
-    # writable (and no transactional batch without an id) lets the request through.
+    # writable (and no transactional batch) lets the request through. As
+    # Kafka's hasTransactionalRecords, a partition's first batch says
+    # whether it is transactional; the id alone asks for nothing.
     authorize, principal, host = check.authorizer.authorize, check.principal, check.host
     all_writable = True
-    transactional = transactional_id is not None
+    transactional = False
     for topic in topics:
         if all_writable and not authorize(principal, host, Op.WRITE, Res.TOPIC, topic.get("name")):
             all_writable = False

@@ -681,3 +681,13 @@ def test_delete_topics_by_id_does_not_tell_a_name_the_principal_may_not_describe
     assert answers == [("", ErrorCode.TOPIC_AUTHORIZATION_FAILED), ("seen", ErrorCode.TOPIC_AUTHORIZATION_FAILED)]
     assert broker.call(lambda b: {"hidden", "seen"} <= set(b.replicas.topics))
 
+
+
+def test_produce_with_a_transactional_id_but_no_transactional_batch_needs_no_write_on_it(acl_broker):
+    """Kafka checks WRITE on the transactional id only when the request
+    holds transactional records (ProduceRequest.hasTransactionalRecords)."""
+    broker = acl_broker([allow(Res.TOPIC, "t", Op.WRITE)])
+    create(broker, "t")
+    answer = request(broker.port, ApiKey.PRODUCE, 9, produce_body("t", transactional_id="app"))
+    assert answer["responses"][0]["partition_responses"][0]["error_code"] == ErrorCode.NONE
+    assert log_end(broker, "t") == 1
