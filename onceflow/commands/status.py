@@ -26,8 +26,9 @@ DescribeProducers) leaves that section out, saying why (``unavailable``).
 ``gather()`` returns the whole screen as attrs values (no printing);
 ``render_text()`` and ``render_json()`` print it. ``--watch [SECONDS]``
 redraws until Ctrl-C; ``--json`` prints one JSON document (one per line
-under ``--watch``), its keys listed in the README. An unreachable broker is
-one line on stderr and exit status 1.
+under ``--watch``), its keys listed in the README. A failure is one line on
+stderr with the client commands' exit status (``onceflow.client_commands``:
+2 for an unreachable broker, 1 for a refused request).
 """
 
 from __future__ import annotations
@@ -38,7 +39,12 @@ import time
 
 import attrs
 
-from onceflow.client_commands import CommandError, add_bootstrap_option, client_options
+from onceflow.client_commands import (
+    CommandError,
+    add_bootstrap_option,
+    client_options,
+    reporting_errors,
+)
 from txn.types import TopicPartition
 
 DEFAULT_WATCH_SECONDS = 2.0
@@ -407,8 +413,11 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    """Draw once (or, with ``--watch``, until Ctrl-C, which exits 0); a
+    failure before the first screen is one line and the client commands'
+    exit status (``reporting_errors``: 2 unreachable, 1 refused)."""
     from txn import Admin
-    from txn.errors import ConfigError, KafkaError, RetriesExhaustedError
+    from txn.errors import KafkaError, RetriesExhaustedError
 
     out = sys.stdout
     clear = args.watch is not None and not args.json and out.isatty()
@@ -421,25 +430,9 @@ def run(args) -> int:
         out.write(text)
         out.flush()
 
-    def fail(message: str) -> int:
-        print(f"onceflow status: {message}", file=sys.stderr)
-        return 1
-
-    try:
+    def watch(admin) -> int:
         try:
-            options = client_options(args)  # short timeouts; the shared security options
-        except CommandError as error:
-            return fail(str(error))
-        with Admin(bootstrap_servers=args.bootstrap_server, **options) as admin:
-            try:
-                draw(admin)
-            except (RetriesExhaustedError, ConnectionError, OSError, TimeoutError) as error:
-                return fail(f"cannot reach a broker at {args.bootstrap_server}: {error}")
-            except CommandError as error:
-                return fail(str(error))
-            except (KafkaError, ConfigError) as error:
-                return fail(str(error))
-            while args.watch is not None:
+            while True:
                 time.sleep(args.watch)
                 if not clear and not args.json:
                     out.write("\n")
@@ -448,6 +441,12 @@ def run(args) -> int:
                 except (RetriesExhaustedError, ConnectionError, OSError, TimeoutError, KafkaError, CommandError) as error:
                     # Keep watching: the broker may come back.
                     print(f"onceflow status: {error} (retrying every {args.watch:g}s)", file=sys.stderr, flush=True)
-    except KeyboardInterrupt:
-        return 0  # Ctrl-C is how --watch ends
-    return 0
+        except KeyboardInterrupt:
+            return 0  # Ctrl-C is how --watch ends
+
+    def status() -> int:
+        with Admin(bootstrap_servers=args.bootstrap_server, **client_options(args)) as admin:
+            draw(admin)
+            return watch(admin) if args.watch is not None else 0
+
+    return reporting_errors("status", args, status)

@@ -3,7 +3,7 @@ records, a group with committed offsets and known lag, an open transaction
 holding the LSO (then committed), a hanging transaction written straight
 into the log. The JSON is checked field by field, the text for its key
 facts; ``--watch`` redraws until SIGINT; an unreachable broker is one line
-and exit status 1."""
+and exit status 2, as for the other client commands."""
 
 from __future__ import annotations
 
@@ -213,10 +213,10 @@ def test_watch_redraws_until_sigint(embedded_broker):
 
 
 @pytest.mark.slow
-def test_an_unreachable_broker_is_one_line_and_exit_1():
+def test_an_unreachable_broker_is_one_line_and_exit_2_as_for_the_other_client_commands():
     result = subprocess.run([sys.executable, "-m", "onceflow", "status", "--bootstrap-server", "127.0.0.1:1"], cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
                             env={**os.environ, "PYTHONWARNINGS": "ignore"})
-    assert result.returncode == 1 and result.stdout == ""
+    assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("onceflow status: cannot reach a broker at 127.0.0.1:1"), result.stderr
 
 
