@@ -86,8 +86,8 @@ class PartitionLag:
     committed_offset: int | None  # None: assigned, nothing committed yet
     high_watermark: int | None  # None: the partition is gone
     last_stable_offset: int | None
-    lag: int | None  # last_stable_offset - committed_offset
-    lag_uncommitted: int | None  # high_watermark - committed_offset
+    lag: int | None  # last_stable_offset - committed_offset, at least 0
+    lag_uncommitted: int | None  # high_watermark - committed_offset, at least 0
     member_id: str | None  # who has it assigned now
 
 
@@ -243,8 +243,11 @@ def _group_status(group, committed: dict, offsets: dict, topics) -> GroupStatus:
         found = committed.get(ref)
         committed_offset = found.offset if found is not None else None
         _start, high, stable = offsets.get(ref, (None, None, None))
-        lag = stable - committed_offset if committed_offset is not None and stable is not None else None
-        lag_uncommitted = high - committed_offset if committed_offset is not None and high is not None else None
+        # Never below 0: an offset committed past the LSO (by a
+        # read_uncommitted consumer) leaves nothing to read there, and a
+        # negative row would hide other partitions' lag in the group's total.
+        lag = max(0, stable - committed_offset) if committed_offset is not None and stable is not None else None
+        lag_uncommitted = max(0, high - committed_offset) if committed_offset is not None and high is not None else None
         lags.append(PartitionLag(ref.topic, ref.partition, committed_offset, high, stable, lag, lag_uncommitted, owner.get(ref)))
     members = tuple(
         MemberStatus(m.member_id, m.group_instance_id, m.client_id, m.host, tuple(sorted(m.assignment)))

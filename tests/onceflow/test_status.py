@@ -255,3 +255,20 @@ def test_watch_outlives_the_broker_and_still_ends_on_sigint(broker_process, tmp_
             process.kill()
     text = errors.read_text()
     assert "Traceback" not in text and all(line.startswith("onceflow status: ") for line in text.splitlines()), text
+
+
+def test_a_group_committed_past_the_lso_has_no_lag_there_and_it_lowers_no_other():
+    """A read_uncommitted consumer may commit past the LSO (an open
+    transaction's records): a read_committed one has nothing left to read
+    there (lag 0, not negative), and the group's total is not lowered by it."""
+    from types import SimpleNamespace
+
+    from txn.types import OffsetAndMetadata, TopicPartition
+
+    ahead, behind = TopicPartition("t", 0), TopicPartition("t", 1)
+    group = SimpleNamespace(group_id="g", state="Empty", protocol_type="consumer", protocol="", members=[])
+    committed = {ahead: OffsetAndMetadata(9, ""), behind: OffsetAndMetadata(2, "")}
+    offsets = {ahead: (0, 10, 6), behind: (0, 5, 5)}  # (log start, high watermark, LSO)
+    status = status_command._group_status(group, committed, offsets, ())
+    assert [(row.partition, row.lag, row.lag_uncommitted) for row in status.offsets] == [(0, 0, 1), (1, 3, 3)]
+    assert status.lag == 3
