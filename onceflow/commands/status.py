@@ -45,6 +45,7 @@ from onceflow.client_commands import (
     client_options,
     reporting_errors,
 )
+from txn.admin import MemberDescription
 from txn.types import TopicPartition
 
 DEFAULT_WATCH_SECONDS = 2.0
@@ -71,15 +72,6 @@ class TopicStatus:
 
 
 @attrs.frozen
-class MemberStatus:
-    member_id: str
-    group_instance_id: str | None
-    client_id: str
-    host: str
-    assignment: tuple[TopicPartition, ...]
-
-
-@attrs.frozen
 class PartitionLag:
     topic: str
     partition: int
@@ -97,7 +89,7 @@ class GroupStatus:
     state: str
     protocol_type: str
     protocol: str
-    members: tuple[MemberStatus, ...]
+    members: tuple[MemberDescription, ...]  # txn.admin's, assignment sorted
     offsets: tuple[PartitionLag, ...]
     lag: int  # the sum over partitions with a committed offset
 
@@ -249,10 +241,7 @@ def _group_status(group, committed: dict, offsets: dict, topics) -> GroupStatus:
         lag = max(0, stable - committed_offset) if committed_offset is not None and stable is not None else None
         lag_uncommitted = max(0, high - committed_offset) if committed_offset is not None and high is not None else None
         lags.append(PartitionLag(ref.topic, ref.partition, committed_offset, high, stable, lag, lag_uncommitted, owner.get(ref)))
-    members = tuple(
-        MemberStatus(m.member_id, m.group_instance_id, m.client_id, m.host, tuple(sorted(m.assignment)))
-        for m in group.members
-    )
+    members = tuple(attrs.evolve(member, assignment=tuple(sorted(member.assignment))) for member in group.members)
     return GroupStatus(group.group_id, group.state, group.protocol_type, group.protocol, members, tuple(lags), sum(row.lag for row in lags if row.lag is not None))
 
 
