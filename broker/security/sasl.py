@@ -297,6 +297,11 @@ class SaslServer:
         return SaslReply({"error_code": ErrorCode.NONE, "mechanisms": list(self.mechanisms)})
 
     def _authenticate(self, version: int, body: dict, now_ms: int) -> SaslReply:
+        if self.state is SaslState.AUTHENTICATED:
+            # No handshake reopened the exchange: Kafka answers this and
+            # keeps the session as it was.
+            message = "SaslAuthenticate request received after successful authentication"
+            return SaslReply({"error_code": ErrorCode.ILLEGAL_SASL_STATE, "error_message": message, "auth_bytes": b"", "session_lifetime_ms": 0})
         token = body.get("auth_bytes") or b""
         try:
             challenge, done = self._exchange.step(token)

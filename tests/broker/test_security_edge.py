@@ -367,3 +367,15 @@ def test_a_failed_login_is_answered_after_the_delay(sasl_broker):
     assert reply["error_code"] == ErrorCode.SASL_AUTHENTICATION_FAILED
     assert time.monotonic() - started >= 0.55
     assert client.closed_by_peer()
+
+
+def test_a_sasl_authenticate_after_the_login_is_answered_and_the_connection_kept(sasl_broker, caplog):
+    broker = sasl_broker()
+    client = RawClient(broker.bootstrap_for("SASL_PLAINTEXT"))
+    assert client.plain_login()["error_code"] == 0
+    with caplog.at_level(logging.INFO, logger="broker.server"):
+        reply = client.request(ApiKey.SASL_AUTHENTICATE, 1, {"auth_bytes": b"\0bob\0bobs"})
+        assert reply["error_code"] == ErrorCode.ILLEGAL_SASL_STATE
+        assert client.request(ApiKey.METADATA, 4, {"topics": [], "allow_auto_topic_creation": False})["brokers"]
+    assert not [record for record in caplog.records if record.levelno >= logging.ERROR or "re-authenticated" in record.getMessage()]
+    client.close()

@@ -232,3 +232,35 @@ def test_fuzzed_exchanges_never_crash_nor_authenticate(credentials, steps):
             break
         assert server.principal is None, f"authenticated by {steps}"
     assert server.principal is None
+
+
+# -- after the login ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_a_sasl_authenticate_without_a_new_handshake_is_answered_illegal_state(credentials, mechanism):
+    # Kafka answers ILLEGAL_SASL_STATE to a SaslAuthenticate after a finished
+    # login that no SaslHandshake reopened; the session stays as it was.
+    server = machine(credentials, reauth_ms=1000)
+    login(server, mechanism, "alice", PASSWORD)
+    for data in (b"\0bob\0bobs", b"n,,n=bob,r=abc", b""):
+        reply = token(server, data, now=10)
+        assert reply.body["error_code"] == ErrorCode.ILLEGAL_SASL_STATE and not reply.close
+        assert server.principal == KafkaPrincipal("User", "alice") and server.state is SaslState.AUTHENTICATED
+    assert server.receive(ApiKey.FETCH, 12, {}, 20) is None
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(steps=STEPS)
+def test_fuzzed_steps_after_a_login_never_crash_nor_change_the_principal(credentials, steps):
+    server = machine(credentials, reauth_ms=100)
+    login(server, "PLAIN", "alice", PASSWORD)
+    for now, (api_key, mechanism, data, version) in enumerate(steps):
+        body = {"mechanism": mechanism} if api_key == ApiKey.SASL_HANDSHAKE else {"auth_bytes": data}
+        try:
+            reply = server.receive(api_key, version, body, now)
+        except SaslRefusal:
+            break
+        assert server.principal == KafkaPrincipal("User", "alice"), f"principal changed by {steps}"
+        if reply is not None and reply.close:
+            break
