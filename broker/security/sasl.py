@@ -44,7 +44,6 @@ from protocol import scram
 from protocol.errors import ErrorCode
 from protocol.messages import ApiKey
 
-DEFAULT_SCRAM_ITERATIONS = 4096
 MAX_NONCE_LENGTH = 512
 
 
@@ -195,8 +194,7 @@ class ScramExchange:
         if credential is None:
             # The same shape of answer as for a real user, so the exchange does
             # not tell who exists; the proof can never match.
-            salt = self._credentials.fake_salt(name, self.mechanism)
-            credential = scram.ScramCredential(salt, secrets.token_bytes(len(salt)), secrets.token_bytes(len(salt)), DEFAULT_SCRAM_ITERATIONS)
+            credential = self._credentials.fake_scram_credential(name, self.mechanism)
         self._credential = credential
         self._name = name
         self._nonce = client_nonce + secrets.token_urlsafe(24)
@@ -239,7 +237,7 @@ def _check_nonce(nonce: str) -> None:
 
 class SaslServer:
     """One connection's authentication. ``credentials`` offers
-    ``scram_credential(name, mechanism)``, ``fake_salt(name, mechanism)`` and
+    ``scram_credential(name, mechanism)``, ``fake_scram_credential(name, mechanism)`` and
     ``verify_plain(name, password)`` (``broker.security.credentials``);
     ``reauth_ms`` is ``connections.max.reauth.ms`` (0: sessions never end)."""
 

@@ -264,3 +264,48 @@ def test_fuzzed_steps_after_a_login_never_crash_nor_change_the_principal(credent
         assert server.principal == KafkaPrincipal("User", "alice"), f"principal changed by {steps}"
         if reply is not None and reply.close:
             break
+
+
+# -- unknown users look like known ones ------------------------------------------------------
+
+
+def _server_first(store, name, mechanism="SCRAM-SHA-256"):
+    server = machine(store)
+    handshake(server, mechanism)
+    return scram.parse_attributes(token(server, ScramClient(mechanism, name, "x").first()).body["auth_bytes"].decode())
+
+
+def test_an_unknown_user_gets_the_iteration_count_and_salt_length_of_stored_users(tmp_path):
+    # Users made by a KIP-554 client with 8192 iterations and a 16-byte salt:
+    # a fixed 4096 and 32 bytes for unknown names would tell them apart.
+    mechanism = scram.SCRAM_SHA_256
+    store = CredentialStore(str(tmp_path)).load()
+    for name in ("alice", "bob"):
+        salt = os.urandom(16)
+        salted = scram.salted_password(mechanism, b"pw", salt, 8192)
+        store.upsert(name, mechanism.name, scram.credential_from_salted(mechanism, salted, salt, 8192))
+    known, unknown = _server_first(store, "alice"), _server_first(store, "nobody")
+    assert unknown["i"] == known["i"] == "8192"
+    assert len(scram.b64decode(unknown["s"])) == len(scram.b64decode(known["s"])) == 16
+    assert _server_first(store, "nobody")["s"] == unknown["s"]
+
+
+def test_unknown_users_iteration_counts_are_stable_and_drawn_from_the_stored_ones(tmp_path):
+    store = CredentialStore(str(tmp_path)).load()
+    for index, iterations in enumerate([4096, 4096, 8192, 16384]):
+        store.upsert(f"user{index}", "SCRAM-SHA-512", make("SCRAM-SHA-512", "pw", iterations=iterations))
+    counts = {name: _server_first(store, name, "SCRAM-SHA-512")["i"] for name in (f"stranger{i}" for i in range(40))}
+    assert set(counts.values()) <= {"4096", "8192", "16384"} and len(set(counts.values())) > 1
+    assert all(_server_first(store, name, "SCRAM-SHA-512")["i"] == count for name, count in list(counts.items())[:5])
+
+
+def test_an_unknown_plain_user_costs_the_hashing_of_a_stored_one(tmp_path, monkeypatch):
+    from broker.security import credentials as credentials_module
+
+    store = CredentialStore(str(tmp_path)).load()
+    store.upsert("alice", "PLAIN", make("PLAIN", "pw", iterations=20000))
+    spent = []
+    real_hash = credentials_module._plain_hash
+    monkeypatch.setattr(credentials_module, "_plain_hash", lambda password, salt, iterations: spent.append(iterations) or real_hash(password, salt, iterations))
+    assert not store.verify_plain("alice", "wrong") and not store.verify_plain("nobody", "wrong")
+    assert spent == [20000, 20000]
