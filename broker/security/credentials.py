@@ -1,7 +1,8 @@
 """Users' credentials, stored hashed in the data directory.
 
-One file, replaced atomically and durably (``storage.durable.replace_file``)
-on every change, so a crash leaves the old set or the new one::
+One file, readable by the broker's user only, replaced atomically and
+durably (``broker.security.private_files``) on every change, so a crash
+leaves the old set or the new one::
 
     __cluster_metadata/credentials.json
     {"version": 1,
@@ -38,8 +39,8 @@ from contextlib import contextmanager
 
 import attrs
 
+from broker.security.private_files import replace_private_file, tighten
 from protocol.scram import MECHANISMS, ScramCredential, ScramMechanism, make_credential
-from storage.durable import replace_file
 
 PLAIN = "PLAIN"
 CREDENTIAL_MECHANISMS = (PLAIN, *MECHANISMS)
@@ -123,6 +124,10 @@ class CredentialStore:
             return self
         except (OSError, ValueError) as error:
             raise CredentialError(f"cannot read {self.path}: {error}") from None
+        try:
+            tighten(self.path)
+        except OSError as error:
+            raise CredentialError(f"cannot make {self.path} private: {error}") from None
         try:
             if data.get("version") != _FILE_VERSION:
                 raise ValueError(f"unknown version {data.get('version')!r}")
@@ -218,7 +223,7 @@ class CredentialStore:
             "users": {name: _encode_user(entries) for name, entries in sorted(users.items())},
         }
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        replace_file(self.path, json.dumps(data, indent=1, sort_keys=True).encode("utf-8"), io=self._io)
+        replace_private_file(self.path, json.dumps(data, indent=1, sort_keys=True).encode("utf-8"), io=self._io)
         self._users, self._secret = users, secret
 
 
