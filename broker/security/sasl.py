@@ -28,8 +28,9 @@ The states and the events that move between them are one table
 (``TRANSITIONS``); ``ALLOWED`` says which requests each state lets through.
 The mechanisms are exchanges with one ``step(token) -> challenge`` method:
 PLAIN (RFC 4616) and SCRAM-SHA-256/512 (RFC 5802/7677, the arithmetic in
-``protocol.scram``; no channel binding: the client's gs2 header must be
-``n,,``, so its ``c=`` attribute is ``biws``).
+``protocol.scram``; no channel binding: the client's gs2 header is ``n,,``
+or ``n,a=USER,`` with its own name, as Kafka allows, and its ``c=``
+attribute the base64 of that header).
 """
 
 from __future__ import annotations
@@ -145,6 +146,7 @@ class ScramExchange:
         self._credentials = credentials
         self._expect_final = False
         self._client_first_bare = ""
+        self._channel_binding = ""  # what c= must be: base64 of the gs2 header ("biws" for "n,,")
         self._server_first = ""
         self._nonce = ""
         self._credential: scram.ScramCredential | None = None
@@ -176,9 +178,8 @@ class ScramExchange:
         authzid, separator, bare = rest.partition(",")
         if not separator:
             raise scram.ScramError("client-first-message has no gs2 header")
-        if authzid:
-            # Kafka allows only an authzid equal to the user; we take none at all.
-            raise scram.ScramError("an authorization id is not supported")
+        if authzid and not authzid.startswith("a="):
+            raise scram.ScramError("the gs2 header's authorization id must read a=NAME")
         attributes = scram.parse_attributes(bare)
         if list(attributes)[:2] != ["n", "r"]:
             raise scram.ScramError("client-first-message must start with n= then r=")
@@ -188,6 +189,9 @@ class ScramExchange:
         client_nonce = attributes["r"]
         if not name:
             raise scram.ScramError("empty user name")
+        if authzid and scram.unescape_username(authzid[2:]) != name:
+            # As Kafka: an authorization id may only name the user itself.
+            raise scram.ScramError("client requested an authorization id that is different from username")
         _check_nonce(client_nonce)
         credential = self._credentials.scram_credential(name, self.mechanism)
         self._known = credential is not None
@@ -199,6 +203,7 @@ class ScramExchange:
         self._name = name
         self._nonce = client_nonce + secrets.token_urlsafe(24)
         self._client_first_bare = bare
+        self._channel_binding = scram.b64encode(text[: len(text) - len(bare)].encode("utf-8"))
         self._server_first = f"r={self._nonce},s={scram.b64encode(credential.salt)},i={credential.iterations}"
         self._expect_final = True
         return self._server_first.encode("utf-8")
@@ -210,8 +215,8 @@ class ScramExchange:
         attributes = scram.parse_attributes(without_proof)
         if list(attributes) != ["c", "r"]:
             raise scram.ScramError("client-final-message must be c=, r=, p=")
-        if attributes["c"] != "biws":
-            raise scram.ScramError("channel binding is not supported (c= must be biws)")
+        if attributes["c"] != self._channel_binding:
+            raise scram.ScramError("c= must be the base64 of the client-first message's gs2 header (no channel binding)")
         if attributes["r"] != self._nonce:
             raise self._refuse()
         proof = scram.b64decode(proof_text)

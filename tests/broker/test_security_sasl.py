@@ -136,7 +136,7 @@ def test_scram_checks_refuse_tampered_exchanges(credentials, tamper):
     client = ScramClient("SCRAM-SHA-256", "alice", PASSWORD)
     first = {
         "channel binding flag": f"y,,{client.first_bare}".encode(),
-        "authzid": f"n,a=alice,{client.first_bare}".encode(),
+        "authzid": f"n,a=bob,{client.first_bare}".encode(),
         "extension": f"n,,{client.first_bare},x=1".encode(),
     }.get(tamper, client.first())
     reply = token(server, first)
@@ -309,3 +309,19 @@ def test_an_unknown_plain_user_costs_the_hashing_of_a_stored_one(tmp_path, monke
     monkeypatch.setattr(credentials_module, "_plain_hash", lambda password, salt, iterations: spent.append(iterations) or real_hash(password, salt, iterations))
     assert not store.verify_plain("alice", "wrong") and not store.verify_plain("nobody", "wrong")
     assert spent == [20000, 20000]
+
+
+def test_a_scram_authzid_equal_to_the_user_is_accepted_as_kafka_does(credentials):
+    server = machine(credentials)
+    handshake(server, "SCRAM-SHA-256")
+    client = ScramClient("SCRAM-SHA-256", "alice", PASSWORD)
+    first = token(server, f"n,a=alice,{client.first_bare}".encode())
+    assert not first.close
+    # c= carries the whole gs2 header, authzid included.
+    reply = token(server, client.final(first.body["auth_bytes"], binding=scram.b64encode(b"n,a=alice,")))
+    assert reply.body["error_code"] == ErrorCode.NONE and server.principal == KafkaPrincipal("User", "alice")
+    # The bare biws with an authzid in the header does not match it.
+    server = machine(credentials)
+    handshake(server, "SCRAM-SHA-256")
+    first = token(server, f"n,a=alice,{client.first_bare}".encode())
+    assert token(server, client.final(first.body["auth_bytes"])).close and server.principal is None
