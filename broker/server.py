@@ -42,7 +42,7 @@ import logging
 import ssl
 import struct
 import time
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import attrs
 
@@ -331,6 +331,8 @@ class KafkaServer:
                         if reply.close:
                             await _linger(reader)
                             return
+                        if reply.body["error_code"]:
+                            continue  # refused without a close (ILLEGAL_SASL_STATE): nothing changed
                         if request.api_key == ApiKey.SASL_HANDSHAKE and request.api_version == 0:
                             state.raw_tokens = True
                         self._after_sasl(state, connection, request.api_key, peer)

@@ -367,3 +367,72 @@ def test_a_failed_login_is_answered_after_the_delay(sasl_broker):
     assert reply["error_code"] == ErrorCode.SASL_AUTHENTICATION_FAILED
     assert time.monotonic() - started >= 0.55
     assert client.closed_by_peer()
+
+
+def test_a_sasl_authenticate_after_the_login_is_answered_and_the_connection_kept(sasl_broker, caplog):
+    broker = sasl_broker()
+    client = RawClient(broker.bootstrap_for("SASL_PLAINTEXT"))
+    assert client.plain_login()["error_code"] == 0
+    with caplog.at_level(logging.INFO, logger="broker.server"):
+        reply = client.request(ApiKey.SASL_AUTHENTICATE, 1, {"auth_bytes": b"\0bob\0bobs"})
+        assert reply["error_code"] == ErrorCode.ILLEGAL_SASL_STATE
+        assert client.request(ApiKey.METADATA, 4, {"topics": [], "allow_auto_topic_creation": False})["brokers"]
+    assert not [record for record in caplog.records if record.levelno >= logging.ERROR or "re-authenticated" in record.getMessage()]
+    client.close()
+
+
+@pytest.mark.slow
+def test_every_way_a_connection_ends_gives_its_slot_back(sasl_broker):
+    """max.connections.per.ip=2 and three connections ending each way: a slot
+    kept by any close path would leave no room for the last two."""
+    broker = sasl_broker(**{"max.connections.per.ip": "2", "connections.authentication.timeout.ms": "300"})
+    address = broker.bootstrap_for("SASL_PLAINTEXT")
+
+    def logged_in_then_closed():
+        client = RawClient(address)
+        assert client.plain_login()["error_code"] == 0
+        client.close()
+
+    def refused_before_login():
+        client = RawClient(address)
+        with pytest.raises(ConnectionError):
+            client.request(ApiKey.METADATA, 4, {"topics": [], "allow_auto_topic_creation": False})
+
+    def wrong_password():
+        client = RawClient(address)
+        assert client.plain_login(password="wrong")["error_code"] == ErrorCode.SASL_AUTHENTICATION_FAILED
+        assert client.closed_by_peer()
+
+    def oversized_frame():
+        client = RawClient(address)
+        client.sock.sendall(struct.pack(">i", 600_000) + b"\0" * 64)
+        assert client.closed_by_peer()
+
+    def never_authenticates():
+        assert RawClient(address).closed_by_peer()
+
+    def reset_mid_request():
+        client = RawClient(address)
+        client.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        client.sock.sendall(struct.pack(">i", 100) + b"\0" * 10)
+        client.close()  # an RST, not a FIN
+
+    for ending in (logged_in_then_closed, refused_before_login, wrong_password, oversized_frame, never_authenticates, reset_mid_request):
+        for _ in range(3):
+            wait_for(lambda: _served(broker), timeout=10, what=f"a free slot after {ending.__name__}")
+            ending()
+
+    def two_at_once() -> bool:
+        clients = []
+        try:
+            for _ in range(2):
+                clients.append(RawClient(address))
+                clients[-1].request(ApiKey.API_VERSIONS, 0, {})
+            return True
+        except (ConnectionError, OSError):
+            return False
+        finally:
+            for client in clients:
+                client.close()
+
+    wait_for(two_at_once, timeout=10, what="both slots free")

@@ -136,7 +136,7 @@ def test_scram_checks_refuse_tampered_exchanges(credentials, tamper):
     client = ScramClient("SCRAM-SHA-256", "alice", PASSWORD)
     first = {
         "channel binding flag": f"y,,{client.first_bare}".encode(),
-        "authzid": f"n,a=alice,{client.first_bare}".encode(),
+        "authzid": f"n,a=bob,{client.first_bare}".encode(),
         "extension": f"n,,{client.first_bare},x=1".encode(),
     }.get(tamper, client.first())
     reply = token(server, first)
@@ -218,17 +218,110 @@ STEPS = st.lists(
 )
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(steps=STEPS)
-def test_fuzzed_exchanges_never_crash_nor_authenticate(credentials, steps):
-    server = machine(credentials, reauth_ms=100)
+FUZZ_SETTINGS = {"deadline": None, "suppress_health_check": [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]}
+
+
+def drive(server, steps, *, principal):
+    """Feed fuzzed steps until the machine refuses or closes; after every
+    step the connection's principal must still be ``principal``."""
     for now, (api_key, mechanism, data, version) in enumerate(steps):
         body = {"mechanism": mechanism} if api_key == ApiKey.SASL_HANDSHAKE else {"auth_bytes": data}
         try:
             reply = server.receive(api_key, version, body, now)
         except SaslRefusal:
             break
+        assert server.principal == principal, f"principal became {server.principal} by {steps}"
         if reply is not None and reply.close:
             break
-        assert server.principal is None, f"authenticated by {steps}"
-    assert server.principal is None
+    assert server.principal == principal
+
+
+@settings(max_examples=300, **FUZZ_SETTINGS)
+@given(steps=STEPS)
+def test_fuzzed_exchanges_never_crash_nor_authenticate(credentials, steps):
+    drive(machine(credentials, reauth_ms=100), steps, principal=None)
+
+
+# -- after the login ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_a_sasl_authenticate_without_a_new_handshake_is_answered_illegal_state(credentials, mechanism):
+    # Kafka answers ILLEGAL_SASL_STATE to a SaslAuthenticate after a finished
+    # login that no SaslHandshake reopened; the session stays as it was.
+    server = machine(credentials, reauth_ms=1000)
+    login(server, mechanism, "alice", PASSWORD)
+    for data in (b"\0bob\0bobs", b"n,,n=bob,r=abc", b""):
+        reply = token(server, data, now=10)
+        assert reply.body["error_code"] == ErrorCode.ILLEGAL_SASL_STATE and not reply.close
+        assert server.principal == KafkaPrincipal("User", "alice") and server.state is SaslState.AUTHENTICATED
+    assert server.receive(ApiKey.FETCH, 12, {}, 20) is None
+
+
+@settings(max_examples=200, **FUZZ_SETTINGS)
+@given(steps=STEPS)
+def test_fuzzed_steps_after_a_login_never_crash_nor_change_the_principal(credentials, steps):
+    server = machine(credentials, reauth_ms=100)
+    login(server, "PLAIN", "alice", PASSWORD)
+    drive(server, steps, principal=KafkaPrincipal("User", "alice"))
+
+
+# -- unknown users look like known ones ------------------------------------------------------
+
+
+def _server_first(store, name, mechanism="SCRAM-SHA-256"):
+    server = machine(store)
+    handshake(server, mechanism)
+    return scram.parse_attributes(token(server, ScramClient(mechanism, name, "x").first()).body["auth_bytes"].decode())
+
+
+def test_an_unknown_user_gets_the_iteration_count_and_salt_length_of_stored_users(tmp_path):
+    # Users made by a KIP-554 client with 8192 iterations and a 16-byte salt:
+    # a fixed 4096 and 32 bytes for unknown names would tell them apart.
+    mechanism = scram.SCRAM_SHA_256
+    store = CredentialStore(str(tmp_path)).load()
+    for name in ("alice", "bob"):
+        salt = os.urandom(16)
+        salted = scram.salted_password(mechanism, b"pw", salt, 8192)
+        store.upsert(name, mechanism.name, scram.credential_from_salted(mechanism, salted, salt, 8192))
+    known, unknown = _server_first(store, "alice"), _server_first(store, "nobody")
+    assert unknown["i"] == known["i"] == "8192"
+    assert len(scram.b64decode(unknown["s"])) == len(scram.b64decode(known["s"])) == 16
+    assert _server_first(store, "nobody")["s"] == unknown["s"]
+
+
+def test_unknown_users_iteration_counts_are_stable_and_drawn_from_the_stored_ones(tmp_path):
+    store = CredentialStore(str(tmp_path)).load()
+    for index, iterations in enumerate([4096, 4096, 8192, 16384]):
+        store.upsert(f"user{index}", "SCRAM-SHA-512", make("SCRAM-SHA-512", "pw", iterations=iterations))
+    counts = {name: _server_first(store, name, "SCRAM-SHA-512")["i"] for name in (f"stranger{i}" for i in range(40))}
+    assert set(counts.values()) <= {"4096", "8192", "16384"} and len(set(counts.values())) > 1
+    assert all(_server_first(store, name, "SCRAM-SHA-512")["i"] == count for name, count in list(counts.items())[:5])
+
+
+def test_an_unknown_plain_user_costs_the_hashing_of_a_stored_one(tmp_path, monkeypatch):
+    from broker.security import credentials as credentials_module
+
+    store = CredentialStore(str(tmp_path)).load()
+    store.upsert("alice", "PLAIN", make("PLAIN", "pw", iterations=20000))
+    spent = []
+    real_hash = credentials_module._plain_hash
+    monkeypatch.setattr(credentials_module, "_plain_hash", lambda password, salt, iterations: spent.append(iterations) or real_hash(password, salt, iterations))
+    assert not store.verify_plain("alice", "wrong") and not store.verify_plain("nobody", "wrong")
+    assert spent == [20000, 20000]
+
+
+def test_a_scram_authzid_equal_to_the_user_is_accepted_as_kafka_does(credentials):
+    server = machine(credentials)
+    handshake(server, "SCRAM-SHA-256")
+    client = ScramClient("SCRAM-SHA-256", "alice", PASSWORD)
+    first = token(server, f"n,a=alice,{client.first_bare}".encode())
+    assert not first.close
+    # c= carries the whole gs2 header, authzid included.
+    reply = token(server, client.final(first.body["auth_bytes"], binding=scram.b64encode(b"n,a=alice,")))
+    assert reply.body["error_code"] == ErrorCode.NONE and server.principal == KafkaPrincipal("User", "alice")
+    # The bare biws with an authzid in the header does not match it.
+    server = machine(credentials)
+    handshake(server, "SCRAM-SHA-256")
+    first = token(server, f"n,a=alice,{client.first_bare}".encode())
+    assert token(server, client.final(first.body["auth_bytes"])).close and server.principal is None
