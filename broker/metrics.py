@@ -52,7 +52,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from broker.security.session import ANONYMOUS, Session
-from coordinator.state import TxnState
+from coordinator.state import STATE_NAMES, TxnState
 from coordinator.txn_log import partition_for
 from protocol.errors import ErrorCode
 from protocol.messages import ApiKey
@@ -417,14 +417,15 @@ class BrokerStateCollector:
         labels = ["coordinator_partition"]
         open_txns = GaugeMetricFamily("onceflow_transaction_coordinator_open_transactions", "Open transactions (Ongoing or being completed), by __transaction_state partition", labels=labels)
         oldest = GaugeMetricFamily("onceflow_transaction_coordinator_oldest_open_transaction_age_seconds", "Age of the oldest open transaction, by __transaction_state partition", labels=labels)
-        by_state = GaugeMetricFamily("onceflow_transactional_ids", "Transactional ids the coordinator holds, by state", labels=["state"])
+        by_state = GaugeMetricFamily("onceflow_transactional_ids", "Transactional ids the coordinator holds, by state (Kafka's names: Ongoing, PrepareCommit, ...)", labels=["state"])
         if transactions is not None:
             partitions = transactions.partitions
             counts: dict[int, int] = {}
             firsts: dict[int, int] = {}
             states: dict[str, int] = {}
             for transactional_id, metadata in list(transactions.coordinator.txns.items()):
-                states[metadata.state.name] = states.get(metadata.state.name, 0) + 1
+                state_name = STATE_NAMES[metadata.state]
+                states[state_name] = states.get(state_name, 0) + 1
                 if metadata.state in OPEN_TXN_STATES:
                     partition = partition_for(transactional_id, partitions)
                     counts[partition] = counts.get(partition, 0) + 1
@@ -434,8 +435,8 @@ class BrokerStateCollector:
                 open_txns.add_metric([str(partition)], counts.get(partition, 0))
             for partition, first in sorted(firsts.items()):
                 oldest.add_metric([str(partition)], max(0, now_ms - first) / 1000.0)
-            for state in TxnState:
-                by_state.add_metric([state.name], states.get(state.name, 0))
+            for state_name in STATE_NAMES.values():
+                by_state.add_metric([state_name], states.get(state_name, 0))
         yield from (open_txns, oldest, by_state)
 
     def _groups(self, groups, replicas):
