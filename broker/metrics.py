@@ -56,7 +56,7 @@ from coordinator.state import STATE_NAMES, TxnState
 from coordinator.txn_log import partition_for
 from protocol.errors import ErrorCode
 from protocol.messages import ApiKey
-from protocol.metrics_http import MetricsEndpoint
+from protocol.metrics_http import MetricsEndpoint, MetricsListenError
 
 REQUEST_SECONDS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 FSYNC_SECONDS_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -72,10 +72,6 @@ def _camel(name: str) -> str:
 # Kafka's request names (its RequestMetrics use them: Produce, EndTxn, ...).
 API_NAMES = {int(key): _camel(key.name) for key in ApiKey}
 ERROR_NAMES = {int(code): code.name for code in ErrorCode}
-
-
-class MetricsListenError(OSError):
-    """The metrics endpoint could not bind its address."""
 
 
 class BrokerMetrics:
@@ -139,10 +135,7 @@ class BrokerMetrics:
     async def serve(self, host: str, port: int) -> MetricsEndpoint:
         """Start serving ``/metrics`` on ``host:port`` (this loop); MetricsListenError if it cannot bind."""
         endpoint = MetricsEndpoint(self.render, host=host, port=port, content_type=self.content_type)
-        try:
-            await endpoint.start()
-        except OSError as error:
-            raise MetricsListenError(error.errno, f"cannot serve metrics on {host}:{port}: {error.strerror or error}") from None
+        await endpoint.start()
         return endpoint
 
     # -- hooks the broker's parts call -----------------------------------------------

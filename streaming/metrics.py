@@ -74,13 +74,14 @@ class RunnerMetrics:
         return generate_latest(self.registry)
 
     async def serve(self, host: str, port: int) -> MetricsEndpoint:
-        """Start serving ``/metrics`` on ``host:port`` (this loop); OSError if it cannot bind."""
+        """Start serving ``/metrics`` on ``host:port`` (this loop);
+        ``MetricsListenError`` (an OSError) if it cannot bind."""
         endpoint = MetricsEndpoint(self.render, host=host, port=port, content_type=CONTENT_TYPE_LATEST)
         try:
             await endpoint.start()
-        except OSError as error:
+        except OSError:
             self.close()
-            raise OSError(error.errno, f"cannot serve metrics on {host}:{port}: {error.strerror or error}") from None
+            raise
         return endpoint
 
     def close(self) -> None:

@@ -296,3 +296,21 @@ def test_an_abort_in_a_real_run_is_counted_with_its_cause(broker_process, tmp_pa
     assert [record.value for record in read_all(broker.bootstrap, "stalling-dead-letters", 1, expect=1)] == [b"r5"]
     assert value(samples, "onceflow_runner_dead_letters_total") == 1, "the dead letter of the aborted transaction is not counted"
     assert value(samples, "onceflow_runner_app_counter_total", counter="copied") == 30, "a processor's count, once per committed record"
+
+
+def test_a_busy_metrics_address_is_an_error_naming_it_and_nothing_stays_attached(tmp_path):
+    import asyncio
+    import socket
+
+    from protocol.metrics_http import MetricsListenError
+    from streaming.metrics import RunnerMetrics
+
+    app = streaming.App("127.0.0.1:9", "unit", str(tmp_path / "state"), instance_id="one")
+    exported = RunnerMetrics(app, FakeRunner())
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(MetricsListenError, match=f"cannot serve metrics on 127.0.0.1:{port}"):
+            asyncio.run(exported.serve("127.0.0.1", port))
+    assert app.metrics.observers == [], "the failed exporter takes no observations"
