@@ -179,7 +179,7 @@ def topic_partitions_rule(*, operation: Op, topics_key: str, name_key: str, part
     return rule
 
 
-def whole(error_response: Callable[[dict, int, int], dict], error: int, allowed: Callable[[Check, dict], bool]):
+def all_or_nothing(error_response: Callable[[dict, int, int], dict], error: int, allowed: Callable[[Check, dict], bool]):
     """A rule that lets the request through or fails all of it with ``error``."""
 
     def rule(check: Check, version: int, body: dict) -> Verdict:
@@ -552,7 +552,7 @@ def add_offsets_to_txn(check: Check, version: int, body: dict) -> Verdict:
     return Verdict(body)
 
 
-end_txn = whole(
+end_txn = all_or_nothing(
     lambda body, version, error: {"throttle_time_ms": 0, "error_code": error, "producer_id": -1, "producer_epoch": -1},
     TXN_DENIED,
     lambda check, body: check.transactional_id(Op.WRITE, body.get("transactional_id")),
@@ -560,7 +560,8 @@ end_txn = whole(
 
 
 def write_txn_markers(check: Check, version: int, body: dict) -> Verdict:
-    # KIP-664's abort from a tool: ALTER on the cluster, else CLUSTER_ACTION (brokers).
+    # A tool's abort of a hanging transaction (KIP-664) needs ALTER on the
+    # cluster since KIP-1037 (Kafka 3.8); brokers' own markers CLUSTER_ACTION.
     if check.cluster(Op.ALTER) or check.cluster(Op.CLUSTER_ACTION):
         return Verdict(body)
     return answer(
@@ -619,7 +620,7 @@ def describe_transactions(check: Check, version: int, body: dict) -> Verdict:
 
 
 def _read_group(error_response):
-    return whole(error_response, GROUP_DENIED, lambda check, body: check.group(Op.READ, body.get("group_id")))
+    return all_or_nothing(error_response, GROUP_DENIED, lambda check, body: check.group(Op.READ, body.get("group_id")))
 
 
 join_group = _read_group(
@@ -737,7 +738,7 @@ def delete_groups(check: Check, version: int, body: dict) -> Verdict:
 
 
 def _cluster(operation: Op, error_response):
-    return whole(error_response, CLUSTER_DENIED, lambda check, body: check.cluster(operation))
+    return all_or_nothing(error_response, CLUSTER_DENIED, lambda check, body: check.cluster(operation))
 
 
 create_acls = _cluster(Op.ALTER, lambda body, version, error: {"throttle_time_ms": 0, "results": [{"error_code": error, "error_message": None} for _ in body.get("creations") or []]})
