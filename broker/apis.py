@@ -52,6 +52,8 @@ SUPPORTED_APIS: dict[ApiKey, tuple[int, int]] = {
     ApiKey.CREATE_PARTITIONS: (0, 3),
     ApiKey.INCREMENTAL_ALTER_CONFIGS: (0, 1),
     ApiKey.DESCRIBE_CLUSTER: (0, 1),
+    ApiKey.DESCRIBE_CLIENT_QUOTAS: (0, 1),
+    ApiKey.ALTER_CLIENT_QUOTAS: (0, 1),
     ApiKey.FIND_COORDINATOR: (0, 6),
     ApiKey.INIT_PRODUCER_ID: (0, 5),
     ApiKey.ADD_PARTITIONS_TO_TXN: (0, 5),

@@ -60,6 +60,7 @@ from protocol.clock import Clock
 from protocol.loop_thread import LoopThread
 from protocol.tasks import cancel_and_wait
 from storage.durable import DiskIO
+from storage.group_commit import FsyncRounds
 from storage.index import IndexBudget
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,10 @@ class Broker:
         # Every index of this broker's logs counts against this one budget
         # (and only this broker's loop touches them).
         self.index_budget = IndexBudget() if index_budget is None else index_budget
+        # One group-commit flusher for every log: N requests waiting on any
+        # partitions (data, __transaction_state, __consumer_offsets) share
+        # one fsync round (storage.group_commit).
+        self.fsync_rounds = FsyncRounds()
         # One clock for the coordinators (tests and the fault harness may pass their own).
         self.clock = clock or Clock()
         self.replicas: ReplicaManager | None = None
@@ -118,6 +123,7 @@ class Broker:
         self._loops: list[asyncio.Task] = []
         self.transactions = None
         self.groups = None
+        self.quotas = None  # broker.security.quotas.ClientQuotas, from the data directory
         self.port: int | None = None
         # broker.security.acls.AclAuthorizer when authorizer.class.name is set.
         self.authorizer = None
@@ -152,7 +158,7 @@ class Broker:
             self.replicas = ReplicaManager(
                 data_dir,
                 self.config.log_defaults,
-                open_log=partition_log_opener(io=self.seams.disk_io, index_budget=self.index_budget, flush_observer=self.metrics),
+                open_log=partition_log_opener(io=self.seams.disk_io, index_budget=self.index_budget, flush_observer=self.metrics, fsync_rounds=self.fsync_rounds),
                 validate_config=validate_log_properties,
                 needs_recovery=partition_needs_recovery,
                 crash_point=self.seams.crash_point,
@@ -160,6 +166,9 @@ class Broker:
             self.authorizer = self._load_authorizer(data_dir)
             self.replicas.load()
             self._ensure_offsets_topic()
+            from broker.security.quotas import ClientQuotas, QuotaStore
+
+            self.quotas = ClientQuotas(QuotaStore(data_dir), window_seconds=self.config.quota_window_size_seconds, samples=self.config.quota_window_num)
             from broker.security.credentials import CredentialStore
 
             self.credentials = CredentialStore(data_dir, io=self.seams.disk_io).load()
@@ -197,6 +206,7 @@ class Broker:
             await self.transactions.stop()
             await self.groups.stop()
             await self.replicas.aclose()
+            await self.fsync_rounds.aclose()
             self._unlock()
             raise
         from broker.security.listeners import AdvertisedEndpoints
@@ -226,6 +236,7 @@ class Broker:
         admin_apis = AdminApis(config=self.config, replicas=self.replicas, cluster_id=cluster_id, advertised=advertised, log_config_defaults=log_config_defaults())
         from broker.security.acl_apis import AclApis
         from broker.security.acl_store import AclStore
+        from broker.security.quotas import QuotaApis, QuotaLayer
 
         acl_apis = AclApis(authorizer=self.authorizer, store=AclStore(data_dir))
         self.apis = KafkaApis(
@@ -239,10 +250,13 @@ class Broker:
                 **group_apis.handlers(),
                 **acl_apis.handlers(),
                 **UserScramApis(credentials=self.credentials).handlers(),
+                **QuotaApis(self.quotas).handlers(),
             },
             partition_in_transaction=partition_in_transaction,
         )
-        self._dispatcher = self._authorizing(self.apis.dispatch)
+        # Inside the ACL check (a denied request is not metered): Produce and
+        # Fetch are metered per user and throttled (KIP-13, KIP-219).
+        self._dispatcher = self._authorizing(QuotaLayer(self.apis.dispatch, self.quotas, clock=self.clock.monotonic))
         self._task_scope = contextlib.AsyncExitStack()
         tasks = await self._task_scope.enter_async_context(asyncio.TaskGroup())
         loops = {"housekeeping": self._housekeep(), **self.groups.background(), **self.transactions.background()}
@@ -287,6 +301,7 @@ class Broker:
                 limiter=limiter,
                 authentication_timeout=config.authentication_timeout_ms / 1000.0,
                 pre_authentication_max_frame_size=config.sasl_server_max_receive_size,
+                failed_authentication_delay=config.failed_authentication_delay_ms / 1000.0,
             )
             self.servers[listener.name] = server
             self.ports[listener.name] = await server.start()
@@ -360,6 +375,7 @@ class Broker:
         if self.replicas is not None:
             await self.replicas.aclose()
             self.replicas = None
+        await self.fsync_rounds.aclose()  # the logs have left it; its flusher has nothing left
         self._unlock()
 
     def _ensure_offsets_topic(self) -> None:

@@ -35,11 +35,14 @@ _INT_SETTINGS = {
     "group.max.session.timeout.ms": "group_max_session_timeout_ms",
     "offsets.retention.minutes": "offsets_retention_minutes",
     "offsets.retention.check.interval.ms": "offsets_retention_check_interval_ms",
+    "quota.window.num": "quota_window_num",
+    "quota.window.size.seconds": "quota_window_size_seconds",
     "connections.max.reauth.ms": "connections_max_reauth_ms",
     "max.connections": "max_connections",
     "max.connections.per.ip": "max_connections_per_ip",
     "sasl.server.max.receive.size": "sasl_server_max_receive_size",
     "connections.authentication.timeout.ms": "authentication_timeout_ms",
+    "connection.failed.authentication.delay.ms": "failed_authentication_delay_ms",
 }
 _LISTENER_SETTINGS = ("listeners", "advertised.listeners", "listener.security.protocol.map")
 SSL_CLIENT_AUTH = ("none", "requested", "required")
@@ -119,6 +122,9 @@ class BrokerConfig:
     group_max_session_timeout_ms: int = attrs.field(default=1_800_000, validator=attrs.validators.ge(1))
     offsets_retention_minutes: int = attrs.field(default=7 * 24 * 60, validator=attrs.validators.ge(1))
     offsets_retention_check_interval_ms: int = attrs.field(default=600_000, validator=attrs.validators.ge(10))
+    # Client quotas are measured over quota.window.num samples of quota.window.size.seconds (Kafka's defaults).
+    quota_window_num: int = attrs.field(default=11, validator=attrs.validators.ge(2))
+    quota_window_size_seconds: int = attrs.field(default=1, validator=attrs.validators.ge(1))
     # Security (broker.security). Empty listeners: one PLAINTEXT listener on
     # host:port (advertising advertised_host/advertised_port), as before.
     listeners: tuple = attrs.field(default=(), converter=tuple)
@@ -139,6 +145,9 @@ class BrokerConfig:
     # onceflow's own: a connection on a TLS or SASL listener that has not
     # finished its TLS handshake and SASL authentication by then is closed.
     authentication_timeout_ms: int = attrs.field(default=10_000, validator=attrs.validators.ge(1))
+    # Kafka's: a failed login is answered (and closed) this much later, to
+    # slow down password guessing.
+    failed_authentication_delay_ms: int = attrs.field(default=100, validator=attrs.validators.ge(0))
     # Authorisation (broker.security): "" (nothing checked) or "acl".
     authorizer: str = ""
     super_users: frozenset = attrs.field(factory=frozenset, converter=frozenset)

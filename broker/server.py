@@ -15,6 +15,11 @@ connection (logged), an unsupported ApiVersions version is answered with
 UNSUPPORTED_VERSION as Kafka does, and an exception inside a handler is logged
 and closes only that connection.
 
+A response with ``throttle_time_ms`` > 0 (a client over its quota,
+``broker.security.quotas``) mutes its connection for that long, as Kafka
+does (KIP-219): no further request of it is read or started until then,
+whether or not the client honours the field.
+
 A server serves one listener (``broker.security.listeners``); the broker runs
 one per listener. Its edge, in the order a connection meets it: the shared
 ``ConnectionLimiter`` (a connection over ``max.connections`` or
@@ -32,20 +37,23 @@ closed.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import ssl
+import struct
 import time
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import attrs
 
 from broker.security.limits import ConnectionLimiter
 from broker.security.listeners import PLAINTEXT, SSL, Listener
-from broker.security.sasl import SaslRefusal, SaslServer
+from broker.security.sasl import SaslRefusal, SaslServer, SaslState
 from broker.security.session import Session
 from broker.security.tls import principal_from_certificate
 from protocol import framing
 from protocol.errors import MalformedFrameError
+from protocol.messages import ApiKey
 from protocol.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -66,6 +74,23 @@ class _CloseConnection(Exception):
     """Raised inside a connection to end it after what was already answered."""
 
 
+@attrs.define
+class _Mute:
+    """Until when (loop time) one connection is not read from: a throttled client's."""
+
+    until: float = 0.0
+
+    def throttled(self, body) -> None:
+        throttle_ms = body.get("throttle_time_ms") if isinstance(body, dict) else None
+        if throttle_ms and throttle_ms > 0:
+            self.until = max(self.until, asyncio.get_running_loop().time() + throttle_ms / 1000)
+
+    async def wait(self) -> None:
+        delay = self.until - asyncio.get_running_loop().time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+
 @attrs.define(eq=False)
 class _Connection:
     """What the tasks of one connection share: its current session (replaced
@@ -75,6 +100,14 @@ class _Connection:
     sasl: SaslServer | None
     authenticated: asyncio.Event = attrs.field(factory=asyncio.Event)
     session_update: Callable[[Session | None], None] | None = None  # the broker's on_connection hook
+    raw_tokens: bool = False  # after a v0 SaslHandshake, until the login ends
+
+
+# How long a closing connection may wait for the peer (TLS close_notify).
+_CLOSE_TIMEOUT = 2.0
+# How long a refused login's connection stays open for the peer to read the
+# answer and close first.
+_LINGER_AFTER_REFUSAL = 1.0
 
 
 def _now_ms() -> int:
@@ -101,6 +134,7 @@ class KafkaServer:
         limiter: ConnectionLimiter | None = None,
         authentication_timeout: float = 10.0,
         pre_authentication_max_frame_size: int = 524288,
+        failed_authentication_delay: float = 0.1,
     ):
         self.listener = listener or Listener(PLAINTEXT, PLAINTEXT, host, port)
         if self.listener.uses_tls and ssl_context is None:
@@ -110,7 +144,9 @@ class KafkaServer:
         self._ssl_context = ssl_context if self.listener.uses_tls else None
         self._new_sasl_server = new_sasl_server if self.listener.uses_sasl else None
         self._limiter = limiter
+        self._password_checker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"onceflow-sasl-{self.listener.name}") if self._new_sasl_server else None
         self._authentication_timeout = authentication_timeout
+        self._failed_authentication_delay = failed_authentication_delay
         self._pre_authentication_max_frame_size = min(pre_authentication_max_frame_size, max_frame_size)
         self._dispatch = dispatch
         self._host = host
@@ -148,6 +184,8 @@ class KafkaServer:
         if self._server is not None:
             await self._server.wait_closed()
             self._server = None
+        if self._password_checker is not None:
+            self._password_checker.shutdown(wait=False, cancel_futures=True)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -159,6 +197,7 @@ class KafkaServer:
             writer.transport.abort()
             return
         self._connections.add(task)
+        stopping = False
         try:
             await self._serve(reader, writer, peer)
         except asyncio.CancelledError:
@@ -166,16 +205,24 @@ class KafkaServer:
             # (nobody above waits to be cancelled) and it must end normally:
             # start_server's done-callback calls task.exception(), which
             # raises on a cancelled task and is logged as an error.
-            pass
+            stopping = True
         except Exception:  # a bug on our side: log it, lose only this connection
             log.exception("connection from %s failed", peer)
         finally:
             self._connections.discard(task)
             if self._limiter is not None:
                 self._limiter.closed(ip)
+            if stopping:
+                writer.transport.abort()  # the broker stops: no goodbyes
             writer.close()
             try:
-                await writer.wait_closed()
+                # A TLS close waits for the peer's close_notify (asyncio's
+                # default: 30 s); a peer that never sends one must not hold
+                # up the broker's stop.
+                async with asyncio.timeout(_CLOSE_TIMEOUT):
+                    await writer.wait_closed()
+            except TimeoutError:
+                writer.transport.abort()
             except (OSError, asyncio.CancelledError):
                 pass  # the same top of the task: closing is all that is left
 
@@ -205,6 +252,7 @@ class KafkaServer:
         session_update = self._on_connection(session) if self._on_connection is not None else None
         state.session_update = session_update
         pending: asyncio.Queue = asyncio.Queue(maxsize=self._max_inflight)
+        mute = _Mute()
         try:
             async with asyncio.TaskGroup() as tasks:
                 writer_task = tasks.create_task(self._write_responses(connection, pending, writer, peer))
@@ -212,7 +260,7 @@ class KafkaServer:
                 if state.sasl is not None:
                     deadline_task = tasks.create_task(self._authentication_deadline(state, deadline, peer))
                 try:
-                    await self._read_requests(connection, reader, pending, tasks, peer, state)
+                    await self._read_requests(connection, reader, pending, tasks, peer, state, mute)
                 finally:
                     # The peer is gone or done: no deadline left to keep (it
                     # would hold the connection open until it passed).
@@ -237,8 +285,9 @@ class KafkaServer:
             log.warning("closing connection from %s on %s: not authenticated within the authentication timeout", peer, self.listener.name)
             raise _CloseConnection() from None
 
-    async def _read_requests(self, connection, reader, pending, tasks, peer, state: _Connection) -> None:
+    async def _read_requests(self, connection, reader, pending, tasks, peer, state: _Connection, mute: _Mute) -> None:
         while True:
+            await mute.wait()
             try:
                 data = await reader.read(256 * 1024)
             except (ConnectionError, OSError):
@@ -248,6 +297,21 @@ class KafkaServer:
             try:
                 connection.receive_data(data)
                 while True:
+                    if state.raw_tokens:
+                        # After a v0 SaslHandshake the tokens come as bare
+                        # size-prefixed frames, without request headers
+                        # (clients from before Kafka 1.0).
+                        frame = connection.next_frame()
+                        if frame is None:
+                            break
+                        body = {"auth_bytes": bytes(frame)}
+                        reply = await self._sasl_receive(state, ApiKey.SASL_AUTHENTICATE, 0, body, peer)
+                        if reply is None or reply.close:
+                            return  # a v0 client learns of a refusal by the close
+                        answer = reply.body["auth_bytes"] or b""
+                        await pending.put(_ready(struct.pack(">i", len(answer)) + answer))
+                        self._after_sasl(state, connection, ApiKey.SASL_AUTHENTICATE, peer)
+                        continue
                     try:
                         request = connection.next_request()
                     except framing.UnsupportedRequestError as error:
@@ -259,35 +323,76 @@ class KafkaServer:
                         continue
                     if request is None:
                         break
+                    if state.sasl is not None and request.api_key in (ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE):
+                        reply = await self._sasl_receive(state, request.api_key, request.api_version, request.body, peer)
+                        if reply is None:
+                            return
+                        await pending.put(_ready(connection.encode_response(request, reply.body)))
+                        if reply.close:
+                            await _linger(reader)
+                            return
+                        if reply.body["error_code"]:
+                            continue  # refused without a close (ILLEGAL_SASL_STATE): nothing changed
+                        if request.api_key == ApiKey.SASL_HANDSHAKE and request.api_version == 0:
+                            state.raw_tokens = True
+                        self._after_sasl(state, connection, request.api_key, peer)
+                        continue
                     if state.sasl is not None:
                         try:
-                            reply = state.sasl.receive(request.api_key, request.api_version, request.body, _now_ms())
+                            state.sasl.receive(request.api_key, request.api_version, request.body, _now_ms())
                         except SaslRefusal as refusal:
                             log.warning("closing connection from %s on %s: %s", peer, self.listener.name, refusal)
                             return
-                        if reply is not None:
-                            await pending.put(_ready(connection.encode_response(request, reply.body)))
-                            if reply.close:
-                                log.warning(
-                                    "closing connection from %s on %s: SASL %s refused (%s)",
-                                    peer, self.listener.name, state.sasl.mechanism or "handshake", reply.body.get("error_message") or f"error {reply.body['error_code']}",
-                                )
-                                return
-                            if state.sasl.authenticated and state.session.principal != state.sasl.principal:
-                                state.session = attrs.evolve(state.session, principal=state.sasl.principal)
-                                if state.session_update is not None:
-                                    state.session_update(state.session)
-                                connection.max_frame_size = self._max_frame_size
-                                state.authenticated.set()
-                                log.info("connection from %s on %s authenticated as %s (%s)", peer, self.listener.name, state.sasl.principal, state.sasl.mechanism)
-                            continue
-                    await pending.put(tasks.create_task(self._answer(connection, request, peer, state.session)))
+                    await mute.wait()  # a request already read waits out a throttle too
+                    await pending.put(tasks.create_task(self._answer(connection, request, peer, state.session, mute)))
             except MalformedFrameError as error:
                 log.warning("closing connection from %s: malformed request: %s", peer, error)
                 # Answer what came before the bad frame, then close.
                 return
 
-    async def _answer(self, connection, request, peer, session) -> bytes | None:
+    async def _sasl_receive(self, state: _Connection, api_key: int, version: int, body: dict, peer):
+        """The SASL machine's reply, or None when the connection must close
+        without one (logged either way when it closes)."""
+        try:
+            if api_key == ApiKey.SASL_AUTHENTICATE and state.sasl.mechanism == "PLAIN":
+                # Checking a PLAIN password is a PBKDF2 (milliseconds of CPU):
+                # off the loop, one at a time, so a flood of logins slows
+                # logins only.
+                reply = await asyncio.get_running_loop().run_in_executor(
+                    self._password_checker, state.sasl.receive, api_key, version, body, _now_ms()
+                )
+            else:
+                reply = state.sasl.receive(api_key, version, body, _now_ms())
+        except SaslRefusal as refusal:
+            log.warning("closing connection from %s on %s: %s", peer, self.listener.name, refusal)
+            return None
+        if reply is not None and reply.close:
+            log.warning(
+                "closing connection from %s on %s: SASL %s refused (%s)",
+                peer, self.listener.name, state.sasl.mechanism or "handshake", reply.body.get("error_message") or f"error {reply.body['error_code']}",
+            )
+            # Kafka's connection.failed.authentication.delay.ms: a guesser
+            # waits for each refusal.
+            await asyncio.sleep(self._failed_authentication_delay)
+        return reply
+
+    def _after_sasl(self, state: _Connection, connection, api_key: int, peer) -> None:
+        """What an accepted SASL step changes: on a finished login, the
+        session (and the frame limit, and the authentication deadline)."""
+        if api_key != ApiKey.SASL_AUTHENTICATE or state.sasl.state is not SaslState.AUTHENTICATED:
+            return
+        state.raw_tokens = False
+        if state.session.principal == state.sasl.principal:
+            log.info("connection from %s on %s re-authenticated as %s", peer, self.listener.name, state.sasl.principal)
+            return
+        state.session = attrs.evolve(state.session, principal=state.sasl.principal)
+        if state.session_update is not None:
+            state.session_update(state.session)
+        connection.max_frame_size = self._max_frame_size
+        state.authenticated.set()
+        log.info("connection from %s on %s authenticated as %s (%s)", peer, self.listener.name, state.sasl.principal, state.sasl.mechanism)
+
+    async def _answer(self, connection, request, peer, session, mute) -> bytes | None:
         try:
             body = await self._dispatch(request, session)
         except asyncio.CancelledError:
@@ -303,6 +408,7 @@ class KafkaServer:
             raise _CloseConnection() from None
         if body is None:
             return None
+        mute.throttled(body)
         return connection.encode_response(request, body)
 
     async def _write_responses(self, connection, pending, writer, peer) -> None:
@@ -320,6 +426,17 @@ class KafkaServer:
             writer.write(memoryview(frame))
             frame = None
             await writer.drain()
+
+
+async def _linger(reader: asyncio.StreamReader) -> None:
+    """Give a refused peer a moment to read its answer and close first: some
+    clients (kafka-python) drop an answer that arrives with our close."""
+    try:
+        async with asyncio.timeout(_LINGER_AFTER_REFUSAL):
+            while await reader.read(65536):
+                pass  # nothing it sends now is served
+    except (TimeoutError, ConnectionError, OSError):
+        pass
 
 
 def _ready(frame: bytes) -> asyncio.Future:

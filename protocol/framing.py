@@ -200,6 +200,11 @@ class ServerConnection:
     def receive_data(self, data: bytes) -> None:
         self._frames.feed(data)
 
+    def next_frame(self) -> memoryview | None:
+        """The next whole frame as it came, without decoding a header: a
+        SASL token after a v0 SaslHandshake travels that way."""
+        return self._frames.next_frame()
+
     def next_request(self) -> DecodedRequest | None:
         frame = self._frames.next_frame()
         if frame is None:

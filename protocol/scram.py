@@ -31,6 +31,10 @@ class ScramMechanism:
     min_iterations: int = 4096
     max_iterations: int = 16384
 
+    @property
+    def digest_size(self) -> int:
+        return hashlib.new(self.hash_name).digest_size
+
     def hash(self, data: bytes) -> bytes:
         return hashlib.new(self.hash_name, data).digest()
 

@@ -18,12 +18,12 @@ import collections
 import attrs
 
 from protocol.constants import ConfigResourceType, CoordinatorType, IsolationLevel, OffsetSpec
-from protocol.errors import ErrorCode
+from protocol.errors import ErrorCode, error_name
 from protocol.messages import ApiKey
 from txn import assignors
 from txn.cluster import Cluster
 from txn.config import AdminConfig, build
-from txn.errors import RetriableError, classify
+from txn.errors import InvalidConfigurationError, RetriableError, classify
 from txn.sync_client import SyncClient, properties_first, rebuild
 from txn.types import OffsetAndMetadata, TopicPartition, as_topic_partition
 
@@ -87,6 +87,32 @@ class ProducerDescription:
 class ListedOffset:
     offset: int
     timestamp: int
+
+
+class _Sentinel:
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+# describe_client_quotas: every entity (the default included), or every user with a name.
+EVERY_ENTITY = _Sentinel("EVERY_ENTITY")
+ANY_NAME = _Sentinel("ANY_NAME")
+
+
+@attrs.frozen
+class ClientQuotaEntry:
+    """One quota entity (KIP-546) and its values: ``entity`` pairs each entity
+    type with a name (None: the type's default, e.g. every user)."""
+
+    entity: tuple[tuple[str, str | None], ...]
+    values: dict = attrs.field(hash=False)  # key -> value (bytes/s for the byte rates)
+
+    @property
+    def user(self) -> str | None:
+        return dict(self.entity).get("user")
 
 
 @attrs.frozen
@@ -336,6 +362,43 @@ class AsyncAdmin:
         code = response["markers"][0]["topics"][0]["partitions"][0]["error_code"]
         if code:
             raise classify(code, f"abort producer {producer_id} in {tp}")
+
+    # -- client quotas (KIP-546) -------------------------------------------------------------
+
+    async def alter_client_quotas(self, entity: dict, changes: dict, *, validate_only: bool = False) -> None:
+        """Set (a number) or remove (None) quota values of one entity, as
+        ``kafka-configs --alter --add-config/--delete-config`` does:
+
+            admin.alter_client_quotas({"user": "alice"}, {"producer_byte_rate": 1_048_576})
+            admin.alter_client_quotas({"user": None}, {"consumer_byte_rate": None})  # the default user's
+        """
+        parts = [{"entity_type": kind, "entity_name": name} for kind, name in entity.items()]
+        ops = [{"key": key, "value": 0.0 if value is None else float(value), "remove": value is None} for key, value in changes.items()]
+        response = await self._any(ApiKey.ALTER_CLIENT_QUOTAS, {"entries": [{"entity": parts, "ops": ops}], "validate_only": validate_only})
+        for answer in response["entries"]:
+            if answer["error_code"]:
+                raise InvalidConfigurationError(answer["error_code"], f"alter client quotas of {entity}", message=answer["error_message"] or error_name(answer["error_code"]))
+
+    async def describe_client_quotas(self, user=EVERY_ENTITY, *, strict: bool = False) -> list[ClientQuotaEntry]:
+        """The configured quotas: of every entity (the default), of one user
+        (``user="alice"``), of the default user (``user=None``), of every
+        user with a name (``user=ANY_NAME``). ``strict``: only entities that
+        name no other entity type."""
+        if user is EVERY_ENTITY:
+            components = []
+        elif user is ANY_NAME:
+            components = [{"entity_type": "user", "match_type": 2, "match": None}]
+        elif user is None:
+            components = [{"entity_type": "user", "match_type": 1, "match": None}]
+        else:
+            components = [{"entity_type": "user", "match_type": 0, "match": user}]
+        response = await self._any(ApiKey.DESCRIBE_CLIENT_QUOTAS, {"components": components, "strict": strict})
+        if response["error_code"]:
+            raise InvalidConfigurationError(response["error_code"], "describe client quotas", message=response["error_message"] or error_name(response["error_code"]))
+        return [
+            ClientQuotaEntry(tuple((part["entity_type"], part["entity_name"]) for part in entry["entity"]), {value["key"]: value["value"] for value in entry["values"]})
+            for entry in response["entries"] or []
+        ]
 
     # -- ACLs (CreateAcls, DescribeAcls, DeleteAcls) -------------------------------------------------
 

@@ -17,7 +17,7 @@ import attrs
 
 from protocol.compression import Compression
 from txn.errors import ConfigError
-from txn.security import SecurityConfig, is_security_option
+from txn.security import SecurityConfig, is_security_option, parse_bool
 
 COMPRESSIONS = {"none": Compression.NONE, "gzip": Compression.GZIP, "snappy": Compression.SNAPPY, "lz4": Compression.LZ4, "zstd": Compression.ZSTD}
 
@@ -47,7 +47,7 @@ def _servers(value) -> tuple[str, ...]:
     if not servers:
         raise ConfigError("bootstrap_servers is required (host:port[,host:port...])")
     for server in servers:
-        host, sep, port = server.rpartition(":")
+        _host, sep, port = server.rpartition(":")
         if not sep or not port.isdigit():
             raise ConfigError(f"bootstrap server {server!r} is not host:port")
     return servers
@@ -80,14 +80,6 @@ def _strategies(value) -> tuple[str, ...]:
     return names
 
 
-def _bool(value) -> bool:
-    if isinstance(value, str):
-        if value.lower() not in ("true", "false"):
-            raise ConfigError(f"expected true or false, not {value!r}")
-        return value.lower() == "true"
-    return bool(value)
-
-
 @attrs.frozen(kw_only=True)
 class CommonConfig:
     bootstrap_servers: tuple[str, ...] = attrs.field(converter=_servers)
@@ -104,7 +96,7 @@ class CommonConfig:
 class ProducerConfig(CommonConfig):
     client_id: str = "onceflow-producer"
     transactional_id: str | None = None
-    enable_idempotence: bool = attrs.field(default=True, converter=_bool)
+    enable_idempotence: bool = attrs.field(default=True, converter=parse_bool)
     acks: int = attrs.field(default=-1, converter=_acks)
     linger_ms: int = attrs.field(default=5, converter=int, validator=_not_negative)
     batch_size: int = attrs.field(default=16384, converter=int, validator=_positive)
@@ -133,7 +125,7 @@ class ConsumerConfig(CommonConfig):
     group_instance_id: str | None = None
     isolation_level: str = attrs.field(default="read_committed", validator=_one_of("read_committed", "read_uncommitted"))
     auto_offset_reset: str = attrs.field(default="earliest", validator=_one_of("earliest", "latest", "none"))
-    enable_auto_commit: bool = attrs.field(default=False, converter=_bool)
+    enable_auto_commit: bool = attrs.field(default=False, converter=parse_bool)
     auto_commit_interval_ms: int = attrs.field(default=5_000, converter=int, validator=_positive)
     fetch_min_bytes: int = attrs.field(default=1, converter=int, validator=_positive)
     fetch_max_bytes: int = attrs.field(default=52_428_800, converter=int, validator=_positive)

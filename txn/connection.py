@@ -47,6 +47,7 @@ class BrokerClient:
         self._reauthenticate_after: float | None = None  # monotonic seconds (KIP-368)
         self._session_expires: float | None = None
         self._reauth_lock = asyncio.Lock()
+        self.authentications = 0  # completed SASL exchanges on any of this client's connections
         self._framing = ClientConnection(client_id=client_id)
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
@@ -100,9 +101,11 @@ class BrokerClient:
             return await asyncio.open_connection(self.host, self.port)
         try:
             return await asyncio.open_connection(self.host, self.port, ssl=self._ssl_context, server_hostname=self.host, ssl_handshake_timeout=self.request_timeout)
-        except ssl.SSLError as error:
+        except ssl.SSLCertVerificationError as error:
             # Not retriable: an untrusted or misnamed certificate stays so.
-            raise AuthenticationError(0, f"TLS handshake with {self.host}:{self.port}", message=getattr(error, "verify_message", None) or error.reason or str(error)) from None
+            raise AuthenticationError(0, f"TLS handshake with {self.host}:{self.port}", message=f"certificate verify failed: {error.verify_message}") from None
+        except ssl.SSLError as error:
+            raise AuthenticationError(0, f"TLS handshake with {self.host}:{self.port}", message=error.reason or str(error)) from None
 
     async def _authenticate(self) -> None:
         """One SASL exchange on this connection (the first, or a KIP-368 re-authentication)."""
@@ -114,6 +117,7 @@ class BrokerClient:
         version = self.version_for(ApiKey.SASL_AUTHENTICATE)
         while token is not None:
             token = sasl.receive_authenticate(await self._send(ApiKey.SASL_AUTHENTICATE, version, {"auth_bytes": token}))
+        self.authentications += 1
         if sasl.session_lifetime_ms > 0:
             lifetime = sasl.session_lifetime_ms / 1000
             # As Kafka's clients: somewhere in 85-95% of the lifetime, so a fleet does not re-authenticate at once.

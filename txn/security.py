@@ -89,7 +89,8 @@ def _optional_text(value) -> str | None:
     return None if value is None or value == "" else str(value)
 
 
-def _bool(value) -> bool:
+def parse_bool(value) -> bool:
+    """A boolean setting as Kafka properties write it (``true``/``false``) or a Python bool."""
     if isinstance(value, str):
         if value.lower() not in ("true", "false"):
             raise ConfigError(f"expected true or false, not {value!r}")
@@ -109,7 +110,7 @@ class SecurityConfig:
     ssl_certfile: str | None = attrs.field(default=None, converter=_optional_text)  # a client certificate (mutual TLS)
     ssl_keyfile: str | None = attrs.field(default=None, converter=_optional_text)
     ssl_key_password: str | None = attrs.field(default=None, converter=_optional_text, repr=lambda value: REDACTED if value else repr(value))
-    ssl_check_hostname: bool = attrs.field(default=True, converter=_bool)
+    ssl_check_hostname: bool = attrs.field(default=True, converter=parse_bool)
 
     def __attrs_post_init__(self) -> None:
         if self.uses_sasl and (not self.sasl_username or self.sasl_password is None):

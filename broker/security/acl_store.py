@@ -1,6 +1,6 @@
 """The ACLs on disk: ``acls.json`` in the data directory.
 
-Format (one JSON object, written whole by ``storage.durable.replace_file``,
+Format (one JSON object, written whole, mode 0600, by ``broker.security.private_files``,
 so a crash leaves the old set or the new one, never a mix):
 
     {"format": 1,
@@ -42,7 +42,7 @@ from broker.security.acls import (
     ResourceType,
     sorted_bindings,
 )
-from storage.durable import replace_file
+from broker.security.private_files import replace_private_file
 
 FILE_NAME = "acls.json"
 FORMAT = 1
@@ -116,7 +116,7 @@ class AclStore:
 
     def save(self, bindings: Iterable[AclBinding]) -> None:
         """Durably replace the stored set (raises OSError; the old set then stays)."""
-        replace_file(self.path, encode(bindings))
+        replace_private_file(self.path, encode(bindings))
 
 
 @contextlib.contextmanager

@@ -1,11 +1,12 @@
 """Users' credentials, stored hashed in the data directory.
 
-One file, replaced atomically and durably (``storage.durable.replace_file``)
-on every change, so a crash leaves the old set or the new one::
+One file, readable by the broker's user only, replaced atomically and
+durably (``broker.security.private_files``) on every change, so a crash
+leaves the old set or the new one::
 
     __cluster_metadata/credentials.json
     {"version": 1,
-     "secret": "<base64>",          # keys the fake salts of unknown users
+     "secret": "<base64>",          # keys what unknown users are shown
      "users": {"alice": {
          "SCRAM-SHA-256": {"salt": b64, "stored_key": b64, "server_key": b64, "iterations": 4096},
          "SCRAM-SHA-512": {...},
@@ -14,8 +15,10 @@ on every change, so a crash leaves the old set or the new one::
 SCRAM credentials are ``protocol.scram.ScramCredential`` (StoredKey and
 ServerKey, never the password). A PLAIN user is kept as a salted PBKDF2-SHA256
 hash of the password, checked in constant time. A name with no credential
-for a mechanism gets a fake SCRAM salt derived from the store's secret, the
-same one every time, so a SCRAM exchange does not tell whether a user exists.
+for a mechanism is answered like a stored user picked by a keyed hash of the
+name (the salt's length and the iteration count of that user's, the salt
+derived from the store's secret, the same every time; a PLAIN check hashes
+as many rounds), so an exchange does not tell whether a user exists.
 
 The broker holds one ``CredentialStore`` for its data directory and changes
 it through ``upsert``/``delete`` (write the file, then apply: an
@@ -36,8 +39,8 @@ from contextlib import contextmanager
 
 import attrs
 
+from broker.security.private_files import replace_private_file, tighten
 from protocol.scram import MECHANISMS, ScramCredential, ScramMechanism, make_credential
-from storage.durable import replace_file
 
 PLAIN = "PLAIN"
 CREDENTIAL_MECHANISMS = (PLAIN, *MECHANISMS)
@@ -82,6 +85,8 @@ def _unb64(text: str) -> bytes:
 def make(mechanism: str, password: str, *, iterations: int = DEFAULT_ITERATIONS):
     """A fresh credential of ``mechanism`` for ``password``."""
     if mechanism == PLAIN:
+        if not 4096 <= iterations <= 1_000_000:
+            raise CredentialError(f"PLAIN hashing iterations must be within 4096..1000000, not {iterations}")
         return PlainCredential.make(password, iterations=iterations)
     scram = MECHANISMS.get(mechanism)
     if scram is None:
@@ -120,6 +125,10 @@ class CredentialStore:
         except (OSError, ValueError) as error:
             raise CredentialError(f"cannot read {self.path}: {error}") from None
         try:
+            tighten(self.path)
+        except OSError as error:
+            raise CredentialError(f"cannot make {self.path} private: {error}") from None
+        try:
             if data.get("version") != _FILE_VERSION:
                 raise ValueError(f"unknown version {data.get('version')!r}")
             self._secret = _unb64(data["secret"])
@@ -147,18 +156,41 @@ class CredentialStore:
         credential = self.get(name, mechanism.name)
         return credential if isinstance(credential, ScramCredential) else None
 
-    def fake_salt(self, name: str, mechanism: ScramMechanism) -> bytes:
-        """A salt for a name with no credential: stable per name, unguessable
-        without the store's secret."""
+    def _template(self, name: str, mechanism: str):
+        """The stored credential of ``mechanism`` an unknown ``name`` is made
+        to look like: one of the users', picked by a keyed hash of the name
+        (the same one every time, each stored credential as likely as its
+        share), or None when no user has one."""
+        stored = [entries[mechanism] for _user, entries in sorted(self._users.items()) if mechanism in entries]
+        if not stored:
+            return None
+        pick = int.from_bytes(self._keyed(f"template\0{mechanism}\0{name}")[:8], "big")
+        return stored[pick % len(stored)]
+
+    def _keyed(self, text: str) -> bytes:
         secret = self._secret or b"onceflow-no-secret-yet"
-        return hmac.new(secret, f"{mechanism.name}\0{name}".encode(), "sha256").digest()
+        return hmac.new(secret, text.encode(), "sha512").digest()
+
+    def fake_scram_credential(self, name: str, mechanism: ScramMechanism) -> ScramCredential:
+        """What a SCRAM exchange shows for a name with no credential: a salt
+        stable per name and unguessable without the store's secret, of the
+        length and with the iteration count of a stored user's (so neither
+        tells whether the name exists), and keys no proof can match."""
+        template = self._template(name, mechanism.name)
+        length = len(template.salt) if template is not None else 32
+        iterations = template.iterations if template is not None else DEFAULT_ITERATIONS
+        salt = b"".join(self._keyed(f"salt{block}\0{mechanism.name}\0{name}") for block in range(-(-length // 64)))[:length]
+        return ScramCredential(salt, os.urandom(mechanism.digest_size), os.urandom(mechanism.digest_size), iterations)
 
     def verify_plain(self, name: str, password: str) -> bool:
-        """Checks ``password``; an unknown name costs the same hashing work."""
+        """Checks ``password``; an unknown name costs the same hashing work
+        as a stored user's."""
         credential = self.get(name, PLAIN)
         if isinstance(credential, PlainCredential):
             return credential.verify(password)
-        _plain_hash(password, self.fake_salt(name, MECHANISMS["SCRAM-SHA-256"]), DEFAULT_ITERATIONS)
+        template = self._template(name, PLAIN)
+        iterations = template.iterations if template is not None else DEFAULT_ITERATIONS
+        _plain_hash(password, self._keyed(f"plain\0{name}")[:32], iterations)
         return False
 
     # -- changing (write the file, then apply) ------------------------------------
@@ -191,7 +223,7 @@ class CredentialStore:
             "users": {name: _encode_user(entries) for name, entries in sorted(users.items())},
         }
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        replace_file(self.path, json.dumps(data, indent=1, sort_keys=True).encode("utf-8"), io=self._io)
+        replace_private_file(self.path, json.dumps(data, indent=1, sort_keys=True).encode("utf-8"), io=self._io)
         self._users, self._secret = users, secret
 
 

@@ -20,12 +20,17 @@ not say whether the user exists) and then the connection is closed. With
 handshake closes the connection, and a re-authentication must prove the same
 principal.
 
+After a v0 SaslHandshake the tokens arrive as bare frames without request
+headers (clients from before Kafka 1.0); ``broker.server`` unwraps them and
+hands them in as SaslAuthenticate v0 bodies: this machine is the same.
+
 The states and the events that move between them are one table
 (``TRANSITIONS``); ``ALLOWED`` says which requests each state lets through.
 The mechanisms are exchanges with one ``step(token) -> challenge`` method:
 PLAIN (RFC 4616) and SCRAM-SHA-256/512 (RFC 5802/7677, the arithmetic in
-``protocol.scram``; no channel binding: the client's gs2 header must be
-``n,,``, so its ``c=`` attribute is ``biws``).
+``protocol.scram``; no channel binding: the client's gs2 header is ``n,,``
+or ``n,a=USER,`` with its own name, as Kafka allows, and its ``c=``
+attribute the base64 of that header).
 """
 
 from __future__ import annotations
@@ -40,7 +45,6 @@ from protocol import scram
 from protocol.errors import ErrorCode
 from protocol.messages import ApiKey
 
-DEFAULT_SCRAM_ITERATIONS = 4096
 MAX_NONCE_LENGTH = 512
 
 
@@ -142,6 +146,7 @@ class ScramExchange:
         self._credentials = credentials
         self._expect_final = False
         self._client_first_bare = ""
+        self._channel_binding = ""  # what c= must be: base64 of the gs2 header ("biws" for "n,,")
         self._server_first = ""
         self._nonce = ""
         self._credential: scram.ScramCredential | None = None
@@ -173,9 +178,8 @@ class ScramExchange:
         authzid, separator, bare = rest.partition(",")
         if not separator:
             raise scram.ScramError("client-first-message has no gs2 header")
-        if authzid:
-            # Kafka allows only an authzid equal to the user; we take none at all.
-            raise scram.ScramError("an authorization id is not supported")
+        if authzid and not authzid.startswith("a="):
+            raise scram.ScramError("the gs2 header's authorization id must read a=NAME")
         attributes = scram.parse_attributes(bare)
         if list(attributes)[:2] != ["n", "r"]:
             raise scram.ScramError("client-first-message must start with n= then r=")
@@ -185,18 +189,21 @@ class ScramExchange:
         client_nonce = attributes["r"]
         if not name:
             raise scram.ScramError("empty user name")
+        if authzid and scram.unescape_username(authzid[2:]) != name:
+            # As Kafka: an authorization id may only name the user itself.
+            raise scram.ScramError("client requested an authorization id that is different from username")
         _check_nonce(client_nonce)
         credential = self._credentials.scram_credential(name, self.mechanism)
         self._known = credential is not None
         if credential is None:
             # The same shape of answer as for a real user, so the exchange does
             # not tell who exists; the proof can never match.
-            salt = self._credentials.fake_salt(name, self.mechanism)
-            credential = scram.ScramCredential(salt, secrets.token_bytes(len(salt)), secrets.token_bytes(len(salt)), DEFAULT_SCRAM_ITERATIONS)
+            credential = self._credentials.fake_scram_credential(name, self.mechanism)
         self._credential = credential
         self._name = name
         self._nonce = client_nonce + secrets.token_urlsafe(24)
         self._client_first_bare = bare
+        self._channel_binding = scram.b64encode(text[: len(text) - len(bare)].encode("utf-8"))
         self._server_first = f"r={self._nonce},s={scram.b64encode(credential.salt)},i={credential.iterations}"
         self._expect_final = True
         return self._server_first.encode("utf-8")
@@ -208,8 +215,8 @@ class ScramExchange:
         attributes = scram.parse_attributes(without_proof)
         if list(attributes) != ["c", "r"]:
             raise scram.ScramError("client-final-message must be c=, r=, p=")
-        if attributes["c"] != "biws":
-            raise scram.ScramError("channel binding is not supported (c= must be biws)")
+        if attributes["c"] != self._channel_binding:
+            raise scram.ScramError("c= must be the base64 of the client-first message's gs2 header (no channel binding)")
         if attributes["r"] != self._nonce:
             raise self._refuse()
         proof = scram.b64decode(proof_text)
@@ -235,7 +242,7 @@ def _check_nonce(nonce: str) -> None:
 
 class SaslServer:
     """One connection's authentication. ``credentials`` offers
-    ``scram_credential(name, mechanism)``, ``fake_salt(name, mechanism)`` and
+    ``scram_credential(name, mechanism)``, ``fake_scram_credential(name, mechanism)`` and
     ``verify_plain(name, password)`` (``broker.security.credentials``);
     ``reauth_ms`` is ``connections.max.reauth.ms`` (0: sessions never end)."""
 
@@ -293,6 +300,11 @@ class SaslServer:
         return SaslReply({"error_code": ErrorCode.NONE, "mechanisms": list(self.mechanisms)})
 
     def _authenticate(self, version: int, body: dict, now_ms: int) -> SaslReply:
+        if self.state is SaslState.AUTHENTICATED:
+            # No handshake reopened the exchange: Kafka answers this and
+            # keeps the session as it was.
+            message = "SaslAuthenticate request received after successful authentication"
+            return SaslReply({"error_code": ErrorCode.ILLEGAL_SASL_STATE, "error_message": message, "auth_bytes": b"", "session_lifetime_ms": 0})
         token = body.get("auth_bytes") or b""
         try:
             challenge, done = self._exchange.step(token)

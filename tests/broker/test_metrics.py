@@ -114,7 +114,11 @@ def test_transaction_outcomes_are_counted_exactly_and_the_lso_holds_while_one_is
     assert held.value("onceflow_transactional_ids", state="Ongoing") == 1, "Kafka's state names, as onceflow status and the logs show them"
     assert held.value("onceflow_transactions_total", outcome="commit") == 3, "an open transaction is no outcome"
     producer.commit_transaction(30)
-    moved = wait_for(lambda: (s := scrape(broker)).value("onceflow_partition_last_stable_offset", topic=topic, partition=0) > high and s, 30, "the LSO to move after the commit")
+    # The LSO moves with the marker; the coordinator's view (the age gauges,
+    # its open count, the outcome) with CompleteCommit, which is written
+    # after the markers and may land a round later.
+    moved = wait_for(lambda: (s := scrape(broker)).value("onceflow_partition_last_stable_offset", topic=topic, partition=0) > high
+                     and s.value("onceflow_transactions_total", outcome="commit") == 4 and s, 30, "the LSO to move and the commit to complete")
     assert moved.value("onceflow_partition_last_stable_offset", topic=topic, partition=0) == high + 4
     assert moved.value("onceflow_partition_high_watermark", topic=topic, partition=0) == high + 4
     assert moved.matching("onceflow_partition_oldest_open_transaction_age_seconds", topic=topic) == {}
@@ -208,9 +212,11 @@ def test_request_counts_and_bytes_in_grow_with_what_aiokafka_sends(broker):
     assert produces >= 1 and fetches >= 1
     latency_count = after.total("onceflow_request_duration_seconds_count", api="Produce") - before.total("onceflow_request_duration_seconds_count", api="Produce")
     assert latency_count == produces, "every counted request is timed"
-    # acks=all: each Produce waited for an fsync round, which storage reported.
+    # acks=all: each Produce waited for an fsync round, which storage
+    # reported (the two partitions' batches of one request share a round).
     fsyncs = after.value("onceflow_log_fsync_duration_seconds_count")
-    assert fsyncs >= 2 and after.value("onceflow_log_flush_round_appends_count") == fsyncs
+    assert fsyncs >= 1 and after.value("onceflow_log_flush_round_appends_count") == fsyncs
+    assert after.value("onceflow_log_flush_round_appends_sum") >= 2
     assert after.value("onceflow_log_flush_round_bytes_sum") >= stored
     assert after.value("process_resident_memory_bytes") > 10 * 1024 * 1024
 

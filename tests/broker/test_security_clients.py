@@ -315,3 +315,64 @@ def test_aiokafka_is_refused_and_nothing_is_written(secured, case):
     with pytest.raises((aiokafka.errors.KafkaConnectionError, aiokafka.errors.AuthenticationFailedError)):
         asyncio.run(run())
     assert log_end(broker, "aio-refused") == 0
+
+
+@pytest.mark.slow
+def test_kafka_python_and_aiokafka_refuse_an_untrusted_broker_certificate(secured, tmp_path, caplog):
+    import kafka.errors
+    from aiokafka import AIOKafkaProducer
+    from kafka import KafkaProducer
+
+    broker, ca = secured
+    stranger = TestCA(tmp_path / "other", name="some other CA")
+    producer = KafkaProducer(api_version=(2, 6), max_block_ms=3000, **kafka_python_kwargs(broker, ca, "SASL_SSL", "SCRAM-SHA-256", cafile=stranger.cafile))
+    try:
+        with caplog.at_level(logging.INFO, logger="kafka"), pytest.raises(kafka.errors.KafkaTimeoutError):
+            producer.send("untrusted-kp", b"must not be written").get(10)
+    finally:
+        producer.close(timeout=1)
+    assert any("CERTIFICATE_VERIFY_FAILED" in record.getMessage() or "certificate verify failed" in record.getMessage() for record in caplog.records)
+
+    async def aiokafka_run():
+        aio = AIOKafkaProducer(**aiokafka_kwargs(broker, ca, "SASL_SSL", "SCRAM-SHA-256", cafile=stranger.cafile))
+        try:
+            await aio.start()
+            await aio.send_and_wait("untrusted-aio", b"must not be written")
+        finally:
+            await aio.stop()
+
+    import aiokafka.errors
+
+    with pytest.raises((aiokafka.errors.KafkaConnectionError, ssl.SSLCertVerificationError)):
+        asyncio.run(aiokafka_run())
+    assert log_end(broker, "untrusted-kp") == 0 and log_end(broker, "untrusted-aio") == 0
+
+
+@pytest.mark.slow
+def test_kafka_python_and_aiokafka_are_told_the_mechanism_is_not_enabled(tmp_path, caplog):
+    import aiokafka.errors
+    import kafka.errors
+    from aiokafka import AIOKafkaProducer
+    from kafka import KafkaProducer
+
+    data_dir = str(tmp_path / "data")
+    CredentialStore(data_dir).load().upsert(USER, "SCRAM-SHA-512", make("SCRAM-SHA-512", PASSWORD))
+    with EmbeddedBroker(data_dir, properties={"listeners": "SASL_PLAINTEXT://127.0.0.1:0", "sasl.enabled.mechanisms": "SCRAM-SHA-256"}) as broker:
+        producer = KafkaProducer(api_version=(2, 6), max_block_ms=3000, **kafka_python_kwargs(broker, None, "SASL_PLAINTEXT", "SCRAM-SHA-512"))
+        try:
+            with caplog.at_level(logging.INFO, logger="kafka"), pytest.raises(kafka.errors.KafkaTimeoutError):
+                producer.send("t", b"must not be written").get(10)
+        finally:
+            producer.close(timeout=1)
+        assert any("UnsupportedSaslMechanismError" in record.getMessage() for record in caplog.records)
+
+        async def aiokafka_run():
+            aio = AIOKafkaProducer(**aiokafka_kwargs(broker, None, "SASL_PLAINTEXT", "SCRAM-SHA-512"))
+            try:
+                await aio.start()
+            finally:
+                await aio.stop()
+
+        with pytest.raises((aiokafka.errors.UnsupportedSaslMechanismError, aiokafka.errors.KafkaConnectionError)):
+            asyncio.run(aiokafka_run())
+        assert log_end(broker, "t") == 0

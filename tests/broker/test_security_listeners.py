@@ -94,3 +94,24 @@ def test_each_session_gets_its_listeners_address():
     assert endpoints.address_for(Session(listener="SASL_SSL")) == ("b", 2)
     assert endpoints.address_for(Session(listener="PLAINTEXT")) == ("a", 1)
     assert endpoints.address_for(None) == ("a", 1)
+
+
+@pytest.mark.parametrize(
+    "argv, complaint",
+    [
+        (["--listen", "SASL_SSL://127.0.0.1:0"], "needs a certificate"),
+        (["--listen", "BOGUS://127.0.0.1:0"], "neither a security protocol"),
+        (["--listen", "SSL://127.0.0.1:0", "--ssl-certfile", "/nonexistent.pem"], "cannot load"),
+        (["--listen", "SASL_PLAINTEXT://127.0.0.1:0", "--sasl-mechanisms", "GSSAPI"], "sasl.enabled.mechanisms"),
+    ],
+)
+def test_the_broker_command_refuses_bad_security_settings(tmp_path, argv, complaint):
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "onceflow", "broker", "--data-dir", str(tmp_path / "data"), *argv],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert complaint in result.stderr and "Traceback" not in result.stderr

@@ -93,6 +93,19 @@ def test_users_over_the_wire_take_effect_at_once(tmp_path, capsys):
         assert users("delete", "dora", *wire, capsys=capsys)[0] == 0
         code, _, err = users("delete", "dora", *wire, capsys=capsys)
         assert code == 1 and "RESOURCE_NOT_FOUND" in err
+        # Through the SASL listener, logged in as a user made over the wire.
+        assert users("add", "admin", "--password", "adm", "--mechanism", "SCRAM-SHA-512", *wire, capsys=capsys)[0] == 0
+        secured = (
+            "--bootstrap-server", broker.bootstrap_for("SASL_PLAINTEXT"), "--security-protocol", "SASL_PLAINTEXT",
+            "--sasl-mechanism", "SCRAM-SHA-512", "--sasl-username", "admin", "--sasl-password", "adm",
+        )
+        assert users("add", "gail", "--password", "g", *secured, capsys=capsys)[0] == 0
+        code, out, _ = users("list", *secured, capsys=capsys)
+        assert code == 0 and [line.split("\t")[0] for line in out.splitlines()] == ["admin", "gail"]
+        code, _, err = users("list", *secured[:-1], "not-adm", capsys=capsys)
+        assert code == 1 and "Authentication failed" in err, err
+        assert users("delete", "gail", *wire, capsys=capsys)[0] == 0
+        assert users("delete", "admin", *wire, capsys=capsys)[0] == 0
     # What was changed over the wire was on disk.
     assert CredentialStore(str(tmp_path / "data")).load().users() == {}
 
@@ -141,3 +154,45 @@ def test_a_damaged_credential_file_is_refused(tmp_path):
 def test_the_users_command_is_listed():
     result = subprocess.run([sys.executable, "-m", "onceflow", "users", "--help"], capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0 and "add" in result.stdout and "list" in result.stdout
+
+
+def test_weak_hashing_is_refused_offline(tmp_path, capsys):
+    for mechanism in ("PLAIN", "SCRAM-SHA-256"):
+        code, _, err = users("add", "hal", "--password", "h", "--mechanism", mechanism, "--iterations", "10", "--data-dir", str(tmp_path), capsys=capsys)
+        assert code == 1 and "iterations" in err
+    assert CredentialStore(str(tmp_path)).load().users() == {}
+
+
+def test_the_credential_and_acl_files_are_readable_by_the_owner_only(tmp_path):
+    from broker.security.acl_store import AclStore
+    from broker.security.credentials import make
+    from protocol.acls import AclBinding, AclOperation, ResourceType
+
+    store = CredentialStore(str(tmp_path)).load()
+    store.upsert("gus", "SCRAM-SHA-256", make("SCRAM-SHA-256", "g"))
+    acls = AclStore(str(tmp_path))
+    acls.save([AclBinding.of(ResourceType.TOPIC, "t", "User:gus", AclOperation.READ)])
+    for path in (store.path, acls.path):
+        assert os.stat(path).st_mode & 0o077 == 0, f"{path} is {oct(os.stat(path).st_mode & 0o777)}"
+    # A file an earlier version left world-readable is tightened when loaded.
+    os.chmod(store.path, 0o644)
+    CredentialStore(str(tmp_path)).load()
+    assert os.stat(store.path).st_mode & 0o077 == 0
+
+
+def test_a_write_that_fails_midway_keeps_the_old_credentials(tmp_path):
+    from broker.security.credentials import make
+    from storage.durable import DiskIO
+
+    class TornDisk(DiskIO):
+        def write(self, fd, data):
+            os.write(fd, bytes(data[: len(data) // 2]))
+            raise OSError(28, "No space left on device")
+
+    CredentialStore(str(tmp_path)).load().upsert("gus", "SCRAM-SHA-256", make("SCRAM-SHA-256", "g"))
+    store = CredentialStore(str(tmp_path), io=TornDisk()).load()
+    with pytest.raises(OSError):
+        store.upsert("hal", "SCRAM-SHA-256", make("SCRAM-SHA-256", "h"))
+    assert store.users() == {"gus": ("SCRAM-SHA-256",)}  # written first, applied only then
+    assert CredentialStore(str(tmp_path)).load().users() == {"gus": ("SCRAM-SHA-256",)}
+    assert os.listdir(os.path.dirname(store.path)) == ["credentials.json"]

@@ -56,3 +56,18 @@ def test_a_bad_file_or_value_is_a_clear_error(tmp_path, capsys):
     with pytest.raises(SystemExit):
         parse("topics", "--security-protocol", "TLS", "list")
     assert "invalid choice: 'TLS'" in capsys.readouterr().err
+
+
+def test_run_passes_the_flags_to_every_client_of_the_app(tmp_path, monkeypatch):
+    """``onceflow run app.py --security-protocol ...``: the flags land in the
+    app's consumer and producer options (hence its admin and restorer too)."""
+    import streaming
+    from onceflow.client_commands import security_options
+
+    monkeypatch.delenv("ONCEFLOW_SASL_PASSWORD", raising=False)
+    args = parse("run", "app.py", "--security-protocol", "SASL_SSL", "--sasl-mechanism", "SCRAM-SHA-512", "--sasl-username", "u", "--sasl-password", "p", "--ssl-cafile", "/ca.pem")
+    app = streaming.App("h:1", "secure-app", str(tmp_path / "state"))
+    app.add_client_options(security_options(args))
+    for options in (app.consumer_options, app.producer_options):
+        security = build(AdminConfig, bootstrap_servers="h:1", **options).security
+        assert (security.security_protocol, security.sasl_mechanism, security.sasl_username, security.ssl_cafile) == ("SASL_SSL", "SCRAM-SHA-512", "u", "/ca.pem")

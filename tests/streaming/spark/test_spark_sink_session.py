@@ -1,9 +1,12 @@
 """The sink through ``format("onceflow")`` in a Spark session (local mode)
 against a broker process: the optional columns (topic, partition, headers)
 reach Kafka, at_least_once writes without transactions, and a query whose
-columns do not fit fails with Spark's message."""
+columns do not fit fails with Spark's message, and a source and sink whose
+Kafka settings say SASL_SSL with SCRAM reach a broker that requires it."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 
@@ -96,3 +99,46 @@ def test_commit_offsets_to_group_in_the_batch_transactions(spark, broker, tmp_pa
     with Admin(broker.bootstrap) as admin:
         committed = admin.list_group_offsets("payments-pipeline")
     assert {tp: o.offset for tp, o in committed.items()} == {TopicPartition("in", 0): 5, TopicPartition("in", 1): 5}
+
+
+def test_source_and_sink_over_sasl_ssl(spark, tmp_path):
+    """Spark job settings as written for Kafka's connector (SASL_SSL, a SCRAM
+    JAAS config, a PEM trust store) reach every client: the driver's and the
+    executors' pickled readers and writers."""
+    from broker.broker import EmbeddedBroker
+    from broker.security.credentials import CredentialStore, make
+    from tests.helpers import TestCA
+
+    ca = TestCA(tmp_path / "ca")
+    data_dir = str(tmp_path / "secure")
+    CredentialStore(data_dir).load().upsert("spark", "SCRAM-SHA-512", make("SCRAM-SHA-512", "spark-pw-123"))
+    with EmbeddedBroker(data_dir, properties={"listeners": "SASL_SSL://127.0.0.1:0"}, ssl_certfile=ca.certfile, ssl_keyfile=ca.keyfile) as secure:
+        bootstrap = secure.bootstrap_for("SASL_SSL")
+        ours = {"security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512", "sasl_username": "spark", "sasl_password": "spark-pw-123", "ssl_cafile": ca.cafile}
+        with Admin(bootstrap, **ours) as admin:
+            admin.create_topics({"secure-in": 2, "secure-out": 1})
+        with Producer(bootstrap, **ours) as producer:
+            for i in range(10):
+                producer.send("secure-in", f"s{i}".encode(), partition=i % 2)
+        kafka = {
+            "kafka.bootstrap.servers": bootstrap,
+            "kafka.security.protocol": "SASL_SSL",
+            "kafka.sasl.mechanism": "SCRAM-SHA-512",
+            "kafka.sasl.jaas.config": 'org.apache.kafka.common.security.scram.ScramLoginModule required username="spark" password="spark-pw-123";',
+            "kafka.ssl.truststore.location": ca.cafile,
+            "kafka.ssl.truststore.type": "PEM",
+        }
+        query = (
+            spark.readStream.format("onceflow").options(**kafka).option("subscribe", "secure-in").option("startingOffsets", "earliest").load()
+            .selectExpr("key", "value").writeStream.format("onceflow").options(**kafka).option("topic", "secure-out")
+            .option("transactionalIdPrefix", "secure").option("checkpointLocation", str(tmp_path / "ckpt")).trigger(availableNow=True).start()
+        )
+        query.awaitTermination(180)
+        assert query.exception() is None
+        with Consumer(bootstrap, isolation_level="read_committed", **ours) as consumer:
+            consumer.assign([TopicPartition("secure-out", 0)])
+            values = []
+            deadline = time.monotonic() + 30
+            while len(values) < 10 and time.monotonic() < deadline:
+                values += [r.value for r in consumer.poll(0.5)]
+        assert sorted(values) == sorted(f"s{i}".encode() for i in range(10))
