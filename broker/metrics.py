@@ -40,6 +40,7 @@ import time
 import uuid
 from collections.abc import Callable
 
+import attrs
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -342,12 +343,12 @@ def fetch_error_codes(response: dict) -> list[int]:
     return codes
 
 
+@attrs.define(eq=False)
 class BrokerStateCollector:
     """Gauges read from the broker's state at scrape time (on its loop)."""
 
-    def __init__(self, broker, metrics: BrokerMetrics):
-        self.broker = broker
-        self.metrics = metrics
+    broker: object  # broker.broker.Broker
+    metrics: BrokerMetrics
 
     def collect(self):
         broker = self.broker

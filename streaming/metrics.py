@@ -16,6 +16,7 @@ code's, so bounded); ``process_*`` are ``prometheus_client``'s.
 
 from __future__ import annotations
 
+import attrs
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -90,12 +91,12 @@ class RunnerMetrics:
             self._app.metrics.observers.remove(self._observed)
 
 
+@attrs.define(eq=False)
 class RunnerCollector:
     """Reads ``app.metrics`` and the runner's state at scrape time."""
 
-    def __init__(self, app, runner):
-        self.app = app
-        self.runner = runner
+    app: object  # streaming.App
+    runner: object  # streaming.runner.Runner
 
     def collect(self):
         app, runner = self.app, self.runner
