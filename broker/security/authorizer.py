@@ -167,14 +167,33 @@ def without_denied(body: dict, request_key: str, kept: list, denied_entries: lis
     return Verdict({**body, request_key: kept}, finish)
 
 
-def topic_partitions_rule(*, operation: Op, topics_key: str, name_key: str, partitions_key: str, response_topics_key: str, response_partitions_key: str, index_of, denied_partition, empty_response, topic_name=None):
+def _partition_index(partition: dict) -> int:
+    return partition.get("partition_index", -1)
+
+
+def _no_topics(body: dict, version: int) -> dict:
+    return {"throttle_time_ms": 0, "topics": []}
+
+
+def topic_partitions_rule(
+    *,
+    operation: Op,
+    denied_partition: Callable[[int, int], dict],
+    topics_key: str = "topics",
+    name_key: str = "name",
+    partitions_key: str = "partitions",
+    response_topics_key: str = "topics",
+    response_partitions_key: str = "partitions",
+    index_of: Callable = _partition_index,
+    empty_response: Callable[[dict, int], dict | None] = _no_topics,
+):
     """A rule for APIs whose request is topics -> partitions and whose
-    denial is per partition (Produce, ListOffsets, DeleteRecords, ...)."""
+    denial is per partition (Produce, ListOffsets, DeleteRecords, ...); the
+    defaults are the common field names."""
 
     def rule(check: Check, version: int, body: dict) -> Verdict:
-        name_of = topic_name or (lambda topic, version: topic.get(name_key))
         topics = body.get(topics_key) or []
-        kept, denied = split(topics, lambda topic: check.topic(operation, name_of(topic, version)))
+        kept, denied = split(topics, lambda topic: check.topic(operation, topic.get(name_key)))
         denied_entries = [{name_key: topic.get(name_key), response_partitions_key: [denied_partition(index_of(p), version) for p in topic.get(partitions_key) or []]} for topic in denied]
         return without_denied(body, topics_key, kept, denied_entries, response_topics_key, empty_response(body, version) if not kept else None)
 
@@ -234,13 +253,12 @@ def produce(check: Check, version: int, body: dict) -> Verdict | None:
 
 _produce_topics = topic_partitions_rule(
     operation=Op.WRITE,
+    denied_partition=lambda index, version: _produce_partition(index, TOPIC_DENIED),
     topics_key="topic_data",
-    name_key="name",
     partitions_key="partition_data",
     response_topics_key="responses",
     response_partitions_key="partition_responses",
     index_of=lambda p: p.get("index", -1),
-    denied_partition=lambda index, version: _produce_partition(index, TOPIC_DENIED),
     empty_response=lambda body, version: None if body.get("acks", 1) == 0 else {"throttle_time_ms": 0, "responses": []},
 )
 
@@ -288,38 +306,19 @@ def _fetch_empty(body, version, topics_and_errors):
 
 list_offsets = topic_partitions_rule(
     operation=Op.DESCRIBE,
-    topics_key="topics",
-    name_key="name",
-    partitions_key="partitions",
-    response_topics_key="topics",
-    response_partitions_key="partitions",
-    index_of=lambda p: p.get("partition_index", -1),
     denied_partition=lambda index, version: {"partition_index": index, "error_code": TOPIC_DENIED, "timestamp": -1, "offset": -1, "leader_epoch": -1, "old_style_offsets": []},
-    empty_response=lambda body, version: {"throttle_time_ms": 0, "topics": []},
 )
 
 delete_records = topic_partitions_rule(
     operation=Op.DELETE,
-    topics_key="topics",
-    name_key="name",
-    partitions_key="partitions",
-    response_topics_key="topics",
-    response_partitions_key="partitions",
-    index_of=lambda p: p.get("partition_index", -1),
     denied_partition=lambda index, version: {"partition_index": index, "low_watermark": -1, "error_code": TOPIC_DENIED},
-    empty_response=lambda body, version: {"throttle_time_ms": 0, "topics": []},
 )
 
 describe_producers = topic_partitions_rule(
     operation=Op.READ,
-    topics_key="topics",
-    name_key="name",
-    partitions_key="partition_indexes",
-    response_topics_key="topics",
-    response_partitions_key="partitions",
-    index_of=lambda index: index,
     denied_partition=lambda index, version: {"partition_index": index, "error_code": TOPIC_DENIED, "error_message": None, "active_producers": []},
-    empty_response=lambda body, version: {"throttle_time_ms": 0, "topics": []},
+    partitions_key="partition_indexes",
+    index_of=lambda index: index,
 )
 
 
