@@ -40,6 +40,7 @@ from typing import Callable
 
 import attrs
 
+from benchmarks.concurrency import concurrency_scenario, idempotent_producers, transactional_copiers
 from faults.process import BrokerProcess
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -376,6 +377,10 @@ SCENARIOS = (
     Scenario("consume read_committed", consume_scenario("read_committed"), limit="consume"),
     Scenario("exactly-once copier (750/txn)", copier_scenario),
     Scenario("end to end, produce to read_committed", latency_scenario),
+    # N clients at once, each waiting for its own small requests: does the
+    # broker share its fsyncs (benchmarks.concurrency)?
+    Scenario("concurrency: idempotent producers, 10 x 100 B per request", concurrency_scenario(idempotent_producers), limit="fsync"),
+    Scenario("concurrency: transactional copiers, 10 records + offsets per transaction", concurrency_scenario(transactional_copiers)),
 )
 
 # Only when named by --only ("ACL", "SASL_SSL"): each starts its own brokers beside the
@@ -479,6 +484,11 @@ def fraction_of_limit(scenario: Scenario, metrics: dict[str, float], limits: dic
     if scenario.limit == "commit" and "transactions/s" in metrics:
         # A commit needs at least one fsync of the transaction log.
         return f"{metrics['transactions/s'] / limits['fsyncs_per_s']:.3f} of {limits['fsyncs_per_s']:,.0f} fsyncs/s"
+    if scenario.limit == "fsync":
+        # One fsync per request would hold every N here.
+        from benchmarks.concurrency import BATCH_RECORDS
+
+        return f"one fsync per request: {limits['fsyncs_per_s'] * BATCH_RECORDS:,.0f} records/s ({limits['fsyncs_per_s']:,.0f} fsyncs/s)"
     return ""
 
 
@@ -586,6 +596,12 @@ def run_suite(args) -> int:
                        "raw": {"onceflow": ours, "tansu": peer}}, file, indent=2)
     if args.png and chart(rows, args.png):
         say(f"chart: {args.png}")
+    if args.png:
+        from benchmarks import concurrency
+
+        concurrency_png = os.path.splitext(args.png)[0] + "-concurrency.png"
+        if concurrency.chart(rows, limits, concurrency_png):
+            say(f"chart: {concurrency_png}")
     failed = [name for name, metrics in ours.items() if "error" in metrics]
     if failed:
         say(f"scenarios that failed on onceflow in some round: {', '.join(failed)}")

@@ -60,6 +60,7 @@ from protocol.clock import Clock
 from protocol.loop_thread import LoopThread
 from protocol.tasks import cancel_and_wait
 from storage.durable import DiskIO
+from storage.group_commit import FsyncRounds
 from storage.index import IndexBudget
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,10 @@ class Broker:
         # Every index of this broker's logs counts against this one budget
         # (and only this broker's loop touches them).
         self.index_budget = IndexBudget() if index_budget is None else index_budget
+        # One group-commit flusher for every log: N requests waiting on any
+        # partitions (data, __transaction_state, __consumer_offsets) share
+        # one fsync round (storage.group_commit).
+        self.fsync_rounds = FsyncRounds()
         # One clock for the coordinators (tests and the fault harness may pass their own).
         self.clock = clock or Clock()
         self.replicas: ReplicaManager | None = None
@@ -153,7 +158,7 @@ class Broker:
             self.replicas = ReplicaManager(
                 data_dir,
                 self.config.log_defaults,
-                open_log=partition_log_opener(io=self.seams.disk_io, index_budget=self.index_budget, flush_observer=self.metrics),
+                open_log=partition_log_opener(io=self.seams.disk_io, index_budget=self.index_budget, flush_observer=self.metrics, fsync_rounds=self.fsync_rounds),
                 validate_config=validate_log_properties,
                 needs_recovery=partition_needs_recovery,
                 crash_point=self.seams.crash_point,
@@ -201,6 +206,7 @@ class Broker:
             await self.transactions.stop()
             await self.groups.stop()
             await self.replicas.aclose()
+            await self.fsync_rounds.aclose()
             self._unlock()
             raise
         from broker.security.listeners import AdvertisedEndpoints
@@ -369,6 +375,7 @@ class Broker:
         if self.replicas is not None:
             await self.replicas.aclose()
             self.replicas = None
+        await self.fsync_rounds.aclose()  # the logs have left it; its flusher has nothing left
         self._unlock()
 
     def _ensure_offsets_topic(self) -> None:

@@ -147,6 +147,7 @@ class GroupApis:
             protocol_type=body.get("protocol_type", ""),
             protocols=[(p["name"], p["metadata"]) for p in body.get("protocols", [])],
             require_known_member_id=version >= 4,
+            skip_assignment_supported=version >= 9,
         )
         response = {"throttle_time_ms": 0, "generation_id": -1, "protocol_name": "" if version < 7 else None, "leader": "", "members": []}
         response.update(result)

@@ -99,7 +99,7 @@ class BrokerMetrics:
             "onceflow_request_duration_seconds", "Time from a request's dispatch to its response body, by API and version",
             ["api", "version"], buckets=REQUEST_SECONDS_BUCKETS, registry=registry,
         )
-        self.bytes_in = Counter("onceflow_topic_bytes_in_total", "Record batch bytes received in Produce requests, by topic", ["topic"], registry=registry)
+        self.bytes_in = Counter("onceflow_topic_bytes_in_total", "Record batch bytes appended by Produce requests, by topic", ["topic"], registry=registry)
         self.bytes_out = Counter("onceflow_topic_bytes_out_total", "Record batch bytes sent in Fetch responses, by topic", ["topic"], registry=registry)
         self.transactions = Counter(
             "onceflow_transactions_total", "Transactions finished (CompleteCommit or CompleteAbort durable in __transaction_state), by outcome",
@@ -196,7 +196,9 @@ class MeasuredDispatch:
     def __init__(self, dispatch, metrics: BrokerMetrics, topic_names_by_id: Callable[[], dict]):
         self._dispatch = dispatch
         self._metrics = metrics
-        self._topic_names_by_id = topic_names_by_id  # Fetch v13+ names topics by id
+        # The broker's topics by id: Fetch v13+ names topics by id, and an
+        # unanswered Produce (acks=0) counts only partitions that exist.
+        self._topic_names_by_id = topic_names_by_id
         # (api key, version) -> (count child, latency child, api name): labels() is
         # a dictionary lookup under a lock, done once per pair instead of per request.
         self._children: dict[tuple[int, int], tuple] = {}
@@ -223,10 +225,10 @@ class MeasuredDispatch:
         count.inc()
         if response is None:  # Produce with acks=0
             if request.api_key == ApiKey.PRODUCE:
-                self._count_produced(request.body)
+                self._count_produced_unanswered(request.body)
             return response
         if request.api_key == ApiKey.PRODUCE:
-            self._count_produced(request.body)
+            self._count_produced(request.body, response)
             codes = produce_error_codes(response)
         elif request.api_key == ApiKey.FETCH:
             self._count_fetched(response)
@@ -248,11 +250,34 @@ class MeasuredDispatch:
             child = self._errors[(api, code)] = self._metrics.request_errors.labels(api=api, error=ERROR_NAMES.get(code, str(code)))
         child.inc()
 
-    def _count_produced(self, body: dict) -> None:
+    def _count_produced(self, body: dict, response: dict) -> None:
+        """Bytes in, as Kafka's BytesInPerSec counts them: the batches of
+        the partitions the answer says were appended. A refused partition
+        (unknown topic, denied, out of sequence) adds nothing, so a topic
+        label is always a topic the broker holds, never a name a client
+        made up."""
+        appended = {
+            (topic.get("name"), partition.get("index"))
+            for topic in response.get("responses") or ()
+            for partition in topic.get("partition_responses") or ()
+            if not partition.get("error_code")
+        }
         for topic_data in body.get("topic_data") or ():
-            size = sum(len(p.get("records") or b"") for p in topic_data.get("partition_data") or ())
+            name = topic_data.get("name")
+            size = sum(len(p.get("records") or b"") for p in topic_data.get("partition_data") or () if (name, p.get("index")) in appended)
             if size:
-                self._topic_child(self._bytes_in, self._metrics.bytes_in, topic_data.get("name")).inc(size)
+                self._topic_child(self._bytes_in, self._metrics.bytes_in, name).inc(size)
+
+    def _count_produced_unanswered(self, body: dict) -> None:
+        """acks=0: no answer says what was appended; count the partitions
+        that exist (what is sent to one that does not is dropped)."""
+        partitions_of = {info.name: info.partitions for info in self._topic_names_by_id().values()}
+        for topic_data in body.get("topic_data") or ():
+            name = topic_data.get("name")
+            count = partitions_of.get(name, 0)
+            size = sum(len(p.get("records") or b"") for p in topic_data.get("partition_data") or () if 0 <= p.get("index", -1) < count)
+            if size:
+                self._topic_child(self._bytes_in, self._metrics.bytes_in, name).inc(size)
 
     def _count_fetched(self, response: dict) -> None:
         names = None
@@ -376,20 +401,15 @@ class BrokerStateCollector:
                 first = started.get((topic, partition))
                 if first is not None:
                     oldest.add_metric(values, max(0, now_ms - first) / 1000.0)
-            # Created since start and never used: empty, known without opening them.
+            # Partitions open when first used (broker.replica): those created
+            # since start and unused are empty, known without opening them;
+            # others not yet opened since start are not reported until they
+            # are used (internal ones only once written to, as above).
             for topic, partition in replicas.created_unopened():
                 if topic not in internal:
                     values = [topic, str(partition)]
                     for family in (end, high, stable, start, size, open_txns):
                         family.add_metric(values, 0)
-            # Partitions open when first used (broker.replica): those created
-            # since start and unused are empty; others not yet opened since
-            # start are not reported until they are used.
-            created = getattr(replicas, "created_unopened", None)
-            for topic, partition in created() if created is not None else ():
-                values = [topic, str(partition)]
-                for family in (end, high, stable, start, size, open_txns):
-                    family.add_metric(values, 0)
         yield from (end, high, stable, start, size, open_txns, oldest)
         yield GaugeMetricFamily("onceflow_producer_ids", "Producer ids whose state the partitions keep (for duplicate detection), summed over partitions", value=producers)
 

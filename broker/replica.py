@@ -38,7 +38,7 @@ import uuid
 
 from broker.metadata import MetadataStore, TopicInfo
 from storage.durable import fsync_directory
-from storage.names import InvalidTopicError, partition_dir_name, validate_topic_name
+from storage.names import InvalidTopicError, validate_topic_name
 from storage.recovery import log_summary
 
 log = logging.getLogger(__name__)
@@ -96,7 +96,9 @@ class ReplicaManager:
             # From now on a crash is unclean, whatever the partitions say.
             os.remove(self._clean_stop_path)
             fsync_directory(self.data_dir)
-        owned = {partition_dir_name(info.name, partition) for info in self.topics.values() for partition in range(info.partitions)}
+        for name in self.topics:
+            validate_topic_name(name)  # once per topic: a registry edited by hand names no path outside
+        owned = {f"{info.name}-{partition}" for info in self.topics.values() for partition in range(info.partitions)}
         with os.scandir(self.data_dir) as entries:
             for entry in entries:
                 if entry.name in owned or entry.name.startswith("__cluster_metadata") or not entry.is_dir(follow_symlinks=False):
@@ -298,7 +300,13 @@ class ReplicaManager:
         info = self.topics.get(topic)
         if info is None or not isinstance(partition, int) or not 0 <= partition < info.partitions:
             return None
-        return self._open_partition(info, partition)
+        try:
+            return self._open_partition(info, partition)
+        except Exception:
+            # Nothing is kept: the next request tries again (the one asking
+            # now loses its connection, as on any broker-side failure).
+            log.exception("opening partition %s-%d failed", topic, partition)
+            raise
 
     def is_open(self, topic: str, partition: int) -> bool:
         return (topic, partition) in self.logs
@@ -313,7 +321,9 @@ class ReplicaManager:
         return [(info.name, partition) for info in self.topics.values() for partition in range(info.partitions)]
 
     def _partition_path(self, topic: str, partition: int) -> str:
-        return os.path.join(self.data_dir, partition_dir_name(topic, partition))
+        # Only registered topics get here (their names validated when created
+        # or loaded), so the name is joined as storage.names.partition_dir_name would.
+        return os.path.join(self.data_dir, f"{topic}-{partition}")
 
     def _open_partition(self, info: TopicInfo, partition: int):
         path = self._partition_path(info.name, partition)

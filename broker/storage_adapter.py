@@ -10,19 +10,22 @@ from typing import Callable
 from storage import recovery
 from storage.config import LogConfig, defaults
 from storage.durable import DiskIO
-from storage.group_commit import FlushObserver
+from storage.group_commit import FlushObserver, FsyncRounds
 from storage.index import IndexBudget
 from storage.log import PartitionLog
 
 
-def partition_log_opener(*, io: DiskIO | None, index_budget: IndexBudget, flush_observer: FlushObserver | None = None) -> Callable[[str, dict], PartitionLog]:
+def partition_log_opener(*, io: DiskIO | None, index_budget: IndexBudget, flush_observer: FlushObserver | None = None,
+                         fsync_rounds: FsyncRounds | None = None) -> Callable[[str, dict], PartitionLog]:
     """``open_log(path, properties)`` for the ``ReplicaManager``: every log of
     one broker writes through ``io`` (None: the real system calls), keeps
-    its indexes within the broker's one ``index_budget`` and reports its
-    fsync rounds to ``flush_observer`` (the broker's metrics, or None)."""
+    its indexes within the broker's one ``index_budget``, shares its
+    group-commit rounds with the others (``fsync_rounds``: one fsync round
+    for every partition waiting, data and internal topics alike) and
+    reports those rounds to ``flush_observer`` (the broker's metrics, or None)."""
 
     def open_partition_log(path: str, properties: dict) -> PartitionLog:
-        partition_log = PartitionLog.open(path, LogConfig.from_properties(properties), io=io, index_budget=index_budget)
+        partition_log = PartitionLog.open(path, LogConfig.from_properties(properties), io=io, index_budget=index_budget, fsync_rounds=fsync_rounds)
         partition_log.committer.observer = flush_observer
         return partition_log
 

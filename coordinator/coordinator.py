@@ -78,6 +78,38 @@ class CoordinatorSettings:
     abort_timed_out_interval_ms: int = DEFAULT_ABORT_TIMED_OUT_INTERVAL_MS
 
 
+class TxnTable(dict):
+    """transactional id -> its metadata, also found by producer id: every
+    transactional Produce asks whether its partition is in its producer's
+    transaction (KIP-890), which was a scan of every id."""
+
+    def __init__(self):
+        super().__init__()
+        self._by_producer_id: dict[int, str] = {}
+
+    def of_producer(self, producer_id: int) -> TxnMetadata | None:
+        transactional_id = self._by_producer_id.get(producer_id)
+        return None if transactional_id is None else self.get(transactional_id)
+
+    def __setitem__(self, transactional_id: str, metadata: TxnMetadata) -> None:
+        self._unindex(transactional_id)
+        super().__setitem__(transactional_id, metadata)
+        self._by_producer_id[metadata.producer_id] = transactional_id
+
+    def __delitem__(self, transactional_id: str) -> None:
+        self._unindex(transactional_id)
+        super().__delitem__(transactional_id)
+
+    def pop(self, transactional_id: str, *default):
+        self._unindex(transactional_id)
+        return super().pop(transactional_id, *default)
+
+    def _unindex(self, transactional_id: str) -> None:
+        previous = self.get(transactional_id)
+        if previous is not None and self._by_producer_id.get(previous.producer_id) == transactional_id:
+            del self._by_producer_id[previous.producer_id]
+
+
 class TransactionCoordinator:
     def __init__(
         self,
@@ -100,7 +132,7 @@ class TransactionCoordinator:
         self.coordinator_epoch = coordinator_epoch
         # The fault harness's seam: named points where a test may kill us.
         self.crash_point = crash_point
-        self.txns: dict[str, TxnMetadata] = {}
+        self.txns = TxnTable()
         # Ids with a state change in flight (set before it starts, cleared
         # when it is applied or failed; for a Prepare state, once Complete is).
         self._busy: set[str] = set()
@@ -262,9 +294,8 @@ class TransactionCoordinator:
         """KIP-890 part 1: may a transactional batch of this producer go to this
         partition? NONE if the partition is in its ongoing transaction;
         INVALID_PRODUCER_EPOCH if a newer epoch fenced it; else INVALID_TXN_STATE."""
-        for metadata in self.txns.values():
-            if metadata.producer_id != producer_id:
-                continue
+        metadata = self.txns.of_producer(producer_id)
+        if metadata is not None:
             if producer_epoch < metadata.producer_epoch:
                 return ErrorCode.INVALID_PRODUCER_EPOCH
             if metadata.state == TxnState.ONGOING and metadata.producer_epoch == producer_epoch and partition in metadata.partitions:

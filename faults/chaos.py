@@ -71,6 +71,7 @@ from faults.availability import Output, measure
 from faults.disk import ENVIRONMENT_VARIABLE as DISK_FAULTS_VARIABLE
 from faults.disk import TORN_WRITE_POINT, DiskFaultControl
 from faults.history import polls, read_history, sends
+from faults.points import CRASH_EXIT_CODE
 from faults.points import ENVIRONMENT_VARIABLE as POINTS_VARIABLE
 from faults.process import BrokerProcess, ClientProcess, restartable_port
 from faults.proxy import ThreadedFaultProxy
@@ -437,7 +438,16 @@ class ChaosRun:
             hit = random.Random(f"{self.settings.seed}-{fault.at}").randint(1, 20)
             self.broker.kill()
             self.broker.env = {DISK_FAULTS_VARIABLE: self.disk.path, POINTS_VARIABLE: f"{TORN_WRITE_POINT}@{hit}:exit"}
-            self.broker.start()
+            try:
+                self.broker.start()
+            except RuntimeError:
+                # Its recovery writes too (markers of the transactions the kill
+                # left open): the torn write came while it started. Start it clean.
+                if self.broker.process.poll() != CRASH_EXIT_CODE:
+                    raise
+                self.broker.env = {DISK_FAULTS_VARIABLE: self.disk.path}
+                self.broker.start()
+                return f"broker restarted, died mid-write at its write #{hit} while starting, restarted", "", False
             self.broker.env = {DISK_FAULTS_VARIABLE: self.disk.path}
             return f"broker restarted to die mid-write at its write #{hit}", "", False
         if fault.kind == "disk-fsync":

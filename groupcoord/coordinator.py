@@ -326,7 +326,8 @@ class GroupCoordinator:
 
     # -- JoinGroup ----------------------------------------------------------------------
 
-    async def join_group(self, *, group_id: str, member_id: str, group_instance_id: str | None, client_id: str, client_host: str, session_timeout_ms: int, rebalance_timeout_ms: int, protocol_type: str, protocols: list[tuple[str, bytes]], require_known_member_id: bool) -> dict:
+    async def join_group(self, *, group_id: str, member_id: str, group_instance_id: str | None, client_id: str, client_host: str, session_timeout_ms: int, rebalance_timeout_ms: int, protocol_type: str, protocols: list[tuple[str, bytes]], require_known_member_id: bool,
+                         skip_assignment_supported: bool = False) -> dict:
         if not group_id:
             return {"error_code": ErrorCode.INVALID_GROUP_ID, "member_id": member_id}
         if not self.settings.min_session_timeout_ms <= session_timeout_ms <= self.settings.max_session_timeout_ms:
@@ -340,10 +341,12 @@ class GroupCoordinator:
             return {"error_code": ErrorCode.INCONSISTENT_GROUP_PROTOCOL, "member_id": member_id}
         rebalance_timeout_ms = rebalance_timeout_ms if rebalance_timeout_ms > 0 else session_timeout_ms
 
+        restarted = False  # a static member's new process (no member id yet) taking its place back
         if group_instance_id and group_instance_id in group.static_members:
             old_id = group.static_members[group_instance_id]
             if member_id and member_id != old_id:
                 return {"error_code": ErrorCode.FENCED_INSTANCE_ID, "member_id": member_id}
+            restarted = not member_id
             member_id = old_id
         elif not member_id:
             member_id = f"{client_id or 'member'}-{uuid.uuid4()}"
@@ -359,6 +362,29 @@ class GroupCoordinator:
             return {"error_code": ErrorCode.GROUP_MAX_SIZE_REACHED, "member_id": member_id}
 
         member = group.members.get(member_id)
+        if (member is not None and restarted and self._static_rejoin_keeps_assignment(group, member, protocol_type, protocols, skip_assignment_supported)
+                and await self._work.run(self._replace_static_member(group, member, f"{client_id or 'member'}-{uuid.uuid4()}"))):
+            # KIP-345: a static member back from a restart, in a stable group,
+            # with protocols that leave the group's choice as it is, gets the
+            # current generation and (at SyncGroup) its assignment back. A
+            # rebalance here would stop every member until each had heard of
+            # it at its next heartbeat (up to heartbeat.interval.ms: 3 s by
+            # default) and rejoined. The leader is told to skip the
+            # assignment (KIP-814, JoinGroup v9); a leader whose client asks
+            # with an older version cannot be, and rebalances.
+            # It has a member id of its own (written first): the process it
+            # replaced, if still alive, is answered FENCED_INSTANCE_ID.
+            member_id = member.member_id
+            member.protocols = list(protocols)
+            member.session_timeout_ms = session_timeout_ms
+            member.rebalance_timeout_ms = rebalance_timeout_ms
+            member.last_heartbeat = self.clock.monotonic()
+            log.info("group %s: static member %s (%s) rejoined; generation %d kept, no rebalance", group.group_id, member_id, group_instance_id, group.generation)
+            is_leader = member_id == group.leader
+            members = [{"member_id": m.member_id, "group_instance_id": m.group_instance_id, "metadata": m.metadata_for(group.protocol_name)}
+                       for m in group.members.values()] if is_leader else []
+            return {"error_code": ErrorCode.NONE, "generation_id": group.generation, "protocol_type": group.protocol_type, "protocol_name": group.protocol_name,
+                    "leader": group.leader, "member_id": member_id, "members": members, "skip_assignment": is_leader}
         if member is None:
             member = Member(member_id, group_instance_id, client_id, client_host, session_timeout_ms, rebalance_timeout_ms, protocol_type, list(protocols))
             group.members[member_id] = member
@@ -374,6 +400,40 @@ class GroupCoordinator:
         self._prepare_rebalance(group, member_id=member_id)
         await self._work.run(self._maybe_complete_join(group))
         return await member.join_future
+
+    async def _replace_static_member(self, group: Group, member: Member, new_id: str) -> bool:
+        """KIP-345's takeover: give a restarted static member a new member id,
+        written to ``__consumer_offsets`` before it is used (a coordinator
+        restart replays it). False if the write failed or the group changed
+        meanwhile (the caller rebalances instead)."""
+        old_id = member.member_id
+        before = group.snapshot()
+        after = attrs.evolve(before, leader=new_id if before.leader == old_id else before.leader,
+                             members=tuple(attrs.evolve(m, member_id=new_id) if m.member_id == old_id else m for m in before.members))
+        try:
+            await self.offsets_log.append(group.group_id, [after.to_record()])
+        except Exception as error:  # noqa: BLE001 - logged; the member rejoins through a rebalance instead
+            log.error("group %s: could not write the takeover of %s: %s", group.group_id, member.group_instance_id, error)
+            return False
+        if group.snapshot() != before or self.groups.get(group.group_id) is not group or group.members.get(old_id) is not member:
+            return False
+        renamed = {(new_id if key == old_id else key): value for key, value in group.members.items()}
+        group.members.clear()
+        group.members.update(renamed)
+        member.member_id = new_id
+        group.static_members[member.group_instance_id] = new_id
+        if group.leader == old_id:
+            group.leader = new_id
+        return True
+
+    def _static_rejoin_keeps_assignment(self, group: Group, member: Member, protocol_type: str, protocols, skip_assignment_supported: bool) -> bool:
+        """Kafka's rule (the group's protocol choice stays as it is), and the
+        same subscribed topics (a changed subscription needs a new assignment)."""
+        chosen = group.protocol_name or ""
+        new_metadata = dict(protocols).get(chosen, b"")
+        return (bool(member.group_instance_id) and group.state == GroupState.STABLE and (skip_assignment_supported or member.member_id != group.leader)
+                and protocol_type == group.protocol_type and [name for name, _ in protocols] == [name for name, _ in member.protocols]
+                and subscribed_topics(protocol_type, new_metadata) == subscribed_topics(protocol_type, member.metadata_for(chosen)))
 
     def _common_protocols(self, group: Group, protocols) -> list[str]:
         names = [name for name, _ in protocols]

@@ -14,7 +14,8 @@ the server: a request line or header block that is malformed, too long or
 not finished within ``REQUEST_TIMEOUT`` gets 400 (or just a close), a method
 other than GET/HEAD gets 405, any other path 404; an exception inside
 ``render`` is logged and answered 500. Every connection is a task of this
-server's, cancelled and awaited by ``stop()``.
+server's (``protocol.tasks.ConnectionServer``), cancelled and awaited by
+``stop()``.
 
 Why it lives in ``protocol``: the broker and the streaming runner both serve
 it, and ``protocol`` is the one room both may import (DESIGN.md's table);
@@ -27,7 +28,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from protocol.tasks import cancel_and_wait
+from protocol.tasks import ConnectionServer
 
 log = logging.getLogger(__name__)
 
@@ -41,47 +42,27 @@ class MetricsEndpoint:
 
     def __init__(self, render: Callable[[], bytes], *, host: str, port: int, content_type: str, path: str = "/metrics"):
         self._render = render
-        self._host = host
-        self._port = port
         self._content_type = content_type
         self._path = path
-        self._server: asyncio.base_events.Server | None = None
-        self._connections: set[asyncio.Task] = set()
-        self.bound_port: int | None = None
+        self._server = ConnectionServer(self._serve_scraper, host=host, port=port, limit=MAX_HEADER_BYTES, name="metrics endpoint")
+
+    @property
+    def bound_port(self) -> int | None:
+        return self._server.bound_port
 
     async def start(self) -> int:
         """Bind and listen; a bind failure raises here, to the caller."""
-        self._server = await asyncio.start_server(self._accept, self._host, self._port, reuse_address=True, limit=MAX_HEADER_BYTES)
-        self.bound_port = self._server.sockets[0].getsockname()[1]
-        return self.bound_port
+        return await self._server.start()
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        # The connection tasks are asyncio.start_server's; this server owns them.
-        await cancel_and_wait(*self._connections)
-        if self._server is not None:
-            await self._server.wait_closed()
-            self._server = None
+        """Stop listening; every scrape under way is cancelled and closed."""
+        await self._server.stop()
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        self._connections.add(task)
+    async def _serve_scraper(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             await self._serve(reader, writer)
-        except asyncio.CancelledError:
-            pass  # stop(): the top of this task, which must end normally (see broker.server)
         except (ConnectionError, OSError):
             pass  # the scraper went away
-        except Exception:
-            log.exception("metrics endpoint: serving %s failed", writer.get_extra_info("peername"))
-        finally:
-            self._connections.discard(task)
-            writer.close()
-            try:
-                await writer.wait_closed()
-            except (OSError, asyncio.CancelledError):
-                pass
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:

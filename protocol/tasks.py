@@ -23,6 +23,10 @@ whose connection dies is cancelled, and a change cut between its write and
 its apply leaves memory behind the disk. The request awaits the work
 through ``asyncio.shield``: cancelled, it loses only its answer.
 
+``ConnectionServer`` is the owner for a TCP listener's connections: each
+connection is a task of ``asyncio.start_server``'s, which the server keeps
+and ``stop()`` cancels and waits for.
+
 Why it lives in ``protocol``: clients (``txn``), coordinators, the broker and
 the fault harness all stop tasks, and ``protocol`` is the one room each of
 them may import (DESIGN.md's table). It is not wire format; like
@@ -33,7 +37,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Coroutine, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
 
@@ -94,3 +99,60 @@ class OwnedWork:
 
     async def close(self) -> None:
         await cancel_and_wait(*self._tasks)
+
+
+class ConnectionServer:
+    """A TCP listener that owns the task of every connection it accepts:
+    ``start()`` binds and listens (a bind failure raises to the caller),
+    ``stop()`` stops listening, then cancels every connection and waits
+    until each has closed. ``serve(reader, writer)`` is the caller's: one
+    connection from start to end (peer errors are its to handle); the
+    writer is closed here once it returns."""
+
+    def __init__(self, serve: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]], *, host: str, port: int, limit: int, name: str):
+        self._serve = serve
+        self._host = host
+        self._port = port
+        self._limit = limit  # the StreamReader's buffer: the longest line or frame head it reads
+        self._name = name  # named in the log when serving a connection fails
+        self._server: asyncio.base_events.Server | None = None
+        self._connections: set[asyncio.Task] = set()
+        self.bound_port: int | None = None
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._connections)
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._accept, self._host, self._port, reuse_address=True, limit=self._limit)
+        self.bound_port = self._server.sockets[0].getsockname()[1]
+        return self.bound_port
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        await cancel_and_wait(*self._connections)
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        self._connections.add(task)
+        try:
+            await self._serve(reader, writer)
+        except asyncio.CancelledError:
+            # stop() cancelled this connection. This is the top of the task
+            # (nobody above waits to be cancelled) and it must end normally:
+            # start_server's done-callback calls task.exception(), which
+            # raises on a cancelled task and is logged as an error.
+            pass
+        except Exception:  # a bug on our side: log it, lose only this connection
+            log.exception("%s: serving %s failed", self._name, writer.get_extra_info("peername"))
+        finally:
+            self._connections.discard(task)
+            writer.close()
+            try:
+                await writer.wait_closed()
+            except (OSError, asyncio.CancelledError):
+                pass  # the same top of the task: closing is all that is left

@@ -61,7 +61,7 @@ from protocol.records import (
 from storage import recovery
 from storage.checksum import checked_batches
 from storage.config import LogConfig
-from storage.group_commit import GroupCommitter, LogFailedError
+from storage.group_commit import FsyncRounds, GroupCommitter, LogFailedError
 from storage.durable import fsync_directory, replace_file
 from storage.index import IndexBudget
 from storage.producer_state import (
@@ -108,7 +108,8 @@ def now_ms() -> int:
 
 
 class PartitionLog:
-    def __init__(self, directory: str, config: LogConfig, *, io: DiskIO | None = None, index_budget: IndexBudget | None = None, clock=now_ms):
+    def __init__(self, directory: str, config: LogConfig, *, io: DiskIO | None = None, index_budget: IndexBudget | None = None, clock=now_ms,
+                 fsync_rounds: FsyncRounds | None = None):
         self.directory = directory
         self.config = config
         self.io = io or DiskIO()
@@ -123,7 +124,8 @@ class PartitionLog:
         self.producer_state = ProducerStateManager()
         self.failed: Exception | None = None
         self.closed = False
-        self.committer = GroupCommitter(self)
+        # Group commit shared with the other logs of whoever opened this one (a broker), or its own.
+        self.committer = GroupCommitter(self, fsync_rounds)
         self.recovery_report: list[str] = []
         # True while .clean_shutdown is on disk: nothing changed since it was written.
         self.marked_clean = False
@@ -133,10 +135,11 @@ class PartitionLog:
 
     @classmethod
     def open(
-        cls, directory: str, config: LogConfig | None = None, *, io: DiskIO | None = None, index_budget: IndexBudget | None = None, clock=now_ms
+        cls, directory: str, config: LogConfig | None = None, *, io: DiskIO | None = None, index_budget: IndexBudget | None = None, clock=now_ms,
+        fsync_rounds: FsyncRounds | None = None,
     ) -> "PartitionLog":
         os.makedirs(directory, exist_ok=True)
-        partition_log = cls(directory, config or LogConfig(), io=io, index_budget=index_budget, clock=clock)
+        partition_log = cls(directory, config or LogConfig(), io=io, index_budget=index_budget, clock=clock, fsync_rounds=fsync_rounds)
         partition_log._load()
         return partition_log
 
@@ -562,7 +565,9 @@ class PartitionLog:
                     segment.flush_indexes(fsync=True)
                 self.recovery_point = self.log_end_offset
                 self.take_snapshot()
-                self._write_checkpoint()
+                # One directory fsync for the snapshot's and the checkpoint's renames.
+                recovery.write_checkpoint(self.directory, self.recovery_point, self.log_start_offset, sync_directory=False)
+                fsync_directory(self.directory)
             except OSError as error:
                 log.error("closing %s uncleanly: %s", self.directory, error)
                 clean = False
@@ -573,7 +578,8 @@ class PartitionLog:
             except OSError:
                 clean = False
         if clean:
-            replace_file(os.path.join(self.directory, CLEAN_SHUTDOWN_FILE), b"")
+            # Everything it vouches for is durable now (see recovery.mark_clean).
+            recovery.mark_clean(self.directory)
             self.marked_clean = True
         self.committer.fail_waiters(LogFailedError("log closed"))
         self.closed = True

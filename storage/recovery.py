@@ -74,9 +74,9 @@ def read_checkpoint(directory: str) -> tuple[int, int]:
     return recovery_point, log_start
 
 
-def write_checkpoint(directory: str, recovery_point: int, log_start_offset: int) -> None:
+def write_checkpoint(directory: str, recovery_point: int, log_start_offset: int, *, sync_directory: bool = True) -> None:
     text = f"recovery-point {recovery_point}\nlog-start-offset {log_start_offset}\n"
-    replace_file(os.path.join(directory, CHECKPOINT_FILE), text.encode("ascii"))
+    replace_file(os.path.join(directory, CHECKPOINT_FILE), text.encode("ascii"), sync_directory=sync_directory)
 
 
 # ------------------------------------------------------------------ the clean-shutdown mark

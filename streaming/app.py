@@ -79,7 +79,9 @@ class Metrics(dict):
     whatever processors count with ``ctx.count``). A plain dict of ints,
     readable from any thread while the app runs and after.
 
-    ``aborts_by_cause`` splits ``aborts`` by why the runner aborted. Timings
+    What a transaction did (``records_out``, ``dead_letters``, the ``ctx.count``
+    counters) is added when it commits, so a record redone after an abort is
+    counted once. ``aborts_by_cause`` splits ``aborts`` by why the runner aborted. Timings
     (``commit_seconds``) are not kept here: ``observe`` hands each to the
     ``observers`` (``streaming.metrics`` adds one when the app serves
     Prometheus metrics; none by default)."""

@@ -39,8 +39,8 @@ COUNTERS = {
     "rebalances": ("onceflow_runner_rebalances", "Partition assignments received (one per rebalance this instance took part in)"),
     "restored_records": ("onceflow_runner_restored_records", "Changelog records applied to stores while restoring"),
     "store_rebuilds": ("onceflow_runner_store_rebuilds", "Store files thrown away and rebuilt from their changelog"),
-    "dead_letters": ("onceflow_runner_dead_letters", "Records that failed and went to the dead-letter topic"),
-    "late_records_dropped": ("onceflow_runner_late_records_dropped", "Records dropped by windows because they came after the window closed (grace included)"),
+    "dead_letters": ("onceflow_runner_dead_letters", "Records that failed and went to the dead-letter topic (counted when their transaction commits)"),
+    "late_records_dropped": ("onceflow_runner_late_records_dropped", "Records dropped by windows because they came after the window closed (grace included), counted when their transaction commits"),
     "errors": ("onceflow_runner_processing_errors", "Records that failed with on_error='stop' (the run stopped)"),
 }
 NOT_APP_COUNTERS = set(COUNTERS) | {"aborts"}
@@ -108,7 +108,7 @@ class RunnerCollector:
         for cause, count in sorted(app.metrics.aborts_by_cause.items()):
             aborts.add_metric([cause], count)
         yield aborts
-        custom = CounterMetricFamily("onceflow_runner_app_counter", "Counters the app's processors keep (ctx.count)", labels=["counter"])
+        custom = CounterMetricFamily("onceflow_runner_app_counter", "Counters the app's processors keep (ctx.count), counted when their transaction commits", labels=["counter"])
         for key, count in sorted(counts.items()):
             if key not in NOT_APP_COUNTERS and isinstance(count, (int, float)):
                 custom.add_metric([key], count)

@@ -119,7 +119,10 @@ class Context:
         ))
 
     def count(self, metric: str, n: int = 1) -> None:
-        self._runner.metrics.add(metric, n)
+        """Add ``n`` to the app's counter ``metric`` when this transaction
+        commits (an aborted one is rewound and counts again when redone)."""
+        counts = self._runner.txn_counts
+        counts[metric] = counts.get(metric, 0) + n
 
 
 class Runner:
@@ -153,6 +156,9 @@ class Runner:
         self.txn_started = 0.0
         self.txn_records = 0
         self.txn_outputs = 0
+        # Counters of what the open transaction did (dead letters, the
+        # processors' ctx.count): added to the metrics once it commits.
+        self.txn_counts: dict[str, int] = {}
         self.txn_offsets: dict[TopicPartition, int] = {}
         self.dirty: set[Store] = set()
         self.processed: dict[TopicPartition, int] = {}  # next offset per partition, as far as processed
@@ -384,7 +390,7 @@ class Runner:
         )
         await self._send(self.app.dead_letter_topic, raw.key, raw.value, headers, raw.timestamp)
         self.txn_outputs += 1
-        self.metrics.add("dead_letters")
+        self.txn_counts["dead_letters"] = self.txn_counts.get("dead_letters", 0) + 1
         log.warning("processor %s failed on record %s: %s: %s; sent to %s", processor.name, where, type(error).__name__, error, self.app.dead_letter_topic)
 
     # -- commit ----------------------------------------------------------------------------------
@@ -418,7 +424,10 @@ class Runner:
         self.metrics.add("commits")
         self.metrics.observe("commit_seconds", time.monotonic() - began)
         self.metrics.add("records_out", self.txn_outputs)
+        for name, n in self.txn_counts.items():
+            self.metrics.add(name, n)
         self.txn_records = self.txn_outputs = 0
+        self.txn_counts = {}
         self.txn_offsets = {}
         self.app.crash_point(CRASH_AFTER_COMMIT)
         for store, changes, last in written:
@@ -472,6 +481,7 @@ class Runner:
         self.metrics.aborted(cause)
         self.txn_open = False
         self.txn_records = self.txn_outputs = 0
+        self.txn_counts = {}
         self.txn_offsets = {}
         for store in self.dirty:
             store.discard_pending()

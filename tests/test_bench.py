@@ -1,6 +1,8 @@
 """The bench's arithmetic (the whole command runs in
 tests/test_readme.py::test_bench_command_runs_every_scenario)."""
 
+import pytest
+
 from benchmarks.suite import SCENARIOS, fraction_of_limit, medians
 
 
@@ -12,3 +14,30 @@ def test_medians_and_limits_are_computed_from_the_rounds():
     assert fraction_of_limit(produce, {"records/s": 20.0, "MB/s": 200.0}, limits).startswith("0.500 of 400 MB/s")
     commits = next(s for s in SCENARIOS if s.name == "transactions of 1 record")
     assert fraction_of_limit(commits, {"transactions/s": 25.0}, limits).startswith("0.250 of 100 fsyncs/s")
+
+
+def test_the_concurrency_chart_plots_records_per_second_against_clients(tmp_path):
+    from benchmarks import concurrency
+
+    rows = [{"scenario": "concurrency: idempotent producers", "metric": f"records/s, N={n}", "onceflow": 1000.0 * n, "peer": 900.0 * n}
+            for n in concurrency.CONCURRENCY]
+    rows.append({"scenario": "produce 100 B, acks=all", "metric": "records/s", "onceflow": 1.0, "peer": 1.0})
+    path = tmp_path / "concurrency.png"
+    assert concurrency.chart(rows, {"fsyncs_per_s": 5000.0}, str(path))
+    assert path.stat().st_size > 0
+    assert not concurrency.chart(rows[-1:], {"fsyncs_per_s": 5000.0}, str(tmp_path / "none.png")), "no concurrency rows, no chart"
+
+
+@pytest.mark.slow
+def test_restart_bench_times_every_step_of_a_small_broker(tmp_path):
+    from benchmarks import restart_bench
+    from benchmarks.suite import REPO
+
+    lines = []
+    rows = restart_bench.run([20], {"here": REPO}, lines.append, work_dir=str(tmp_path))
+    assert [row["partitions"] for row in rows] == [0, 20] and not any("error" in row for row in rows), lines
+    steps = ["create", "clean stop", "restart after clean stop", "restart after SIGKILL", "restart after SIGKILL, all written"]
+    assert all(rows[1][step] > 0 for step in steps)
+    assert 10 < rows[1]["RSS after clean restart, MiB"] < 1000
+    restart_bench.report(rows, ["here"], lines.append)
+    assert any(line.startswith("| restart after SIGKILL s | ") for line in lines)

@@ -139,6 +139,32 @@ def split(items, allowed: Callable[[dict], bool]):
     return kept, denied
 
 
+def without_denied(body: dict, request_key: str, kept: list, denied_entries: list, response_key: str, empty_response, *, also: Callable[[dict], None] | None = None) -> Verdict:
+    """The common shape of a partial denial: the handlers get the request
+    with only ``kept`` under ``request_key``, and the answer lists their
+    results then ``denied_entries`` under ``response_key``. With nothing
+    kept the handlers are not called: the answer is ``empty_response``
+    (a dict, or None for a request that is not answered) plus the denials.
+    ``also`` changes every answer first (filters what may not be seen)."""
+    if not denied_entries and also is None:
+        return Verdict(body)
+
+    def finish(response):
+        if response is None:
+            return None
+        if also is not None:
+            also(response)
+        if denied_entries:
+            response[response_key] = list(response.get(response_key) or []) + denied_entries
+        return response
+
+    if not denied_entries:
+        return Verdict(body, finish)
+    if not kept:
+        return answer(finish(empty_response))
+    return Verdict({**body, request_key: kept}, finish)
+
+
 def topic_partitions_rule(*, operation: Op, topics_key: str, name_key: str, partitions_key: str, response_topics_key: str, response_partitions_key: str, index_of, denied_partition, empty_response, topic_name=None):
     """A rule for APIs whose request is topics -> partitions and whose
     denial is per partition (Produce, ListOffsets, DeleteRecords, ...)."""
@@ -147,22 +173,8 @@ def topic_partitions_rule(*, operation: Op, topics_key: str, name_key: str, part
         name_of = topic_name or (lambda topic, version: topic.get(name_key))
         topics = body.get(topics_key) or []
         kept, denied = split(topics, lambda topic: check.topic(operation, name_of(topic, version)))
-        if not denied:
-            return Verdict(body)
-        denied_entries = [
-            {name_key if name_key != "topic_id" else "topic_id": topic.get(name_key), response_partitions_key: [denied_partition(index_of(p), version) for p in topic.get(partitions_key) or []]}
-            for topic in denied
-        ]
-
-        def finish(response):
-            if response is None:
-                return None
-            response[response_topics_key] = list(response.get(response_topics_key) or []) + denied_entries
-            return response
-
-        if not kept:
-            return answer(finish(empty_response(body, version)))
-        return Verdict({**body, topics_key: kept}, finish)
+        denied_entries = [{name_key: topic.get(name_key), response_partitions_key: [denied_partition(index_of(p), version) for p in topic.get(partitions_key) or []]} for topic in denied]
+        return without_denied(body, topics_key, kept, denied_entries, response_topics_key, empty_response(body, version) if not kept else None)
 
     return rule
 
@@ -193,10 +205,12 @@ def produce(check: Check, version: int, body: dict) -> Verdict | None:
     topics = body.get("topic_data") or []
     transactional_id = body.get("transactional_id")
     # The hot path, in one pass and without a closure per topic: every topic
-    # writable (and no transactional batch without an id) lets the request through.
+    # writable (and no transactional batch) lets the request through. As
+    # Kafka's hasTransactionalRecords, a partition's first batch says
+    # whether it is transactional; the id alone asks for nothing.
     authorize, principal, host = check.authorizer.authorize, check.principal, check.host
     all_writable = True
-    transactional = transactional_id is not None
+    transactional = False
     for topic in topics:
         if all_writable and not authorize(principal, host, Op.WRITE, Res.TOPIC, topic.get("name")):
             all_writable = False
@@ -251,15 +265,8 @@ def fetch(check: Check, version: int, body: dict) -> Verdict | None:
     kept = [t for t, ok in zip(topics, allowed) if ok]
     denied = [t for t, ok in zip(topics, allowed) if not ok]
     denied_entries = _fetch_empty(body, version, [(t, TOPIC_DENIED) for t in denied])["responses"]
-
-    def finish(response):
-        response["responses"] = list(response.get("responses") or []) + denied_entries
-        return response
-
-    if not kept:
-        # Nothing to read: answer at once instead of long-polling on nothing.
-        return answer(finish(_fetch_empty(body, version, [])))
-    return Verdict({**body, "topics": kept}, finish)
+    # Nothing left to read: answered at once instead of long-polling on nothing.
+    return without_denied(body, "topics", kept, denied_entries, "responses", _fetch_empty(body, version, []))
 
 
 def _fetch_empty(body, version, topics_and_errors):
@@ -378,18 +385,14 @@ def create_topics(check: Check, version: int, body: dict) -> Verdict:
         kept, denied = split(body.get("topics") or [], lambda t: check.topic(Op.CREATE, t.get("name")))
     denied_entries = [{"name": t.get("name"), "error_code": TOPIC_DENIED, "error_message": "not authorized to create this topic", "num_partitions": -1, "replication_factor": -1, "configs": None} for t in denied]
 
-    def finish(response):
+    def hide_configs(response):
         for topic in response.get("topics") or []:
             # The created topic's configs are shown only with DESCRIBE_CONFIGS (as Kafka does).
             if topic.get("error_code") == ErrorCode.NONE and version >= 5 and not check.topic(Op.DESCRIBE_CONFIGS, topic.get("name")):
                 topic["configs"] = None
                 topic["topic_config_error_code"] = TOPIC_DENIED
-        response["topics"] = list(response.get("topics") or []) + denied_entries
-        return response
 
-    if not kept:
-        return answer(finish({"throttle_time_ms": 0, "topics": []}))
-    return Verdict({**body, "topics": kept}, finish)
+    return without_denied(body, "topics", kept, denied_entries, "topics", {"throttle_time_ms": 0, "topics": []}, also=hide_configs)
 
 
 def delete_topics(check: Check, version: int, body: dict) -> Verdict:
@@ -397,38 +400,27 @@ def delete_topics(check: Check, version: int, body: dict) -> Verdict:
         def name_of(entry):
             return entry.get("name") if entry.get("name") is not None else check.topics.name_for_id(entry.get("topic_id"))
 
+        def shown_name(entry):
+            # Asked by id: the name is told only to who may describe the
+            # topic (Kafka: the id is not secret, the name is).
+            if entry.get("name") is not None or check.topic(Op.DESCRIBE, name_of(entry)):
+                return name_of(entry)
+            return None
+
         kept, denied = split(body.get("topics") or [], lambda e: name_of(e) is None or check.topic(Op.DELETE, name_of(e)))
-        denied_entries = [{"name": name_of(e), "topic_id": e.get("topic_id"), "error_code": TOPIC_DENIED, "error_message": None} for e in denied]
+        denied_entries = [{"name": shown_name(e), "topic_id": e.get("topic_id"), "error_code": TOPIC_DENIED, "error_message": None} for e in denied]
         key = "topics"
     else:
         kept, denied = split(body.get("topic_names") or [], lambda name: check.topic(Op.DELETE, name))
         denied_entries = [{"name": name, "error_code": TOPIC_DENIED, "error_message": None} for name in denied]
         key = "topic_names"
-
-    def finish(response):
-        response["responses"] = list(response.get("responses") or []) + denied_entries
-        return response
-
-    if not denied:
-        return Verdict(body)
-    if not kept:
-        return answer(finish({"throttle_time_ms": 0, "responses": []}))
-    return Verdict({**body, key: kept}, finish)
+    return without_denied(body, key, kept, denied_entries, "responses", {"throttle_time_ms": 0, "responses": []})
 
 
 def create_partitions(check: Check, version: int, body: dict) -> Verdict:
     kept, denied = split(body.get("topics") or [], lambda t: check.topic(Op.ALTER, t.get("name")))
-    if not denied:
-        return Verdict(body)
     denied_entries = [{"name": t.get("name"), "error_code": TOPIC_DENIED, "error_message": None} for t in denied]
-
-    def finish(response):
-        response["results"] = list(response.get("results") or []) + denied_entries
-        return response
-
-    if not kept:
-        return answer(finish({"throttle_time_ms": 0, "results": []}))
-    return Verdict({**body, "topics": kept}, finish)
+    return without_denied(body, "topics", kept, denied_entries, "results", {"throttle_time_ms": 0, "results": []})
 
 
 def _config_resource_allowed(check: Check, operation: Op, resource: dict):
@@ -448,17 +440,8 @@ def configs_rule(operation: Op, response_key: str, denied_entry):
         for resource in body.get("resources") or []:
             error = _config_resource_allowed(check, operation, resource)
             (kept.append(resource) if error is None else denied.append((resource, error)))
-        if not denied:
-            return Verdict(body)
         denied_entries = [denied_entry(resource, error) for resource, error in denied]
-
-        def finish(response):
-            response[response_key] = list(response.get(response_key) or []) + denied_entries
-            return response
-
-        if not kept:
-            return answer(finish({"throttle_time_ms": 0, response_key: []}))
-        return Verdict({**body, "resources": kept}, finish)
+        return without_denied(body, "resources", kept, denied_entries, response_key, {"throttle_time_ms": 0, response_key: []})
 
     return rule
 
@@ -511,17 +494,8 @@ def find_coordinator(check: Check, version: int, body: dict) -> Verdict:
     for key in body.get("coordinator_keys") or []:
         error = _coordinator_allowed(check, key_type, key)
         (kept.append(key) if error is None else denied.append((key, error)))
-    if not denied:
-        return Verdict(body)
     denied_entries = [{"key": key, "node_id": -1, "host": "", "port": -1, "error_code": error, "error_message": None} for key, error in denied]
-
-    def finish(response):
-        response["coordinators"] = list(response.get("coordinators") or []) + denied_entries
-        return response
-
-    if not kept:
-        return answer(finish({"throttle_time_ms": 0, "coordinators": []}))
-    return Verdict({**body, "coordinator_keys": kept}, finish)
+    return without_denied(body, "coordinator_keys", kept, denied_entries, "coordinators", {"throttle_time_ms": 0, "coordinators": []})
 
 
 # -- transactions ------------------------------------------------------------------------------------------------
@@ -609,17 +583,7 @@ def _commit_partitions(topics, error):
 def _offset_commit_topics(check: Check, body: dict, empty: dict) -> Verdict:
     """READ on each topic: the denied ones TOPIC_AUTHORIZATION_FAILED, the rest proceed."""
     kept, denied = split(body.get("topics") or [], lambda t: check.topic(Op.READ, t.get("name")))
-    if not denied:
-        return Verdict(body)
-    denied_entries = _commit_partitions(denied, TOPIC_DENIED)
-
-    def finish(response):
-        response["topics"] = list(response.get("topics") or []) + denied_entries
-        return response
-
-    if not kept:
-        return answer(finish(dict(empty)))
-    return Verdict({**body, "topics": kept}, finish)
+    return without_denied(body, "topics", kept, _commit_partitions(denied, TOPIC_DENIED), "topics", dict(empty))
 
 
 def txn_offset_commit(check: Check, version: int, body: dict) -> Verdict:
@@ -643,16 +607,12 @@ def describe_transactions(check: Check, version: int, body: dict) -> Verdict:
     kept, denied = split(body.get("transactional_ids") or [], lambda t: check.transactional_id(Op.DESCRIBE, t))
     denied_entries = [{"error_code": TXN_DENIED, "transactional_id": t, "transaction_state": "", "topics": []} for t in denied]
 
-    def finish(response):
+    def hide_topics(response):
         for state in response.get("transaction_states") or []:
             # Only the topics the principal may describe (as Kafka does).
             state["topics"] = [t for t in state.get("topics") or [] if check.topic(Op.DESCRIBE, t.get("topic"))]
-        response["transaction_states"] = list(response.get("transaction_states") or []) + denied_entries
-        return response
 
-    if not kept:
-        return answer(finish({"throttle_time_ms": 0, "transaction_states": []}))
-    return Verdict({**body, "transactional_ids": kept}, finish)
+    return without_denied(body, "transactional_ids", kept, denied_entries, "transaction_states", {"throttle_time_ms": 0, "transaction_states": []}, also=hide_topics)
 
 
 # -- groups ------------------------------------------------------------------------------------------------------
@@ -749,16 +709,11 @@ def describe_groups(check: Check, version: int, body: dict) -> Verdict:
     ]
     with_operations = version >= 3 and body.get("include_authorized_operations", False)
 
-    def finish(response):
-        if with_operations:
-            for group in response.get("groups") or []:
-                group["authorized_operations"] = check.operations(Res.GROUP, group.get("group_id"))
-        response["groups"] = list(response.get("groups") or []) + denied_entries
-        return response
+    def add_operations(response):
+        for group in response.get("groups") or []:
+            group["authorized_operations"] = check.operations(Res.GROUP, group.get("group_id"))
 
-    if not kept:
-        return answer(finish({"throttle_time_ms": 0, "groups": []}))
-    return Verdict({**body, "groups": kept}, finish)
+    return without_denied(body, "groups", kept, denied_entries, "groups", {"throttle_time_ms": 0, "groups": []}, also=add_operations if with_operations else None)
 
 
 def list_groups(check: Check, version: int, body: dict) -> Verdict:
@@ -774,17 +729,8 @@ def list_groups(check: Check, version: int, body: dict) -> Verdict:
 
 def delete_groups(check: Check, version: int, body: dict) -> Verdict:
     kept, denied = split(body.get("groups_names") or [], lambda g: check.group(Op.DELETE, g))
-    if not denied:
-        return Verdict(body)
     denied_entries = [{"group_id": g, "error_code": GROUP_DENIED} for g in denied]
-
-    def finish(response):
-        response["results"] = list(response.get("results") or []) + denied_entries
-        return response
-
-    if not kept:
-        return answer(finish({"throttle_time_ms": 0, "results": []}))
-    return Verdict({**body, "groups_names": kept}, finish)
+    return without_denied(body, "groups_names", kept, denied_entries, "results", {"throttle_time_ms": 0, "results": []})
 
 
 # -- ACLs, quotas, credentials: cluster operations --------------------------------------------------------------

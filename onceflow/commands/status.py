@@ -26,8 +26,9 @@ DescribeProducers) leaves that section out, saying why (``unavailable``).
 ``gather()`` returns the whole screen as attrs values (no printing);
 ``render_text()`` and ``render_json()`` print it. ``--watch [SECONDS]``
 redraws until Ctrl-C; ``--json`` prints one JSON document (one per line
-under ``--watch``), its keys listed in the README. An unreachable broker is
-one line on stderr and exit status 1.
+under ``--watch``), its keys listed in the README. A failure is one line on
+stderr with the client commands' exit status (``onceflow.client_commands``:
+2 for an unreachable broker, 1 for a refused request).
 """
 
 from __future__ import annotations
@@ -38,7 +39,13 @@ import time
 
 import attrs
 
-from onceflow.client_commands import CommandError, add_bootstrap_option, client_options
+from onceflow.client_commands import (
+    CommandError,
+    add_bootstrap_option,
+    client_options,
+    reporting_errors,
+)
+from txn.admin import MemberDescription
 from txn.types import TopicPartition
 
 DEFAULT_WATCH_SECONDS = 2.0
@@ -65,23 +72,14 @@ class TopicStatus:
 
 
 @attrs.frozen
-class MemberStatus:
-    member_id: str
-    group_instance_id: str | None
-    client_id: str
-    host: str
-    assignment: tuple[TopicPartition, ...]
-
-
-@attrs.frozen
 class PartitionLag:
     topic: str
     partition: int
     committed_offset: int | None  # None: assigned, nothing committed yet
     high_watermark: int | None  # None: the partition is gone
     last_stable_offset: int | None
-    lag: int | None  # last_stable_offset - committed_offset
-    lag_uncommitted: int | None  # high_watermark - committed_offset
+    lag: int | None  # last_stable_offset - committed_offset, at least 0
+    lag_uncommitted: int | None  # high_watermark - committed_offset, at least 0
     member_id: str | None  # who has it assigned now
 
 
@@ -91,7 +89,7 @@ class GroupStatus:
     state: str
     protocol_type: str
     protocol: str
-    members: tuple[MemberStatus, ...]
+    members: tuple[MemberDescription, ...]  # txn.admin's, assignment sorted
     offsets: tuple[PartitionLag, ...]
     lag: int  # the sum over partitions with a committed offset
 
@@ -237,13 +235,13 @@ def _group_status(group, committed: dict, offsets: dict, topics) -> GroupStatus:
         found = committed.get(ref)
         committed_offset = found.offset if found is not None else None
         _start, high, stable = offsets.get(ref, (None, None, None))
-        lag = stable - committed_offset if committed_offset is not None and stable is not None else None
-        lag_uncommitted = high - committed_offset if committed_offset is not None and high is not None else None
+        # Never below 0: an offset committed past the LSO (by a
+        # read_uncommitted consumer) leaves nothing to read there, and a
+        # negative row would hide other partitions' lag in the group's total.
+        lag = max(0, stable - committed_offset) if committed_offset is not None and stable is not None else None
+        lag_uncommitted = max(0, high - committed_offset) if committed_offset is not None and high is not None else None
         lags.append(PartitionLag(ref.topic, ref.partition, committed_offset, high, stable, lag, lag_uncommitted, owner.get(ref)))
-    members = tuple(
-        MemberStatus(m.member_id, m.group_instance_id, m.client_id, m.host, tuple(sorted(m.assignment)))
-        for m in group.members
-    )
+    members = tuple(attrs.evolve(member, assignment=tuple(sorted(member.assignment))) for member in group.members)
     return GroupStatus(group.group_id, group.state, group.protocol_type, group.protocol, members, tuple(lags), sum(row.lag for row in lags if row.lag is not None))
 
 
@@ -407,8 +405,11 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    """Draw once (or, with ``--watch``, until Ctrl-C, which exits 0); a
+    failure before the first screen is one line and the client commands'
+    exit status (``reporting_errors``: 2 unreachable, 1 refused)."""
     from txn import Admin
-    from txn.errors import ConfigError, KafkaError, RetriesExhaustedError
+    from txn.errors import KafkaError, RetriesExhaustedError
 
     out = sys.stdout
     clear = args.watch is not None and not args.json and out.isatty()
@@ -421,25 +422,9 @@ def run(args) -> int:
         out.write(text)
         out.flush()
 
-    def fail(message: str) -> int:
-        print(f"onceflow status: {message}", file=sys.stderr)
-        return 1
-
-    try:
+    def watch(admin) -> int:
         try:
-            options = client_options(args)  # short timeouts; the shared security options
-        except CommandError as error:
-            return fail(str(error))
-        with Admin(bootstrap_servers=args.bootstrap_server, **options) as admin:
-            try:
-                draw(admin)
-            except (RetriesExhaustedError, ConnectionError, OSError, TimeoutError) as error:
-                return fail(f"cannot reach a broker at {args.bootstrap_server}: {error}")
-            except CommandError as error:
-                return fail(str(error))
-            except (KafkaError, ConfigError) as error:
-                return fail(str(error))
-            while args.watch is not None:
+            while True:
                 time.sleep(args.watch)
                 if not clear and not args.json:
                     out.write("\n")
@@ -448,6 +433,12 @@ def run(args) -> int:
                 except (RetriesExhaustedError, ConnectionError, OSError, TimeoutError, KafkaError, CommandError) as error:
                     # Keep watching: the broker may come back.
                     print(f"onceflow status: {error} (retrying every {args.watch:g}s)", file=sys.stderr, flush=True)
-    except KeyboardInterrupt:
-        return 0  # Ctrl-C is how --watch ends
-    return 0
+        except KeyboardInterrupt:
+            return 0  # Ctrl-C is how --watch ends
+
+    def status() -> int:
+        with Admin(bootstrap_servers=args.bootstrap_server, **client_options(args)) as admin:
+            draw(admin)
+            return watch(admin) if args.watch is not None else 0
+
+    return reporting_errors("status", args, status)

@@ -667,3 +667,27 @@ def test_our_clients_surface_kafkas_errors_at_once(acl_broker):
         consumer.poll(30)
     assert raised.value.code == ErrorCode.GROUP_AUTHORIZATION_FAILED
     assert log_end(broker, "no") == 0
+
+
+def test_delete_topics_by_id_does_not_tell_a_name_the_principal_may_not_describe(acl_broker):
+    """DeleteTopics v6 by topic id, as Kafka answers it: without DESCRIBE
+    the denial carries no name (the id is not secret, the name is); with
+    DESCRIBE but not DELETE the name is shown. Neither topic goes."""
+    broker = acl_broker([allow(Res.TOPIC, "seen", Op.DESCRIBE)])
+    create(broker, "hidden", "seen")
+    ids = broker.call(lambda b: {name: info.topic_id for name, info in b.replicas.topics.items()})
+    gone = request(broker.port, ApiKey.DELETE_TOPICS, 6, {"topics": [{"name": None, "topic_id": ids["hidden"]}, {"name": None, "topic_id": ids["seen"]}], "timeout_ms": 5000})
+    answers = sorted(((t["name"] or ""), t["error_code"]) for t in gone["responses"])
+    assert answers == [("", ErrorCode.TOPIC_AUTHORIZATION_FAILED), ("seen", ErrorCode.TOPIC_AUTHORIZATION_FAILED)]
+    assert broker.call(lambda b: {"hidden", "seen"} <= set(b.replicas.topics))
+
+
+
+def test_produce_with_a_transactional_id_but_no_transactional_batch_needs_no_write_on_it(acl_broker):
+    """Kafka checks WRITE on the transactional id only when the request
+    holds transactional records (ProduceRequest.hasTransactionalRecords)."""
+    broker = acl_broker([allow(Res.TOPIC, "t", Op.WRITE)])
+    create(broker, "t")
+    answer = request(broker.port, ApiKey.PRODUCE, 9, produce_body("t", transactional_id="app"))
+    assert answer["responses"][0]["partition_responses"][0]["error_code"] == ErrorCode.NONE
+    assert log_end(broker, "t") == 1

@@ -237,3 +237,31 @@ def test_a_crash_while_a_topic_is_created_leaves_all_of_it_or_none(broker_proces
     # And it stops and starts again like any topic.
     broker.restart(clean=False)
     assert partition_values(broker.bootstrap, "half", 39, isolation="read_uncommitted", expect=1) == [b"p39"]
+
+
+def test_retention_reaches_partitions_not_opened_since_start(tmp_path):
+    """Housekeeping opens a partition left closed since start only when it has
+    segments to delete or clean; one with a single segment stays closed."""
+    from broker.broker import EmbeddedBroker
+    from tests.helpers import wait_for
+
+    data_dir = str(tmp_path / "data")
+    segments = lambda topic: sorted(name for name in os.listdir(os.path.join(data_dir, f"{topic}-0")) if name.endswith(".log"))  # noqa: E731
+    with EmbeddedBroker(data_dir) as embedded:
+
+        def fill(broker):
+            broker.replicas.create_topic("expiring", 1, {"segment.bytes": "200", "retention.ms": "1000"})
+            broker.replicas.create_topic("quiet", 1)
+            for name, count in (("expiring", 12), ("quiet", 1)):
+                partition_log = broker.replicas.get_log(name, 0)
+                for i in range(count):
+                    partition_log.append(encode_batch([(b"k", b"v%d" % i * 20, (), 1_000 + i)]))  # timestamps long past
+                partition_log.flush()
+
+        embedded.call(fill)
+    assert len(segments("expiring")) > 3
+    with EmbeddedBroker(data_dir, properties={"log.retention.check.interval.ms": "100"}) as embedded:
+        wait_for(lambda: len(segments("expiring")) == 1, timeout=30, what="retention to delete the old segments")
+        assert embedded.call(lambda broker: broker.replicas.get_log("expiring", 0).log_start_offset) == 11
+        time.sleep(0.3)  # a few more housekeeping rounds
+        assert not embedded.call(lambda broker: broker.replicas.is_open("quiet", 0)), "a single segment: nothing to do, left closed"

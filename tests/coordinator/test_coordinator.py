@@ -82,6 +82,48 @@ def test_commit_writes_prepare_then_markers_then_complete():
     run(scenario())
 
 
+def test_end_txn_is_answered_once_prepare_is_durable_and_markers_and_complete_follow():
+    """Kafka's order: EndTxn waits for PrepareCommit to be durable and no
+    more; the markers and CompleteCommit are written after the answer."""
+
+    class HeldLog(FakeLog):
+        def __init__(self):
+            super().__init__()
+            self.durable = asyncio.Event()  # the PrepareCommit write "fsyncs" when set
+
+        async def write(self, metadata):
+            if metadata.state == TxnState.PREPARE_COMMIT:
+                await self.durable.wait()
+            await super().write(metadata)
+
+    class HeldMarkers(FakeMarkers):
+        def __init__(self):
+            super().__init__()
+            self.release = asyncio.Event()
+
+        async def write(self, metadata, commit):
+            await self.release.wait()
+            await super().write(metadata, commit)
+
+    async def scenario():
+        coordinator = TransactionCoordinator(txn_log=HeldLog(), markers=HeldMarkers(), producer_ids=FakeIds(), settings=CoordinatorSettings(), clock=ManualClock())
+        init = await coordinator.init_producer_id("tx", 60_000)
+        await coordinator.add_partitions("tx", init.producer_id, 0, [P0])
+        ending = asyncio.create_task(coordinator.end_transaction("tx", init.producer_id, 0, True))
+        await asyncio.sleep(0.01)
+        assert not ending.done(), "no answer before PrepareCommit is durable"
+        coordinator.txn_log.durable.set()
+        assert await asyncio.wait_for(ending, 5) == ErrorCode.NONE, "answered with the markers still unwritten"
+        assert coordinator.markers.written == []
+        assert [m.state for m in coordinator.txn_log.records][-1] == TxnState.PREPARE_COMMIT
+        coordinator.markers.release.set()
+        await coordinator.wait_idle()
+        assert coordinator.markers.written == [(init.producer_id, 0, True, [P0])]
+        assert coordinator.txn_log.records[-1].state == TxnState.COMPLETE_COMMIT
+
+    run(scenario())
+
+
 def test_end_txn_while_markers_are_being_written_is_concurrent():
     async def scenario():
         coordinator, _ = make()
@@ -283,3 +325,35 @@ def test_close_stops_a_change_in_flight_and_waits_for_it():
         await asyncio.wait([request])
 
     run(scenario())
+
+
+def test_transactional_produce_finds_its_producer_without_scanning_every_id():
+    import attrs
+
+    from coordinator.coordinator import TxnTable
+
+    async def scenario():
+        coordinator, _ = make()
+        ids = [await coordinator.init_producer_id(f"tx{i}", 60_000) for i in range(3)]
+        await coordinator.add_partitions("tx1", ids[1].producer_id, 0, [P0])
+        assert coordinator.verify_transactional_produce(ids[1].producer_id, 0, P0) == ErrorCode.NONE
+        assert coordinator.verify_transactional_produce(ids[1].producer_id, 0, P1) == ErrorCode.INVALID_TXN_STATE
+        assert coordinator.verify_transactional_produce(ids[2].producer_id, 0, P0) == ErrorCode.INVALID_TXN_STATE
+        assert coordinator.verify_transactional_produce(99_999, 0, P0) == ErrorCode.INVALID_TXN_STATE
+
+    run(scenario())
+    table = TxnTable()
+    coordinator, _ = make()
+
+    async def one():
+        return await coordinator.init_producer_id("a", 60_000)
+
+    first = run(one())
+    metadata = coordinator.txns["a"]
+    table["a"] = metadata
+    assert table.of_producer(first.producer_id) is metadata
+    moved = attrs.evolve(metadata, producer_id=first.producer_id + 7)  # a new producer id (epoch exhausted)
+    table["a"] = moved
+    assert table.of_producer(first.producer_id) is None and table.of_producer(first.producer_id + 7) is moved
+    table.pop("a")
+    assert table.of_producer(first.producer_id + 7) is None and "a" not in table

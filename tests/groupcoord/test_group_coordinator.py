@@ -6,7 +6,7 @@ import asyncio
 
 
 from groupcoord.coordinator import GroupCoordinator, GroupSettings
-from groupcoord.records import OffsetAndMetadata, decode_key, decode_offset_value, group_key, offset_key, offset_value
+from groupcoord.records import OffsetAndMetadata, decode_group_value, decode_key, decode_offset_value, group_key, offset_key, offset_value
 from groupcoord.state import GroupState
 from protocol.clock import ManualClock
 from protocol.errors import ErrorCode
@@ -30,10 +30,11 @@ def make(**settings):
     return coordinator, clock
 
 
-def join(coordinator, member_id="", session=1000, group="g", instance=None, protocols=(("range", b"meta"),)):
+def join(coordinator, member_id="", session=1000, group="g", instance=None, protocols=(("range", b"meta"),), skip_assignment_supported=False):
     return coordinator.join_group(
         group_id=group, member_id=member_id, group_instance_id=instance, client_id="c", client_host="h",
         session_timeout_ms=session, rebalance_timeout_ms=session, protocol_type="consumer", protocols=list(protocols), require_known_member_id=True,
+        skip_assignment_supported=skip_assignment_supported,
     )
 
 
@@ -191,6 +192,75 @@ def test_static_member_keeps_its_member_id_and_fences_impostors():
         await coordinator.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_restarted_static_follower_gets_its_assignment_back_without_a_rebalance():
+    """KIP-345: the follower's restart costs the group nothing (no member has
+    to hear of a rebalance and rejoin); the leader's restart still rebalances."""
+    async def scenario():
+        coordinator, _ = make()
+        a, b = await joined_together(coordinator, join(coordinator, instance="w-1"), join(coordinator, instance="w-2"))
+        leader = a if a["members"] else b
+        follower = b if leader is a else a
+        follower_instance = "w-2" if follower is b else "w-1"
+        leader_instance = "w-1" if follower_instance == "w-2" else "w-2"
+        assignments = [(leader["member_id"], b"L"), (follower["member_id"], b"F")]
+        await asyncio.gather(
+            coordinator.sync_group(group_id="g", generation_id=1, member_id=follower["member_id"], group_instance_id=follower_instance, assignments=[]),
+            coordinator.sync_group(group_id="g", generation_id=1, member_id=leader["member_id"], group_instance_id=leader_instance, assignments=assignments),
+        )
+        # The follower's process dies and a new one starts: an empty member id, the same instance id.
+        again = await asyncio.wait_for(join(coordinator, instance=follower_instance), 5)
+        assert again["error_code"] == ErrorCode.NONE and again["generation_id"] == 1
+        assert again["leader"] == leader["member_id"] and again["members"] == []
+        assert coordinator.groups["g"].state == GroupState.STABLE
+        # It took the old process's place under a member id of its own, written first:
+        # the old one (a zombie, if it were alive) is fenced, with Kafka's answer.
+        assert again["member_id"] != follower["member_id"]
+        written = {m["member_id"] for m in decode_group_value(coordinator.offsets_log.batches[-1][1][0][1])["members"]}
+        assert again["member_id"] in written and follower["member_id"] not in written
+        offsets = {("t", 0): OffsetAndMetadata(1)}
+        assert await coordinator.heartbeat(group_id="g", generation_id=1, member_id=follower["member_id"], group_instance_id=follower_instance) == ErrorCode.FENCED_INSTANCE_ID
+        assert await coordinator.txn_commit_offsets(group_id="g", producer_id=7, producer_epoch=0, generation_id=1, member_id=follower["member_id"],
+                                                    group_instance_id=follower_instance, offsets=offsets) == ErrorCode.FENCED_INSTANCE_ID
+        synced = await coordinator.sync_group(group_id="g", generation_id=1, member_id=again["member_id"], group_instance_id=follower_instance, assignments=[])
+        assert synced["error_code"] == ErrorCode.NONE and synced["assignment"] == b"F"
+        assert await coordinator.heartbeat(group_id="g", generation_id=1, member_id=leader["member_id"], group_instance_id=leader_instance) == ErrorCode.NONE
+        # Different protocols would change the group's choice: that rebalances.
+        changed = asyncio.ensure_future(join(coordinator, member_id=again["member_id"], instance=follower_instance, protocols=(("roundrobin", b"meta"), ("range", b"meta"))))
+        for _ in range(100):
+            await asyncio.sleep(0)
+        assert coordinator.groups["g"].state == GroupState.PREPARING_REBALANCE
+        changed.cancel()
+        await coordinator.stop()
+
+    async def leader_restarts():
+        coordinator, _ = make()
+        a, b = await joined_together(coordinator, join(coordinator, instance="w-1"), join(coordinator, instance="w-2"))
+        leader = a if a["members"] else b
+        leader_instance = "w-1" if leader is a else "w-2"
+        follower = b if leader is a else a
+        await asyncio.gather(
+            coordinator.sync_group(group_id="g", generation_id=1, member_id=follower["member_id"], group_instance_id=None, assignments=[]),
+            coordinator.sync_group(group_id="g", generation_id=1, member_id=leader["member_id"], group_instance_id=None, assignments=[(leader["member_id"], b"L"), (follower["member_id"], b"F")]),
+        )
+        # A client with JoinGroup v9 is told to skip the assignment (KIP-814): no rebalance.
+        skipping = await asyncio.wait_for(join(coordinator, instance=leader_instance, skip_assignment_supported=True), 5)
+        assert skipping["skip_assignment"] is True and skipping["generation_id"] == 1
+        assert {m["member_id"] for m in skipping["members"]} == {skipping["member_id"], follower["member_id"]}
+        assert coordinator.groups["g"].state == GroupState.STABLE
+        synced = await coordinator.sync_group(group_id="g", generation_id=1, member_id=skipping["member_id"], group_instance_id=None, assignments=[])
+        assert synced["assignment"] == b"L" and skipping["leader"] == skipping["member_id"]
+        # An older client cannot be: the leader's restart rebalances.
+        rejoin = asyncio.ensure_future(join(coordinator, instance=leader_instance))
+        for _ in range(100):
+            await asyncio.sleep(0)
+        assert coordinator.groups["g"].state == GroupState.PREPARING_REBALANCE, "the leader's restart rebalances"
+        rejoin.cancel()
+        await coordinator.stop()
+
+    asyncio.run(scenario())
+    asyncio.run(leader_restarts())
 
 
 def test_offsets_of_empty_groups_expire_after_retention():

@@ -3,7 +3,7 @@ records, a group with committed offsets and known lag, an open transaction
 holding the LSO (then committed), a hanging transaction written straight
 into the log. The JSON is checked field by field, the text for its key
 facts; ``--watch`` redraws until SIGINT; an unreachable broker is one line
-and exit status 1."""
+and exit status 2, as for the other client commands."""
 
 from __future__ import annotations
 
@@ -213,10 +213,10 @@ def test_watch_redraws_until_sigint(embedded_broker):
 
 
 @pytest.mark.slow
-def test_an_unreachable_broker_is_one_line_and_exit_1():
+def test_an_unreachable_broker_is_one_line_and_exit_2_as_for_the_other_client_commands():
     result = subprocess.run([sys.executable, "-m", "onceflow", "status", "--bootstrap-server", "127.0.0.1:1"], cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
                             env={**os.environ, "PYTHONWARNINGS": "ignore"})
-    assert result.returncode == 1 and result.stdout == ""
+    assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("onceflow status: cannot reach a broker at 127.0.0.1:1"), result.stderr
 
 
@@ -255,3 +255,20 @@ def test_watch_outlives_the_broker_and_still_ends_on_sigint(broker_process, tmp_
             process.kill()
     text = errors.read_text()
     assert "Traceback" not in text and all(line.startswith("onceflow status: ") for line in text.splitlines()), text
+
+
+def test_a_group_committed_past_the_lso_has_no_lag_there_and_it_lowers_no_other():
+    """A read_uncommitted consumer may commit past the LSO (an open
+    transaction's records): a read_committed one has nothing left to read
+    there (lag 0, not negative), and the group's total is not lowered by it."""
+    from types import SimpleNamespace
+
+    from txn.types import OffsetAndMetadata, TopicPartition
+
+    ahead, behind = TopicPartition("t", 0), TopicPartition("t", 1)
+    group = SimpleNamespace(group_id="g", state="Empty", protocol_type="consumer", protocol="", members=[])
+    committed = {ahead: OffsetAndMetadata(9, ""), behind: OffsetAndMetadata(2, "")}
+    offsets = {ahead: (0, 10, 6), behind: (0, 5, 5)}  # (log start, high watermark, LSO)
+    status = status_command._group_status(group, committed, offsets, ())
+    assert [(row.partition, row.lag, row.lag_uncommitted) for row in status.offsets] == [(0, 0, 1), (1, 3, 3)]
+    assert status.lag == 3

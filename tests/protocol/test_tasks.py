@@ -116,3 +116,41 @@ def test_owned_work_outlives_a_cancelled_caller_and_close_stops_it():
         assert cleaned == [True] and len(work) == 0
 
     asyncio.run(scenario())
+
+
+def test_a_connection_server_owns_its_connections(caplog):
+    """A bug serving one connection is logged and loses only that one;
+    stop() cancels a connection under way and returns once it has closed."""
+    from protocol.tasks import ConnectionServer
+
+    async def scenario():
+        closed = []
+
+        async def serve(reader, writer):
+            line = await reader.readline()
+            if line == b"bug\n":
+                raise RuntimeError("a bug")
+            writer.write(b"hello\n")
+            await writer.drain()
+            try:
+                await asyncio.sleep(3600)
+            finally:
+                closed.append(line)
+
+        server = ConnectionServer(serve, host="127.0.0.1", port=0, limit=1024, name="test server")
+        port = await server.start()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"bug\n")
+        assert await reader.read() == b"", "the failed connection is closed"
+        writer.close()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"hi\n")
+        assert await reader.readline() == b"hello\n"
+        assert server.open_connections == 1
+        await server.stop()
+        assert closed == [b"hi\n"] and server.open_connections == 0
+        assert await reader.read() == b""
+        writer.close()
+
+    asyncio.run(scenario())
+    assert "test server: serving" in caplog.text and "a bug" in caplog.text

@@ -248,20 +248,25 @@ def test_aborts_by_cause_restore_progress_and_lag_render_from_the_runners_state(
 def test_an_abort_in_a_real_run_is_counted_with_its_cause(broker_process, tmp_path):
     """A processor that stalls the loop past the session timeout once: the
     group moves on, the runner aborts (and says why), rejoins, and the output
-    is still every record exactly once."""
+    is still every record exactly once. Record r5 fails before the abort and
+    again after the rewind: it went to the dead-letter topic once, so it is
+    counted once (as records_out counts only committed records)."""
     broker = broker_process(*BROKER_CONFIG)
     with Admin(bootstrap_servers=broker.bootstrap) as admin:
-        admin.create_topics({"slow-in": 1, "slow-out": 1})
+        admin.create_topics({"slow-in": 1, "slow-out": 1, "stalling-dead-letters": 1})
     producer = Producer(bootstrap_servers=broker.bootstrap)
     for index in range(30):
         producer.send("slow-in", f"r{index}".encode(), key=b"k")
     producer.flush()
     producer.close()
-    app = streaming.App(broker.bootstrap, "stalling", str(tmp_path / "state"), session_timeout_ms=2000, heartbeat_interval_ms=200, commit_records=40)
+    app = streaming.App(broker.bootstrap, "stalling", str(tmp_path / "state"), session_timeout_ms=2000, heartbeat_interval_ms=200, commit_records=40, on_error="dead-letter")
     stalled = []
 
     @app.processor(source="slow-in", sink="slow-out")
     def copy(record, ctx):
+        ctx.count("copied")
+        if record.value == b"r5":
+            raise ValueError("poison")
         if record.value == b"r10" and not stalled:
             stalled.append(True)
             time.sleep(4)  # the loop (and its heartbeats) stops past the 2 s session
@@ -286,5 +291,8 @@ def test_an_abort_in_a_real_run_is_counted_with_its_cause(broker_process, tmp_pa
     assert set(causes) <= {"group_fenced", "partitions_lost", "commit_failed"}, causes
     assert sum(causes.values()) == app.metrics["aborts"] >= 1
     assert value(samples, "onceflow_runner_rebalances_total") >= 2, "it joined again"
-    out = read_all(broker.bootstrap, "slow-out", 1, expect=30)
-    assert sorted(record.value for record in out) == sorted(f"r{index}".encode() for index in range(30)), "exactly once through the abort"
+    out = read_all(broker.bootstrap, "slow-out", 1, expect=29)
+    assert sorted(record.value for record in out) == sorted(f"r{index}".encode() for index in range(30) if index != 5), "exactly once through the abort"
+    assert [record.value for record in read_all(broker.bootstrap, "stalling-dead-letters", 1, expect=1)] == [b"r5"]
+    assert value(samples, "onceflow_runner_dead_letters_total") == 1, "the dead letter of the aborted transaction is not counted"
+    assert value(samples, "onceflow_runner_app_counter_total", counter="copied") == 30, "a processor's count, once per committed record"

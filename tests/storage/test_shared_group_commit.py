@@ -1,0 +1,241 @@
+"""Group commit shared by many logs (``storage.group_commit.FsyncRounds``):
+appends waiting on different logs share one fsync round, a failed fsync
+fails only its own log, and a machine crash at any moment (the files cut
+back to what was fsynced, or torn anywhere past it) loses no acknowledged
+record of any log."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import threading
+import time
+
+import pytest
+
+from protocol.records import decode_batch, encode_batch, iter_batches
+from storage.config import LogConfig
+from storage.group_commit import FsyncRounds
+from storage.log import LogFailedError, PartitionLog
+from storage.segment import DiskIO
+
+
+def batch(i: int, records: int = 3) -> bytes:
+    return encode_batch([(b"key-%d" % i, b"v" * 40, (), 1_000_000 + i) for _ in range(records)])
+
+
+def group(**overrides) -> LogConfig:
+    values = {"segment_bytes": 1 << 20, "flush_policy": "group"}
+    values.update(overrides)
+    return LogConfig(**values)
+
+
+class CountingIO(DiskIO):
+    """Counts fsyncs, and fails those of the files whose path contains ``fail_in``."""
+
+    def __init__(self):
+        self.fsyncs = 0
+        self.fail_in: str | None = None
+
+    def fsync(self, fd):
+        if self.fail_in and self.fail_in in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(5, "Input/output error")
+        self.fsyncs += 1
+        super().fsync(fd)
+
+
+def test_appends_waiting_on_many_logs_share_one_round(tmp_path):
+    rounds = FsyncRounds()
+    io = CountingIO()
+    logs = [PartitionLog.open(str(tmp_path / f"p{i}"), group(), io=io, fsync_rounds=rounds) for i in range(8)]
+
+    async def scenario():
+        appended = [partition_log.append(batch(i)) for i, partition_log in enumerate(logs)]
+        waiters = [partition_log.wait_durable(info.last_offset) for partition_log, info in zip(logs, appended)]
+        await asyncio.wait_for(asyncio.gather(*waiters), 10)
+        assert rounds.rounds == 1, "eight logs waiting at once share one round"
+        assert rounds.fsyncs == 8 and io.fsyncs == 8
+        assert [partition_log.high_watermark for partition_log in logs] == [3] * 8
+        # What is appended during a round waits for the next one.
+        first = logs[0].append(batch(9))
+        await asyncio.sleep(0)
+        second = logs[1].append(batch(10))
+        await asyncio.wait_for(asyncio.gather(logs[0].wait_durable(first.last_offset), logs[1].wait_durable(second.last_offset)), 10)
+        assert logs[0].high_watermark == 6 and logs[1].high_watermark == 6
+        for partition_log in logs:
+            await partition_log.aclose()
+        await rounds.aclose()
+        assert rounds.task is None
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_fsync_fails_only_its_own_log(tmp_path):
+    rounds = FsyncRounds()
+    io = CountingIO()
+    logs = [PartitionLog.open(str(tmp_path / f"p{i}"), group(), io=io, fsync_rounds=rounds) for i in range(4)]
+    io.fail_in = f"{os.sep}p2{os.sep}"
+
+    async def scenario():
+        appended = [partition_log.append(batch(i)) for i, partition_log in enumerate(logs)]
+        results = await asyncio.wait_for(
+            asyncio.gather(*(partition_log.wait_durable(info.last_offset) for partition_log, info in zip(logs, appended)), return_exceptions=True), 10)
+        assert isinstance(results[2], LogFailedError)
+        assert [r for i, r in enumerate(results) if i != 2] == [None, None, None]
+        assert logs[2].failed is not None and logs[2].high_watermark == 0
+        assert all(logs[i].failed is None and logs[i].high_watermark == 3 for i in (0, 1, 3))
+        with pytest.raises(LogFailedError):
+            logs[2].append(batch(5))
+        more = logs[3].append(batch(6))  # the others go on
+        await asyncio.wait_for(logs[3].wait_durable(more.last_offset), 10)
+        for partition_log in logs:
+            await partition_log.aclose()
+        await rounds.aclose()
+
+    asyncio.run(scenario())
+
+
+class HeldWorkerFsync(DiskIO):
+    """fsyncs on worker threads wait for ``release``; closing a descriptor
+    under one is recorded."""
+
+    def __init__(self):
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.in_fsync: set[int] = set()
+        self.closed_during_fsync: list[int] = []
+        self.lock = threading.Lock()
+
+    def fsync(self, fd):
+        if threading.current_thread() is not threading.main_thread():
+            with self.lock:
+                self.in_fsync.add(fd)
+            self.entered.set()
+            try:
+                assert self.release.wait(10), "the test never released the fsync"
+            finally:
+                with self.lock:
+                    self.in_fsync.discard(fd)
+        super().fsync(fd)
+
+    def close(self, fd):
+        with self.lock:
+            if fd in self.in_fsync:
+                self.closed_during_fsync.append(fd)
+        super().close(fd)
+
+
+def test_aclose_of_one_log_waits_out_a_shared_round_covering_it(tmp_path):
+    rounds = FsyncRounds()
+    io = HeldWorkerFsync()
+    logs = [PartitionLog.open(str(tmp_path / f"p{i}"), group(), io=io, fsync_rounds=rounds) for i in range(3)]
+
+    async def scenario():
+        for i, partition_log in enumerate(logs):
+            partition_log.append(batch(i))  # three files: the round goes to worker threads
+        assert await asyncio.get_running_loop().run_in_executor(None, io.entered.wait, 10), "no worker fsync started"
+        closing = asyncio.create_task(logs[0].aclose())
+        await asyncio.sleep(0.1)
+        assert not closing.done() and not logs[0].closed, "aclose waits while the round fsyncs its files"
+        io.release.set()
+        await asyncio.wait_for(closing, 10)
+        for partition_log in logs[1:]:
+            await partition_log.aclose()
+        await rounds.aclose()
+
+    asyncio.run(scenario())
+    assert io.closed_during_fsync == []
+    assert all(PartitionLog.open(str(tmp_path / f"p{i}"), group()).log_end_offset == 3 for i in range(3))
+
+
+class PowerCutIO(DiskIO):
+    """Remembers, per segment file, how long it was at its last fsync: what a
+    machine crash cannot take back. Everything past it may be lost or torn."""
+
+    def __init__(self):
+        self.durable_size: dict[str, int] = {}
+        self.lock = threading.Lock()
+
+    def fsync(self, fd):
+        size = os.fstat(fd).st_size
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        time.sleep(0.002)  # a slow disk: appends made meanwhile are not covered by this fsync's size
+        super().fsync(fd)
+        with self.lock:
+            self.durable_size[path] = max(size, self.durable_size.get(path, 0))
+
+    def stop_the_machine(self) -> dict[str, int]:
+        """What is durable at this instant (an fsync still running may not be)."""
+        with self.lock:
+            return dict(self.durable_size)
+
+    @staticmethod
+    def cut_power(durable_size: dict[str, int], directories: list[str], rng: random.Random) -> None:
+        """Cut every segment back to a random length between its durable one
+        and its written one (torn anywhere past what is durable)."""
+        for directory in directories:
+            for name in os.listdir(directory):
+                if not name.endswith(".log"):
+                    continue
+                path = os.path.join(directory, name)
+                written = os.path.getsize(path)
+                durable = durable_size.get(path, 0)
+                if written > durable:
+                    os.truncate(path, rng.randint(durable, written))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(10))
+def test_a_machine_crash_loses_no_acknowledged_record_of_any_log(tmp_path, seed):
+    """Writers on eight logs sharing rounds (small segments: rolls happen,
+    rounds mix small and large, on the loop and on workers), cut at a random
+    moment; every file then loses or tears what it had not fsynced. Each
+    log, reopened (recovery), holds every batch acknowledged before the cut,
+    whole and in order."""
+    rng = random.Random(seed)
+    directories = [str(tmp_path / f"p{i}") for i in range(8)]
+    io = PowerCutIO()
+    rounds = FsyncRounds()
+    logs = [PartitionLog.open(d, group(segment_bytes=32 * 1024, flush_interval_ms=rng.choice([0, 0, 2])), io=io, fsync_rounds=rounds) for d in directories]
+    acknowledged: list[list[int]] = [[] for _ in logs]  # last offsets of acknowledged batches
+
+    async def writer(index: int) -> None:
+        """A client that keeps appending while earlier appends wait for
+        their round (as producers with requests in flight do)."""
+        partition_log = logs[index]
+        i = 0
+        while True:
+            info = partition_log.append(batch(i, records=rng.randint(1, 30)))
+            waiter = partition_log.wait_durable(info.last_offset)
+            waiter.add_done_callback(
+                lambda done, last=info.last_offset: None if done.cancelled() or done.exception() else acknowledged[index].append(last))
+            i += 1
+            await asyncio.sleep(rng.choice([0, 0, 0.0005, 0.002]))
+
+    async def scenario():
+        tasks = [asyncio.create_task(writer(i)) for i in range(len(logs))]
+        await asyncio.sleep(rng.uniform(0.05, 0.4))
+        # The machine stops at this instant: what was acknowledged so far, and
+        # what was durable (a worker's fsync still running does not count).
+        acknowledged_then = [list(offsets) for offsets in acknowledged]
+        durable_then = io.stop_the_machine()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await rounds.aclose()  # let the worker threads end before the files are cut
+        return acknowledged_then, durable_then
+
+    acknowledged_then, durable_then = asyncio.run(scenario())
+    assert all(acknowledged_then), "every writer had something acknowledged"
+    PowerCutIO.cut_power(durable_then, directories, rng)
+    for directory, acked in zip(directories, acknowledged_then):
+        reopened = PartitionLog.open(directory, group())
+        assert reopened.log_end_offset > max(acked), f"{directory}: acknowledged up to {max(acked)}, recovered to {reopened.log_end_offset}"
+        offsets = []
+        while len(offsets) < reopened.log_end_offset:
+            data = reopened.read(len(offsets), 1 << 20)
+            for position, _header in iter_batches(data):
+                offsets += [record.offset for record in decode_batch(data, position).records]
+        assert offsets == list(range(reopened.log_end_offset)), "whole batches, in order, nothing half-written"
+        reopened.close()
