@@ -436,3 +436,20 @@ def test_every_way_a_connection_ends_gives_its_slot_back(sasl_broker):
                 client.close()
 
     wait_for(two_at_once, timeout=10, what="both slots free")
+
+
+def test_a_broker_stops_at_once_with_tls_clients_connected(tmp_path):
+    """The clients stay connected and never send a close_notify: the stop
+    aborts them instead of waiting on each (asyncio's TLS close would wait
+    30 s)."""
+    ca = TestCA(tmp_path / "ca")
+    broker = EmbeddedBroker(
+        str(tmp_path / "data"), properties={"listeners": "SSL://127.0.0.1:0"}, ssl_certfile=ca.certfile, ssl_keyfile=ca.keyfile
+    ).start()
+    clients = [RawClient(broker.bootstrap_for("SSL"), context=ssl.create_default_context(cafile=ca.cafile)) for _ in range(3)]
+    for client in clients:
+        assert client.request(ApiKey.API_VERSIONS, 0, {})["error_code"] == 0
+    started = time.monotonic()
+    broker.stop()
+    assert time.monotonic() - started < 5
+    assert all(client.closed_by_peer(timeout=5) for client in clients)
