@@ -282,7 +282,7 @@ class KafkaServer:
                         answer = self._on_unsupported(error) if self._on_unsupported else None
                         if answer is None:
                             log.warning("closing connection from %s: %s", peer, error)
-                            raise _CloseConnection() from None
+                            return  # answer what came before it, then close (as for a malformed frame)
                         await pending.put(_ready(answer))
                         continue
                     if request is None:

@@ -453,3 +453,18 @@ def test_a_broker_stops_at_once_with_tls_clients_connected(tmp_path):
     broker.stop()
     assert time.monotonic() - started < 5
     assert all(client.closed_by_peer(timeout=5) for client in clients)
+
+
+def test_requests_before_an_unsupported_one_are_answered_then_the_connection_closes(sasl_broker):
+    broker = sasl_broker()
+    client = RawClient(broker.bootstrap)
+    _correlation, frame = client.connection.send_request(ApiKey.METADATA, 4, {"topics": [], "allow_auto_topic_creation": False})
+    unknown_api = struct.pack(">hhih", 9999, 0, 77, -1)  # api key 9999 v0, correlation 77, no client id
+    client.sock.sendall(frame + struct.pack(">i", len(unknown_api)) + unknown_api)
+    answers = []
+    client.sock.settimeout(10)
+    while (data := client.sock.recv(65536)):
+        client.connection.receive_data(data)
+        while (response := client.connection.next_response()) is not None:
+            answers.append(response.body)
+    assert len(answers) == 1 and answers[0]["brokers"]
