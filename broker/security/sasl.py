@@ -36,7 +36,6 @@ attribute the base64 of that header).
 from __future__ import annotations
 
 import enum
-import secrets
 
 import attrs
 
@@ -44,8 +43,6 @@ from broker.security.session import KafkaPrincipal
 from protocol import scram
 from protocol.errors import ErrorCode
 from protocol.messages import ApiKey
-
-MAX_NONCE_LENGTH = 512
 
 
 class SaslState(enum.Enum):
@@ -192,7 +189,7 @@ class ScramExchange:
         if authzid and scram.unescape_username(authzid[2:]) != name:
             # As Kafka: an authorization id may only name the user itself.
             raise scram.ScramError("client requested an authorization id that is different from username")
-        _check_nonce(client_nonce)
+        scram.check_nonce(client_nonce)
         credential = self._credentials.scram_credential(name, self.mechanism)
         self._known = credential is not None
         if credential is None:
@@ -201,7 +198,7 @@ class ScramExchange:
             credential = self._credentials.fake_scram_credential(name, self.mechanism)
         self._credential = credential
         self._name = name
-        self._nonce = client_nonce + secrets.token_urlsafe(24)
+        self._nonce = client_nonce + scram.new_nonce()
         self._client_first_bare = bare
         self._channel_binding = scram.b64encode(text[: len(text) - len(bare)].encode("utf-8"))
         self._server_first = f"r={self._nonce},s={scram.b64encode(credential.salt)},i={credential.iterations}"
@@ -228,13 +225,6 @@ class ScramExchange:
         self.username = self._name
         signature = scram.server_signature(self.mechanism, credential.server_key, auth_message)
         return f"v={scram.b64encode(signature)}".encode()
-
-
-def _check_nonce(nonce: str) -> None:
-    if not 0 < len(nonce) <= MAX_NONCE_LENGTH:
-        raise scram.ScramError(f"nonce of {len(nonce)} characters")
-    if any(not (0x21 <= ord(char) <= 0x7E) or char == "," for char in nonce):
-        raise scram.ScramError("nonce holds characters outside printable ASCII")
 
 
 # -- the connection's machine -------------------------------------------------------
