@@ -246,11 +246,6 @@ class SaslServer:
     expires_at_ms: int | None = attrs.field(default=None, init=False)
     _exchange: PlainExchange | ScramExchange | None = attrs.field(default=None, init=False)
 
-    @property
-    def authenticated(self) -> bool:
-        """Whether the connection has a principal (also while re-authenticating)."""
-        return self.principal is not None
-
     def _move(self, event: SaslEvent) -> None:
         self.state = transition(self.state, event)
 
