@@ -468,3 +468,29 @@ def test_requests_before_an_unsupported_one_are_answered_then_the_connection_clo
         while (response := client.connection.next_response()) is not None:
             answers.append(response.body)
     assert len(answers) == 1 and answers[0]["brokers"]
+
+
+@pytest.mark.parametrize("handshake_version", [1, 0])
+def test_a_request_pipelined_behind_a_refused_login_is_never_served(sasl_broker, handshake_version):
+    """Handshake, a wrong password and a Metadata in one write: the broker
+    answers the login's steps and closes; the Metadata gets no answer."""
+    broker = sasl_broker()
+    client = RawClient(broker.bootstrap_for("SASL_PLAINTEXT"))
+    _c, handshake = client.connection.send_request(ApiKey.SASL_HANDSHAKE, handshake_version, {"mechanism": "PLAIN"})
+    wrong = b"\0alice\0wrong"
+    if handshake_version == 0:
+        login = struct.pack(">i", len(wrong)) + wrong  # a bare token after a v0 handshake
+    else:
+        _c, login = client.connection.send_request(ApiKey.SASL_AUTHENTICATE, 1, {"auth_bytes": wrong})
+    _c, metadata = client.connection.send_request(ApiKey.METADATA, 4, {"topics": None, "allow_auto_topic_creation": True})
+    client.sock.sendall(handshake + login + metadata)
+    client.sock.settimeout(10)
+    received = b""
+    while (data := client.sock.recv(65536)):
+        received += data
+    frames = []
+    while received:
+        (size,) = struct.unpack(">i", received[:4])
+        frames.append(received[4 : 4 + size])
+        received = received[4 + size :]
+    assert len(frames) == (1 if handshake_version == 0 else 2)  # the handshake's answer (and the refusal's): no Metadata
