@@ -269,8 +269,7 @@ def offline_store(data_dir: str):
     directory's lock for as long as the caller changes it."""
     if not os.path.isdir(data_dir):
         os.makedirs(data_dir, exist_ok=True)
-    handle = open(os.path.join(data_dir, ".lock"), "a+")
-    try:
+    with open(os.path.join(data_dir, ".lock"), "a+") as handle:
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -281,5 +280,3 @@ def offline_store(data_dir: str):
             yield CredentialStore(data_dir).load()
         finally:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-    finally:
-        handle.close()

@@ -78,10 +78,6 @@ class RateMeter:
         else:
             self._windows.append([now, amount])
 
-    def unrecord(self, amount: float, now: float) -> None:
-        """Take back what a request recorded (used when it is refused)."""
-        self.record(-amount, now)
-
     def _expire(self, now: float) -> None:
         horizon = now - self.samples * self.window_seconds
         while self._windows and self._windows[0][0] <= horizon:

@@ -117,6 +117,7 @@ def test_wrong_password_is_the_brokers_refusal_and_does_not_show_the_password():
         (b"r={nonce}xyz,s=c2FsdA==,i=99999", "above 16384"),
         (b"r={nonce}xyz,s=!!notbase64,i=4096", "malformed"),
         (b"r={nonce}xyz,i=4096", "malformed"),
+        (b"r={nonce}x\x7fy,s=c2FsdA==,i=4096", "nonce is malformed"),  # a control character in the server's part
         (b"\xff\xfe", "malformed"),
         (b"m=ext,r={nonce}xyz,s=c2FsdA==,i=4096", "extension"),
     ],
