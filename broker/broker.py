@@ -45,14 +45,13 @@ import contextlib
 import fcntl
 import logging
 import os
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import attrs
 
 from broker.admin_apis import AdminApis
 from broker.apis import SUPPORTED_APIS, KafkaApis
 from broker.config import BrokerConfig
-from broker.metrics import BrokerMetrics, MeasuredDispatch
 from broker.replica import ReplicaManager
 from broker.server import KafkaServer
 from broker.storage_adapter import log_config_defaults, partition_log_opener, partition_needs_recovery, validate_log_properties
@@ -62,6 +61,9 @@ from protocol.tasks import cancel_and_wait
 from storage.durable import DiskIO
 from storage.group_commit import FsyncRounds
 from storage.index import IndexBudget
+
+if TYPE_CHECKING:
+    from broker.metrics import BrokerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +132,14 @@ class Broker:
         self._dispatcher = None
         # Prometheus metrics, when an address to serve them on is given.
         self.metrics_address = metrics_address
-        self.metrics: BrokerMetrics | None = BrokerMetrics() if metrics_address is not None else None
+        self.metrics: BrokerMetrics | None = None
+        if metrics_address is not None:
+            # Imported only here: prometheus_client (and the http, email and
+            # urllib modules it pulls in) is a fifth of a start's imports, and
+            # a broker without --metrics never uses it.
+            from broker.metrics import BrokerMetrics
+
+            self.metrics = BrokerMetrics()
         self.metrics_endpoint = None
         self.metrics_port: int | None = None
 
@@ -194,6 +203,8 @@ class Broker:
 
         dispatch = self._dispatch
         if self.metrics is not None:
+            from broker.metrics import MeasuredDispatch
+
             dispatch = MeasuredDispatch(dispatch, self.metrics, lambda: self.replicas.topics_by_id)
         try:
             await self._listen(dispatch)
