@@ -54,7 +54,13 @@ from broker.apis import SUPPORTED_APIS, KafkaApis
 from broker.config import BrokerConfig
 from broker.replica import ReplicaManager
 from broker.server import KafkaServer
-from broker.storage_adapter import log_config_defaults, partition_log_opener, partition_needs_recovery, validate_log_properties
+from broker.storage_adapter import (
+    log_config_defaults,
+    partition_holds_data,
+    partition_log_opener,
+    partition_needs_recovery,
+    validate_log_properties,
+)
 from protocol.clock import Clock
 from protocol.loop_thread import LoopThread
 from protocol.tasks import cancel_and_wait
@@ -170,6 +176,7 @@ class Broker:
                 open_log=partition_log_opener(io=self.seams.disk_io, index_budget=self.index_budget, flush_observer=self.metrics, fsync_rounds=self.fsync_rounds),
                 validate_config=validate_log_properties,
                 needs_recovery=partition_needs_recovery,
+                holds_data=partition_holds_data,
                 crash_point=self.seams.crash_point,
             )
             self.authorizer = self._load_authorizer(data_dir)
