@@ -121,7 +121,7 @@ class AdminApis:
                 result["error_code"] = ErrorCode.UNKNOWN_TOPIC_ID
             else:
                 try:
-                    info = self.replicas.delete_topic(name)
+                    info = await self.replicas.delete_topic(name)
                     if version >= 6:
                         result["topic_id"] = info.topic_id
                 except UnknownTopicError as error:

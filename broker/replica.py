@@ -98,6 +98,7 @@ class ReplicaManager:
         self._created_empty: set[tuple[str, int]] = set()
         self._waiters: dict[tuple[str, int], set[asyncio.Future]] = {}
         self._failed_opens: set[tuple[str, int]] = set()  # whose last open failed (logged in full once)
+        self._deleting: set[str] = set()  # topics whose delete is closing their logs
 
     # -- start and stop -----------------------------------------------------
 
@@ -230,6 +231,8 @@ class ReplicaManager:
         validate_topic_name(name)
         if name in self.topics:
             raise TopicExistsError(f"topic '{name}' already exists")
+        if name in self._deleting:
+            raise TopicExistsError(f"topic '{name}' is marked for deletion")
         if not isinstance(partitions, int) or partitions < 1:
             raise InvalidPartitionsError(f"number of partitions must be at least 1, not {partitions}")
         config = {str(k): str(v) for k, v in (config or {}).items()}
@@ -255,7 +258,14 @@ class ReplicaManager:
                 os.mkdir(path)
         fsync_directory(self.data_dir)
 
-    def delete_topic(self, name: str) -> TopicInfo:
+    async def delete_topic(self, name: str) -> TopicInfo:
+        """Unregister the topic, then close its open logs and remove its
+        directories. A log closes with ``aclose``, which first waits out a
+        group-commit round fsyncing its files on a worker thread (closing
+        them under it would fail that fsync, or let the thread fsync a
+        descriptor reused by another file). Meanwhile requests for the
+        topic find it unknown and a CreateTopics of the same name is refused
+        (TopicExistsError: Kafka's "marked for deletion")."""
         info = self.topics.get(name)
         if info is None:
             raise UnknownTopicError(f"topic '{name}' does not exist")
@@ -264,12 +274,31 @@ class ReplicaManager:
         self.store.save_topics(topics)  # unregistered first: leftovers are swept at start
         self.topics = topics
         self.topics_by_id.pop(info.topic_id, None)
+        closing = [(partition, self.logs.pop((name, partition), None)) for partition in range(info.partitions)]
         for partition in range(info.partitions):
-            partition_log = self.logs.pop((name, partition), None)
-            if partition_log is not None:
-                partition_log.close()
-            shutil.rmtree(self._partition_path(name, partition), ignore_errors=True)
+            self._failed_opens.discard((name, partition))
+            self._created_empty.discard((name, partition))
             self._wake((name, partition))
+        self._deleting.add(name)
+        try:
+            for partition, partition_log in closing:
+                if partition_log is not None:
+                    try:
+                        await partition_log.aclose()
+                    except Exception:
+                        # Its files go anyway: the topic is gone from the registry.
+                        log.exception("closing %s-%d for its topic's delete failed", name, partition)
+                shutil.rmtree(self._partition_path(name, partition), ignore_errors=True)
+        except BaseException:
+            # Cancelled (the broker stops): the rest close now, synchronously;
+            # a descriptor a worker still fsyncs stays open until it returns
+            # (LogSegment.pin_for_fsync). Their directories go at the next start.
+            for _partition, partition_log in closing:
+                if partition_log is not None and not partition_log.closed:
+                    partition_log.close()
+            raise
+        finally:
+            self._deleting.discard(name)
         log.info("deleted topic %s", name)
         return info
 
