@@ -6,6 +6,7 @@ serving every other partition, and the next request tries the open again."""
 from __future__ import annotations
 
 import errno
+import os
 import threading
 
 from confluent_kafka import KafkaError, Producer
@@ -94,3 +95,25 @@ def test_a_partition_that_cannot_open_gets_storage_errors_and_the_others_keep_wo
         disk.broken.clear()
         assert produce_one(broker.bootstrap, 1, b"after") is None
         assert sorted(read_values(broker.bootstrap, TOPIC, partitions=2, expect=2)) == [b"after", b"kept"]
+
+
+def test_a_partition_whose_recovery_fails_at_start_stays_offline_and_the_broker_serves(tmp_path):
+    data_dir = str(tmp_path)
+    with EmbeddedBroker(data_dir) as broker:
+        create_topic(broker.bootstrap, TOPIC, 2)
+        assert produce_one(broker.bootstrap, 0, b"zero") is None
+        assert produce_one(broker.bootstrap, 1, b"one") is None
+    # As after a crash: no partition vouches for its files, so start recovers both.
+    for name in (".clean_shutdown", f"{TOPIC}-0/.clean_shutdown", f"{TOPIC}-1/.clean_shutdown"):
+        os.remove(os.path.join(data_dir, name))
+    disk = NoOpenUnder(f"{TOPIC}-1")
+    disk.broken.set()
+    with EmbeddedBroker(data_dir, seams=FaultSeams(disk_io=disk)) as broker:
+        recovered = broker.call(lambda b: list(b.replicas.recovered_at_start))
+        assert (TOPIC, 0) in recovered and (TOPIC, 1) not in recovered and disk.refused >= 1
+        error = produce_one(broker.bootstrap, 1, b"refused")
+        assert error is not None and error.code() == KafkaError.KAFKA_STORAGE_ERROR, error
+        assert produce_one(broker.bootstrap, 0, b"zero again") is None
+        disk.broken.clear()
+        assert produce_one(broker.bootstrap, 1, b"one again") is None
+        assert sorted(read_values(broker.bootstrap, TOPIC, partitions=2, expect=4)) == [b"one", b"one again", b"zero", b"zero again"]
