@@ -111,7 +111,12 @@ class UserScramApis:
                 credential = credential_from_salted(mechanism, bytes(entry["salted_password"]), bytes(entry["salt"]), entry["iterations"])
                 changes.append((name, mechanism.name, credential))
         if changes:
-            self.credentials.change(changes)
+            try:
+                self.credentials.change(changes)
+            except OSError as error:
+                log.error("could not store SCRAM credentials: %s", error)
+                for name, _mechanism, _credential in changes:
+                    errors.setdefault(name, (ErrorCode.UNKNOWN_SERVER_ERROR, f"the credentials could not be stored: {error}"))
         changed = [name for name in order if name not in errors]
         if changed:
             log.info("SCRAM credentials changed for %s", ", ".join(changed))

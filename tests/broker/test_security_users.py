@@ -230,3 +230,24 @@ def test_one_alter_request_is_one_write_so_a_crash_cannot_split_a_users_changes(
     answer = asyncio.run(UserScramApis(credentials=store).handle_alter(0, body))
     assert FailsAfterFirstWrite.writes == 1 and answer["results"][0]["error_code"] == 0
     assert CredentialStore(str(tmp_path)).load().users() == {"alice": ("SCRAM-SHA-512",)}
+
+
+def test_a_credential_change_the_disk_refuses_is_answered_with_an_error_and_changes_nothing(tmp_path):
+    import asyncio
+
+    from broker.security.user_apis import UserScramApis
+    from protocol import scram
+    from protocol.errors import ErrorCode
+    from storage.durable import DiskIO
+
+    class FullDisk(DiskIO):
+        def write(self, fd, data):
+            raise OSError(28, "No space left on device")
+
+    store = CredentialStore(str(tmp_path), io=FullDisk()).load()
+    salt = os.urandom(16)
+    upsertion = {"name": "alice", "mechanism": scram.SCRAM_SHA_256.kafka_type, "iterations": 4096, "salt": salt, "salted_password": salt}
+    answer = asyncio.run(UserScramApis(credentials=store).handle_alter(0, {"deletions": [], "upsertions": [upsertion]}))
+    assert answer["results"][0]["error_code"] == ErrorCode.UNKNOWN_SERVER_ERROR
+    assert "No space left" in answer["results"][0]["error_message"]
+    assert store.users() == {} and CredentialStore(str(tmp_path)).load().users() == {}
