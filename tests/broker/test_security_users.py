@@ -176,8 +176,11 @@ def test_the_credential_and_acl_files_are_readable_by_the_owner_only(tmp_path):
         assert os.stat(path).st_mode & 0o077 == 0, f"{path} is {oct(os.stat(path).st_mode & 0o777)}"
     # A file an earlier version left world-readable is tightened when loaded.
     os.chmod(store.path, 0o644)
+    os.chmod(acls.path, 0o644)
     CredentialStore(str(tmp_path)).load()
-    assert os.stat(store.path).st_mode & 0o077 == 0
+    assert len(AclStore(str(tmp_path)).load()) == 1
+    for path in (store.path, acls.path):
+        assert os.stat(path).st_mode & 0o077 == 0, f"{path} is {oct(os.stat(path).st_mode & 0o777)}"
 
 
 def test_a_write_that_fails_midway_keeps_the_old_credentials(tmp_path):
