@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import urllib.request
 
 from confluent_kafka import KafkaError, Producer
 
@@ -50,9 +51,13 @@ def partition_codes(response: dict, topics_field: str, partitions_field: str, in
 
 def test_a_partition_that_cannot_open_gets_storage_errors_and_the_others_keep_working(tmp_path):
     disk = NoOpenUnder(f"{TOPIC}-1")
-    with EmbeddedBroker(str(tmp_path), seams=FaultSeams(disk_io=disk)) as broker:
+    with EmbeddedBroker(str(tmp_path), seams=FaultSeams(disk_io=disk), metrics_address=("127.0.0.1", 0)) as broker:
         create_topic(broker.bootstrap, TOPIC, 2)
         disk.broken.set()
+        # A metrics scrape reports what is open and never opens a partition.
+        with urllib.request.urlopen(broker.metrics_url, timeout=10) as scrape:
+            assert scrape.status == 200 and scrape.read()
+        assert disk.refused == 0 and not broker.call(lambda b: b.replicas.is_open(TOPIC, 1))
 
         # A real client: its record for the broken partition fails with
         # KAFKA_STORAGE_ERROR; the other partition takes its record.
