@@ -168,7 +168,7 @@ class BrokerConfig:
         return (Listener(PLAINTEXT, PLAINTEXT, self.host, self.port, self.advertised_host, self.advertised_port),)
 
     @classmethod
-    def from_properties(cls, properties: dict, **fields) -> "BrokerConfig":
+    def from_properties(cls, properties: dict, **fields) -> BrokerConfig:
         """Build from Kafka-style names; unknown names that are topic settings go to log_defaults."""
         values = dict(fields)
         log_defaults = dict(values.pop("log_defaults", {}) or {})
@@ -227,5 +227,5 @@ class BrokerConfig:
                 values["listeners"] = (first, *values["listeners"][1:])
         return cls(log_defaults=log_defaults, **values)
 
-    def with_data_dir(self, data_dir: str) -> "BrokerConfig":
+    def with_data_dir(self, data_dir: str) -> BrokerConfig:
         return attrs.evolve(self, data_dir=os.path.abspath(data_dir))

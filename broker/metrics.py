@@ -40,6 +40,7 @@ import time
 import uuid
 from collections.abc import Callable
 
+import attrs
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -52,11 +53,11 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from broker.security.session import ANONYMOUS, Session
-from coordinator.state import TxnState
+from coordinator.state import STATE_NAMES, TxnState
 from coordinator.txn_log import partition_for
 from protocol.errors import ErrorCode
 from protocol.messages import ApiKey
-from protocol.metrics_http import MetricsEndpoint
+from protocol.metrics_http import MetricsEndpoint, MetricsListenError
 
 REQUEST_SECONDS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 FSYNC_SECONDS_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -72,10 +73,6 @@ def _camel(name: str) -> str:
 # Kafka's request names (its RequestMetrics use them: Produce, EndTxn, ...).
 API_NAMES = {int(key): _camel(key.name) for key in ApiKey}
 ERROR_NAMES = {int(code): code.name for code in ErrorCode}
-
-
-class MetricsListenError(OSError):
-    """The metrics endpoint could not bind its address."""
 
 
 class BrokerMetrics:
@@ -139,10 +136,7 @@ class BrokerMetrics:
     async def serve(self, host: str, port: int) -> MetricsEndpoint:
         """Start serving ``/metrics`` on ``host:port`` (this loop); MetricsListenError if it cannot bind."""
         endpoint = MetricsEndpoint(self.render, host=host, port=port, content_type=self.content_type)
-        try:
-            await endpoint.start()
-        except OSError as error:
-            raise MetricsListenError(error.errno, f"cannot serve metrics on {host}:{port}: {error.strerror or error}") from None
+        await endpoint.start()
         return endpoint
 
     # -- hooks the broker's parts call -----------------------------------------------
@@ -349,12 +343,12 @@ def fetch_error_codes(response: dict) -> list[int]:
     return codes
 
 
+@attrs.define(eq=False)
 class BrokerStateCollector:
     """Gauges read from the broker's state at scrape time (on its loop)."""
 
-    def __init__(self, broker, metrics: BrokerMetrics):
-        self.broker = broker
-        self.metrics = metrics
+    broker: object  # broker.broker.Broker
+    metrics: BrokerMetrics
 
     def collect(self):
         broker = self.broker
@@ -417,14 +411,15 @@ class BrokerStateCollector:
         labels = ["coordinator_partition"]
         open_txns = GaugeMetricFamily("onceflow_transaction_coordinator_open_transactions", "Open transactions (Ongoing or being completed), by __transaction_state partition", labels=labels)
         oldest = GaugeMetricFamily("onceflow_transaction_coordinator_oldest_open_transaction_age_seconds", "Age of the oldest open transaction, by __transaction_state partition", labels=labels)
-        by_state = GaugeMetricFamily("onceflow_transactional_ids", "Transactional ids the coordinator holds, by state", labels=["state"])
+        by_state = GaugeMetricFamily("onceflow_transactional_ids", "Transactional ids the coordinator holds, by state (Kafka's names: Ongoing, PrepareCommit, ...)", labels=["state"])
         if transactions is not None:
             partitions = transactions.partitions
             counts: dict[int, int] = {}
             firsts: dict[int, int] = {}
             states: dict[str, int] = {}
             for transactional_id, metadata in list(transactions.coordinator.txns.items()):
-                states[metadata.state.name] = states.get(metadata.state.name, 0) + 1
+                state_name = STATE_NAMES[metadata.state]
+                states[state_name] = states.get(state_name, 0) + 1
                 if metadata.state in OPEN_TXN_STATES:
                     partition = partition_for(transactional_id, partitions)
                     counts[partition] = counts.get(partition, 0) + 1
@@ -434,8 +429,8 @@ class BrokerStateCollector:
                 open_txns.add_metric([str(partition)], counts.get(partition, 0))
             for partition, first in sorted(firsts.items()):
                 oldest.add_metric([str(partition)], max(0, now_ms - first) / 1000.0)
-            for state in TxnState:
-                by_state.add_metric([state.name], states.get(state.name, 0))
+            for state_name in STATE_NAMES.values():
+                by_state.add_metric([state_name], states.get(state_name, 0))
         yield from (open_txns, oldest, by_state)
 
     def _groups(self, groups, replicas):

@@ -54,7 +54,7 @@ from broker.security.tls import principal_from_certificate
 from protocol import framing
 from protocol.errors import MalformedFrameError
 from protocol.messages import ApiKey
-from protocol.tasks import cancel_and_wait
+from protocol.tasks import ConnectionServer
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +103,6 @@ class _Connection:
     raw_tokens: bool = False  # after a v0 SaslHandshake, until the login ends
 
 
-# How long a closing connection may wait for the peer (TLS close_notify).
-_CLOSE_TIMEOUT = 2.0
 # How long a refused login's connection stays open for the peer to read the
 # answer and close first.
 _LINGER_AFTER_REFUSAL = 1.0
@@ -149,8 +147,6 @@ class KafkaServer:
         self._failed_authentication_delay = failed_authentication_delay
         self._pre_authentication_max_frame_size = min(pre_authentication_max_frame_size, max_frame_size)
         self._dispatch = dispatch
-        self._host = host
-        self._port = port
         self._max_frame_size = max_frame_size
         self._max_inflight = max_inflight_per_connection
         self._on_unsupported = on_unsupported
@@ -158,37 +154,29 @@ class KafkaServer:
         # every version the schema tables know, for tests of the server alone).
         self._supported_versions = supported_versions
         self._on_connection = on_connection
-        self._server: asyncio.base_events.Server | None = None
-        self._connections: set[asyncio.Task] = set()
+        # The TCP listener owns every connection's task (stop() cancels and
+        # waits for them; a bug loses one connection, logged).
+        self._tcp = ConnectionServer(self._accept, host=host, port=port, limit=1 << 20, name=f"listener {self.listener}")
         self.bound_port: int | None = None
 
     @property
     def open_connections(self) -> int:
         """Connections being served now (a closed one counts until its
         in-flight requests have been answered or cancelled)."""
-        return len(self._connections)
+        return self._tcp.open_connections
 
     async def start(self) -> int:
         """Bind and listen; a bind failure raises here, to the caller."""
-        self._server = await asyncio.start_server(
-            self._accept, self._host, self._port, reuse_address=True, limit=1 << 20
-        )
-        self.bound_port = self._server.sockets[0].getsockname()[1]
+        self.bound_port = await self._tcp.start()
         return self.bound_port
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        # The connection tasks are asyncio.start_server's; this server owns them.
-        await cancel_and_wait(*self._connections)
-        if self._server is not None:
-            await self._server.wait_closed()
-            self._server = None
+        await self._tcp.stop()
         if self._password_checker is not None:
             self._password_checker.shutdown(wait=False, cancel_futures=True)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
+        """One connection, counted by the limiter for as long as it is served."""
         peer = writer.get_extra_info("peername")
         ip = peer[0] if isinstance(peer, tuple) and peer else ""
         refusal = self._limiter.try_open(ip) if self._limiter is not None else None
@@ -196,35 +184,11 @@ class KafkaServer:
             log.warning("refusing connection from %s on %s: %s", peer, self.listener.name, refusal)
             writer.transport.abort()
             return
-        self._connections.add(task)
-        stopping = False
         try:
             await self._serve(reader, writer, peer)
-        except asyncio.CancelledError:
-            # stop() cancelled this connection. This is the top of the task
-            # (nobody above waits to be cancelled) and it must end normally:
-            # start_server's done-callback calls task.exception(), which
-            # raises on a cancelled task and is logged as an error.
-            stopping = True
-        except Exception:  # a bug on our side: log it, lose only this connection
-            log.exception("connection from %s failed", peer)
         finally:
-            self._connections.discard(task)
             if self._limiter is not None:
                 self._limiter.closed(ip)
-            if stopping:
-                writer.transport.abort()  # the broker stops: no goodbyes
-            writer.close()
-            try:
-                # A TLS close waits for the peer's close_notify (asyncio's
-                # default: 30 s); a peer that never sends one must not hold
-                # up the broker's stop.
-                async with asyncio.timeout(_CLOSE_TIMEOUT):
-                    await writer.wait_closed()
-            except TimeoutError:
-                writer.transport.abort()
-            except (OSError, asyncio.CancelledError):
-                pass  # the same top of the task: closing is all that is left
 
     async def _serve(self, reader, writer, peer) -> None:
         deadline = asyncio.get_running_loop().time() + self._authentication_timeout
@@ -318,7 +282,7 @@ class KafkaServer:
                         answer = self._on_unsupported(error) if self._on_unsupported else None
                         if answer is None:
                             log.warning("closing connection from %s: %s", peer, error)
-                            raise _CloseConnection() from None
+                            return  # answer what came before it, then close (as for a malformed frame)
                         await pending.put(_ready(answer))
                         continue
                     if request is None:

@@ -14,7 +14,7 @@ import time
 
 from broker.security.listeners import advertised_address
 from coordinator.metadata import TopicPartition
-from coordinator.state import TxnState
+from coordinator.state import STATE_NAMES
 from coordinator.txn_log import partition_for
 from protocol.constants import CoordinatorType
 from protocol.errors import ErrorCode
@@ -24,17 +24,6 @@ log = logging.getLogger(__name__)
 
 OFFSETS_TOPIC = "__consumer_offsets"
 
-# Kafka's names for the states in ListTransactions/DescribeTransactions.
-STATE_NAMES = {
-    TxnState.EMPTY: "Empty",
-    TxnState.ONGOING: "Ongoing",
-    TxnState.PREPARE_COMMIT: "PrepareCommit",
-    TxnState.PREPARE_ABORT: "PrepareAbort",
-    TxnState.COMPLETE_COMMIT: "CompleteCommit",
-    TxnState.COMPLETE_ABORT: "CompleteAbort",
-    TxnState.DEAD: "Dead",
-    TxnState.PREPARE_EPOCH_FENCE: "PrepareEpochFence",
-}
 
 
 class TransactionApis:

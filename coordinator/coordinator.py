@@ -38,7 +38,7 @@ from typing import Callable, Iterable, Protocol
 import attrs
 
 from coordinator.metadata import MAX_PRODUCER_EPOCH, NO_PRODUCER_EPOCH, NO_PRODUCER_ID, TopicPartition, TxnMetadata
-from coordinator.state import InvalidTransition, TxnState
+from coordinator.state import STATE_NAMES, InvalidTransition, TxnState
 from protocol.clock import Clock
 from protocol.errors import ErrorCode
 from protocol.tasks import OwnedWork
@@ -475,7 +475,7 @@ def _state_name(state: TxnState | str | None) -> str:
     """Kafka's name of a state (``PrepareCommit``), as ListTransactions shows it."""
     if state is None:
         return "none"
-    return state if isinstance(state, str) else "".join(word.capitalize() for word in state.name.split("_"))
+    return state if isinstance(state, str) else STATE_NAMES[state]
 
 
 def _log_change(metadata: TxnMetadata, old: TxnState | None, new: TxnState | str) -> None:

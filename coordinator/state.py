@@ -38,6 +38,20 @@ class TxnState(enum.IntEnum):
         return self in (TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT)
 
 
+# Kafka's names of the states, as ListTransactions and DescribeTransactions
+# carry them (and as logs, metrics and ``onceflow status`` show them).
+STATE_NAMES = {
+    TxnState.EMPTY: "Empty",
+    TxnState.ONGOING: "Ongoing",
+    TxnState.PREPARE_COMMIT: "PrepareCommit",
+    TxnState.PREPARE_ABORT: "PrepareAbort",
+    TxnState.COMPLETE_COMMIT: "CompleteCommit",
+    TxnState.COMPLETE_ABORT: "CompleteAbort",
+    TxnState.DEAD: "Dead",
+    TxnState.PREPARE_EPOCH_FENCE: "PrepareEpochFence",
+}
+
+
 class TxnEvent(enum.Enum):
     INIT_PRODUCER_ID = "InitProducerId"  # a (re)started producer: bump epoch, start clean
     ADD_PARTITIONS = "AddPartitionsToTxn"  # also AddOffsetsToTxn (adds the offsets partition)

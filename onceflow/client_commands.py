@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 # A command line is interactive: give up on an unreachable broker in seconds.

@@ -37,6 +37,10 @@ REQUEST_TIMEOUT = 10.0  # seconds for the whole request head
 REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 500: "Internal Server Error"}
 
 
+class MetricsListenError(OSError):
+    """The metrics endpoint could not bind its address."""
+
+
 class MetricsEndpoint:
     """Serves ``render()`` at ``path`` on ``host:port`` (0: a free port)."""
 
@@ -44,6 +48,7 @@ class MetricsEndpoint:
         self._render = render
         self._content_type = content_type
         self._path = path
+        self._address = f"{host}:{port}"
         self._server = ConnectionServer(self._serve_scraper, host=host, port=port, limit=MAX_HEADER_BYTES, name="metrics endpoint")
 
     @property
@@ -51,8 +56,12 @@ class MetricsEndpoint:
         return self._server.bound_port
 
     async def start(self) -> int:
-        """Bind and listen; a bind failure raises here, to the caller."""
-        return await self._server.start()
+        """Bind and listen; a bind failure raises ``MetricsListenError``
+        here, to the caller, naming the address."""
+        try:
+            return await self._server.start()
+        except OSError as error:
+            raise MetricsListenError(error.errno, f"cannot serve metrics on {self._address}: {error.strerror or error}") from None
 
     async def stop(self) -> None:
         """Stop listening; every scrape under way is cancelled and closed."""
@@ -100,4 +109,4 @@ class MetricsEndpoint:
         await writer.drain()
 
 
-__all__ = ["MetricsEndpoint"]
+__all__ = ["MetricsEndpoint", "MetricsListenError"]

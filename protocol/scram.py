@@ -15,6 +15,7 @@ import base64
 import hashlib
 import hmac
 import os
+import secrets
 
 import attrs
 
@@ -117,6 +118,24 @@ def verify_client_proof(mechanism: ScramMechanism, credential: ScramCredential, 
 def server_signature(mechanism: ScramMechanism, key_of_server: bytes, auth_message: bytes) -> bytes:
     """ServerSignature = HMAC(ServerKey, AuthMessage), sent as ``v=``."""
     return mechanism.hmac(key_of_server, auth_message)
+
+
+MAX_NONCE_LENGTH = 512
+
+
+def new_nonce() -> str:
+    """A fresh nonce part: 24 random bytes as printable characters without
+    ',' (RFC 5802 section 5.1), for the client's nonce and the server's
+    extension of it alike."""
+    return secrets.token_urlsafe(24)
+
+
+def check_nonce(nonce: str) -> None:
+    """A peer's nonce must be printable ASCII without ',' and of a sane length."""
+    if not 0 < len(nonce) <= MAX_NONCE_LENGTH:
+        raise ScramError(f"nonce of {len(nonce)} characters")
+    if any(not (0x21 <= ord(char) <= 0x7E) or char == "," for char in nonce):
+        raise ScramError("nonce holds characters outside printable ASCII")
 
 
 def parse_attributes(message: str) -> dict[str, str]:

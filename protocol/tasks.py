@@ -25,7 +25,10 @@ through ``asyncio.shield``: cancelled, it loses only its answer.
 
 ``ConnectionServer`` is the owner for a TCP listener's connections: each
 connection is a task of ``asyncio.start_server``'s, which the server keeps
-and ``stop()`` cancels and waits for.
+and ``stop()`` cancels and waits for. A stopping server aborts its
+connections (no goodbyes), and a closing one waits at most
+``CLOSE_TIMEOUT`` for the peer (a TLS close waits for its close_notify,
+30 s by asyncio's default).
 
 Why it lives in ``protocol``: clients (``txn``), coordinators, the broker and
 the fault harness all stop tasks, and ``protocol`` is the one room each of
@@ -101,6 +104,10 @@ class OwnedWork:
         await cancel_and_wait(*self._tasks)
 
 
+# How long a closing connection may wait for its peer (a TLS close_notify).
+CLOSE_TIMEOUT = 2.0
+
+
 class ConnectionServer:
     """A TCP listener that owns the task of every connection it accepts:
     ``start()`` binds and listens (a bind failure raises to the caller),
@@ -139,6 +146,7 @@ class ConnectionServer:
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         self._connections.add(task)
+        stopping = False
         try:
             await self._serve(reader, writer)
         except asyncio.CancelledError:
@@ -146,13 +154,19 @@ class ConnectionServer:
             # (nobody above waits to be cancelled) and it must end normally:
             # start_server's done-callback calls task.exception(), which
             # raises on a cancelled task and is logged as an error.
-            pass
+            stopping = True
         except Exception:  # a bug on our side: log it, lose only this connection
             log.exception("%s: serving %s failed", self._name, writer.get_extra_info("peername"))
         finally:
             self._connections.discard(task)
+            if stopping:
+                writer.transport.abort()  # the server stops: no goodbyes
             writer.close()
             try:
-                await writer.wait_closed()
+                # A peer that never answers a TLS close must not hold up stop().
+                async with asyncio.timeout(CLOSE_TIMEOUT):
+                    await writer.wait_closed()
+            except TimeoutError:
+                writer.transport.abort()
             except (OSError, asyncio.CancelledError):
                 pass  # the same top of the task: closing is all that is left

@@ -16,6 +16,7 @@ code's, so bounded); ``process_*`` are ``prometheus_client``'s.
 
 from __future__ import annotations
 
+import attrs
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -74,13 +75,14 @@ class RunnerMetrics:
         return generate_latest(self.registry)
 
     async def serve(self, host: str, port: int) -> MetricsEndpoint:
-        """Start serving ``/metrics`` on ``host:port`` (this loop); OSError if it cannot bind."""
+        """Start serving ``/metrics`` on ``host:port`` (this loop);
+        ``MetricsListenError`` (an OSError) if it cannot bind."""
         endpoint = MetricsEndpoint(self.render, host=host, port=port, content_type=CONTENT_TYPE_LATEST)
         try:
             await endpoint.start()
-        except OSError as error:
+        except OSError:
             self.close()
-            raise OSError(error.errno, f"cannot serve metrics on {host}:{port}: {error.strerror or error}") from None
+            raise
         return endpoint
 
     def close(self) -> None:
@@ -89,12 +91,12 @@ class RunnerMetrics:
             self._app.metrics.observers.remove(self._observed)
 
 
+@attrs.define(eq=False)
 class RunnerCollector:
     """Reads ``app.metrics`` and the runner's state at scrape time."""
 
-    def __init__(self, app, runner):
-        self.app = app
-        self.runner = runner
+    app: object  # streaming.App
+    runner: object  # streaming.runner.Runner
 
     def collect(self):
         app, runner = self.app, self.runner

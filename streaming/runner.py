@@ -421,14 +421,9 @@ class Runner:
                 raise outcome
         await producer.commit_transaction()
         self.txn_open = False
-        self.metrics.add("commits")
         self.metrics.observe("commit_seconds", time.monotonic() - began)
-        self.metrics.add("records_out", self.txn_outputs)
-        for name, n in self.txn_counts.items():
-            self.metrics.add(name, n)
-        self.txn_records = self.txn_outputs = 0
-        self.txn_counts = {}
-        self.txn_offsets = {}
+        self._count_committed(self.txn_outputs, self.txn_counts)
+        self._forget_transaction()
         self.app.crash_point(CRASH_AFTER_COMMIT)
         for store, changes, last in written:
             # The changelog offset after this transaction's last record of the
@@ -453,8 +448,16 @@ class Runner:
         except CommitOutcomeUnknownError as error:
             log.warning("commit outcome unknown (%s): settling it with a new producer, then rewinding", error)
             self.metrics.add("commits_unknown")
+            unsettled_offsets, outputs, counts = self.txn_offsets, self.txn_outputs, self.txn_counts
+            self._forget_transaction()  # the next transaction starts from what is committed
             await self._renew_producer()
             await self._recover(catch_up_stores=True)
+            # Committed iff the group's offsets reached the transaction's
+            # (the rewind just read them into ``processed``): only then
+            # count what it did. A partition not rewound cannot tell.
+            rewound = {tp for tp in self.assigned if tp in self.consumer.assignment()}
+            if unsettled_offsets and all(tp in rewound and self.processed.get(tp, -1) >= offset for tp, offset in unsettled_offsets.items()):
+                self._count_committed(outputs, counts)
             return False
         except ABORTABLE as error:
             log.warning("transaction aborted: %s: %s; rewinding to the committed offsets", type(error).__name__, error)
@@ -477,12 +480,23 @@ class Runner:
         log.error(message)
         return InstanceFencedError(message)
 
-    async def _abort(self, cause: str) -> None:
-        self.metrics.aborted(cause)
-        self.txn_open = False
+    def _count_committed(self, outputs: int, counts: dict[str, int]) -> None:
+        """A transaction committed: count it and what it did."""
+        self.metrics.add("commits")
+        self.metrics.add("records_out", outputs)
+        for name, n in counts.items():
+            self.metrics.add(name, n)
+
+    def _forget_transaction(self) -> None:
+        """The open transaction's bookkeeping, back to nothing."""
         self.txn_records = self.txn_outputs = 0
         self.txn_counts = {}
         self.txn_offsets = {}
+
+    async def _abort(self, cause: str) -> None:
+        self.metrics.aborted(cause)
+        self.txn_open = False
+        self._forget_transaction()
         for store in self.dirty:
             store.discard_pending()
         self.dirty = set()

@@ -26,7 +26,6 @@ from __future__ import annotations
 import enum
 import hmac
 import re
-import secrets
 import ssl
 
 import attrs
@@ -280,8 +279,7 @@ class SaslClient:
         self._password = config.sasl_password
         self.state = SaslState.NEW
         self.session_lifetime_ms = 0
-        # SCRAM: 24 random bytes, printable and without ',' (RFC 5802 section 5.1).
-        self._client_nonce = nonce or secrets.token_urlsafe(24)
+        self._client_nonce = nonce or scram.new_nonce()
         self._client_first_bare = ""
         self._expected_server_signature = b""
 
@@ -359,6 +357,10 @@ class SaslClient:
             raise self._fail("the broker asks for a SCRAM extension we do not know")
         if not nonce.startswith(self._client_nonce) or len(nonce) == len(self._client_nonce):
             raise self._fail("the broker's SCRAM nonce does not extend ours")
+        try:
+            scram.check_nonce(nonce)
+        except scram.ScramError as error:
+            raise self._fail(f"the broker's SCRAM nonce is malformed ({error})") from None
         if iterations < mechanism.min_iterations:
             # A low count would make an eavesdropped proof cheap to brute-force.
             raise self._fail(f"the broker's SCRAM iteration count {iterations} is below {mechanism.min_iterations}")

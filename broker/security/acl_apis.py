@@ -17,6 +17,8 @@ import asyncio
 import logging
 from collections.abc import Iterable
 
+import attrs
+
 from broker.security.acl_store import AclStore
 from broker.security.acls import (
     AclAuthorizer,
@@ -72,11 +74,13 @@ def binding_fields(binding: AclBinding) -> dict:
     }
 
 
+@attrs.define(eq=False, kw_only=True)
 class AclApis:
-    def __init__(self, *, authorizer: AclAuthorizer | None, store: AclStore):
-        self.authorizer = authorizer
-        self.store = store
-        self._changing = asyncio.Lock()
+    """The three ACL handlers over one authorizer and its store."""
+
+    authorizer: AclAuthorizer | None
+    store: AclStore
+    _changing: asyncio.Lock = attrs.field(factory=asyncio.Lock, init=False)  # one change at a time
 
     def handlers(self) -> dict:
         return {ApiKey.CREATE_ACLS: self.handle_create_acls, ApiKey.DESCRIBE_ACLS: self.handle_describe_acls, ApiKey.DELETE_ACLS: self.handle_delete_acls}

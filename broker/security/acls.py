@@ -133,10 +133,13 @@ class AclAuthorizer:
             decision = self._decide(principal, host, operation, resource_type, name)
             if not decision:
                 audit.info("principal %s is denied operation %s from host %s on resource %s:%s", principal, operation.name, host, resource_type.name, name)
-            if len(self._cache) >= MAX_CACHED_DECISIONS:
-                self._cache = {}
-            self._cache[key] = decision
+            self._remember(key, decision)
         return decision
+
+    def _remember(self, key: tuple, decision: bool) -> None:
+        if len(self._cache) >= MAX_CACHED_DECISIONS:
+            self._cache = {}
+        self._cache[key] = decision
 
     def _applicable(self, resource_type: ResourceType, name: str) -> list[AccessControlEntry]:
         entries = list(self._literal.get((resource_type, name), ()))
@@ -173,7 +176,7 @@ class AclAuthorizer:
         decision = self._cache.get(key)
         if decision is None:
             decision = self._decide_any(principal, host, operation, resource_type)
-            self._cache[key] = decision
+            self._remember(key, decision)
         return decision
 
     def _decide_any(self, principal, host, operation, resource_type) -> bool:

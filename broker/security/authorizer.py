@@ -75,7 +75,9 @@ def answer(response) -> Verdict:
 
 
 class Check:
-    """One request's questions to the authorizer: who asks, and about what."""
+    """One request's questions to the authorizer: who asks, and about what.
+    A plain slotted class, not attrs: one is made per request on the
+    produce path, where attrs' generated __init__ costs more."""
 
     __slots__ = ("authorizer", "host", "principal", "topics")
 
@@ -165,21 +167,40 @@ def without_denied(body: dict, request_key: str, kept: list, denied_entries: lis
     return Verdict({**body, request_key: kept}, finish)
 
 
-def topic_partitions_rule(*, operation: Op, topics_key: str, name_key: str, partitions_key: str, response_topics_key: str, response_partitions_key: str, index_of, denied_partition, empty_response, topic_name=None):
+def _partition_index(partition: dict) -> int:
+    return partition.get("partition_index", -1)
+
+
+def _no_topics(body: dict, version: int) -> dict:
+    return {"throttle_time_ms": 0, "topics": []}
+
+
+def topic_partitions_rule(
+    *,
+    operation: Op,
+    denied_partition: Callable[[int, int], dict],
+    topics_key: str = "topics",
+    name_key: str = "name",
+    partitions_key: str = "partitions",
+    response_topics_key: str = "topics",
+    response_partitions_key: str = "partitions",
+    index_of: Callable = _partition_index,
+    empty_response: Callable[[dict, int], dict | None] = _no_topics,
+):
     """A rule for APIs whose request is topics -> partitions and whose
-    denial is per partition (Produce, ListOffsets, DeleteRecords, ...)."""
+    denial is per partition (Produce, ListOffsets, DeleteRecords, ...); the
+    defaults are the common field names."""
 
     def rule(check: Check, version: int, body: dict) -> Verdict:
-        name_of = topic_name or (lambda topic, version: topic.get(name_key))
         topics = body.get(topics_key) or []
-        kept, denied = split(topics, lambda topic: check.topic(operation, name_of(topic, version)))
+        kept, denied = split(topics, lambda topic: check.topic(operation, topic.get(name_key)))
         denied_entries = [{name_key: topic.get(name_key), response_partitions_key: [denied_partition(index_of(p), version) for p in topic.get(partitions_key) or []]} for topic in denied]
         return without_denied(body, topics_key, kept, denied_entries, response_topics_key, empty_response(body, version) if not kept else None)
 
     return rule
 
 
-def whole(error_response: Callable[[dict, int, int], dict], error: int, allowed: Callable[[Check, dict], bool]):
+def all_or_nothing(error_response: Callable[[dict, int, int], dict], error: int, allowed: Callable[[Check, dict], bool]):
     """A rule that lets the request through or fails all of it with ``error``."""
 
     def rule(check: Check, version: int, body: dict) -> Verdict:
@@ -232,13 +253,12 @@ def produce(check: Check, version: int, body: dict) -> Verdict | None:
 
 _produce_topics = topic_partitions_rule(
     operation=Op.WRITE,
+    denied_partition=lambda index, version: _produce_partition(index, TOPIC_DENIED),
     topics_key="topic_data",
-    name_key="name",
     partitions_key="partition_data",
     response_topics_key="responses",
     response_partitions_key="partition_responses",
     index_of=lambda p: p.get("index", -1),
-    denied_partition=lambda index, version: _produce_partition(index, TOPIC_DENIED),
     empty_response=lambda body, version: None if body.get("acks", 1) == 0 else {"throttle_time_ms": 0, "responses": []},
 )
 
@@ -286,38 +306,19 @@ def _fetch_empty(body, version, topics_and_errors):
 
 list_offsets = topic_partitions_rule(
     operation=Op.DESCRIBE,
-    topics_key="topics",
-    name_key="name",
-    partitions_key="partitions",
-    response_topics_key="topics",
-    response_partitions_key="partitions",
-    index_of=lambda p: p.get("partition_index", -1),
     denied_partition=lambda index, version: {"partition_index": index, "error_code": TOPIC_DENIED, "timestamp": -1, "offset": -1, "leader_epoch": -1, "old_style_offsets": []},
-    empty_response=lambda body, version: {"throttle_time_ms": 0, "topics": []},
 )
 
 delete_records = topic_partitions_rule(
     operation=Op.DELETE,
-    topics_key="topics",
-    name_key="name",
-    partitions_key="partitions",
-    response_topics_key="topics",
-    response_partitions_key="partitions",
-    index_of=lambda p: p.get("partition_index", -1),
     denied_partition=lambda index, version: {"partition_index": index, "low_watermark": -1, "error_code": TOPIC_DENIED},
-    empty_response=lambda body, version: {"throttle_time_ms": 0, "topics": []},
 )
 
 describe_producers = topic_partitions_rule(
     operation=Op.READ,
-    topics_key="topics",
-    name_key="name",
-    partitions_key="partition_indexes",
-    response_topics_key="topics",
-    response_partitions_key="partitions",
-    index_of=lambda index: index,
     denied_partition=lambda index, version: {"partition_index": index, "error_code": TOPIC_DENIED, "error_message": None, "active_producers": []},
-    empty_response=lambda body, version: {"throttle_time_ms": 0, "topics": []},
+    partitions_key="partition_indexes",
+    index_of=lambda index: index,
 )
 
 
@@ -552,7 +553,7 @@ def add_offsets_to_txn(check: Check, version: int, body: dict) -> Verdict:
     return Verdict(body)
 
 
-end_txn = whole(
+end_txn = all_or_nothing(
     lambda body, version, error: {"throttle_time_ms": 0, "error_code": error, "producer_id": -1, "producer_epoch": -1},
     TXN_DENIED,
     lambda check, body: check.transactional_id(Op.WRITE, body.get("transactional_id")),
@@ -560,7 +561,8 @@ end_txn = whole(
 
 
 def write_txn_markers(check: Check, version: int, body: dict) -> Verdict:
-    # KIP-664's abort from a tool: ALTER on the cluster, else CLUSTER_ACTION (brokers).
+    # A tool's abort of a hanging transaction (KIP-664) needs ALTER on the
+    # cluster since KIP-1037 (Kafka 3.8); brokers' own markers CLUSTER_ACTION.
     if check.cluster(Op.ALTER) or check.cluster(Op.CLUSTER_ACTION):
         return Verdict(body)
     return answer(
@@ -619,7 +621,7 @@ def describe_transactions(check: Check, version: int, body: dict) -> Verdict:
 
 
 def _read_group(error_response):
-    return whole(error_response, GROUP_DENIED, lambda check, body: check.group(Op.READ, body.get("group_id")))
+    return all_or_nothing(error_response, GROUP_DENIED, lambda check, body: check.group(Op.READ, body.get("group_id")))
 
 
 join_group = _read_group(
@@ -737,7 +739,7 @@ def delete_groups(check: Check, version: int, body: dict) -> Verdict:
 
 
 def _cluster(operation: Op, error_response):
-    return whole(error_response, CLUSTER_DENIED, lambda check, body: check.cluster(operation))
+    return all_or_nothing(error_response, CLUSTER_DENIED, lambda check, body: check.cluster(operation))
 
 
 create_acls = _cluster(Op.ALTER, lambda body, version, error: {"throttle_time_ms": 0, "results": [{"error_code": error, "error_message": None} for _ in body.get("creations") or []]})
@@ -808,14 +810,14 @@ class UnauthorisableRequest(Exception):
     """An API without a rule: refused (the server closes the connection)."""
 
 
+@attrs.define(eq=False)
 class AuthorizingDispatch:
     """The broker's dispatcher behind an authorisation check: ``await
     dispatch(request, session)`` as ``broker.server`` calls it."""
 
-    def __init__(self, inner, authorizer: AclAuthorizer, topics: TopicView):
-        self.inner = inner
-        self.authorizer = authorizer
-        self.topics = topics
+    inner: Callable
+    authorizer: AclAuthorizer
+    topics: TopicView
 
     async def __call__(self, request, session: Session):
         if self.authorizer.is_super_user(str(session.principal)):

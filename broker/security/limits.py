@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import collections
 
+import attrs
 
+
+@attrs.define(kw_only=True)
 class ConnectionLimiter:
-    def __init__(self, *, max_connections: int, max_connections_per_ip: int):
-        self.max_connections = max_connections
-        self.max_connections_per_ip = max_connections_per_ip
-        self.total = 0
-        self._per_ip: collections.Counter = collections.Counter()
+    max_connections: int
+    max_connections_per_ip: int
+    total: int = attrs.field(default=0, init=False)
+    _per_ip: collections.Counter = attrs.field(factory=collections.Counter, init=False)
 
     def try_open(self, ip: str) -> str | None:
         """Count a new connection from ``ip``, or say why it is refused."""

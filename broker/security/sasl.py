@@ -36,7 +36,6 @@ attribute the base64 of that header).
 from __future__ import annotations
 
 import enum
-import secrets
 
 import attrs
 
@@ -44,8 +43,6 @@ from broker.security.session import KafkaPrincipal
 from protocol import scram
 from protocol.errors import ErrorCode
 from protocol.messages import ApiKey
-
-MAX_NONCE_LENGTH = 512
 
 
 class SaslState(enum.Enum):
@@ -112,12 +109,12 @@ class SaslReply:
 # -- mechanisms -------------------------------------------------------------------
 
 
+@attrs.define(eq=False)
 class PlainExchange:
     """RFC 4616: one token ``authzid NUL authcid NUL password``."""
 
-    def __init__(self, credentials):
-        self._credentials = credentials
-        self.username: str | None = None
+    _credentials: object
+    username: str | None = attrs.field(default=None, init=False)
 
     def step(self, token: bytes) -> tuple[bytes, bool]:
         parts = bytes(token).split(b"\0")
@@ -137,22 +134,22 @@ class PlainExchange:
         return b"", True
 
 
+@attrs.define(eq=False)
 class ScramExchange:
     """The server's half of RFC 5802: client-first -> server-first,
     client-final -> server-final."""
 
-    def __init__(self, mechanism: scram.ScramMechanism, credentials):
-        self.mechanism = mechanism
-        self._credentials = credentials
-        self._expect_final = False
-        self._client_first_bare = ""
-        self._channel_binding = ""  # what c= must be: base64 of the gs2 header ("biws" for "n,,")
-        self._server_first = ""
-        self._nonce = ""
-        self._credential: scram.ScramCredential | None = None
-        self._known = False
-        self._name = ""
-        self.username: str | None = None
+    mechanism: scram.ScramMechanism
+    _credentials: object
+    username: str | None = attrs.field(default=None, init=False)
+    _expect_final: bool = attrs.field(default=False, init=False)
+    _client_first_bare: str = attrs.field(default="", init=False)
+    _channel_binding: str = attrs.field(default="", init=False)  # what c= must be: base64 of the gs2 header ("biws" for "n,,")
+    _server_first: str = attrs.field(default="", init=False)
+    _nonce: str = attrs.field(default="", init=False)
+    _credential: scram.ScramCredential | None = attrs.field(default=None, init=False)
+    _known: bool = attrs.field(default=False, init=False)  # the name has a credential (else the proof cannot pass)
+    _name: str = attrs.field(default="", init=False)
 
     def _refuse(self) -> AuthenticationFailed:
         return AuthenticationFailed(
@@ -192,7 +189,7 @@ class ScramExchange:
         if authzid and scram.unescape_username(authzid[2:]) != name:
             # As Kafka: an authorization id may only name the user itself.
             raise scram.ScramError("client requested an authorization id that is different from username")
-        _check_nonce(client_nonce)
+        scram.check_nonce(client_nonce)
         credential = self._credentials.scram_credential(name, self.mechanism)
         self._known = credential is not None
         if credential is None:
@@ -201,7 +198,7 @@ class ScramExchange:
             credential = self._credentials.fake_scram_credential(name, self.mechanism)
         self._credential = credential
         self._name = name
-        self._nonce = client_nonce + secrets.token_urlsafe(24)
+        self._nonce = client_nonce + scram.new_nonce()
         self._client_first_bare = bare
         self._channel_binding = scram.b64encode(text[: len(text) - len(bare)].encode("utf-8"))
         self._server_first = f"r={self._nonce},s={scram.b64encode(credential.salt)},i={credential.iterations}"
@@ -230,36 +227,24 @@ class ScramExchange:
         return f"v={scram.b64encode(signature)}".encode()
 
 
-def _check_nonce(nonce: str) -> None:
-    if not 0 < len(nonce) <= MAX_NONCE_LENGTH:
-        raise scram.ScramError(f"nonce of {len(nonce)} characters")
-    if any(not (0x21 <= ord(char) <= 0x7E) or char == "," for char in nonce):
-        raise scram.ScramError("nonce holds characters outside printable ASCII")
-
-
 # -- the connection's machine -------------------------------------------------------
 
 
+@attrs.define(eq=False)
 class SaslServer:
     """One connection's authentication. ``credentials`` offers
     ``scram_credential(name, mechanism)``, ``fake_scram_credential(name, mechanism)`` and
     ``verify_plain(name, password)`` (``broker.security.credentials``);
     ``reauth_ms`` is ``connections.max.reauth.ms`` (0: sessions never end)."""
 
-    def __init__(self, *, mechanisms, credentials, reauth_ms: int = 0):
-        self.mechanisms = tuple(mechanisms)
-        self._credentials = credentials
-        self._reauth_ms = reauth_ms
-        self.state = SaslState.AWAIT_HANDSHAKE
-        self.principal: KafkaPrincipal | None = None
-        self.mechanism: str | None = None
-        self.expires_at_ms: int | None = None
-        self._exchange = None
-
-    @property
-    def authenticated(self) -> bool:
-        """Whether the connection has a principal (also while re-authenticating)."""
-        return self.principal is not None
+    mechanisms: tuple[str, ...] = attrs.field(converter=tuple, kw_only=True)
+    _credentials: object = attrs.field(kw_only=True)
+    _reauth_ms: int = attrs.field(default=0, kw_only=True)
+    state: SaslState = attrs.field(default=SaslState.AWAIT_HANDSHAKE, init=False)
+    principal: KafkaPrincipal | None = attrs.field(default=None, init=False)
+    mechanism: str | None = attrs.field(default=None, init=False)
+    expires_at_ms: int | None = attrs.field(default=None, init=False)
+    _exchange: PlainExchange | ScramExchange | None = attrs.field(default=None, init=False)
 
     def _move(self, event: SaslEvent) -> None:
         self.state = transition(self.state, event)

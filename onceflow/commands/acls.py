@@ -166,7 +166,8 @@ def filters_for(args) -> list:
         operations = [_operation(text) for text in args.operation] or [AclOperation.ANY]
         for permission, principals, hosts in ((AclPermissionType.ALLOW, args.allow_principal, args.allow_host), (AclPermissionType.DENY, args.deny_principal, args.deny_host)):
             for principal in principals:
-                for host in hosts or [None]:
+                # As kafka-acls: a principal without hosts means host *, on remove as on add.
+                for host in hosts or ["*"]:
                     entries += [{"principal": principal, "host": host, "operation": op, "permission_type": permission} for op in operations]
         if not entries:
             entries = [{"operation": op} for op in operations]

@@ -111,7 +111,7 @@ def test_transaction_outcomes_are_counted_exactly_and_the_lso_holds_while_one_is
     assert held.value("onceflow_partition_oldest_open_transaction_age_seconds", topic=topic, partition=0) >= 0
     assert held.total("onceflow_transaction_coordinator_open_transactions") == 1
     assert len(held.matching("onceflow_transaction_coordinator_oldest_open_transaction_age_seconds")) == 1
-    assert held.value("onceflow_transactional_ids", state="ONGOING") == 1
+    assert held.value("onceflow_transactional_ids", state="Ongoing") == 1, "Kafka's state names, as onceflow status and the logs show them"
     assert held.value("onceflow_transactions_total", outcome="commit") == 3, "an open transaction is no outcome"
     producer.commit_transaction(30)
     # The LSO moves with the marker; the coordinator's view (the age gauges,

@@ -436,3 +436,61 @@ def test_every_way_a_connection_ends_gives_its_slot_back(sasl_broker):
                 client.close()
 
     wait_for(two_at_once, timeout=10, what="both slots free")
+
+
+def test_a_broker_stops_at_once_with_tls_clients_connected(tmp_path):
+    """The clients stay connected and never send a close_notify: the stop
+    aborts them instead of waiting on each (asyncio's TLS close would wait
+    30 s)."""
+    ca = TestCA(tmp_path / "ca")
+    broker = EmbeddedBroker(
+        str(tmp_path / "data"), properties={"listeners": "SSL://127.0.0.1:0"}, ssl_certfile=ca.certfile, ssl_keyfile=ca.keyfile
+    ).start()
+    clients = [RawClient(broker.bootstrap_for("SSL"), context=ssl.create_default_context(cafile=ca.cafile)) for _ in range(3)]
+    for client in clients:
+        assert client.request(ApiKey.API_VERSIONS, 0, {})["error_code"] == 0
+    started = time.monotonic()
+    broker.stop()
+    assert time.monotonic() - started < 5
+    assert all(client.closed_by_peer(timeout=5) for client in clients)
+
+
+def test_requests_before_an_unsupported_one_are_answered_then_the_connection_closes(sasl_broker):
+    broker = sasl_broker()
+    client = RawClient(broker.bootstrap)
+    _correlation, frame = client.connection.send_request(ApiKey.METADATA, 4, {"topics": [], "allow_auto_topic_creation": False})
+    unknown_api = struct.pack(">hhih", 9999, 0, 77, -1)  # api key 9999 v0, correlation 77, no client id
+    client.sock.sendall(frame + struct.pack(">i", len(unknown_api)) + unknown_api)
+    answers = []
+    client.sock.settimeout(10)
+    while (data := client.sock.recv(65536)):
+        client.connection.receive_data(data)
+        while (response := client.connection.next_response()) is not None:
+            answers.append(response.body)
+    assert len(answers) == 1 and answers[0]["brokers"]
+
+
+@pytest.mark.parametrize("handshake_version", [1, 0])
+def test_a_request_pipelined_behind_a_refused_login_is_never_served(sasl_broker, handshake_version):
+    """Handshake, a wrong password and a Metadata in one write: the broker
+    answers the login's steps and closes; the Metadata gets no answer."""
+    broker = sasl_broker()
+    client = RawClient(broker.bootstrap_for("SASL_PLAINTEXT"))
+    _c, handshake = client.connection.send_request(ApiKey.SASL_HANDSHAKE, handshake_version, {"mechanism": "PLAIN"})
+    wrong = b"\0alice\0wrong"
+    if handshake_version == 0:
+        login = struct.pack(">i", len(wrong)) + wrong  # a bare token after a v0 handshake
+    else:
+        _c, login = client.connection.send_request(ApiKey.SASL_AUTHENTICATE, 1, {"auth_bytes": wrong})
+    _c, metadata = client.connection.send_request(ApiKey.METADATA, 4, {"topics": None, "allow_auto_topic_creation": True})
+    client.sock.sendall(handshake + login + metadata)
+    client.sock.settimeout(10)
+    received = b""
+    while (data := client.sock.recv(65536)):
+        received += data
+    frames = []
+    while received:
+        (size,) = struct.unpack(">i", received[:4])
+        frames.append(received[4 : 4 + size])
+        received = received[4 + size :]
+    assert len(frames) == (1 if handshake_version == 0 else 2)  # the handshake's answer (and the refusal's): no Metadata

@@ -325,3 +325,22 @@ def test_a_scram_authzid_equal_to_the_user_is_accepted_as_kafka_does(credentials
     handshake(server, "SCRAM-SHA-256")
     first = token(server, f"n,a=alice,{client.first_bare}".encode())
     assert token(server, client.final(first.body["auth_bytes"])).close and server.principal is None
+
+
+@pytest.mark.parametrize(
+    "plain_token, accepted",
+    [
+        (f"alice\0alice\0{PASSWORD}", True),  # an authzid naming the user itself
+        (f"bob\0alice\0{PASSWORD}", False),  # acting as someone else: Kafka refuses it
+        (f"\0alice\0{PASSWORD}\0extra", False),
+        (f"alice\0{PASSWORD}", False),
+        (f"\0\0{PASSWORD}", False),
+        ("\0alice\0", False),
+    ],
+)
+def test_plain_takes_an_authzid_only_when_it_is_the_user(credentials, plain_token, accepted):
+    server = machine(credentials)
+    handshake(server, "PLAIN")
+    reply = token(server, plain_token.encode())
+    assert (reply.body["error_code"] == ErrorCode.NONE) is accepted and reply.close is not accepted
+    assert server.principal == (KafkaPrincipal("User", "alice") if accepted else None)

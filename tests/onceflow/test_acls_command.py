@@ -107,3 +107,15 @@ def test_the_broker_refuses_an_unknown_authorizer_or_a_bad_super_users(tmp_path,
         status = main(["broker", "--data-dir", str(tmp_path / "data"), "--listen", "127.0.0.1:0", "--config", setting])
         err = capsys.readouterr().err
         assert status == 2 and says in err and "Traceback" not in err
+
+
+def test_remove_with_a_principal_and_no_host_removes_the_any_host_acl_only(tmp_path, capsys):
+    """As kafka-acls: a principal named without --allow-host means host *,
+    on remove as on add; an ACL for one host is left alone."""
+    data_dir = str(tmp_path / "data")
+    for hosts in ([], ["--allow-host", "10.0.0.1"]):
+        status, _, _ = run(capsys, "add", "--data-dir", data_dir, "--allow-principal", "User:bob", *hosts, "--operation", "Read", "--topic", "t")
+        assert status == 0
+    status, out, _ = run(capsys, "remove", "--data-dir", data_dir, "--allow-principal", "User:bob", "--operation", "Read", "--topic", "t")
+    assert status == 0 and "removed 1 ACLs" in out
+    assert [b.entry.host for b in AclStore(data_dir).load()] == ["10.0.0.1"]

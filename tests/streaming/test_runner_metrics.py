@@ -296,3 +296,82 @@ def test_an_abort_in_a_real_run_is_counted_with_its_cause(broker_process, tmp_pa
     assert [record.value for record in read_all(broker.bootstrap, "stalling-dead-letters", 1, expect=1)] == [b"r5"]
     assert value(samples, "onceflow_runner_dead_letters_total") == 1, "the dead letter of the aborted transaction is not counted"
     assert value(samples, "onceflow_runner_app_counter_total", counter="copied") == 30, "a processor's count, once per committed record"
+
+
+def test_a_busy_metrics_address_is_an_error_naming_it_and_nothing_stays_attached(tmp_path):
+    import asyncio
+    import socket
+
+    from protocol.metrics_http import MetricsListenError
+    from streaming.metrics import RunnerMetrics
+
+    app = streaming.App("127.0.0.1:9", "unit", str(tmp_path / "state"), instance_id="one")
+    exported = RunnerMetrics(app, FakeRunner())
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(MetricsListenError, match=f"cannot serve metrics on 127.0.0.1:{port}"):
+            asyncio.run(exported.serve("127.0.0.1", port))
+    assert app.metrics.observers == [], "the failed exporter takes no observations"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("outcome", ["committed", "aborted"])
+def test_a_commit_of_unknown_outcome_counts_its_records_once(broker_process, tmp_path, monkeypatch, outcome):
+    """The first EndTxn's answer is lost, after the transaction committed
+    (or was aborted): the runner settles it with a new producer and
+    rewinds. What that transaction did is counted once if it committed,
+    never if it did not, and the next transaction starts from nothing
+    (outputs, counters, offsets)."""
+    from txn.errors import CommitOutcomeUnknownError
+    from txn.producer import AsyncProducer
+
+    broker = broker_process(*BROKER_CONFIG)
+    with Admin(bootstrap_servers=broker.bootstrap) as admin:
+        admin.create_topics({"unsure-in": 1, "unsure-out": 1})
+    producer = Producer(bootstrap_servers=broker.bootstrap)
+    for index in range(20):
+        producer.send("unsure-in", f"r{index}".encode(), key=b"k")
+    producer.flush()
+    producer.close()
+    real_commit = AsyncProducer.commit_transaction
+    lost = []
+
+    async def commit_then_lose_the_answer(self, *args, **kwargs):
+        if lost:
+            return await real_commit(self, *args, **kwargs)
+        lost.append(True)
+        if outcome == "committed":
+            await real_commit(self, *args, **kwargs)
+        else:
+            await self.abort_transaction()
+        raise CommitOutcomeUnknownError(message="the EndTxn answer was lost (test)")
+
+    monkeypatch.setattr(AsyncProducer, "commit_transaction", commit_then_lose_the_answer)
+    app = streaming.App(broker.bootstrap, f"unsure-{outcome}", str(tmp_path / "state"), commit_records=5)
+
+    @app.processor(source="unsure-in", sink="unsure-out")
+    def copy(record, ctx):
+        ctx.count("copied")
+        ctx.emit(record.key, record.value)
+
+    thread, failures = run_in_thread(app)
+    try:
+        wait_for(lambda: app.metrics_url or failures, 60, "the runner's endpoint")
+        assert not failures, failures
+
+        def settled():
+            samples = scrape(app.metrics_url)
+            done = value(samples, "onceflow_runner_records_in_total") >= 20 and not value(samples, "onceflow_runner_transaction_open")
+            return samples if done and value(samples, "onceflow_runner_commits_outcome_unknown_total") == 1 else None
+
+        samples = wait_for(settled, 90, "all 20 records processed and committed after the lost answer")
+    finally:
+        app.stop()
+        thread.join(60)
+    assert not failures, failures
+    out = read_all(broker.bootstrap, "unsure-out", 1, expect=20)
+    assert sorted(record.value for record in out) == sorted(f"r{index}".encode() for index in range(20))
+    assert value(samples, "onceflow_runner_records_out_total") == 20
+    assert value(samples, "onceflow_runner_app_counter_total", counter="copied") == 20

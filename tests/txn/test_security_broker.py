@@ -9,6 +9,7 @@ streaming runner over SASL_SSL; and quotas per SASL user."""
 from __future__ import annotations
 
 import os
+import ssl
 import subprocess
 import sys
 import threading
@@ -168,6 +169,36 @@ def test_an_untrusted_certificate_is_a_clear_tls_error(secured, tmp_path):
 
     error = expect_refusal(connect, "TLS handshake .*certificate verify failed")
     assert error.code == 0
+
+
+def test_a_certificate_for_another_host_is_refused_unless_hostname_checks_are_off(tmp_path):
+    """The CA is trusted but the broker's certificate names elsewhere.example,
+    not 127.0.0.1: refused as librdkafka and the Java client refuse it, unless
+    ssl.endpoint.identification.algorithm is empty (Kafka's way to turn the
+    check off)."""
+    ca = TestCA(tmp_path / "ca")
+    certfile, keyfile = ca.issue("elsewhere", "elsewhere.example")
+    with EmbeddedBroker(str(tmp_path / "data"), properties={"listeners": "SSL://127.0.0.1:0"}, ssl_certfile=certfile, ssl_keyfile=keyfile) as broker:
+        options = {"bootstrap_servers": broker.bootstrap_for("SSL"), "security_protocol": "SSL", "ssl_cafile": ca.cafile, "request_timeout_ms": 5000}
+
+        def connect():
+            with Admin(**options) as admin:
+                admin.list_topics()
+
+        expect_refusal(connect, "certificate verify failed.*(IP address mismatch|[Hh]ostname mismatch)")
+        with Admin(**options, **{"ssl.endpoint.identification.algorithm": ""}) as admin:
+            assert "__consumer_offsets" in admin.list_topics()
+
+
+def test_both_sides_refuse_tls_below_1_2(tmp_path):
+    from broker.security.tls import server_context
+    from txn.security import SecurityConfig
+
+    ca = TestCA(tmp_path / "ca")
+    server = server_context(certfile=ca.certfile, keyfile=ca.keyfile, cafile=None)
+    client = SecurityConfig(security_protocol="SSL", ssl_cafile=ca.cafile).ssl_context()
+    assert server.minimum_version == client.minimum_version == ssl.TLSVersion.TLSv1_2
+    assert client.check_hostname and client.verify_mode == ssl.CERT_REQUIRED
 
 
 def test_plaintext_client_on_a_sasl_listener_gives_up_within_its_timeout(secured):
