@@ -45,23 +45,31 @@ import contextlib
 import fcntl
 import logging
 import os
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import attrs
 
 from broker.admin_apis import AdminApis
 from broker.apis import SUPPORTED_APIS, KafkaApis
 from broker.config import BrokerConfig
-from broker.metrics import BrokerMetrics, MeasuredDispatch
 from broker.replica import PartitionUnavailableError, ReplicaManager
 from broker.server import KafkaServer
-from broker.storage_adapter import log_config_defaults, partition_log_opener, partition_needs_recovery, validate_log_properties
+from broker.storage_adapter import (
+    log_config_defaults,
+    partition_holds_data,
+    partition_log_opener,
+    partition_needs_recovery,
+    validate_log_properties,
+)
 from protocol.clock import Clock
 from protocol.loop_thread import LoopThread
 from protocol.tasks import cancel_and_wait
 from storage.durable import DiskIO
 from storage.group_commit import FsyncRounds
 from storage.index import IndexBudget
+
+if TYPE_CHECKING:
+    from broker.metrics import BrokerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +138,14 @@ class Broker:
         self._dispatcher = None
         # Prometheus metrics, when an address to serve them on is given.
         self.metrics_address = metrics_address
-        self.metrics: BrokerMetrics | None = BrokerMetrics() if metrics_address is not None else None
+        self.metrics: BrokerMetrics | None = None
+        if metrics_address is not None:
+            # Imported only here: prometheus_client (and the http, email and
+            # urllib modules it pulls in) is a fifth of a start's imports, and
+            # a broker without --metrics never uses it.
+            from broker.metrics import BrokerMetrics
+
+            self.metrics = BrokerMetrics()
         self.metrics_endpoint = None
         self.metrics_port: int | None = None
 
@@ -161,6 +176,7 @@ class Broker:
                 open_log=partition_log_opener(io=self.seams.disk_io, index_budget=self.index_budget, flush_observer=self.metrics, fsync_rounds=self.fsync_rounds),
                 validate_config=validate_log_properties,
                 needs_recovery=partition_needs_recovery,
+                holds_data=partition_holds_data,
                 crash_point=self.seams.crash_point,
             )
             self.authorizer = self._load_authorizer(data_dir)
@@ -194,6 +210,8 @@ class Broker:
 
         dispatch = self._dispatch
         if self.metrics is not None:
+            from broker.metrics import MeasuredDispatch
+
             dispatch = MeasuredDispatch(dispatch, self.metrics, lambda: self.replicas.topics_by_id)
         try:
             await self._listen(dispatch)

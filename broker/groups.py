@@ -72,8 +72,8 @@ class GroupManager:
         return lambda group_id: partition_for(group_id, self.partitions) == partition
 
     def load(self) -> None:
-        for partition in range(self.replicas.topics[OFFSETS_TOPIC].partitions):
-            for batch in replay(self.replicas.get_log(OFFSETS_TOPIC, partition)):
+        for partition, partition_log in self.replicas.logs_to_replay(OFFSETS_TOPIC):
+            for batch in replay(partition_log):
                 header = batch.header
                 if header.is_control:
                     marker = decode_control_record(batch.records[0])

@@ -79,17 +79,20 @@ class PartitionUnavailableError(Exception):
 
 
 class ReplicaManager:
-    def __init__(self, data_dir: str, log_defaults: dict, *, open_log, validate_config, needs_recovery, crash_point=lambda name: None):
-        """``open_log(path, properties) -> log``, ``validate_config(properties)``
-        and ``needs_recovery(path) -> bool`` (the directory was changed since
-        it was last whole) come from storage; they are injected so this class
-        stays about topics. ``crash_point`` is the fault harness's seam."""
+    def __init__(self, data_dir: str, log_defaults: dict, *, open_log, validate_config, needs_recovery, holds_data=lambda path: True,
+                 crash_point=lambda name: None):
+        """``open_log(path, properties) -> log``, ``validate_config(properties)``,
+        ``needs_recovery(path) -> bool`` (the directory was changed since it
+        was last whole) and ``holds_data(path) -> bool`` (it may hold records)
+        come from storage; they are injected so this class stays about
+        topics. ``crash_point`` is the fault harness's seam."""
         self.data_dir = data_dir
         self.store = MetadataStore(data_dir)
         self.log_defaults = dict(log_defaults)
         self._open_log = open_log
         self._validate_config = validate_config
         self._needs_recovery = needs_recovery
+        self._holds_data = holds_data
         self.crash_point = crash_point
         self.topics: dict[str, TopicInfo] = {}
         self.topics_by_id: dict[uuid.UUID, TopicInfo] = {}
@@ -373,6 +376,21 @@ class ReplicaManager:
         """Whether the partition is registered (without opening its log)."""
         info = self.topics.get(topic)
         return info is not None and isinstance(partition, int) and 0 <= partition < info.partitions
+
+    def logs_to_replay(self, topic: str) -> list[tuple[int, object]]:
+        """(partition, log) of ``topic``'s partitions that may hold records, opened
+        (so recovered if need be): what a coordinator replays at start. A
+        partition that is not open and whose directory holds no data
+        (``holds_data``: every segment empty, no interrupted write) would
+        replay nothing and stays closed until first used; most of the 50 +
+        50 internal partitions never hold a record, and opening them was
+        most of a start's own work after a clean stop."""
+        info = self.topics[topic]
+        found = []
+        for partition in range(info.partitions):
+            if (topic, partition) in self.logs or self._holds_data(self._partition_path(topic, partition)):
+                found.append((partition, self.get_log(topic, partition)))
+        return found
 
     def is_open(self, topic: str, partition: int) -> bool:
         return (topic, partition) in self.logs

@@ -39,6 +39,13 @@ def partition_needs_recovery(path: str) -> bool:
     return recovery.needs_recovery(path)
 
 
+def partition_holds_data(path: str) -> bool:
+    """Whether a partition directory may hold records
+    (``storage.recovery.holds_data``): the coordinators replay only these at
+    start; the rest of their internal partitions open when first written."""
+    return recovery.holds_data(path)
+
+
 def validate_log_properties(properties: dict) -> None:
     LogConfig.from_properties(properties)
 

@@ -172,8 +172,8 @@ class TransactionManager:
     def load(self) -> None:
         """Replay ``__transaction_state`` into the coordinator (latest record per id wins)."""
         entries = []
-        for partition in range(self.replicas.topics[TRANSACTION_STATE_TOPIC].partitions):
-            for batch in replay(self.replicas.get_log(TRANSACTION_STATE_TOPIC, partition)):
+        for _partition, partition_log in self.replicas.logs_to_replay(TRANSACTION_STATE_TOPIC):
+            for batch in replay(partition_log):
                 if batch.header.is_control:
                     continue
                 for record in batch.records:

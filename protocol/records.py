@@ -47,11 +47,13 @@ struct.error) escapes.
 from __future__ import annotations
 
 import enum
+import importlib.machinery
+import importlib.util
+import os
 import struct
 from typing import Iterable, Iterator, Sequence
 
 import attrs
-import crcmod.predefined
 
 from protocol.compression import Compression, codec_from_id, compress, decompress
 
@@ -78,12 +80,43 @@ __all__ = [
     "set_base_offset",
 ]
 
-try:  # the CPU's CRC32 instruction when the optional crc32c package is installed (GB/s)
-    from crc32c import crc32c as _hardware_crc32c
-except ImportError:  # crcmod's table-driven C code otherwise (about 400 MB/s); same polynomial, same result
-    _hardware_crc32c = None
-crc32c = _hardware_crc32c or crcmod.predefined.mkCrcFun("crc-32c")
-HARDWARE_CRC = _hardware_crc32c is not None
+
+def _hardware_crc32c():
+    """The optional crc32c package's function (the CPU's CRC32 instruction,
+    GB/s), or None when the package is not installed.
+
+    Its C extension is loaded by itself: the package's ``__init__`` also
+    imports its command line and reads its own version from the installed
+    metadata (``importlib.metadata``, which brings email, zipfile and more),
+    about 15 ms of a broker's 0.1-0.2 s of imports at every start. A layout
+    other than the one this knows is imported the package's own way."""
+    spec = importlib.util.find_spec("crc32c")  # finds; imports nothing
+    if spec is None:
+        return None
+    for location in spec.submodule_search_locations or ():
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            path = os.path.join(location, "_crc32c" + suffix)
+            if os.path.exists(path):
+                extension = importlib.util.spec_from_file_location("crc32c._crc32c", path)
+                module = importlib.util.module_from_spec(extension)
+                extension.loader.exec_module(module)
+                return module.crc32c
+    from crc32c import crc32c as packaged
+
+    return packaged
+
+
+def _table_crc32c():
+    """crcmod's table-driven C code (about 400 MB/s): same polynomial, same result."""
+    import crcmod.predefined
+
+    return crcmod.predefined.mkCrcFun("crc-32c")
+
+
+crc32c = _hardware_crc32c()
+HARDWARE_CRC = crc32c is not None
+if crc32c is None:
+    crc32c = _table_crc32c()
 
 BATCH_HEADER = struct.Struct(
     ">"

@@ -92,8 +92,14 @@ def needs_recovery(directory: str) -> bool:
     segments are all empty has nothing to recover, nor one that is missing).
     A broker opens these at start after a stop that was not clean; opening
     any other recovers it anyway if its mark is missing."""
-    if is_marked_clean(directory):
-        return False
+    return not is_marked_clean(directory) and holds_data(directory)
+
+
+def holds_data(directory: str) -> bool:
+    """Whether a partition directory may hold records: a segment with data,
+    or an interrupted write or compaction swap (whose files opening the log
+    puts right). False (every segment empty, none at all, no directory)
+    means opening the log would find it empty, whatever its offsets."""
     try:
         with os.scandir(directory) as entries:
             for entry in entries:

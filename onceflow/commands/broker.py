@@ -86,10 +86,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     from broker.broker import Broker, DataDirError
     from broker.config import BrokerConfig
-    from broker.metrics import MetricsListenError
     from broker.security.tls import TlsConfigError
     from broker.storage_adapter import validate_log_properties
     from onceflow import logs
+    from protocol.metrics_http import MetricsListenError
 
     properties = dict(args.config)
     fields = {"data_dir": args.data_dir}

@@ -265,3 +265,53 @@ def test_retention_reaches_partitions_not_opened_since_start(tmp_path):
         assert embedded.call(lambda broker: broker.replicas.get_log("expiring", 0).log_start_offset) == 11
         time.sleep(0.3)  # a few more housekeeping rounds
         assert not embedded.call(lambda broker: broker.replicas.is_open("quiet", 0)), "a single segment: nothing to do, left closed"
+
+
+def test_the_coordinators_open_at_start_only_their_partitions_that_hold_records(tmp_path):
+    """Of the 50 + 50 internal partitions, a start opens and replays only
+    those holding records; the others open when first written. What was
+    replayed is all there: a committed offset, a transaction left open over a
+    clean stop (still holding the LSO until its producer's successor aborts
+    it), and a transactional id whose partition was not opened at start
+    works at once."""
+    from broker.broker import EmbeddedBroker
+    from coordinator.state import TxnState
+    from protocol.partitioning import partition_for
+    from storage.recovery import holds_data
+
+    internal = ("__transaction_state", "__consumer_offsets")
+    data_dir = str(tmp_path / "data")
+    with EmbeddedBroker(data_dir, group_initial_rebalance_delay_ms=0) as embedded:
+        create_topic(embedded.bootstrap, "data", 2)
+        committed = transactional_producer(embedded.bootstrap, "committed")
+        committed.begin_transaction()
+        committed.produce("data", b"committed", partition=0)
+        group = Consumer({"bootstrap.servers": embedded.bootstrap, "group.id": "readers"})
+        committed.send_offsets_to_transaction([TopicPartition("data", 1, 7)], group.consumer_group_metadata(), 30)
+        committed.commit_transaction(30)
+        group.close()
+        left_open = transactional_producer(embedded.bootstrap, "left-open")
+        left_open.begin_transaction()
+        left_open.produce("data", b"left-open", partition=0)
+        assert left_open.flush(30) == 0
+    holding = {(topic, partition) for topic in internal for partition in range(50) if holds_data(os.path.join(data_dir, f"{topic}-{partition}"))}
+    assert holding and len(holding) <= 4, holding  # the two ids' partitions, the group's, the markers'
+
+    with EmbeddedBroker(data_dir, group_initial_rebalance_delay_ms=0) as embedded:
+        opened = embedded.call(lambda broker: {key for key in broker.replicas.logs if key[0] in internal})
+        assert opened == holding, "exactly the internal partitions holding records were opened"
+        state = embedded.call(lambda broker: broker.transactions.coordinator.txns["left-open"].state)
+        assert state == TxnState.ONGOING, "the open transaction was replayed"
+        reader = Consumer({"bootstrap.servers": embedded.bootstrap, "group.id": "readers", "enable.auto.commit": False})
+        assert reader.committed([TopicPartition("data", 1)], timeout=30)[0].offset == 7
+        reader.close()
+        assert last_stable_offset(embedded.port, "data", 0) == 2, "the open transaction still holds the LSO"
+        successor = transactional_producer(embedded.bootstrap, "left-open")  # fences and aborts its predecessor's transaction
+        fresh_id = next(name for name in (f"fresh-{index}" for index in range(1000)) if ("__transaction_state", partition_for(name, 50)) not in opened)
+        fresh = transactional_producer(embedded.bootstrap, fresh_id)
+        fresh.begin_transaction()
+        fresh.produce("data", b"fresh", partition=0)
+        fresh.commit_transaction(30)
+        assert partition_values(embedded.bootstrap, "data", 0, isolation="read_committed", expect=2) == [b"committed", b"fresh"]
+        for producer in (committed, left_open, successor, fresh):
+            producer.flush(0)
