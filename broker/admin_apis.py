@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 
-from broker.apis import as_uuid
+from broker.apis import as_uuid, log_or_error
 from broker.security.listeners import advertised_address
 from broker.replica import (
     InvalidConfigError,
@@ -121,7 +121,7 @@ class AdminApis:
                 result["error_code"] = ErrorCode.UNKNOWN_TOPIC_ID
             else:
                 try:
-                    info = self.replicas.delete_topic(name)
+                    info = await self.replicas.delete_topic(name)
                     if version >= 6:
                         result["topic_id"] = info.topic_id
                 except UnknownTopicError as error:
@@ -151,10 +151,8 @@ class AdminApis:
             for entry in topic.get("partitions", []):
                 index = entry.get("partition_index", -1)
                 answer = {"partition_index": index, "low_watermark": -1, "error_code": ErrorCode.NONE}
-                partition_log = self.replicas.get_log(name, index)
-                if partition_log is None:
-                    answer["error_code"] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-                else:
+                partition_log, answer["error_code"] = log_or_error(self.replicas, name, index)
+                if partition_log is not None:
                     offset = entry.get("offset", -1)
                     if offset == -1:
                         offset = partition_log.high_watermark

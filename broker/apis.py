@@ -21,6 +21,7 @@ import time
 import uuid
 
 from broker.replica import (
+    PartitionUnavailableError,
     ReplicaManager,
     TopicExistsError,
 )
@@ -34,6 +35,21 @@ from storage.names import InvalidTopicError
 from storage.producer_state import ProducerStateError
 
 log = logging.getLogger(__name__)
+
+
+def log_or_error(replicas: ReplicaManager, topic: str | None, partition: int) -> tuple[object | None, ErrorCode]:
+    """(the partition's log, NONE), or (None, the error code to answer for
+    it): UNKNOWN_TOPIC_OR_PARTITION, or KAFKA_STORAGE_ERROR when its log
+    could not be opened (a disk error, too many open files, a damaged file)."""
+    if topic is None:
+        return None, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    try:
+        partition_log = replicas.get_log(topic, partition)
+    except PartitionUnavailableError:
+        return None, ErrorCode.KAFKA_STORAGE_ERROR
+    if partition_log is None:
+        return None, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    return partition_log, ErrorCode.NONE
 
 # api key -> (lowest version, highest version) we serve. Produce starts at 3
 # and Fetch at 4 because older versions carry the pre-v2 message formats,
@@ -276,7 +292,11 @@ class KafkaApis:
         if acks not in (-1, 0, 1):
             result["error_code"] = ErrorCode.INVALID_REQUIRED_ACKS
             return result
-        partition_log = self.replicas.get_log(topic, partition)
+        try:
+            partition_log = self.replicas.get_log(topic, partition)
+        except PartitionUnavailableError as error:
+            result["error_code"], result["error_message"] = ErrorCode.KAFKA_STORAGE_ERROR, str(error)
+            return result
         if partition_log is None:
             result["error_code"] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
             return result
@@ -399,7 +419,12 @@ class KafkaApis:
                     "preferred_read_replica": -1,
                     "records": b"",
                 }
-                partition_log = self.replicas.get_log(name, index) if name is not None else None
+                try:
+                    partition_log = self.replicas.get_log(name, index) if name is not None else None
+                except PartitionUnavailableError:
+                    answer["error_code"] = ErrorCode.KAFKA_STORAGE_ERROR
+                    partitions.append(answer)
+                    continue
                 if partition_log is None:
                     answer["error_code"] = ErrorCode.UNKNOWN_TOPIC_ID if version >= 13 else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                     partitions.append(answer)
@@ -450,9 +475,8 @@ class KafkaApis:
             for request_partition in topic.get("partitions", []):
                 index = request_partition.get("partition_index", -1)
                 answer = {"partition_index": index, "error_code": ErrorCode.NONE, "timestamp": -1, "offset": -1, "leader_epoch": -1}
-                partition_log = self.replicas.get_log(name, index)
+                partition_log, answer["error_code"] = log_or_error(self.replicas, name, index)
                 if partition_log is None:
-                    answer["error_code"] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                     if version == 0:
                         answer["old_style_offsets"] = []
                     partitions.append(answer)

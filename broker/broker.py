@@ -52,7 +52,7 @@ import attrs
 from broker.admin_apis import AdminApis
 from broker.apis import SUPPORTED_APIS, KafkaApis
 from broker.config import BrokerConfig
-from broker.replica import ReplicaManager
+from broker.replica import PartitionUnavailableError, ReplicaManager
 from broker.server import KafkaServer
 from broker.storage_adapter import (
     log_config_defaults,
@@ -354,7 +354,10 @@ class Broker:
                 if not self.replicas.is_open(topic, partition) and not self.replicas.needs_housekeeping(topic, partition):
                     continue
                 try:
-                    partition_log = self.replicas.get_log(topic, partition)
+                    try:
+                        partition_log = self.replicas.get_log(topic, partition)
+                    except PartitionUnavailableError:
+                        continue  # logged by get_log; tried again next time
                     if partition_log is None:
                         continue  # deleted meanwhile
                     partition_log.enforce_retention()

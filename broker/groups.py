@@ -187,7 +187,7 @@ class GroupApis:
                 offsets[(topic["name"], partition["partition_index"])] = OffsetAndMetadata(
                     partition["committed_offset"], partition.get("committed_leader_epoch", -1), partition.get("committed_metadata") or "", now
                 )
-        unknown = {key for key in offsets if self.replicas.get_log(*key) is None}
+        unknown = {key for key in offsets if not self.replicas.has_partition(*key)}
         error = ErrorCode.NONE
         known = {k: v for k, v in offsets.items() if k not in unknown}
         if known:

@@ -22,7 +22,12 @@ start, stop and topic creation cost nothing per idle partition:
 - creating a topic writes the registry once (atomically and durably: the
   topic exists whole or not at all) and then makes the partition
   directories with one fsync of the data directory; a partition directory
-  lost to a crash before that is made again when the partition is opened.
+  lost to a crash before that is made again when the partition is opened;
+- a partition whose open fails (a disk error, too many open files, a
+  damaged file) stays closed and ``get_log`` raises
+  ``PartitionUnavailableError``: each handler answers that partition
+  KAFKA_STORAGE_ERROR and serves the others, and the next request tries
+  the open again. The same holds for one whose recovery at start fails.
 
 Everything here runs on the broker's event loop; only fsyncs leave it (inside
 storage's group committer).
@@ -63,6 +68,16 @@ class InvalidConfigError(ValueError):
     pass
 
 
+class PartitionUnavailableError(Exception):
+    """A registered partition whose log could not be opened: a disk error,
+    too many open files, a damaged file. Requests for it get Kafka's
+    KAFKA_STORAGE_ERROR (retriable: a client refreshes its metadata and
+    tries again) while the broker serves every other partition; nothing is
+    kept, so the next request for it tries the open again."""
+
+    error_name = "KAFKA_STORAGE_ERROR"
+
+
 class ReplicaManager:
     def __init__(self, data_dir: str, log_defaults: dict, *, open_log, validate_config, needs_recovery, holds_data=lambda path: True,
                  crash_point=lambda name: None):
@@ -85,6 +100,8 @@ class ReplicaManager:
         self.recovered_at_start: list[tuple[str, int]] = []
         self._created_empty: set[tuple[str, int]] = set()
         self._waiters: dict[tuple[str, int], set[asyncio.Future]] = {}
+        self._failed_opens: set[tuple[str, int]] = set()  # whose last open failed (logged in full once)
+        self._deleting: set[str] = set()  # topics whose delete is closing their logs
 
     # -- start and stop -----------------------------------------------------
 
@@ -114,7 +131,15 @@ class ReplicaManager:
             for info in self.topics.values():
                 for partition in range(info.partitions):
                     if self._needs_recovery(self._partition_path(info.name, partition)):
-                        self._open_partition(info, partition)
+                        try:
+                            self._open_partition(info, partition)
+                        except Exception:
+                            # One damaged partition does not keep the broker
+                            # down: it stays closed, and requests for it get
+                            # KAFKA_STORAGE_ERROR (get_log tries again).
+                            log.exception("recovering partition %s-%d failed; it stays offline", info.name, partition)
+                            self._failed_opens.add((info.name, partition))
+                            continue
                         self.recovered_at_start.append((info.name, partition))
         log_summary(self.logs[key] for key in self.recovered_at_start)
 
@@ -209,6 +234,8 @@ class ReplicaManager:
         validate_topic_name(name)
         if name in self.topics:
             raise TopicExistsError(f"topic '{name}' already exists")
+        if name in self._deleting:
+            raise TopicExistsError(f"topic '{name}' is marked for deletion")
         if not isinstance(partitions, int) or partitions < 1:
             raise InvalidPartitionsError(f"number of partitions must be at least 1, not {partitions}")
         config = {str(k): str(v) for k, v in (config or {}).items()}
@@ -234,7 +261,14 @@ class ReplicaManager:
                 os.mkdir(path)
         fsync_directory(self.data_dir)
 
-    def delete_topic(self, name: str) -> TopicInfo:
+    async def delete_topic(self, name: str) -> TopicInfo:
+        """Unregister the topic, then close its open logs and remove its
+        directories. A log closes with ``aclose``, which first waits out a
+        group-commit round fsyncing its files on a worker thread (closing
+        them under it would fail that fsync, or let the thread fsync a
+        descriptor reused by another file). Meanwhile requests for the
+        topic find it unknown and a CreateTopics of the same name is refused
+        (TopicExistsError: Kafka's "marked for deletion")."""
         info = self.topics.get(name)
         if info is None:
             raise UnknownTopicError(f"topic '{name}' does not exist")
@@ -243,12 +277,31 @@ class ReplicaManager:
         self.store.save_topics(topics)  # unregistered first: leftovers are swept at start
         self.topics = topics
         self.topics_by_id.pop(info.topic_id, None)
+        closing = [(partition, self.logs.pop((name, partition), None)) for partition in range(info.partitions)]
         for partition in range(info.partitions):
-            partition_log = self.logs.pop((name, partition), None)
-            if partition_log is not None:
-                partition_log.close()
-            shutil.rmtree(self._partition_path(name, partition), ignore_errors=True)
+            self._failed_opens.discard((name, partition))
+            self._created_empty.discard((name, partition))
             self._wake((name, partition))
+        self._deleting.add(name)
+        try:
+            for partition, partition_log in closing:
+                if partition_log is not None:
+                    try:
+                        await partition_log.aclose()
+                    except Exception:
+                        # Its files go anyway: the topic is gone from the registry.
+                        log.exception("closing %s-%d for its topic's delete failed", name, partition)
+                shutil.rmtree(self._partition_path(name, partition), ignore_errors=True)
+        except BaseException:
+            # Cancelled (the broker stops): the rest close now, synchronously;
+            # a descriptor a worker still fsyncs stays open until it returns
+            # (LogSegment.pin_for_fsync). Their directories go at the next start.
+            for _partition, partition_log in closing:
+                if partition_log is not None and not partition_log.closed:
+                    partition_log.close()
+            raise
+        finally:
+            self._deleting.discard(name)
         log.info("deleted topic %s", name)
         return info
 
@@ -296,7 +349,9 @@ class ReplicaManager:
 
     def get_log(self, topic: str, partition: int):
         """The partition's log, opened now if this is its first use since
-        start; None if the topic or partition does not exist."""
+        start; None if the topic or partition does not exist. Raises
+        ``PartitionUnavailableError`` if the open fails (every handler
+        answers that partition with its error code)."""
         partition_log = self.logs.get((topic, partition))
         if partition_log is not None:
             return partition_log
@@ -305,11 +360,22 @@ class ReplicaManager:
             return None
         try:
             return self._open_partition(info, partition)
-        except Exception:
-            # Nothing is kept: the next request tries again (the one asking
-            # now loses its connection, as on any broker-side failure).
-            log.exception("opening partition %s-%d failed", topic, partition)
-            raise
+        except Exception as error:
+            # Nothing is kept: the next request tries again (a full fd
+            # table or a passing disk error may clear). The traceback is
+            # logged once per partition until an open succeeds.
+            key = (topic, partition)
+            if key in self._failed_opens:
+                log.error("opening partition %s-%d failed again: %s", topic, partition, error)
+            else:
+                log.exception("opening partition %s-%d failed", topic, partition)
+            self._failed_opens.add(key)
+            raise PartitionUnavailableError(f"partition {topic}-{partition} could not be opened: {error}") from error
+
+    def has_partition(self, topic: str, partition: int) -> bool:
+        """Whether the partition is registered (without opening its log)."""
+        info = self.topics.get(topic)
+        return info is not None and isinstance(partition, int) and 0 <= partition < info.partitions
 
     def logs_to_replay(self, topic: str) -> list[tuple[int, object]]:
         """(partition, log) of ``topic``'s partitions that may hold records, opened
@@ -351,6 +417,7 @@ class ReplicaManager:
             os.makedirs(path, exist_ok=True)
             fsync_directory(self.data_dir)
         partition_log = self.logs[(info.name, partition)] = self._open_log(path, self.effective_config(info))
+        self._failed_opens.discard((info.name, partition))
         return partition_log
 
     def needs_housekeeping(self, topic: str, partition: int) -> bool:
@@ -406,6 +473,7 @@ __all__ = [
     "InvalidConfigError",
     "InvalidPartitionsError",
     "InvalidTopicError",
+    "PartitionUnavailableError",
     "ReplicaManager",
     "TopicExistsError",
     "UnknownTopicError",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 
+from broker.apis import log_or_error
 from broker.security.listeners import advertised_address
 from coordinator.metadata import TopicPartition
 from coordinator.state import STATE_NAMES
@@ -88,7 +89,7 @@ class TransactionApis:
         unknown = []
         for topic in topics:
             for index in topic.get("partitions", []):
-                if self.replicas.get_log(topic["name"], index) is None:
+                if not self.replicas.has_partition(topic["name"], index):
                     unknown.append((topic["name"], index))
                 else:
                     partitions.append(TopicPartition(topic["name"], index))
@@ -227,9 +228,9 @@ class TransactionApis:
         for topic in body.get("topics", []):
             partitions = []
             for index in topic.get("partition_indexes", []):
-                partition_log = self.replicas.get_log(topic["name"], index)
+                partition_log, error = log_or_error(self.replicas, topic["name"], index)
                 if partition_log is None:
-                    partitions.append({"partition_index": index, "error_code": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "error_message": None, "active_producers": []})
+                    partitions.append({"partition_index": index, "error_code": error, "error_message": None, "active_producers": []})
                     continue
                 producers = [
                     {

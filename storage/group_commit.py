@@ -56,6 +56,9 @@ failed) and only then ends. A log's files must not be closed under such an
 fsync (the thread would fsync a closed, or reused, descriptor), so an owner
 under asyncio closes a log with ``PartitionLog.aclose()``, which waits out a
 round that covers the log (and stops the log's own flusher if it has one);
+a segment closed synchronously meanwhile (retention, DeleteRecords, a
+compaction swap) keeps its descriptor open until the worker returns
+(``LogSegment.pin_for_fsync``);
 the owner of shared rounds stops them with ``FsyncRounds.aclose()`` after its
 logs. The synchronous ``close()`` cannot wait for a task and is for callers
 without a running loop, where no flusher exists.
@@ -393,8 +396,25 @@ class FsyncRounds:
                     failed.setdefault(committer, error)
             return failed
 
+        def unpin(share):
+            for _committer, segment in share:
+                segment.unpin_for_fsync()
+
         shares = [work[i::WORKER_FSYNCS] for i in range(min(WORKER_FSYNCS, len(work)))]
-        threads = [loop.run_in_executor(None, fsync_all, share) for share in shares]
+        threads = []
+        for share in shares:
+            # Each segment's descriptor stays open until its thread returns,
+            # whoever closes the segment meanwhile (a deleted topic, retention,
+            # DeleteRecords, a compaction swap): see LogSegment.close.
+            for _committer, segment in share:
+                segment.pin_for_fsync()
+            try:
+                thread = loop.run_in_executor(None, fsync_all, share)
+            except BaseException:
+                unpin(share)
+                raise
+            thread.add_done_callback(lambda _thread, share=share: unpin(share))
+            threads.append(thread)
         try:
             results = await asyncio.shield(asyncio.gather(*threads))
         except asyncio.CancelledError:

@@ -66,6 +66,12 @@ class LogSegment:
         self.max_timestamp_offset = -1
         self.created_ms: int | None = None
         self.closed = False
+        # Worker-thread fsyncs running on ``fd`` (storage.group_commit pins
+        # and unpins on the loop); a close meanwhile leaves the descriptor
+        # open until the last one returns, so it is never closed (or reused
+        # by another file) under an fsync.
+        self.fsyncs_running = 0
+        self.fd_close_deferred = False
 
     # -- writing -----------------------------------------------------------------
 
@@ -260,11 +266,25 @@ class LogSegment:
     def close(self) -> None:
         if self.closed:
             return
+        self.closed = True  # first: a worker that has not started its fsync skips it
         self.flush_indexes()
         self.offset_index.close()  # their memory goes back to the budget
         self.time_index.close()
-        self.io.close(self.fd)
-        self.closed = True
+        if self.fsyncs_running:
+            self.fd_close_deferred = True  # unpin_for_fsync closes it
+        else:
+            self.io.close(self.fd)
+
+    def pin_for_fsync(self) -> None:
+        """A worker thread is about to fsync ``fd``: keep it open until ``unpin_for_fsync``."""
+        self.fsyncs_running += 1
+
+    def unpin_for_fsync(self) -> None:
+        """The worker's fsync returned; close the descriptor if a close waited for it."""
+        self.fsyncs_running -= 1
+        if not self.fsyncs_running and self.fd_close_deferred:
+            self.fd_close_deferred = False
+            self.io.close(self.fd)
 
     def delete(self) -> None:
         self.close()

@@ -88,7 +88,8 @@ class BrokerClient:
             self.versions = {entry["api_key"]: (entry["min_version"], entry["max_version"]) for entry in body["api_keys"]}
             if self.security.uses_sasl:
                 await self._authenticate()
-        except AuthenticationError:
+        except (AuthenticationError, TimeoutError, ConnectionError):
+            # A half-opened connection is closed now, not when the client is.
             await self._drop()
             raise
         self._ready = True

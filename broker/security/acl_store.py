@@ -42,7 +42,7 @@ from broker.security.acls import (
     ResourceType,
     sorted_bindings,
 )
-from broker.security.private_files import replace_private_file
+from broker.security.private_files import replace_private_file, tighten
 
 FILE_NAME = "acls.json"
 FORMAT = 1
@@ -112,6 +112,10 @@ class AclStore:
             return []
         except OSError as error:
             raise AclStoreError(f"cannot read {self.path}: {error.strerror or error}") from None
+        try:
+            tighten(self.path)  # one an earlier version wrote world-readable
+        except OSError as error:
+            raise AclStoreError(f"cannot make {self.path} private: {error.strerror or error}") from None
         return decode(data, self.path)
 
     def save(self, bindings: Iterable[AclBinding]) -> None:

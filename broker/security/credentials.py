@@ -196,25 +196,32 @@ class CredentialStore:
     # -- changing (write the file, then apply) ------------------------------------
 
     def upsert(self, name: str, mechanism: str, credential) -> None:
-        validate_username(name)
-        users = {user: dict(entries) for user, entries in self._users.items()}
-        users.setdefault(name, {})[mechanism] = credential
-        self._write(users, self._secret or os.urandom(32))
+        self.change([(name, mechanism, credential)])
 
     def delete(self, name: str, mechanism: str | None = None) -> bool:
         """Remove one credential (or all of the user's); False if none was there."""
         entries = self._users.get(name)
         if not entries or (mechanism is not None and mechanism not in entries):
             return False
-        users = {user: dict(values) for user, values in self._users.items()}
-        if mechanism is None:
-            del users[name]
-        else:
-            del users[name][mechanism]
-            if not users[name]:
-                del users[name]
-        self._write(users, self._secret or os.urandom(32))
+        self.change([(name, mechanism, None)])
         return True
+
+    def change(self, changes) -> None:
+        """Apply ``(name, mechanism, credential)`` changes (credential None:
+        delete it; mechanism None too: every credential of the name) in one
+        write, so a crash keeps all of them or none."""
+        users = {user: dict(entries) for user, entries in self._users.items()}
+        for name, mechanism, credential in changes:
+            if credential is not None:
+                validate_username(name)
+                users.setdefault(name, {})[mechanism] = credential
+            elif mechanism is None:
+                users.pop(name, None)
+            else:
+                users.get(name, {}).pop(mechanism, None)
+                if name in users and not users[name]:
+                    del users[name]
+        self._write(users, self._secret or os.urandom(32))
 
     def _write(self, users: dict[str, dict], secret: bytes) -> None:
         data = {

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import logging
 import math
 import os
 
@@ -43,6 +44,8 @@ import attrs
 from protocol.errors import ErrorCode
 from protocol.messages import ApiKey
 from storage.durable import replace_file
+
+log = logging.getLogger(__name__)
 
 PRODUCER_BYTE_RATE = "producer_byte_rate"
 CONSUMER_BYTE_RATE = "consumer_byte_rate"
@@ -269,7 +272,13 @@ class QuotaApis:
                 continue
             results.append({"error_code": ErrorCode.NONE, "error_message": None, "entity": entity})
         if not body.get("validate_only") and config != self.quotas.config:
-            self.quotas.apply(config)
+            try:
+                self.quotas.apply(config)
+            except OSError as error:
+                log.error("could not store client quotas: %s", error)
+                for result in results:
+                    if result["error_code"] == ErrorCode.NONE:
+                        result.update(error_code=ErrorCode.UNKNOWN_SERVER_ERROR, error_message=f"the quotas could not be stored: {error}")
         return {"throttle_time_ms": 0, "entries": results}
 
     async def handle_describe(self, version: int, body: dict) -> dict:

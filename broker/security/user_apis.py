@@ -97,17 +97,26 @@ class UserScramApis:
                     errors[name] = (ErrorCode.UNACCEPTABLE_CREDENTIAL, "salt and salted password may not be empty")
             elif self.credentials.scram_credential(name, mechanism) is None:
                 errors[name] = (ErrorCode.RESOURCE_NOT_FOUND, f"Attempt to delete a user credential that does not exist: {name} {mechanism.name}")
-        # A user's changes are applied together or not at all (Kafka answers per user).
+        # A user's changes are applied together or not at all (Kafka answers
+        # per user): the users without an error change in one write.
+        changes = []
         for entry in deletions:
             name = entry.get("name") or ""
             if name not in errors:
-                self.credentials.delete(name, MECHANISMS_BY_TYPE[entry["mechanism"]].name)
+                changes.append((name, MECHANISMS_BY_TYPE[entry["mechanism"]].name, None))
         for entry in upsertions:
             name = entry.get("name") or ""
             if name not in errors:
                 mechanism = MECHANISMS_BY_TYPE[entry["mechanism"]]
                 credential = credential_from_salted(mechanism, bytes(entry["salted_password"]), bytes(entry["salt"]), entry["iterations"])
-                self.credentials.upsert(name, mechanism.name, credential)
+                changes.append((name, mechanism.name, credential))
+        if changes:
+            try:
+                self.credentials.change(changes)
+            except OSError as error:
+                log.error("could not store SCRAM credentials: %s", error)
+                for name, _mechanism, _credential in changes:
+                    errors.setdefault(name, (ErrorCode.UNKNOWN_SERVER_ERROR, f"the credentials could not be stored: {error}"))
         changed = [name for name in order if name not in errors]
         if changed:
             log.info("SCRAM credentials changed for %s", ", ".join(changed))

@@ -13,8 +13,9 @@ Resources: ``--topic`` and ``--group`` and ``--transactional-id``
 default) or prefixed, and for list/remove also any or match. Each of the
 ``--allow-principal``/``--deny-principal`` principals gets each operation
 from each of its ``--allow-host``/``--deny-host`` hosts (default ``*``), on
-each resource. ``--producer`` and ``--consumer`` add the operations Kafka's
-tool grants for them.
+each resource (``--operation`` defaults to All, as with kafka-acls, unless
+``--producer`` or ``--consumer`` is given). ``--producer`` and
+``--consumer`` add the operations Kafka's tool grants for them.
 
 Where: ``--bootstrap-server H:P`` (with the security options of the other
 client commands: ``--command-config``, ``--sasl-username``, ...) changes a
@@ -108,7 +109,10 @@ def bindings_to_add(args) -> list:
     if not args.allow_principal and not args.deny_principal:
         raise CommandError("name at least one --allow-principal or --deny-principal", 2)
     pattern = _pattern_type(args)
-    operations = [_operation(text) for text in args.operation]
+    # No --operation means All, as with kafka-acls (unless --producer or
+    # --consumer names the operations).
+    texts = args.operation or ([] if args.producer or args.consumer else ["All"])
+    operations = [_operation(text) for text in texts]
     # (resource type, name, operation, pattern type)
     wanted = [(kind, name, operation, pattern) for kind, name in resources for operation in operations]
     if args.producer:

@@ -170,3 +170,17 @@ def test_the_layer_holds_a_throttled_users_requests_on_every_connection_and_no_o
     throttles = sorted(a["throttle_time_ms"] for a in answers[:6])
     assert throttles[:4] == [0, 0, 0, 0] and all(150 <= t <= 300 for t in throttles[4:]), throttles
     assert answers[6]["throttle_time_ms"] == 0
+
+
+def test_a_quota_change_the_disk_refuses_is_answered_with_an_error_and_changes_nothing(tmp_path, monkeypatch):
+    from broker.security import quotas as quotas_module
+
+    apis = QuotaApis(ClientQuotas(QuotaStore(str(tmp_path))))
+
+    def full_disk(path, data, **_options):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(quotas_module, "replace_file", full_disk)
+    answer = alter(apis, [{"entity": user("alice"), "ops": [op(PRODUCER_BYTE_RATE, 1024)]}])
+    assert answer["entries"][0]["error_code"] == ErrorCode.UNKNOWN_SERVER_ERROR and "No space left" in answer["entries"][0]["error_message"]
+    assert apis.quotas.config == QuotaConfig()

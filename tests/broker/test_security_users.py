@@ -176,8 +176,11 @@ def test_the_credential_and_acl_files_are_readable_by_the_owner_only(tmp_path):
         assert os.stat(path).st_mode & 0o077 == 0, f"{path} is {oct(os.stat(path).st_mode & 0o777)}"
     # A file an earlier version left world-readable is tightened when loaded.
     os.chmod(store.path, 0o644)
+    os.chmod(acls.path, 0o644)
     CredentialStore(str(tmp_path)).load()
-    assert os.stat(store.path).st_mode & 0o077 == 0
+    assert len(AclStore(str(tmp_path)).load()) == 1
+    for path in (store.path, acls.path):
+        assert os.stat(path).st_mode & 0o077 == 0, f"{path} is {oct(os.stat(path).st_mode & 0o777)}"
 
 
 def test_a_write_that_fails_midway_keeps_the_old_credentials(tmp_path):
@@ -196,3 +199,58 @@ def test_a_write_that_fails_midway_keeps_the_old_credentials(tmp_path):
     assert store.users() == {"gus": ("SCRAM-SHA-256",)}  # written first, applied only then
     assert CredentialStore(str(tmp_path)).load().users() == {"gus": ("SCRAM-SHA-256",)}
     assert os.listdir(os.path.dirname(store.path)) == ["credentials.json"]
+
+
+def test_one_alter_request_is_one_write_so_a_crash_cannot_split_a_users_changes(tmp_path):
+    """AlterUserScramCredentials deleting alice's SCRAM-SHA-256 and adding her
+    SCRAM-SHA-512 on a disk that fails every write after the first: the
+    request is one write, so it lands whole (as two writes, the deletion
+    landed, the upsertion failed, and she was left with neither)."""
+    import asyncio
+
+    from broker.security.credentials import make
+    from broker.security.user_apis import UserScramApis
+    from protocol import scram
+    from storage.durable import DiskIO
+
+    class FailsAfterFirstWrite(DiskIO):
+        writes = 0
+
+        def write(self, fd, data):
+            FailsAfterFirstWrite.writes += 1
+            if FailsAfterFirstWrite.writes > 1:
+                raise OSError(5, "Input/output error")
+            super().write(fd, data)
+
+    CredentialStore(str(tmp_path)).load().upsert("alice", "SCRAM-SHA-256", make("SCRAM-SHA-256", "a"))
+    store = CredentialStore(str(tmp_path), io=FailsAfterFirstWrite()).load()
+    salt = os.urandom(16)
+    salted = scram.salted_password(scram.SCRAM_SHA_512, b"a2", salt, 4096)
+    body = {
+        "deletions": [{"name": "alice", "mechanism": scram.SCRAM_SHA_256.kafka_type}],
+        "upsertions": [{"name": "alice", "mechanism": scram.SCRAM_SHA_512.kafka_type, "iterations": 4096, "salt": salt, "salted_password": salted}],
+    }
+    answer = asyncio.run(UserScramApis(credentials=store).handle_alter(0, body))
+    assert FailsAfterFirstWrite.writes == 1 and answer["results"][0]["error_code"] == 0
+    assert CredentialStore(str(tmp_path)).load().users() == {"alice": ("SCRAM-SHA-512",)}
+
+
+def test_a_credential_change_the_disk_refuses_is_answered_with_an_error_and_changes_nothing(tmp_path):
+    import asyncio
+
+    from broker.security.user_apis import UserScramApis
+    from protocol import scram
+    from protocol.errors import ErrorCode
+    from storage.durable import DiskIO
+
+    class FullDisk(DiskIO):
+        def write(self, fd, data):
+            raise OSError(28, "No space left on device")
+
+    store = CredentialStore(str(tmp_path), io=FullDisk()).load()
+    salt = os.urandom(16)
+    upsertion = {"name": "alice", "mechanism": scram.SCRAM_SHA_256.kafka_type, "iterations": 4096, "salt": salt, "salted_password": salt}
+    answer = asyncio.run(UserScramApis(credentials=store).handle_alter(0, {"deletions": [], "upsertions": [upsertion]}))
+    assert answer["results"][0]["error_code"] == ErrorCode.UNKNOWN_SERVER_ERROR
+    assert "No space left" in answer["results"][0]["error_message"]
+    assert store.users() == {} and CredentialStore(str(tmp_path)).load().users() == {}

@@ -119,3 +119,16 @@ def test_remove_with_a_principal_and_no_host_removes_the_any_host_acl_only(tmp_p
     status, out, _ = run(capsys, "remove", "--data-dir", data_dir, "--allow-principal", "User:bob", "--operation", "Read", "--topic", "t")
     assert status == 0 and "removed 1 ACLs" in out
     assert [b.entry.host for b in AclStore(data_dir).load()] == ["10.0.0.1"]
+
+
+def test_add_without_an_operation_grants_all_as_kafka_acls_does(tmp_path, capsys):
+    data_dir = str(tmp_path / "data")
+    status, out, err = run(capsys, "add", "--data-dir", data_dir, "--allow-principal", "User:bob", "--topic", "orders")
+    assert status == 0 and "added 1 ACLs" in out, err
+    assert "operation=ALL" in out
+    assert set(AclStore(data_dir).load()) == {AclBinding.of(ResourceType.TOPIC, "orders", "User:bob", AclOperation.ALL)}
+    # --producer names its operations: no All beside them.
+    status, out, _ = run(capsys, "add", "--data-dir", data_dir, "--allow-principal", "User:carol", "--producer", "--topic", "out")
+    assert status == 0 and "added 3 ACLs" in out
+    carol = {b.entry.operation for b in AclStore(data_dir).load() if b.entry.principal == "User:carol"}
+    assert carol == {AclOperation.WRITE, AclOperation.DESCRIBE, AclOperation.CREATE}

@@ -226,3 +226,36 @@ def test_a_config_with_security_pickles_and_overrides_keep_the_rest():
     changed = build(ConsumerConfig, config, sasl_mechanism="SCRAM-SHA-512")
     assert changed.security.sasl_username == "u" and changed.security.sasl_mechanism == "SCRAM-SHA-512"
     assert build(ConsumerConfig, bootstrap_servers="h:1").security == SecurityConfig()
+
+
+def test_a_connection_that_fails_before_it_is_ready_is_closed_at_once():
+    """A listener that accepts but never answers ApiVersions (a SASL_SSL port
+    dialled in plain text behaves so): once our request times out the
+    socket is closed, not left open until the client is."""
+    import asyncio
+
+    from txn.connection import BrokerClient
+
+    async def scenario():
+        peer_closed = asyncio.Event()
+
+        async def silent(reader, writer):
+            while await reader.read(65536):
+                pass
+            peer_closed.set()
+            writer.close()
+
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = BrokerClient("127.0.0.1", port, request_timeout=0.3)
+        try:
+            with pytest.raises((TimeoutError, ConnectionError)):
+                await client.connect()
+            async with asyncio.timeout(2):
+                await peer_closed.wait()
+        finally:
+            await client.close()
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(scenario())

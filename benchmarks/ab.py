@@ -1,0 +1,125 @@
+"""A/B of two checkouts' brokers on the bench's own scenarios, interleaved in one run.
+
+    python -m benchmarks.ab BASELINE_DIR [--rounds 5] [--records 200000] [--only "PREFIX;..."] [--tansu]
+
+Each round starts a fresh broker from this checkout and one from the other
+(``BASELINE_DIR``, e.g. a ``git worktree`` of the code before a change), in
+alternating order, and runs the same scenarios of ``benchmarks.suite``
+(default: produce 100 B acks=all and the two consume rows) against each, so a
+noisy shared machine hits both alike; ``--tansu`` adds the peer to every round.
+It prints every round, then per scenario the median of each and the median
+and range of the per-round ratios (this / baseline). ``--profile DIR`` runs
+each broker under ``py-spy record`` (collapsed stacks, one file per broker, in DIR).
+
+This module owns only the interleaving and the report; the scenarios and the
+peer are ``benchmarks.suite``'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from typing import Self
+
+from benchmarks.suite import (
+    REPO,
+    SCENARIOS,
+    ScenarioSettings,
+    TansuTarget,
+    tansu_available,
+)
+from faults.process import READY, restartable_port
+
+DEFAULT_ONLY = "produce 100 B, acks=all;consume"
+
+
+class CheckoutTarget:
+    """``onceflow broker`` run from a given checkout (its own code: the
+    checkout is the working directory, so ``-m onceflow`` imports it)."""
+
+    def __init__(self, name: str, checkout: str, work: str, profile_dir: str | None = None):
+        self.name, self.checkout, self.work, self.profile_dir = name, checkout, work, profile_dir
+
+    def __enter__(self) -> Self:
+        data = os.path.join(self.work, f"{self.name}-{uuid.uuid4().hex[:6]}")
+        port = restartable_port()
+        command = [sys.executable, "-m", "onceflow", "broker", "--data-dir", data, "--listen", f"127.0.0.1:{port}",
+                   "--config", "group.initial.rebalance.delay.ms=0"]
+        if self.profile_dir:
+            stacks = os.path.join(self.profile_dir, f"{self.name}-{uuid.uuid4().hex[:4]}.txt")
+            command = [shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy"), "record", "-f", "raw", "-o", stacks,
+                       "-r", "200", "--", *command]
+        with open(data + ".log", "ab") as log:
+            self.process = subprocess.Popen(command, cwd=self.checkout, stdout=subprocess.PIPE, stderr=log, text=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = self.process.stdout.readline()
+            if READY.search(line or ""):
+                self.bootstrap = f"127.0.0.1:{port}"
+                return self
+            if not line and self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} broker exited with {self.process.returncode}")
+        self.process.kill()
+        raise TimeoutError(f"{self.name} broker did not become ready")
+
+    def __exit__(self, *exc) -> None:
+        # SIGINT lets py-spy write its profile; a plain broker stops on it too.
+        self.process.send_signal(2)
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("baseline", help="the other checkout (e.g. a git worktree of an older commit)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--only", default=DEFAULT_ONLY, help="semicolon-separated scenario name prefixes (names have commas)")
+    parser.add_argument("--tansu", action="store_true", help="the peer too, every round")
+    parser.add_argument("--profile", metavar="DIR", help="run each broker under py-spy record, collapsed stacks here")
+    args = parser.parse_args(argv)
+    prefixes = [p.strip() for p in args.only.split(";") if p.strip()]
+    scenarios = [s for s in SCENARIOS if any(s.name.startswith(p) for p in prefixes)]
+    settings = ScenarioSettings(records=args.records)
+    work = tempfile.mkdtemp(prefix="onceflow-ab-")
+    if args.profile:
+        os.makedirs(args.profile, exist_ok=True)
+    checkouts = {"this": REPO, "baseline": os.path.abspath(args.baseline)}
+    results: dict[str, dict[str, list[float]]] = {}  # scenario -> target -> records/s per round
+    try:
+        for round_number in range(1, args.rounds + 1):
+            order = list(checkouts) if round_number % 2 else list(reversed(checkouts))
+            targets = [lambda n=name: CheckoutTarget(n, checkouts[n], work, args.profile) for name in order]
+            if args.tansu and tansu_available():
+                targets.append(TansuTarget)
+            for factory in targets:
+                with factory() as target:
+                    for scenario in scenarios:
+                        value = scenario.run(target.bootstrap, settings)["records/s"].value
+                        results.setdefault(scenario.name, {}).setdefault(target.name, []).append(value)
+                        print(f"  round {round_number} {target.name:<9} {scenario.name}: {value:,.0f} records/s", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"\nthis = {REPO}, baseline = {checkouts['baseline']}, {args.rounds} rounds interleaved")
+    print("| scenario | this | baseline | this / baseline: median (range) |" + (" tansu |" if args.tansu else ""))
+    print("| --- | --- | --- | --- |" + (" --- |" if args.tansu else ""))
+    for name, by_target in results.items():
+        ratios = [a / b for a, b in zip(by_target["this"], by_target["baseline"])]
+        tansu = f" {statistics.median(by_target['tansu']):,.0f} |" if "tansu" in by_target else ""
+        print(f"| {name} | {statistics.median(by_target['this']):,.0f} | {statistics.median(by_target['baseline']):,.0f} | "
+              f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}) |{tansu}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

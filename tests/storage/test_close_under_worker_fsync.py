@@ -1,0 +1,89 @@
+"""A segment closed synchronously (DeleteRecords, retention, a compaction
+swap: ``LogSegment.delete``/``close``) while a group-commit round fsyncs it
+on a worker thread keeps its descriptor open until that fsync returns: the
+thread never fsyncs a closed descriptor, or one the kernel gave to another file."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from protocol.records import encode_batch
+from storage.config import LogConfig
+from storage.group_commit import FsyncRounds
+from storage.log import PartitionLog
+from storage.segment import DiskIO
+
+
+def batch(i: int) -> bytes:
+    return encode_batch([(b"key-%d" % i, b"v" * 40, (), 1_000_000 + i) for _ in range(3)])
+
+
+class HoldableWorkerFsync(DiskIO):
+    """While ``hold`` is set, fsyncs on worker threads wait for ``release``;
+    a descriptor closed while a worker fsyncs it is recorded."""
+
+    def __init__(self):
+        self.hold = threading.Event()
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.in_fsync: set[int] = set()
+        self.closed_during_fsync: list[int] = []
+        self.fsync_errors: list[OSError] = []
+        self.lock = threading.Lock()
+
+    def fsync(self, fd):
+        if self.hold.is_set() and threading.current_thread() is not threading.main_thread():
+            with self.lock:
+                self.in_fsync.add(fd)
+            self.entered.set()
+            try:
+                assert self.release.wait(10), "the test never released the fsync"
+                super().fsync(fd)
+            except OSError as error:
+                self.fsync_errors.append(error)
+                raise
+            finally:
+                with self.lock:
+                    self.in_fsync.discard(fd)
+            return
+        super().fsync(fd)
+
+    def close(self, fd):
+        with self.lock:
+            if fd in self.in_fsync:
+                self.closed_during_fsync.append(fd)
+        super().close(fd)
+
+
+def test_delete_records_of_a_segment_a_worker_is_fsyncing_waits_for_the_fsync(tmp_path):
+    rounds = FsyncRounds()
+    io = HoldableWorkerFsync()
+    config = LogConfig(segment_bytes=1 << 20, flush_policy="group")
+    logs = [PartitionLog.open(str(tmp_path / f"p{i}"), config, io=io, fsync_rounds=rounds) for i in range(3)]
+    doomed = logs[0]
+
+    async def scenario():
+        first = doomed.append(batch(0))
+        await doomed.wait_durable(first.last_offset)  # segment 0 is below the high watermark
+        doomed.roll()  # segment 0 joins the next round (the roll's fsync of it)
+        io.hold.set()
+        waits = [partition_log.wait_durable(partition_log.append(batch(i + 1)).last_offset) for i, partition_log in enumerate(logs)]
+        assert await asyncio.get_running_loop().run_in_executor(None, io.entered.wait, 10), "no worker fsync started"
+        old_segment = doomed.segments[0]
+        assert rounds.in_round and old_segment in doomed.committer.syncing, "the held round covers segment 0"
+        doomed.delete_records_before(first.last_offset + 1)  # deletes segment 0 now, on the loop
+        assert old_segment.closed and doomed.segments[0] is not old_segment
+        io.release.set()
+        await asyncio.wait_for(asyncio.gather(*waits), 10)
+        for partition_log in logs:
+            await partition_log.aclose()
+        await rounds.aclose()
+
+    asyncio.run(scenario())
+    assert io.closed_during_fsync == [], "a descriptor was closed under a worker's fsync"
+    assert io.fsync_errors == []
+    assert all(partition_log.failed is None for partition_log in logs)
+    reopened = PartitionLog.open(str(tmp_path / "p0"), config)
+    assert (reopened.log_start_offset, reopened.log_end_offset) == (3, 6)
+    reopened.close()
