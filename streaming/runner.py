@@ -64,6 +64,7 @@ import time
 
 from protocol.errors import ErrorCode
 from streaming.app import App, Processor, Record
+from streaming.backoff import RetryDelay
 from streaming.errors import InstanceFencedError, ProcessingError
 from streaming.store import Store, StoreError, StoreFile
 from txn.admin import AsyncAdmin
@@ -285,14 +286,18 @@ class Runner:
         next_lag = time.monotonic()
         progress_mark = (time.monotonic(), 0, 0)
         self.last_activity = time.monotonic()
+        poll_delay = RetryDelay()
         while not app.stopping:
             timeout = max(0.0, self.txn_started + interval - time.monotonic()) if self.txn_open else 0.5
             try:
                 records = await consumer.poll(min(timeout, 0.5))
             except (RetriableError, ConnectionError, TimeoutError, OSError) as error:
-                log.warning("poll failed (%s); polling again", error)
-                await asyncio.sleep(0.5)
+                # Once per outage at WARNING; the retries of a broker that
+                # stays down would otherwise log four lines a second.
+                (log.warning if not poll_delay.failures else log.debug)("poll failed (%s); polling again", error)
+                await asyncio.sleep(poll_delay.next())
                 continue
+            poll_delay.reset()
             if records:
                 self.last_activity = time.monotonic()
                 processed = 0
@@ -529,6 +534,7 @@ class Runner:
         """Rewind every assigned partition to its committed offset (and catch
         the shards up with the changelog, when our last commit may have
         happened after all). Retried until the broker answers."""
+        delay = RetryDelay()
         while True:
             try:
                 if catch_up_stores:
@@ -540,7 +546,7 @@ class Runner:
                 if self.app.stopping:
                     raise
                 log.warning("rewinding failed (%s); trying again", error)
-                await asyncio.sleep(1.0)
+                await asyncio.sleep(delay.next())
 
     async def _rewind(self, partitions: list[TopicPartition]) -> None:
         consumer = self.consumer
@@ -572,6 +578,7 @@ class Runner:
         self.metrics.add("rebalances")
         partitions = set(partitions)
         self.assigned |= partitions
+        restore_delay = RetryDelay()
         while True:  # no record of these partitions may be processed before their stores are restored
             needed = self._shards_needed(partitions) - set(self.shards)
             if not needed:
@@ -587,7 +594,7 @@ class Runner:
                 if self.app.stopping:
                     raise
                 log.warning("restoring stores failed (%s); trying again", error)
-                await asyncio.sleep(1.0)
+                await asyncio.sleep(restore_delay.next())
         for tp in partitions:
             self.processed.pop(tp, None)
         self.parked.clear()  # what was given up and not given back: someone else's now
