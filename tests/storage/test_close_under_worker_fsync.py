@@ -6,54 +6,16 @@ thread never fsyncs a closed descriptor, or one the kernel gave to another file.
 from __future__ import annotations
 
 import asyncio
-import threading
 
 from protocol.records import encode_batch
 from storage.config import LogConfig
 from storage.group_commit import FsyncRounds
 from storage.log import PartitionLog
-from storage.segment import DiskIO
+from tests.storage.worker_fsync import HoldableWorkerFsync
 
 
 def batch(i: int) -> bytes:
     return encode_batch([(b"key-%d" % i, b"v" * 40, (), 1_000_000 + i) for _ in range(3)])
-
-
-class HoldableWorkerFsync(DiskIO):
-    """While ``hold`` is set, fsyncs on worker threads wait for ``release``;
-    a descriptor closed while a worker fsyncs it is recorded."""
-
-    def __init__(self):
-        self.hold = threading.Event()
-        self.entered = threading.Event()
-        self.release = threading.Event()
-        self.in_fsync: set[int] = set()
-        self.closed_during_fsync: list[int] = []
-        self.fsync_errors: list[OSError] = []
-        self.lock = threading.Lock()
-
-    def fsync(self, fd):
-        if self.hold.is_set() and threading.current_thread() is not threading.main_thread():
-            with self.lock:
-                self.in_fsync.add(fd)
-            self.entered.set()
-            try:
-                assert self.release.wait(10), "the test never released the fsync"
-                super().fsync(fd)
-            except OSError as error:
-                self.fsync_errors.append(error)
-                raise
-            finally:
-                with self.lock:
-                    self.in_fsync.discard(fd)
-            return
-        super().fsync(fd)
-
-    def close(self, fd):
-        with self.lock:
-            if fd in self.in_fsync:
-                self.closed_during_fsync.append(fd)
-        super().close(fd)
 
 
 def test_delete_records_of_a_segment_a_worker_is_fsyncing_waits_for_the_fsync(tmp_path):

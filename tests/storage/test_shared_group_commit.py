@@ -19,6 +19,7 @@ from storage.config import LogConfig
 from storage.group_commit import FsyncRounds
 from storage.log import LogFailedError, PartitionLog
 from storage.segment import DiskIO
+from tests.storage.worker_fsync import HoldableWorkerFsync
 
 
 def batch(i: int, records: int = 3) -> bytes:
@@ -96,39 +97,9 @@ def test_a_failed_fsync_fails_only_its_own_log(tmp_path):
     asyncio.run(scenario())
 
 
-class HeldWorkerFsync(DiskIO):
-    """fsyncs on worker threads wait for ``release``; closing a descriptor
-    under one is recorded."""
-
-    def __init__(self):
-        self.entered = threading.Event()
-        self.release = threading.Event()
-        self.in_fsync: set[int] = set()
-        self.closed_during_fsync: list[int] = []
-        self.lock = threading.Lock()
-
-    def fsync(self, fd):
-        if threading.current_thread() is not threading.main_thread():
-            with self.lock:
-                self.in_fsync.add(fd)
-            self.entered.set()
-            try:
-                assert self.release.wait(10), "the test never released the fsync"
-            finally:
-                with self.lock:
-                    self.in_fsync.discard(fd)
-        super().fsync(fd)
-
-    def close(self, fd):
-        with self.lock:
-            if fd in self.in_fsync:
-                self.closed_during_fsync.append(fd)
-        super().close(fd)
-
-
 def test_aclose_of_one_log_waits_out_a_shared_round_covering_it(tmp_path):
     rounds = FsyncRounds()
-    io = HeldWorkerFsync()
+    io = HoldableWorkerFsync(hold=True)
     logs = [PartitionLog.open(str(tmp_path / f"p{i}"), group(), io=io, fsync_rounds=rounds) for i in range(3)]
 
     async def scenario():
