@@ -31,6 +31,7 @@ from typing import Self
 from benchmarks.suite import (
     REPO,
     SCENARIOS,
+    select_scenarios,
     ScenarioSettings,
     TansuTarget,
     tansu_available,
@@ -88,8 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tansu", action="store_true", help="the peer too, every round")
     parser.add_argument("--profile", metavar="DIR", help="run each broker under py-spy record, collapsed stacks here")
     args = parser.parse_args(argv)
-    prefixes = [p.strip() for p in args.only.split(";") if p.strip()]
-    scenarios = [s for s in SCENARIOS if any(s.name.startswith(p) for p in prefixes)]
+    scenarios = select_scenarios(SCENARIOS, args.only)
     settings = ScenarioSettings(records=args.records)
     work = tempfile.mkdtemp(prefix="onceflow-ab-")
     if args.profile:

@@ -543,6 +543,18 @@ def chart(rows: list[dict], path: str) -> bool:
     return True
 
 
+def select_scenarios(offered: list[Scenario], only: str) -> list[Scenario]:
+    """The scenarios whose names start with one of ``only``'s
+    semicolon-separated prefixes (names hold commas: "produce 100 B,
+    acks=all"). A prefix that names nothing is an error, not an empty run."""
+    prefixes = [prefix.strip() for prefix in only.split(";") if prefix.strip()]
+    unknown = [prefix for prefix in prefixes if not any(s.name.startswith(prefix) for s in offered)]
+    if unknown or not prefixes:
+        names = "\n  ".join(s.name for s in offered)
+        raise SystemExit(f"--only {only!r}: no scenario starts with {'; '.join(unknown) or 'an empty prefix'}; the scenarios are:\n  {names}")
+    return [s for s in offered if any(s.name.startswith(prefix) for prefix in prefixes)]
+
+
 def run_suite(args) -> int:
     """The whole run, for ``onceflow bench`` (whose module,
     ``onceflow.commands.bench``, owns the options); with ``--runner``, the
@@ -572,7 +584,7 @@ def run_suite(args) -> int:
     offered = SCENARIOS + SPARK_SCENARIOS if args.spark or args.only else SCENARIOS
     if args.only:
         offered += SECURITY_SCENARIOS
-    scenarios = [s for s in offered if not args.only or any(s.name.startswith(p.strip()) for p in args.only.split(","))]
+    scenarios = select_scenarios(offered, args.only) if args.only else offered
     work = tempfile.mkdtemp(prefix="onceflow-bench-", dir=args.work_dir)
     try:
         say(f"machine limits (data directory {work}) ...")

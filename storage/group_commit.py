@@ -37,13 +37,13 @@ nothing after the last durable offset is ever acknowledged: that log (only
 that one) goes into a failed state and refuses appends (``LogFailedError``)
 until it is reopened, which runs recovery and truncates whatever is not whole.
 
-The recovery point moves here too: once an fsync has covered every segment
-below the last roll, it moves to that roll's base offset and is
-checkpointed, so recovery after a crash scans only from the active segment.
+A roll is a barrier (``PartitionLog.roll``): the old segment is fsynced
+whole before the new one gets a byte, and everything below the new base
+is then durable (``rolled``), so the recovery point moves there and
+recovery after a crash scans only the active segment.
 
-``GroupCommitter`` is the log's (``PartitionLog.committer``); it reads and
-moves the log's ``log_end_offset``, ``durable_offset`` and ``recovery_point``
-and nothing else.
+``GroupCommitter`` is the log's (``PartitionLog.committer``); it reads the
+log's ``log_end_offset``, moves its ``durable_offset`` and nothing else.
 
 What it measures goes to ``observer`` (a ``FlushObserver``, None by default):
 each round's fsync time, bytes and appends (over every log in it), as plain
@@ -107,7 +107,6 @@ class GroupCommitter:
         self.unflushed_appends = 0
         self.observer: FlushObserver | None = None
         self.syncing: list[LogSegment] = []  # being fsynced by a round now
-        self.next_recovery_point: int | None = None  # a roll's base, once what is below it is durable
 
     @property
     def task(self) -> asyncio.Task | None:
@@ -128,12 +127,16 @@ class GroupCommitter:
             return
         self.schedule()
 
-    def rolled(self, old: LogSegment, base: int) -> None:
-        """A new segment starts at ``base``: the recovery point may move there
-        once ``old`` (whose indexes the log has made durable) is fsynced."""
-        if old not in self.unflushed and old.size:
-            self.unflushed.append(old)
-        self.next_recovery_point = base
+    def rolled(self, old: LogSegment, seconds: float) -> None:
+        """The log fsynced ``old`` (taking ``seconds``) at a roll: with it,
+        everything written so far is durable. A round running now may still
+        be fsyncing ``old``; it acknowledges nothing this did not."""
+        round_bytes, round_appends = self.unflushed_bytes, self.unflushed_appends
+        self.unflushed.clear()
+        self.unflushed_bytes = self.unflushed_appends = 0
+        if self.observer is not None:
+            self.observer.flushed(seconds, round_bytes, round_appends)
+        self._made_durable(self.log.log_end_offset)
 
     def forget(self, segment: LogSegment) -> None:
         """``segment`` is gone (retention, a compaction swap): nothing to fsync."""
@@ -209,25 +212,7 @@ class GroupCommitter:
 
     def _made_durable(self, target: int) -> None:
         self.log.durable_offset = max(self.log.durable_offset, target)
-        self._advance_recovery_point(target)
         self.release_waiters()
-
-    def _advance_recovery_point(self, synced_to: int) -> None:
-        """After an fsync that covered every segment below the last roll, the
-        recovery point moves to that roll's base offset and is checkpointed:
-        recovery after a crash then scans only from the active segment on
-        (Kafka flushes a rolled segment and moves its recovery point the
-        same way). Under "os" nothing is fsynced, so it moves only on close."""
-        partition_log = self.log
-        point = self.next_recovery_point
-        if point is None or synced_to < point or point <= partition_log.recovery_point:
-            return
-        self.next_recovery_point = None
-        partition_log.recovery_point = point
-        try:
-            partition_log._write_checkpoint()
-        except OSError as error:
-            partition_log._fail(error)
 
     # -------------------------------------------------------------- waiters
 

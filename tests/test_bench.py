@@ -3,7 +3,7 @@ tests/test_readme.py::test_bench_command_runs_every_scenario)."""
 
 import pytest
 
-from benchmarks.suite import SCENARIOS, fraction_of_limit, medians
+from benchmarks.suite import SCENARIOS, fraction_of_limit, medians, select_scenarios
 
 
 def test_medians_and_limits_are_computed_from_the_rounds():
@@ -41,3 +41,10 @@ def test_restart_bench_times_every_step_of_a_small_broker(tmp_path):
     assert 10 < rows[1]["RSS after clean restart, MiB"] < 1000
     restart_bench.report(rows, ["here"], lines.append)
     assert any(line.startswith("| restart after SIGKILL s | ") for line in lines)
+
+
+def test_only_selects_by_semicolon_separated_prefixes_of_names_that_hold_commas():
+    chosen = select_scenarios(SCENARIOS, "produce 100 B, acks=all; consume")
+    assert [s.name for s in chosen] == ["produce 100 B, acks=all", "consume read_uncommitted", "consume read_committed"]
+    with pytest.raises(SystemExit, match="no scenario starts with produce 100 B, acks=none"):
+        select_scenarios(SCENARIOS, "produce 100 B, acks=none;consume")

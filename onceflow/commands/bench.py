@@ -24,7 +24,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--seconds", type=float, default=3.0, metavar="S", help="length of the timed scenarios (transactions, latency) (default 3)")
     parser.add_argument("--copier-records", type=int, default=50_000, metavar="N", help="records through the exactly-once copier (default 50000)")
     parser.add_argument("--latency-rate", type=int, default=2_000, metavar="N", help="records/s for the end-to-end latency scenario (default 2000)")
-    parser.add_argument("--only", default=None, metavar="PREFIX,...", help="comma-separated scenario name prefixes")
+    parser.add_argument("--only", default=None, metavar="PREFIX;...",
+                        help='semicolon-separated scenario name prefixes (names hold commas), e.g. "produce 100 B, acks=all;consume"')
     parser.add_argument("--no-peer", action="store_true", help="skip Tansu")
     parser.add_argument("--work-dir", default=None, metavar="DIR", help="where our broker keeps its data (default: a temp dir)")
     parser.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",

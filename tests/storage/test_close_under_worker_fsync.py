@@ -26,16 +26,17 @@ def test_delete_records_of_a_segment_a_worker_is_fsyncing_waits_for_the_fsync(tm
     doomed = logs[0]
 
     async def scenario():
-        first = doomed.append(batch(0))
-        await doomed.wait_durable(first.last_offset)  # segment 0 is below the high watermark
-        doomed.roll()  # segment 0 joins the next round (the roll's fsync of it)
         io.hold.set()
-        waits = [partition_log.wait_durable(partition_log.append(batch(i + 1)).last_offset) for i, partition_log in enumerate(logs)]
+        # Three files: the round goes to worker threads, and is held there.
+        waits = [partition_log.wait_durable(partition_log.append(batch(i)).last_offset) for i, partition_log in enumerate(logs)]
         assert await asyncio.get_running_loop().run_in_executor(None, io.entered.wait, 10), "no worker fsync started"
         old_segment = doomed.segments[0]
         assert rounds.in_round and old_segment in doomed.committer.syncing, "the held round covers segment 0"
-        doomed.delete_records_before(first.last_offset + 1)  # deletes segment 0 now, on the loop
+        doomed.roll()  # fsyncs segment 0 itself, on the loop: offsets 0-2 are durable
+        assert doomed.high_watermark == 3
+        doomed.delete_records_before(3)  # deletes segment 0 now, on the loop
         assert old_segment.closed and doomed.segments[0] is not old_segment
+        waits.append(doomed.wait_durable(doomed.append(batch(9)).last_offset))
         io.release.set()
         await asyncio.wait_for(asyncio.gather(*waits), 10)
         for partition_log in logs:

@@ -143,8 +143,10 @@ class PowerCutIO(DiskIO):
 
     @staticmethod
     def cut_power(durable_size: dict[str, int], directories: list[str], rng: random.Random) -> None:
-        """Cut every segment back to a random length between its durable one
-        and its written one (torn anywhere past what is durable)."""
+        """Cut every segment back to a length between its durable one and its
+        written one: torn anywhere past what is durable, and as often at a
+        batch boundary (a page written back whole), where recovery sees no
+        torn batch at all."""
         for directory in directories:
             for name in os.listdir(directory):
                 if not name.endswith(".log"):
@@ -152,8 +154,69 @@ class PowerCutIO(DiskIO):
                 path = os.path.join(directory, name)
                 written = os.path.getsize(path)
                 durable = durable_size.get(path, 0)
-                if written > durable:
-                    os.truncate(path, rng.randint(durable, written))
+                if written <= durable:
+                    continue
+                with open(path, "rb") as file:
+                    data = file.read()
+                boundaries = [position for position, _header in iter_batches(data) if position >= durable] + [written]
+                os.truncate(path, rng.choice(boundaries) if rng.random() < 0.5 else rng.randint(durable, written))
+
+
+class WriteOrderIO(DiskIO):
+    """Records every write to a segment made while an older segment of the
+    same log held bytes no fsync had covered: after a machine crash the
+    kernel may have written the newer file back and not the older one."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.written: dict[str, int] = {}
+        self.durable: dict[str, int] = {}
+        self.out_of_order: list[tuple[str, str]] = []
+
+    def write(self, fd, data):
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if path.endswith(".log"):
+            with self.lock:
+                self.out_of_order += [
+                    (older, path) for older, size in self.written.items()
+                    if os.path.dirname(older) == os.path.dirname(path) and older < path and self.durable.get(older, 0) < size
+                ]
+        super().write(fd, data)
+        if path.endswith(".log"):
+            with self.lock:
+                self.written[path] = os.fstat(fd).st_size
+
+    def fsync(self, fd):
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        size = os.fstat(fd).st_size
+        super().fsync(fd)
+        with self.lock:
+            self.durable[path] = max(size, self.durable.get(path, 0))
+
+
+def test_a_new_segment_gets_no_byte_before_the_old_one_is_durable_whole(tmp_path):
+    """A roll is a barrier: the rolled segment is fsynced to its end before
+    the new one is written, so what a crash leaves of a log is a prefix
+    (never the new segment's batches without the old one's tail)."""
+    io = WriteOrderIO()
+    rounds = FsyncRounds()
+    logs = [PartitionLog.open(str(tmp_path / f"p{i}"), group(segment_bytes=4096), io=io, fsync_rounds=rounds) for i in range(4)]
+
+    async def scenario():
+        waits = []
+        for i in range(300):
+            partition_log = logs[i % len(logs)]
+            waits.append(partition_log.wait_durable(partition_log.append(batch(i, records=5)).last_offset))
+            if i % 7 == 0:
+                await asyncio.sleep(0)  # let some rounds start in between
+        await asyncio.wait_for(asyncio.gather(*waits), 30)
+        for partition_log in logs:
+            await partition_log.aclose()
+        await rounds.aclose()
+
+    asyncio.run(scenario())
+    assert all(len(partition_log.segments) > 5 for partition_log in logs), "every log rolled"
+    assert io.out_of_order == []
 
 
 @pytest.mark.slow
@@ -209,8 +272,9 @@ def test_a_machine_crash_loses_no_acknowledged_record_of_any_log(tmp_path, seed)
         reopened = PartitionLog.open(directory, group())
         assert reopened.log_end_offset > max(acked), f"{directory}: acknowledged up to {max(acked)}, recovered to {reopened.log_end_offset}"
         offsets = []
-        while len(offsets) < reopened.log_end_offset:
-            data = reopened.read(len(offsets), 1 << 20)
+        while not offsets or offsets[-1] + 1 < reopened.log_end_offset:
+            data = reopened.read(offsets[-1] + 1 if offsets else 0, 1 << 20)
+            assert data, f"{directory}: nothing readable after offset {offsets[-1] if offsets else None} below the log end {reopened.log_end_offset}"
             for position, _header in iter_batches(data):
                 offsets += [record.offset for record in decode_batch(data, position).records]
         assert offsets == list(range(reopened.log_end_offset)), "whole batches, in order, nothing half-written"
