@@ -1,6 +1,6 @@
 """`onceflow bench`: our broker beside a peer and beside the machine, in one run.
 
-    onceflow bench [--rounds 3] [--records 200000] [--seconds 3] [--json FILE] [--png FILE]
+    onceflow bench [--rounds 3] [--records 1000000] [--seconds 3] [--json FILE] [--png FILE]
                    [--spark [--spark-rows 1000000]]
     onceflow bench --runner [--runner-records 30000] ...   (instead: the streaming runner beside Quix Streams, benchmarks.runner_bench)
     onceflow bench --metrics-cost [--rounds 3] [--records 200000]   (instead: produce with the broker's metrics off and on, benchmarks.metrics_cost)
@@ -27,8 +27,10 @@ This module owns the scenarios, the rounds and the report; the targets are
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import resource
 import shutil
 import statistics
 import sys
@@ -67,7 +69,7 @@ class Scenario:
 
 @attrs.frozen
 class ScenarioSettings:
-    records: int = 200_000
+    records: int = 1_000_000
     seconds: float = 3.0
     latency_rate: int = 2_000  # records/s for the end-to-end latency scenario
     copier_records: int = 50_000
@@ -161,6 +163,58 @@ def tansu_available() -> bool:
         return False
 
 
+# -- CPU while a scenario runs ---------------------------------------------------
+
+TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User plus system CPU of process ``pid`` (all its threads) so far."""
+    with open(f"/proc/{pid}/stat") as file:
+        fields = file.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS_PER_SECOND
+
+
+@attrs.define
+class CpuUse:
+    """Where the CPU went in a scenario's timed part, in cores (CPU seconds
+    per second of it): the broker process; the client's Python loop (this
+    process's main thread, where every produce()/consume() call runs); the
+    whole client process (the loop plus librdkafka's threads). The machine
+    has ``os.cpu_count()`` cores: if the loop is near 1.0 the client's own
+    loop holds the scenario, whatever the broker does."""
+
+    broker: float
+    client_loop: float
+    client: float
+
+
+class CpuProbe:
+    """run_rounds names the broker (``broker_pid``); a scenario marks its
+    timed part with ``with CPU.window():``; the last window measured is
+    ``last`` (a consume scenario's fill is a window too, then its read)."""
+
+    def __init__(self):
+        self.broker_pid: int | None = None
+        self.last: CpuUse | None = None
+
+    @contextlib.contextmanager
+    def window(self):
+        pid = self.broker_pid
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        started = (process_cpu_seconds(pid) if pid else 0.0, time.thread_time(), usage.ru_utime + usage.ru_stime, time.perf_counter())
+        yield
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        ended = (process_cpu_seconds(pid) if pid else 0.0, time.thread_time(), usage.ru_utime + usage.ru_stime, time.perf_counter())
+        wall = max(ended[3] - started[3], 1e-9)
+        self.last = CpuUse(broker=(ended[0] - started[0]) / wall if pid else float("nan"),
+                           client_loop=(ended[1] - started[1]) / wall, client=(ended[2] - started[2]) / wall)
+
+
+CPU = CpuProbe()
+CPU_METRICS = {"broker CPU": "cores", "client loop": "of a core"}
+
+
 # -- scenarios -----------------------------------------------------------------
 
 
@@ -182,17 +236,18 @@ def fill(bootstrap: str, topic: str, value: bytes, count: int, *, idempotent: bo
     producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": idempotent,
                          "linger.ms": linger_ms, "batch.size": batch_bytes, "queue.buffering.max.messages": 1_000_000})
     options = {} if partition is None else {"partition": partition}
-    start = time.perf_counter()
-    for _ in range(count):
-        while True:
-            try:
-                producer.produce(topic, value, **options)
-                break
-            except BufferError:
-                producer.poll(0.005)
-    if producer.flush(180) != 0:
-        raise RuntimeError("records left unacknowledged")
-    return count / (time.perf_counter() - start)
+    with CPU.window():
+        start = time.perf_counter()
+        for _ in range(count):
+            while True:
+                try:
+                    producer.produce(topic, value, **options)
+                    break
+                except BufferError:
+                    producer.poll(0.005)
+        if producer.flush(180) != 0:
+            raise RuntimeError("records left unacknowledged")
+        return count / (time.perf_counter() - start)
 
 
 def produce_scenario(size: int, idempotent: bool, batch_bytes: int = 1 << 20):
@@ -215,17 +270,18 @@ def transactions_scenario(per_txn: int):
         producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"bench-{uuid.uuid4().hex[:8]}", "linger.ms": 1})
         producer.init_transactions(30)
         latencies, records = [], 0
-        start = time.perf_counter()
-        while time.perf_counter() - start < settings.seconds:
-            producer.begin_transaction()
-            for _ in range(per_txn):
-                producer.produce(topic, b"t" * SMALL, partition=0)
-            producer.flush(30)
-            began = time.perf_counter()
-            producer.commit_transaction(30)
-            latencies.append(time.perf_counter() - began)
-            records += per_txn
-        elapsed = time.perf_counter() - start
+        with CPU.window():
+            start = time.perf_counter()
+            while time.perf_counter() - start < settings.seconds:
+                producer.begin_transaction()
+                for _ in range(per_txn):
+                    producer.produce(topic, b"t" * SMALL, partition=0)
+                producer.flush(30)
+                began = time.perf_counter()
+                producer.commit_transaction(30)
+                latencies.append(time.perf_counter() - began)
+                records += per_txn
+            elapsed = time.perf_counter() - start
         return {
             "records/s": Metric(records / elapsed, "records/s"),
             "transactions/s": Metric(len(latencies) / elapsed, "transactions/s"),
@@ -244,12 +300,13 @@ def consume_scenario(isolation: str):
         fill(bootstrap, topic, b"c" * SMALL, settings.records, idempotent=True)
         consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex[:6]}", "isolation.level": isolation, **CONSUMER_SETTINGS})
         consumer.assign([TopicPartition(topic, 0, 0)])
-        seen, start = 0, time.perf_counter()
-        deadline = start + 120
-        while seen < settings.records and time.perf_counter() < deadline:
-            # Ask for no more than remain: consume() waits out its timeout for a short batch.
-            seen += sum(1 for m in consumer.consume(min(10_000, settings.records - seen), 1.0) if m.error() is None)
-        elapsed = time.perf_counter() - start
+        with CPU.window():
+            seen, start = 0, time.perf_counter()
+            deadline = start + 120
+            while seen < settings.records and time.perf_counter() < deadline:
+                # Ask for no more than remain: consume() waits out its timeout for a short batch.
+                seen += sum(1 for m in consumer.consume(min(10_000, settings.records - seen), 1.0) if m.error() is None)
+            elapsed = time.perf_counter() - start
         consumer.close()
         if seen < settings.records:
             raise RuntimeError(f"read {seen} of {settings.records} records")
@@ -448,12 +505,15 @@ def run_rounds(target_factory, scenarios, settings: ScenarioSettings, rounds: in
         with target_factory() as target:
             for scenario in scenarios:
                 began = time.perf_counter()
+                CPU.broker_pid, CPU.last = target.pid, None
                 try:
                     metrics = scenario.run(target.bootstrap, settings)
                 except Exception as error:  # noqa: BLE001 - reported in the table
                     results.setdefault(scenario.name, {}).setdefault("error", []).append(f"{type(error).__name__}: {error}")
                     say(f"  [{target.name} round {round_number}] {scenario.name}: FAILED {error}")
                     continue
+                if CPU.last is not None:
+                    metrics = {**metrics, "broker CPU": Metric(CPU.last.broker, "cores"), "client loop": Metric(CPU.last.client_loop, "of a core")}
                 for key, metric in metrics.items():
                     results.setdefault(scenario.name, {}).setdefault(key, []).append(metric.value)
                     results[scenario.name].setdefault("_unit:" + key, metric.unit)
@@ -500,9 +560,9 @@ def report(ours: dict, peer: dict | None, limits: dict[str, float], scenarios, s
         for index, (key, value) in enumerate(our_metrics.items()):
             theirs = peer_metrics.get(key)
             unit = "ms" if key.startswith(("commit", "p50", "p99")) else key
-            lower_is_better = unit == "ms"
+            lower_is_better = unit == "ms" or key == "broker CPU"
             ratio = None
-            if theirs and value:
+            if theirs and value and key != "client loop":  # the client's share of a core is context, not a score
                 ratio = theirs / value if lower_is_better else value / theirs
             rows.append({
                 "scenario": scenario.name, "metric": key, "onceflow": value, "peer": theirs, "ours_over_peer": ratio,
@@ -513,12 +573,14 @@ def report(ours: dict, peer: dict | None, limits: dict[str, float], scenarios, s
     say("")
     say(f"{'scenario: metric':<{width}}{'onceflow':>14}{'Tansu':>14}{'ours/Tansu':>12}   of the machine's limit")
     for row in rows:
-        theirs = "n/a" if row["peer"] is None else f"{row['peer']:,.1f}"
+        decimals = 2 if row["metric"] in CPU_METRICS else 1
+        theirs = "n/a" if row["peer"] is None else f"{row['peer']:,.{decimals}f}"
         ratio = "" if row["ours_over_peer"] is None else f"{row['ours_over_peer']:.2f}"
-        say(f"{row['scenario'] + ': ' + row['metric']:<{width}}{row['onceflow']:>14,.1f}{theirs:>14}{ratio:>12}   {row['of_limit']}")
+        say(f"{row['scenario'] + ': ' + row['metric']:<{width}}{row['onceflow']:>14,.{decimals}f}{theirs:>14}{ratio:>12}   {row['of_limit']}")
         if row["note"]:
             say(f"{'':<{width}}  note: {row['note']}")
-    say("(ratio > 1 favours onceflow; for latencies (ms) the ratio is Tansu's / ours)")
+    say("(ratio > 1 favours onceflow; for latencies (ms) and broker CPU (cores: CPU seconds per second of the timed part)"
+        " the ratio is Tansu's / ours; client loop: the share of a core the client's Python loop used, near 1.0 when it is the limit)")
     return rows
 
 
