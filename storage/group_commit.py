@@ -6,8 +6,9 @@ unflushed data and no fsync is running, and covers every append made before
 it started; appends that arrive during an fsync share the next one.
 ``flush.interval.ms`` (default 0) spaces a log's rounds at least that far
 apart, trading acknowledgement latency for fewer fsyncs. "always" runs the
-rounds back to back whatever the interval; "os" never fsyncs (a machine crash
-loses what the page cache held; a process crash loses nothing).
+rounds back to back whatever the interval; "os" fsyncs only at a segment
+roll (a machine crash loses what the page cache held; a process crash loses
+nothing).
 
 A round is shared by every log of one owner (``FsyncRounds``; a broker has
 one for all its partitions: data, ``__transaction_state``,
@@ -107,6 +108,7 @@ class GroupCommitter:
         self.unflushed_appends = 0
         self.observer: FlushObserver | None = None
         self.syncing: list[LogSegment] = []  # being fsynced by a round now
+        self.durable_after_round = 0  # made durable by a roll during that round: acknowledged once it succeeds
 
     @property
     def task(self) -> asyncio.Task | None:
@@ -128,15 +130,21 @@ class GroupCommitter:
         self.schedule()
 
     def rolled(self, old: LogSegment, seconds: float) -> None:
-        """The log fsynced ``old`` (taking ``seconds``) at a roll: with it,
-        everything written so far is durable. A round running now may still
-        be fsyncing ``old``; it acknowledges nothing this did not."""
+        """The log fsynced every segment up to ``old`` (taking ``seconds``)
+        at a roll: everything written so far is durable. If a round is
+        fsyncing this log on a worker meanwhile, the acknowledgement waits
+        for that round: had its fsync failed, the roll's fsync of the same
+        descriptor could return 0 (the kernel reports a writeback error
+        once), and the round's failure must win."""
         round_bytes, round_appends = self.unflushed_bytes, self.unflushed_appends
         self.unflushed.clear()
         self.unflushed_bytes = self.unflushed_appends = 0
         if self.observer is not None:
             self.observer.flushed(seconds, round_bytes, round_appends)
-        self._made_durable(self.log.log_end_offset)
+        if self.syncing:
+            self.durable_after_round = self.log.log_end_offset
+        else:
+            self._made_durable(self.log.log_end_offset)
 
     def forget(self, segment: LogSegment) -> None:
         """``segment`` is gone (retention, a compaction swap): nothing to fsync."""
@@ -186,7 +194,7 @@ class GroupCommitter:
                 partition_log._fail(error)
             return
         if partition_log.failed is None and not partition_log.closed:
-            self._made_durable(target)
+            self._made_durable(max(target, self.durable_after_round))
 
     def flush(self) -> None:
         """fsync everything written so far, synchronously (also what an

@@ -60,7 +60,7 @@ from protocol.records import (
 )
 from storage import recovery
 from storage.checksum import checked_batches
-from storage.config import FLUSH_OS, LogConfig
+from storage.config import LogConfig
 from storage.group_commit import FsyncRounds, GroupCommitter, LogFailedError
 from storage.durable import fsync_directory, replace_file
 from storage.index import IndexBudget
@@ -130,6 +130,7 @@ class PartitionLog:
         # True while .clean_shutdown is on disk: nothing changed since it was written.
         self.marked_clean = False
         self.changed = False  # since open (``begin_changes``)
+        self.directory_unsynced = False  # a segment file created at open whose name no directory fsync has covered
 
     # ------------------------------------------------------------------ opening
 
@@ -154,6 +155,7 @@ class PartitionLog:
             self.segments.append(self._new_segment(base))
         if not self.segments:
             self.segments.append(self._new_segment(max(log_start, 0)))
+            self.directory_unsynced = True
         # After a clean shutdown every segment is trusted (after a sanity
         # check of its indexes); otherwise those from the recovery point on
         # are scanned.
@@ -185,6 +187,15 @@ class PartitionLog:
         after open, remove ``.clean_shutdown`` durably, so that a crash from
         now on is seen as unclean and the changed files are recovered."""
         self.changed = True
+        if self.directory_unsynced:
+            # A new log's first segment: its name must be durable before
+            # anything written into it is acknowledged.
+            try:
+                fsync_directory(self.directory)
+            except OSError as error:
+                self._fail(error)
+                raise LogFailedError(f"fsync of {self.directory} failed: {error}") from error
+            self.directory_unsynced = False
         if not self.marked_clean:
             return
         try:
@@ -368,29 +379,37 @@ class PartitionLog:
         segment = self._new_segment(base_offset)
         segment.created_ms = self.clock()
         self.segments.append(segment)
+        fsync_directory(self.directory)  # acknowledged data goes into the new file: its name must survive a crash
 
     def roll(self, next_base: int | None = None) -> LogSegment:
+        """Start a new active segment at ``next_base`` (default: the log end).
+        Raises LogFailedError (and fails the log) if a write or fsync fails."""
+        self._check_writable()
         self.begin_changes()
-        base = self.log_end_offset if next_base is None else next_base
+        try:
+            return self._roll(self.log_end_offset if next_base is None else next_base)
+        except OSError as error:
+            self._fail(error)
+            raise LogFailedError(f"rolling a new segment in {self.directory} failed: {error}") from error
+
+    def _roll(self, base: int) -> LogSegment:
         old = self.active_segment
-        # The old segment is final: its indexes and (unless flush.policy is
-        # "os") its .log are made durable whole before the first byte goes to
-        # the new one. The kernel may write any page back whenever it likes,
-        # so without this a machine crash could keep the new segment's
-        # batches and lose the old one's unsynced tail; cut at a batch
-        # boundary, the old segment looks whole to recovery and the log has a
-        # hole (the shared-round power-cut test found one: offsets 492-564
-        # missing, 565 on kept). With it, what a crash leaves is a prefix.
+        # A barrier, whatever flush.policy says: the old segment is made
+        # durable whole (.log, indexes) before the new one gets a byte. The
+        # kernel writes pages back in any order, so without it a machine
+        # crash could keep the new segment's batches and lose the old one's
+        # unsynced tail; cut at a batch boundary, the old segment looks whole
+        # to recovery and the log has a hole (the shared-round power-cut test
+        # found one: offsets 492-564 missing, 565 on kept). With it, what a
+        # crash leaves is a prefix. One fsync per segment.bytes.
         old.flush_indexes(fsync=True)
         old.txn_index.fsync()
-        durable = self.config.flush_policy != FLUSH_OS
-        if durable:
-            began = time.perf_counter()
-            # Normally only ``old``: every segment below the recovery point
-            # was made durable by its own roll (or by recovery).
-            for segment in self.segments[self._segment_for(self.recovery_point):]:
-                segment.fsync()
-            self.committer.rolled(old, time.perf_counter() - began)
+        began = time.perf_counter()
+        # Normally only ``old``: every segment below the recovery point was
+        # made durable by its own roll (or by recovery).
+        for segment in self.segments[self._segment_for(self.recovery_point):]:
+            segment.fsync()
+        self.committer.rolled(old, time.perf_counter() - began)
         segment = self._new_segment(base)
         segment.created_ms = self.clock()
         self.segments.append(segment)
@@ -398,12 +417,12 @@ class PartitionLog:
             self.take_snapshot()
         except OSError as error:
             log.warning("producer snapshot at roll failed: %s", error)
-        if durable:
-            # Everything below ``base`` is durable: recovery after a crash
-            # scans only from the new segment on.
-            self.recovery_point = max(self.recovery_point, base)
-            recovery.write_checkpoint(self.directory, self.recovery_point, self.log_start_offset, sync_directory=False)
-        fsync_directory(self.directory)  # the new segment's files, the snapshot and the checkpoint
+        # The new segment's files, the snapshot and any .txnindex created
+        # during the old segment's life are in the directory before the
+        # checkpoint says recovery may trust everything below ``base``.
+        fsync_directory(self.directory)
+        self.recovery_point = max(self.recovery_point, base)
+        self._write_checkpoint()
         return segment
 
     # ------------------------------------------------------------------ durability (storage.group_commit)
@@ -580,6 +599,10 @@ class PartitionLog:
                 self.flush()
                 for segment in self.segments:
                     segment.flush_indexes(fsync=True)
+                # Rolled segments' .txnindex were fsynced at their roll; the
+                # active one's entries (aborted transactions) are durable only
+                # now, and the snapshot written next puts them past replay.
+                self.active_segment.txn_index.fsync()
                 self.recovery_point = self.log_end_offset
                 self.take_snapshot()
                 # One directory fsync for the snapshot's and the checkpoint's renames.

@@ -310,7 +310,8 @@ def _ensure_aborted_indexed(state: ProducerStateManager, segment: LogSegment, co
         return
     unstable = state.first_unstable_offset()
     segment.txn_index.append(
-        AbortedTxn(completed.producer_id, completed.first_offset, completed.last_offset, unstable if unstable is not None else completed.last_offset + 1)
+        AbortedTxn(completed.producer_id, completed.first_offset, completed.last_offset, unstable if unstable is not None else completed.last_offset + 1),
+        fsync=True,  # the log is marked clean next: replay will not come this way again
     )
 
 
