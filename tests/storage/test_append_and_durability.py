@@ -24,6 +24,7 @@ from protocol.records import (
 )
 from storage import checksum
 from storage.config import LogConfig
+from storage import log as log_module
 from storage.log import LogFailedError, PartitionLog
 from storage.segment import DiskIO, LogSegment
 
@@ -394,3 +395,46 @@ def test_small_rounds_fsync_on_the_loop_and_large_ones_on_a_worker(tmp_path):
 
     asyncio.run(scenario())
     partition_log.close()
+
+
+def test_a_new_log_names_its_first_segment_durably_before_writing_into_it(tmp_path, monkeypatch):
+    """A new partition's first segment file is created at open; its name is
+    fsynced into the directory on the first change, before any byte of an
+    acknowledged batch goes into it (a machine crash could otherwise drop
+    the file with its fsynced data). Opening and only reading costs nothing."""
+    events = []
+    real_fsync_directory = log_module.fsync_directory
+    monkeypatch.setattr(log_module, "fsync_directory", lambda directory, **kw: (events.append(("fsync dir", directory)), real_fsync_directory(directory, **kw))[1])
+
+    class WriteRecordingIO(DiskIO):
+        def write(self, fd, data):
+            events.append(("write", os.readlink(f"/proc/self/fd/{fd}")))
+            super().write(fd, data)
+
+    directory = str(tmp_path / "fresh-0")
+    partition_log = PartitionLog.open(directory, config(), io=WriteRecordingIO())
+    assert partition_log.read(0, 1000) == b"" and events == []
+    partition_log.append(batch(0))
+    partition_log.append(batch(1))
+    assert events[0] == ("fsync dir", directory)
+    assert [kind for kind, _path in events].count("fsync dir") == 1, events
+    assert events[1][0] == "write" and events[1][1].endswith("00000000000000000000.log")
+    partition_log.close()
+
+
+def test_a_clean_close_makes_the_active_segments_aborted_transactions_durable(tmp_path, monkeypatch):
+    """The close's snapshot puts the ABORT marker past any replay, so the
+    active segment's .txnindex entry must be on disk by then (recovery
+    could not restore it after a machine crash)."""
+    from protocol.records import ControlType, encode_control_batch
+
+    partition_log = PartitionLog.open(str(tmp_path), config(flush_policy="os"))
+    partition_log.append(encode_batch([(b"k", b"v", (), 1000)], producer_id=4, producer_epoch=0, base_sequence=0, is_transactional=True))
+    partition_log.append_control(encode_control_batch(ControlType.ABORT, producer_id=4, producer_epoch=0, coordinator_epoch=0, timestamp=2000), coordinator_epoch=0)
+    txnindex = partition_log.active_segment.txn_index.path
+    assert os.path.exists(txnindex)
+    fsynced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (fsynced.append(os.readlink(f"/proc/self/fd/{fd}")), real_fsync(fd))[1])
+    partition_log.close()
+    assert txnindex in fsynced
