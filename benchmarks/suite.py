@@ -65,6 +65,19 @@ class Scenario:
     run: Callable[[str, "ScenarioSettings"], dict[str, float]]
     limit: str | None = None  # which machine limit bounds it (see `fraction_of_limit`)
     peer: bool = True  # also run against the peer broker
+    chains: tuple["FsyncChain", ...] = ()  # operations that wait for fsyncs one after another (see `what_holds`)
+
+
+@attrs.frozen
+class FsyncChain:
+    """One operation of a scenario waits for ``steps`` fsync rounds in a row
+    that nothing else shares; ``metric`` counts them per second, ``per`` of
+    its units making one operation (a request of 10 records: per=10)."""
+
+    metric: str
+    steps: int
+    per: int = 1
+    operation: str = "transaction"
 
 
 @attrs.frozen
@@ -430,16 +443,23 @@ SCENARIOS = (
     # The client waits for each small request's acknowledgement (five in flight):
     # latency-bound, where our fsync before acknowledging shows.
     Scenario("produce 1 KiB, idempotent, 4 KiB batches", produce_scenario(LARGE, idempotent=True, batch_bytes=4096), limit="produce"),
-    Scenario("transactions of 100 records", transactions_scenario(100), limit="commit"),
-    Scenario("transactions of 1 record", transactions_scenario(1), limit="commit"),
+    # A transaction waits for five rounds in a row: AddPartitionsToTxn, Produce,
+    # PrepareCommit (the answer), then the markers and CompleteCommit before
+    # the next transaction may add its partition.
+    Scenario("transactions of 100 records", transactions_scenario(100), limit="commit", chains=(FsyncChain("transactions/s", 5),)),
+    Scenario("transactions of 1 record", transactions_scenario(1), limit="commit", chains=(FsyncChain("transactions/s", 5),)),
     Scenario("consume read_uncommitted", consume_scenario("read_uncommitted"), limit="consume"),
     Scenario("consume read_committed", consume_scenario("read_committed"), limit="consume"),
     Scenario("exactly-once copier (750/txn)", copier_scenario),
     Scenario("end to end, produce to read_committed", latency_scenario),
     # N clients at once, each waiting for its own small requests: does the
     # broker share its fsyncs (benchmarks.concurrency)?
-    Scenario("concurrency: idempotent producers, 10 x 100 B per request", concurrency_scenario(idempotent_producers), limit="fsync"),
-    Scenario("concurrency: transactional copiers, 10 records + offsets per transaction", concurrency_scenario(transactional_copiers)),
+    Scenario("concurrency: idempotent producers, 10 x 100 B per request", concurrency_scenario(idempotent_producers), limit="fsync",
+             chains=(FsyncChain("records/s, N=1", 1, per=10, operation="request"),)),
+    # Seven rounds: AddPartitionsToTxn, Produce, AddOffsetsToTxn, TxnOffsetCommit,
+    # PrepareCommit, the markers (partition and offsets share one), CompleteCommit.
+    Scenario("concurrency: transactional copiers, 10 records + offsets per transaction", concurrency_scenario(transactional_copiers),
+             chains=(FsyncChain("records/s, N=1", 7, per=10),)),
 )
 
 # Only when named by --only ("ACL", "SASL_SSL"): each starts its own brokers beside the
@@ -555,6 +575,31 @@ def fraction_of_limit(scenario: Scenario, metrics: dict[str, float], limits: dic
     return ""
 
 
+def what_holds(scenario: Scenario, metric: str, ours: dict[str, float], theirs: dict[str, float], limits: dict[str, float]) -> str:
+    """For a row below the peer: which limit of this run's machine holds it,
+    with this run's figures, or a plain admission that none of these does.
+    The client's loop (its Python thread near a full core: it cannot offer
+    more), the machine's CPU (broker plus client near every core), or fsync
+    latency (an operation's extra time over the peer's is its rounds in a
+    row at this run's fsync latency)."""
+    chain = next((c for c in scenario.chains if c.metric == metric), None)
+    if chain is not None and ours.get(metric) and theirs.get(metric) and limits.get("fsyncs_per_s"):
+        ours_ms = 1000 * chain.per / ours[metric]
+        theirs_ms = 1000 * chain.per / theirs[metric]
+        fsyncs_ms = 1000 * chain.steps / limits["fsyncs_per_s"]
+        share = "at least all" if fsyncs_ms >= ours_ms - theirs_ms else "of"
+        return (f"fsync latency: {chain.steps} round{'s' if chain.steps > 1 else ''} in a row x {1000 / limits['fsyncs_per_s']:.2f} ms"
+                f" = {fsyncs_ms:.2f} ms, {share} the {ours_ms - theirs_ms:.2f} ms a {chain.operation} takes longer than on Tansu"
+                f" ({ours_ms:.2f} vs {theirs_ms:.2f} ms), which keeps it in memory")
+    loop, broker, client = ours.get("client loop"), ours.get("broker CPU"), ours.get("client CPU")
+    if loop is not None and loop >= 0.9:
+        return f"the client's Python loop: {loop:.2f} of a core (against Tansu {theirs.get('client loop', float('nan')):.2f})"
+    cores = os.cpu_count() or 1
+    if broker is not None and client is not None and broker + client >= 0.85 * cores:
+        return f"the machine's CPU: broker {broker:.2f} + client {client:.2f} = {broker + client:.2f} of {cores} cores"
+    return "not the client's loop, the machine's CPU or an fsync chain measured here: see the README"
+
+
 def report(ours: dict, peer: dict | None, limits: dict[str, float], scenarios, say) -> list[dict]:
     rows = []
     for scenario in scenarios:
@@ -571,6 +616,9 @@ def report(ours: dict, peer: dict | None, limits: dict[str, float], scenarios, s
                 "scenario": scenario.name, "metric": key, "onceflow": value, "peer": theirs, "ours_over_peer": ratio,
                 "of_limit": fraction_of_limit(scenario, our_metrics, limits) if index == 0 else "",
                 "note": PEER_NOTES.get(scenario.name, "") if index == 0 else "",
+                "holds": what_holds(scenario, key, our_metrics, peer_metrics, limits)
+                if ratio is not None and ratio < 1 and key not in CPU_METRICS
+                and (any(c.metric == key for c in scenario.chains) if scenario.chains else index == 0) else "",
             })
     width = max(len(f"{r['scenario']}: {r['metric']}") for r in rows) + 2
     say("")
@@ -582,6 +630,8 @@ def report(ours: dict, peer: dict | None, limits: dict[str, float], scenarios, s
         say(f"{row['scenario'] + ': ' + row['metric']:<{width}}{row['onceflow']:>14,.{decimals}f}{theirs:>14}{ratio:>12}   {row['of_limit']}")
         if row["note"]:
             say(f"{'':<{width}}  note: {row['note']}")
+        if row["holds"]:
+            say(f"{'':<{width}}  held by {row['holds']}")
     say("(ratio > 1 favours onceflow; for latencies (ms) and broker CPU (cores: CPU seconds per second of the timed part)"
         " the ratio is Tansu's / ours; client CPU: the client process (its Python loop and librdkafka's threads);"
         " client loop: the share of a core its Python loop used, near 1.0 when it is the limit)")

@@ -1,6 +1,8 @@
 """The bench's arithmetic (the whole command runs in
 tests/test_readme.py::test_bench_command_runs_every_scenario)."""
 
+import os
+
 import pytest
 
 from benchmarks.suite import SCENARIOS, fraction_of_limit, medians, select_scenarios
@@ -48,3 +50,20 @@ def test_only_selects_by_semicolon_separated_prefixes_of_names_that_hold_commas(
     assert [s.name for s in chosen] == ["produce 100 B, acks=all", "consume read_uncommitted", "consume read_committed"]
     with pytest.raises(SystemExit, match="no scenario starts with produce 100 B, acks=none"):
         select_scenarios(SCENARIOS, "produce 100 B, acks=none;consume")
+
+
+def test_a_row_below_the_peer_names_what_holds_it_with_the_runs_figures():
+    from benchmarks.suite import what_holds
+
+    limits = {"fsyncs_per_s": 4000.0}
+    one_record = next(s for s in SCENARIOS if s.name == "transactions of 1 record")
+    held = what_holds(one_record, "transactions/s", {"transactions/s": 250.0}, {"transactions/s": 400.0}, limits)
+    # 4.00 ms against 2.50 ms; five rounds at 0.25 ms are 1.25 ms of the 1.50 ms.
+    assert held.startswith("fsync latency: 5 rounds in a row x 0.25 ms = 1.25 ms, of the 1.50 ms a transaction takes longer")
+    produce = next(s for s in SCENARIOS if s.name == "produce 100 B, acks=all")
+    assert what_holds(produce, "records/s", {"client loop": 0.97, "broker CPU": 0.3, "client CPU": 1.2}, {"client loop": 0.98}, limits).startswith(
+        "the client's Python loop: 0.97 of a core")
+    busy = {"client loop": 0.6, "broker CPU": 0.9, "client CPU": 0.9}
+    assert what_holds(produce, "records/s", busy, {}, limits).startswith("the machine's CPU: broker 0.90 + client 0.90") == (os.cpu_count() == 2)
+    idle = {"client loop": 0.3, "broker CPU": 0.2, "client CPU": 0.4}
+    assert what_holds(produce, "records/s", idle, {}, limits).startswith("not the client's loop")
