@@ -452,16 +452,18 @@ SCENARIOS = (
     Scenario("transactions of 1 record", transactions_scenario(1), limit="commit", chains=(FsyncChain("transactions/s", 5),)),
     Scenario("consume read_uncommitted", consume_scenario("read_uncommitted"), limit="consume"),
     Scenario("consume read_committed", consume_scenario("read_committed"), limit="consume"),
-    Scenario("exactly-once copier (750/txn)", copier_scenario),
+    Scenario("exactly-once copier (750/txn)", copier_scenario, chains=(FsyncChain("steady records/s", 7, per=750),)),
     Scenario("end to end, produce to read_committed", latency_scenario),
     # N clients at once, each waiting for its own small requests: does the
     # broker share its fsyncs (benchmarks.concurrency)?
+    # With N clients the rate is all of theirs: a client's request (or
+    # transaction) takes N x 10 records / rate.
     Scenario("concurrency: idempotent producers, 10 x 100 B per request", concurrency_scenario(idempotent_producers), limit="fsync",
-             chains=(FsyncChain("records/s, N=1", 1, per=10, operation="request"),)),
+             chains=tuple(FsyncChain(f"records/s, N={n}", 1, per=10 * n, operation="request") for n in (1, 4, 16))),
     # Seven rounds: AddPartitionsToTxn, Produce, AddOffsetsToTxn, TxnOffsetCommit,
     # PrepareCommit, the markers (partition and offsets share one), CompleteCommit.
     Scenario("concurrency: transactional copiers, 10 records + offsets per transaction", concurrency_scenario(transactional_copiers),
-             chains=(FsyncChain("records/s, N=1", 7, per=10),)),
+             chains=tuple(FsyncChain(f"records/s, N={n}", 7, per=10 * n) for n in (1, 4, 16))),
 )
 
 # Only when named by --only ("ACL", "SASL_SSL"): each starts its own brokers beside the
