@@ -139,6 +139,8 @@ class TransactionCoordinator:
         # State changes and completions (markers then Complete) each have this owner.
         self._work = OwnedWork("transaction coordinator")
         self._completing: dict[str, asyncio.Task] = {}
+        # Set when an id stops being busy, for requests waiting on it (``_await_quiet``).
+        self._quiet: dict[str, asyncio.Event] = {}
         self.loading = False
 
     # -- recovery ---------------------------------------------------------------
@@ -258,21 +260,37 @@ class TransactionCoordinator:
             return ErrorCode.PRODUCER_FENCED, None
         return ErrorCode.NONE, current
 
-    async def _await_completion(self, transactional_id: str, timeout: float = 2.0) -> None:
-        """A client that starts its next transaction while the markers of the
-        previous one are still being written waits here briefly, instead of
-        being told CONCURRENT_TRANSACTIONS and backing off (tens of ms)."""
-        task = self._completing.get(transactional_id)
-        if task is not None and not task.done():
+    async def _await_quiet(self, transactional_id: str, timeout: float = 2.0) -> None:
+        """A client's next request for an id with a state change in flight
+        (the completion of its previous transaction: markers, then Complete;
+        or its own sibling request: librdkafka sends AddPartitionsToTxn and
+        AddOffsetsToTxn together) waits here, up to ``timeout``, instead of
+        being told CONCURRENT_TRANSACTIONS at once and backing off (librdkafka:
+        20 ms, 100 ms for AddOffsetsToTxn). Kafka answers at once; what is
+        answered after the wait is what Kafka would answer the retry."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while transactional_id in self._busy:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            quiet = self._quiet.setdefault(transactional_id, asyncio.Event())
             try:
-                await asyncio.wait_for(asyncio.shield(task), timeout)
-            except (asyncio.TimeoutError, Exception):
-                pass
+                await asyncio.wait_for(quiet.wait(), remaining)
+            except TimeoutError:
+                return
+
+    def _release(self, transactional_id: str) -> None:
+        """The id's state change is over: wake whoever waits for it (``_await_quiet``)."""
+        self._busy.discard(transactional_id)
+        quiet = self._quiet.pop(transactional_id, None)
+        if quiet is not None:
+            quiet.set()
 
     async def add_partitions(
         self, transactional_id: str, producer_id: int, producer_epoch: int, partitions: Iterable[TopicPartition], *, verify_only: bool = False
     ) -> ErrorCode:
-        await self._await_completion(transactional_id)
+        await self._await_quiet(transactional_id)
         error, current = self._check_producer(transactional_id, producer_id, producer_epoch)
         if error:
             return error
@@ -378,7 +396,7 @@ class TransactionCoordinator:
             _log_change(expired, expired.state, "Dead")
             return True
         finally:
-            self._busy.discard(transactional_id)
+            self._release(transactional_id)
 
     async def _abort_with_bump(self, current: TxnMetadata) -> None:
         now = self.clock.wall_ms()
@@ -420,7 +438,7 @@ class TransactionCoordinator:
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 2.0)
         finally:
-            self._busy.discard(transactional_id)
+            self._release(transactional_id)
 
     async def wait_idle(self) -> None:
         """Wait until every in-flight state change and completion has finished (tests)."""
@@ -468,7 +486,7 @@ class TransactionCoordinator:
             return ErrorCode.NONE
         finally:
             if not completing:
-                self._busy.discard(transactional_id)
+                self._release(transactional_id)
 
 
 def _state_name(state: TxnState | str | None) -> str:

@@ -357,3 +357,58 @@ def test_transactional_produce_finds_its_producer_without_scanning_every_id():
     assert table.of_producer(first.producer_id) is None and table.of_producer(first.producer_id + 7) is moved
     table.pop("a")
     assert table.of_producer(first.producer_id + 7) is None and "a" not in table
+
+
+def test_sibling_add_requests_wait_for_each_other_instead_of_being_told_concurrent():
+    """librdkafka sends AddPartitionsToTxn and AddOffsetsToTxn together; the
+    second arrives while the first one's write is out. It waits for that
+    change (and a request arriving while the previous transaction's markers
+    are written waits for Complete) rather than getting
+    CONCURRENT_TRANSACTIONS and a 100 ms client backoff. A change that never
+    ends still gets CONCURRENT_TRANSACTIONS once the wait runs out."""
+
+    async def scenario():
+        coordinator, _ = make()
+        pid = (await coordinator.init_producer_id("tx", 60_000)).producer_id
+        gate = asyncio.Event()
+        written = coordinator.txn_log.write
+
+        async def gated_write(metadata):
+            await gate.wait()
+            await written(metadata)
+
+        coordinator.txn_log.write = gated_write
+        partitions = asyncio.create_task(coordinator.add_partitions("tx", pid, 0, [P0]))
+        offsets = asyncio.create_task(coordinator.add_partitions("tx", pid, 0, [P1]))
+        await asyncio.sleep(0.05)
+        assert not partitions.done() and not offsets.done(), "the sibling waits instead of answering CONCURRENT_TRANSACTIONS"
+        gate.set()
+        assert await asyncio.wait_for(asyncio.gather(partitions, offsets), 5) == [ErrorCode.NONE, ErrorCode.NONE]
+        assert coordinator.txns["tx"].partitions == {P0, P1}
+        # The next transaction's first request while the markers of this one are out.
+        markers_gate = asyncio.Event()
+        markers_written = coordinator.markers.write
+
+        async def gated_markers(metadata, commit):
+            await markers_gate.wait()
+            await markers_written(metadata, commit)
+
+        coordinator.markers.write = gated_markers
+        assert await coordinator.end_transaction("tx", pid, 0, True) == ErrorCode.NONE
+        next_add = asyncio.create_task(coordinator.add_partitions("tx", pid, 0, [P0]))
+        await asyncio.sleep(0.05)
+        assert not next_add.done()
+        markers_gate.set()
+        assert await asyncio.wait_for(next_add, 5) == ErrorCode.NONE
+        # A change that does not end within the wait: CONCURRENT_TRANSACTIONS, as Kafka answers.
+        gate.clear()
+        stuck = asyncio.create_task(coordinator.add_partitions("tx", pid, 0, [P1]))
+        await asyncio.sleep(0.01)
+        coordinator_wait = coordinator._await_quiet
+        coordinator._await_quiet = lambda tid: coordinator_wait(tid, timeout=0.05)
+        assert await coordinator.add_partitions("tx", pid, 0, [P1]) == ErrorCode.CONCURRENT_TRANSACTIONS
+        gate.set()
+        assert await asyncio.wait_for(stuck, 5) == ErrorCode.NONE
+        await coordinator.wait_idle()
+
+    run(scenario())
