@@ -592,6 +592,9 @@ def what_holds(scenario: Scenario, metric: str, ours: dict[str, float], theirs: 
     chain = next((c for c in scenario.chains if c.metric == metric), None)
     if chain is not None and ours.get(metric) and theirs.get(metric) and (unsynced or {}).get(metric):
         ours_ms, theirs_ms, unsynced_ms = (1000 * chain.per / figures[metric] for figures in (ours, theirs, unsynced))
+        if unsynced_ms >= ours_ms:
+            return (f"not fsync: with no fsync (flush.policy=os, same run) {unsynced_ms:.2f} ms per {chain.operation}, no faster than"
+                    f" {ours_ms:.2f} ms with it (Tansu {theirs_ms:.2f} ms)")
         return (f"fsync: {ours_ms:.2f} ms per {chain.operation} against Tansu's {theirs_ms:.2f} (in memory); with no fsync"
                 f" (flush.policy=os, same run) {unsynced_ms:.2f} ms, {theirs[metric] and unsynced[metric] / theirs[metric]:.2f}x Tansu:"
                 f" {chain.steps} round{'s' if chain.steps > 1 else ''} in a row cost {ours_ms - unsynced_ms:.2f} ms"
