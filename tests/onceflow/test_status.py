@@ -173,9 +173,17 @@ def test_an_ongoing_transaction_past_its_timeout_is_a_candidate(known_state):
         assert [g.group_id for g in internal.groups] == ["pipeline"]
 
 
+def _default_sigint() -> None:
+    """In the child before exec: SIGINT as a terminal would deliver it. A
+    runner that started pytest in the background without job control (a
+    shell's ``cmd &``) left SIGINT ignored, which the child inherits, and a
+    Python started with it ignored never raises KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start_watch(bootstrap: str, *extra: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "onceflow", "status", "--bootstrap-server", bootstrap, "--watch", "0.3", *extra],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint)
 
 
 def _interrupt(process: subprocess.Popen) -> tuple[int, str]:
@@ -242,7 +250,7 @@ def test_watch_outlives_the_broker_and_still_ends_on_sigint(broker_process, tmp_
     errors = tmp_path / "status.err"
     with open(errors, "w") as err_file:
         process = subprocess.Popen([sys.executable, "-m", "onceflow", "status", "--bootstrap-server", broker.bootstrap, "--watch", "0.3"],
-                                   cwd=REPO, stdout=subprocess.PIPE, stderr=err_file, text=True)
+                                   cwd=REPO, stdout=subprocess.PIPE, stderr=err_file, text=True, preexec_fn=_default_sigint)
     try:
         wait_for(lambda: process.stdout.readline().startswith("onceflow status of"), timeout=60, what="a first screen")
         broker.kill()
