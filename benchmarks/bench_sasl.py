@@ -87,18 +87,10 @@ def produce(config: dict, topic: str, count: int) -> float:
     from confluent_kafka import Producer
 
     producer = Producer({**config, "acks": "all", "enable.idempotence": True, "linger.ms": 5, "batch.size": 1 << 20, "queue.buffering.max.messages": 1_000_000})
+    from benchmarks.suite import produce_all
+
     producer.list_topics(topic, timeout=30)  # connect and log in outside the timed part
-    start = time.perf_counter()
-    for _ in range(count):
-        while True:
-            try:
-                producer.produce(topic, RECORD, partition=0)
-                break
-            except BufferError:
-                producer.poll(0.005)
-    if producer.flush(180) != 0:
-        raise RuntimeError("records left unacknowledged")
-    return count / (time.perf_counter() - start)
+    return produce_all(producer, topic, RECORD, count, partition=0)
 
 
 def consume(config: dict, topic: str, count: int) -> float:

@@ -251,17 +251,24 @@ def fill(bootstrap: str, topic: str, value: bytes, count: int, *, idempotent: bo
                          "linger.ms": linger_ms, "batch.size": batch_bytes, "queue.buffering.max.messages": 1_000_000})
     options = {} if partition is None else {"partition": partition}
     with CPU.window() if measured else contextlib.nullcontext():
-        start = time.perf_counter()
-        for _ in range(count):
-            while True:
-                try:
-                    producer.produce(topic, value, **options)
-                    break
-                except BufferError:
-                    producer.poll(0.005)
-        if producer.flush(180) != 0:
-            raise RuntimeError("records left unacknowledged")
-        return count / (time.perf_counter() - start)
+        return produce_all(producer, topic, value, count, **options)
+
+
+def produce_all(producer, topic: str, value: bytes, count: int, **options) -> float:
+    """Hand ``count`` records to a confluent-kafka ``producer`` as fast as it
+    takes them (polling while its queue is full) and wait for every
+    acknowledgement; returns records/s."""
+    start = time.perf_counter()
+    for _ in range(count):
+        while True:
+            try:
+                producer.produce(topic, value, **options)
+                break
+            except BufferError:
+                producer.poll(0.005)
+    if producer.flush(180) != 0:
+        raise RuntimeError("records left unacknowledged")
+    return count / (time.perf_counter() - start)
 
 
 def produce_scenario(size: int, idempotent: bool, batch_bytes: int = 1 << 20):

@@ -106,14 +106,12 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-class FullDiskUnderOffsets(DiskIO):
-    """A broker's DiskIO seam whose writes under ``__consumer_offsets`` fail
-    with ENOSPC while ``full`` is set (``refused`` counts them)."""
+class PathTrackingIO(DiskIO):
+    """A DiskIO seam that knows the path of every descriptor it opened
+    (``paths``), for fault seams that act on some files only."""
 
     def __init__(self):
         self.paths: dict[int, str] = {}
-        self.full = threading.Event()
-        self.refused = 0
 
     def open(self, path, flags):
         fd = super().open(path, flags)
@@ -123,6 +121,16 @@ class FullDiskUnderOffsets(DiskIO):
     def close(self, fd):
         self.paths.pop(fd, None)
         super().close(fd)
+
+
+class FullDiskUnderOffsets(PathTrackingIO):
+    """A broker's DiskIO seam whose writes under ``__consumer_offsets`` fail
+    with ENOSPC while ``full`` is set (``refused`` counts them)."""
+
+    def __init__(self):
+        super().__init__()
+        self.full = threading.Event()
+        self.refused = 0
 
     def write(self, fd, data):
         if self.full.is_set() and "__consumer_offsets" in self.paths.get(fd, ""):

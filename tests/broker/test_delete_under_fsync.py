@@ -15,34 +15,24 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from broker.broker import EmbeddedBroker, FaultSeams
-from storage.durable import DiskIO
-from tests.helpers import create_topic, read_values, wait_for
+from tests.helpers import PathTrackingIO, create_topic, read_values, wait_for
 
 DOOMED = "doomed"
 BYSTANDER = "bystander"
 VALUE = b"v" * 20_000  # a round over 16 KiB goes to the worker threads
 
 
-class HeldWorkerFsync(DiskIO):
+class HeldWorkerFsync(PathTrackingIO):
     """While ``hold`` is set, a worker thread's fsync of a file of ``directory_prefix``
     waits for ``release`` (fsyncs on the event loop are never held: that would stall the broker)."""
 
     def __init__(self, directory_prefix: str):
+        super().__init__()
         self.directory_prefix = f"/{directory_prefix}"
-        self.paths: dict[int, str] = {}
         self.hold = threading.Event()
         self.release = threading.Event()
         self.held: list[tuple[int, str, int]] = []  # (fd, path, inode) of fsyncs held
         self.after_release_errors: list[OSError] = []
-
-    def open(self, path, flags):
-        fd = super().open(path, flags)
-        self.paths[fd] = path
-        return fd
-
-    def close(self, fd):
-        self.paths.pop(fd, None)
-        super().close(fd)
 
     def fsync(self, fd):
         path = self.paths.get(fd, "")

@@ -51,6 +51,20 @@ class FakeIds:
         return self.next
 
 
+def hold_writes(fake) -> asyncio.Event:
+    """Make ``fake.write`` (the state log's or the markers') wait until the
+    returned event is set, then write as before."""
+    gate = asyncio.Event()
+    write = fake.write
+
+    async def held(*args):
+        await gate.wait()
+        await write(*args)
+
+    fake.write = held
+    return gate
+
+
 def make(**settings):
     clock = ManualClock()
     coordinator = TransactionCoordinator(
@@ -277,14 +291,7 @@ def test_a_cancelled_request_loses_only_its_answer_the_change_is_applied():
         init = await coordinator.init_producer_id("tx", 60_000)
         pid = init.producer_id
         assert await coordinator.add_partitions("tx", pid, 0, [P0]) == ErrorCode.NONE
-        gate = asyncio.Event()
-        written = coordinator.txn_log.write
-
-        async def slow_write(metadata):
-            await gate.wait()
-            await written(metadata)
-
-        coordinator.txn_log.write = slow_write
+        gate = hold_writes(coordinator.txn_log)
         request = asyncio.create_task(coordinator.end_transaction("tx", pid, 0, True))
         await asyncio.sleep(0.01)
         request.cancel()
@@ -370,14 +377,7 @@ def test_sibling_add_requests_wait_for_each_other_instead_of_being_told_concurre
     async def scenario():
         coordinator, _ = make()
         pid = (await coordinator.init_producer_id("tx", 60_000)).producer_id
-        gate = asyncio.Event()
-        written = coordinator.txn_log.write
-
-        async def gated_write(metadata):
-            await gate.wait()
-            await written(metadata)
-
-        coordinator.txn_log.write = gated_write
+        gate = hold_writes(coordinator.txn_log)
         partitions = asyncio.create_task(coordinator.add_partitions("tx", pid, 0, [P0]))
         offsets = asyncio.create_task(coordinator.add_partitions("tx", pid, 0, [P1]))
         await asyncio.sleep(0.05)
@@ -386,14 +386,7 @@ def test_sibling_add_requests_wait_for_each_other_instead_of_being_told_concurre
         assert await asyncio.wait_for(asyncio.gather(partitions, offsets), 5) == [ErrorCode.NONE, ErrorCode.NONE]
         assert coordinator.txns["tx"].partitions == {P0, P1}
         # The next transaction's first request while the markers of this one are out.
-        markers_gate = asyncio.Event()
-        markers_written = coordinator.markers.write
-
-        async def gated_markers(metadata, commit):
-            await markers_gate.wait()
-            await markers_written(metadata, commit)
-
-        coordinator.markers.write = gated_markers
+        markers_gate = hold_writes(coordinator.markers)
         assert await coordinator.end_transaction("tx", pid, 0, True) == ErrorCode.NONE
         next_add = asyncio.create_task(coordinator.add_partitions("tx", pid, 0, [P0]))
         await asyncio.sleep(0.05)
