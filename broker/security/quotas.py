@@ -342,12 +342,14 @@ class QuotaLayer:
     per connection), and a user may have several connections: so a Produce
     or Fetch of a user still under a throttle also waits here for it to
     end before it is served. One user's traffic then keeps to its quota
-    however many requests or connections carry it."""
+    however many requests or connections carry it. A user's requests pass
+    that wait one at a time, in the order they arrived."""
 
     def __init__(self, inner, quotas: ClientQuotas, *, clock):
         self._inner = inner
         self.quotas = quotas
         self._clock = clock  # () -> monotonic seconds
+        self._gates: dict[tuple[str, str], asyncio.Lock] = {}  # (key, user) -> its FIFO gate
 
     async def __call__(self, request, session):
         if request.api_key == ApiKey.PRODUCE:
@@ -357,12 +359,22 @@ class QuotaLayer:
         else:
             return await self._inner(request, session)
         user = session.principal.name
-        # Again after each wait: the requests that waited with this one may have been metered first.
-        while (delay := self.quotas.delay(key, user, self._clock())) > 0:
-            await asyncio.sleep(delay)
+        gate = self._gates.get((key, user))
+        if gate is None:
+            gate = self._gates[(key, user)] = asyncio.Lock()
+        # One request of a user at a time waits out its throttle, in the order
+        # they arrived (the lock is FIFO): pipelined produces must reach the
+        # log in the order they were sent, and their answers, written in
+        # request order, must not wait behind one that keeps losing the race.
+        async with gate:
+            while (delay := self.quotas.delay(key, user, self._clock())) > 0:
+                await asyncio.sleep(delay)
+            if key == PRODUCER_BYTE_RATE:
+                # Metered on arrival, as Kafka does, so the requests behind it see it.
+                throttle_ms = self.quotas.record(key, user, produced_bytes(request.body), self._clock())
         if key == PRODUCER_BYTE_RATE:
-            # Metered on arrival, as Kafka does, so the requests behind it see it.
-            throttle_ms = self.quotas.record(key, user, produced_bytes(request.body), self._clock())
+            # Started before the next request passes the gate (the lock hands
+            # over through the event loop), so appends keep the arrival order.
             response = await self._inner(request, session)
         else:
             response = await self._inner(request, session)

@@ -184,3 +184,41 @@ def test_a_quota_change_the_disk_refuses_is_answered_with_an_error_and_changes_n
     answer = alter(apis, [{"entity": user("alice"), "ops": [op(PRODUCER_BYTE_RATE, 1024)]}])
     assert answer["entries"][0]["error_code"] == ErrorCode.UNKNOWN_SERVER_ERROR and "No space left" in answer["entries"][0]["error_message"]
     assert apis.quotas.config == QuotaConfig()
+
+
+def test_a_throttled_users_pipelined_produces_are_served_in_the_order_they_arrived(tmp_path):
+    """Thirty produces of alice read ahead from one connection (200 bytes
+    each against 1000 B/s) all wait out throttles in the layer: they must
+    reach the log in the order they were sent, one by one. Served in any
+    other order, a pipelining producer's records are reordered in the
+    partition (an idempotent one is refused with OUT_OF_ORDER_SEQUENCE), and
+    the answers, written in request order, pile up behind the first
+    request's until it happens to win."""
+    import time
+
+    from broker.security.quotas import QuotaLayer
+    from broker.security.session import KafkaPrincipal, Session
+    from protocol.framing import DecodedRequest
+    from protocol.messages import ApiKey
+
+    quotas = ClientQuotas(QuotaStore(str(tmp_path)), window_seconds=0.05, samples=2)
+    quotas.apply(QuotaConfig().altered("alice", {PRODUCER_BYTE_RATE: 8000}))
+    served = []
+
+    async def inner(request, session):
+        served.append(request.correlation_id)
+        await asyncio.sleep(0)
+        return {"throttle_time_ms": 0, "responses": []}
+
+    layer = QuotaLayer(inner, quotas, clock=time.monotonic)
+    alice = Session(principal=KafkaPrincipal("User", "alice"))
+
+    def produce(n):
+        return DecodedRequest(ApiKey.PRODUCE, 9, n, "c", {"topic_data": [{"name": "t", "partition_data": [{"index": 0, "records": b"x" * 200}]}]}, True)
+
+    async def scenario():
+        return await asyncio.gather(*(layer(produce(n), alice) for n in range(30)))
+
+    answers = asyncio.run(scenario())
+    assert served == list(range(30))
+    assert sum(1 for answer in answers if answer["throttle_time_ms"] > 0) >= 10
