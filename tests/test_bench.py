@@ -78,3 +78,41 @@ def test_with_the_same_runs_figures_without_fsync_the_note_says_what_the_fsyncs_
     # 4.00 ms, Tansu 2.00 ms, without fsync 2.50 ms (0.80x Tansu): the rounds cost 1.50 ms.
     assert held == ("fsync: 4.00 ms per transaction against Tansu's 2.00 (in memory); with no fsync (flush.policy=os, same run)"
                     " 2.50 ms, 0.80x Tansu: 5 rounds in a row cost 1.50 ms (the machine: 0.25 ms per fsync)")
+
+
+def test_rounds_take_turns_between_brokers_and_a_row_whose_rounds_disagree_says_so():
+    """Round i of every contender runs before round i + 1 of any, on a fresh
+    target each; a row below the peer whose rounds are not all below says so
+    with each round's ratio."""
+    from benchmarks.suite import Contender, Metric, Scenario, ScenarioSettings, paired_ratios, report, run_rounds
+
+    order = []
+
+    class Target:
+        def __init__(self, name):
+            self.name, self.pid, self.bootstrap = name, os.getpid(), name
+
+        def __enter__(self):
+            order.append(("start", self.name))
+            return self
+
+        def __exit__(self, *exc):
+            order.append(("stop", self.name))
+
+    figures = {"ours": iter([90.0, 120.0, 80.0]), "peer": iter([100.0, 100.0, 100.0])}
+    scenario = Scenario("produce", lambda bootstrap, settings: {"records/s": Metric(next(figures[bootstrap]), "records/s")})
+    contenders = [Contender(name, lambda name=name: Target(name), (scenario,)) for name in ("ours", "peer")]
+    results = run_rounds(contenders, ScenarioSettings(), 3, lambda line: None)
+    assert order == [("start", "ours"), ("stop", "ours"), ("start", "peer"), ("stop", "peer")] * 3
+    assert results["ours"]["produce"]["records/s"] == [90.0, 120.0, 80.0]
+    assert paired_ratios([90.0, 120.0, 80.0], [100.0, 100.0, 100.0]) == [0.9, 1.2, 0.8]
+    lines = []
+    rows = report({"produce": {"records/s": 90.0}}, {"produce": {"records/s": 100.0}}, {}, [scenario], lines.append, None,
+                  (results["ours"], results["peer"]))
+    assert rows[0]["rounds"] == [0.9, 1.2, 0.8]
+    assert rows[0]["holds"].startswith("no limit: the rounds disagree") and "0.90, 1.20, 0.80" in rows[0]["holds"]
+    figures = {"ours": iter([90.0, 95.0, 80.0]), "peer": iter([100.0, 100.0, 100.0])}
+    results = run_rounds(contenders, ScenarioSettings(), 3, lambda line: None)
+    rows = report({"produce": {"records/s": 90.0}}, {"produce": {"records/s": 100.0}}, {}, [scenario], lines.append, None,
+                  (results["ours"], results["peer"]))
+    assert rows[0]["holds"].startswith("not the client's loop") and "0.90, 0.95, 0.80" in rows[0]["holds"]
