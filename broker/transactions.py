@@ -5,7 +5,8 @@
 - the ``__transaction_state`` internal topic (compacted,
   ``transaction.state.log.num.partitions`` partitions), created on first start;
 - ``StateLogWriter``: appends a transactional id's metadata record to its
-  partition and waits until it is durable;
+  partition and waits until it is durable (or, for Complete, hands back the
+  wait: ``append``);
 - ``MarkerWriter``: appends COMMIT/ABORT control batches to every partition of
   a transaction (``__consumer_offsets`` included) and waits until all are
   durable, then tells the fetch long-poll and the group coordinator;
@@ -24,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from typing import Callable
+from typing import Awaitable, Callable
 
 from coordinator.coordinator import CoordinatorSettings, TransactionCoordinator
 from coordinator.metadata import TxnMetadata
@@ -63,17 +64,28 @@ class StateLogWriter:
         return partition_log
 
     async def write(self, metadata: TxnMetadata) -> None:
-        await self._append(metadata.transactional_id, encode_value(metadata))
+        await self.append(metadata)
+
+    def append(self, metadata: TxnMetadata) -> Awaitable[None]:
+        """Append now (raises what the log refuses); the result is done once
+        the record is durable. An id's records all go to one partition, in
+        order, and durability there is a prefix, so a later record of the id
+        is durable only with this one."""
+        durable = self._append(metadata.transactional_id, encode_value(metadata))
+        return self._told_when_durable(durable, metadata)
+
+    async def _told_when_durable(self, durable: Awaitable[None], metadata: TxnMetadata) -> None:
+        await durable
         if self.on_written is not None:
             self.on_written(metadata)
 
     async def tombstone(self, transactional_id: str) -> None:
         await self._append(transactional_id, None)
 
-    async def _append(self, transactional_id: str, value: bytes | None) -> None:
+    def _append(self, transactional_id: str, value: bytes | None) -> Awaitable[None]:
         partition_log = self._log_for(transactional_id)
         info = partition_log.append(encode_batch([(encode_key(transactional_id), value, (), self.clock.wall_ms())]))
-        await partition_log.wait_durable(info.last_offset)
+        return partition_log.wait_durable(info.last_offset)
 
 
 class MarkerWriter:

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Callable, Iterable, Protocol
+from typing import Awaitable, Callable, Iterable, Protocol
 
 import attrs
 
@@ -52,6 +52,12 @@ DEFAULT_ABORT_TIMED_OUT_INTERVAL_MS = 10_000
 
 class TxnLog(Protocol):
     async def write(self, metadata: TxnMetadata) -> None: ...
+
+    def append(self, metadata: TxnMetadata) -> Awaitable[None]:
+        """Append ``metadata`` now; the result is done once it is durable.
+        Every later record of the same id lands behind it in the same log,
+        so the fsync that makes a later one durable covers this one too."""
+        ...
 
     async def tombstone(self, transactional_id: str) -> None: ...
 
@@ -417,9 +423,18 @@ class TransactionCoordinator:
         return task
 
     async def _complete(self, prepared: TxnMetadata) -> None:
+        """Markers (durable), then Complete. The id is released as soon as
+        Complete is appended, not once it is durable: the next change of the
+        id (the client's next AddPartitionsToTxn) is appended behind it in
+        the same log and answered only after its own fsync, which covers
+        Complete as well, so it shares Complete's round instead of waiting
+        for it. Until then a crash leaves PrepareCommit as the last durable
+        record, and recovery completes the transaction again (markers are
+        idempotent); nothing answered depended on Complete."""
         transactional_id = prepared.transactional_id
         commit = prepared.state == TxnState.PREPARE_COMMIT
         delay = 0.05
+        released = False
         try:
             self.crash_point("coordinator.after_prepare_commit" if commit else "coordinator.after_prepare_abort")
             while True:
@@ -427,9 +442,7 @@ class TransactionCoordinator:
                     await self.markers.write(prepared, commit)
                     self.crash_point("coordinator.before_complete")
                     completed = prepared.complete(self.clock.wall_ms())
-                    await self.txn_log.write(completed)
-                    self._apply(completed)
-                    return
+                    durable = self.txn_log.append(completed)
                 except asyncio.CancelledError:
                     raise
                 except Exception as error:
@@ -437,8 +450,22 @@ class TransactionCoordinator:
                     log.warning("completing %s of %s failed (%s); retrying", prepared.state.name, transactional_id, error)
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 2.0)
+                    continue
+                self._apply(completed)
+                self._release(transactional_id)
+                released = True
+                try:
+                    await durable
+                except asyncio.CancelledError:
+                    raise
+                except Exception as error:
+                    # The log has failed (its later writes fail too); a restart
+                    # finds PrepareCommit and completes the transaction again.
+                    log.error("%s of %s was not made durable (%s); a restart completes it again", completed.state.name, transactional_id, error)
+                return
         finally:
-            self._release(transactional_id)
+            if not released:
+                self._release(transactional_id)
 
     async def wait_idle(self) -> None:
         """Wait until every in-flight state change and completion has finished (tests)."""

@@ -22,9 +22,16 @@ class FakeLog:
         self.fail = False
 
     async def write(self, metadata):
+        await self.append(metadata)
+
+    def append(self, metadata):
         if self.fail:
             raise OSError("disk gone")
         self.records.append(metadata)
+        return self._durable()
+
+    async def _durable(self):
+        pass
 
     async def tombstone(self, transactional_id):
         self.records.append((transactional_id, None))
@@ -403,5 +410,106 @@ def test_sibling_add_requests_wait_for_each_other_instead_of_being_told_concurre
         gate.set()
         assert await asyncio.wait_for(stuck, 5) == ErrorCode.NONE
         await coordinator.wait_idle()
+
+    run(scenario())
+
+
+class RoundLog(FakeLog):
+    """A state log whose appends become durable only when ``fsync()`` runs a
+    round (every record appended so far, as one file's fsync covers all its
+    bytes); ``durable`` is what a power cut would leave."""
+
+    def __init__(self):
+        super().__init__()
+        self.durable_count = 0
+        self.waiting = []  # (record count, future)
+        self.rounds = 0
+
+    def append(self, metadata):
+        if self.fail:
+            raise OSError("disk gone")
+        self.records.append(metadata)
+        future = asyncio.get_running_loop().create_future()
+        self.waiting.append((len(self.records), future))
+        return future
+
+    def fsync(self):
+        self.rounds += 1
+        self.durable_count = len(self.records)
+        for _count, future in self.waiting:
+            future.set_result(None)
+        self.waiting = []
+
+    @property
+    def durable(self):
+        return self.records[: self.durable_count]
+
+
+async def turns(count=20):
+    """Let every task that can run do so (no round runs meanwhile)."""
+    for _ in range(count):
+        await asyncio.sleep(0)
+
+
+async def settle(log, until):
+    """Run rounds while anything waits, until ``until`` is done."""
+    for _ in range(100):
+        await asyncio.sleep(0)
+        if until.done():
+            return
+        if log.waiting:
+            log.fsync()
+    raise AssertionError("never done")
+
+
+def test_the_next_transaction_shares_the_round_of_the_previous_ones_complete_and_a_cut_before_it_loses_nothing():
+    """Complete is appended once the markers are durable and the id is free at
+    once: the client's next AddPartitionsToTxn appends Ongoing behind it and
+    one round makes both durable (before, Complete took a round of its own
+    and the next request waited for it). A power cut before that round
+    leaves PrepareCommit last: recovery writes the markers again and
+    completes, and nothing was answered that needed Complete."""
+
+    async def scenario():
+        log = RoundLog()
+        coordinator = TransactionCoordinator(txn_log=log, markers=FakeMarkers(), producer_ids=FakeIds(), settings=CoordinatorSettings(), clock=ManualClock())
+        init = asyncio.create_task(coordinator.init_producer_id("tx", 60_000))
+        await settle(log, init)
+        pid = init.result().producer_id
+        add = asyncio.create_task(coordinator.add_partitions("tx", pid, 0, [P0]))
+        await settle(log, add)
+        end = asyncio.create_task(coordinator.end_transaction("tx", pid, 0, True))
+        await turns()
+        assert not end.done() and log.records[-1].state == TxnState.PREPARE_COMMIT
+        log.fsync()  # PrepareCommit's round
+        await turns()
+        assert end.result() == ErrorCode.NONE
+        assert log.records[-1].state == TxnState.COMPLETE_COMMIT and log.durable_count == len(log.records) - 1
+        rounds = log.rounds
+        next_add = asyncio.create_task(coordinator.add_partitions("tx", pid, 0, [P1]))
+        await turns()
+        assert [m.state for m in log.records[-3:]] == [TxnState.PREPARE_COMMIT, TxnState.COMPLETE_COMMIT, TxnState.ONGOING]
+        assert not next_add.done(), "answered before a round made Ongoing durable"
+        cut = list(log.durable)  # a power cut now
+        log.fsync()
+        await turns()
+        assert next_add.done() and next_add.result() == ErrorCode.NONE
+        assert log.rounds == rounds + 1, "Complete and the next Ongoing took one round"
+        assert coordinator.markers.written == [(pid, 0, True, [P0])]
+        await coordinator.close()
+
+        # What the cut left: PrepareCommit last. Recovery completes it again.
+        assert cut[-1].state == TxnState.PREPARE_COMMIT
+        restarted_log = RoundLog()
+        restarted = TransactionCoordinator(txn_log=restarted_log, markers=FakeMarkers(), producer_ids=FakeIds(), settings=CoordinatorSettings(), clock=ManualClock())
+        restarted.load([(m.transactional_id, m) for m in cut])
+        completing = asyncio.gather(*restarted.recover())
+        await settle(restarted_log, completing)
+        assert restarted.markers.written == [(pid, 0, True, [P0])]
+        assert restarted.txns["tx"].state == TxnState.COMPLETE_COMMIT == restarted_log.durable[-1].state
+        again = asyncio.create_task(restarted.add_partitions("tx", pid, 0, [P1]))
+        await settle(restarted_log, again)
+        assert again.result() == ErrorCode.NONE
+        await restarted.close()
 
     run(scenario())
