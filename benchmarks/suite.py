@@ -457,14 +457,15 @@ SCENARIOS = (
     # request (the client refills its window one request per answer).
     Scenario("produce 1 KiB, idempotent, 4 KiB batches", produce_scenario(LARGE, idempotent=True, batch_bytes=4096), limit="produce",
              chains=(FsyncChain("records/s", 1, per=3, operation="request"),)),
-    # A transaction waits for five rounds in a row: AddPartitionsToTxn, Produce,
-    # PrepareCommit (the answer), then the markers and CompleteCommit before
-    # the next transaction may add its partition.
-    Scenario("transactions of 100 records", transactions_scenario(100), limit="commit", chains=(FsyncChain("transactions/s", 5),)),
-    Scenario("transactions of 1 record", transactions_scenario(1), limit="commit", chains=(FsyncChain("transactions/s", 5),)),
+    # A transaction waits for four rounds in a row: AddPartitionsToTxn (which
+    # also makes the previous transaction's CompleteCommit durable), Produce,
+    # PrepareCommit (the answer), then the markers before the next
+    # transaction may add its partition.
+    Scenario("transactions of 100 records", transactions_scenario(100), limit="commit", chains=(FsyncChain("transactions/s", 4),)),
+    Scenario("transactions of 1 record", transactions_scenario(1), limit="commit", chains=(FsyncChain("transactions/s", 4),)),
     Scenario("consume read_uncommitted", consume_scenario("read_uncommitted"), limit="consume"),
     Scenario("consume read_committed", consume_scenario("read_committed"), limit="consume"),
-    Scenario("exactly-once copier (750/txn)", copier_scenario, chains=(FsyncChain("steady records/s", 7, per=750),)),
+    Scenario("exactly-once copier (750/txn)", copier_scenario, chains=(FsyncChain("steady records/s", 6, per=750),)),
     Scenario("end to end, produce to read_committed", latency_scenario),
     # N clients at once, each waiting for its own small requests: does the
     # broker share its fsyncs (benchmarks.concurrency)?
@@ -472,10 +473,11 @@ SCENARIOS = (
     # transaction) takes N x 10 records / rate.
     Scenario("concurrency: idempotent producers, 10 x 100 B per request", concurrency_scenario(idempotent_producers), limit="fsync",
              chains=tuple(FsyncChain(f"records/s, N={n}", 1, per=10 * n, operation="request") for n in (1, 4, 16))),
-    # Seven rounds: AddPartitionsToTxn, Produce, AddOffsetsToTxn, TxnOffsetCommit,
-    # PrepareCommit, the markers (partition and offsets share one), CompleteCommit.
+    # Six rounds: AddPartitionsToTxn (with the previous CompleteCommit), Produce,
+    # AddOffsetsToTxn, TxnOffsetCommit, PrepareCommit, the markers (partition
+    # and offsets share one).
     Scenario("concurrency: transactional copiers, 10 records + offsets per transaction", concurrency_scenario(transactional_copiers),
-             chains=tuple(FsyncChain(f"records/s, N={n}", 7, per=10 * n) for n in (1, 4, 16))),
+             chains=tuple(FsyncChain(f"records/s, N={n}", 6, per=10 * n) for n in (1, 4, 16))),
 )
 
 # Only when named by --only ("ACL", "SASL_SSL"): each starts its own brokers beside the
