@@ -116,3 +116,16 @@ def test_rounds_take_turns_between_brokers_and_a_row_whose_rounds_disagree_says_
     rows = report({"produce": {"records/s": 90.0}}, {"produce": {"records/s": 100.0}}, {}, [scenario], lines.append, None,
                   (results["ours"], results["peer"]))
     assert rows[0]["holds"].startswith("not the client's loop") and "0.90, 0.95, 0.80" in rows[0]["holds"]
+
+
+def test_a_stream_row_without_a_chain_says_whether_its_bytes_waiting_for_the_disk_hold_it():
+    from benchmarks.suite import what_holds
+
+    stream = next(s for s in SCENARIOS if s.name == "produce 1 KiB, idempotent")
+    held = what_holds(stream, "records/s", {"records/s": 100_000.0}, {"records/s": 150_000.0}, {}, {"records/s": 180_000.0})
+    assert held == ("fsync (every acknowledged byte waits for the disk): 100,000 records/s with it, 180,000 with no fsync"
+                    " (flush.policy=os, same run), 1.20x Tansu")
+    held = what_holds(stream, "records/s", {"records/s": 100_000.0}, {"records/s": 150_000.0}, {}, {"records/s": 95_000.0})
+    assert held.startswith("not fsync: with no fsync (flush.policy=os, same run) 95,000 records/s, no more than 100,000")
+    idle = {"records/s": 100_000.0, "client loop": 0.3, "broker CPU": 0.2, "client CPU": 0.4}
+    assert what_holds(stream, "records/s", idle, {"records/s": 150_000.0}, {"fsyncs_per_s": 4000.0}).startswith("not the client's loop")
