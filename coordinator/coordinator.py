@@ -6,7 +6,8 @@ The coordinator decides; three collaborators do the I/O and are passed in
 
 - ``txn_log.write(metadata)``: append the transactional id's next metadata to
   its ``__transaction_state`` partition and return once it is durable
-  (raising if it could not be written);
+  (raising if it could not be written); ``txn_log.append(metadata)``: append
+  it and return at once an awaitable of its durability (for Complete);
 - ``markers.write(metadata, commit)``: append a COMMIT/ABORT control batch to
   every partition of the transaction (data partitions and
   ``__consumer_offsets``) and return once all are durable;
@@ -17,7 +18,11 @@ The durability rule is "write, then apply": the next metadata is computed
 (``TxnMetadata`` is frozen), written, and only then put in ``self.txns``. The
 commit decision (PrepareCommit/PrepareAbort) is durable before any marker is
 written, and Complete is written only after every marker is; after a crash,
-``recover()`` finishes every transaction found in a Prepare state.
+``recover()`` finishes every transaction found in a Prepare state. Complete
+alone is applied once appended, before it is durable: until it is, a crash
+leaves the Prepare state last in the log and recovery completes the
+transaction again (markers are idempotent), and nothing answered depends on
+it (the next change of the id is appended behind it in the same log).
 
 Only one state change per transactional id is in flight at a time; a request
 that arrives meanwhile gets CONCURRENT_TRANSACTIONS (retriable), as in Kafka.
@@ -140,7 +145,8 @@ class TransactionCoordinator:
         self.crash_point = crash_point
         self.txns = TxnTable()
         # Ids with a state change in flight (set before it starts, cleared
-        # when it is applied or failed; for a Prepare state, once Complete is).
+        # when it is applied or failed; for a Prepare state, once Complete is
+        # appended).
         self._busy: set[str] = set()
         # State changes and completions (markers then Complete) each have this owner.
         self._work = OwnedWork("transaction coordinator")
@@ -424,13 +430,16 @@ class TransactionCoordinator:
 
     async def _complete(self, prepared: TxnMetadata) -> None:
         """Markers (durable), then Complete. The id is released as soon as
-        Complete is appended, not once it is durable: the next change of the
-        id (the client's next AddPartitionsToTxn) is appended behind it in
-        the same log and answered only after its own fsync, which covers
-        Complete as well, so it shares Complete's round instead of waiting
-        for it. Until then a crash leaves PrepareCommit as the last durable
-        record, and recovery completes the transaction again (markers are
-        idempotent); nothing answered depended on Complete."""
+        Complete is appended, not once it is durable: a next change of the
+        id that arrives meanwhile is appended behind it in the same log and
+        answered only after its own fsync, which covers Complete as well, so
+        it does not wait for Complete's round before it is appended. Until
+        then a crash leaves PrepareCommit as the last durable record, and
+        recovery completes the transaction again (markers are idempotent);
+        nothing answered depended on Complete. (With librdkafka's 1 ms
+        linger, Complete's round was over before the client's next
+        AddPartitionsToTxn in every transaction of one probe: the release
+        saves a round only when the next request comes sooner.)"""
         transactional_id = prepared.transactional_id
         commit = prepared.state == TxnState.PREPARE_COMMIT
         delay = 0.05
@@ -507,7 +516,7 @@ class TransactionCoordinator:
             self._apply(metadata)
             if metadata.state.is_prepare:
                 # The decision is durable: markers, then Complete (which
-                # clears the busy mark when it is written).
+                # clears the busy mark when it is appended).
                 self._spawn_completion(metadata)
                 completing = True
             return ErrorCode.NONE

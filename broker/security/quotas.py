@@ -349,7 +349,9 @@ class QuotaLayer:
         self._inner = inner
         self.quotas = quotas
         self._clock = clock  # () -> monotonic seconds
-        self._gates: dict[tuple[str, str], asyncio.Lock] = {}  # (key, user) -> its FIFO gate
+        # (key, user) -> its FIFO gate and how many requests hold or await it
+        # (dropped at zero, so the map holds only users with requests in flight).
+        self._gates: dict[tuple[str, str], list] = {}
 
     async def __call__(self, request, session):
         if request.api_key == ApiKey.PRODUCE:
@@ -359,19 +361,26 @@ class QuotaLayer:
         else:
             return await self._inner(request, session)
         user = session.principal.name
-        gate = self._gates.get((key, user))
-        if gate is None:
-            gate = self._gates[(key, user)] = asyncio.Lock()
+        entry = self._gates.get((key, user))
+        if entry is None:
+            entry = self._gates[(key, user)] = [asyncio.Lock(), 0]
+        gate = entry[0]
+        entry[1] += 1
         # One request of a user at a time waits out its throttle, in the order
         # they arrived (the lock is FIFO): pipelined produces must reach the
         # log in the order they were sent, and their answers, written in
         # request order, must not wait behind one that keeps losing the race.
-        async with gate:
-            while (delay := self.quotas.delay(key, user, self._clock())) > 0:
-                await asyncio.sleep(delay)
-            if key == PRODUCER_BYTE_RATE:
-                # Metered on arrival, as Kafka does, so the requests behind it see it.
-                throttle_ms = self.quotas.record(key, user, produced_bytes(request.body), self._clock())
+        try:
+            async with gate:
+                while (delay := self.quotas.delay(key, user, self._clock())) > 0:
+                    await asyncio.sleep(delay)
+                if key == PRODUCER_BYTE_RATE:
+                    # Metered on arrival, as Kafka does, so the requests behind it see it.
+                    throttle_ms = self.quotas.record(key, user, produced_bytes(request.body), self._clock())
+        finally:
+            entry[1] -= 1
+            if entry[1] == 0:
+                del self._gates[(key, user)]
         if key == PRODUCER_BYTE_RATE:
             # Started before the next request passes the gate (the lock hands
             # over through the event loop), so appends keep the arrival order.

@@ -222,3 +222,4 @@ def test_a_throttled_users_pipelined_produces_are_served_in_the_order_they_arriv
     answers = asyncio.run(scenario())
     assert served == list(range(30))
     assert sum(1 for answer in answers if answer["throttle_time_ms"] > 0) >= 10
+    assert layer._gates == {}, "a user's gate outlived its last request"

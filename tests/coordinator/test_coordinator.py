@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 
 from coordinator.coordinator import CoordinatorSettings, TransactionCoordinator
@@ -440,6 +441,15 @@ class RoundLog(FakeLog):
             future.set_result(None)
         self.waiting = []
 
+    def fail_round(self, error):
+        """The round's fsync failed: its waiters get ``error``, and the log
+        refuses every later append until it is reopened (as a real one)."""
+        self.rounds += 1
+        self.fail = True
+        for _count, future in self.waiting:
+            future.set_exception(error)
+        self.waiting = []
+
     @property
     def durable(self):
         return self.records[: self.durable_count]
@@ -462,13 +472,14 @@ async def settle(log, until):
     raise AssertionError("never done")
 
 
-def test_the_next_transaction_shares_the_round_of_the_previous_ones_complete_and_a_cut_before_it_loses_nothing():
+def test_a_change_arriving_before_completes_round_is_appended_behind_it_and_a_cut_before_that_round_loses_nothing():
     """Complete is appended once the markers are durable and the id is free at
-    once: the client's next AddPartitionsToTxn appends Ongoing behind it and
-    one round makes both durable (before, Complete took a round of its own
-    and the next request waited for it). A power cut before that round
-    leaves PrepareCommit last: recovery writes the markers again and
-    completes, and nothing was answered that needed Complete."""
+    once: a next AddPartitionsToTxn that arrives before Complete's round
+    appends Ongoing behind it and one round makes both durable (before, the
+    request waited for Complete's round and then took one of its own). A
+    power cut before that round leaves PrepareCommit last: recovery writes
+    the markers again and completes, and nothing was answered that needed
+    Complete."""
 
     async def scenario():
         log = RoundLog()
@@ -510,6 +521,51 @@ def test_the_next_transaction_shares_the_round_of_the_previous_ones_complete_and
         again = asyncio.create_task(restarted.add_partitions("tx", pid, 0, [P1]))
         await settle(restarted_log, again)
         assert again.result() == ErrorCode.NONE
+        await restarted.close()
+
+    run(scenario())
+
+
+def test_a_complete_whose_fsync_fails_is_logged_once_and_left_for_recovery_to_finish(caplog):
+    """The markers are durable, Complete is appended, and its round fails:
+    the failure is logged once (no retry loop: the log refuses every later
+    write until a restart), the id is released once and the next change
+    fails with a storage error rather than hanging; a restart from what
+    was durable finds PrepareCommit and completes the transaction again."""
+
+    async def scenario():
+        log = RoundLog()
+        coordinator = TransactionCoordinator(txn_log=log, markers=FakeMarkers(), producer_ids=FakeIds(), settings=CoordinatorSettings(), clock=ManualClock())
+        init = asyncio.create_task(coordinator.init_producer_id("tx", 60_000))
+        await settle(log, init)
+        pid = init.result().producer_id
+        add = asyncio.create_task(coordinator.add_partitions("tx", pid, 0, [P0]))
+        await settle(log, add)
+        end = asyncio.create_task(coordinator.end_transaction("tx", pid, 0, True))
+        await turns()
+        log.fsync()  # PrepareCommit's round
+        await turns()
+        assert end.result() == ErrorCode.NONE and log.records[-1].state == TxnState.COMPLETE_COMMIT
+        durable = list(log.durable)
+        with caplog.at_level(logging.ERROR, logger="coordinator.coordinator"):
+            log.fail_round(OSError("fsync failed: EIO"))
+            await asyncio.wait_for(coordinator.wait_idle(), 5)
+        failures = [r for r in caplog.records if "was not made durable" in r.getMessage()]
+        assert len(failures) == 1 and "EIO" in failures[0].getMessage()
+        assert "tx" not in coordinator._busy
+        next_add = await asyncio.wait_for(coordinator.add_partitions("tx", pid, 0, [P1]), 5)
+        assert next_add == ErrorCode.KAFKA_STORAGE_ERROR
+        assert coordinator.markers.written == [(pid, 0, True, [P0])]
+        await coordinator.close()
+
+        assert durable[-1].state == TxnState.PREPARE_COMMIT
+        restarted_log = RoundLog()
+        restarted = TransactionCoordinator(txn_log=restarted_log, markers=FakeMarkers(), producer_ids=FakeIds(), settings=CoordinatorSettings(), clock=ManualClock())
+        restarted.load([(m.transactional_id, m) for m in durable])
+        completing = asyncio.gather(*restarted.recover())
+        await settle(restarted_log, completing)
+        assert restarted.markers.written == [(pid, 0, True, [P0])]
+        assert restarted.txns["tx"].state == TxnState.COMPLETE_COMMIT == restarted_log.durable[-1].state
         await restarted.close()
 
     run(scenario())
