@@ -20,6 +20,17 @@ Kafka does with a failed log directory.
 The ``storage.torn_write`` crash point (``faults.points``) makes the Nth
 segment write stop halfway and the process exit: a torn write made by the
 broker itself rather than by a tool.
+
+A power cut, across processes: a broker started with
+``ONCEFLOW_FSYNC_JOURNAL`` naming a file uses ``FsyncJournalIO``, which
+appends to that file, after each fsync returns, how long the file was when
+the fsync began (what the machine can no longer lose). After a SIGKILL,
+``cut_power(data_dir, journal, rng)`` cuts every segment file of every
+partition back to a length between that and what was written (torn
+anywhere, or at a batch boundary): what a machine crash may leave, where a
+SIGKILL alone leaves the page cache whole. Only segment (``.log``) files are
+cut; indexes, snapshots and checkpoints stay as written, and a lost
+directory entry (a new file or directory vanishing whole) is not modelled.
 """
 
 from __future__ import annotations
@@ -36,6 +47,7 @@ from faults import points
 from storage.durable import DiskIO, replace_file
 
 ENVIRONMENT_VARIABLE = "ONCEFLOW_DISK_FAULTS"
+FSYNC_JOURNAL_VARIABLE = "ONCEFLOW_FSYNC_JOURNAL"
 TORN_WRITE_POINT = "storage.torn_write"
 ERRNOS = {"EIO": errno.EIO, "ENOSPC": errno.ENOSPC, "EDQUOT": errno.EDQUOT}
 BATCH_LENGTH_OFFSET, BATCH_OVERHEAD = 8, 12  # a batch: base offset (8), length (4), then `length` bytes
@@ -189,11 +201,77 @@ class TornWriteIO(DiskIO):
         self.inner.fsync(fd)
 
 
+class FsyncJournalIO(DiskIO):
+    """Appends "SIZE PATH" to the journal after each fsync of a file: SIZE
+    is the file's length when the fsync began (bytes appended meanwhile,
+    from the loop while a worker fsyncs, are not covered). The line is
+    written before the fsync's caller learns it returned, so nothing is
+    acknowledged that the journal does not cover."""
+
+    def __init__(self, inner: DiskIO, journal_path: str):
+        self.inner = inner
+        self.journal = os.open(journal_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def write(self, fd: int, data) -> None:
+        self.inner.write(fd, data)
+
+    def fsync(self, fd: int) -> None:
+        size = os.fstat(fd).st_size
+        self.inner.fsync(fd)
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        os.write(self.journal, f"{size} {path}\n".encode())  # O_APPEND: one line per write, whole
+
+
+def durable_sizes(journal_path: str) -> dict[str, int]:
+    """Per file, the longest length an fsync covered (from ``FsyncJournalIO``'s journal)."""
+    sizes: dict[str, int] = {}
+    with open(journal_path, "rb") as journal:
+        for line in journal:
+            if not line.endswith(b"\n"):
+                continue  # the process died writing it: that fsync's caller never went on
+            size, path = line[:-1].decode().split(" ", 1)
+            sizes[path] = max(int(size), sizes.get(path, 0))
+    return sizes
+
+
+def cut_to_durable(durable_size: dict[str, int], directories, rng: random.Random) -> list[Damage]:
+    """Cut every segment file in ``directories`` back to a length between
+    its durable one (0 if never fsynced) and its written one: torn anywhere
+    past what is durable, and as often at a batch boundary (a page written
+    back whole), where recovery finds no torn batch at all."""
+    damage = []
+    for directory in directories:
+        for name in sorted(os.listdir(directory)):
+            if not name.endswith(".log"):
+                continue
+            path = os.path.join(directory, name)
+            written = os.path.getsize(path)
+            durable = durable_size.get(path, 0)
+            if written <= durable:
+                continue
+            starts = [position for position in batch_starts(path) if position >= durable]
+            cut = rng.choice(starts + [written]) if rng.random() < 0.5 else rng.randint(durable, written)
+            os.truncate(path, cut)
+            damage.append(Damage(path, cut, written, cut, durable))
+    return damage
+
+
+def cut_power(data_dir: str, journal_path: str, rng: random.Random) -> list[Damage]:
+    """After a SIGKILL of a broker that ran with ``FsyncJournalIO``: lose or
+    tear what no fsync covered, in every partition directory of ``data_dir``."""
+    directories = [os.path.join(data_dir, name) for name in sorted(os.listdir(data_dir)) if os.path.isdir(os.path.join(data_dir, name))]
+    return cut_to_durable(durable_sizes(journal_path), directories, rng)
+
+
 def io_from_environment() -> DiskIO | None:
-    """The DiskIO a broker should use, per ``ONCEFLOW_DISK_FAULTS`` and the
-    ``storage.torn_write`` crash point (None: the real one)."""
+    """The DiskIO a broker should use, per ``ONCEFLOW_DISK_FAULTS``,
+    ``ONCEFLOW_FSYNC_JOURNAL`` and the ``storage.torn_write`` crash point
+    (None: the real one)."""
     path = os.environ.get(ENVIRONMENT_VARIABLE)
     io = ControlledDiskIO(path) if path else None
     if points.is_armed(TORN_WRITE_POINT):
         io = TornWriteIO(io or DiskIO())
+    journal = os.environ.get(FSYNC_JOURNAL_VARIABLE)
+    if journal:
+        io = FsyncJournalIO(io or DiskIO(), journal)
     return io

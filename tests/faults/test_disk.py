@@ -87,3 +87,45 @@ def test_damaged_tail_is_cut_back_to_the_last_whole_batch(broker_process, tmp_pa
     producer = Producer(bootstrap_servers=broker.bootstrap)
     assert producer.send("torn", b"after", partition=0).result(10).offset == 49, "appends continue where the intact log ends"
     producer.close()
+
+
+def test_a_power_cut_keeps_what_an_fsync_covered_and_may_tear_or_lose_the_rest(tmp_path):
+    """``FsyncJournalIO`` notes each fsync's covered length; ``cut_power``
+    then cuts every segment of every partition to between that length and
+    what was written (a never-fsynced one to anywhere from empty), and a
+    journal line the process died writing counts for nothing."""
+    from faults.disk import FSYNC_JOURNAL_VARIABLE, cut_power, durable_sizes, io_from_environment
+
+    data = tmp_path / "data"
+    (data / "t-0").mkdir(parents=True)
+    (data / "t-1").mkdir()
+    journal = str(tmp_path / "journal")
+    os.environ[FSYNC_JOURNAL_VARIABLE] = journal
+    try:
+        io = io_from_environment()
+    finally:
+        del os.environ[FSYNC_JOURNAL_VARIABLE]
+    synced, unsynced = str(data / "t-0" / "00000000000000000000.log"), str(data / "t-1" / "00000000000000000000.log")
+    fd = os.open(synced, os.O_WRONLY | os.O_CREAT, 0o644)
+    io.write(fd, b"a" * 1000)
+    io.fsync(fd)
+    io.write(fd, b"b" * 500)  # after the fsync: may be lost
+    os.close(fd)
+    fd = os.open(unsynced, os.O_WRONLY | os.O_CREAT, 0o644)
+    io.write(fd, b"c" * 300)
+    os.close(fd)
+    with open(journal, "ab") as file:
+        file.write(b"1500 " + synced.encode())  # half a line: its fsync never returned
+    assert durable_sizes(journal) == {synced: 1000}
+    sizes = set()
+    for seed in range(20):
+        for path, content in ((synced, b"a" * 1000 + b"b" * 500), (unsynced, b"c" * 300)):
+            with open(path, "wb") as file:
+                file.write(content)
+        damage = cut_power(str(data), journal, random.Random(seed))
+        assert {d.path for d in damage} <= {synced, unsynced}
+        assert 1000 <= os.path.getsize(synced) <= 1500 and os.path.getsize(unsynced) <= 300
+        with open(synced, "rb") as file:
+            assert file.read(1000) == b"a" * 1000, "what the fsync covered is untouched"
+        sizes.add((os.path.getsize(synced), os.path.getsize(unsynced)))
+    assert len(sizes) > 5, "the cut lands in different places"

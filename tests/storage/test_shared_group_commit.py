@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from faults.disk import cut_to_durable
 from protocol.records import decode_batch, encode_batch, iter_batches
 from storage.config import LogConfig
 from storage.group_commit import FsyncRounds
@@ -141,26 +142,6 @@ class PowerCutIO(DiskIO):
         with self.lock:
             return dict(self.durable_size)
 
-    @staticmethod
-    def cut_power(durable_size: dict[str, int], directories: list[str], rng: random.Random) -> None:
-        """Cut every segment back to a length between its durable one and its
-        written one: torn anywhere past what is durable, and as often at a
-        batch boundary (a page written back whole), where recovery sees no
-        torn batch at all."""
-        for directory in directories:
-            for name in os.listdir(directory):
-                if not name.endswith(".log"):
-                    continue
-                path = os.path.join(directory, name)
-                written = os.path.getsize(path)
-                durable = durable_size.get(path, 0)
-                if written <= durable:
-                    continue
-                with open(path, "rb") as file:
-                    data = file.read()
-                boundaries = [position for position, _header in iter_batches(data) if position >= durable] + [written]
-                os.truncate(path, rng.choice(boundaries) if rng.random() < 0.5 else rng.randint(durable, written))
-
 
 class WriteOrderIO(DiskIO):
     """Records every write to a segment made while an older segment of the
@@ -267,7 +248,7 @@ def test_a_machine_crash_loses_no_acknowledged_record_of_any_log(tmp_path, seed)
 
     acknowledged_then, durable_then = asyncio.run(scenario())
     assert all(acknowledged_then), "every writer had something acknowledged"
-    PowerCutIO.cut_power(durable_then, directories, rng)
+    cut_to_durable(durable_then, directories, rng)
     for directory, acked in zip(directories, acknowledged_then):
         reopened = PartitionLog.open(directory, group())
         assert reopened.log_end_offset > max(acked), f"{directory}: acknowledged up to {max(acked)}, recovered to {reopened.log_end_offset}"
