@@ -121,6 +121,15 @@ class TxnTable(dict):
             del self._by_producer_id[previous.producer_id]
 
 
+# EndTxn's answer reaches its connection's writer three loop turns after
+# the decision is applied (the shield around the change wakes the request,
+# the request's task ends, the writer wakes and writes). A completion
+# started at once appended the markers and their round ran its fsync on the
+# loop ahead of the answer: in every one of 1,146 transactions of a probe,
+# 0.17-0.23 ms of a 3.5 ms transaction. The completion waits those turns out.
+ANSWER_TURNS = 3
+
+
 class TransactionCoordinator:
     def __init__(
         self,
@@ -445,6 +454,8 @@ class TransactionCoordinator:
         delay = 0.05
         released = False
         try:
+            for _ in range(ANSWER_TURNS):
+                await asyncio.sleep(0)  # EndTxn's answer goes out first
             self.crash_point("coordinator.after_prepare_commit" if commit else "coordinator.after_prepare_abort")
             while True:
                 try:

@@ -376,3 +376,45 @@ def test_a_tool_aborting_a_hanging_offset_commit_drops_the_pending_offsets(embed
     answer = raw_request(embedded_broker.port, ApiKey.OFFSET_FETCH, 7, {"group_id": group, "topics": [{"name": "hanging-in", "partition_indexes": [0]}], "require_stable": True})
     assert answer["topics"][0]["partitions"][0]["committed_offset"] == -1, "the aborted offsets are not applied"
     producer.close(timeout=5)
+
+
+def test_endtxn_is_answered_before_the_markers_fsync_runs_on_the_loop(tmp_path):
+    """EndTxn is answered once PrepareCommit is durable; the markers follow.
+    Their round is small, so its fsync runs on the broker's loop, and the
+    loop must have written EndTxn's answer before it: here the markers'
+    fsync of the data partition holds the loop until the client has its
+    answer (up to 3 s). Started ahead of the answer, that fsync would hold
+    the answer back and time out."""
+    import os
+    import threading
+
+    from confluent_kafka import Producer
+
+    from broker.broker import EmbeddedBroker, FaultSeams
+    from storage.segment import DiskIO
+
+    answered = threading.Event()
+    armed = threading.Event()
+    seen: list[bool] = []
+
+    class MarkerFsyncWaitsForTheAnswer(DiskIO):
+        def fsync(self, fd):
+            if armed.is_set() and os.path.basename(os.path.dirname(os.readlink(f"/proc/self/fd/{fd}"))) == "order-0":
+                seen.append(answered.wait(3))
+                armed.clear()
+            super().fsync(fd)
+
+    with EmbeddedBroker(str(tmp_path / "data"), seams=FaultSeams(disk_io=MarkerFsyncWaitsForTheAnswer()), group_initial_rebalance_delay_ms=0) as broker:
+        create_topic(broker.bootstrap, "order", 1)
+        producer = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": "order", "linger.ms": 1})
+        producer.init_transactions(20)
+        for _ in range(3):
+            answered.clear()
+            producer.begin_transaction()
+            producer.produce("order", b"x", partition=0)
+            producer.flush(10)  # the Produce's own fsync is done
+            armed.set()
+            producer.commit_transaction(10)
+            answered.set()
+            wait_for(lambda: not armed.is_set(), 10, "the markers' fsync")
+        assert seen == [True, True, True], "EndTxn's answer waited for the markers' fsync"
