@@ -206,31 +206,56 @@ class FsyncJournalIO(DiskIO):
     is the file's length when the fsync began (bytes appended meanwhile,
     from the loop while a worker fsyncs, are not covered). The line is
     written before the fsync's caller learns it returned, so nothing is
-    acknowledged that the journal does not cover."""
+    acknowledged that the journal does not cover. A truncation is journaled
+    too ("SIZE PATH" with the new length, marked "T"): what lies past it is
+    no longer durable, whatever an fsync covered before. One journal per
+    broker run: a restart with the same journal would count the recovered
+    files' old fsyncs."""
 
     def __init__(self, inner: DiskIO, journal_path: str):
         self.inner = inner
         self.journal = os.open(journal_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
+    def _note(self, line: str) -> None:
+        data = line.encode()
+        if os.write(self.journal, data) != len(data):  # O_APPEND: one line per write, whole
+            raise OSError(errno.EIO, "fsync journal: short write")
+
+    def open(self, path: str, flags: int) -> int:
+        return self.inner.open(path, flags)
+
     def write(self, fd: int, data) -> None:
         self.inner.write(fd, data)
+
+    def pread(self, fd: int, size: int, position: int) -> bytes:
+        return self.inner.pread(fd, size, position)
+
+    def truncate(self, fd: int, size: int) -> None:
+        self.inner.truncate(fd, size)
+        self._note(f"T{size} {os.path.realpath(f'/proc/self/fd/{fd}')}\n")
+
+    def close(self, fd: int) -> None:
+        self.inner.close(fd)
 
     def fsync(self, fd: int) -> None:
         size = os.fstat(fd).st_size
         self.inner.fsync(fd)
-        path = os.readlink(f"/proc/self/fd/{fd}")
-        os.write(self.journal, f"{size} {path}\n".encode())  # O_APPEND: one line per write, whole
+        self._note(f"{size} {os.path.realpath(f'/proc/self/fd/{fd}')}\n")
 
 
 def durable_sizes(journal_path: str) -> dict[str, int]:
-    """Per file, the longest length an fsync covered (from ``FsyncJournalIO``'s journal)."""
+    """Per file (its real path), the longest length an fsync covered since
+    its last truncation (from ``FsyncJournalIO``'s journal)."""
     sizes: dict[str, int] = {}
     with open(journal_path, "rb") as journal:
         for line in journal:
             if not line.endswith(b"\n"):
                 continue  # the process died writing it: that fsync's caller never went on
             size, path = line[:-1].decode().split(" ", 1)
-            sizes[path] = max(int(size), sizes.get(path, 0))
+            if size.startswith("T"):
+                sizes[path] = min(int(size[1:]), sizes.get(path, 0))
+            else:
+                sizes[path] = max(int(size), sizes.get(path, 0))
     return sizes
 
 
@@ -238,7 +263,8 @@ def cut_to_durable(durable_size: dict[str, int], directories, rng: random.Random
     """Cut every segment file in ``directories`` back to a length between
     its durable one (0 if never fsynced) and its written one: torn anywhere
     past what is durable, and as often at a batch boundary (a page written
-    back whole), where recovery finds no torn batch at all."""
+    back whole), where recovery finds no torn batch at all. Returns the
+    files actually cut (a draw may keep a file whole)."""
     damage = []
     for directory in directories:
         for name in sorted(os.listdir(directory)):
@@ -246,13 +272,14 @@ def cut_to_durable(durable_size: dict[str, int], directories, rng: random.Random
                 continue
             path = os.path.join(directory, name)
             written = os.path.getsize(path)
-            durable = durable_size.get(path, 0)
+            durable = durable_size.get(os.path.realpath(path), durable_size.get(path, 0))
             if written <= durable:
                 continue
             starts = [position for position in batch_starts(path) if position >= durable]
             cut = rng.choice(starts + [written]) if rng.random() < 0.5 else rng.randint(durable, written)
-            os.truncate(path, cut)
-            damage.append(Damage(path, cut, written, cut, durable))
+            if cut < written:
+                os.truncate(path, cut)
+                damage.append(Damage(path, cut, written, cut, durable))
     return damage
 
 

@@ -94,7 +94,8 @@ def test_a_power_cut_keeps_what_an_fsync_covered_and_may_tear_or_lose_the_rest(t
     then cuts every segment of every partition to between that length and
     what was written (a never-fsynced one to anywhere from empty), and a
     journal line the process died writing counts for nothing."""
-    from faults.disk import FSYNC_JOURNAL_VARIABLE, cut_power, durable_sizes, io_from_environment
+    from faults.disk import FSYNC_JOURNAL_VARIABLE, FsyncJournalIO, cut_power, durable_sizes, io_from_environment
+    from storage.durable import DiskIO
 
     data = tmp_path / "data"
     (data / "t-0").mkdir(parents=True)
@@ -117,6 +118,24 @@ def test_a_power_cut_keeps_what_an_fsync_covered_and_may_tear_or_lose_the_rest(t
     with open(journal, "ab") as file:
         file.write(b"1500 " + synced.encode())  # half a line: its fsync never returned
     assert durable_sizes(journal) == {synced: 1000}
+
+    # Bytes appended while an fsync runs (a worker's, with the loop going
+    # on) are not covered by it; a truncation takes back what it cuts.
+    class AppendsDuringTheFsync(DiskIO):
+        def fsync(self, fd):
+            os.write(fd, b"late")
+            super().fsync(fd)
+
+    other = str(tmp_path / "other.journal")
+    late_io = FsyncJournalIO(AppendsDuringTheFsync(), other)
+    path = str(tmp_path / "late.log")
+    fd = late_io.open(path, os.O_WRONLY | os.O_CREAT)
+    late_io.write(fd, b"d" * 100)
+    late_io.fsync(fd)
+    assert os.path.getsize(path) == 104 and durable_sizes(other) == {path: 100}
+    late_io.truncate(fd, 60)
+    assert durable_sizes(other) == {path: 60}
+    late_io.close(fd)
     sizes = set()
     for seed in range(20):
         for path, content in ((synced, b"a" * 1000 + b"b" * 500), (unsynced, b"c" * 300)):
