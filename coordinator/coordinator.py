@@ -454,9 +454,11 @@ class TransactionCoordinator:
         delay = 0.05
         released = False
         try:
-            for _ in range(ANSWER_TURNS):
-                await asyncio.sleep(0)  # EndTxn's answer goes out first
+            # Named crash point first: a test that dies here dies before the
+            # client has EndTxn's answer, as it always has.
             self.crash_point("coordinator.after_prepare_commit" if commit else "coordinator.after_prepare_abort")
+            for _ in range(ANSWER_TURNS):
+                await asyncio.sleep(0)  # EndTxn's answer goes out before the markers
             while True:
                 try:
                     await self.markers.write(prepared, commit)
