@@ -472,6 +472,34 @@ async def settle(log, until):
     raise AssertionError("never done")
 
 
+def round_coordinator(log):
+    return TransactionCoordinator(txn_log=log, markers=FakeMarkers(), producer_ids=FakeIds(), settings=CoordinatorSettings(), clock=ManualClock())
+
+
+async def ongoing_on_rounds(log):
+    """A coordinator on ``log`` with "tx" initialised and P0 added, each durable."""
+    coordinator = round_coordinator(log)
+    init = asyncio.create_task(coordinator.init_producer_id("tx", 60_000))
+    await settle(log, init)
+    pid = init.result().producer_id
+    add = asyncio.create_task(coordinator.add_partitions("tx", pid, 0, [P0]))
+    await settle(log, add)
+    return coordinator, pid
+
+
+async def recovered_from(records, pid):
+    """A restart from ``records`` (PrepareCommit last): recovery writes P0's
+    marker again and makes CompleteCommit durable."""
+    restarted_log = RoundLog()
+    restarted = round_coordinator(restarted_log)
+    restarted.load([(m.transactional_id, m) for m in records])
+    completing = asyncio.gather(*restarted.recover())
+    await settle(restarted_log, completing)
+    assert restarted.markers.written == [(pid, 0, True, [P0])]
+    assert restarted.txns["tx"].state == TxnState.COMPLETE_COMMIT == restarted_log.durable[-1].state
+    return restarted, restarted_log
+
+
 def test_a_change_arriving_before_completes_round_is_appended_behind_it_and_a_cut_before_that_round_loses_nothing():
     """Complete is appended once the markers are durable and the id is free at
     once: a next AddPartitionsToTxn that arrives before Complete's round
@@ -483,12 +511,7 @@ def test_a_change_arriving_before_completes_round_is_appended_behind_it_and_a_cu
 
     async def scenario():
         log = RoundLog()
-        coordinator = TransactionCoordinator(txn_log=log, markers=FakeMarkers(), producer_ids=FakeIds(), settings=CoordinatorSettings(), clock=ManualClock())
-        init = asyncio.create_task(coordinator.init_producer_id("tx", 60_000))
-        await settle(log, init)
-        pid = init.result().producer_id
-        add = asyncio.create_task(coordinator.add_partitions("tx", pid, 0, [P0]))
-        await settle(log, add)
+        coordinator, pid = await ongoing_on_rounds(log)
         end = asyncio.create_task(coordinator.end_transaction("tx", pid, 0, True))
         await turns()
         assert not end.done() and log.records[-1].state == TxnState.PREPARE_COMMIT
@@ -511,13 +534,7 @@ def test_a_change_arriving_before_completes_round_is_appended_behind_it_and_a_cu
 
         # What the cut left: PrepareCommit last. Recovery completes it again.
         assert cut[-1].state == TxnState.PREPARE_COMMIT
-        restarted_log = RoundLog()
-        restarted = TransactionCoordinator(txn_log=restarted_log, markers=FakeMarkers(), producer_ids=FakeIds(), settings=CoordinatorSettings(), clock=ManualClock())
-        restarted.load([(m.transactional_id, m) for m in cut])
-        completing = asyncio.gather(*restarted.recover())
-        await settle(restarted_log, completing)
-        assert restarted.markers.written == [(pid, 0, True, [P0])]
-        assert restarted.txns["tx"].state == TxnState.COMPLETE_COMMIT == restarted_log.durable[-1].state
+        restarted, restarted_log = await recovered_from(cut, pid)
         again = asyncio.create_task(restarted.add_partitions("tx", pid, 0, [P1]))
         await settle(restarted_log, again)
         assert again.result() == ErrorCode.NONE
@@ -535,12 +552,7 @@ def test_a_complete_whose_fsync_fails_is_logged_once_and_left_for_recovery_to_fi
 
     async def scenario():
         log = RoundLog()
-        coordinator = TransactionCoordinator(txn_log=log, markers=FakeMarkers(), producer_ids=FakeIds(), settings=CoordinatorSettings(), clock=ManualClock())
-        init = asyncio.create_task(coordinator.init_producer_id("tx", 60_000))
-        await settle(log, init)
-        pid = init.result().producer_id
-        add = asyncio.create_task(coordinator.add_partitions("tx", pid, 0, [P0]))
-        await settle(log, add)
+        coordinator, pid = await ongoing_on_rounds(log)
         end = asyncio.create_task(coordinator.end_transaction("tx", pid, 0, True))
         await turns()
         log.fsync()  # PrepareCommit's round
@@ -559,13 +571,7 @@ def test_a_complete_whose_fsync_fails_is_logged_once_and_left_for_recovery_to_fi
         await coordinator.close()
 
         assert durable[-1].state == TxnState.PREPARE_COMMIT
-        restarted_log = RoundLog()
-        restarted = TransactionCoordinator(txn_log=restarted_log, markers=FakeMarkers(), producer_ids=FakeIds(), settings=CoordinatorSettings(), clock=ManualClock())
-        restarted.load([(m.transactional_id, m) for m in durable])
-        completing = asyncio.gather(*restarted.recover())
-        await settle(restarted_log, completing)
-        assert restarted.markers.written == [(pid, 0, True, [P0])]
-        assert restarted.txns["tx"].state == TxnState.COMPLETE_COMMIT == restarted_log.durable[-1].state
+        restarted, _restarted_log = await recovered_from(durable, pid)
         await restarted.close()
 
     run(scenario())
