@@ -347,9 +347,27 @@ def test_runner_quickstart_app(embedded_broker, tmp_path):
     assert last == {"acct-1": 3, "acct-2": 10, "acct-3": 1}
 
 
+def as_the_readme_runs_it(tmp_path) -> dict:
+    """The environment of a user who set up as the README says and runs the
+    venv's python by path without activating it: no PYSPARK_PYTHON, no
+    PYTHONPATH, and a ``python3`` first on PATH that is not the venv's (the
+    base interpreter, without onceflow or pyspark)."""
+    other = tmp_path / "other-python"
+    other.mkdir()
+    (other / "python3").symlink_to(sys._base_executable)
+    path = [str(other)] + [d for d in os.environ.get("PATH", "").split(os.pathsep) if d and os.path.abspath(d) != os.path.dirname(sys.executable)]
+    environment = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "PYTHONPATH", "VIRTUAL_ENV")}
+    environment["PATH"] = os.pathsep.join(path)
+    probe = subprocess.run(["python3", "-c", "import pyspark"], env=environment, capture_output=True)
+    assert probe.returncode != 0, "python3 on the test's PATH must not be able to import pyspark"
+    return environment
+
+
 @pytest.mark.slow
 def test_spark_quickstart_query(tmp_path):
-    """The Spark block as a program of its own (a JVM of its own), against a broker process."""
+    """The Spark block as a program of its own (a JVM of its own), against a
+    broker process, run the way the README's set-up implies (issue 35):
+    `.venv/bin/python query.py` with another python3 first on PATH."""
     from faults.process import BrokerProcess
     from txn import Admin, Consumer, Producer, TopicPartition
 
@@ -362,8 +380,7 @@ def test_spark_quickstart_query(tmp_path):
                 producer.send("payments", b'{"amount": 1}', key=b"acct-%d" % (number % 3))
         code = the_block("python", "streaming.spark.register(spark)").replace("127.0.0.1:9092", broker.bootstrap)
         (tmp_path / "query.py").write_text(code)
-        environment = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYTHONPATH=REPO)
-        result = subprocess.run([sys.executable, "query.py"], cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=600)
+        result = subprocess.run([sys.executable, "query.py"], cwd=tmp_path, env=as_the_readme_runs_it(tmp_path), capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         assert (tmp_path / "payment-counts-checkpoint" / "commits").is_dir()
         reader = Consumer(bootstrap_servers=broker.bootstrap)

@@ -30,9 +30,17 @@ LEAN_LOCAL_CONFIG = {
 
 
 def register(spark) -> None:
-    """Register the ``onceflow`` data source with ``spark`` (a SparkSession)."""
-    from streaming.spark.datasource import OnceflowDataSource
+    """Register the ``onceflow`` data source with ``spark`` (a SparkSession).
 
+    In local mode Spark's Python workers are pointed at this interpreter
+    when ``PYSPARK_PYTHON`` is unset (Spark would start ``python3`` from
+    PATH, which may not have onceflow); an interpreter that was set and
+    cannot import onceflow is refused with one line saying what to set
+    (``streaming.spark.interpreter``)."""
+    from streaming.spark.datasource import OnceflowDataSource
+    from streaming.spark.interpreter import choose_worker_python
+
+    choose_worker_python(spark.sparkContext)  # before register: Spark records the interpreter with the data source
     spark.dataSource.register(OnceflowDataSource)
 
 

@@ -20,9 +20,14 @@ class OnceflowDataSource(DataSource):
         return "onceflow"
 
     def schema(self) -> StructType:
+        """Spark asks for the schema at ``load()``: the source's options are
+        checked here too, so a wrong one fails at ``load()``, before a query
+        starts (the checks that depend on stream or batch run when Spark
+        asks for the reader)."""
         from streaming.spark.source import kafka_schema
 
-        return kafka_schema(opts.parse_bool(opts.lowercase(self.options), "includeheaders", False, "includeHeaders"))
+        parsed = opts.parse_source_options(self.options, streaming=None)
+        return kafka_schema(parsed.include_headers)
 
     def streamReader(self, schema: StructType):
         from streaming.spark.source import OnceflowStreamReader

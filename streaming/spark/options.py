@@ -183,10 +183,10 @@ def parse_partitions(text: str) -> tuple[TopicPartition, ...]:
             out += [TopicPartition(topic, p) for p in partitions]
         return tuple(out)
     except ValueError:
-        raise OptionError(f"Expected e.g. {ASSIGN_EXAMPLE}, got {text}") from None
+        raise OptionError(f"option 'assign' must be JSON naming each topic's partitions, e.g. {ASSIGN_EXAMPLE}; got {text!r}") from None
 
 
-def _parse_partition_numbers(text: str, example: str) -> dict[TopicPartition, int]:
+def _parse_partition_numbers(text: str, name: str, accepted: str) -> dict[TopicPartition, int]:
     try:
         parsed = json.loads(text)
         if not isinstance(parsed, dict):
@@ -201,16 +201,16 @@ def _parse_partition_numbers(text: str, example: str) -> dict[TopicPartition, in
                 out[TopicPartition(topic, int(partition))] = number
         return out
     except ValueError:
-        raise OptionError(f"Expected e.g. {example}, got {text}") from None
+        raise OptionError(f"option {name!r} must be {accepted}; got {text!r}") from None
 
 
-def parse_partition_offsets(text: str) -> dict[TopicPartition, int]:
+def parse_partition_offsets(text: str, name: str = "startingOffsets") -> dict[TopicPartition, int]:
     """``startingOffsets``/``endingOffsets`` JSON: ``{"t":{"0":23,"1":-1}}``."""
-    return _parse_partition_numbers(text, OFFSETS_EXAMPLE)
+    return _parse_partition_numbers(text, name, f"'earliest', 'latest' or JSON offsets per partition (-2 earliest, -1 latest), e.g. {OFFSETS_EXAMPLE}")
 
 
-def parse_partition_timestamps(text: str) -> dict[TopicPartition, int]:
-    return _parse_partition_numbers(text, TIMESTAMPS_EXAMPLE)
+def parse_partition_timestamps(text: str, name: str = "startingOffsetsByTimestamp") -> dict[TopicPartition, int]:
+    return _parse_partition_numbers(text, name, f"JSON timestamps (ms) per partition, e.g. {TIMESTAMPS_EXAMPLE}")
 
 
 def offsets_to_json(offsets: dict[TopicPartition, int]) -> dict[str, dict[str, int]]:
@@ -226,6 +226,16 @@ def offsets_from_json(value: dict) -> dict[TopicPartition, int]:
     return {TopicPartition(topic, int(partition)): int(offset) for topic, entries in value.items() for partition, offset in entries.items()}
 
 
+OPTION_NAMES = {  # PySpark hands options over lowercased; messages use Spark's spelling
+    "startingtimestamp": "startingTimestamp",
+    "startingoffsetsbytimestamp": "startingOffsetsByTimestamp",
+    "startingoffsets": "startingOffsets",
+    "endingtimestamp": "endingTimestamp",
+    "endingoffsetsbytimestamp": "endingOffsetsByTimestamp",
+    "endingoffsets": "endingOffsets",
+}
+
+
 def offset_limit(options: dict[str, str], timestamp_key: str, by_timestamp_key: str, offsets_key: str, default: OffsetLimit) -> OffsetLimit:
     """Spark's precedence: a global timestamp, then timestamps per partition,
     then earliest/latest/JSON offsets, else ``default``."""
@@ -237,16 +247,16 @@ def offset_limit(options: dict[str, str], timestamp_key: str, by_timestamp_key: 
         try:
             return GlobalTimestamp(int(text), strategy)
         except ValueError:
-            raise OptionError(f"Expected a single long value, got {text}") from None
+            raise OptionError(f"option {OPTION_NAMES[timestamp_key]!r} must be a timestamp in ms (a single long value); got {text!r}") from None
     if by_timestamp_key in options:
-        return SpecificTimestamps(parse_partition_timestamps(str(options[by_timestamp_key]).strip()), strategy)
+        return SpecificTimestamps(parse_partition_timestamps(str(options[by_timestamp_key]).strip(), OPTION_NAMES[by_timestamp_key]), strategy)
     if offsets_key in options:
         text = str(options[offsets_key]).strip()
         if text.lower() == "latest":
             return Latest()
         if text.lower() == "earliest":
             return Earliest()
-        return SpecificOffsets(parse_partition_offsets(text))
+        return SpecificOffsets(parse_partition_offsets(text, OPTION_NAMES[offsets_key]))
     return default
 
 
@@ -359,8 +369,11 @@ def parse_subscription(options: dict[str, str]) -> Subscription:
     return Subscription(kind, pattern=pattern)
 
 
-def parse_source_options(options, *, streaming: bool) -> SourceOptions:
-    """Check and parse a source's options (``streaming`` False: ``spark.read``)."""
+def parse_source_options(options, *, streaming: bool | None) -> SourceOptions:
+    """Check and parse a source's options (``streaming`` False: ``spark.read``;
+    None: not known yet, as in ``DataSource.schema()`` at ``load()``, where
+    every check that does not depend on the kind of query runs, so a typo
+    fails at ``load()`` rather than when the query starts)."""
     options = lowercase(options)
     params = kafka_params(options)
     if streaming:
@@ -377,9 +390,11 @@ def parse_source_options(options, *, streaming: bool) -> SourceOptions:
     min_offsets = parse_long(options, "minoffsetspertrigger", "minOffsetsPerTrigger", positive=True)
     if max_offsets is not None and min_offsets is not None and min_offsets > max_offsets:
         raise OptionError(f"The value of minOffsetPerTrigger({min_offsets}) is higher than the maxOffsetsPerTrigger({max_offsets}).")
-    starting = offset_limit(options, "startingtimestamp", "startingoffsetsbytimestamp", "startingoffsets", Latest() if streaming else Earliest())
+    starting = offset_limit(options, "startingtimestamp", "startingoffsetsbytimestamp", "startingoffsets", Earliest() if streaming is False else Latest())
     ending: OffsetLimit = Latest()
-    if not streaming:
+    if streaming is None:
+        ending = offset_limit(options, "endingtimestamp", "endingoffsetsbytimestamp", "endingoffsets", Latest())
+    if streaming is False:
         if isinstance(starting, Latest):
             raise OptionError("starting offset can't be latest for batch queries on Kafka")
         if isinstance(starting, SpecificOffsets):

@@ -340,6 +340,9 @@ def test_subscribe_pattern_and_assign(spark, broker, tmp_path):
 
 
 def test_option_errors_reach_the_user(spark, broker, tmp_path):
+    loaded = spark.readStream.format("onceflow").option("kafka.bootstrap.servers", broker.bootstrap).option("subscribe", "t")
+    with pytest.raises(Exception, match="option 'startingOffsets' must be 'earliest', 'latest' or JSON"):
+        loaded.option("startingOffsets", "earliestt").load()  # at load(), before any query starts (issue 35)
     with pytest.raises(Exception, match="One of the following options must be specified for Kafka source"):
         run_available_now(stream(spark, broker), tmp_path)
     with pytest.raises(Exception, match="Kafka option 'auto.offset.reset' is not supported"):

@@ -68,7 +68,8 @@ def test_subscription_is_exactly_one_of_three():
     assert "not a valid (Python) regular expression" in error(base={"kafka.bootstrap.servers": "h:1"}, subscribePattern="(")
     assigned = opts.parse_source_options({"kafka.bootstrap.servers": "h:1", "assign": '{"a":[0,2],"b":[1]}'}, streaming=True).subscription
     assert assigned.partitions == (TopicPartition("a", 0), TopicPartition("a", 2), TopicPartition("b", 1))
-    assert error(base={"kafka.bootstrap.servers": "h:1"}, assign='{"a":"0"}') == 'Expected e.g. {"topicA":[0,1],"topicB":[0,1]}, got {"a":"0"}'
+    assert error(base={"kafka.bootstrap.servers": "h:1"}, assign='{"a":"0"}') == (
+        'option \'assign\' must be JSON naming each topic\'s partitions, e.g. {"topicA":[0,1],"topicB":[0,1]}; got \'{"a":"0"}\'')
     pattern = opts.parse_source_options({"kafka.bootstrap.servers": "h:1", "subscribePattern": "pay.*"}, streaming=True).subscription
     assert pattern.matches("payments") and not pattern.matches("xpayments")
 
@@ -106,9 +107,13 @@ def test_starting_precedence_timestamp_then_by_timestamp_then_offsets():
     both = {"startingOffsets": "earliest", "startingOffsetsByTimestamp": '{"t":{"0":5}}'}
     assert parse(**both).starting == opts.SpecificTimestamps({TopicPartition("t", 0): 5}, "error")
     assert parse(startingTimestamp="17", startingOffsetsByTimestampStrategy="LATEST", **both).starting == opts.GlobalTimestamp(17, "latest")
-    assert error(startingTimestamp="soon") == "Expected a single long value, got soon"
+    assert error(startingTimestamp="soon") == "option 'startingTimestamp' must be a timestamp in ms (a single long value); got 'soon'"
     assert "must be 'error' or 'latest'" in error(startingTimestamp="1", startingOffsetsByTimestampStrategy="closest")
-    assert error(startingOffsets='{"t":[0]}') == 'Expected e.g. {"topicA":{"0":23,"1":-1},"topicB":{"0":-2}}, got {"t":[0]}'
+    accepted = "'earliest', 'latest' or JSON offsets per partition (-2 earliest, -1 latest), e.g. {\"topicA\":{\"0\":23,\"1\":-1},\"topicB\":{\"0\":-2}}"
+    assert error(startingOffsets='{"t":[0]}') == f"option 'startingOffsets' must be {accepted}; got '{{\"t\":[0]}}'"
+    assert error(startingOffsets="earliestt") == f"option 'startingOffsets' must be {accepted}; got 'earliestt'"  # issue 35: the option is named
+    assert error(streaming=False, endingOffsets="soon") == f"option 'endingOffsets' must be {accepted}; got 'soon'"
+    assert error(startingOffsetsByTimestamp="soon").startswith("option 'startingOffsetsByTimestamp' must be JSON timestamps (ms) per partition, e.g. ")
 
 
 def test_rate_limits():
