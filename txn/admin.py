@@ -325,6 +325,33 @@ class AsyncAdmin:
             out.append(TransactionDescription(transactional_id, state["transaction_state"], state["producer_id"], state["producer_epoch"], state["transaction_timeout_ms"], state["transaction_start_time_ms"], partitions))
         return out
 
+    async def describe_transactions_by_coordinator(self, transactional_ids) -> dict[str, TransactionDescription | None]:
+        """``describe_transactions`` of many ids in one DescribeTransactions
+        request per transaction coordinator (ids it does not know map to
+        None); a coordinator that moved or failed is asked again id by id."""
+        ids = sorted(set(transactional_ids))
+        clients = await asyncio.gather(*[self.cluster.coordinator(i, CoordinatorType.TRANSACTION) for i in ids])
+        groups: dict[int, tuple[object, list[str]]] = {}
+        for transactional_id, client in zip(ids, clients):
+            groups.setdefault(id(client), (client, []))[1].append(transactional_id)
+        out: dict[str, TransactionDescription | None] = {}
+
+        async def ask(client, names: list[str]) -> None:
+            response = await client.request(ApiKey.DESCRIBE_TRANSACTIONS, {"transactional_ids": names})
+            for state in response["transaction_states"]:
+                name = state["transactional_id"]
+                if state["error_code"] == ErrorCode.TRANSACTIONAL_ID_NOT_FOUND:
+                    out[name] = None
+                elif state["error_code"]:
+                    self.cluster.forget_coordinator(name, CoordinatorType.TRANSACTION)
+                    out[name] = (await self.describe_transactions([name]))[0]
+                else:
+                    partitions = tuple(TopicPartition(t["topic"], p) for t in state["topics"] for p in t["partitions"])
+                    out[name] = TransactionDescription(name, state["transaction_state"], state["producer_id"], state["producer_epoch"], state["transaction_timeout_ms"], state["transaction_start_time_ms"], partitions)
+
+        await asyncio.gather(*[ask(client, names) for client, names in groups.values()])
+        return out
+
     async def describe_producers(self, partition) -> list[ProducerDescription]:
         """The producers with state in a partition (KIP-664), with the open
         transaction's first offset, or -1."""

@@ -19,14 +19,25 @@ a partition the same rows when it re-runs a batch (SPARK-28650).
 
 | latest decision found | batch N | what happens |
 | --- | --- | --- |
-| none, or an older batch of this query | decide | write (query, N, new handles), commit them |
+| none, or an older batch of this query | decide | every new handle verified open (``dead_handles``), then write (query, N, new handles), commit them |
 | batch N of this query | recommit | commit the decided handles; the new ones are leftovers |
+| batch N, every decided handle verified aborted, none committed | redecide | the re-run recomputed the whole batch: decide its handles instead |
 | a later batch of this query | done | N was committed before the later one was decided; nothing to commit |
 | another query's | refuse | ``PrefixInUseError``: two queries must not share a prefix |
 
 ``abort(messages, N)`` (Spark calls it when a task failed, and after a
 commit that raised) never undoes a decision: ``plan_abort`` finishes a
-decided batch and aborts only undecided handles.
+decided batch and aborts only undecided handles, and aborts nothing when
+the latest decision is another query's.
+
+Transactional ids (``transactional_id``) are unique to the run, batch,
+stage attempt, partition and task attempt, so a task attempt Spark gave up
+on (a lost executor, a speculative loser, a task of a failed stage attempt)
+can only ever fence its own transaction, never one handed to the driver.
+The driver writes decisions through a transactional producer of the query's
+own (``driver_transactional_id``), initialised at every commit, so a second
+driver on the same checkpoint fences the first and an in-doubt decision
+write of a fenced driver can never commit.
 """
 
 from __future__ import annotations
@@ -50,6 +61,17 @@ class PrefixInUseError(SinkError):
 
 class DecidedTransactionsLostError(SinkError):
     pass
+
+
+class BatchTransactionsNotOpenError(SinkError):
+    """Some of a batch's transactions were no longer open when the driver
+    came to decide: nothing was decided, the rest were aborted; a restart
+    re-runs the batch."""
+
+
+class DriverFencedError(SinkError):
+    """Another driver took over this query's decisions (a second driver on
+    the same checkpoint): this one stops."""
 
 
 @attrs.frozen
@@ -100,6 +122,56 @@ class Decision:
 
 
 @attrs.frozen
+class HandleState:
+    """What the transaction coordinator says of one handle's id now
+    (DescribeTransactions), or ``state`` "Unknown" when it knows no such id."""
+
+    state: str
+    producer_id: int = -1
+    producer_epoch: int = -1
+
+
+OPEN_STATES = ("Ongoing",)
+COMMITTING_STATES = ("PrepareCommit", "CompleteCommit")
+ABORTED_STATES = ("PrepareAbort", "CompleteAbort")
+
+
+def dead_handles(transactions, states: dict) -> list[tuple[SinkTransaction, str]]:
+    """The handles that are not open with the producer id and epoch the task
+    reported (``states``: transactional id -> ``HandleState``), with why."""
+    dead = []
+    for transaction in transactions:
+        now = states.get(transaction.transactional_id, HandleState("Unknown"))
+        if now.state not in OPEN_STATES or (now.producer_id, now.producer_epoch) != (transaction.producer_id, transaction.producer_epoch):
+            dead.append((transaction, f"{now.state} at producer {now.producer_id} epoch {now.producer_epoch}, handed over at producer {transaction.producer_id} epoch {transaction.producer_epoch}"))
+    return dead
+
+
+def all_aborted(transactions, states: dict) -> bool:
+    """Whether every decided transaction is verified aborted (none can have
+    committed): the same producer, at the handle's epoch or a later one, in
+    an abort state. An id the coordinator no longer knows cannot tell."""
+    for transaction in transactions:
+        now = states.get(transaction.transactional_id, HandleState("Unknown"))
+        if now.producer_id != transaction.producer_id:
+            return False
+        if now.state in ABORTED_STATES and now.producer_epoch >= transaction.producer_epoch:
+            continue
+        return False
+    return bool(transactions)
+
+
+def not_open_message(batch_id: int, dead: list[tuple[SinkTransaction, str]], total: int, timeout_ms: int) -> str:
+    return (
+        f"batch {batch_id}: {len(dead)} of its {total} transactions were no longer open when the driver came to decide "
+        f"({'; '.join(f'{t.transactional_id}: {why}' for t, why in dead)}). Nothing was decided and the batch's other "
+        f"transactions were aborted; restarting the query re-runs the batch. A transaction the broker aborted on its timeout "
+        f"means the batch took longer than kafka.transaction.timeout.ms ({timeout_ms} ms): raise it, or set maxOffsetsPerTrigger "
+        f"to make batches smaller."
+    )
+
+
+@attrs.frozen
 class CommitPlan:
     decide: Decision | None  # the record to write first, or None when nothing new is decided
     commit: tuple[SinkTransaction, ...]  # decided transactions to commit (again)
@@ -129,9 +201,13 @@ def plan_commit(latest: Decision | None, query_id: str, batch_id: int, run_id: s
 
 def plan_abort(latest: Decision | None, query_id: str, batch_id: int, transactions) -> AbortPlan:
     """What ``abort(messages, batch_id)`` does: a decided batch is finished,
-    whatever Spark thinks; only undecided transactions are aborted."""
+    whatever Spark thinks; only undecided transactions are aborted. When the
+    latest decision is another query's, nothing is aborted (this driver
+    cannot tell what is decided; the next commit refuses the prefix)."""
     transactions = tuple(transactions)
-    if latest is not None and latest.query_id == query_id and latest.batch_id == batch_id:
+    if latest is not None and latest.query_id != query_id:
+        return AbortPlan((), ())
+    if latest is not None and latest.batch_id == batch_id:
         decided = {t.transactional_id for t in latest.transactions}
         return AbortPlan(latest.transactions, tuple(t for t in transactions if t.transactional_id not in decided))
     return AbortPlan((), transactions)
@@ -143,22 +219,37 @@ def query_prefix(prefix: str, query_id: str) -> str:
     return f"{prefix}-{query_id.replace('-', '')[:12]}-"
 
 
-def transactional_id(prefix: str, query_id: str, run_id: str, partition: int, attempt: int) -> str:
-    """A task's transactional id: reused by the same partition across the
-    batches of one run (a run has at most one open transaction per id, since
-    batch N+1 starts after commit(N)), never after a restart (the run id
-    changes), so re-committing an earlier run's handle is always idempotent
-    and the ids kept by the broker grow per restart, not per batch. A retried
-    task gets its own id, so it does not fence the attempt Spark may keep."""
-    name = f"{query_prefix(prefix, query_id)}{run_id.replace('-', '')[:8]}-{partition}"
+def run_prefix(prefix: str, query_id: str, run_id: str) -> str:
+    """Every transactional id of one run of a query starts with this."""
+    return f"{query_prefix(prefix, query_id)}{run_id.replace('-', '')[:8]}-"
+
+
+def transactional_id(prefix: str, query_id: str, run_id: str, batch_id: int, partition: int, stage_attempt: int = 0, attempt: int = 0) -> str:
+    """A task's transactional id, unique to its run, batch, stage attempt,
+    partition and task attempt: no task attempt, however late (a lost
+    executor's, a speculative loser, a task of a failed stage attempt still
+    running), shares an id with a transaction handed to the driver, so its
+    InitProducerId can only fence itself. Re-committing an earlier run's
+    handle stays idempotent (the run id changes per start). The broker keeps
+    one id per task and batch until ``transactional.id.expiration.ms``."""
+    name = f"{run_prefix(prefix, query_id, run_id)}{batch_id}-{partition}"
+    if stage_attempt:
+        name += f"-s{stage_attempt}"
     return name if attempt == 0 else f"{name}-a{attempt}"
 
 
-def leftovers(open_transactional_ids, prefix: str, query_id: str, keep=()) -> list[str]:
+def driver_transactional_id(prefix: str, query_id: str) -> str:
+    """The id of the query's decision writer: one per query, so whichever
+    driver initialised it last holds it and any other is fenced."""
+    return f"{query_prefix(prefix, query_id)}driver"
+
+
+def leftovers(open_transactional_ids, prefix: str, query_id: str, keep=(), run_id: str | None = None) -> list[str]:
     """The open transactions of this query to abort: everything with the
-    query's prefix except ``keep`` (decided ones still being committed)."""
-    mine = query_prefix(prefix, query_id)
-    kept = set(keep)
+    query's prefix (only ``run_id``'s, when given) except ``keep`` and the
+    driver's own decision writer."""
+    mine = run_prefix(prefix, query_id, run_id) if run_id is not None else query_prefix(prefix, query_id)
+    kept = set(keep) | {driver_transactional_id(prefix, query_id)}
     return sorted(t for t in open_transactional_ids if t.startswith(mine) and t not in kept)
 
 

@@ -77,13 +77,20 @@ from pyspark.sql.types import BinaryType, DoubleType, IntegerType, StringType, S
 
 from streaming.spark import options as opts
 from streaming.spark.decision import (
+    BatchTransactionsNotOpenError,
     Decision,
     DecidedTransactionsLostError,
+    DriverFencedError,
+    HandleState,
     PrefixInUseError,
     SinkError,
     SinkTransaction,
+    all_aborted,
+    dead_handles,
+    driver_transactional_id,
     leftovers,
     lost_message,
+    not_open_message,
     plan_abort,
     plan_commit,
     query_prefix,
@@ -190,7 +197,9 @@ class SinkOptions:
         return opts.client_config(AdminConfig, self.kafka_params, only_known=True)
 
     def consumer_config(self) -> ConsumerConfig:
-        return opts.client_config(ConsumerConfig, self.kafka_params, only_known=True, isolation_level="read_uncommitted")
+        """The decision reader's: read_committed, so a decision counts only
+        once the driver's transaction that wrote it committed."""
+        return opts.client_config(ConsumerConfig, self.kafka_params, only_known=True, isolation_level="read_committed")
 
 
 @attrs.frozen
@@ -251,6 +260,7 @@ class TaskIdentity:
     batch_id: int
     partition: int
     attempt: int
+    stage_attempt: int = 0
 
     @classmethod
     def current(cls) -> "TaskIdentity":
@@ -263,7 +273,7 @@ class TaskIdentity:
         # The job group is the run id (StreamExecution sets it per start); without it, a fresh name per task stays safe.
         run_id = context.getLocalProperty("spark.jobGroup.id") or uuid.uuid4().hex
         batch = context.getLocalProperty("streaming.sql.batchId")
-        return cls(query_id, run_id, int(batch) if batch is not None else -1, context.partitionId(), context.attemptNumber())
+        return cls(query_id, run_id, int(batch) if batch is not None else -1, context.partitionId(), context.attemptNumber(), context.stageAttemptNumber())
 
 
 @attrs.frozen
@@ -373,14 +383,16 @@ def write_task(options: SinkOptions, columns: Columns, batches, task: TaskIdenti
             written.add(f"{metadata.topic}-{metadata.partition}")
 
     try:
+        if options.exactly_once:
+            producer = _task_producer(options, task)  # at task start: its id is this attempt's alone, fenced before any row
         for batch in batches:
             for topic, value, key, partition, headers, timestamp in rows_of(batch, columns, options.topic):
                 if producer is None:
                     producer = _task_producer(options, task)
                 producer.send(topic, value, key=key, partition=partition, headers=headers, timestamp=timestamp, on_delivery=delivered)
                 records += 1
-        if producer is None:
-            return SinkCommitMessage(task, None, 0)
+        if records == 0:
+            return SinkCommitMessage(task, None, 0)  # an open transaction with nothing in it has no partition: nothing to end
         crash_point(TASK_BEFORE_HANDLE)
         producer.flush()
         if failures:
@@ -424,7 +436,7 @@ def _task_producer(options: SinkOptions, task: TaskIdentity) -> Producer:
         if producer is None:
             producer = _IDEMPOTENT_PRODUCERS[config] = Producer(config=config)
         return producer
-    name = transactional_id(options.transactional_id_prefix, task.query_id, task.run_id, task.partition, task.attempt)
+    name = transactional_id(options.transactional_id_prefix, task.query_id, task.run_id, task.batch_id, task.partition, task.stage_attempt, task.attempt)
     producer = Producer(config=options.producer_config(transactional_id=name))
     try:
         producer.init_transactions()  # fences an earlier holder of the name and finishes what it left
@@ -442,24 +454,34 @@ _ENSURED_DECISION_TOPICS: set[tuple[str, str]] = set()
 
 
 class DriverClients:
-    """The driver's clients for commits: an admin client, the idempotent
-    producer of decision records and the consumer that reads the latest one.
+    """The driver's clients for commits: an admin client, the query's
+    transactional decision writer and the read_committed consumer that reads
+    the latest decision.
 
     Spark runs every commit of a query in one long-lived Python worker, so
     ``on_kept_clients`` keeps them from batch to batch: connections stay
-    open and the decision producer keeps its producer id (one InitProducerId
-    per process, not per batch). The latest decision is still read from the
-    topic at every commit, never remembered: another driver on the same
-    prefix, or a recreated topic, shows there."""
+    open. The decision writer is initialised again at every commit (which
+    fences any other driver of the query), and the latest decision is read
+    after that, never remembered: another driver, or a recreated topic,
+    shows there."""
 
     def __init__(self, options: SinkOptions):
+        self.options = options
         self.admin = AsyncAdmin(config=options.admin_config())
-        self.decision_producer = AsyncProducer(config=options.producer_config())
         self.decision_reader = AsyncConsumer(config=options.consumer_config())
+        self.decision_writers: dict[str, AsyncProducer] = {}  # query id -> its transactional decision writer
+
+    def decision_writer(self, query_id: str) -> AsyncProducer:
+        writer = self.decision_writers.get(query_id)
+        if writer is None:
+            name = driver_transactional_id(self.options.transactional_id_prefix, query_id)
+            writer = self.decision_writers[query_id] = AsyncProducer(config=self.options.producer_config(transactional_id=name))
+        return writer
 
     async def close(self) -> None:
         try:
-            await self.decision_producer.close()
+            for writer in self.decision_writers.values():
+                await writer.close()
             await self.decision_reader.close()
         finally:
             await self.admin.close()
@@ -471,6 +493,8 @@ class DriverClients:
 _KEPT_CLIENTS: dict[tuple[ProducerConfig, str], DriverClients] = {}
 _KEPT_CLIENTS_LOCK = threading.Lock()
 _driver_loop: LoopThread | None = None
+# (query, run) pairs whose first commit in this process cleaned up other runs' leftovers.
+_CLEANED_RUNS: set[tuple[str, str]] = set()
 
 
 def on_kept_clients(options: SinkOptions, work):
@@ -497,13 +521,18 @@ def on_kept_clients(options: SinkOptions, work):
 
 class DecisionLog:
     """The sink's decisions: a one-partition compacted topic keyed by the
-    prefix; the latest decision is its last record."""
+    prefix (several prefixes may share a ``decisionTopic``: each reads only
+    its own key), written by the query's transactional decision writer and
+    read read_committed: a decision exists once its transaction committed."""
+
+    SCAN_BACK = 64  # records read back from the end before scanning the whole partition for this prefix's latest
 
     def __init__(self, options: SinkOptions, clients: DriverClients):
         self.options = options
         self.clients = clients
         self.topic = options.decision_topic
         self.partition = TopicPartition(self.topic, 0)
+        self.key = options.transactional_id_prefix.encode()
 
     async def ensure(self) -> None:
         key = (self.options.bootstrap_servers, self.topic)
@@ -513,29 +542,49 @@ class DecisionLog:
         _ENSURED_DECISION_TOPICS.add(key)
 
     async def latest(self) -> Decision | None:
-        """The topic's last record (or None when it has none)."""
+        """This prefix's last committed decision (or None when it has none)."""
         consumer, tp = self.clients.decision_reader, self.partition
         ends, starts = await asyncio.gather(consumer.end_offsets([tp]), consumer.beginning_offsets([tp]))
-        end = ends[tp]
-        if end <= starts[tp]:
+        end, start = ends[tp], starts[tp]  # end: the last stable offset (read_committed)
+        if end <= start:
             return None
+        found = await self._last_of_mine(max(start, end - self.SCAN_BACK), end)
+        if found is None and end - self.SCAN_BACK > start:
+            found = await self._last_of_mine(start, end)
+        return None if found is None else Decision.from_bytes(found)
+
+    async def _last_of_mine(self, first: int, end: int) -> bytes | None:
+        consumer, tp = self.clients.decision_reader, self.partition
         if tp not in consumer.assignment():
             consumer.assign([tp])
-        consumer.seek(tp, end - 1)
+        consumer.seek(tp, first)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 60
-        while loop.time() < deadline:
+        mine = None
+        while await consumer.position(tp) < end:
+            if loop.time() > deadline:
+                raise SinkError(f"could not read the decisions at {self.topic}-0 up to offset {end}")
             for record in await consumer.poll(1.0):
-                if record.offset == end - 1:
-                    return Decision.from_bytes(record.value)
-        raise SinkError(f"could not read the latest decision at {self.topic}-0 offset {end - 1}")
+                if record.offset < end and record.key == self.key:
+                    mine = record.value
+        return mine
 
-    async def write(self, decision: Decision) -> None:
-        """Durable when this returns: acks=all, idempotent."""
-        producer = self.clients.decision_producer
-        delivery = await producer.send(self.topic, decision.to_bytes(), key=self.options.transactional_id_prefix.encode(), partition=0)
-        await producer.flush()
-        await delivery
+    async def write(self, writer: AsyncProducer, decision: Decision) -> None:
+        """Durable and visible when this returns: the decision writer's
+        transaction committed (acks=all)."""
+        try:
+            writer.begin_transaction()
+            await writer.send(self.topic, decision.to_bytes(), key=self.key, partition=0)
+            await writer.commit_transaction()
+        except (ProducerFencedError, InvalidProducerEpochError) as error:
+            raise fenced(decision.query_id, error) from error
+
+
+def fenced(query_id: str, error: BaseException) -> DriverFencedError:
+    return DriverFencedError(
+        f"another driver took over query {query_id}'s decisions ({error}): a second driver runs the same checkpoint "
+        f"(a stale one after a network partition, or one started twice); this one stops without deciding"
+    )
 
 
 class DriverCommit:
@@ -569,11 +618,27 @@ class DriverCommit:
             self.clients = None
             await clients.close()
 
+    async def _take_over(self, clients: DriverClients, query_id: str) -> AsyncProducer:
+        """Initialise the query's decision writer: any other driver is fenced
+        from here on, and a decision write of its still in flight is aborted
+        (or, if it was already being committed, completed) before we read."""
+        writer = clients.decision_writer(query_id)
+        try:
+            await writer.init_transactions()
+        except (ProducerFencedError, InvalidProducerEpochError) as error:
+            raise fenced(query_id, error) from error
+        return writer
+
+    async def _states(self, transactions) -> dict[str, HandleState]:
+        described = await self.clients.admin.describe_transactions_by_coordinator([t.transactional_id for t in transactions])
+        return {name: HandleState("Unknown") if d is None else HandleState(d.state, d.producer_id, d.producer_epoch) for name, d in described.items()}
+
     async def _commit(self, clients: DriverClients, messages: list[SinkCommitMessage], batch_id: int) -> None:
         query_id, run_id = messages[0].task.query_id, messages[0].task.run_id
         transactions = [m.transaction for m in messages if m.transaction is not None]
         decisions = DecisionLog(self.options, clients)
         await decisions.ensure()
+        writer = await self._take_over(clients, query_id)
         latest = await decisions.latest()
         try:
             plan = plan_commit(latest, query_id, batch_id, run_id, transactions)
@@ -581,25 +646,50 @@ class DriverCommit:
             await self._abort_each(transactions)
             raise
         decided = plan.commit
-        if plan.decide is not None:
-            decision = plan.decide
+        decision = plan.decide
+        if plan.reason == "recommit" and transactions and all_aborted(decided, await self._states(decided)):
+            # Every decided transaction of this batch is verified aborted, none committed: the re-run recomputed the whole batch.
+            log.warning("batch %s: its decided transactions were all aborted (none committed); deciding the re-run's instead", batch_id)
+            decision = Decision(query_id, batch_id, run_id, tuple(transactions))
+        if decision is not None:
             if self.options.commit_offsets_to_group:
                 decision = await self._with_offsets_transaction(decision)
-                decided = decision.transactions
+            await self._verify_open(decision, batch_id)
+            decided = decision.transactions
             self.crash_point(BEFORE_DECISION)
-            await decisions.write(decision)
+            await decisions.write(writer, decision)
             self.crash_point(AFTER_DECISION)
         lost = await self._commit_each(decided, batch_id)
-        await self._abort_leftovers(clients.admin, query_id, messages, decided)
+        first_of_run = (query_id, run_id) not in _CLEANED_RUNS
+        await self._abort_leftovers(clients.admin, query_id, None if first_of_run else run_id, messages, decided)
+        _CLEANED_RUNS.add((query_id, run_id))
         if lost:
             raise DecidedTransactionsLostError(lost_message(batch_id, [t for t, _ in lost], len(decided) - len(lost), len(decided), "; ".join(f"{t.transactional_id}: {why}" for t, why in lost)))
         self.crash_point(AFTER_ALL_COMMITS)
 
+    async def _verify_open(self, decision: Decision, batch_id: int) -> None:
+        """Right before the decision: every handle must be open with the
+        producer id and epoch its task reported. If one is not (the broker
+        aborted it on its timeout, a fence, anything), abort the rest and
+        decide nothing: the batch can still be re-run whole."""
+        states = await self._states(decision.transactions)
+        dead = dead_handles(decision.transactions, states)
+        if not dead:
+            return
+        dead_names = {t.transactional_id for t, _ in dead}
+        await self._abort_each(t for t in decision.transactions if t.transactional_id not in dead_names)
+        timeout_ms = int(self.options.kafka_params.get("transaction.timeout.ms", DEFAULT_TRANSACTION_TIMEOUT_MS))
+        raise BatchTransactionsNotOpenError(not_open_message(batch_id, dead, len(decision.transactions), timeout_ms))
+
     async def _abort_batch(self, clients: DriverClients, messages: list[SinkCommitMessage], batch_id: int) -> None:
-        """Never undoes a decision: finish a decided batch, abort the rest."""
+        """Never undoes a decision: finish a decided batch, abort the rest.
+        The decision writer is initialised first, so a decision write of
+        this batch whose outcome was unknown is settled before the read."""
         transactions = [m.transaction for m in messages if m.transaction is not None]
         query_id = messages[0].task.query_id if messages else ""
         try:
+            if query_id:
+                await self._take_over(clients, query_id)
             latest = await DecisionLog(self.options, clients).latest()
         except (KafkaError, SinkError, OSError) as error:
             log.warning("abort of batch %s: decisions unreadable (%s); leaving its transactions to the next commit's cleanup", batch_id, error)
@@ -649,15 +739,18 @@ class DriverCommit:
         finally:
             await producer.cluster.close()
 
-    async def _abort_leftovers(self, admin: AsyncAdmin, query_id: str, messages: list[SinkCommitMessage], decided) -> None:
-        """Abort this query's open transactions: failed attempts, the re-run
-        of a batch decided earlier, a crashed run's. Called after every
-        decided transaction is committed, so none of them is open."""
+    async def _abort_leftovers(self, admin: AsyncAdmin, query_id: str, run_id: str | None, messages: list[SinkCommitMessage], decided) -> None:
+        """Abort this run's open transactions (``run_id`` None: every run's
+        of this query, at a run's first commit): failed attempts, the re-run
+        of a batch decided earlier, zombie task attempts, a crashed run's.
+        Called after every decided transaction is committed, so none of them
+        is open; later commits touch only their own run's ids, so a stale
+        second driver cannot abort the live one's batch."""
         if not await lists_transactions(admin):
             await self._abort_known_leftovers(messages, decided)
             return
         listed = await admin.list_transactions(states=["Ongoing"])
-        names = leftovers([t.transactional_id for t in listed], self.options.transactional_id_prefix, query_id)
+        names = leftovers([t.transactional_id for t in listed], self.options.transactional_id_prefix, query_id, run_id=run_id)
         if not names:
             return
         for state in await admin.describe_transactions(names):
@@ -675,7 +768,7 @@ class DriverCommit:
         for message in messages:
             task = message.task
             for attempt in range(task.attempt):
-                name = transactional_id(self.options.transactional_id_prefix, task.query_id, task.run_id, task.partition, attempt)
+                name = transactional_id(self.options.transactional_id_prefix, task.query_id, task.run_id, task.batch_id, task.partition, task.stage_attempt, attempt)
                 fence = AsyncProducer(config=self.options.producer_config(transactional_id=name))
                 try:
                     await fence.init_transactions()
@@ -686,7 +779,7 @@ class DriverCommit:
         """Add a transaction carrying the source's end offsets of this batch
         to the consumer group, decided with the data."""
         offsets = read_source_offsets(self.options.checkpoint_location, decision.batch_id)
-        name = f"{query_prefix(self.options.transactional_id_prefix, decision.query_id)}{decision.run_id.replace('-', '')[:8]}-offsets"
+        name = f"{query_prefix(self.options.transactional_id_prefix, decision.query_id)}{decision.run_id.replace('-', '')[:8]}-{decision.batch_id}-offsets"
         producer = AsyncProducer(config=self.options.producer_config(transactional_id=name))
         try:
             await producer.init_transactions()

@@ -176,18 +176,39 @@ def test_batches_commit_exactly_once(broker):
 @pytest.mark.slow
 def test_a_task_never_writes_into_a_transaction_the_driver_left_open(broker):
     """Batch 0's transaction is still open (its driver never committed) when
-    the task of batch 1 on the same transactional id starts: the task fences
-    the id (aborting batch 0's), and batch 1's rows go to a transaction of
-    their own."""
+    the task of batch 1 starts: batch 1's rows go to a transaction of their
+    own (ids are unique per batch), and commit(1) aborts batch 0's."""
     writer = make_stream_writer(options(broker.bootstrap), KV)
     query, run = new_query()
     first = run_tasks(writer.options, [1, 2], 1, query, run, 0)
     second = run_tasks(writer.options, [3, 4], 1, query, run, 1)
-    assert second[0].transaction.transactional_id == first[0].transaction.transactional_id
-    assert second[0].transaction.producer_epoch > first[0].transaction.producer_epoch, "a new epoch: batch 0's transaction was fenced"
+    assert second[0].transaction.transactional_id != first[0].transaction.transactional_id
     writer.commit(second, 1)
     assert sorted(map(int, read_committed(broker.bootstrap))) == [3, 4]
     assert open_transactions(broker.bootstrap) == []
+
+
+@pytest.mark.slow
+def test_zombie_task_attempts_cannot_touch_a_handed_over_transaction(broker):
+    """Issue 27, item 1. Batch 1's task (stage attempt 1, after a failed stage
+    attempt) has handed its transaction to the driver; then three zombies
+    start late: a speculative loser of batch 0, a task of batch 1's failed
+    stage attempt 0 still running, and batch 1's task attempt 0 of that
+    stage. Before, the first two shared the handed-over transaction's id:
+    their InitProducerId aborted it and the driver's commit failed with
+    DecidedTransactionsLostError on every restart."""
+    writer = make_stream_writer(options(broker.bootstrap), KV)
+    query, run = new_query()
+    columns = validate_schema(KV, "out")
+    writer.commit(run_tasks(writer.options, [1, 2], 1, query, run, 0), 0)
+    handed = [write_task(writer.options, columns, iter([arrow_rows([3, 4])]), TaskIdentity(query, run, 1, 0, 1, stage_attempt=1))]
+    for zombie in (TaskIdentity(query, run, 0, 0, 0), TaskIdentity(query, run, 1, 0, 0, stage_attempt=0), TaskIdentity(query, run, 1, 0, 0, stage_attempt=1)):
+        write_task(writer.options, columns, iter([arrow_rows([90 + zombie.batch_id])]), zombie)
+    assert len(open_transactions(broker.bootstrap)) == 4
+    writer.commit(handed, 1)
+    assert sorted(map(int, read_committed(broker.bootstrap))) == [1, 2, 3, 4]
+    assert open_transactions(broker.bootstrap) == []  # the zombies' transactions were aborted by the commit's cleanup
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("point, hit, visible_before_restart", [(BEFORE_DECISION, 1, 0), (AFTER_DECISION, 1, 0), (AFTER_COMMIT, 1, 1), (AFTER_COMMIT, 2, 2), (AFTER_ALL_COMMITS, 1, 3)])
@@ -247,26 +268,76 @@ def test_abort_after_a_decision_finishes_the_batch(broker):
     assert open_transactions(broker.bootstrap) == []
     assert sorted(map(int, read_committed(broker.bootstrap))) == list(range(6))
 
+def wait_until_no_open_transactions(bootstrap, timeout=30):
+    deadline = time.monotonic() + timeout
+    while open_transactions(bootstrap):  # the broker aborts them after their timeout
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+
+
 @pytest.mark.slow
-def test_a_decided_transaction_that_timed_out_fails_loudly(broker):
+def test_a_batch_whose_transactions_timed_out_is_not_decided_and_reruns(broker):
+    """Issue 27, item 2: a batch that ran longer than the transaction
+    timeout. Before, its dead handles were decided anyway, the commit failed
+    with DecidedTransactionsLostError and every restart failed again. Now the
+    driver verifies every handle is open before deciding, decides nothing,
+    aborts the rest and says why; the re-run commits."""
     writer = make_stream_writer(options(broker.bootstrap, **{"kafka.transaction.timeout.ms": "1000"}), KV)
     query, run = new_query()
     messages = run_tasks(writer.options, list(range(6)), 2, query, run, 0)
+    wait_until_no_open_transactions(broker.bootstrap)
+    with pytest.raises(sink.BatchTransactionsNotOpenError) as failed:
+        writer.commit(messages, 0)
+    text = str(failed.value)
+    assert "batch 0: 2 of its 2 transactions were no longer open" in text and "Nothing was decided" in text
+    assert "kafka.transaction.timeout.ms (1000 ms)" in text and "maxOffsetsPerTrigger" in text
+    # One handle dead, one open: the open one is aborted, nothing decided.
+    late = run_tasks(writer.options, list(range(6)), 2, query, run, 0)
+    fence = Producer(broker.bootstrap, transactional_id=late[0].transaction.transactional_id)
+    fence.init_transactions()  # aborts late[0]'s transaction, as a timeout would
+    fence.close()
+    with pytest.raises(sink.BatchTransactionsNotOpenError, match="1 of its 2 transactions"):
+        writer.commit(late, 0)
+    assert open_transactions(broker.bootstrap) == []
+    rerun = run_tasks(writer.options, list(range(6)), 2, query, str(uuid.uuid4()), 0)
+    writer.commit(rerun, 0)
+    assert sorted(map(int, read_committed(broker.bootstrap))) == list(range(6))
 
+
+@pytest.mark.slow
+def test_a_decided_batch_whose_transactions_all_timed_out_is_decided_again(broker):
+    """Issue 27, item 2's recovery path: the driver died after deciding, and
+    the broker aborted every decided transaction before the restart. None
+    committed, and the re-run recomputed the whole batch: its handles are
+    decided instead (before, the query stayed wedged)."""
+    writer = make_stream_writer(options(broker.bootstrap, **{"kafka.transaction.timeout.ms": "1000"}), KV)
+    query, run = new_query()
+    messages = run_tasks(writer.options, list(range(6)), 2, query, run, 0)
     with pytest.raises(CrashPointReached):
         asyncio.run(DriverCommit(writer.options, Crash(AFTER_DECISION)).commit(messages, 0))
-    deadline = time.monotonic() + 30
-    while open_transactions(broker.bootstrap):  # the broker aborts them after the timeout
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
+    wait_until_no_open_transactions(broker.bootstrap)
+    writer.commit(run_tasks(writer.options, list(range(6)), 1, query, str(uuid.uuid4()), 0), 0)
+    assert sorted(map(int, read_committed(broker.bootstrap))) == list(range(6))
+    assert open_transactions(broker.bootstrap) == []
+
+
+@pytest.mark.slow
+def test_a_decided_batch_partly_committed_then_timed_out_fails_loudly(broker):
+    writer = make_stream_writer(options(broker.bootstrap, **{"kafka.transaction.timeout.ms": "1000"}), KV)
+    query, run = new_query()
+    messages = run_tasks(writer.options, list(range(6)), 2, query, run, 0)
+    with pytest.raises(CrashPointReached):
+        asyncio.run(DriverCommit(writer.options, Crash(AFTER_COMMIT, 1)).commit(messages, 0))
+    wait_until_no_open_transactions(broker.bootstrap)
     rerun = run_tasks(writer.options, list(range(6)), 1, query, str(uuid.uuid4()), 0)
     with pytest.raises(DecidedTransactionsLostError) as lost:
         writer.commit(rerun, 0)
     text = str(lost.value)
-    assert "batch 0 was decided but 2 of its 2 transactions" in text and "6 records" in text
-    assert "out-" in text and messages[0].transaction.transactional_id in text
-    assert read_committed(broker.bootstrap) == []  # nothing half-visible, and the re-run's transaction was aborted
+    assert "batch 0 was decided but 1 of its 2 transactions" in text and "(1 committed)" in text and "3 records" in text
+    assert messages[1].transaction.transactional_id in text
+    assert sorted(map(int, read_committed(broker.bootstrap))) == [0, 2, 4]  # the committed task's rows; the re-run's were aborted
     assert open_transactions(broker.bootstrap) == []
+
 
 @pytest.mark.slow
 def test_two_queries_on_one_prefix(broker):

@@ -9,6 +9,11 @@ import pytest
 
 from streaming.spark.decision import (
     Decision,
+    HandleState,
+    all_aborted,
+    dead_handles,
+    driver_transactional_id,
+    not_open_message,
     PrefixInUseError,
     SinkError,
     SinkTransaction,
@@ -56,7 +61,7 @@ def test_plan_commit_refuses_another_querys_prefix():
         (Decision(Q, 4, "run1", OLD), (), NEW),
         (Decision(Q, 5, "run1", OLD), OLD, NEW),  # decided: finished, never aborted
         (Decision(Q, 5, "run1", NEW), NEW, ()),  # commit raised after deciding these very handles
-        (Decision(OTHER, 5, "run1", OLD), (), NEW),
+        (Decision(OTHER, 5, "run1", OLD), (), ()),  # another query's latest: this driver cannot tell what is decided, so aborts nothing
     ],
 )
 def test_plan_abort_never_undoes_a_decision(latest, finish, abort):
@@ -65,20 +70,47 @@ def test_plan_abort_never_undoes_a_decision(latest, finish, abort):
     assert plan.abort == abort
 
 
-def test_transactional_ids_per_query_run_partition_attempt():
-    a = transactional_id("job", Q, "1b424c33-32d3-4289", 3, 0)
-    assert a == "job-6f1c0d2e0000-1b424c33-3"
-    assert transactional_id("job", Q, "1b424c33-32d3-4289", 3, 1) == a + "-a1"
-    assert transactional_id("job", Q, "ffff0000-32d3", 3, 0) != a  # a restart never reuses a name
+def test_transactional_ids_unique_per_run_batch_stage_attempt_partition_and_attempt():
+    a = transactional_id("job", Q, "1b424c33-32d3-4289", 7, 3)
+    assert a == "job-6f1c0d2e0000-1b424c33-7-3"
+    assert transactional_id("job", Q, "1b424c33-32d3-4289", 7, 3, 0, 1) == a + "-a1"
+    assert transactional_id("job", Q, "1b424c33-32d3-4289", 7, 3, 1, 0) == a + "-s1"  # a task of a later stage attempt
+    assert transactional_id("job", Q, "1b424c33-32d3-4289", 8, 3) != a  # the next batch: a zombie of batch 7 can never fence it
+    assert transactional_id("job", Q, "ffff0000-32d3", 7, 3) != a  # a restart never reuses a name
     assert a.startswith(query_prefix("job", Q))
-    assert not transactional_id("job", OTHER, "1b424c33", 3, 0).startswith(query_prefix("job", Q))
+    assert not transactional_id("job", OTHER, "1b424c33", 7, 3).startswith(query_prefix("job", Q))
+    assert driver_transactional_id("job", Q).startswith(query_prefix("job", Q))
 
 
-def test_leftovers_are_this_querys_only():
-    mine = [transactional_id("job", Q, "run1", p, 0) for p in range(3)]
-    others = [transactional_id("job", OTHER, "run1", 0, 0), transactional_id("job2", Q, "run1", 0, 0), "job-unrelated"]
-    assert leftovers(mine + others, "job", Q) == sorted(mine)
+def test_leftovers_are_this_querys_only_and_this_runs_only_when_asked():
+    mine = [transactional_id("job", Q, "run1", 0, p) for p in range(3)]
+    older_run = [transactional_id("job", Q, "run0", 0, 0)]
+    others = [transactional_id("job", OTHER, "run1", 0, 0), transactional_id("job2", Q, "run1", 0, 0), "job-unrelated", driver_transactional_id("job", Q)]
+    assert leftovers(mine + older_run + others, "job", Q) == sorted(mine + older_run)
+    assert leftovers(mine + older_run + others, "job", Q, run_id="run1") == sorted(mine)
     assert leftovers(mine, "job", Q, keep=mine[:1]) == sorted(mine[1:])
+
+
+def test_handles_are_judged_open_only_at_the_epoch_the_task_reported():
+    handed = (SinkTransaction("t0", 7, 3), SinkTransaction("t1", 8, 0), SinkTransaction("t2", 9, 0))
+    states = {"t0": HandleState("Ongoing", 7, 3), "t1": HandleState("CompleteAbort", 8, 1), "t2": HandleState("Ongoing", 9, 1)}
+    dead = dead_handles(handed, states)
+    assert [t.transactional_id for t, _ in dead] == ["t1", "t2"]  # aborted on its timeout; fenced and reopened by someone else
+    assert "CompleteAbort at producer 8 epoch 1, handed over at producer 8 epoch 0" in dead[0][1]
+    assert [t.transactional_id for t, _ in dead_handles(handed[:1] + (SinkTransaction("gone", 1, 0),), states)] == ["gone"]
+    text = not_open_message(4, dead, 3, 60000)
+    assert "batch 4: 2 of its 3 transactions" in text and "Nothing was decided" in text
+    assert "kafka.transaction.timeout.ms (60000 ms)" in text and "maxOffsetsPerTrigger" in text
+
+
+def test_a_decided_batch_counts_as_all_aborted_only_when_every_transaction_is():
+    decided = (SinkTransaction("t0", 7, 0), SinkTransaction("t1", 8, 0))
+    aborted = {"t0": HandleState("CompleteAbort", 7, 1), "t1": HandleState("PrepareAbort", 8, 1)}
+    assert all_aborted(decided, aborted)
+    assert not all_aborted(decided, {**aborted, "t1": HandleState("CompleteCommit", 8, 0)})  # one committed: never re-decided
+    assert not all_aborted(decided, {**aborted, "t1": HandleState("Ongoing", 8, 0)})
+    assert not all_aborted(decided, {"t0": aborted["t0"]})  # an id the coordinator no longer knows: cannot tell
+    assert not all_aborted((), {})
 
 
 def test_decision_record_round_trip_and_format_check():
