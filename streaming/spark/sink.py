@@ -576,8 +576,18 @@ class DecisionLog:
             writer.begin_transaction()
             await writer.send(self.topic, decision.to_bytes(), key=self.key, partition=0)
             await writer.commit_transaction()
-        except (ProducerFencedError, InvalidProducerEpochError) as error:
-            raise fenced(decision.query_id, error) from error
+        except KafkaError as error:  # fenced shows as such, or inside an abortable error of the send
+            if isinstance(error, (ProducerFencedError, InvalidProducerEpochError)) or await self._taken_over(writer):
+                raise fenced(decision.query_id, error) from error
+            raise
+
+    async def _taken_over(self, writer: AsyncProducer) -> bool:
+        """Whether another instance holds the decision writer's id now."""
+        try:
+            now = (await self.clients.admin.describe_transactions([writer.transactional_id]))[0]
+        except (KafkaError, OSError):
+            return False
+        return (now.producer_id, now.producer_epoch) != (writer.producer_id, writer.producer_epoch)
 
 
 def fenced(query_id: str, error: BaseException) -> DriverFencedError:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import pickle
+import threading
 import time
 import uuid
 
@@ -34,6 +35,7 @@ from streaming.spark.sink import (
     write_task,
 )
 from txn import Admin, Consumer, Producer, TopicPartition
+from txn.errors import KafkaError
 
 KV = StructType([StructField("key", StringType()), StructField("value", StringType())])
 
@@ -337,6 +339,90 @@ def test_a_decided_batch_partly_committed_then_timed_out_fails_loudly(broker):
     assert messages[1].transaction.transactional_id in text
     assert sorted(map(int, read_committed(broker.bootstrap))) == [0, 2, 4]  # the committed task's rows; the re-run's were aborted
     assert open_transactions(broker.bootstrap) == []
+
+
+@pytest.mark.slow
+def test_a_second_driver_on_the_same_query_fences_the_first(broker):
+    """Issue 27, item 3. Driver A has read the latest decision and is about
+    to decide batch 1 when driver B (same checkpoint: same query, another
+    run) commits its own batch 1. Before, A then decided batch 1 again over
+    B's (duplicates, or A's handles already aborted by B's cleanup: a wedge).
+    Now B's commit fenced A's decision writer: A stops with a clear error,
+    B's decision stands, every value once."""
+    writer = make_stream_writer(options(broker.bootstrap), KV)
+    query, run_a = new_query()
+    writer.commit(run_tasks(writer.options, [0, 1], 2, query, run_a, 0), 0)
+    run_b = str(uuid.uuid4())
+    mine = run_tasks(writer.options, [2, 3], 2, query, run_a, 1)
+    theirs = run_tasks(writer.options, [2, 3], 1, query, run_b, 1)
+
+    def second_driver_commits(name):
+        if name == BEFORE_DECISION:
+            other = threading.Thread(target=lambda: asyncio.run(DriverCommit(writer.options).commit(theirs, 1)))
+            other.start()
+            other.join()
+
+    with pytest.raises(sink.DriverFencedError, match="another driver took over query .* a second driver runs the same checkpoint"):
+        asyncio.run(DriverCommit(writer.options, second_driver_commits).commit(mine, 1))
+    assert sorted(map(int, read_committed(broker.bootstrap))) == [0, 1, 2, 3]
+    writer.commit(run_tasks(writer.options, [4], 1, query, run_b, 2), 2)  # B goes on
+    assert sorted(map(int, read_committed(broker.bootstrap))) == [0, 1, 2, 3, 4]
+    assert open_transactions(broker.bootstrap) == []
+
+
+@pytest.mark.slow
+def test_abort_after_an_in_doubt_decision_write(broker):
+    """Issue 27, item 4. A driver's decision write for batch 0 is in flight
+    (sent, its outcome unknown to the driver) when Spark calls abort(). The
+    abort first takes the decision writer over, which aborts the in-flight
+    write, so aborting the batch's transactions is safe: the stale write can
+    never land afterwards, and the re-run decides anew."""
+    writer = make_stream_writer(options(broker.bootstrap), KV)
+    query, run = new_query()
+    messages = run_tasks(writer.options, list(range(4)), 2, query, run, 0)
+
+    async def sequence():
+        stale = sink.DriverClients(writer.options)
+        try:
+            decisions = sink.DecisionLog(writer.options, stale)
+            await decisions.ensure()
+            in_flight = stale.decision_writer(query)
+            await in_flight.init_transactions()
+            in_flight.begin_transaction()
+            decision = sink.Decision(query, 0, run, tuple(m.transaction for m in messages))
+            await (await in_flight.send(decisions.topic, decision.to_bytes(), key=decisions.key, partition=0))
+            await DriverCommit(writer.options).abort(messages, 0)  # what Spark does after a commit that raised
+            with pytest.raises(KafkaError):
+                await in_flight.commit_transaction()  # the late landing of the stale write: fenced
+            assert await sink.DecisionLog(writer.options, stale).latest() is None
+        finally:
+            await stale.close()
+
+    asyncio.run(sequence())
+    assert open_transactions(broker.bootstrap) == []
+    writer.commit(run_tasks(writer.options, list(range(4)), 1, query, str(uuid.uuid4()), 0), 0)
+    assert sorted(map(int, read_committed(broker.bootstrap))) == list(range(4))
+
+
+@pytest.mark.slow
+def test_two_prefixes_share_a_decision_topic(broker):
+    """Issue 27, item 5. Before, the latest record of a shared decisionTopic
+    was read whatever its key: B's first commit was refused as a prefix in
+    use, and A's abort after deciding aborted its decided batch (loss). Each
+    prefix now reads its own key."""
+    a = make_stream_writer(options(broker.bootstrap, transactionalIdPrefix="a", decisionTopic="shared"), KV)
+    b = make_stream_writer(options(broker.bootstrap, transactionalIdPrefix="b", decisionTopic="shared"), KV)
+    query_a, run_a = new_query()
+    query_b, run_b = new_query()
+    a.commit(run_tasks(a.options, [0, 1], 2, query_a, run_a, 0), 0)
+    b.commit(run_tasks(b.options, [100, 101], 2, query_b, run_b, 0), 0)
+    decided = run_tasks(a.options, [2, 3], 2, query_a, run_a, 1)
+    with pytest.raises(CrashPointReached):
+        asyncio.run(DriverCommit(a.options, Crash(AFTER_DECISION)).commit(decided, 1))
+    b.commit(run_tasks(b.options, [102], 1, query_b, run_b, 1), 1)  # B's decision is now the topic's last record
+    a.abort(decided, 1)  # must finish A's decided batch 1, not abort it
+    assert sorted(map(int, read_committed(broker.bootstrap))) == [0, 1, 2, 3, 100, 101, 102]
+    assert open_transactions(broker.bootstrap, "a") == [] and open_transactions(broker.bootstrap, "b") == []
 
 
 @pytest.mark.slow
