@@ -37,6 +37,8 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     # composes (a DiskIO of storage's shape, the wire format), our clients.
     "faults": frozenset({"protocol", "storage", "coordinator", "groupcoord", "broker", "txn", "streaming"}),
     "onceflow": frozenset({"protocol", "storage", "coordinator", "groupcoord", "broker", "txn", "streaming", "faults"}),
+    # PySpark's auto-registration hook: only a name for streaming.spark's data source.
+    "pyspark_onceflow": frozenset({"streaming"}),
 }
 ROOMS = frozenset(MAY_IMPORT) | {"benchmarks"}
 

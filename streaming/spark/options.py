@@ -28,6 +28,7 @@ Shared by the source (``parse_source_options``) and the sink
 from __future__ import annotations
 
 import json
+import logging
 import re
 
 import attrs
@@ -36,6 +37,8 @@ from txn.config import AdminConfig, CommonConfig, ConsumerConfig, build
 from txn.errors import ConfigError
 from txn.security import is_security_option
 from txn.types import TopicPartition
+
+log = logging.getLogger(__name__)
 
 EARLIEST, LATEST = -2, -1  # the special offsets of Spark's offset JSON
 DEFAULT_MAX_TRIGGER_DELAY = "15m"
@@ -66,6 +69,20 @@ FORBIDDEN_SINK_PARAMS = {
 # The executors' consumers read whole ranges into Arrow batches: larger polls
 # and fetches than a record-at-a-time consumer's defaults (a kafka.* option wins).
 SOURCE_CONSUMER_DEFAULTS = {"max.poll.records": "32768", "max.partition.fetch.bytes": str(8 << 20)}
+
+
+# Java client tuning knobs a ported job may carry that mean nothing to our
+# clients: accepted and dropped with one warning naming them. Security
+# settings are never in this list: an unknown one stays an error.
+IGNORED_JAVA_CLIENT_OPTIONS = frozenset({
+    "retries", "max.block.ms", "buffer.memory", "default.api.timeout.ms", "receive.buffer.bytes", "send.buffer.bytes",
+    "reconnect.backoff.ms", "reconnect.backoff.max.ms", "connections.max.idle.ms", "metric.reporters", "metrics.num.samples",
+    "metrics.sample.window.ms", "metrics.recording.level", "client.dns.lookup", "socket.connection.setup.timeout.ms",
+    "socket.connection.setup.timeout.max.ms", "partitioner.class", "partitioner.ignore.keys", "partitioner.adaptive.partitioning.enable",
+    "check.crcs", "exclude.internal.topics", "allow.auto.create.topics", "client.rack", "group.id", "session.timeout.ms",
+    "heartbeat.interval.ms", "partition.assignment.strategy", "max.poll.interval.ms",
+})
+_warned_ignored: set[str] = set()
 
 
 class OptionError(ValueError):
@@ -114,13 +131,19 @@ def client_config(config_class: type[CommonConfig], params: dict[str, str], *, o
     is an ``OptionError`` naming it with its ``kafka.`` prefix."""
     known = {field.name for field in attrs.fields(config_class)}
     chosen: dict[str, str] = {}
-    unknown = []
+    unknown, ignored = [], []
     for name, value in params.items():
         field = name.replace(".", "_").replace("-", "_")
-        if field in known or is_security_option(name):
+        if name in IGNORED_JAVA_CLIENT_OPTIONS and not only_known:
+            ignored.append(f"kafka.{name}")
+        elif field in known or is_security_option(name):
             chosen[field] = value
         elif not only_known:
             unknown.append(f"kafka.{name}")
+    warn_now = sorted(set(ignored) - _warned_ignored)
+    if warn_now:
+        _warned_ignored.update(warn_now)
+        log.warning("Kafka option(s) %s mean nothing to onceflow's clients (Java client tuning): ignored", ", ".join(warn_now))
     if unknown:
         raise OptionError(
             f"Kafka option(s) {', '.join(sorted(unknown))} not supported by onceflow's {config_class.__name__} "
@@ -318,7 +341,7 @@ def parse_bool(options: dict, key: str, default: bool, name: str) -> bool:
     return value == "true"
 
 
-def parse_long(options: dict, key: str, name: str, *, default: int | None = None, positive: bool = False) -> int | None:
+def parse_long(options: dict, key: str, name: str, *, default: int | None = None, positive: bool = False, at_least: int | None = None) -> int | None:
     if key not in options:
         return default
     text = str(options[key]).strip()
@@ -328,6 +351,8 @@ def parse_long(options: dict, key: str, name: str, *, default: int | None = None
         raise OptionError(f"{name} must be a whole number, not {text!r}") from None
     if positive and value <= 0:
         raise OptionError(f"{name} must be positive")
+    if at_least is not None and value < at_least:
+        raise OptionError(f"{name} must be {at_least} or more, not {value}")
     return value
 
 
@@ -427,8 +452,8 @@ def parse_source_options(options, *, streaming: bool | None) -> SourceOptions:
         min_partitions=min_partitions,
         max_records_per_partition=max_records,
         poll_timeout_ms=parse_long(options, "kafkaconsumer.polltimeoutms", "kafkaConsumer.pollTimeoutMs", default=DEFAULT_POLL_TIMEOUT_MS, positive=True),
-        fetch_offset_num_retries=parse_long(options, "fetchoffset.numretries", "fetchOffset.numRetries", default=3),
-        fetch_offset_retry_interval_ms=parse_long(options, "fetchoffset.retryintervalms", "fetchOffset.retryIntervalMs", default=1000),
+        fetch_offset_num_retries=parse_long(options, "fetchoffset.numretries", "fetchOffset.numRetries", default=3, at_least=0),
+        fetch_offset_retry_interval_ms=parse_long(options, "fetchoffset.retryintervalms", "fetchOffset.retryIntervalMs", default=1000, at_least=0),
     )
 
 

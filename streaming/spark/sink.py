@@ -25,7 +25,7 @@ Options (Spark's Kafka sink names where Spark has one):
 | kafka.bootstrap.servers | required | brokers |
 | topic | none | overrides the ``topic`` column |
 | deliveryGuarantee | exactly_once | or at_least_once |
-| transactionalIdPrefix | required for exactly_once | unique per query (per checkpoint) |
+| transactionalIdPrefix | derived from checkpointLocation | unique per query (per checkpoint); required for exactly_once without a checkpointLocation option |
 | kafka.transaction.timeout.ms | 900000 | must exceed a batch plus the longest restart |
 | commitOffsetsToGroup | none | group id: the source's end offsets of the batch are committed to it in the batch's decision |
 | decisionTopic | onceflow.decisions.{prefix} | where decisions are recorded |
@@ -168,16 +168,19 @@ class SinkOptions:
         if guarantee not in (EXACTLY_ONCE, AT_LEAST_ONCE):
             raise opts.OptionError(f"deliveryGuarantee must be {EXACTLY_ONCE} or {AT_LEAST_ONCE}, not {guarantee!r}")
         prefix = lowered.get("transactionalidprefix") or None
+        checkpoint = lowered.get("checkpointlocation") or None
         if guarantee == EXACTLY_ONCE and not prefix:
-            raise opts.OptionError(
-                "deliveryGuarantee=exactly_once needs option 'transactionalIdPrefix': a name unique to this query "
-                "(its transactions and its decision record are named after it)"
-            )
+            if checkpoint is None:
+                raise opts.OptionError(
+                    "deliveryGuarantee=exactly_once needs option 'transactionalIdPrefix' (a name unique to this query: its "
+                    "transactions and its decision record are named after it) or a checkpointLocation option to derive one "
+                    "from; deliveryGuarantee=at_least_once needs neither"
+                )
+            prefix = default_prefix(checkpoint)
         decision_topic = lowered.get("decisiontopic") or (f"onceflow.decisions.{prefix}" if prefix else None)
         if guarantee == EXACTLY_ONCE and not TOPIC_NAME.match(decision_topic):
             raise opts.OptionError(f"decision topic {decision_topic!r} is not a legal topic name: use letters, digits, '.', '_' and '-' in transactionalIdPrefix, or set decisionTopic")
         group = lowered.get("commitoffsetstogroup") or None
-        checkpoint = lowered.get("checkpointlocation") or None
         if group is not None:
             if guarantee != EXACTLY_ONCE:
                 raise opts.OptionError("commitOffsetsToGroup needs deliveryGuarantee=exactly_once (the offsets commit in the batch's transactions)")
@@ -200,6 +203,19 @@ class SinkOptions:
         """The decision reader's: read_committed, so a decision counts only
         once the driver's transaction that wrote it committed."""
         return opts.client_config(ConsumerConfig, self.kafka_params, only_known=True, isolation_level="read_committed")
+
+
+def default_prefix(checkpoint_location: str) -> str:
+    """``transactionalIdPrefix`` when none is given: stable for a checkpoint
+    (a query's identity in Spark) and different for every other, so a job
+    ported from ``format("kafka")`` needs no new option. Moving or renaming
+    the checkpoint changes it: set the option to keep a query's name."""
+    import hashlib
+
+    path = checkpoint_location[len("file:"):] if checkpoint_location.startswith("file:") else checkpoint_location
+    if "://" not in path:
+        path = os.path.abspath(path)
+    return "onceflow-" + hashlib.sha256(path.encode()).hexdigest()[:16]
 
 
 @attrs.frozen

@@ -48,7 +48,7 @@ def options(bootstrap="127.0.0.1:9", **extra):
     "given, message",
     [
         ({"topic": "t"}, "'kafka.bootstrap.servers' must be specified for configuring Kafka producer"),
-        ({"kafka.bootstrap.servers": "h:1"}, "needs option 'transactionalIdPrefix'"),
+        ({"kafka.bootstrap.servers": "h:1"}, "needs option 'transactionalIdPrefix' .* or a checkpointLocation option to derive one from; deliveryGuarantee=at_least_once needs neither"),
         (options(deliveryGuarantee="twice"), "deliveryGuarantee must be exactly_once or at_least_once"),
         (options(**{"kafka.key.serializer": "x"}), "'key.serializer' is not supported as keys are serialized with ByteArraySerializer"),
         (options(**{"kafka.transactional.id": "x"}), "set transactionalIdPrefix"),
@@ -62,6 +62,20 @@ def options(bootstrap="127.0.0.1:9", **extra):
 def test_bad_options_are_refused_with_a_reason(given, message):
     with pytest.raises(OptionError, match=message):
         SinkOptions.parse(given)
+
+def test_the_prefix_defaults_to_one_derived_from_the_checkpoint(tmp_path, monkeypatch):
+    """A job ported from format("kafka") has a checkpointLocation and no
+    transactionalIdPrefix: the prefix is derived from the checkpoint's
+    absolute path, stable across restarts, distinct per checkpoint."""
+    monkeypatch.chdir(tmp_path)
+    given = {"kafka.bootstrap.servers": "h:1", "topic": "out"}
+    first = SinkOptions.parse({**given, "checkpointLocation": "ckpt"})
+    assert first.transactional_id_prefix.startswith("onceflow-") and first.decision_topic == f"onceflow.decisions.{first.transactional_id_prefix}"
+    assert SinkOptions.parse({**given, "checkpointLocation": str(tmp_path / "ckpt")}).transactional_id_prefix == first.transactional_id_prefix
+    assert SinkOptions.parse({**given, "checkpointLocation": "file:" + str(tmp_path / "ckpt")}).transactional_id_prefix == first.transactional_id_prefix
+    assert SinkOptions.parse({**given, "checkpointLocation": "other"}).transactional_id_prefix != first.transactional_id_prefix
+    assert SinkOptions.parse({**given, "checkpointLocation": "ckpt", "transactionalIdPrefix": "mine"}).transactional_id_prefix == "mine"
+
 
 def test_options_defaults_and_passthrough():
     parsed = SinkOptions.parse({"KAFKA.BOOTSTRAP.SERVERS": "h:1", "kafka.linger.ms": "20", "transactionalidprefix": "job"})

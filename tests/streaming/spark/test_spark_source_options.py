@@ -81,8 +81,8 @@ def test_forbidden_and_missing_kafka_params():
     assert "values are deserialized as byte arrays" in error(**{"kafka.value.deserializer": "x"})
     assert error(**{"kafka.enable.auto.commit": "true"}) == "Kafka option 'enable.auto.commit' is not supported"
     assert error(**{"kafka.interceptor.classes": "x"}) == "Kafka option 'interceptor.classes' is not supported"
-    unknown = error(**{"kafka.sasl.kerberos.service.name": "kafka", "kafka.metric.reporters": "x"})
-    assert "kafka.metric.reporters, kafka.sasl.kerberos.service.name not supported by onceflow's ConsumerConfig" in unknown
+    unknown = error(**{"kafka.sasl.kerberos.service.name": "kafka", "kafka.no.such.thing": "x"})
+    assert "kafka.no.such.thing, kafka.sasl.kerberos.service.name not supported by onceflow's ConsumerConfig" in unknown
     assert "security_protocol must be one of PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL, not 'TLS'" in error(**{"kafka.security.protocol": "TLS"})
     assert "invalid Kafka option" in error(**{"kafka.isolation.level": "serializable"})
     with pytest.raises(opts.OptionError, match="serialized with ByteArraySerializer"):
@@ -134,3 +134,20 @@ def test_offsets_json_round_trip():
     import json
 
     assert opts.offsets_from_json(json.loads(json.dumps(as_json))) == offsets
+
+
+def test_java_client_tuning_options_are_accepted_with_one_warning(caplog, monkeypatch):
+    """A job ported from format("kafka") keeps its Java client knobs: they
+    mean nothing here, so they are dropped with one warning naming them."""
+    monkeypatch.setattr(opts, "_warned_ignored", set())
+    caplog.set_level("WARNING", logger="streaming.spark.options")
+    java = {"kafka.retries": "5", "kafka.max.block.ms": "1000", "kafka.metric.reporters": "x", "kafka.group.id": "g"}
+    parse(**java)
+    parse(**java)
+    warnings = [r.getMessage() for r in caplog.records if "mean nothing to onceflow" in r.getMessage()]
+    assert len(warnings) == 1 and all(name in warnings[0] for name in java)
+
+
+def test_retry_options_are_checked_not_left_to_fail_later():
+    assert error(**{"fetchOffset.numRetries": "-1"}) == "fetchOffset.numRetries must be 0 or more, not -1"
+    assert error(**{"fetchOffset.retryIntervalMs": "-5"}) == "fetchOffset.retryIntervalMs must be 0 or more, not -5"
