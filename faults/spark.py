@@ -181,7 +181,7 @@ def committed_batches(checkpoint: str) -> int:
 def committed_source_offsets(checkpoint: str) -> dict[tuple[str, int], int]:
     """The source offsets the last committed batch reached: ``{(topic,
     partition): next offset}`` (empty before the first commit)."""
-    from streaming.spark.sink import read_source_offsets
+    from streaming.spark.checkpoint import read_source_offsets
 
     batch = committed_batches(checkpoint)
     if batch < 0:

@@ -2,8 +2,9 @@
 the way Spark's Kafka connector checks them, so existing jobs port by
 changing ``format("kafka")`` to ``format("onceflow")``.
 
-Shared by the source (``parse_source_options``) and the sink
-(``kafka_params``, ``reject_forbidden_sink_params``, ``client_config``).
+The source's (``parse_source_options``) and the sink's (``SinkOptions``,
+the streaming and the batch writer's), in one place as Spark's
+KafkaSourceProvider holds both.
 
 - Option names are Spark's, case-insensitive (PySpark hands them over
   lowercased). A source option we do not know is ignored, as Spark ignores
@@ -27,13 +28,15 @@ Shared by the source (``parse_source_options``) and the sink
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import os
 import re
 
 import attrs
 
-from txn.config import AdminConfig, CommonConfig, ConsumerConfig, build
+from txn.config import AdminConfig, CommonConfig, ConsumerConfig, ProducerConfig, build
 from txn.errors import ConfigError
 from txn.security import is_security_option
 from txn.types import TopicPartition
@@ -473,3 +476,100 @@ def _check_range(starting: OffsetLimit, ending: OffsetLimit) -> None:
     for tp, first in start.items():
         if first >= 0 and end[tp] >= 0 and first > end[tp]:
             raise OptionError(f"The specified starting {what} {first} is greater than the ending {what} {end[tp]} for {tp}")
+
+
+# -- the sink's options -------------------------------------------------------------------------
+
+EXACTLY_ONCE, AT_LEAST_ONCE = "exactly_once", "at_least_once"
+DEFAULT_TRANSACTION_TIMEOUT_MS = 900_000
+# Besides Spark's own refusals (FORBIDDEN_SINK_PARAMS), what the sink sets itself.
+FORBIDDEN_SINK_OWNED_PARAMS = {
+    "transactional.id": "Kafka option 'transactional.id' is not supported: set transactionalIdPrefix, the sink names one transactional id per task",
+    "enable.idempotence": "Kafka option 'enable.idempotence' is not supported: the sink's producers are always idempotent (deliveryGuarantee chooses transactions)",
+}
+TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")  # fullmatch: "$" would let a trailing newline through
+
+
+@attrs.frozen
+class SinkOptions:
+    kafka_params: dict = attrs.field(eq=False)  # Kafka client properties (kafka.* without the prefix)
+    topic: str | None
+    delivery_guarantee: str
+    transactional_id_prefix: str | None
+    decision_topic: str | None
+    commit_offsets_to_group: str | None
+    checkpoint_location: str | None
+    crash_point_hook: str | None
+
+    @property
+    def exactly_once(self) -> bool:
+        return self.delivery_guarantee == EXACTLY_ONCE
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return self.kafka_params["bootstrap.servers"]
+
+    @classmethod
+    def parse(cls, options) -> "SinkOptions":
+        """From Spark's options (a case-insensitive mapping of strings);
+        every problem is an ``OptionError`` raised here, on the driver."""
+        lowered = lowercase(options)
+        params = kafka_params(lowered)
+        require_bootstrap_servers(params, "producer")
+        reject_forbidden_sink_params(params)
+        for name, message in FORBIDDEN_SINK_OWNED_PARAMS.items():
+            if name in params:
+                raise OptionError(message)
+        params.setdefault("transaction.timeout.ms", str(DEFAULT_TRANSACTION_TIMEOUT_MS))
+        guarantee = str(lowered.get("deliveryguarantee", EXACTLY_ONCE)).lower()
+        if guarantee not in (EXACTLY_ONCE, AT_LEAST_ONCE):
+            raise OptionError(f"deliveryGuarantee must be {EXACTLY_ONCE} or {AT_LEAST_ONCE}, not {guarantee!r}")
+        prefix = lowered.get("transactionalidprefix") or None
+        checkpoint = lowered.get("checkpointlocation") or None
+        if guarantee == EXACTLY_ONCE and not prefix:
+            if checkpoint is None:
+                raise OptionError(
+                    "deliveryGuarantee=exactly_once needs option 'transactionalIdPrefix' (a name unique to this query: its "
+                    "transactions and its decision record are named after it) or a checkpointLocation option to derive one "
+                    "from; deliveryGuarantee=at_least_once needs neither"
+                )
+            prefix = default_prefix(checkpoint)
+        decision_topic = lowered.get("decisiontopic") or (f"onceflow.decisions.{prefix}" if prefix else None)
+        if guarantee == EXACTLY_ONCE and not TOPIC_NAME.fullmatch(decision_topic):
+            raise OptionError(f"decision topic {decision_topic!r} is not a legal topic name: use letters, digits, '.', '_' and '-' in transactionalIdPrefix, or set decisionTopic")
+        group = lowered.get("commitoffsetstogroup") or None
+        if group is not None:
+            if guarantee != EXACTLY_ONCE:
+                raise OptionError("commitOffsetsToGroup needs deliveryGuarantee=exactly_once (the offsets commit in the batch's transactions)")
+            if checkpoint is None:
+                raise OptionError(
+                    "commitOffsetsToGroup needs .option('checkpointLocation', ...) on this writeStream: the sink reads the batch's "
+                    "source end offsets from the checkpoint's offset log"
+                )
+        parsed = cls(params, lowered.get("topic") or None, guarantee, prefix, decision_topic, group, checkpoint, lowered.get("crashpointhook") or None)
+        parsed.producer_config(transactional_id=prefix and f"{prefix}-check")  # unknown or bad kafka.* settings fail here
+        return parsed
+
+    def producer_config(self, transactional_id: str | None = None) -> ProducerConfig:
+        return client_config(ProducerConfig, self.kafka_params, transactional_id=transactional_id)
+
+    def admin_config(self) -> AdminConfig:
+        return client_config(AdminConfig, self.kafka_params, only_known=True)
+
+    def consumer_config(self) -> ConsumerConfig:
+        """The decision reader's: read_committed, so a decision counts only
+        once the driver's transaction that wrote it committed."""
+        return client_config(ConsumerConfig, self.kafka_params, only_known=True, isolation_level="read_committed")
+
+
+def default_prefix(checkpoint_location: str) -> str:
+    """``transactionalIdPrefix`` when none is given: stable for a checkpoint
+    (a query's identity in Spark) and different for every other, so a job
+    ported from ``format("kafka")`` needs no new option. Moving or renaming
+    the checkpoint changes it: set the option to keep a query's name."""
+    path = checkpoint_location[len("file:"):] if checkpoint_location.startswith("file:") else checkpoint_location
+    if "://" not in path:
+        path = os.path.abspath(path)
+    return "onceflow-" + hashlib.sha256(path.encode()).hexdigest()[:16]
+
+

@@ -17,23 +17,14 @@ import pytest
 from pyspark.sql.types import ArrayType, BinaryType, IntegerType, LongType, StringType, StructField, StructType
 
 from faults.points import CrashPointReached
-from streaming.spark import sink
-from streaming.spark.options import OptionError
+from streaming.spark import decision, sink, sink_driver, sink_task
+from streaming.spark.checkpoint import read_source_offsets
+from streaming.spark.crashpoints import AFTER_ALL_COMMITS, AFTER_COMMIT, AFTER_DECISION, BEFORE_DECISION, TASK_BEFORE_HANDLE
 from streaming.spark.decision import DecidedTransactionsLostError, PrefixInUseError
-from streaming.spark.sink import (
-    AFTER_ALL_COMMITS,
-    AFTER_COMMIT,
-    AFTER_DECISION,
-    BEFORE_DECISION,
-    TASK_BEFORE_HANDLE,
-    DriverCommit,
-    SinkOptions,
-    TaskIdentity,
-    make_stream_writer,
-    read_source_offsets,
-    validate_schema,
-    write_task,
-)
+from streaming.spark.options import DEFAULT_TRANSACTION_TIMEOUT_MS, OptionError, SinkOptions
+from streaming.spark.sink import make_stream_writer, validate_schema
+from streaming.spark.sink_driver import DriverCommit
+from streaming.spark.sink_task import TaskIdentity, write_task
 from txn import Admin, Consumer, Producer, TopicPartition
 from txn.errors import KafkaError
 
@@ -81,7 +72,7 @@ def test_options_defaults_and_passthrough():
     parsed = SinkOptions.parse({"KAFKA.BOOTSTRAP.SERVERS": "h:1", "kafka.linger.ms": "20", "transactionalidprefix": "job"})
     assert parsed.exactly_once and parsed.topic is None and parsed.decision_topic == "onceflow.decisions.job"
     config = parsed.producer_config(transactional_id="x")
-    assert config.linger_ms == 20 and config.transaction_timeout_ms == sink.DEFAULT_TRANSACTION_TIMEOUT_MS
+    assert config.linger_ms == 20 and config.transaction_timeout_ms == DEFAULT_TRANSACTION_TIMEOUT_MS
     lenient = SinkOptions.parse({"kafka.bootstrap.servers": "h:1", "deliveryGuarantee": "AT_LEAST_ONCE"})
     assert not lenient.exactly_once and lenient.transactional_id_prefix is None
 
@@ -113,7 +104,7 @@ def test_writer_and_messages_pickle():
     writer = make_stream_writer(options(), KV, False)
     again = pickle.loads(pickle.dumps(writer))
     assert again.options == writer.options and again.columns == writer.columns
-    message = sink.SinkCommitMessage(TaskIdentity("q", "r", 1, 0, 0), None, 0)
+    message = sink_task.SinkCommitMessage(TaskIdentity("q", "r", 1, 0, 0), None, 0)
     assert pickle.loads(pickle.dumps(message)) == message
 
 # -- the protocol against a real broker ------------------------------------------------------
@@ -258,7 +249,7 @@ def test_failed_task_attempt_and_crashed_run_leftovers_are_aborted(broker):
     with pytest.raises(CrashPointReached):
         run_tasks(writer.options, [100, 101], 1, query, run, 0, crash=Crash(TASK_BEFORE_HANDLE))
     # ... and one whose process died: its transaction stays open and holds the LSO.
-    zombie = Producer(broker.bootstrap, transactional_id=sink.transactional_id("job", query, "deadbeef", 0, 1))
+    zombie = Producer(broker.bootstrap, transactional_id=decision.transactional_id("job", query, "deadbeef", 0, 1))
     zombie.init_transactions()
     zombie.begin_transaction()
     zombie.send("out", b"200", partition=0)
@@ -302,7 +293,7 @@ def test_a_batch_whose_transactions_timed_out_is_not_decided_and_reruns(broker):
     query, run = new_query()
     messages = run_tasks(writer.options, list(range(6)), 2, query, run, 0)
     wait_until_no_open_transactions(broker.bootstrap)
-    with pytest.raises(sink.BatchTransactionsNotOpenError) as failed:
+    with pytest.raises(decision.BatchTransactionsNotOpenError) as failed:
         writer.commit(messages, 0)
     text = str(failed.value)
     assert "batch 0: 2 of its 2 transactions were no longer open" in text and "Nothing was decided" in text
@@ -312,7 +303,7 @@ def test_a_batch_whose_transactions_timed_out_is_not_decided_and_reruns(broker):
     fence = Producer(broker.bootstrap, transactional_id=late[0].transaction.transactional_id)
     fence.init_transactions()  # aborts late[0]'s transaction, as a timeout would
     fence.close()
-    with pytest.raises(sink.BatchTransactionsNotOpenError, match="1 of its 2 transactions"):
+    with pytest.raises(decision.BatchTransactionsNotOpenError, match="1 of its 2 transactions"):
         writer.commit(late, 0)
     assert open_transactions(broker.bootstrap) == []
     rerun = run_tasks(writer.options, list(range(6)), 2, query, str(uuid.uuid4()), 0)
@@ -376,7 +367,7 @@ def test_a_second_driver_on_the_same_query_fences_the_first(broker):
             other.start()
             other.join()
 
-    with pytest.raises(sink.DriverFencedError, match="another driver took over query .* a second driver runs the same checkpoint"):
+    with pytest.raises(decision.DriverFencedError, match="another driver took over query .* a second driver runs the same checkpoint"):
         asyncio.run(DriverCommit(writer.options, second_driver_commits).commit(mine, 1))
     assert sorted(map(int, read_committed(broker.bootstrap))) == [0, 1, 2, 3]
     writer.commit(run_tasks(writer.options, [4], 1, query, run_b, 2), 2)  # B goes on
@@ -396,19 +387,19 @@ def test_abort_after_an_in_doubt_decision_write(broker):
     messages = run_tasks(writer.options, list(range(4)), 2, query, run, 0)
 
     async def sequence():
-        stale = sink.DriverClients(writer.options)
+        stale = sink_driver.DriverClients(writer.options)
         try:
-            decisions = sink.DecisionLog(writer.options, stale)
+            decisions = sink_driver.DecisionLog(writer.options, stale)
             await decisions.ensure()
             in_flight = stale.decision_writer(query)
             await in_flight.init_transactions()
             in_flight.begin_transaction()
-            decision = sink.Decision(query, 0, run, tuple(m.transaction for m in messages))
-            await (await in_flight.send(decisions.topic, decision.to_bytes(), key=decisions.key, partition=0))
+            record = decision.Decision(query, 0, run, tuple(m.transaction for m in messages))
+            await (await in_flight.send(decisions.topic, record.to_bytes(), key=decisions.key, partition=0))
             await DriverCommit(writer.options).abort(messages, 0)  # what Spark does after a commit that raised
             with pytest.raises(KafkaError):
                 await in_flight.commit_transaction()  # the late landing of the stale write: fenced
-            assert await sink.DecisionLog(writer.options, stale).latest() is None
+            assert await sink_driver.DecisionLog(writer.options, stale).latest() is None
         finally:
             await stale.close()
 
@@ -490,7 +481,7 @@ def test_leftovers_without_list_transactions(broker, monkeypatch):
     async def old_broker(admin):
         return False
 
-    monkeypatch.setattr(sink, "lists_transactions", old_broker)
+    monkeypatch.setattr(sink_driver, "lists_transactions", old_broker)
     writer = make_stream_writer(options(broker.bootstrap), KV)
     query, run1 = new_query()
     first = run_tasks(writer.options, list(range(6)), 2, query, run1, 0)
@@ -498,7 +489,7 @@ def test_leftovers_without_list_transactions(broker, monkeypatch):
         asyncio.run(DriverCommit(writer.options, Crash(AFTER_DECISION)).commit(first, 0))
     run2 = str(uuid.uuid4())
     # The re-run: partition 0's first attempt died with its transaction open; its second attempt wrote.
-    dead = Producer(broker.bootstrap, transactional_id=sink.transactional_id("job", query, run2, 0, 0))
+    dead = Producer(broker.bootstrap, transactional_id=decision.transactional_id("job", query, run2, 0, 0))
     dead.init_transactions()
     dead.begin_transaction()
     dead.send("out", b"99", partition=0)
