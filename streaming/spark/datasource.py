@@ -2,8 +2,8 @@
 driver and on executors, from the options the user gave.
 
 ``register(spark)`` (in ``streaming.spark``) makes ``format("onceflow")``
-available; reads go to ``streaming.spark.source``, streaming writes to
-``streaming.spark.sink``. The instance holds only its options, so it pickles.
+available; reads go to ``streaming.spark.source``, writes (streaming, and
+batch ``df.write`` with mode append) to ``streaming.spark.sink``. The instance holds only its options, so it pickles.
 """
 
 from __future__ import annotations
@@ -38,6 +38,11 @@ class OnceflowDataSource(DataSource):
         from streaming.spark.source import OnceflowBatchReader
 
         return OnceflowBatchReader(opts.parse_source_options(self.options, streaming=False), schema)
+
+    def writer(self, schema: StructType, overwrite: bool):
+        from streaming.spark.sink import make_batch_writer
+
+        return make_batch_writer(self.options, schema, overwrite)
 
     def streamWriter(self, schema: StructType, overwrite: bool):
         from streaming.spark.sink import make_stream_writer  # the sink's own module, loaded only when writing

@@ -224,17 +224,20 @@ def run_prefix(prefix: str, query_id: str, run_id: str) -> str:
     return f"{query_prefix(prefix, query_id)}{run_id.replace('-', '')[:8]}-"
 
 
-def transactional_id(prefix: str, query_id: str, run_id: str, batch_id: int, partition: int, stage_attempt: int = 0, attempt: int = 0) -> str:
-    """A task's transactional id, unique to its run, batch, stage attempt,
-    partition and task attempt: no task attempt, however late (a lost
-    executor's, a speculative loser, a task of a failed stage attempt still
-    running), shares an id with a transaction handed to the driver, so its
-    InitProducerId can only fence itself. Re-committing an earlier run's
-    handle stays idempotent (the run id changes per start). The broker keeps
-    one id per task and batch until ``transactional.id.expiration.ms``."""
+def transactional_id(prefix: str, query_id: str, run_id: str, batch_id: int, partition: int, attempt: int = 0, task_attempt_id: int = -1) -> str:
+    """A task's transactional id, unique to its run, batch, partition and
+    task attempt: no task attempt, however late (a lost executor's, a
+    speculative loser, a task of a failed stage attempt still running),
+    shares an id with a transaction handed to the driver, so its
+    InitProducerId can only fence itself. The attempt is Spark's
+    ``taskAttemptId`` (unique to every task attempt of the application,
+    across stage attempts, which PySpark's TaskContext does not number),
+    else the attempt number. Re-committing an earlier run's handle stays
+    idempotent (the run id changes per start). The broker keeps one id per
+    task and batch until ``transactional.id.expiration.ms``."""
     name = f"{run_prefix(prefix, query_id, run_id)}{batch_id}-{partition}"
-    if stage_attempt:
-        name += f"-s{stage_attempt}"
+    if task_attempt_id >= 0:
+        return f"{name}-t{task_attempt_id}"
     return name if attempt == 0 else f"{name}-a{attempt}"
 
 

@@ -500,6 +500,8 @@ class SinkOptions:
     commit_offsets_to_group: str | None
     checkpoint_location: str | None
     crash_point_hook: str | None
+    txn_app_id: str | None = None  # batch writes: the application whose versions are written once each
+    txn_version: int | None = None
 
     @property
     def exactly_once(self) -> bool:
@@ -510,9 +512,11 @@ class SinkOptions:
         return self.kafka_params["bootstrap.servers"]
 
     @classmethod
-    def parse(cls, options) -> "SinkOptions":
+    def parse(cls, options, *, batch_write: bool = False) -> "SinkOptions":
         """From Spark's options (a case-insensitive mapping of strings);
-        every problem is an ``OptionError`` raised here, on the driver."""
+        every problem is an ``OptionError`` raised here, on the driver.
+        ``batch_write``: for ``df.write`` (a job, not a query: no checkpoint;
+        ``txnAppId``/``txnVersion`` name it for idempotence)."""
         lowered = lowercase(options)
         params = kafka_params(lowered)
         require_bootstrap_servers(params, "producer")
@@ -526,6 +530,13 @@ class SinkOptions:
             raise OptionError(f"deliveryGuarantee must be {EXACTLY_ONCE} or {AT_LEAST_ONCE}, not {guarantee!r}")
         prefix = lowered.get("transactionalidprefix") or None
         checkpoint = lowered.get("checkpointlocation") or None
+        app_id, version = lowered.get("txnappid") or None, parse_long(lowered, "txnversion", "txnVersion", at_least=0)
+        if (app_id is None) != (version is None):
+            raise OptionError("txnAppId and txnVersion go together: the application's name and this write's version (in foreachBatch, the batch id)")
+        if app_id is not None and not batch_write:
+            raise OptionError("txnAppId and txnVersion are options of batch writes (df.write, as in foreachBatch); a streaming query is named by its checkpoint")
+        if guarantee == EXACTLY_ONCE and not prefix and batch_write:
+            prefix = "onceflow-" + hashlib.sha256(app_id.encode()).hexdigest()[:16] if app_id is not None else "onceflow-batch"
         if guarantee == EXACTLY_ONCE and not prefix:
             if checkpoint is None:
                 raise OptionError(
@@ -546,7 +557,7 @@ class SinkOptions:
                     "commitOffsetsToGroup needs .option('checkpointLocation', ...) on this writeStream: the sink reads the batch's "
                     "source end offsets from the checkpoint's offset log"
                 )
-        parsed = cls(params, lowered.get("topic") or None, guarantee, prefix, decision_topic, group, checkpoint, lowered.get("crashpointhook") or None)
+        parsed = cls(params, lowered.get("topic") or None, guarantee, prefix, decision_topic, group, checkpoint, lowered.get("crashpointhook") or None, app_id, version)
         parsed.producer_config(transactional_id=prefix and f"{prefix}-check")  # unknown or bad kafka.* settings fail here
         return parsed
 

@@ -61,12 +61,14 @@ then.
 
 from __future__ import annotations
 
-from pyspark.sql.datasource import DataSourceStreamArrowWriter
+import uuid
+
+from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter
 from pyspark.sql.types import BinaryType, DoubleType, IntegerType, StringType, StructType, TimestampType
 
 from streaming.spark.crashpoints import no_crash, resolve_hook
 from streaming.spark.decision import SinkError
-from streaming.spark.options import SinkOptions
+from streaming.spark.options import OptionError, SinkOptions
 from streaming.spark.sink_driver import DriverCommit, on_kept_clients
 from streaming.spark.sink_task import Columns, SinkCommitMessage, TaskIdentity, write_task
 
@@ -138,3 +140,62 @@ class OnceflowStreamWriter(DataSourceStreamArrowWriter):
         on_kept_clients(self.options, lambda clients: DriverCommit(self.options, no_crash, clients).abort([m for m in messages if m is not None], batchId))
 
 
+
+
+def make_batch_writer(options, schema: StructType, overwrite: bool = False) -> "OnceflowBatchWriter":
+    """The data source's ``writer``, for ``df.write.format("onceflow")``:
+    options and columns checked on the driver, the job named once here."""
+    if overwrite:
+        raise OptionError("a Kafka topic cannot be overwritten: use df.write.format(\"onceflow\").mode(\"append\")")
+    sink_options = SinkOptions.parse(options, batch_write=True)
+    return OnceflowBatchWriter(sink_options, validate_schema(schema, sink_options.topic), uuid.uuid4().hex)
+
+
+class OnceflowBatchWriter(DataSourceArrowWriter):
+    """``df.write.format("onceflow").mode("append")...save()``: exactly once
+    for the job. Every task writes its rows in one transaction of its own;
+    the driver's commit verifies and commits them all, so a job that fails
+    leaves nothing visible. With ``txnAppId`` and ``txnVersion`` (in
+    ``foreachBatch``: an application name and the batch id), the commit goes
+    through the decision log keyed by the application, so a version written
+    before (a replayed ``foreachBatch`` after a crash) is not written again
+    and a version decided before a driver crash is finished from its
+    decision: exactly-once ``foreachBatch``, the way Spark users get update
+    mode into a sink."""
+
+    def __init__(self, options: SinkOptions, columns: Columns, job_id: str):
+        self.options = options
+        self.columns = columns
+        self.job_id = job_id  # the run: every transactional id of this job carries it
+
+    def _task(self) -> TaskIdentity:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        if context is None:
+            raise SinkError("write() runs only inside a Spark task")
+        query_id = self.options.txn_app_id if self.options.txn_app_id is not None else self.job_id
+        version = self.options.txn_version if self.options.txn_version is not None else 0
+        return TaskIdentity(query_id, self.job_id, version, context.partitionId(), context.attemptNumber(), context.taskAttemptId())
+
+    def write(self, iterator) -> SinkCommitMessage:
+        return write_task(self.options, self.columns, iterator, self._task(), resolve_hook(self.options.crash_point_hook))
+
+    def commit(self, messages) -> None:
+        if not self.options.exactly_once:
+            return
+        messages = [m for m in messages if m is not None]
+        hook = resolve_hook(self.options.crash_point_hook)
+        if self.options.txn_app_id is None:
+            on_kept_clients(self.options, lambda clients: DriverCommit(self.options, hook, clients).commit_job(messages))
+        else:
+            on_kept_clients(self.options, lambda clients: DriverCommit(self.options, hook, clients).commit(messages, self.options.txn_version))
+
+    def abort(self, messages) -> None:
+        if not self.options.exactly_once:
+            return
+        messages = [m for m in messages if m is not None]
+        if self.options.txn_app_id is None:
+            on_kept_clients(self.options, lambda clients: DriverCommit(self.options, no_crash, clients).abort_job(messages))
+        else:
+            on_kept_clients(self.options, lambda clients: DriverCommit(self.options, no_crash, clients).abort(messages, self.options.txn_version))

@@ -43,7 +43,6 @@ from streaming.spark.decision import (
     plan_abort,
     plan_commit,
     query_prefix,
-    transactional_id,
 )
 from streaming.spark.options import DEFAULT_TRANSACTION_TIMEOUT_MS, SinkOptions
 from streaming.spark.sink_task import SinkCommitMessage
@@ -285,6 +284,26 @@ class DriverCommit:
             raise DecidedTransactionsLostError(lost_message(batch_id, [t for t, _ in lost], len(decided) - len(lost), len(decided), "; ".join(f"{t.transactional_id}: {why}" for t, why in lost)))
         self.crash_point(AFTER_ALL_COMMITS)
 
+    async def commit_job(self, messages: list[SinkCommitMessage]) -> None:
+        """A batch write without ``txnAppId``: no replay can name the job
+        again, so no decision is kept. Every handle is verified open, then
+        committed; what the job's failed task attempts left is aborted."""
+        if not messages:
+            return
+        async with self._clients() as clients:
+            task = messages[0].task
+            transactions = tuple(m.transaction for m in messages if m.transaction is not None)
+            decision = Decision(task.query_id, task.batch_id, task.run_id, transactions)
+            await self._verify_open(decision, task.batch_id)
+            lost = await self._commit_each(transactions, task.batch_id)
+            await self._abort_leftovers(clients.admin, task.query_id, task.run_id, messages, transactions)
+            if lost:
+                raise DecidedTransactionsLostError(lost_message(task.batch_id, [t for t, _ in lost], len(transactions) - len(lost), len(transactions), "; ".join(f"{t.transactional_id}: {why}" for t, why in lost)))
+
+    async def abort_job(self, messages: list[SinkCommitMessage]) -> None:
+        async with self._clients():
+            await self._abort_each(m.transaction for m in messages if m.transaction is not None)
+
     async def _verify_open(self, decision: Decision, batch_id: int) -> None:
         """Right before the decision: every handle must be open with the
         producer id and epoch its task reported. If one is not (the broker
@@ -377,21 +396,13 @@ class DriverCommit:
 
     async def _abort_known_leftovers(self, messages: list[SinkCommitMessage], decided) -> None:
         """For a broker without ListTransactions (Kafka before 3.0, Tansu):
-        abort the undecided transactions the messages name, and fence the
-        earlier attempts of this batch's tasks (InitProducerId on their
-        names aborts what they left). A crashed run's transactions cannot be
-        found this way: they end at their timeout (and hold the LSO until then)."""
+        abort the undecided transactions the messages name. A failed task
+        attempt aborts its own transaction as it fails; one whose process
+        died, and a crashed run's, cannot be found this way (their ids carry
+        Spark's task attempt id): they end at their timeout and hold the
+        LSO until then."""
         decided_names = {t.transactional_id for t in decided}
         await self._abort_each(m.transaction for m in messages if m.transaction is not None and m.transaction.transactional_id not in decided_names)
-        for message in messages:
-            task = message.task
-            for attempt in range(task.attempt):
-                name = transactional_id(self.options.transactional_id_prefix, task.query_id, task.run_id, task.batch_id, task.partition, task.stage_attempt, attempt)
-                fence = AsyncProducer(config=self.options.producer_config(transactional_id=name))
-                try:
-                    await fence.init_transactions()
-                finally:
-                    await fence.cluster.close()
 
     async def _with_offsets_transaction(self, decision: Decision) -> Decision:
         """Add a transaction carrying the source's end offsets of this batch

@@ -47,7 +47,7 @@ class TaskIdentity:
     batch_id: int
     partition: int
     attempt: int
-    stage_attempt: int = 0
+    task_attempt_id: int = -1  # Spark's taskAttemptId; -1 outside Spark
 
     @classmethod
     def current(cls) -> "TaskIdentity":
@@ -60,7 +60,7 @@ class TaskIdentity:
         # The job group is the run id (StreamExecution sets it per start); without it, a fresh name per task stays safe.
         run_id = context.getLocalProperty("spark.jobGroup.id") or uuid.uuid4().hex
         batch = context.getLocalProperty("streaming.sql.batchId")
-        return cls(query_id, run_id, int(batch) if batch is not None else -1, context.partitionId(), context.attemptNumber(), context.stageAttemptNumber())
+        return cls(query_id, run_id, int(batch) if batch is not None else -1, context.partitionId(), context.attemptNumber(), context.taskAttemptId())
 
 
 @attrs.frozen
@@ -182,7 +182,7 @@ def _task_producer(options: SinkOptions, task: TaskIdentity) -> Producer:
         if producer is None:
             producer = _IDEMPOTENT_PRODUCERS[config] = Producer(config=config)
         return producer
-    name = transactional_id(options.transactional_id_prefix, task.query_id, task.run_id, task.batch_id, task.partition, task.stage_attempt, task.attempt)
+    name = transactional_id(options.transactional_id_prefix, task.query_id, task.run_id, task.batch_id, task.partition, task.attempt, task.task_attempt_id)
     producer = Producer(config=options.producer_config(transactional_id=name))
     try:
         producer.init_transactions()  # fences an earlier holder of the name and finishes what it left

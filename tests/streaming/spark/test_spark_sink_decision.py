@@ -70,11 +70,11 @@ def test_plan_abort_never_undoes_a_decision(latest, finish, abort):
     assert plan.abort == abort
 
 
-def test_transactional_ids_unique_per_run_batch_stage_attempt_partition_and_attempt():
+def test_transactional_ids_unique_per_run_batch_partition_and_task_attempt():
     a = transactional_id("job", Q, "1b424c33-32d3-4289", 7, 3)
     assert a == "job-6f1c0d2e0000-1b424c33-7-3"
-    assert transactional_id("job", Q, "1b424c33-32d3-4289", 7, 3, 0, 1) == a + "-a1"
-    assert transactional_id("job", Q, "1b424c33-32d3-4289", 7, 3, 1, 0) == a + "-s1"  # a task of a later stage attempt
+    assert transactional_id("job", Q, "1b424c33-32d3-4289", 7, 3, 1) == a + "-a1"
+    assert transactional_id("job", Q, "1b424c33-32d3-4289", 7, 3, 0, 4711) == a + "-t4711"  # Spark's taskAttemptId: one per attempt, across stage attempts
     assert transactional_id("job", Q, "1b424c33-32d3-4289", 8, 3) != a  # the next batch: a zombie of batch 7 can never fence it
     assert transactional_id("job", Q, "ffff0000-32d3", 7, 3) != a  # a restart never reuses a name
     assert a.startswith(query_prefix("job", Q))

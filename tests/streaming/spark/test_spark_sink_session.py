@@ -2,7 +2,9 @@
 against a broker process: the optional columns (topic, partition, headers)
 reach Kafka, at_least_once writes without transactions, and a query whose
 columns do not fit fails with Spark's message, and a source and sink whose
-Kafka settings say SASL_SSL with SCRAM reach a broker that requires it."""
+Kafka settings say SASL_SSL with SCRAM reach a broker that requires it;
+batch writes (``df.write``) exactly once per job, and per version with
+``txnAppId``/``txnVersion`` (foreachBatch's pattern)."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ pytestmark = pytest.mark.slow
 def broker(tmp_path_factory):
     process = BrokerProcess(str(tmp_path_factory.mktemp("spark-sink") / "broker"), "group.initial.rebalance.delay.ms=0").start()
     with Admin(process.bootstrap) as admin:
-        admin.create_topics({"in": 2, "routed": 3, "plain": 1})
+        admin.create_topics({"in": 2, "routed": 3, "plain": 1, "batch": 2, "versions": 1})
     with Producer(process.bootstrap, linger_ms=0) as producer:
         for i in range(10):
             producer.send("in", f"v{i}".encode(), key=f"k{i}".encode(), partition=i % 2, headers=[("h", f"x{i}".encode())])
@@ -142,3 +144,42 @@ def test_source_and_sink_over_sasl_ssl(spark, tmp_path):
             while len(values) < 10 and time.monotonic() < deadline:
                 values += [r.value for r in consumer.poll(0.5)]
         assert sorted(values) == sorted(f"s{i}".encode() for i in range(10))
+
+
+def open_transactions(bootstrap, prefix):
+    with Admin(bootstrap) as admin:
+        return [t.transactional_id for t in admin.list_transactions(states=["Ongoing"]) if t.transactional_id.startswith(prefix)]
+
+
+def test_batch_write_is_exactly_once_for_the_job(spark, broker):
+    """df.write.format("onceflow").mode("append"): one transaction per task,
+    committed by the driver; a job whose task fails leaves nothing visible."""
+    frame = spark.createDataFrame([(f"k{i}", f"b{i}") for i in range(20)], "key string, value string").repartition(3)
+    writer = frame.write.format("onceflow").option("kafka.bootstrap.servers", broker.bootstrap).option("topic", "batch")
+    writer.mode("append").save()
+    assert sorted(r.value for r in read_all(broker.bootstrap, "batch", 2)) == sorted(f"b{i}".encode() for i in range(20))
+    with pytest.raises(Exception, match="cannot be overwritten"):
+        writer.mode("overwrite").save()
+    failing = spark.createDataFrame([("k", "bad", "batch" if i else None) for i in range(10)], "key string, value string, topic string").repartition(2)
+    with pytest.raises(Exception, match="null topic present in the data"):
+        failing.write.format("onceflow").mode("append").option("kafka.bootstrap.servers", broker.bootstrap).save()
+    assert sorted(r.value for r in read_all(broker.bootstrap, "batch", 2)) == sorted(f"b{i}".encode() for i in range(20))
+    assert open_transactions(broker.bootstrap, "onceflow-batch") == []
+
+
+def test_batch_writes_with_txn_app_id_write_each_version_once(spark, broker):
+    """foreachBatch's exactly-once pattern: each write names the application
+    and its version (the batch id); a version written before (a replayed
+    foreachBatch after a crash) or older is not written again."""
+
+    def write(values, version):
+        frame = spark.createDataFrame([(v,) for v in values], "value string").repartition(2)
+        (frame.write.format("onceflow").mode("append").option("kafka.bootstrap.servers", broker.bootstrap).option("topic", "versions")
+         .option("txnAppId", "totals").option("txnVersion", version).save())
+
+    write(["a", "b"], 0)
+    write(["a", "b"], 0)  # replayed
+    write(["c"], 1)
+    write(["a", "b"], 0)  # older
+    assert sorted(r.value for r in read_all(broker.bootstrap, "versions", 1)) == [b"a", b"b", b"c"]
+    assert open_transactions(broker.bootstrap, "onceflow-") == []
