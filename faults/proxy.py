@@ -517,7 +517,7 @@ class FaultProxy:
             connection.first_request = data[:FIRST_REQUEST_KEEP_BYTES]
         extra_delay = 0.0
         if header is not None and header.api_key == ApiKey.FETCH and self._fetch_cut is not None:
-            self._hold_fetch_response(connection, header, data)
+            data = self._hold_fetch_response(connection, header, data)
         if header is not None:
             self._counters.requests_seen += 1
             rule = self._request_rules.get(header.api_key)
@@ -539,23 +539,27 @@ class FaultProxy:
                 extra_delay = rule.seconds
         self._enqueue(pipe, data, self._due_time(pipe, connection, extra_delay))
 
-    def _hold_fetch_response(self, connection: ProxiedConnection, header: RequestHeader, frame: bytes) -> None:
-        """Have the answer to this Fetch held whole, for ``_cut_fetch``."""
+    def _hold_fetch_response(self, connection: ProxiedConnection, header: RequestHeader, frame: bytes) -> bytes:
+        """Have the answer to this Fetch held whole, for ``_cut_fetch``; the
+        request frame to send on (widened in ``"partition_max_bytes"`` mode)."""
         try:
-            request = FetchRequestSeen.from_frame(frame)
-        except (MalformedFrameError, UnsupportedRequestError) as error:
+            request = FetchRequestSeen.from_frame(frame, self._fetch_cut.mode)
+        except (MalformedFrameError, UnsupportedRequestError, ValueError) as error:
             self._log("fetch_cut_skipped", index=connection.index, correlation_id=header.correlation_id, error=repr(error))
-            return
+            return frame
         for pipe in connection.pipes:
             if pipe.responses is not None:
                 pipe.responses.hold(header.correlation_id, request)
+        return request.widened or frame
 
     def _cut_fetch(self, connection: ProxiedConnection, request: FetchRequestSeen, frame: bytes) -> bytes:
+        """Cut the held answer as its request's mode says (a widened request
+        is always cut back to what the client asked for)."""
         rule = self._fetch_cut
-        if rule is None:
+        if rule is None and request.widened is None:
             return frame
         try:
-            frame, cuts = cut_fetch_response(frame, request, rule.mode, self._cut_random)
+            frame, cuts = cut_fetch_response(frame, request, self._cut_random)
         except (MalformedFrameError, CorruptRecordError, ValueError) as error:
             self._log("fetch_cut_skipped", index=connection.index, error=repr(error))
             return frame
@@ -563,7 +567,7 @@ class FaultProxy:
             self._counters.fetch_responses_cut += 1
             self._counters.fetch_bytes_cut += sum(cut["dropped"] for cut in cuts)
             self._log("fetch_cut", index=connection.index, partitions=cuts)
-            if rule.remaining is not None:
+            if rule is not None and rule.remaining is not None:
                 rule.remaining -= 1
                 if rule.remaining == 0:
                     self._fetch_cut = None

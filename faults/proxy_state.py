@@ -21,7 +21,9 @@ and logs, and how a client's byte stream is cut into Kafka requests.
   two or more (Kafka since KIP-74 always sends the first batch whole);
   ``"partition_max_bytes"`` slices at the request's per-partition limit
   exactly, as a broker before KIP-74 did (and Kafka still does for every
-  partition after the first of a response).
+  partition after the first of a response): the request goes to the broker
+  with each limit doubled (``FetchRequestSeen.widened``) so that there is
+  something beyond the limit to cut.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import attrs
 
 from protocol import schema
 from protocol.errors import FrameTooLargeError
-from protocol.framing import FrameBuffer, RequestHeader, ServerConnection, encode_response, response_header_version
+from protocol.framing import FrameBuffer, RequestHeader, ServerConnection, encode_request, encode_response, response_header_version
 from protocol.messages import FETCH_RESPONSE, ApiKey
 from protocol.records import LOG_OVERHEAD, split_partial_tail
 
@@ -191,16 +193,22 @@ class ResponseFramer:
 # ------------------------------------------------------------------ the fetch cut
 
 
+INT32_MAX = 2**31 - 1
+
+
 @attrs.frozen
 class FetchRequestSeen:
-    """What the cut needs to know of a Fetch request: its version and each
-    partition's ``partition_max_bytes`` (by topic name, or topic id from v13)."""
+    """What the cut needs to know of a Fetch request: the cut's mode when it
+    was sent, its version and each partition's ``partition_max_bytes`` as the
+    client asked (by topic name, or topic id from v13)."""
 
+    mode: str
     api_version: int
     partition_max_bytes: dict
+    widened: bytes | None = None  # the frame to send instead, limits doubled ("partition_max_bytes" mode)
 
     @classmethod
-    def from_frame(cls, frame: bytes) -> "FetchRequestSeen":
+    def from_frame(cls, frame: bytes, mode: str) -> "FetchRequestSeen":
         """Read a Fetch request frame (size prefix included)."""
         connection = ServerConnection()
         connection.receive_data(frame)
@@ -210,7 +218,13 @@ class FetchRequestSeen:
             name = topic.get("topic_id") if request.api_version >= 13 else topic.get("topic")
             for partition in topic["partitions"]:
                 limits[(name, partition["partition"])] = partition["partition_max_bytes"]
-        return cls(request.api_version, limits)
+                if mode == "partition_max_bytes":
+                    partition["partition_max_bytes"] = min(INT32_MAX, 2 * partition["partition_max_bytes"])
+        widened = None
+        if mode == "partition_max_bytes":
+            request.body["max_bytes"] = min(INT32_MAX, 2 * request.body.get("max_bytes", INT32_MAX))
+            widened = encode_request(ApiKey.FETCH, request.api_version, request.correlation_id, request.client_id, request.body)
+        return cls(mode, request.api_version, limits, widened)
 
 
 @attrs.define
@@ -230,9 +244,9 @@ def _batch_starts(records) -> list[int]:
     return starts if position == len(records) else []
 
 
-def cut_fetch_response(frame: bytes, request: FetchRequestSeen, mode: str, rng: random.Random) -> tuple[bytes, list[dict]]:
+def cut_fetch_response(frame: bytes, request: FetchRequestSeen, rng: random.Random) -> tuple[bytes, list[dict]]:
     """``frame`` (a whole Fetch response, size prefix included) with each
-    partition's records cut as ``mode`` says (see the module doc), and one
+    partition's records cut as ``request.mode`` says (see the module doc), and one
     ``{topic, partition, kept, dropped}`` per partition cut. Returns the frame
     unchanged when nothing was cut."""
     version = request.api_version
@@ -255,7 +269,7 @@ def cut_fetch_response(frame: bytes, request: FetchRequestSeen, mode: str, rng: 
             whole_end, partial = split_partial_tail(records)
             if partial is not None:
                 continue  # already ends inside a batch
-            if mode == "tail":
+            if request.mode == "tail":
                 starts = _batch_starts(records)
                 if len(starts) < 2:
                     continue  # Kafka sends the first batch whole
