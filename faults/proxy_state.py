@@ -234,14 +234,13 @@ class FetchCutRule:
 
 
 def _batch_starts(records) -> list[int]:
-    """Positions of the whole batches in ``records`` (empty when it already
-    ends inside one: a response cut before is left alone)."""
+    """Positions of the batches in ``records``, which holds whole batches only."""
     starts, position = [], 0
     while position < len(records):
         starts.append(position)
         (length,) = SIZE_PREFIX.unpack_from(records, position + 8)
         position += length + LOG_OVERHEAD
-    return starts if position == len(records) else []
+    return starts
 
 
 def cut_fetch_response(frame: bytes, request: FetchRequestSeen, rng: random.Random) -> tuple[bytes, list[dict]]:
@@ -266,8 +265,7 @@ def cut_fetch_response(frame: bytes, request: FetchRequestSeen, rng: random.Rand
             records = partition.get("records")
             if not records:
                 continue
-            whole_end, partial = split_partial_tail(records)
-            if partial is not None:
+            if split_partial_tail(records)[1] is not None:
                 continue  # already ends inside a batch
             if request.mode == "tail":
                 starts = _batch_starts(records)
@@ -334,7 +332,7 @@ class RequestRule:
 
 @attrs.define
 class DirectionCounters:
-    bytes_read: int = 0  # = forwarded + dropped + still queued
+    bytes_read: int = 0  # = forwarded + dropped + still queued (+/- what cut_fetches resized)
     bytes_forwarded: int = 0
     chunks_forwarded: int = 0
     bytes_dropped: int = 0
