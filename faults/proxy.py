@@ -27,7 +27,13 @@ This module owns:
     int32 correlation_id) and a rule acts on whole frames. TCP semantics hold:
     a delayed request holds back every later request of the same connection,
     and a dropped request is simply never seen by the broker (the client
-    waits for its response until its request timeout).
+    waits for its response until its request timeout);
+  * ``cut_fetches(mode, times)``: with Kafka framing on, Fetch responses
+    end inside a record batch, as Apache Kafka's do (it slices its log by
+    bytes): the proxy holds each Fetch response whole, shortens the records
+    of its partitions and re-frames it (``faults.proxy_state.cut_fetch_response``
+    says how each mode cuts). Clients must ignore the partial tail and fetch
+    it again.
 
   Directions are ``"upstream"`` (client to broker), ``"downstream"`` (broker to
   client) or ``"both"``. A delay is stamped on a chunk when the proxy reads it;
@@ -83,18 +89,26 @@ from faults.proxy_state import (
     DIRECTIONS,
     DOWNSTREAM,
     FAULT_EVENT_KINDS,
+    FETCH_CUT_MODES,
     UPSTREAM,
     ConnectionDelay,
     DirectionFaults,
+    FetchCutRule,
+    FetchRequestSeen,
     KafkaRequestFramer,
     ProxyCounters,
     ProxyEvent,
     RequestRule,
+    ResponseFramer,
     client_id_is,
+    cut_fetch_response,
     directions,
 )
+from protocol.errors import MalformedFrameError, UnsupportedRequestError
 from protocol.framing import RequestHeader
 from protocol.loop_thread import LoopThread
+from protocol.messages import ApiKey
+from protocol.records import CorruptRecordError
 from protocol.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -126,6 +140,7 @@ class Pipe:
     source: asyncio.StreamReader
     destination: asyncio.StreamWriter
     framer: KafkaRequestFramer | None = None
+    responses: ResponseFramer | None = None  # downstream, with Kafka framing: holds the Fetch responses to cut
     queue: asyncio.Queue = attrs.field(factory=asyncio.Queue)
     last_deliver_at: float = 0.0
     pending_bytes: int = 0
@@ -199,6 +214,8 @@ class FaultProxy:
         self._refusing = False
         self._connection_delays: list[ConnectionDelay] = []
         self._request_rules: dict[int, RequestRule] = {}
+        self._fetch_cut: FetchCutRule | None = None
+        self._cut_random = random.Random(seed)
         self._counters = ProxyCounters()
         self._events: collections.deque[ProxyEvent] = collections.deque(maxlen=EVENT_LOG_LIMIT)
         self._connections: set[ProxiedConnection] = set()
@@ -329,9 +346,31 @@ class FaultProxy:
             self._request_rules.pop(api_key, None)
         self._log("requests_cleared", api_key=api_key)
 
+    def cut_fetches(self, mode: str = "tail", times: int | None = None) -> None:
+        """End the next ``times`` Fetch responses (or all until cleared) inside
+        a record batch: ``"tail"`` cuts inside the last batch of every
+        partition answered with two or more, at a random byte (seeded by the
+        proxy's ``seed``); ``"partition_max_bytes"`` slices every partition's
+        records at the limit its request asked for, exactly. Applies to Fetch
+        requests sent from now on."""
+        if not self.kafka_framing:
+            raise ValueError("cutting fetches needs Kafka framing (FaultProxy(..., kafka_framing=True))")
+        if mode not in FETCH_CUT_MODES:
+            raise ValueError(f"mode must be one of {', '.join(FETCH_CUT_MODES)}, not {mode!r}")
+        if times is not None and times < 1:
+            raise ValueError("times counts from 1 (None: until cleared)")
+        self._fetch_cut = FetchCutRule(mode, times)
+        self._log("cut_fetches", mode=mode, times=times)
+
+    def clear_fetch_cuts(self) -> None:
+        self._fetch_cut = None
+        self._log("fetch_cuts_cleared")
+
     def heal(self) -> None:
-        """Clear every fault: refusal, blackholes, delays, holds, connection and request rules."""
+        """Clear every fault: refusal, blackholes, delays, holds, connection
+        and request rules, fetch cuts."""
         self._refusing = False
+        self._fetch_cut = None
         for faults in self._faults.values():
             faults.blackholed = faults.held = False
             faults.delay_seconds = faults.jitter_seconds = 0.0
@@ -366,6 +405,7 @@ class FaultProxy:
             **{name: attrs.asdict(faults) for name, faults in self._faults.items()},
             "connection_delays": [(rule.match, rule.seconds, rule.direction) for rule in self._connection_delays],
             "request_rules": [attrs.asdict(rule) for rule in self._request_rules.values()],
+            "fetch_cut": attrs.asdict(self._fetch_cut) if self._fetch_cut is not None else None,
         }
 
     def _log(self, kind: str, **detail) -> None:
@@ -417,7 +457,7 @@ class FaultProxy:
         connection = ProxiedConnection(index, client_writer, upstream_writer, task=asyncio.current_task())
         connection.pipes = [
             Pipe(UPSTREAM, client_reader, upstream_writer, KafkaRequestFramer() if self.kafka_framing else None),
-            Pipe(DOWNSTREAM, upstream_reader, client_writer),
+            Pipe(DOWNSTREAM, upstream_reader, client_writer, responses=ResponseFramer() if self.kafka_framing else None),
         ]
         self._connections.add(connection)
         self._log("connection_opened", index=index, target=f"{target[0]}:{target[1]}")
@@ -454,6 +494,10 @@ class FaultProxy:
             if not data:
                 break
             self._counters.direction(pipe.direction).bytes_read += len(data)
+            if pipe.responses is not None:
+                for held, piece in pipe.responses.feed(data):
+                    self._admit(pipe, connection, piece if held is None else self._cut_fetch(connection, held, piece), None)
+                continue
             if pipe.framer is None:
                 self._admit(pipe, connection, data, None)
                 continue
@@ -462,8 +506,8 @@ class FaultProxy:
                 self._admit(pipe, connection, piece, header)
             if pipe.framer.framing_lost and not was_lost:
                 self._log("framing_lost", index=connection.index)
-        if pipe.framer is not None:
-            partial = pipe.framer.take_partial()
+        if pipe.framer is not None or pipe.responses is not None:
+            partial = (pipe.framer or pipe.responses).take_partial()
             if partial:
                 self._admit(pipe, connection, partial, None)
         self._enqueue(pipe, None, self._due_time(pipe, connection, 0.0))
@@ -472,6 +516,8 @@ class FaultProxy:
         if pipe.direction == UPSTREAM and connection.first_request is None:
             connection.first_request = data[:FIRST_REQUEST_KEEP_BYTES]
         extra_delay = 0.0
+        if header is not None and header.api_key == ApiKey.FETCH and self._fetch_cut is not None:
+            data = self._hold_fetch_response(connection, header, data)
         if header is not None:
             self._counters.requests_seen += 1
             rule = self._request_rules.get(header.api_key)
@@ -492,6 +538,40 @@ class FaultProxy:
                 self._log("request_delayed", seconds=rule.seconds, **detail)
                 extra_delay = rule.seconds
         self._enqueue(pipe, data, self._due_time(pipe, connection, extra_delay))
+
+    def _hold_fetch_response(self, connection: ProxiedConnection, header: RequestHeader, frame: bytes) -> bytes:
+        """Have the answer to this Fetch held whole, for ``_cut_fetch``; the
+        request frame to send on (widened in ``"partition_max_bytes"`` mode)."""
+        try:
+            request = FetchRequestSeen.from_frame(frame, self._fetch_cut.mode)
+        except (MalformedFrameError, UnsupportedRequestError, ValueError) as error:
+            self._log("fetch_cut_skipped", index=connection.index, correlation_id=header.correlation_id, error=repr(error))
+            return frame
+        for pipe in connection.pipes:
+            if pipe.responses is not None:
+                pipe.responses.hold(header.correlation_id, request)
+        return request.widened or frame
+
+    def _cut_fetch(self, connection: ProxiedConnection, request: FetchRequestSeen, frame: bytes) -> bytes:
+        """Cut the held answer as its request's mode says (a widened request
+        is always cut back to what the client asked for)."""
+        rule = self._fetch_cut
+        if rule is None and request.widened is None:
+            return frame
+        try:
+            frame, cuts = cut_fetch_response(frame, request, self._cut_random)
+        except (MalformedFrameError, CorruptRecordError, ValueError) as error:
+            self._log("fetch_cut_skipped", index=connection.index, error=repr(error))
+            return frame
+        if cuts:
+            self._counters.fetch_responses_cut += 1
+            self._counters.fetch_bytes_cut += sum(cut["dropped"] for cut in cuts)
+            self._log("fetch_cut", index=connection.index, partitions=cuts)
+            if rule is not None and rule.remaining is not None:
+                rule.remaining -= 1
+                if rule.remaining == 0:
+                    self._fetch_cut = None
+        return frame
 
     def _due_time(self, pipe: Pipe, connection: ProxiedConnection, extra_delay: float) -> float:
         faults = self._faults[pipe.direction]
@@ -559,7 +639,7 @@ class ThreadedFaultProxy:
     BLOCKING_METHODS = frozenset({
         "retarget", "cut", "refuse", "blackhole", "delay", "hold", "release",
         "delay_connection", "clear_connection_delays", "delay_requests", "drop_requests",
-        "clear_requests", "heal", "counters", "events", "connection_count", "faults_in_effect",
+        "clear_requests", "cut_fetches", "clear_fetch_cuts", "heal", "counters", "events", "connection_count", "faults_in_effect",
     })
 
     def __init__(self, target_host: str, target_port: int, listen_host: str = "127.0.0.1", listen_port: int = 0, **options):

@@ -42,6 +42,13 @@ int32).
 Damaged bytes raise ``CorruptRecordError`` saying what is wrong and where
 (offset, position, expected and actual CRC); nothing deeper (IndexError,
 struct.error) escapes.
+
+A fetched records section may end inside a batch: Apache Kafka answers a
+Fetch with a byte slice of its log segment, so the last batch can be cut
+anywhere, and clients ignore that partial tail and fetch it again from its
+base offset. ``split_partial_tail`` finds where the whole batches end; on a
+log or a produce request the same cut is damage, so ``iter_batches`` keeps
+raising on it.
 """
 
 from __future__ import annotations
@@ -62,6 +69,7 @@ __all__ = [
     "LOG_OVERHEAD",
     "MAGIC",
     "BatchHeader",
+    "PartialBatch",
     "Compression",
     "ControlRecord",
     "ControlType",
@@ -78,6 +86,7 @@ __all__ = [
     "iter_batches",
     "read_batch_header",
     "set_base_offset",
+    "split_partial_tail",
 ]
 
 
@@ -450,6 +459,45 @@ def iter_batches(buf, *, verify_crc: bool = True, start: int = 0) -> Iterator[tu
         header = read_batch_header(buf, position, verify_crc=verify_crc)
         yield position, header
         position += header.size
+
+
+@attrs.frozen
+class PartialBatch:
+    """The cut-off start of a batch at the end of a fetched records section."""
+
+    position: int
+    available: int  # bytes of it present
+    base_offset: int | None  # None when fewer than 8 bytes arrived
+    size: int | None  # the whole batch's size (length field + 12); None before the length field arrived
+
+
+def split_partial_tail(buf, start: int = 0) -> tuple[int, PartialBatch | None]:
+    """Where the whole batches of a fetched records section end, and the
+    partial batch after them (None when the section ends on a batch boundary).
+
+    Only the base offset and length fields are read, as Kafka's own client
+    does: fewer than 12 bytes left, or a length running past the end, is a
+    partial tail; a length below the minimum is damage and raises
+    ``CorruptRecordError``. The whole batches before the tail are left for
+    ``iter_batches`` to validate."""
+    position = start
+    end = len(buf)
+    while position < end:
+        available = end - position
+        if available < LOG_OVERHEAD:
+            return position, PartialBatch(position, available, _peek_base_offset(buf, position), None)
+        base_offset, batch_length = BASE_OFFSET_AND_LENGTH.unpack_from(buf, position)
+        if batch_length < MIN_BATCH_LENGTH:
+            raise CorruptRecordError(
+                f"batch length {batch_length} is below the minimum {MIN_BATCH_LENGTH}",
+                offset=base_offset,
+                position=position,
+            )
+        size = batch_length + LOG_OVERHEAD
+        if size > available:
+            return position, PartialBatch(position, available, base_offset, size)
+        position += size
+    return position, None
 
 
 def set_base_offset(buf, position: int, base_offset: int, partition_leader_epoch: int | None = None) -> None:

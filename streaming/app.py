@@ -17,6 +17,12 @@ runs them (one consumer-group member and one transactional producer per
 ``App`` instance). The processor is a plain function: it must not block on
 I/O of its own, and it cannot await (its stores answer from memory).
 
+Internal topics (changelogs, repartition and dead-letter topics) are created
+by the runner with ``replication_factor`` (-1: the broker's
+``default.replication.factor``) and, when given, ``min_insync_replicas`` as
+their ``min.insync.replicas``: on a Kafka cluster a store's changelog is its
+only durable copy, so it wants the replication of the app's own outputs.
+
 Identity: ``instance_id`` (unless given) is generated once and kept in
 ``state_dir/instance-id``, so a restarted process keeps its transactional id
 (``{application_id}-{instance_id}``, which fences its own previous
@@ -115,6 +121,8 @@ class App:
         on_error: str = "stop",
         dead_letter_topic: str | None = None,
         crash_point: Callable[[str], None] | None = None,
+        replication_factor: int = -1,
+        min_insync_replicas: int | None = None,
         **client_options,
     ):
         if not application_id or not VALID_NAME.match(application_id):
@@ -123,6 +131,12 @@ class App:
             raise ConfigError(f"on_error must be one of {', '.join(map(repr, ON_ERROR))}, not {on_error!r}")
         if commit_interval_ms <= 0 or (commit_records is not None and commit_records <= 0):
             raise ConfigError("commit_interval_ms and commit_records must be positive")
+        if isinstance(replication_factor, bool) or not isinstance(replication_factor, int) or not (replication_factor == -1 or replication_factor >= 1):
+            raise ConfigError(f"replication_factor is -1 (the broker's default.replication.factor) or at least 1, not {replication_factor!r}")
+        if min_insync_replicas is not None and (isinstance(min_insync_replicas, bool) or not isinstance(min_insync_replicas, int) or min_insync_replicas < 1):
+            raise ConfigError(f"min_insync_replicas is at least 1 (or None: the broker's default), not {min_insync_replicas!r}")
+        if min_insync_replicas is not None and replication_factor != -1 and min_insync_replicas > replication_factor:
+            raise ConfigError(f"min_insync_replicas ({min_insync_replicas}) above replication_factor ({replication_factor}) would refuse every write")
         self.bootstrap_servers = bootstrap_servers
         self.application_id = application_id
         self.state_dir = os.path.abspath(state_dir)
@@ -130,6 +144,8 @@ class App:
         self.commit_records = commit_records
         self.on_error = on_error
         self.dead_letter_topic = dead_letter_topic or f"{application_id}-dead-letters"
+        self.replication_factor = replication_factor
+        self.min_insync_replicas = min_insync_replicas
         # A seam for the fault harness: called with a point's name where a
         # crash matters ("streaming.after_commit_before_store_apply"); the
         # composing process passes faults.points.point, or nothing.
@@ -193,6 +209,13 @@ class App:
 
     def changelog_topic(self, store: str) -> str:
         return f"{self.application_id}-{store}-changelog"
+
+    def internal_topic_config(self, **config: str) -> dict[str, str]:
+        """The topic configs of an internal topic the runner creates: ``config``
+        plus ``min.insync.replicas`` when the app sets it."""
+        if self.min_insync_replicas is not None:
+            config["min.insync.replicas"] = str(self.min_insync_replicas)
+        return config
 
     # -- identity -----------------------------------------------------------------------------------
 

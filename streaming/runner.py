@@ -248,12 +248,14 @@ class Runner:
         """Check the sources and create the changelogs (compacted, partitioned
         like their sources), the internal topics the app declared (the
         dataflow layer's repartition topics, partitioned like the topic each
-        names) and the dead-letter topic when missing."""
+        names) and the dead-letter topic when missing, all with the app's
+        ``replication_factor`` and ``min_insync_replicas``."""
         app = self.app
         existing = await self.admin.list_topics()
         internal = {topic: existing[like] for topic, like in app.internal_topics.items() if topic not in existing and like in existing}
         if internal:
-            await self.admin.create_topics(internal, exist_ok=True)
+            configs = {topic: app.internal_topic_config() for topic in internal}
+            await self.admin.create_topics(internal, replication_factor=app.replication_factor, configs=configs, exist_ok=True)
             log.info("created %s", ", ".join(sorted(internal)))
             existing = {**existing, **internal}
         missing = sorted(t for t in self.by_topic if t not in existing)
@@ -270,11 +272,12 @@ class Runner:
             if topic in existing and existing[topic] < count:
                 raise FatalError(message=f"changelog {topic} has {existing[topic]} partitions, fewer than its sources' {count}")
         to_create = {t: c for t, c in wanted.items() if t not in existing}
-        configs = {t: {"cleanup.policy": "compact"} for t in to_create}
+        configs = {t: app.internal_topic_config(**{"cleanup.policy": "compact"}) for t in to_create}
         if app.on_error == "dead-letter" and app.dead_letter_topic not in existing:
             to_create[app.dead_letter_topic] = 1
+            configs[app.dead_letter_topic] = app.internal_topic_config()
         if to_create:
-            await self.admin.create_topics(to_create, configs=configs, exist_ok=True)
+            await self.admin.create_topics(to_create, replication_factor=app.replication_factor, configs=configs, exist_ok=True)
             log.info("created %s", ", ".join(sorted(to_create)))
 
     # -- the loop ------------------------------------------------------------------------------

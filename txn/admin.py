@@ -27,6 +27,8 @@ from txn.errors import InvalidConfigurationError, RetriableError, classify
 from txn.sync_client import SyncClient, properties_first, rebuild
 from txn.types import OffsetAndMetadata, TopicPartition, as_topic_partition
 
+# CreateTopics' "let the broker decide" (replication factor, partition count).
+BROKER_DEFAULT = -1
 OFFSET_SPECS = {"earliest": OffsetSpec.EARLIEST, "latest": OffsetSpec.LATEST, "max_timestamp": OffsetSpec.MAX_TIMESTAMP}
 
 
@@ -155,8 +157,14 @@ class AsyncAdmin:
 
     # -- topics -------------------------------------------------------------------------------
 
-    async def create_topics(self, topics: dict[str, int], *, replication_factor: int = 1, configs: dict[str, dict[str, str]] | None = None, validate_only: bool = False, exist_ok: bool = False) -> None:
-        """Create ``{name: partition count}``; ``configs`` per topic name."""
+    async def create_topics(self, topics: dict[str, int], *, replication_factor: int = BROKER_DEFAULT, configs: dict[str, dict[str, str]] | None = None, validate_only: bool = False, exist_ok: bool = False) -> None:
+        """Create ``{name: partition count}``; ``configs`` per topic name.
+
+        ``replication_factor`` defaults to -1, the broker's own
+        ``default.replication.factor`` (KIP-464; CreateTopics v4+, Kafka
+        2.4+), so that a topic made on a cluster is replicated as the
+        cluster's operator chose; pair a replication factor above 1 with the
+        topic's ``min.insync.replicas`` in ``configs``."""
         body = {
             "topics": [
                 {"name": name, "num_partitions": count, "replication_factor": replication_factor, "assignments": [], "configs": [{"name": k, "value": str(v)} for k, v in ((configs or {}).get(name) or {}).items()]}

@@ -69,6 +69,12 @@ class FatalError(KafkaError):
     """The client cannot go on."""
 
 
+class RecordBatchTooLargeError(FatalError):
+    """A fetch brought back only part of the first record batch: nothing
+    whole fits in what the consumer asked for, and fetching again would
+    bring back the same part (``max.partition.fetch.bytes`` is too small)."""
+
+
 class CommitOutcomeUnknownError(FatalError):
     """EndTxn(commit) was sent but its answer never came: never abort after it."""
 

@@ -13,6 +13,13 @@ drops their records and every control batch, as the Java consumer does
         a transactional batch of an aborted producer is skipped;
         control batches are never returned.
 
+A fetched records section may end with a partial batch (Apache Kafka
+slices its log by bytes): only the whole batches before it count, and the
+next fetch starts at the partial batch's offset. When not even the first
+batch came whole, fetching again would bring back the same part:
+``RecordBatchTooLargeError`` names ``max.partition.fetch.bytes`` and the
+batch's size (``fetched_partition``).
+
 A fetch whose data is wholly invisible moves the position past it at once.
 Positions move as records are handed out (``max_poll_records`` at a time),
 so ``position()`` and ``commit()`` never run ahead of the caller. A new
@@ -36,8 +43,9 @@ import attrs
 from protocol.constants import IsolationLevel, OffsetSpec
 from protocol.errors import ErrorCode
 from protocol.messages import ApiKey
-from protocol.records import ControlType, TimestampType, decode_batch, decode_control_record, iter_batches
-from txn.errors import FatalError, RetriableError, classify
+from protocol.records import ControlType, TimestampType, decode_batch, decode_control_record, iter_batches, split_partial_tail
+from txn.config import ConsumerConfig
+from txn.errors import FatalError, RecordBatchTooLargeError, RetriableError, classify
 from txn.types import ConsumerRecord, TopicPartition
 
 LOG_APPEND_TIME = int(TimestampType.LOG_APPEND_TIME)
@@ -73,6 +81,51 @@ def committed_records(data, aborted: list[dict], *, read_committed: bool, start_
         else:
             out.extend(record for record in batch.records if record.offset >= start_offset)
     return out
+
+
+@attrs.frozen
+class FetchedPartition:
+    """What one partition's fetched records give the consumer."""
+
+    records: list  # visible records at or after the fetch offset
+    end: int  # where the next fetch starts: after the last whole batch
+    log_append_offsets: frozenset  # offsets of ``records`` stamped with LogAppendTime
+
+
+def fetched_partition(data, aborted: list[dict] | None, *, tp: TopicPartition, fetch_offset: int, config: ConsumerConfig) -> FetchedPartition:
+    """The visible records of one partition's answer to a Fetch at
+    ``fetch_offset``, without the partial batch it may end with (see the
+    module doc). Raises ``RecordBatchTooLargeError`` when no batch came whole."""
+    whole_end, partial = split_partial_tail(data)
+    if whole_end == 0 and partial is not None:
+        raise RecordBatchTooLargeError(message=too_large_message(tp, fetch_offset, partial, config))
+    whole = memoryview(data)[:whole_end] if partial is not None else data
+    end = fetch_offset
+    for _position, header in iter_batches(whole):
+        end = max(end, header.next_offset)
+    log_append_offsets: set[int] = set()
+    visible = committed_records(whole, aborted, read_committed=config.read_committed, start_offset=fetch_offset, log_append_offsets=log_append_offsets)
+    return FetchedPartition(visible, end, frozenset(log_append_offsets))
+
+
+def too_large_message(tp: TopicPartition, fetch_offset: int, partial, config: ConsumerConfig) -> str:
+    where = f"offset {partial.base_offset}" if partial.base_offset is not None else f"fetch offset {fetch_offset}"
+    limit = config.max_partition_fetch_bytes
+    if partial.size is None:
+        size = f"larger than the {partial.available} bytes the broker sent of it"
+        fix = f"raise max.partition.fetch.bytes (now {limit})"
+    elif partial.size > limit:
+        size = f"{partial.size} bytes, of which the broker sent {partial.available}"
+        fix = f"raise max.partition.fetch.bytes (now {limit}) to at least {partial.size}"
+    else:
+        size = f"{partial.size} bytes, of which the broker sent {partial.available}"
+        fix = f"max.partition.fetch.bytes={limit} would hold it, so the broker cut the answer shorter than asked"
+        if partial.size > config.fetch_max_bytes:
+            fix += f": raise fetch.max.bytes (now {config.fetch_max_bytes}) to at least {partial.size}"
+        else:
+            fix += " (a broker without KIP-74, before Kafka 0.10.1, or a proxy in the way)"
+    return (f"Fetch {tp} at offset {fetch_offset}: the record batch at {where} is {size}; nothing whole fits in "
+            f"one fetch, so this partition cannot go on: {fix}")
 
 
 class Fetcher:
@@ -180,11 +233,8 @@ class Fetcher:
                 if not data:
                     continue
                 start = requested[tp]
-                end = start
-                for _position, header in iter_batches(data):
-                    end = max(end, header.next_offset)
-                log_append_offsets: set[int] = set()
-                visible = committed_records(data, answer.get("aborted_transactions"), read_committed=self.config.read_committed, start_offset=start, log_append_offsets=log_append_offsets)
+                fetched = fetched_partition(data, answer.get("aborted_transactions"), tp=tp, fetch_offset=start, config=self.config)
+                visible, end, log_append_offsets = fetched.records, fetched.end, fetched.log_append_offsets
                 if not visible:
                     # Wholly invisible (control batches, aborted data): move past it
                     # now. An empty buffer would hide the partition from the next

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import socket
 import socketserver
 import struct
@@ -31,7 +32,10 @@ from faults.proxy import (
     run_schedule,
     run_schedule_async,
 )
+from faults.proxy_state import FetchRequestSeen, ResponseFramer, cut_fetch_response
+from protocol.framing import ClientConnection, ServerConnection, encode_response
 from protocol.messages import ApiKey
+from protocol.records import encode_batch, split_partial_tail
 from tests.helpers import create_topic, read_values, wait_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -436,6 +440,109 @@ def test_framer_keeps_a_partial_frame_for_end_of_stream():
     assert framer.take_partial() == frame[:-3]
 
 
+# ------------------------------------------------------------------ fetch responses cut inside a batch
+
+
+def response_frame(correlation_id: int, body: bytes) -> bytes:
+    return struct.pack(">ii", 4 + len(body), correlation_id) + body
+
+
+@pytest.mark.parametrize("piece_size", [None, 1, 5, 64])
+def test_response_framer_holds_what_it_was_asked_for_and_passes_the_rest(piece_size):
+    frames = [response_frame(1, b"a" * 10), response_frame(2, b"b" * 300), response_frame(3, b""), response_frame(4, b"d" * 70000)]
+    stream = b"".join(frames)
+    framer = ResponseFramer()
+    framer.hold(2, "the second")
+    pieces = [stream] if piece_size is None else [stream[i:i + piece_size] for i in range(0, len(stream), piece_size)]
+    output = [item for piece in pieces for item in framer.feed(piece)]
+    held = [(context, frame) for context, frame in output if context is not None]
+    assert held == [("the second", frames[1])]
+    position = [context for context, _frame in output].index("the second")
+    assert b"".join(frame for context, frame in output[:position]) == frames[0]
+    assert b"".join(frame for context, frame in output[position + 1:]) == frames[2] + frames[3]
+    assert framer.take_partial() == b""
+
+
+def test_response_framer_passes_chunks_as_they_come_when_nothing_is_held():
+    framer = ResponseFramer()
+    stream = response_frame(1, b"x" * 100) + response_frame(2, b"y" * 100)
+    assert [framer.feed(stream[:150]), framer.feed(stream[150:])] == [[(None, stream[:150])], [(None, stream[150:])]]
+    framer = ResponseFramer(max_frame_bytes=1024)
+    assert framer.feed(b"HTTP/1.1 200 OK\r\n") == [(None, b"HTTP/1.1 200 OK\r\n")] and framer.framing_lost
+
+
+def batches(count: int) -> list[bytes]:
+    return [encode_batch([(b"k", b"v" * (20 + n), (), 1000)], base_offset=n) for n in range(count)]
+
+
+def fetch_exchange(version: int, partition_max_bytes: int = 1 << 20):
+    """A client, the Fetch request frame it sent and the response frame:
+    partition 0 answers three batches, partition 1 one batch, partition 2
+    nothing."""
+    name = {"topic": "t"} if version < 13 else {"topic_id": uuid.UUID(int=7)}
+    client = ClientConnection(client_id="cut-test")
+    correlation_id, request = client.send_request(ApiKey.FETCH, version, {
+        "replica_id": -1, "max_wait_ms": 0, "min_bytes": 0, "max_bytes": 1 << 20, "isolation_level": 1,
+        "topics": [{**name, "partitions": [{"partition": p, "fetch_offset": 0, "partition_max_bytes": partition_max_bytes} for p in range(3)]}],
+    })
+    records = {0: b"".join(batches(3)), 1: batches(1)[0], 2: None}
+    body = {"throttle_time_ms": 0, "error_code": 0, "session_id": 0, "responses": [{**name, "partitions": [
+        {"partition_index": p, "error_code": 0, "high_watermark": 3, "last_stable_offset": 3, "log_start_offset": 0, "aborted_transactions": [], "records": records[p]}
+        for p in range(3)
+    ]}]}
+    return client, request, bytes(encode_response(ApiKey.FETCH, version, correlation_id, body)), records
+
+
+@pytest.mark.parametrize("version", [4, 11, 12, 13, 17])
+def test_tail_cut_ends_a_partition_inside_its_last_batch_and_reframes(version):
+    last_batch_start = sum(len(batch) for batch in batches(2))
+    kept_sizes = set()
+    for seed in range(20):
+        client, request, response, records = fetch_exchange(version)
+        seen = FetchRequestSeen.from_frame(request, "tail")
+        assert seen.widened is None and seen.api_version == version
+        cut, cuts = cut_fetch_response(response, seen, random.Random(seed))
+        assert [(c["partition"], c["kept"] + c["dropped"]) for c in cuts] == [(0, len(records[0]))]
+        client.receive_data(cut)  # parses only if the sizes were fixed up
+        answer = client.next_response().body["responses"][0]["partitions"]
+        kept = bytes(answer[0]["records"])
+        assert records[0].startswith(kept) and last_batch_start < len(kept) < len(records[0])
+        assert split_partial_tail(kept)[0] == last_batch_start
+        assert bytes(answer[1]["records"]) == records[1], "one batch: Kafka sends the first batch whole"
+        assert answer[2]["records"] is None and answer[0]["high_watermark"] == 3
+        kept_sizes.add(len(kept))
+    assert len(kept_sizes) > 5, "the cut falls at different bytes"
+
+
+@pytest.mark.parametrize("version", [4, 12, 13])
+def test_partition_max_bytes_cut_widens_the_request_and_slices_at_the_clients_limit(version):
+    client, request, response, records = fetch_exchange(version, partition_max_bytes=100)
+    seen = FetchRequestSeen.from_frame(request, "partition_max_bytes")
+    server = ServerConnection()
+    server.receive_data(seen.widened)
+    widened = server.next_request()
+    assert [p["partition_max_bytes"] for p in widened.body["topics"][0]["partitions"]] == [200, 200, 200]
+    assert widened.correlation_id == struct.unpack_from(">i", request, 8)[0] and widened.client_id == "cut-test"
+    cut, cuts = cut_fetch_response(response, seen, random.Random(0))
+    assert [(c["partition"], c["kept"]) for c in cuts] == [(0, 100)]
+    client.receive_data(cut)
+    answer = client.next_response().body["responses"][0]["partitions"]
+    assert bytes(answer[0]["records"]) == records[0][:100] and bytes(answer[1]["records"]) == records[1]
+
+
+def test_cut_fetches_arguments_are_checked(raw_proxy, kafka_framed_proxy):
+    with pytest.raises(ValueError, match="Kafka framing"):
+        raw_proxy.cut_fetches()
+    with pytest.raises(ValueError, match="mode"):
+        kafka_framed_proxy.cut_fetches("middle")
+    with pytest.raises(ValueError, match="times"):
+        kafka_framed_proxy.cut_fetches("tail", times=0)
+    kafka_framed_proxy.cut_fetches("tail", times=2)
+    assert kafka_framed_proxy.faults_in_effect()["fetch_cut"] == {"mode": "tail", "remaining": 2}
+    kafka_framed_proxy.heal()
+    assert kafka_framed_proxy.faults_in_effect()["fetch_cut"] is None
+
+
 # ------------------------------------------------------------------ Kafka request rules over sockets
 
 
@@ -678,3 +785,32 @@ def test_transactional_commit_waits_for_a_delayed_end_txn(proxied_broker):
     assert [event.detail["api_key"] for event in delayed] == [ApiKey.END_TXN]
     proxy.clear_requests(ApiKey.END_TXN)
     assert sorted(read_values(proxied_broker.bootstrap, topic, partitions=3, expect=20)) == sorted(b"%d" % number for number in range(20))
+
+
+def test_librdkafka_reads_through_cut_fetches(proxied_broker):
+    """The cut is shaped like Apache Kafka's: librdkafka, which reads Kafka's
+    answers every day, takes the cut answers and reads every record once."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    topic = f"cut-fetch-{uuid.uuid4().hex[:8]}"
+    create_topic(proxied_broker.bootstrap, topic, partitions=1)
+    producer = Producer({"bootstrap.servers": proxied_broker.bootstrap, "linger.ms": 1, "batch.num.messages": 20})
+    values = [b"%04d-" % number + b"x" * 60 for number in range(1000)]
+    for value in values:
+        producer.produce(topic, value=value)
+    assert producer.flush(20) == 0
+    proxy = proxied_broker.proxy
+    proxy.cut_fetches("tail")
+    consumer = Consumer({"bootstrap.servers": proxied_broker.bootstrap, "group.id": f"cut-{uuid.uuid4()}", "enable.auto.commit": False, "max.partition.fetch.bytes": 8192})
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    seen = []
+    deadline = time.monotonic() + 30
+    try:
+        while len(seen) < len(values) and time.monotonic() < deadline:
+            for message in consumer.consume(500, 0.2):
+                assert message.error() is None, message.error()
+                seen.append(message.value())
+    finally:
+        consumer.close()
+    assert seen == values
+    assert proxy.counters().fetch_responses_cut >= 10

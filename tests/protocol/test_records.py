@@ -21,6 +21,7 @@ from protocol.records import (
     iter_batches,
     read_batch_header,
     set_base_offset,
+    split_partial_tail,
 )
 
 int64 = st.integers(-(2**63), 2**63 - 1)
@@ -205,6 +206,38 @@ def test_iter_batches_stops_at_damage_after_good_batches():
             seen.append(position)
     assert seen == [0, len(_sample())]
     assert info.value.position == len(good)
+
+
+def test_split_partial_tail_at_every_cut_of_a_fetched_section():
+    """A fetched section cut at any byte (as Apache Kafka's log slicing may
+    cut it): the whole batches before the cut count, the rest is the partial
+    batch, with its base offset once 8 bytes of it arrived and its size once
+    its length field did."""
+    batches = [encode_batch([(b"k", b"v" * size, (), 1000)], base_offset=10 * number) for number, size in enumerate((5, 300, 40))]
+    data = b"".join(batches)
+    starts = [0, len(batches[0]), len(batches[0]) + len(batches[1])]
+    for cut in range(len(data) + 1):
+        whole_end, partial = split_partial_tail(data[:cut])
+        inside = max(start for start in starts if start <= cut) if cut < len(data) else len(data)
+        assert whole_end == inside
+        if cut in starts or cut == len(data):
+            assert partial is None
+            continue
+        number = starts.index(inside)
+        assert (partial.position, partial.available) == (inside, cut - inside)
+        assert partial.base_offset == (10 * number if cut - inside >= 8 else None)
+        assert partial.size == (len(batches[number]) if cut - inside >= 12 else None)
+        # Damage and cuts stay apart: where the log sees a cut, it is damage.
+        with pytest.raises(CorruptRecordError, match="truncated"):
+            list(iter_batches(data[:cut]))
+
+
+def test_split_partial_tail_reports_a_length_below_the_minimum_as_damage():
+    data = bytearray(_sample() + _sample())
+    struct.pack_into(">i", data, len(_sample()) + 8, 10)
+    with pytest.raises(CorruptRecordError, match="below the minimum") as info:
+        split_partial_tail(data)
+    assert info.value.position == len(_sample())
 
 
 def test_wrong_magic_is_reported():

@@ -129,3 +129,30 @@ def test_clients_pickle_by_configuration(embedded_broker):
 
     async_producer = pickle.loads(pickle.dumps(txn.aio.Producer(bootstrap_servers=embedded_broker.bootstrap, linger_ms=9)))
     assert async_producer.config.linger_ms == 9
+
+
+def test_create_topics_lets_the_broker_choose_the_replication_factor(tmp_path, monkeypatch):
+    """By default the request asks for replication factor -1, the broker's
+    ``default.replication.factor`` (KIP-464), so a topic made on a cluster
+    is replicated as its operator chose; a given factor is sent as given.
+    Ours has one replica to give: -1 and 1 create the topic, 3 is refused."""
+    from broker.admin_apis import AdminApis
+    from broker.broker import EmbeddedBroker
+
+    asked = []
+    handle = AdminApis.handle_create_topics
+
+    async def recording(self, version, body):
+        asked.extend((version, topic["name"], topic["replication_factor"], {c["name"]: c["value"] for c in topic["configs"]}) for topic in body["topics"])
+        return await handle(self, version, body)
+
+    monkeypatch.setattr(AdminApis, "handle_create_topics", recording)
+    with EmbeddedBroker(str(tmp_path / "data")) as broker, Admin(bootstrap_servers=broker.bootstrap) as admin:
+        admin.create_topics({"rf-default": 2})
+        admin.create_topics({"rf-one": 1}, replication_factor=1, configs={"rf-one": {"min.insync.replicas": "1"}})
+        with pytest.raises(KafkaError, match=r"replication factor 3 is larger .*INVALID_REPLICATION_FACTOR"):
+            admin.create_topics({"rf-three": 1}, replication_factor=3)
+        topics = admin.list_topics()
+    assert [entry[1:] for entry in asked] == [("rf-default", -1, {}), ("rf-one", 1, {"min.insync.replicas": "1"}), ("rf-three", 3, {})]
+    assert all(version >= 4 for version, *_ in asked), "-1 needs CreateTopics v4"
+    assert topics["rf-default"] == 2 and topics["rf-one"] == 1 and "rf-three" not in topics
