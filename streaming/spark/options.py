@@ -502,6 +502,8 @@ class SinkOptions:
     crash_point_hook: str | None
     txn_app_id: str | None = None  # batch writes: the application whose versions are written once each
     txn_version: int | None = None
+    decision_topic_replication_factor: int = -1  # -1: the broker's default.replication.factor
+    decision_topic_min_insync_replicas: int | None = None
 
     @property
     def exactly_once(self) -> bool:
@@ -557,7 +559,16 @@ class SinkOptions:
                     "commitOffsetsToGroup needs .option('checkpointLocation', ...) on this writeStream: the sink reads the batch's "
                     "source end offsets from the checkpoint's offset log"
                 )
-        parsed = cls(params, lowered.get("topic") or None, guarantee, prefix, decision_topic, group, checkpoint, lowered.get("crashpointhook") or None, app_id, version)
+        replication = parse_long(lowered, "decisiontopicreplicationfactor", "decisionTopicReplicationFactor", default=-1)
+        if replication == 0 or replication < -1:
+            raise OptionError(f"decisionTopicReplicationFactor must be -1 (the broker's default) or positive, not {replication}")
+        min_insync = parse_long(lowered, "decisiontopicmininsyncreplicas", "decisionTopicMinInsyncReplicas", positive=True)
+        if min_insync is not None and replication != -1 and min_insync > replication:
+            raise OptionError(f"decisionTopicMinInsyncReplicas ({min_insync}) cannot exceed decisionTopicReplicationFactor ({replication})")
+        parsed = cls(
+            params, lowered.get("topic") or None, guarantee, prefix, decision_topic, group, checkpoint, lowered.get("crashpointhook") or None,
+            app_id, version, replication, min_insync,
+        )
         parsed.producer_config(transactional_id=prefix and f"{prefix}-check")  # unknown or bad kafka.* settings fail here
         return parsed
 

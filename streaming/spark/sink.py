@@ -35,6 +35,9 @@ Options (Spark's Kafka sink names where Spark has one):
 | kafka.transaction.timeout.ms | 900000 | must exceed a batch plus the longest restart |
 | commitOffsetsToGroup | none | group id: the source's end offsets of the batch are committed to it in the batch's decision |
 | decisionTopic | onceflow.decisions.{prefix} | where decisions are recorded (may be shared by prefixes) |
+| decisionTopicReplicationFactor | -1 | the decision topic's replication factor when the sink creates it (-1: the broker's default) |
+| decisionTopicMinInsyncReplicas | broker's | its ``min.insync.replicas`` |
+| txnAppId, txnVersion | | batch writes: the application and this write's version, each version written once |
 | kafka.* | | any other producer setting (``kafka.linger.ms``) |
 | crashPointHook | none | ``module:function`` called at the named crash points (``crashpoints``) |
 

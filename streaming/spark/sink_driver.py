@@ -145,7 +145,12 @@ class DecisionLog:
         key = (self.options.bootstrap_servers, self.topic)
         if key in _ENSURED_DECISION_TOPICS:
             return  # Spark reuses the Python worker that commits: once per process
-        await self.clients.admin.create_topics({self.topic: 1}, configs={self.topic: {"cleanup.policy": "compact"}}, exist_ok=True)
+        configs = {"cleanup.policy": "compact"}
+        if self.options.decision_topic_min_insync_replicas is not None:
+            configs["min.insync.replicas"] = str(self.options.decision_topic_min_insync_replicas)
+        await self.clients.admin.create_topics(
+            {self.topic: 1}, replication_factor=self.options.decision_topic_replication_factor, configs={self.topic: configs}, exist_ok=True
+        )
         _ENSURED_DECISION_TOPICS.add(key)
 
     async def latest(self) -> Decision | None:

@@ -47,6 +47,10 @@ def options(bootstrap="127.0.0.1:9", **extra):
         (options(**{"kafka.linger.ms": "-1"}), "invalid Kafka option: linger_ms"),
         (options(transactionalIdPrefix="a/b"), "not a legal topic name"),
         (options(commitOffsetsToGroup="g"), "needs .option\\('checkpointLocation'"),
+        (options(decisionTopicReplicationFactor="0"), "decisionTopicReplicationFactor must be -1 \\(the broker's default\\) or positive, not 0"),
+        (options(decisionTopicReplicationFactor="2", decisionTopicMinInsyncReplicas="3"), "cannot exceed decisionTopicReplicationFactor"),
+        (options(txnAppId="a"), "txnAppId and txnVersion go together"),
+        (options(txnAppId="a", txnVersion="1"), "are options of batch writes"),
         (options(commitOffsetsToGroup="g", deliveryGuarantee="at_least_once", checkpointLocation="/c"), "needs deliveryGuarantee=exactly_once"),
     ],
 )
@@ -163,6 +167,21 @@ def open_transactions(bootstrap, prefix="job"):
 
 def new_query():
     return str(uuid.uuid4()), str(uuid.uuid4())
+
+@pytest.mark.slow
+def test_the_decision_topic_is_created_with_the_replication_asked_for(broker):
+    """Issue 27, item 6: the decision topic gets the broker's default
+    replication factor unless decisionTopicReplicationFactor says otherwise;
+    a single broker refuses 3 with its own reason, which shows the request
+    carried it."""
+    query, run = new_query()
+    writer = make_stream_writer(options(broker.bootstrap, transactionalIdPrefix="replicated", decisionTopicReplicationFactor="3"), KV)
+    with pytest.raises(KafkaError, match="INVALID_REPLICATION_FACTOR"):
+        writer.commit(run_tasks(writer.options, [1], 1, query, run, 0), 0)
+    writer = make_stream_writer(options(broker.bootstrap, transactionalIdPrefix="replicated", decisionTopicMinInsyncReplicas="1"), KV)
+    writer.commit(run_tasks(writer.options, [1], 1, query, run, 0), 0)
+    assert sorted(map(int, read_committed(broker.bootstrap))) == [1]
+
 
 @pytest.mark.slow
 def test_batches_commit_exactly_once(broker):
