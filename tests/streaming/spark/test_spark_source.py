@@ -24,7 +24,8 @@ class Writer:
 
     def __init__(self, bootstrap: str, topic: str):
         self.topic = topic
-        self.producer = Producer(bootstrap_servers=bootstrap, transactional_id=f"writer-{uuid.uuid4()}", linger_ms=0)
+        self.transactional_id = f"writer-{uuid.uuid4()}"
+        self.producer = Producer(bootstrap_servers=bootstrap, transactional_id=self.transactional_id, linger_ms=0)
         self.producer.init_transactions()
         self.committed: list[tuple[int, bytes]] = []  # (partition, value)
 
@@ -433,8 +434,8 @@ def test_offsets_beyond_the_last_stable_offset_name_it_and_the_open_transaction(
     holder = Writer(broker.bootstrap, topic)
     holder.open(values("open", 2))  # 4, 5: the LSO stays at 4
     with Admin(bootstrap_servers=broker.bootstrap) as admin:
-        producer_id = admin.describe_transactions([holder.producer.transactional_id])[0].producer_id
-    holder_named = f"an open transaction of producer id {producer_id} (transactional id '{holder.producer.transactional_id}') begins there"
+        producer_id = admin.describe_transactions([holder.transactional_id])[0].producer_id
+    holder_named = f"an open transaction of producer id {producer_id} (transactional id '{holder.transactional_id}') begins there"
     with pytest.raises(Exception) as raised:
         batch_read(spark, broker, subscribe=topic, endingOffsets=json.dumps({topic: {"0": 6}}), **{"kafkaConsumer.pollTimeoutMs": 2000})
     message = str(raised.value)
