@@ -18,6 +18,9 @@ Where the work happens:
   batches never become rows; the offsets they occupy are simply absent.
 
 Offsets are Spark's JSON: ``{"topic": {"partition": next offset to read}}``.
+A new query's start keeps Spark's markers (-1 latest, -2 earliest) until
+batch 0 is planned, so it is the same at each of Spark's calls and after a
+restart before the first commit (``OnceflowStreamReader.initialOffset``).
 Everything here pickles: connections are opened lazily, where they are used.
 
 A range is re-read identically only below the last stable offset, which is
@@ -480,10 +483,10 @@ class OnceflowStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         until = opts.offsets_from_json(end)
         begin = {}
         for tp, offset in opts.offsets_from_json(start).items():
-            if offset == LATEST:
-                begin[tp] = until.get(tp, 0)  # batch 0 of a latest start is empty: latestOffset ended it at its start
-            elif offset != EARLIEST:
-                begin[tp] = offset  # (earliest: left out, so plan_ranges starts at the earliest offset now)
+            if offset == LATEST and tp in until:
+                begin[tp] = until[tp]  # batch 0 of a latest start is empty: latestOffset ended it at its start
+            elif offset not in (EARLIEST, LATEST):
+                begin[tp] = offset  # (earliest is left out, so plan_ranges starts at the earliest offset now)
         return plan_ranges(self.planner, self.source, begin, until)
 
     def read(self, partition: OffsetRange) -> Iterator:
