@@ -18,6 +18,9 @@ Where the work happens:
   batches never become rows; the offsets they occupy are simply absent.
 
 Offsets are Spark's JSON: ``{"topic": {"partition": next offset to read}}``.
+A new query's start keeps Spark's markers (-1 latest, -2 earliest) until
+batch 0 is planned, so it is the same at each of Spark's calls and after a
+restart before the first commit (``OnceflowStreamReader.initialOffset``).
 Everything here pickles: connections are opened lazily, where they are used.
 
 A range is re-read identically only below the last stable offset, which is
@@ -178,7 +181,7 @@ def read_range(source: SourceOptions, offset_range: OffsetRange, schema: StructT
             if records or now_at > position:
                 last_progress = time.monotonic()
             elif time.monotonic() - last_progress > source.poll_timeout_ms / 1000:
-                raise TimeoutError(f"Cannot fetch records in [{position}, {until}) of {tp} within kafkaConsumer.pollTimeoutMs={source.poll_timeout_ms}")
+                raise TimeoutError(stalled_message(source, tp, position, until))
             position = now_at
             while len(rows) >= ARROW_BATCH_ROWS:
                 yield arrow_batch(rows[:ARROW_BATCH_ROWS], arrow_schema, source.include_headers, pa)
@@ -187,6 +190,22 @@ def read_range(source: SourceOptions, offset_range: OffsetRange, schema: StructT
             yield arrow_batch(rows, arrow_schema, source.include_headers, pa)
     finally:
         consumer.close()
+
+
+def stalled_message(source: SourceOptions, tp: TopicPartition, position: int, until: int) -> str:
+    """Why a range read made no progress for kafkaConsumer.pollTimeoutMs: most
+    often a batch read whose endingOffsets lie beyond the last stable offset."""
+    from txn import Admin
+
+    message = f"Cannot fetch records in [{position}, {until}) of {tp} within kafkaConsumer.pollTimeoutMs={source.poll_timeout_ms}"
+    try:
+        with Admin(config=source.admin) as admin:
+            end, why = explain_end(admin, tp, source.isolation_level)
+    except (KafkaError, ConnectionError, OSError, TimeoutError) as error:
+        return f"{message} (the end of {tp} could not be listed: {error})"
+    if end is not None and position >= end:
+        return f"{message}: the range ends at {until}, beyond {why}. End the read at or below that offset (-1 is latest in endingOffsets)"
+    return f"{message} (reads of it stop at {why})"
 
 
 def arrow_batch(records: list, arrow_schema, include_headers: bool, pa):
@@ -208,9 +227,9 @@ def _text(key) -> str:
     return key.decode("utf-8", "replace") if isinstance(key, (bytes, bytearray)) else key
 
 
-def report_data_loss(source: SourceOptions, message: str) -> None:
+def report_data_loss(source: SourceOptions, message: str, hint: str = DATA_LOSS_HINT) -> None:
     if source.fail_on_data_loss:
-        raise DataLossError(f"{message}. {DATA_LOSS_HINT}")
+        raise DataLossError(f"{message}. {hint}")
     log.warning("%s. Some data may have been lost; failOnDataLoss is false, so the query goes on.", message)
 
 
@@ -284,16 +303,20 @@ class OffsetPlanner:
 
     def resolve(self, limit: opts.OffsetLimit, partitions: list[TopicPartition], *, starting: bool) -> dict[TopicPartition, int]:
         """Concrete offsets for a starting or ending option."""
+        return self.resolve_markers(self.marked(limit, partitions, starting=starting))
+
+    def marked(self, limit: opts.OffsetLimit, partitions: list[TopicPartition], *, starting: bool) -> dict[TopicPartition, int]:
+        """Offsets for a starting or ending option with Spark's markers left
+        in (-2 earliest, -1 latest): timestamps are looked up, and a partition
+        no record reaches is -1 under the ``latest`` strategy."""
         if isinstance(limit, opts.Earliest):
-            return self.earliest(partitions)
+            return {tp: EARLIEST for tp in partitions}
         if isinstance(limit, opts.Latest):
-            return self.latest(partitions)
+            return {tp: LATEST for tp in partitions}
         if isinstance(limit, opts.SpecificOffsets):
             named = "startingOffsets" if starting else "endingOffsets"
             _check_all_named(named, limit.offsets, partitions, "Use -1 for latest, -2 for earliest.")
-            wanted = {tp: "earliest" if offset == EARLIEST else "latest" for tp, offset in limit.offsets.items() if offset in (EARLIEST, LATEST)}
-            found = self.offsets(wanted)
-            return {tp: found.get(tp, offset) for tp, offset in limit.offsets.items()}
+            return dict(limit.offsets)
         if isinstance(limit, opts.GlobalTimestamp):
             timestamps = {tp: limit.timestamp for tp in partitions}
         else:
@@ -301,15 +324,57 @@ class OffsetPlanner:
             timestamps = dict(limit.timestamps)
         found = self.offsets(timestamps)
         unmatched = [tp for tp, offset in found.items() if offset < 0]
-        if unmatched:
-            if starting and limit.on_no_match == "error":
-                tp = unmatched[0]
-                raise OptionError(
-                    f"No offset matched from request of topic-partition {tp} and timestamp {timestamps[tp]}. "
-                    "Set startingOffsetsByTimestampStrategy to 'latest' to start from the latest offset instead."
-                )
-            found.update(self.latest(unmatched))
-        return found
+        if unmatched and starting and limit.on_no_match == "error":
+            tp = unmatched[0]
+            raise OptionError(
+                f"No offset matched from request of topic-partition {tp} and timestamp {timestamps[tp]}. "
+                "Set startingOffsetsByTimestampStrategy to 'latest' to start from the latest offset instead."
+            )
+        return {tp: LATEST if offset < 0 else offset for tp, offset in found.items()}
+
+    def resolve_markers(self, offsets: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
+        """``offsets`` with -2 and -1 replaced by each partition's earliest and latest offset now."""
+        wanted = {tp: "earliest" if offset == EARLIEST else "latest" for tp, offset in offsets.items() if offset in (EARLIEST, LATEST)}
+        found = self.offsets(wanted)
+        return {tp: found.get(tp, offset) for tp, offset in offsets.items()}
+
+    def explain_end(self, tp: TopicPartition) -> tuple[int | None, str]:
+        """Where and why reads of ``tp`` end now (``explain_end``)."""
+        return explain_end(self.admin, tp, self.source.isolation_level)
+
+
+def explain_end(admin, tp: TopicPartition, isolation_level: str) -> tuple[int | None, str]:
+    """Where reads of ``tp`` end now (None if that cannot be listed) and a
+    phrase saying why, to finish "... is beyond ": the last stable offset
+    and the open transaction holding it there (its producer id from
+    DescribeProducers, its transactional id from ListTransactions), or the
+    high watermark under read_uncommitted. Best effort: it explains an error,
+    so what it cannot find out it says, and never raises."""
+    try:
+        ends = {level: admin.list_offsets({tp: "latest"}, isolation_level=level)[tp].offset for level in ("read_committed", "read_uncommitted")}
+    except (KafkaError, ConnectionError, OSError, TimeoutError) as error:
+        return None, f"the end of {tp}, which could not be listed ({error})"
+    stable, high_watermark = ends["read_committed"], ends["read_uncommitted"]
+    if isolation_level != "read_committed":
+        return high_watermark, f"the end of {tp} (its high watermark), {high_watermark}"
+    if stable >= high_watermark:
+        return stable, f"the last stable offset of {tp}, {stable}, which is the end of the partition (no transaction is open there)"
+    holder = "an open transaction"
+    try:
+        open_here = [p for p in admin.describe_producers(tp) if p.current_txn_start_offset == stable]
+        if open_here:
+            producer_id = open_here[0].producer_id
+            holder += f" of producer id {producer_id}"
+            named = [t.transactional_id for t in admin.list_transactions(producer_ids=[producer_id])]
+            if named:
+                holder += f" (transactional id {named[0]!r})"
+    except (KafkaError, ConnectionError, OSError, TimeoutError) as error:
+        log.info("could not find the transaction holding the last stable offset of %s: %s", tp, error)
+    return stable, (
+        f"the last stable offset of {tp}, {stable} (its high watermark is {high_watermark}): {holder} begins there and holds it, "
+        "and read_committed reads stop at the last stable offset until that transaction commits or aborts (the broker aborts "
+        "it after its transaction.timeout.ms)"
+    )
 
 
 def _check_all_named(option: str, named: dict, partitions: list[TopicPartition], hint: str) -> None:
@@ -331,10 +396,23 @@ class OnceflowStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._last_trigger = time.monotonic()  # minOffsetsPerTrigger waits at most maxTriggerDelay from here
         self._available_now: dict[TopicPartition, int] | None = None
         self._latest_seen: dict[TopicPartition, int] | None = None
+        self._initial: dict | None = None
 
     def initialOffset(self) -> dict:
-        partitions = self.planner.partitions()
-        return opts.offsets_to_json(self.planner.resolve(self.source.starting, partitions, starting=True))
+        """Where a new query starts, the same at every call: Spark asks to
+        plan batch 0, again to run it, and again after a restart before
+        ``commits/0`` (the checkpoint keeps only batch 0's end, and a Python
+        source cannot see the checkpoint to write its start there, as Spark's
+        Kafka source does). So ``latest`` and ``earliest`` stay Spark's
+        markers (-1, -2) here, resolved by ``latestOffset`` when batch 0 is
+        planned: a latest partition's batch 0 ends where it starts, so batch 0
+        is empty there and the start is batch 0's end, which ``offsets/0``
+        keeps. Timestamps are looked up once per run (a partition with no
+        match under the ``latest`` strategy is -1)."""
+        if self._initial is None:
+            marked = self.planner.marked(self.source.starting, self.planner.partitions(), starting=True)
+            self._initial = opts.offsets_to_json(marked)
+        return self._initial
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.source.max_offsets_per_trigger is not None:
@@ -359,16 +437,28 @@ class OnceflowStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         gone = sorted(set(begin) - set(latest))
         if gone:
             report_data_loss(self.source, f"Partitions {', '.join(map(str, gone))} are gone (deleted topic?)")
-        new = [tp for tp in latest if tp not in begin]
+        marked = any(offset in (EARLIEST, LATEST) for offset in begin.values())
+        for tp, offset in begin.items():
+            if offset == LATEST and tp in latest:
+                begin[tp] = latest[tp]  # batch 0 is empty here and ends at the start it fixes
+        new = [tp for tp in latest if begin.get(tp, EARLIEST) == EARLIEST]  # earliest, or appeared since the last batch
         begin.update(self.planner.earliest(new))
+        starting = start == self._initial
         for tp, end in latest.items():
             if end < begin[tp]:
-                report_data_loss(self.source, f"The offset of {tp} went back from {begin[tp]} to {end}")
+                if starting:
+                    report_data_loss(
+                        self.source,
+                        f"The starting offset {begin[tp]} of {tp} is beyond {self.planner.explain_end(tp)[1]}",
+                        "Start at or below that offset (-1 is latest in startingOffsets), or set the source option \"failOnDataLoss\" to \"false\" to start there instead.",
+                    )
+                else:
+                    report_data_loss(self.source, f"The offset of {tp} went back from {begin[tp]} to {end}")
                 begin[tp] = end
         end = latest
         if not isinstance(limit, ReadAllAvailable):
             if self._available_now is None and self._should_wait(begin, latest):
-                return start
+                return opts.offsets_to_json({tp: begin[tp] for tp in latest}) if marked else start  # batch 0 ends where it starts, never at a marker
             max_offsets = limit.max_rows if isinstance(limit, ReadMaxRows) else self.source.max_offsets_per_trigger
             if max_offsets is not None:
                 end = rate_limit(begin, latest, max_offsets)
@@ -390,7 +480,14 @@ class OnceflowStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return sum(latest[tp] - begin[tp] for tp in latest) < self.source.min_offsets_per_trigger
 
     def partitions(self, start: dict, end: dict) -> list[OffsetRange]:
-        return plan_ranges(self.planner, self.source, opts.offsets_from_json(start), opts.offsets_from_json(end))
+        until = opts.offsets_from_json(end)
+        begin = {}
+        for tp, offset in opts.offsets_from_json(start).items():
+            if offset == LATEST and tp in until:
+                begin[tp] = until[tp]  # batch 0 of a latest start is empty: latestOffset ended it at its start
+            elif offset not in (EARLIEST, LATEST):
+                begin[tp] = offset  # (earliest is left out, so plan_ranges starts at the earliest offset now)
+        return plan_ranges(self.planner, self.source, begin, until)
 
     def read(self, partition: OffsetRange) -> Iterator:
         return read_range(self.source, partition, self.schema)

@@ -24,7 +24,8 @@ class Writer:
 
     def __init__(self, bootstrap: str, topic: str):
         self.topic = topic
-        self.producer = Producer(bootstrap_servers=bootstrap, transactional_id=f"writer-{uuid.uuid4()}", linger_ms=0)
+        self.transactional_id = f"writer-{uuid.uuid4()}"
+        self.producer = Producer(bootstrap_servers=bootstrap, transactional_id=self.transactional_id, linger_ms=0)
         self.producer.init_transactions()
         self.committed: list[tuple[int, bytes]] = []  # (partition, value)
 
@@ -426,3 +427,28 @@ def test_min_offsets_per_trigger_holds_batches_until_max_trigger_delay(spark, br
     finally:
         query.stop()
         writer.close()
+
+
+def test_offsets_beyond_the_last_stable_offset_name_it_and_the_open_transaction(spark, broker, tmp_path):
+    topic = "src-beyond-lso"
+    create(broker, topic)
+    writer = Writer(broker.bootstrap, topic)
+    writer.transaction(values("a", 3))  # 0..2, COMMIT 3
+    holder = Writer(broker.bootstrap, topic)
+    holder.open(values("open", 2))  # 4, 5: the LSO stays at 4
+    with Admin(bootstrap_servers=broker.bootstrap) as admin:
+        producer_id = admin.describe_transactions([holder.transactional_id])[0].producer_id
+    holder_named = f"an open transaction of producer id {producer_id} (transactional id '{holder.transactional_id}') begins there"
+    with pytest.raises(Exception) as raised:
+        batch_read(spark, broker, subscribe=topic, endingOffsets=json.dumps({topic: {"0": 6}}), **{"kafkaConsumer.pollTimeoutMs": 2000})
+    message = str(raised.value)
+    assert f"Cannot fetch records in [4, 6) of {topic}-0 within kafkaConsumer.pollTimeoutMs=2000: the range ends at 6, beyond the last stable offset of {topic}-0, 4" in message, message[-3000:]
+    assert holder_named in message, message[-3000:]
+    with pytest.raises(Exception) as raised:
+        run_available_now(stream(spark, broker, subscribe=topic, startingOffsets=json.dumps({topic: {"0": 5}})), tmp_path)
+    message = str(raised.value)
+    assert f"The starting offset 5 of {topic}-0 is beyond the last stable offset of {topic}-0, 4" in message and "went back" not in message, message[-3000:]
+    assert holder_named in message and "-1 is latest in startingOffsets" in message, message[-3000:]
+    holder.producer.abort_transaction()
+    for each in (writer, holder):
+        each.close()

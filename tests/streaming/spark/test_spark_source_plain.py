@@ -72,7 +72,7 @@ def test_data_source_reader_and_partitions_pickle_before_and_after_use(embedded_
     reader = source.streamReader(schema)
     reader = pickle.loads(pickle.dumps(reader))
     start = reader.initialOffset()  # opens the driver's admin client
-    assert start == {"plain": {"0": 0, "1": 0}}
+    assert start == {"plain": {"0": -2, "1": -2}}, "earliest stays Spark's marker until batch 0 is planned"
     copy = pickle.loads(pickle.dumps(reader))  # as Spark ships it to executors: no connection inside
     assert copy.planner._admin is None
     from pyspark.sql.streaming.datasource import ReadAllAvailable
@@ -106,9 +106,11 @@ def test_min_offsets_per_trigger_waits_at_most_max_trigger_delay(embedded_broker
     start = reader.initialOffset()
     write(embedded_broker.bootstrap, "plain-min", 2)  # 3 offsets with the marker
     begun = time.monotonic()
-    assert reader.latestOffset(start, ReadMinRows(6)) == start, "3 new offsets < 6: wait"
+    first = reader.latestOffset(start, ReadMinRows(6))
+    assert first == {"plain-min": {"0": 0}}, "3 new offsets < 6: wait (an empty batch 0 at the resolved start, never a marker)"
+    assert reader.latestOffset(first, ReadMinRows(6)) == first
     deadline = begun + 60
-    while (end := reader.latestOffset(start, ReadMinRows(6))) == start:
+    while (end := reader.latestOffset(first, ReadMinRows(6))) == first:
         assert time.monotonic() < deadline
         time.sleep(0.1)
     assert time.monotonic() - begun >= 1.5, "released by maxTriggerDelay, not earlier"
@@ -161,3 +163,34 @@ def test_executor_finds_data_loss_when_records_vanish_after_planning(embedded_br
     assert [r["offset"] for r in rows] == [4, 5], "what is left of the range"
     beyond = OffsetRange("plain-loss", 0, 50, 60)  # the log ends below the range (a recreated topic)
     assert list(read_range(reader.source, beyond, reader.schema)) == []
+
+
+def test_initial_offset_is_the_same_at_every_call_and_after_a_restart(embedded_broker):
+    """Spark asks for the initial offset to plan batch 0, again to run it, and
+    again after a restart before commits/0: a start resolved at each call
+    would drift while records arrive."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    with Admin(bootstrap_servers=embedded_broker.bootstrap) as admin:
+        admin.create_topics({"plain-start": 2})
+    write(embedded_broker.bootstrap, "plain-start", 3)  # 0..2, COMMIT 3
+    source = OnceflowDataSource(source_options(embedded_broker.bootstrap, subscribe="plain-start", startingOffsets="latest"))
+    reader = source.streamReader(source.schema())
+    start = reader.initialOffset()
+    write(embedded_broker.bootstrap, "plain-start", 2)  # 4, 5, COMMIT 6: arrives between Spark's calls
+    assert reader.initialOffset() == start == {"plain-start": {"0": -1, "1": -1}}
+    end = reader.latestOffset(start, ReadAllAvailable())
+    assert end == {"plain-start": {"0": 7, "1": 0}}, "batch 0 of a latest start ends at the offsets it resolves"
+    write(embedded_broker.bootstrap, "plain-start", 1)  # 7, COMMIT 8
+    assert reader.partitions(reader.initialOffset(), end) == [], "batch 0 is empty: it ends where the query starts"
+    restarted = source.streamReader(source.schema())  # the driver died before commits/0: batch 0 is run again
+    assert restarted.partitions(restarted.initialOffset(), end) == []
+    assert restarted.partitions(end, restarted.latestOffset(end, ReadAllAvailable())) == [OffsetRange("plain-start", 0, 7, 9)], "batch 1 begins at batch 0's end"
+    earliest = OnceflowDataSource(source_options(embedded_broker.bootstrap, subscribe="plain-start")).streamReader(source.schema())
+    assert earliest.initialOffset() == {"plain-start": {"0": -2, "1": -2}}
+    batch_0 = earliest.latestOffset(earliest.initialOffset(), ReadAllAvailable())
+    assert earliest.partitions(earliest.initialOffset(), batch_0) == [OffsetRange("plain-start", 0, 0, 9)]
+    no_match = source_options(embedded_broker.bootstrap, subscribe="plain-start", startingTimestamp=9_000_000_000_000, startingOffsetsByTimestampStrategy="latest")
+    assert OnceflowDataSource(no_match).streamReader(source.schema()).initialOffset() == {"plain-start": {"0": -1, "1": -1}}
+    for each in (reader, restarted, earliest):
+        each.stop()
