@@ -42,7 +42,7 @@ from pyspark.sql.types import ArrayType, BinaryType, IntegerType, LongType, Stri
 from protocol.errors import ErrorCode
 from streaming.spark import options as opts
 from streaming.spark.options import EARLIEST, LATEST, OptionError, SourceOptions
-from txn.errors import FatalError, KafkaError
+from txn.errors import FatalError, KafkaError, RecordBatchTooLargeError
 from txn.types import TopicPartition
 
 log = logging.getLogger(__name__)
@@ -164,6 +164,8 @@ def read_range(source: SourceOptions, offset_range: OffsetRange, schema: StructT
         while position < until:
             try:
                 records = consumer.poll(min(1.0, source.poll_timeout_ms / 1000))
+            except RecordBatchTooLargeError as error:
+                raise OptionError(f"{error} (on the onceflow source: the option kafka.max.partition.fetch.bytes)") from None
             except FatalError as error:
                 if error.code != ErrorCode.OFFSET_OUT_OF_RANGE:
                     raise
