@@ -8,6 +8,9 @@ transactions, built on PySpark's Python Data Source API (no JVM jar).
 
 Importing this package does not import pyspark or start Spark: the data
 source class (``streaming.spark.datasource``) is loaded by ``register``.
+Without ``register``, PySpark 4 finds the data source by itself through the
+installed ``pyspark_onceflow`` module (a regular install; its lookup worker
+must run an interpreter with onceflow, see ``streaming.spark.interpreter``).
 ``local_session`` starts a lean local session with the data source
 registered (for scripts, tests, the demo and the benchmarks).
 The option names are those of Spark's Kafka connector (``options``).
