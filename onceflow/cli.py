@@ -48,6 +48,7 @@ COMMANDS = (
     Command("demo", "onceflow.commands.demo", "see onceflow work end to end: a stateful exactly-once pipeline under kills"),
     Command("chaos", "onceflow.commands.chaos", "run a workload under a seeded fault schedule and check it"),
     Command("bench", "onceflow.commands.bench", "benchmark our broker beside Tansu and the machine's limits (needs a checkout)"),
+    Command("spark", "onceflow.commands.spark", "finish an exactly-once Spark sink's decided batch without Spark (after its driver died)"),
 )
 COMMANDS_BY_NAME = {command.name: command for command in COMMANDS}
 

@@ -202,6 +202,31 @@ class DecisionLog:
         return (now.producer_id, now.producer_epoch) != (writer.producer_id, writer.producer_epoch)
 
 
+@attrs.frozen
+class Finished:
+    """What the completer found and did: the latest decision (None when
+    there is none), the transactions it committed now, and those it could
+    not commit (with what the broker said)."""
+
+    decision: Decision | None
+    committed: tuple[SinkTransaction, ...]
+    lost: tuple[tuple[SinkTransaction, str], ...]
+
+    def __str__(self) -> str:
+        if self.decision is None:
+            return "no decision recorded"
+        text = f"batch {self.decision.batch_id} of query {self.decision.query_id}: {len(self.committed)} of {len(self.decision.transactions)} decided transactions committed now"
+        if self.lost:
+            text += f"; {len(self.lost)} could not be: " + "; ".join(f"{t.transactional_id}: {why}" for t, why in self.lost)
+        return text
+
+
+def finish_decided(options: SinkOptions, timeout: float = 30.0) -> Finished:
+    """``DriverCommit.finish_latest`` from synchronous code (the command
+    line, the writer at query start), on this process's driver loop."""
+    return on_kept_clients(options, lambda clients: asyncio.wait_for(DriverCommit(options, no_crash, clients).finish_latest(), timeout))
+
+
 def fenced(query_id: str, error: BaseException) -> DriverFencedError:
     return DriverFencedError(
         f"another driver took over query {query_id}'s decisions ({error}): a second driver runs the same checkpoint "
@@ -308,6 +333,32 @@ class DriverCommit:
     async def abort_job(self, messages: list[SinkCommitMessage]) -> None:
         async with self._clients():
             await self._abort_each(m.transaction for m in messages if m.transaction is not None)
+
+    async def finish_latest(self) -> "Finished":
+        """Commit the decided transactions of this prefix's latest decision
+        that are still open, without Spark (the completer). Safe beside a
+        live or restarting driver: it never takes the decision writer over
+        (a live driver is not fenced), reads only committed decisions, and
+        commits only what a decision names, which the driver would commit
+        too; a transaction the broker aborted stays for the driver to judge
+        (re-decide, or the loud failure)."""
+        async with self._clients() as clients:
+            decisions = DecisionLog(self.options, clients)
+            try:
+                latest = await decisions.latest()
+            except KafkaError as error:  # no decision topic yet: nothing was ever decided
+                log.info("finish decided: no decisions to read (%s)", error)
+                return Finished(None, (), ())
+            if latest is None:
+                return Finished(None, (), ())
+            states = await self._states(latest.transactions)
+            open_now = tuple(
+                t for t in latest.transactions
+                if states[t.transactional_id].state in ("Ongoing", "PrepareCommit")
+                and (states[t.transactional_id].producer_id, states[t.transactional_id].producer_epoch) == (t.producer_id, t.producer_epoch)
+            )
+            lost = await self._commit_each(open_now, latest.batch_id)
+            return Finished(latest, tuple(t for t in open_now if t not in {x for x, _ in lost}), tuple(lost))
 
     async def _verify_open(self, decision: Decision, batch_id: int) -> None:
         """Right before the decision: every handle must be open with the
