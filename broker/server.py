@@ -196,6 +196,7 @@ class KafkaServer:
             client_host=peer[0] if isinstance(peer, tuple) and peer else "",
             listener=self.listener.name,
             security_protocol=self.listener.security_protocol,
+            close_connection=lambda reason: self._close(writer, peer, reason),
         )
         if self._ssl_context is not None:
             try:
@@ -240,6 +241,15 @@ class KafkaServer:
         finally:
             if session_update is not None:
                 session_update(None)
+
+    def _close(self, writer: asyncio.StreamWriter, peer, reason: str) -> None:
+        """Close one connection now (``Session.close_connection``): reading
+        stops, answers not yet written are dropped, and the connection's
+        tasks end as when a peer goes away (the handlers in flight finish)."""
+        if writer.transport.is_closing():
+            return
+        log.info("closing connection from %s on %s: %s", peer, self.listener.name, reason)
+        writer.transport.close()
 
     async def _authentication_deadline(self, state: _Connection, deadline: float, peer) -> None:
         try:
