@@ -31,6 +31,11 @@ environment arms it (``ONCEFLOW_CRASH_POINTS``, ``ONCEFLOW_DISK_FAULTS``);
 no room below reads the environment or imports ``faults``. The broker also
 owns the one index budget (``storage.index.IndexBudget``) its logs share.
 
+Outermost around the dispatcher sits the offset-commit watch
+(``broker.offset_commit_watch``, unless ``transaction.offset.commit.stall.ms``
+is 0), one of the background loops: it closes the connection of a producer
+whose TxnOffsetCommit is overdue, which wakes librdkafka after a restart.
+
 With ``metrics_address`` the broker keeps its Prometheus metrics
 (``broker.metrics``): the dispatcher is wrapped in ``MeasuredDispatch``, the
 logs report their fsync rounds, the transaction coordinator's durable

@@ -20,6 +20,10 @@ A response with ``throttle_time_ms`` > 0 (a client over its quota,
 does (KIP-219): no further request of it is read or started until then,
 whether or not the client honours the field.
 
+Each connection's ``Session`` carries ``close_connection``: what lets the
+broker drop one connection on purpose, as a network failure would (the
+offset-commit watch, ``broker.offset_commit_watch``, wakes a stuck client so).
+
 A server serves one listener (``broker.security.listeners``); the broker runs
 one per listener. Its edge, in the order a connection meets it: the shared
 ``ConnectionLimiter`` (a connection over ``max.connections`` or
