@@ -1,13 +1,16 @@
 """`onceflow bench --recovery`: how long each fault stops an exactly-once
 pipeline, beside the targets (the README's "Availability under faults").
 
-    onceflow bench --recovery [--recovery-rounds 3] [--recovery-seconds 24] [--recovery-workload copier|streaming] [--json FILE]
+    onceflow bench --recovery [--recovery-rounds 3] [--recovery-seconds 24] [--recovery-workload copier|copier-confluent|copier-librdkafka|streaming] [--json FILE]
 
 For each fault kind with a target, a chaos run (``faults.chaos``) of the
 transactional copier (two processes, static members of one group, our
 client's defaults) with only that fault, a few times a run, on input
 arriving at a steady rate; ``faults.availability`` measures each fault's
-recovery from the run's history. With ``--recovery-workload streaming``
+recovery from the run's history. ``--recovery-workload copier-librdkafka``
+runs the copier on confluent-kafka as a new user writes it (librdkafka's
+defaults: after a broker restart it needs the broker's offset-commit watch,
+issue 28), ``copier-confluent`` with librdkafka's re-bootstrap off. With ``--recovery-workload streaming``
 the pipeline is ``examples/enrichment.py`` on the streaming runner (two
 instances), whose commits are seen as its group's committed offsets moving
 (sampled every 0.25 s, and not by instance: "after cleared" is then anyone's
@@ -97,7 +100,8 @@ def run_from_args(args) -> int:
         say(f"onceflow bench --recovery: no target for {', '.join(unknown)}; known: {', '.join(TARGETS)}")
         return 2
     workload = getattr(args, "recovery_workload", "copier")
-    say(f"recovery after faults: the {'copier' if workload == 'copier' else 'streaming runner (examples/enrichment.py)'}, {args.recovery_rounds} rounds of {args.recovery_seconds:.0f} s per fault kind, input at {args.recovery_rate}/s")
+    pipeline = {"copier": "copier", "copier-confluent": "copier on confluent-kafka (re-bootstrap off)", "copier-librdkafka": "copier on confluent-kafka (librdkafka's defaults)"}
+    say(f"recovery after faults: the {pipeline.get(workload, 'streaming runner (examples/enrichment.py)')}, {args.recovery_rounds} rounds of {args.recovery_seconds:.0f} s per fault kind, input at {args.recovery_rate}/s")
     rows = [measure_kind(kind, rounds=args.recovery_rounds, seconds=args.recovery_seconds, records_per_second=args.recovery_rate, say=say, workload=workload) for kind in kinds]
     for line in table(rows):
         say(line)

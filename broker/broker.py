@@ -31,6 +31,11 @@ environment arms it (``ONCEFLOW_CRASH_POINTS``, ``ONCEFLOW_DISK_FAULTS``);
 no room below reads the environment or imports ``faults``. The broker also
 owns the one index budget (``storage.index.IndexBudget``) its logs share.
 
+Outermost around the dispatcher sits the offset-commit watch
+(``broker.offset_commit_watch``, unless ``transaction.offset.commit.stall.ms``
+is 0), one of the background loops: it closes the connection of a producer
+whose TxnOffsetCommit is overdue, which wakes librdkafka after a restart.
+
 With ``metrics_address`` the broker keeps its Prometheus metrics
 (``broker.metrics``): the dispatcher is wrapped in ``MeasuredDispatch``, the
 logs report their fsync rounds, the transaction coordinator's durable
@@ -136,6 +141,8 @@ class Broker:
         # broker.security.acls.AclAuthorizer when authorizer.class.name is set.
         self.authorizer = None
         self._dispatcher = None
+        # broker.offset_commit_watch.OffsetCommitWatch, unless transaction.offset.commit.stall.ms is 0.
+        self.offset_commit_watch = None
         # Prometheus metrics, when an address to serve them on is given.
         self.metrics_address = metrics_address
         self.metrics: BrokerMetrics | None = None
@@ -275,9 +282,17 @@ class Broker:
         # Inside the ACL check (a denied request is not metered): Produce and
         # Fetch are metered per user and throttled (KIP-13, KIP-219).
         self._dispatcher = self._authorizing(QuotaLayer(self.apis.dispatch, self.quotas, clock=self.clock.monotonic))
+        loops = {"housekeeping": self._housekeep(), **self.groups.background(), **self.transactions.background()}
+        if self.config.transaction_offset_commit_stall_ms > 0:
+            from broker.offset_commit_watch import OffsetCommitWatch
+
+            # Outermost: a TxnOffsetCommit the authorizer refuses still shows
+            # that its client is not stuck.
+            self.offset_commit_watch = OffsetCommitWatch(self._dispatcher, wait_ms=self.config.transaction_offset_commit_stall_ms, clock=self.clock.monotonic)
+            self._dispatcher = self.offset_commit_watch
+            loops["offset commit watch"] = self.offset_commit_watch.run()
         self._task_scope = contextlib.AsyncExitStack()
         tasks = await self._task_scope.enter_async_context(asyncio.TaskGroup())
-        loops = {"housekeeping": self._housekeep(), **self.groups.background(), **self.transactions.background()}
         self._loops = [tasks.create_task(loop, name=f"broker {name}") for name, loop in loops.items()]
         log.info("onceflow broker ready on %s:%d (data in %s)", self.config.host, self.port, data_dir)
         if len(listeners) > 1:

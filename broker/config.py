@@ -29,6 +29,7 @@ _INT_SETTINGS = {
     "transaction.max.timeout.ms": "transaction_max_timeout_ms",
     "transactional.id.expiration.ms": "transactional_id_expiration_ms",
     "transaction.abort.timed.out.transaction.cleanup.interval.ms": "transaction_abort_interval_ms",
+    "transaction.offset.commit.stall.ms": "transaction_offset_commit_stall_ms",
     "offsets.topic.num.partitions": "offsets_topic_partitions",
     "group.initial.rebalance.delay.ms": "group_initial_rebalance_delay_ms",
     "group.min.session.timeout.ms": "group_min_session_timeout_ms",
@@ -116,6 +117,11 @@ class BrokerConfig:
     transaction_max_timeout_ms: int = attrs.field(default=900_000, validator=attrs.validators.ge(1))
     transactional_id_expiration_ms: int = attrs.field(default=7 * 24 * 3600 * 1000, validator=attrs.validators.ge(1))
     transaction_abort_interval_ms: int = attrs.field(default=10_000, validator=attrs.validators.ge(10))
+    # onceflow's own: a producer whose AddOffsetsToTxn was answered and that
+    # sends neither TxnOffsetCommit nor EndTxn within this long has that
+    # connection closed, once, which wakes a librdkafka stuck on a stale
+    # group coordinator (broker.offset_commit_watch); 0: never.
+    transaction_offset_commit_stall_ms: int = attrs.field(default=200, validator=attrs.validators.ge(0))
     offsets_topic_partitions: int = attrs.field(default=50, validator=attrs.validators.ge(1))
     group_initial_rebalance_delay_ms: int = attrs.field(default=3000, validator=attrs.validators.ge(0))
     group_min_session_timeout_ms: int = attrs.field(default=6000, validator=attrs.validators.ge(1))

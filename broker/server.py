@@ -20,6 +20,10 @@ A response with ``throttle_time_ms`` > 0 (a client over its quota,
 does (KIP-219): no further request of it is read or started until then,
 whether or not the client honours the field.
 
+Each connection's ``Session`` carries ``close_connection``: what lets the
+broker drop one connection on purpose, as a network failure would (the
+offset-commit watch, ``broker.offset_commit_watch``, wakes a stuck client so).
+
 A server serves one listener (``broker.security.listeners``); the broker runs
 one per listener. Its edge, in the order a connection meets it: the shared
 ``ConnectionLimiter`` (a connection over ``max.connections`` or
@@ -196,6 +200,7 @@ class KafkaServer:
             client_host=peer[0] if isinstance(peer, tuple) and peer else "",
             listener=self.listener.name,
             security_protocol=self.listener.security_protocol,
+            close_connection=lambda reason: self._close(writer, peer, reason),
         )
         if self._ssl_context is not None:
             try:
@@ -240,6 +245,15 @@ class KafkaServer:
         finally:
             if session_update is not None:
                 session_update(None)
+
+    def _close(self, writer: asyncio.StreamWriter, peer, reason: str) -> None:
+        """Close one connection now (``Session.close_connection``): reading
+        stops, answers not yet written are dropped, and the connection's
+        tasks end as when a peer goes away (the handlers in flight finish)."""
+        if writer.transport.is_closing():
+            return
+        log.info("closing connection from %s on %s: %s", peer, self.listener.name, reason)
+        writer.transport.close()
 
     async def _authentication_deadline(self, state: _Connection, deadline: float, peer) -> None:
         try:

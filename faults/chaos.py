@@ -80,7 +80,7 @@ from faults.watcher import ProgressProbe, TopicWatcher, deltas
 from protocol.messages import ApiKey
 
 FAULT_KINDS = ("kill-broker", "kill-client", "kill-driver", "pause-client", "pause-broker", "proxy-cut", "proxy-delay-endtxn", "torn-tail", "disk-fsync")
-WORKLOAD_KINDS = ("copier", "copier-confluent", "producer", "bank", "processor", "streaming", "spark")
+WORKLOAD_KINDS = ("copier", "copier-confluent", "copier-librdkafka", "producer", "bank", "processor", "streaming", "spark")
 BROKER_CONFIG = ("group.initial.rebalance.delay.ms=0", "group.min.session.timeout.ms=1000", "transaction.abort.timed.out.transaction.cleanup.interval.ms=500")
 
 

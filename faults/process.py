@@ -108,8 +108,11 @@ class BrokerProcess(ManagedProcess):
     """``onceflow broker`` as a child process; ``port=0`` picks a
     ``restartable_port`` once, and every restart listens on it again."""
 
-    def __init__(self, data_dir: str, *config: str, port: int = 0, env: dict | None = None, log_path: str | None = None, advertise: str | None = None):
+    def __init__(
+        self, data_dir: str, *config: str, port: int = 0, env: dict | None = None, log_path: str | None = None, advertise: str | None = None, log_level: str | None = None
+    ):
         self.advertise = advertise  # HOST:PORT for metadata (a fault proxy in front), else the listener
+        self.log_level = log_level  # onceflow --log-level (DEBUG logs every coordinator transition), default INFO
         self.data_dir = data_dir
         self.config = config
         self.port = port
@@ -124,7 +127,7 @@ class BrokerProcess(ManagedProcess):
     def start(self, timeout: float = 60.0) -> "BrokerProcess":
         if self.port == 0:
             self.port = restartable_port()
-        command = [sys.executable, "-m", "onceflow", "broker", "--data-dir", self.data_dir, "--listen", f"127.0.0.1:{self.port}"]
+        command = [sys.executable, "-m", "onceflow", *(["--log-level", self.log_level] if self.log_level else []), "broker", "--data-dir", self.data_dir, "--listen", f"127.0.0.1:{self.port}"]
         if self.advertise:
             command += ["--advertise", self.advertise]
         for item in self.config:

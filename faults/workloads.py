@@ -18,6 +18,13 @@ Workloads:
   transactional copier of Kafka's system test. Each transaction's polls and
   sends are one ``txn`` op; ok when committed, fail when aborted, info when
   the commit's outcome is unknown (the process died or the answer was lost).
+  ``copier-confluent`` turns librdkafka's re-bootstrap off
+  (``metadata.recovery.strategy=none``); ``copier-librdkafka`` is the same
+  copier as a new user writes it (issue 28): librdkafka's defaults, each batch
+  flushed before its offsets are sent. After a broker restart re-bootstrap
+  leaves librdkafka 2.16 waiting on a stale group coordinator unless the
+  broker wakes it (``broker.offset_commit_watch``).
+  ``--client-debug`` passes librdkafka's ``debug`` contexts (to stderr).
 - ``producer``: an idempotent producer sending numbered values; each send an
   op, ok with its offset once acknowledged.
 - ``bank``: accounts in a one-partition ledger; each transfer a transaction
@@ -51,6 +58,7 @@ record nobody expected (``copy-unexpected``).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -159,15 +167,20 @@ def run_copier(args, recorder: HistoryWriter) -> int:
     return 0
 
 
-def run_confluent_copier(args, recorder: HistoryWriter) -> int:
+def run_confluent_copier(args, recorder: HistoryWriter, *, as_users_write_it: bool = False) -> int:
+    """``as_users_write_it``: librdkafka's defaults (re-bootstrap on) and each
+    batch flushed before its offsets are sent, as issue 28's user's copier
+    did (``copier-librdkafka``)."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
 
     rng = random.Random(args.seed)
     stop = _stopping()
+    client = {} if as_users_write_it else {"metadata.recovery.strategy": "none"}
+    if args.client_debug:
+        client["debug"] = args.client_debug
     consumer = Consumer({"bootstrap.servers": args.bootstrap, "group.id": args.group, "isolation.level": "read_committed", "enable.auto.commit": False,
-                         "auto.offset.reset": "earliest", "session.timeout.ms": 6000, "metadata.recovery.strategy": "none",
-                         "group.instance.id": args.transactional_id})
-    producer = Producer({"bootstrap.servers": args.bootstrap, "transactional.id": args.transactional_id, "linger.ms": 5, "transaction.timeout.ms": 10_000, "metadata.recovery.strategy": "none"})
+                         "auto.offset.reset": "earliest", "session.timeout.ms": 6000, "group.instance.id": args.transactional_id, **client})
+    producer = Producer({"bootstrap.servers": args.bootstrap, "transactional.id": args.transactional_id, "linger.ms": 5, "transaction.timeout.ms": 10_000, **client})
     producer.init_transactions(60)
     consumer.subscribe([args.input], on_assign=lambda c, partitions: recorder.event("ok", "assign", [f"{p.topic}-{p.partition}" for p in partitions]))
 
@@ -190,6 +203,8 @@ def run_confluent_copier(args, recorder: HistoryWriter) -> int:
         try:
             for message in messages:
                 producer.produce(args.output, value=message.value(), key=message.key(), on_delivery=lambda err, msg: delivered.append(msg) if err is None else None)
+            if as_users_write_it:
+                producer.flush(30)
             producer.send_offsets_to_transaction(consumer.position(consumer.assignment()), consumer.consumer_group_metadata(), 30)
             producer.flush(30)
             sends = [["send", f"{m.topic()}-{m.partition()}", _text(m.value()), m.offset()] for m in delivered]
@@ -413,7 +428,15 @@ def run_streaming(args, recorder: HistoryWriter) -> int:
     return 0
 
 
-WORKLOADS = {"streaming": run_streaming, "copier": run_copier, "copier-confluent": run_confluent_copier, "producer": run_producer, "bank": run_bank, "reader": run_reader}
+WORKLOADS = {
+    "streaming": run_streaming,
+    "copier": run_copier,
+    "copier-confluent": run_confluent_copier,
+    "copier-librdkafka": functools.partial(run_confluent_copier, as_users_write_it=True),
+    "producer": run_producer,
+    "bank": run_bank,
+    "reader": run_reader,
+}
 
 
 def main(argv=None) -> int:
@@ -441,6 +464,7 @@ def main(argv=None) -> int:
     parser.add_argument("--with-keys", action="store_true", help="(reader) record each read as output_text(key, value)")
     parser.add_argument("--app", default=None, help="(streaming) the app module: a .py path or a module name")
     parser.add_argument("--state-dir", default=None, help="(streaming) this instance's state directory")
+    parser.add_argument("--client-debug", default=None, help="(copier-confluent, copier-librdkafka) librdkafka debug contexts, e.g. eos,cgrp,broker,protocol")
     args = parser.parse_args(argv)
     recorder = HistoryWriter(args.history, f"{args.process}/{os.getpid()}")  # a restart is a new process
     try:

@@ -10,6 +10,8 @@ without client certificates) is ``User:ANONYMOUS``, as in Kafka.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import attrs
 
 
@@ -45,3 +47,7 @@ class Session:
     client_host: str = "127.0.0.1"
     listener: str = "PLAINTEXT"
     security_protocol: str = "PLAINTEXT"
+    # Closes this connection (given why, for the log), as a network failure
+    # would: answers not yet written are lost and the client reconnects.
+    # Not part of the identity (two connections of one user are equal).
+    close_connection: Callable[[str], None] | None = attrs.field(default=None, eq=False, repr=False)

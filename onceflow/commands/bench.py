@@ -51,7 +51,8 @@ def add_arguments(parser) -> None:
     recovery.add_argument("--recovery-faults", default=None, metavar="KIND,...", help="fault kinds (default: kill-client,kill-broker,pause-broker)")
     recovery.add_argument("--recovery-rounds", type=int, default=3, metavar="N", help="chaos runs per fault kind (default 3)")
     recovery.add_argument("--recovery-seconds", type=float, default=24.0, metavar="S", help="length of each run (about 4 faults each) (default 24)")
-    recovery.add_argument("--recovery-workload", default="copier", choices=["copier", "streaming"], help="the pipeline: the copier, or examples/enrichment.py on the streaming runner (default copier)")
+    recovery.add_argument("--recovery-workload", default="copier", choices=["copier", "copier-confluent", "copier-librdkafka", "streaming"],
+                          help="the pipeline: the copier (our client; copier-confluent, copier-librdkafka: on confluent-kafka, see faults.workloads), or examples/enrichment.py on the streaming runner (default copier)")
     recovery.add_argument("--recovery-rate", type=int, default=300, metavar="N", help="input records/s (default 300)")
     runner.add_argument("--commit-interval-ms", type=int, default=100, metavar="MS", help="both frameworks' commit interval (default 100, the runner's)")
 

@@ -1,0 +1,181 @@
+"""A librdkafka transactional copier that outlives broker restarts (issue 28).
+
+The copier (``faults.workloads``' ``copier-librdkafka``: confluent-kafka with
+librdkafka's defaults, a read_committed consumer in a group,
+``send_offsets_to_transaction`` and ``commit_transaction`` per batch) runs in
+its own process; only the broker is SIGKILLed, each time while the copier's
+transaction is open, and restarted on the same data. After every restart the
+same copier process must commit again within ``RECOVERY_BOUND`` seconds of the
+broker being ready, and the output must hold the input exactly once.
+
+librdkafka 2.16 re-bootstraps when it sees every broker down and keeps the
+decommissioned broker handle as its cached group coordinator; its next
+TxnOffsetCommit then waits for a state change of that handle that never comes
+(confluentinc/librdkafka#5511). The broker wakes it by closing the connection
+of a producer whose TxnOffsetCommit is overdue (``broker.offset_commit_watch``);
+without that the copier hangs until the coordinator aborts its transaction
+and fences it. ``test_the_stall_without_the_watch`` shows the stall itself.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from faults.process import REPO, BrokerProcess
+from tests.broker.test_copier import seed_input
+from tests.helpers import create_topic, read_values, wait_for
+
+RECORDS = 40_000
+RESTARTS_IN_FLIGHT = 3
+# Seconds from the restarted broker being ready to the copier's next commit.
+# The stall it guards against lasts until the transaction times out (10 s
+# here), then the copier is fenced and never commits again.
+RECOVERY_BOUND = 8.0
+STRIDE = 3  # commits of the copier between one restart and the next
+BROKER_CONFIG = ("group.initial.rebalance.delay.ms=0", "transaction.abort.timed.out.transaction.cleanup.interval.ms=500")
+RECOVERY_LINE = re.compile(r"completing (\d+) prepared commits and (\d+) prepared aborts .*?; (\d+) transactions ongoing")
+
+
+class CommitLog:
+    """The times of the copier's committed transactions, read from its
+    history file as it grows."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.offset = 0
+        self.commits: list[float] = []
+        self.records = 0
+
+    def refresh(self) -> "CommitLog":
+        if not os.path.exists(self.path):
+            return self
+        with open(self.path, encoding="utf-8", errors="replace") as file:
+            file.seek(self.offset)
+            for line in file:
+                if not line.endswith("\n"):
+                    break  # being written: read it next time
+                self.offset += len(line.encode())
+                event = json.loads(line)
+                if event["op"] == "txn" and event["type"] == "ok":
+                    self.commits.append(event["time"])
+                    self.records += sum(1 for micro in event["value"] if micro[0] == "send")
+        return self
+
+    def first_commit_after(self, moment: float) -> float | None:
+        return next((t for t in self.commits if t > moment), None)
+
+
+def transaction_open(bootstrap: str, transactional_id: str) -> bool:
+    from txn import Admin
+
+    with Admin(bootstrap_servers=bootstrap) as admin:
+        [description] = admin.describe_transactions([transactional_id])
+    return description.state == "Ongoing"
+
+
+def open_transactions_at_recovery(broker: BrokerProcess, restarts_before: int) -> int:
+    """Transactions the broker found open (ongoing or prepared) at its start
+    number ``restarts_before`` (0: the first start), from its log."""
+    found = RECOVERY_LINE.findall(broker.read_log())
+    commits, aborts, ongoing = (int(n) for n in found[restarts_before])
+    return commits + aborts + ongoing
+
+
+def run_restarts(tmp_path, *config: str) -> tuple[list[float], BrokerProcess, CommitLog, subprocess.Popen]:
+    """Start a broker and the copier, restart the broker (SIGKILL) while the
+    copier's transaction is open until ``RESTARTS_IN_FLIGHT`` restarts caught
+    one; return the seconds from each restart's readiness to the next commit
+    (None: none within ``RECOVERY_BOUND``)."""
+    broker = BrokerProcess(str(tmp_path / "data"), *BROKER_CONFIG, *config, log_level="DEBUG")
+    broker.start()
+    create_topic(broker.bootstrap, "input", 2)
+    create_topic(broker.bootstrap, "output", 3)
+    seed_input(broker.bootstrap, "input", RECORDS)
+    history = str(tmp_path / "history.jsonl")
+    client_log = open(tmp_path / "copier.log", "wb")
+    copier = subprocess.Popen(
+        [sys.executable, "-m", "faults.workloads", "copier-librdkafka", "--bootstrap", broker.bootstrap, "--history", history, "--process", "copier-0",
+         "--input", "input", "--output", "output", "--group", "copiers", "--transactional-id", "copier-0", "--records-per-txn", "100",
+         "--client-debug", "eos,cgrp,broker,protocol"],
+        cwd=REPO, stdout=client_log, stderr=client_log,
+    )
+    client_log.close()
+    commits = CommitLog(history)
+    recoveries: list[float | None] = []
+    starts = 1
+    try:
+        wait_for(lambda: commits.refresh().commits, 60, "the copier's first commit")
+        ready = 0.0
+        while starts <= 10 and len(recoveries) < RESTARTS_IN_FLIGHT:
+            # Back in its stride first: a restart before the copier's first
+            # TxnOffsetCommit since the last one can leave its request parked
+            # across both, which the new broker cannot tell (see the README).
+            wait_for(lambda: sum(1 for t in commits.refresh().commits if t > ready) >= STRIDE, 30, f"{STRIDE} commits since the last restart")
+            assert commits.records < RECORDS * 0.8, "the copier copied nearly everything before the restarts were done"
+            wait_for(lambda: transaction_open(broker.bootstrap, "copier-0"), 30, "an open transaction of the copier")
+            broker.kill()
+            broker.start()
+            ready = time.time()
+            starts += 1
+            if open_transactions_at_recovery(broker, starts - 1) == 0:
+                continue  # it committed between our look and the kill: not the case under test
+            wait_for(lambda: commits.refresh().first_commit_after(ready) or time.time() > ready + RECOVERY_BOUND, RECOVERY_BOUND + 5, "a commit or the bound")
+            after = commits.first_commit_after(ready)
+            recoveries.append(None if after is None or after - ready > RECOVERY_BOUND else after - ready)
+            if recoveries[-1] is None:
+                break
+    except BaseException:
+        copier.kill()
+        broker.kill()
+        raise
+    return recoveries, broker, commits, copier
+
+
+def stop(copier: subprocess.Popen, broker: BrokerProcess) -> None:
+    if copier.poll() is None:
+        copier.send_signal(signal.SIGTERM)
+        try:
+            copier.wait(30)
+        except subprocess.TimeoutExpired:
+            copier.kill()
+    broker.kill()
+
+
+@pytest.mark.slow
+def test_copier_commits_again_soon_after_each_broker_restart(tmp_path):
+    recoveries, broker, commits, copier = run_restarts(tmp_path)
+    try:
+        assert None not in recoveries, (
+            f"after a broker restart the copier did not commit within {RECOVERY_BOUND} s (recoveries {recoveries}); "
+            f"copier exit {copier.poll()}; see {tmp_path}/copier.log and the broker log {broker.log_path}"
+        )
+        assert len(recoveries) == RESTARTS_IN_FLIGHT
+        assert copier.poll() is None, "the copier that lived through the restarts exited"
+        # The broker woke it: it closed the stuck producer's connection at least once.
+        assert "sent neither TxnOffsetCommit nor EndTxn" in broker.read_log()
+        wait_for(lambda: commits.refresh().records >= RECORDS, 120, "the copier to copy everything")
+        values = read_values(broker.bootstrap, "output", partitions=3, expect=RECORDS, timeout=60)
+    finally:
+        stop(copier, broker)
+    counts = collections.Counter(values)
+    duplicates = {value: count for value, count in counts.items() if count > 1}
+    assert not duplicates, f"{len(duplicates)} records copied more than once, e.g. {list(duplicates.items())[:5]}"
+    assert set(counts) == {b"%d" % i for i in range(RECORDS)}
+
+
+@pytest.mark.slow
+def test_the_stall_without_the_watch(tmp_path):
+    """With the watch off the same copier stalls after a restart: what the
+    watch is for (if librdkafka fixes #5511, this test fails and says so)."""
+    recoveries, broker, _commits, copier = run_restarts(tmp_path, "transaction.offset.commit.stall.ms=0")
+    stop(copier, broker)
+    assert None in recoveries, f"the copier recovered from every restart without the broker's help ({recoveries}): has librdkafka fixed #5511?"
