@@ -17,7 +17,6 @@ from onceflow.client_commands import CommandError, add_bootstrap_option, reporti
 
 
 def add_arguments(parser) -> None:
-    add_bootstrap_option(parser)
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     finish = actions.add_parser(
         "finish-decided",
@@ -25,6 +24,7 @@ def add_arguments(parser) -> None:
         description="commit the open transactions of an exactly-once sink's latest decided batch, without Spark "
         "(after its driver died): the output's last stable offset moves at once instead of at the restarted query's first commit",
     )
+    add_bootstrap_option(finish)
     finish.add_argument("--prefix", metavar="P", help="the sink's transactionalIdPrefix")
     finish.add_argument("--checkpoint-location", metavar="DIR", help="the query's checkpointLocation option, when the prefix was derived from it")
     finish.add_argument("--decision-topic", metavar="TOPIC", help="the sink's decisionTopic option, if it set one")

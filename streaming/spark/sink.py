@@ -64,6 +64,7 @@ then.
 
 from __future__ import annotations
 
+import logging
 import uuid
 
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter
@@ -72,10 +73,13 @@ from pyspark.sql.types import BinaryType, DoubleType, IntegerType, StringType, S
 from streaming.spark.crashpoints import no_crash, resolve_hook
 from streaming.spark.decision import SinkError
 from streaming.spark.options import OptionError, SinkOptions
-from streaming.spark.sink_driver import DriverCommit, on_kept_clients
+from streaming.spark.sink_driver import DriverCommit, finish_decided, on_kept_clients
 from streaming.spark.sink_task import Columns, SinkCommitMessage, TaskIdentity, write_task
 
+log = logging.getLogger(__name__)
+
 HEADERS_TYPE = "array<struct<key:string,value:binary>>"
+FINISH_AT_START_SECONDS = 10.0
 
 
 class SinkSchemaError(SinkError):
@@ -114,9 +118,20 @@ def validate_schema(schema: StructType, topic_option: str | None) -> Columns:
 
 def make_stream_writer(options, schema: StructType, overwrite: bool = False) -> "OnceflowStreamWriter":
     """The data source's ``streamWriter``: options and columns checked here,
-    on the driver, before any task runs."""
+    on the driver, before any task runs. A (re)started query first finishes
+    a batch its previous driver decided and did not wholly commit, before
+    Spark's own restart work (``sink_driver.finish_decided``; the commit of
+    the re-run would do it too, only later)."""
     sink_options = SinkOptions.parse(options)
-    return OnceflowStreamWriter(sink_options, validate_schema(schema, sink_options.topic))
+    writer = OnceflowStreamWriter(sink_options, validate_schema(schema, sink_options.topic))
+    if sink_options.exactly_once:
+        try:
+            finished = finish_decided(sink_options, timeout=FINISH_AT_START_SECONDS)
+            if finished.committed or finished.lost:
+                log.warning("at query start, the previous driver's decided %s", finished)
+        except Exception as error:  # the re-run's commit does the same; never stop a query from starting for this
+            log.info("at query start, decided transactions were not checked: %s", error)
+    return writer
 
 
 class OnceflowStreamWriter(DataSourceStreamArrowWriter):
@@ -199,6 +214,6 @@ class OnceflowBatchWriter(DataSourceArrowWriter):
             return
         messages = [m for m in messages if m is not None]
         if self.options.txn_app_id is None:
-            on_kept_clients(self.options, lambda clients: DriverCommit(self.options, no_crash, clients).abort_job(messages))
+            on_kept_clients(self.options, lambda clients: DriverCommit(self.options, no_crash, clients).abort_job(self.job_id, messages))
         else:
             on_kept_clients(self.options, lambda clients: DriverCommit(self.options, no_crash, clients).abort(messages, self.options.txn_version))

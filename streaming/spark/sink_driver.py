@@ -330,9 +330,13 @@ class DriverCommit:
             if lost:
                 raise DecidedTransactionsLostError(lost_message(task.batch_id, [t for t, _ in lost], len(transactions) - len(lost), len(transactions), "; ".join(f"{t.transactional_id}: {why}" for t, why in lost)))
 
-    async def abort_job(self, messages: list[SinkCommitMessage]) -> None:
-        async with self._clients():
+    async def abort_job(self, job_id: str, messages: list[SinkCommitMessage]) -> None:
+        """A failed batch write: abort the handles Spark passes, and every
+        other open transaction of the job (a task Spark cancelled while it
+        wrote hands nothing back)."""
+        async with self._clients() as clients:
             await self._abort_each(m.transaction for m in messages if m.transaction is not None)
+            await self._abort_leftovers(clients.admin, job_id, job_id, messages, ())
 
     async def finish_latest(self) -> "Finished":
         """Commit the decided transactions of this prefix's latest decision

@@ -431,6 +431,33 @@ def test_abort_after_an_in_doubt_decision_write(broker):
 
 
 @pytest.mark.slow
+def test_the_completer_finishes_a_decided_batch_without_spark_and_fences_no_one(broker):
+    """Issue 30: a driver died after deciding batch 1 and committing one of
+    its three transactions. The completer commits the other two at once (the
+    output's LSO moves without waiting for Spark); it leaves a live driver's
+    decision writer alone, and the restarted run then finds nothing to redo."""
+    writer = make_stream_writer(options(broker.bootstrap), KV)
+    query, run = new_query()
+    assert str(sink_driver.finish_decided(writer.options)) == "no decision recorded"
+    writer.commit(run_tasks(writer.options, [0, 1, 2], 3, query, run, 0), 0)
+    decided = run_tasks(writer.options, [3, 4, 5], 3, query, run, 1)
+    with pytest.raises(CrashPointReached):
+        asyncio.run(DriverCommit(writer.options, Crash(AFTER_COMMIT, 1)).commit(decided, 1))
+    with Admin(broker.bootstrap) as admin:
+        writer_before = admin.describe_transactions([decision.driver_transactional_id("job", query)])[0]
+    finished = sink_driver.finish_decided(writer.options)
+    assert finished.decision.batch_id == 1 and len(finished.committed) == 2 and not finished.lost
+    assert open_transactions(broker.bootstrap) == []
+    assert sorted(map(int, read_committed(broker.bootstrap))) == [0, 1, 2, 3, 4, 5]
+    with Admin(broker.bootstrap) as admin:
+        writer_after = admin.describe_transactions([decision.driver_transactional_id("job", query)])[0]
+    assert writer_after.producer_epoch == writer_before.producer_epoch  # no driver was fenced
+    assert len(sink_driver.finish_decided(writer.options).committed) == 0  # idempotent
+    writer.commit(run_tasks(writer.options, [3, 4, 5], 2, query, str(uuid.uuid4()), 1), 1)  # the restarted run
+    assert sorted(map(int, read_committed(broker.bootstrap))) == [0, 1, 2, 3, 4, 5]
+
+
+@pytest.mark.slow
 def test_two_prefixes_share_a_decision_topic(broker):
     """Issue 27, item 5. Before, the latest record of a shared decisionTopic
     was read whatever its key: B's first commit was refused as a prefix in

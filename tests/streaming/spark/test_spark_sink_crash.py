@@ -218,3 +218,27 @@ def test_decided_transactions_timed_out_before_the_restart(broker, tmp_path, cra
         assert "batch 0 was decided but 1 of its 2 transactions can no longer be committed (1 committed)" in log, log[-3000:]
         assert 0 < len(final_read(broker.bootstrap)) < len(inputs)  # the committed half only, and the re-run's transactions are aborted
     assert open_transactions(broker.bootstrap, prefix) == []
+
+
+def test_the_completer_finishes_a_killed_drivers_decided_batch_before_spark_restarts(broker, tmp_path):
+    """Issue 30: the driver is SIGKILLed with batch 0 decided and nothing
+    committed; `onceflow spark finish-decided` (no Spark) commits it, so the
+    output is whole before any restart; the restarted query then writes
+    nothing twice."""
+    inputs = produce_input(broker.bootstrap, 20)
+    driver = Driver(broker.bootstrap, tmp_path)
+    checkpoint, prefix = str(tmp_path / "ckpt"), "finishing"
+    code, log, fired = driver.run(checkpoint, prefix, 2, "spark_sink.after_decision@1:kill")
+    assert fired and code == -signal.SIGKILL, log[-3000:]
+    assert open_transactions(broker.bootstrap, prefix), "the decided transactions should be open after the kill"
+    finish = subprocess.run(
+        [sys.executable, "-m", "onceflow", "spark", "finish-decided", "--bootstrap-server", broker.bootstrap, "--prefix", prefix],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert finish.returncode == 0 and "batch 0 of query" in finish.stdout and "2 of 2 decided transactions committed now" in finish.stdout, finish.stdout + finish.stderr
+    assert open_transactions(broker.bootstrap, prefix) == []
+    assert sorted(final_read(broker.bootstrap).values()) == sorted(inputs)  # before Spark restarts
+    code, log, _ = driver.run(checkpoint, prefix, 2)
+    assert code == 0, log[-3000:]
+    assert sorted(final_read(broker.bootstrap).values()) == sorted(inputs)
+    assert open_transactions(broker.bootstrap, prefix) == []
