@@ -38,6 +38,7 @@ import uuid
 WARM_UP = 5
 KILL_AT = "BENCH_SPARK_KILL_AT"
 KILL_COUNTER = "BENCH_SPARK_KILL_COUNTER"
+STALL_PREFIX = "bench-stall"
 DRIVER_GROUP = "BENCH_SPARK_DRIVER_PGID"
 
 
@@ -178,7 +179,7 @@ def stall_query(bootstrap: str, checkpoint: str, topic: str) -> None:
     spark = _session()
     query = (
         spark.readStream.format("bench_one_row").load().writeStream.format("onceflow").option("kafka.bootstrap.servers", bootstrap)
-        .option("topic", topic).option("transactionalIdPrefix", "bench-stall").option("crashPointHook", "benchmarks.bench_spark:kill_after_decision")
+        .option("topic", topic).option("transactionalIdPrefix", STALL_PREFIX).option("crashPointHook", "benchmarks.bench_spark:kill_after_decision")
         .option("checkpointLocation", checkpoint).trigger(processingTime="200 milliseconds").start()
     )
     query.awaitTermination()
@@ -204,10 +205,12 @@ def microbatch_scenario(bootstrap: str, batches: int) -> dict[str, float]:
     return json.loads(output.strip().splitlines()[-1])
 
 
-def stall_scenario(bootstrap: str, kill_at: int = 5) -> dict[str, float]:
+def stall_scenario(bootstrap: str, kill_at: int = 5, completer: bool = False) -> dict[str, float]:
     """Seconds read_committed readers of the output saw nothing after the
     driver was killed holding decided, open transactions, until the
-    restarted query (started at once) re-committed them."""
+    restarted query (started at once) re-committed them; with ``completer``,
+    ``onceflow spark finish-decided`` runs first, the moment the driver is
+    seen dead (as a supervisor would), and the query restarts after it."""
     from txn import Admin, Consumer, TopicPartition
 
     topic = f"bench-stall-{uuid.uuid4().hex[:8]}"
@@ -231,6 +234,9 @@ def stall_scenario(bootstrap: str, kill_at: int = 5) -> dict[str, float]:
         first.wait(600)
         killed = time.monotonic()
         _kill_group(first)
+        if completer:
+            finish = [sys.executable, "-m", "onceflow", "spark", "finish-decided", "--bootstrap-server", bootstrap, "--prefix", STALL_PREFIX]
+            subprocess.run(finish, check=True, capture_output=True, timeout=120, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         restarted = _child(["stall", bootstrap, f"{work}/ckpt", topic])
         try:
             deadline = time.monotonic() + 600
