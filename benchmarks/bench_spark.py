@@ -38,7 +38,6 @@ import uuid
 WARM_UP = 5
 KILL_AT = "BENCH_SPARK_KILL_AT"
 KILL_COUNTER = "BENCH_SPARK_KILL_COUNTER"
-STALL_PREFIX = "bench-stall"
 DRIVER_GROUP = "BENCH_SPARK_DRIVER_PGID"
 
 
@@ -179,7 +178,7 @@ def stall_query(bootstrap: str, checkpoint: str, topic: str) -> None:
     spark = _session()
     query = (
         spark.readStream.format("bench_one_row").load().writeStream.format("onceflow").option("kafka.bootstrap.servers", bootstrap)
-        .option("topic", topic).option("transactionalIdPrefix", STALL_PREFIX).option("crashPointHook", "benchmarks.bench_spark:kill_after_decision")
+        .option("topic", topic).option("transactionalIdPrefix", topic)  # a prefix per scenario run: one query each.option("crashPointHook", "benchmarks.bench_spark:kill_after_decision")
         .option("checkpointLocation", checkpoint).trigger(processingTime="200 milliseconds").start()
     )
     query.awaitTermination()
@@ -235,7 +234,7 @@ def stall_scenario(bootstrap: str, kill_at: int = 5, completer: bool = False) ->
         killed = time.monotonic()
         _kill_group(first)
         if completer:
-            finish = [sys.executable, "-m", "onceflow", "spark", "finish-decided", "--bootstrap-server", bootstrap, "--prefix", STALL_PREFIX]
+            finish = [sys.executable, "-m", "onceflow", "spark", "finish-decided", "--bootstrap-server", bootstrap, "--prefix", topic]
             subprocess.run(finish, check=True, capture_output=True, timeout=120, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         restarted = _child(["stall", bootstrap, f"{work}/ckpt", topic])
         try:
