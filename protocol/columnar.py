@@ -255,23 +255,38 @@ def _uniform_positions(buf: bytes, bytes_view: np.ndarray, batch: _KeptBatch):
     return record_starts + prefix, np.full(count, length, dtype=np.int64)
 
 
-def _read_varints(bytes_view: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Zigzag varints at every position at once: (values as int64, positions after them)."""
+def _read_varints(bytes_view: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Zigzag varints at every position at once: (values as int64, positions
+    after them, which ones carry bits past 64 or None when none does).
+
+    Values are exact modulo 2**64, so a sum with a base offset or timestamp
+    lands where ``records.read_varint``'s unbounded integers land whenever
+    that is an int64; a length with bits past 64 is never valid."""
     byte = bytes_view[positions]
     raw = (byte & 0x7F).astype(np.uint64)
     following = positions + 1
     active = np.flatnonzero(byte >= 0x80)
+    top_bit = None  # bit 64 of the raw varint: bit 63 of the value
+    too_wide = None
     shift = 7
     while active.size:
         if shift > 63:
             raise _Damaged  # longer than 10 bytes
         byte = bytes_view[following[active]]
         raw[active] |= (byte & 0x7F).astype(np.uint64) << np.uint64(shift)
+        if shift == 63:
+            top_bit = np.zeros(len(raw), dtype=np.uint64)
+            top_bit[active] = (byte >> 1) & 1
+            too_wide = np.zeros(len(raw), dtype=bool)
+            too_wide[active] = (byte & 0x7E) != 0
         following[active] += 1
         active = active[byte >= 0x80]
         shift += 7
-    values = (raw >> np.uint64(1)).view(np.int64) ^ -(raw & np.uint64(1)).view(np.int64)
-    return values, following
+    unsigned = raw >> np.uint64(1)
+    if top_bit is not None:
+        unsigned |= top_bit << np.uint64(63)
+    values = unsigned.view(np.int64) ^ -(raw & np.uint64(1)).view(np.int64)
+    return values, following, too_wide
 
 
 def _decode_columns(buf: bytes, kept: list[_KeptBatch], start_offset: int) -> pa.RecordBatch:
@@ -288,15 +303,19 @@ def _decode_columns(buf: bytes, kept: list[_KeptBatch], start_offset: int) -> pa
 
     # body points at the attributes byte, which nothing reads
     check(length < 1)
-    timestamp_delta, cursor = _read_varints(bytes_view, body + 1)
-    offset_delta, cursor = _read_varints(bytes_view, cursor)
+    def length_at(positions: np.ndarray, smallest: int) -> tuple[np.ndarray, np.ndarray]:
+        values, following, too_wide = _read_varints(bytes_view, positions)
+        check((values < smallest) | (values > record_end - following))
+        if too_wide is not None:
+            check(too_wide)
+        return values, following
+
+    timestamp_delta, cursor, _ = _read_varints(bytes_view, body + 1)
+    offset_delta, cursor, _ = _read_varints(bytes_view, cursor)
     check(cursor > record_end)
-    key_length, key_start = _read_varints(bytes_view, cursor)
-    check((key_length < -1) | (key_length > record_end - key_start))
-    value_length, value_start = _read_varints(bytes_view, key_start + np.maximum(key_length, 0))
-    check((value_length < -1) | (value_length > record_end - value_start))
-    header_count, headers_start = _read_varints(bytes_view, value_start + np.maximum(value_length, 0))
-    check((header_count < 0) | (header_count > record_end - headers_start))
+    key_length, key_start = length_at(cursor, -1)
+    value_length, value_start = length_at(key_start + np.maximum(key_length, 0), -1)
+    header_count, headers_start = length_at(value_start + np.maximum(value_length, 0), 0)
     without_headers = header_count == 0
     check(without_headers & (headers_start != record_end))
 

@@ -1,0 +1,306 @@
+"""The columnar codec against the per-record one: every field, every codec,
+control batches, aborted transactions, partial tails and damaged bytes.
+
+The reference for decoding is what the consumer does today: the fetcher's
+``fetched_partition`` over ``protocol/records.py``; the reference for
+encoding is ``records.encode_batch``, byte for byte."""
+
+import struct
+
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from protocol import columnar, records
+from protocol.columnar import HEADERS_TYPE, decode_fetched, encode_columns
+from protocol.compression import Compression
+from protocol.records import ControlType, CorruptRecordError, TimestampType, encode_batch, encode_control_batch, iter_batches
+from txn.config import ConsumerConfig
+from txn.errors import RecordBatchTooLargeError
+from txn.fetcher import fetched_partition
+from txn.types import TopicPartition
+
+TP = TopicPartition("t", 0)
+CODECS = list(Compression)
+
+# 0..2**63-1: deltas between any two fit a varlong, up to its 10 bytes
+timestamps = st.integers(0, 2**40) | st.sampled_from([0, 1, 2**31, 2**62, 2**63 - 1])
+payloads = st.none() | st.binary(max_size=40) | st.sampled_from([b"", b"x" * 63, b"y" * 64, b"z" * 200, b"w" * 8192, b"v" * 70_000])
+header_lists = st.lists(st.tuples(st.text(max_size=6), st.none() | st.binary(max_size=12)), max_size=3)
+record_tuples = st.lists(st.tuples(payloads, payloads, st.just([]) | header_lists, timestamps), min_size=1, max_size=6)
+
+
+@st.composite
+def uniform_records(draw):
+    """Batches whose records all take the same bytes (the decoder's fast path)."""
+    count = draw(st.integers(16, 60))
+    size = draw(st.integers(0, 300))
+    key = draw(st.none() | st.just(b"k" * 4))
+    timestamp = draw(st.integers(0, 2**40))
+    return [(key, bytes([i % 256]) * size, [], timestamp) for i in range(count)]
+
+
+def rows_of(record_list):
+    """(key, value, headers, timestamp) tuples as rows of FETCHED_SCHEMA, offsets from 0."""
+    return [
+        {"key": k, "value": v, "offset": i, "timestamp": t, "timestamp_type": 0, "headers": [{"key": hk, "value": hv} for hk, hv in h]}
+        for i, (k, v, h, t) in enumerate(record_list)
+    ]
+
+
+def columns_of(record_list):
+    return {
+        "key": pa.array([r[0] for r in record_list], pa.binary()),
+        "value": pa.array([r[1] for r in record_list], pa.binary()),
+        "headers": pa.array([[{"key": k, "value": v} for k, v in r[2]] for r in record_list], HEADERS_TYPE),
+        "timestamp": pa.array([r[3] for r in record_list], pa.int64()),
+    }
+
+
+# ---------------------------------------------------------------------------
+# encoding
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    record_list=record_tuples | uniform_records(),
+    base_offset=st.integers(0, 2**62),
+    producer_id=st.integers(-1, 2**62),
+    producer_epoch=st.integers(-1, 2**15 - 1),
+    base_sequence=st.integers(-1, 2**31 - 1),
+    is_transactional=st.booleans(),
+    compression=st.sampled_from(CODECS),
+    timestamp_type=st.sampled_from(list(TimestampType)),
+    leader_epoch=st.integers(-1, 2**31 - 1),
+)
+def test_encoding_columns_gives_the_bytes_of_the_record_codec(
+    record_list, base_offset, producer_id, producer_epoch, base_sequence, is_transactional, compression, timestamp_type, leader_epoch
+):
+    options = dict(
+        base_offset=base_offset,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
+        is_transactional=is_transactional,
+        compression=compression,
+        timestamp_type=timestamp_type,
+        partition_leader_epoch=leader_epoch,
+    )
+    assert encode_columns(**columns_of(record_list), **options) == encode_batch(record_list, **options)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(record_list=record_tuples | uniform_records(), compression=st.sampled_from(CODECS))
+def test_decoding_what_was_encoded_gives_the_columns_back(record_list, compression):
+    columns = columns_of(record_list)
+    fetched = decode_fetched(encode_columns(**columns, compression=compression))
+    decoded = fetched.columns
+    assert decoded.schema == columnar.FETCHED_SCHEMA
+    for name, column in columns.items():
+        assert decoded.column(name).equals(column), name
+    assert decoded.column("offset").to_pylist() == list(range(len(record_list)))
+    assert fetched.end == len(record_list) and fetched.partial is None
+    # and the decoded columns encode to the same bytes again
+    again = encode_columns(**{name: decoded.column(name) for name in columns}, compression=compression)
+    assert again == encode_columns(**columns, compression=compression)
+
+
+def test_encoding_takes_string_keys_chunked_columns_and_no_keys_or_headers():
+    as_records = [(None, b"a", [], 5), (None, None, [], 7)]
+    assert encode_columns(value=[b"a", None], timestamp=[5, 7]) == encode_batch(as_records)
+    chunked = pa.chunked_array([pa.array(["k1"]), pa.array(["k2"])])
+    assert encode_columns(key=chunked, value=pa.array(["x", "y"]), timestamp=pa.array([1, 2])) == encode_batch(
+        [(b"k1", b"x", [], 1), (b"k2", b"y", [], 2)]
+    )
+    stamps = pa.array([1_700_000_000_123], pa.timestamp("ms"))
+    assert encode_columns(value=[b"v"], timestamp=stamps) == encode_batch([(None, b"v", [], 1_700_000_000_123)])
+
+
+def test_encoding_refuses_what_the_record_codec_cannot_carry():
+    with pytest.raises(ValueError, match="at least one record"):
+        encode_columns(value=pa.array([], pa.binary()), timestamp=pa.array([], pa.int64()))
+    with pytest.raises(ValueError, match="timestamp column has nulls"):
+        encode_columns(value=[b"a"], timestamp=pa.array([None], pa.int64()))
+    with pytest.raises(ValueError, match="differ in length"):
+        encode_columns(key=[b"a", b"b"], value=[b"a"], timestamp=[1])
+    with pytest.raises(TypeError, match="value column must be binary"):
+        encode_columns(value=pa.array([1]), timestamp=[1])
+    nameless = pa.array([[{"key": None, "value": b"v"}]], pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())])))
+    with pytest.raises(ValueError, match="header key is null"):
+        encode_columns(value=[b"a"], timestamp=[1], headers=nameless)
+
+
+# ---------------------------------------------------------------------------
+# decoding a fetched section: the fetcher's rules
+
+
+@st.composite
+def fetched_logs(draw):
+    """A partition's log as a Fetch returns it: data and control batches of a
+    few producers, compressed or not, some with LogAppendTime, gaps in the
+    offsets (compaction), and an aborted-transactions list."""
+    producers = [1000, 1001, 1002]
+    out = bytearray()
+    offset = draw(st.integers(0, 2**40))
+    first_offsets = {}
+    for _ in range(draw(st.integers(1, 7))):
+        producer = draw(st.sampled_from(producers))
+        if draw(st.integers(0, 4)) == 0:
+            kind = draw(st.sampled_from([ControlType.ABORT, ControlType.COMMIT]))
+            batch = encode_control_batch(kind, producer_id=producer, producer_epoch=0, coordinator_epoch=0, timestamp=5, base_offset=offset)
+            first_offsets.pop(producer, None)
+            offset += 1
+        else:
+            record_list = draw(record_tuples | uniform_records())
+            transactional = draw(st.booleans())
+            batch = encode_batch(
+                record_list,
+                base_offset=offset,
+                producer_id=producer if transactional else -1,
+                producer_epoch=0 if transactional else -1,
+                base_sequence=0 if transactional else -1,
+                is_transactional=transactional,
+                compression=draw(st.sampled_from(CODECS)),
+                timestamp_type=draw(st.sampled_from(list(TimestampType))),
+            )
+            if transactional:
+                first_offsets.setdefault(producer, offset)
+            offset += len(record_list)
+        out += batch
+        offset += draw(st.sampled_from([0, 0, 0, 3]))
+    aborted = [{"producer_id": p, "first_offset": o} for p, o in first_offsets.items() if draw(st.booleans())]
+    aborted += draw(st.lists(st.builds(lambda p, o: {"producer_id": p, "first_offset": o}, st.sampled_from(producers), st.integers(0, offset)), max_size=2))
+    return bytes(out), aborted
+
+
+def reference_rows(data, aborted, *, read_committed: bool, start_offset: int):
+    """What today's fetcher makes of a fetched section, as rows, and where it goes next."""
+    config = ConsumerConfig(bootstrap_servers="unused:9092", isolation_level="read_committed" if read_committed else "read_uncommitted")
+    fetched = fetched_partition(data, aborted, tp=TP, fetch_offset=start_offset, config=config)
+    rows = [
+        {
+            "key": r.key,
+            "value": r.value,
+            "offset": r.offset,
+            "timestamp": r.timestamp,
+            "timestamp_type": int(r.offset in fetched.log_append_offsets),
+            "headers": [{"key": h.key, "value": h.value} for h in r.headers],
+        }
+        for r in fetched.records
+    ]
+    return rows, fetched.end
+
+
+def first_offset_of(data) -> int:
+    return next(iter_batches(data))[1].base_offset
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(log=fetched_logs(), read_committed=st.booleans(), start_skip=st.integers(0, 80), cut=st.none() | st.integers(0, 10**6))
+def test_decoding_a_fetch_keeps_what_the_fetcher_keeps(log, read_committed, start_skip, cut):
+    data, aborted = log
+    start_offset = first_offset_of(data) + start_skip
+    if cut is not None:
+        data = data[: cut % (len(data) + 1)]
+    fetched = decode_fetched(data, aborted, read_committed=read_committed, start_offset=start_offset)
+    assert fetched.columns.schema == columnar.FETCHED_SCHEMA
+    whole_end, partial = records.split_partial_tail(data)
+    assert fetched.partial == partial
+    try:
+        rows, end = reference_rows(data, aborted, read_committed=read_committed, start_offset=start_offset)
+    except RecordBatchTooLargeError:  # nothing came whole: the caller reports it
+        assert whole_end == 0 and fetched.columns.num_rows == 0 and fetched.end == start_offset
+        return
+    assert fetched.columns.to_pylist() == rows
+    assert fetched.end == end
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(log=fetched_logs(), read_committed=st.booleans(), fetch_bytes=st.integers(1, 3000))
+def test_fetches_cut_anywhere_add_up_to_the_whole_log(log, read_committed, fetch_bytes):
+    """A consumer reading the log in fetches of at most ``fetch_bytes`` (each
+    from the batch holding its position, cut like Kafka cuts: by bytes,
+    through a batch) sees what one fetch of the whole log shows."""
+    data, aborted = log
+    batches = list(iter_batches(data))
+    position = batches[0][1].base_offset
+    whole = decode_fetched(data, aborted, read_committed=read_committed, start_offset=position)
+    pieces = []
+    while True:
+        at = next((p for p, header in batches if header.next_offset > position), None)
+        if at is None:
+            break
+        size = fetch_bytes
+        while True:
+            fetched = decode_fetched(data[at : at + size], aborted, read_committed=read_committed, start_offset=position)
+            if fetched.end > position:
+                break
+            assert fetched.partial is not None and fetched.columns.num_rows == 0
+            size *= 2  # what a consumer told the batch is too large must do
+        pieces.append(fetched.columns)
+        position = fetched.end
+    assert pa.Table.from_batches(pieces, schema=columnar.FETCHED_SCHEMA).to_pylist() == whole.columns.to_pylist()
+    assert position == whole.end
+
+
+def test_an_empty_section_and_a_section_of_control_batches_give_no_rows():
+    assert decode_fetched(b"", start_offset=7).columns.num_rows == 0
+    assert decode_fetched(b"", start_offset=7).end == 7
+    markers = encode_control_batch(ControlType.COMMIT, producer_id=3, producer_epoch=0, coordinator_epoch=0, timestamp=1, base_offset=9)
+    fetched = decode_fetched(markers, [], start_offset=9)
+    assert fetched.columns.num_rows == 0 and fetched.end == 10 and fetched.partial is None
+
+
+def test_aborted_records_are_kept_under_read_uncommitted_and_dropped_under_read_committed():
+    data = encode_batch([(b"k", b"aborted", [], 1)], base_offset=0, producer_id=7, producer_epoch=0, base_sequence=0, is_transactional=True)
+    data += encode_control_batch(ControlType.ABORT, producer_id=7, producer_epoch=0, coordinator_epoch=0, timestamp=2, base_offset=1)
+    data += encode_batch([(b"k", b"later", [], 3)], base_offset=2, producer_id=7, producer_epoch=0, base_sequence=1, is_transactional=True)
+    aborted = [{"producer_id": 7, "first_offset": 0}]
+    assert decode_fetched(data, aborted, read_committed=True).columns.column("value").to_pylist() == [b"later"]
+    assert decode_fetched(data, aborted, read_committed=False).columns.column("value").to_pylist() == [b"aborted", b"later"]
+
+
+# ---------------------------------------------------------------------------
+# damage: the same verdict as the record codec, and its message
+
+
+def with_crc_fixed(batch: bytearray) -> bytes:
+    struct.pack_into(">I", batch, records.CRC_OFFSET, records.crc32c(memoryview(batch)[records.ATTRIBUTES_OFFSET :]))
+    return bytes(batch)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(record_list=record_tuples | uniform_records(), edits=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), min_size=1, max_size=3))
+def test_damaged_records_with_a_valid_crc_fail_as_the_record_codec_fails(record_list, edits):
+    """Bytes changed inside the records (the CRC recomputed, as a buggy
+    producer would send them): either both codecs read the same records or
+    both raise CorruptRecordError with the same message."""
+    batch = bytearray(encode_batch(record_list, base_offset=10))
+    for where, byte in edits:
+        batch[records.BATCH_HEADER_SIZE + where % (len(batch) - records.BATCH_HEADER_SIZE)] = byte
+    data = with_crc_fixed(batch)
+    try:
+        rows, _end = reference_rows(data, [], read_committed=True, start_offset=10)
+    except CorruptRecordError as expected:
+        with pytest.raises(CorruptRecordError) as raised:
+            decode_fetched(data, [], start_offset=10)
+        assert str(raised.value) == str(expected)
+        return
+    assume(all(-(2**63) <= row["timestamp"] < 2**63 for row in rows))  # a 10-byte delta past int64 (see the module doc)
+    assert decode_fetched(data, [], start_offset=10).columns.to_pylist() == rows
+
+
+def test_a_crc_mismatch_is_reported_as_by_the_record_codec():
+    batch = bytearray(encode_batch([(b"k", b"v", [], 1)]))
+    batch[-1] ^= 0xFF
+    with pytest.raises(CorruptRecordError, match="crc mismatch"):
+        decode_fetched(bytes(batch))
+
+
+def test_a_header_key_that_is_not_utf8_is_damage():
+    batch = bytearray(encode_batch([(b"k", b"v", [("h", b"x")], 1)]))
+    position = bytes(batch).rindex(b"h")
+    batch[position] = 0xFF
+    with pytest.raises(CorruptRecordError, match="utf-8"):
+        decode_fetched(with_crc_fixed(batch))
