@@ -184,61 +184,52 @@ def _empty_columns() -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays([pa.array([], field.type) for field in FETCHED_SCHEMA], schema=FETCHED_SCHEMA)
 
 
-def _record_positions(buf: bytes, bytes_view: np.ndarray, kept: list[_KeptBatch]) -> tuple[np.ndarray, np.ndarray]:
-    """Where each record's fields start (after its length varint) and its length.
+def _record_starts(buf: bytes, bytes_view: np.ndarray, kept: list[_KeptBatch]) -> np.ndarray:
+    """Where each record (its length varint) starts.
 
     The one sequential step: a record's length varint says where the next
-    record starts. Small integers only; nothing is decoded but the lengths."""
-    starts_parts: list[np.ndarray] = []
-    lengths_parts: list[np.ndarray] = []
+    record starts. The loop stores positions only; the lengths are read
+    again, all at once, by the caller."""
+    parts: list[np.ndarray] = []
     starts = array("q")
-    lengths = array("q")
     for batch in kept:
         count = batch.header.record_count
-        uniform = _uniform_positions(buf, bytes_view, batch) if count >= _UNIFORM_MIN_RECORDS else None
+        uniform = _uniform_starts(buf, bytes_view, batch) if count >= _UNIFORM_MIN_RECORDS else None
         if uniform is not None:
             if starts:
-                starts_parts.append(np.frombuffer(starts, dtype=np.int64))
-                lengths_parts.append(np.frombuffer(lengths, dtype=np.int64))
-                starts, lengths = array("q"), array("q")
-            starts_parts.append(uniform[0])
-            lengths_parts.append(uniform[1])
+                parts.append(np.frombuffer(starts, dtype=np.int64))
+                starts = array("q")
+            parts.append(uniform)
             continue
-        add_start, add_length = starts.append, lengths.append
+        add = starts.append
         cursor = batch.start
         try:
             for _ in range(count):
+                add(cursor)
                 byte = buf[cursor]
-                if byte < 0x80:
-                    length = (byte >> 1) ^ -(byte & 1)
-                    cursor += 1
+                if byte < 0x80:  # lengths below 64
+                    cursor += 1 + ((byte >> 1) ^ -(byte & 1))
+                    continue
+                second = buf[cursor + 1]
+                if second < 0x80:  # below 8192
+                    raw = (byte & 0x7F) | (second << 7)
+                    cursor += 2 + ((raw >> 1) ^ -(raw & 1))
                 else:
-                    second = buf[cursor + 1]
-                    if second < 0x80:
-                        raw = (byte & 0x7F) | (second << 7)
-                        length = (raw >> 1) ^ -(raw & 1)
-                        cursor += 2
-                    else:
-                        length, cursor = read_varint(buf, cursor)
-                if length < 0:
-                    raise _Damaged
-                add_start(cursor)
-                add_length(length)
-                cursor += length
+                    length, after = read_varint(buf, cursor)
+                    cursor = after + length
         except (IndexError, ValueError):
             raise _Damaged from None
         if cursor != batch.end:
             raise _Damaged
     if starts:
-        starts_parts.append(np.frombuffer(starts, dtype=np.int64))
-        lengths_parts.append(np.frombuffer(lengths, dtype=np.int64))
-    return np.concatenate(starts_parts), np.concatenate(lengths_parts)
+        parts.append(np.frombuffer(starts, dtype=np.int64))
+    return np.concatenate(parts)
 
 
-def _uniform_positions(buf: bytes, bytes_view: np.ndarray, batch: _KeptBatch):
-    """Positions of a batch whose records all take the same bytes (fixed-size
-    keys and values, one-byte deltas: common), found without the loop; None
-    when the batch is not like that."""
+def _uniform_starts(buf: bytes, bytes_view: np.ndarray, batch: _KeptBatch):
+    """Record starts of a batch whose records all take the same bytes
+    (fixed-size keys and values, one-byte deltas: common), found without the
+    loop; None when the batch is not like that."""
     count = batch.header.record_count
     try:
         length, body = read_varint(buf, batch.start)
@@ -252,7 +243,7 @@ def _uniform_positions(buf: bytes, bytes_view: np.ndarray, batch: _KeptBatch):
     for k in range(prefix):
         if not (bytes_view[record_starts + k] == buf[batch.start + k]).all():
             return None
-    return record_starts + prefix, np.full(count, length, dtype=np.int64)
+    return record_starts
 
 
 def _read_varints(bytes_view: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
@@ -292,14 +283,17 @@ def _read_varints(bytes_view: np.ndarray, positions: np.ndarray) -> tuple[np.nda
 def _decode_columns(buf: bytes, kept: list[_KeptBatch], start_offset: int) -> pa.RecordBatch:
     bytes_view = np.frombuffer(buf, dtype=np.uint8)
     limit = len(buf) - _PADDING
-    body, length = _record_positions(buf, bytes_view, kept)
-    record_end = body + length
-    if record_end.size and record_end.max() > limit:
-        raise _Damaged
 
     def check(bad: np.ndarray) -> None:
         if bad.any():
             raise _Damaged
+
+    record_start = _record_starts(buf, bytes_view, kept)
+    length, body, too_wide = _read_varints(bytes_view, record_start)
+    record_end = body + length
+    check((length < 0) | (record_end > limit))
+    if too_wide is not None:
+        check(too_wide)
 
     # body points at the attributes byte, which nothing reads
     check(length < 1)
@@ -477,12 +471,12 @@ def encode_columns(
     timestamp_delta = timestamps - first_timestamp
     offset_delta = np.arange(count, dtype=np.int64)
 
-    sizes = [_varint_sizes(v) for v in (timestamp_delta, offset_delta, key_length, value_length, header_count)]
+    sizes = [_varint_rows(v)[1] for v in (timestamp_delta, offset_delta, key_length, value_length, header_count)]
     body_length = 1 + sizes[0] + sizes[1] + sizes[2] + np.maximum(key_length, 0) + sizes[3] + np.maximum(value_length, 0) + sizes[4]
     if header_bytes is not None:
         body_length += _lengths(header_bytes)
-    attributes = np.zeros(count, dtype=np.int64)
-    prefix = _varint_binary([body_length, attributes, timestamp_delta, offset_delta, key_length], raw_single_byte=1)
+    attributes = np.zeros(count, dtype=np.int64)  # always 0, and a varint of 0 is the byte 0
+    prefix = _varint_binary([body_length, attributes, timestamp_delta, offset_delta, key_length])
     middle = _varint_binary([value_length])
     suffix = _varint_binary([header_count])
     if header_bytes is not None:
@@ -548,9 +542,12 @@ def _as_timestamps(values) -> np.ndarray:
 
 
 def _lengths(column: pa.Array) -> np.ndarray:
-    """Each value's length, -1 for a null."""
-    lengths = pc.binary_length(column).fill_null(-1)
-    return lengths.to_numpy(zero_copy_only=False).astype(np.int64)
+    """Each value's length, -1 for a null (read from the offsets, for a binary column)."""
+    offsets = np.frombuffer(column.buffers()[1], dtype=np.int32, count=len(column) + 1, offset=column.offset * 4)
+    lengths = np.diff(offsets).astype(np.int64)
+    if column.null_count:
+        lengths[column.is_null().to_numpy(zero_copy_only=False)] = -1
+    return lengths
 
 
 def _without_nulls(column: pa.Array) -> pa.Array:
@@ -562,36 +559,30 @@ def _zigzag(values: np.ndarray) -> np.ndarray:
     return ((values << 1) ^ (values >> 63)).view(np.uint64)
 
 
-def _varint_sizes(values: np.ndarray) -> np.ndarray:
-    return np.searchsorted(_VARINT_LIMITS, _zigzag(values), side="right").astype(np.int64) + 1
-
-
 def _varint_rows(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each value's zigzag varint as a row of bytes (padded on the right) and its size."""
     zigzag = _zigzag(values)
-    sizes = np.searchsorted(_VARINT_LIMITS, zigzag, side="right").astype(np.int64) + 1
-    width = int(sizes.max()) if len(sizes) else 1
+    sizes = np.ones(len(zigzag), dtype=np.int64)
+    width = 1
+    largest = int(zigzag.max()) if len(zigzag) else 0
+    while width < 10 and largest >= 1 << (7 * width):
+        sizes += zigzag >= np.uint64(1 << (7 * width))
+        width += 1
     rows = np.empty((len(zigzag), width), dtype=np.uint8)
     for k in range(width):
         group = ((zigzag >> np.uint64(7 * k)) & np.uint64(0x7F)).astype(np.uint8)
-        group[sizes > k + 1] |= 0x80
+        if k + 1 < width:
+            group |= (sizes > k + 1).astype(np.uint8) << 7
         rows[:, k] = group
     return rows, sizes
 
 
-def _varint_binary(fields: list[np.ndarray], raw_single_byte: int | None = None) -> pa.Array:
-    """One binary value per record: the varints of ``fields`` one after the
-    other (the field at index ``raw_single_byte``, if given, is one plain byte:
-    the record's attributes)."""
-    parts = []
-    for index, values in enumerate(fields):
-        if index == raw_single_byte:
-            parts.append((values.astype(np.uint8).reshape(-1, 1), np.ones(len(values), dtype=np.int64)))
-        else:
-            parts.append(_varint_rows(values))
-    matrix = np.concatenate([rows for rows, _ in parts], axis=1)
+def _varint_binary(fields: list[np.ndarray]) -> pa.Array:
+    """One binary value per record: the varints of ``fields`` one after the other."""
+    parts = [_varint_rows(values) for values in fields]
+    matrix = np.concatenate([rows for rows, _ in parts], axis=1) if len(parts) > 1 else parts[0][0]
     used = np.concatenate([np.arange(rows.shape[1]) < sizes[:, None] for rows, sizes in parts], axis=1)
-    data = matrix[used]
+    data = np.compress(used.ravel(), matrix.ravel())
     row_sizes = sum(sizes for _, sizes in parts)
     offsets = np.zeros(len(row_sizes) + 1, dtype=np.int32)
     np.cumsum(row_sizes, out=offsets[1:])
