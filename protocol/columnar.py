@@ -94,8 +94,6 @@ _PADDING = 64
 # check costs a few numpy calls, more than the loop spends on a small batch.
 _UNIFORM_MIN_RECORDS = 16
 _INT32_MAX = 2**31 - 1
-# Zigzag values at or above 2**(7*k) need more than k bytes.
-_VARINT_LIMITS = np.array([1 << (7 * k) for k in range(1, 10)], dtype=np.uint64)
 
 
 class _Damaged(Exception):
@@ -471,14 +469,17 @@ def encode_columns(
     timestamp_delta = timestamps - first_timestamp
     offset_delta = np.arange(count, dtype=np.int64)
 
-    sizes = [_varint_rows(v)[1] for v in (timestamp_delta, offset_delta, key_length, value_length, header_count)]
-    body_length = 1 + sizes[0] + sizes[1] + sizes[2] + np.maximum(key_length, 0) + sizes[3] + np.maximum(value_length, 0) + sizes[4]
+    timestamp_rows, offset_rows, key_rows, value_rows, count_rows = (
+        _varint_rows(values) for values in (timestamp_delta, offset_delta, key_length, value_length, header_count)
+    )
+    body_length = (1 + timestamp_rows[1] + offset_rows[1] + key_rows[1] + np.maximum(key_length, 0)
+                   + value_rows[1] + np.maximum(value_length, 0) + count_rows[1])
     if header_bytes is not None:
         body_length += _lengths(header_bytes)
-    attributes = np.zeros(count, dtype=np.int64)  # always 0, and a varint of 0 is the byte 0
-    prefix = _varint_binary([body_length, attributes, timestamp_delta, offset_delta, key_length])
-    middle = _varint_binary([value_length])
-    suffix = _varint_binary([header_count])
+    attributes = _varint_rows(np.zeros(count, dtype=np.int64))  # always 0, and a varint of 0 is the byte 0
+    prefix = _varint_binary([_varint_rows(body_length), attributes, timestamp_rows, offset_rows, key_rows])
+    middle = _varint_binary([value_rows])
+    suffix = _varint_binary([count_rows])
     if header_bytes is not None:
         suffix = pc.binary_join_element_wise(suffix, header_bytes, b"")
     joined = pc.binary_join_element_wise(prefix, _without_nulls(key), middle, _without_nulls(value), suffix, b"")
@@ -562,9 +563,11 @@ def _zigzag(values: np.ndarray) -> np.ndarray:
 def _varint_rows(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each value's zigzag varint as a row of bytes (padded on the right) and its size."""
     zigzag = _zigzag(values)
+    largest = int(zigzag.max()) if len(zigzag) else 0
+    if largest < 0x80:  # one byte each: the common case of small counts and deltas
+        return zigzag.astype(np.uint8).reshape(-1, 1), np.ones(len(zigzag), dtype=np.int64)
     sizes = np.ones(len(zigzag), dtype=np.int64)
     width = 1
-    largest = int(zigzag.max()) if len(zigzag) else 0
     while width < 10 and largest >= 1 << (7 * width):
         sizes += zigzag >= np.uint64(1 << (7 * width))
         width += 1
@@ -577,13 +580,17 @@ def _varint_rows(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return rows, sizes
 
 
-def _varint_binary(fields: list[np.ndarray]) -> pa.Array:
-    """One binary value per record: the varints of ``fields`` one after the other."""
-    parts = [_varint_rows(values) for values in fields]
-    matrix = np.concatenate([rows for rows, _ in parts], axis=1) if len(parts) > 1 else parts[0][0]
-    used = np.concatenate([np.arange(rows.shape[1]) < sizes[:, None] for rows, sizes in parts], axis=1)
-    data = np.compress(used.ravel(), matrix.ravel())
-    row_sizes = sum(sizes for _, sizes in parts)
+def _varint_binary(parts: list[tuple[np.ndarray, np.ndarray]]) -> pa.Array:
+    """One binary value per record: the varints of ``parts`` (each from
+    ``_varint_rows``) one after the other."""
+    if all(rows.shape[1] == 1 for rows, _ in parts):  # every varint one byte: no gaps to squeeze out
+        data = np.concatenate([rows for rows, _ in parts], axis=1).ravel() if len(parts) > 1 else parts[0][0].ravel()
+        row_sizes = np.full(len(parts[0][1]), len(parts), dtype=np.int64)
+    else:
+        matrix = np.concatenate([rows for rows, _ in parts], axis=1)
+        used = np.concatenate([np.arange(rows.shape[1]) < sizes[:, None] for rows, sizes in parts], axis=1)
+        data = np.compress(used.ravel(), matrix.ravel())
+        row_sizes = sum(sizes for _, sizes in parts)
     offsets = np.zeros(len(row_sizes) + 1, dtype=np.int32)
     np.cumsum(row_sizes, out=offsets[1:])
     return pa.Array.from_buffers(pa.binary(), len(row_sizes), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
@@ -607,7 +614,7 @@ def _encoded_headers(headers, count: int) -> tuple[np.ndarray, pa.Array | None]:
     key_length = _lengths(header_key)
     value_length = _lengths(header_value)
     entries = pc.binary_join_element_wise(
-        _varint_binary([key_length]), header_key, _varint_binary([value_length]), _without_nulls(header_value), b""
+        _varint_binary([_varint_rows(key_length)]), header_key, _varint_binary([_varint_rows(value_length)]), _without_nulls(header_value), b""
     )
     list_offsets = np.zeros(count + 1, dtype=np.int32)
     np.cumsum(header_count, out=list_offsets[1:])
