@@ -352,19 +352,28 @@ def _header_positions(buf: bytes, headers_start: np.ndarray, record_end: np.ndar
             cursor = int(headers_start[index])
             end = int(record_end[index])
             for _ in range(int(header_count[index])):
-                key_length, cursor = read_varint(buf, cursor)
+                byte = buf[cursor]
+                if byte < 0x80:
+                    key_length, cursor = (byte >> 1) ^ -(byte & 1), cursor + 1
+                else:
+                    key_length, cursor = read_varint(buf, cursor)
                 if key_length < 0 or cursor + key_length > end:
                     raise _Damaged
                 owners.append(index)
                 key_starts.append(cursor)
                 key_lengths.append(key_length)
                 cursor += key_length
-                value_length, cursor = read_varint(buf, cursor)
+                byte = buf[cursor]
+                if byte < 0x80:
+                    value_length, cursor = (byte >> 1) ^ -(byte & 1), cursor + 1
+                else:
+                    value_length, cursor = read_varint(buf, cursor)
                 if value_length < -1 or cursor + value_length > end:
                     raise _Damaged
                 value_starts.append(cursor)
                 value_lengths.append(value_length)
-                cursor += max(value_length, 0)
+                if value_length > 0:
+                    cursor += value_length
             if cursor != end:
                 raise _Damaged
     except (IndexError, ValueError):
