@@ -25,7 +25,7 @@ import time
 
 import pyarrow as pa
 
-from protocol import columnar, records
+from protocol import records
 from protocol.columnar import HEADERS_TYPE, decode_fetched, encode_columns
 from protocol.compression import Compression
 from protocol.records import decode_batch, encode_batch, iter_batches

@@ -50,7 +50,6 @@ from protocol.records import (
     ATTRIBUTES_OFFSET,
     BATCH_HEADER,
     BATCH_HEADER_SIZE,
-    CONTROL_MASK,
     CRC_OFFSET,
     LOG_OVERHEAD,
     MAGIC,
@@ -58,7 +57,6 @@ from protocol.records import (
     NO_PRODUCER_EPOCH,
     NO_PRODUCER_ID,
     NO_SEQUENCE,
-    TIMESTAMP_TYPE_MASK,
     TRANSACTIONAL_MASK,
     ControlType,
     CorruptRecordError,
@@ -286,15 +284,6 @@ def _decode_columns(buf: bytes, kept: list[_KeptBatch], start_offset: int) -> pa
         if bad.any():
             raise _Damaged
 
-    record_start = _record_starts(buf, bytes_view, kept)
-    length, body, too_wide = _read_varints(bytes_view, record_start)
-    record_end = body + length
-    check((length < 0) | (record_end > limit))
-    if too_wide is not None:
-        check(too_wide)
-
-    # body points at the attributes byte, which nothing reads
-    check(length < 1)
     def length_at(positions: np.ndarray, smallest: int) -> tuple[np.ndarray, np.ndarray]:
         values, following, too_wide = _read_varints(bytes_view, positions)
         check((values < smallest) | (values > record_end - following))
@@ -302,6 +291,13 @@ def _decode_columns(buf: bytes, kept: list[_KeptBatch], start_offset: int) -> pa
             check(too_wide)
         return values, following
 
+    record_start = _record_starts(buf, bytes_view, kept)
+    length, body, too_wide = _read_varints(bytes_view, record_start)
+    record_end = body + length
+    check((length < 1) | (record_end > limit))  # at least the attributes byte
+    if too_wide is not None:
+        check(too_wide)
+    # body points at the attributes byte, which nothing reads
     timestamp_delta, cursor, _ = _read_varints(bytes_view, body + 1)
     offset_delta, cursor, _ = _read_varints(bytes_view, cursor)
     check(cursor > record_end)
@@ -328,7 +324,7 @@ def _decode_columns(buf: bytes, kept: list[_KeptBatch], start_offset: int) -> pa
     if not visible.all():
         header_count = header_count[visible]
         if header_entries is not None:
-            header_entries = _keep_entries(header_entries, visible, header_count)
+            header_entries = _keep_entries(header_entries, visible)
         offset, timestamp, timestamp_type = offset[visible], timestamp[visible], timestamp_type[visible]
         key_start, key_length = key_start[visible], key_length[visible]
         value_start, value_length = value_start[visible], value_length[visible]
@@ -382,9 +378,9 @@ def _header_positions(buf: bytes, headers_start: np.ndarray, record_end: np.ndar
                  for column in (owners, key_starts, key_lengths, value_starts, value_lengths))
 
 
-def _keep_entries(entries, visible: np.ndarray, header_count: np.ndarray):
-    owners = entries[0]
-    keep = visible[owners]
+def _keep_entries(entries, visible: np.ndarray):
+    """The header entries of the visible records."""
+    keep = visible[entries[0]]
     return tuple(column[keep] for column in entries)
 
 
