@@ -219,7 +219,7 @@ def _record_starts(buf: bytes, bytes_view: np.ndarray, kept: list[_KeptBatch]) -
             raise _Damaged
     if starts:
         parts.append(np.frombuffer(starts, dtype=np.int64))
-    return np.concatenate(parts)
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
 def _uniform_starts(buf: bytes, bytes_view: np.ndarray, batch: _KeptBatch):

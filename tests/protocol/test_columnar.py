@@ -165,6 +165,10 @@ def fetched_logs(draw):
             if kind == ControlType.ABORT and first is not None:
                 aborted.append({"producer_id": producer, "first_offset": first, "marker": offset})
             offset += 1
+        elif draw(st.integers(0, 9)) == 0:  # emptied by compaction: offsets kept, no records
+            span = draw(st.integers(1, 3))
+            batch = encode_batch([], base_offset=offset, allow_empty=True, last_offset_delta=span - 1, base_timestamp=5)
+            offset += span
         else:
             record_list = draw(record_tuples | uniform_records())
             transactional = draw(st.integers(0, 3)) > 0
@@ -274,6 +278,14 @@ def test_an_empty_section_and_a_section_of_control_batches_give_no_rows():
     markers = encode_control_batch(ControlType.COMMIT, producer_id=3, producer_epoch=0, coordinator_epoch=0, timestamp=1, base_offset=9)
     fetched = decode_fetched(markers, [], start_offset=9)
     assert fetched.columns.num_rows == 0 and fetched.end == 10 and fetched.partial is None
+
+
+def test_a_batch_emptied_by_compaction_moves_the_position_past_its_offsets():
+    empty = encode_batch([], base_offset=5, allow_empty=True, last_offset_delta=2, base_timestamp=1)
+    fetched = decode_fetched(empty, [], start_offset=5)
+    assert fetched.columns.num_rows == 0 and fetched.end == 8
+    fetched = decode_fetched(empty + encode_batch([(None, b"v", [], 1)], base_offset=8), [], start_offset=5)
+    assert fetched.columns.column("offset").to_pylist() == [8] and fetched.end == 9
 
 
 def test_aborted_records_are_kept_under_read_uncommitted_and_dropped_under_read_committed():
