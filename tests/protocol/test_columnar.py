@@ -364,3 +364,17 @@ def test_a_timestamp_delta_with_bits_past_64_lands_where_the_record_codec_puts_i
     rows, _end = reference_rows(data, [], read_committed=True, start_offset=0)
     assert rows[1]["timestamp"] == -(2**63)
     assert decode_fetched(data).columns.to_pylist() == rows
+
+
+def test_a_fetch_past_the_int32_offsets_of_a_binary_array_still_decodes(monkeypatch):
+    """Offsets into a joined buffer beyond 2 GiB take the 64-bit path; shown
+    here by lowering the limit, not with 2 GiB of data. A column whose own
+    bytes exceed the limit is a clear error, not a wrapped offset."""
+    record_list = [(b"k%d" % i, b"v" * 300, [("h", b"x")], i) for i in range(10)]
+    data = encode_batch(record_list)
+    expected = decode_fetched(data).columns
+    monkeypatch.setattr(columnar, "_INT32_MAX", 3050)  # the values take 3000 bytes, end past 3100
+    assert decode_fetched(data).columns.equals(expected)
+    monkeypatch.setattr(columnar, "_INT32_MAX", 2900)
+    with pytest.raises(ValueError, match="do not fit an Arrow binary column"):
+        decode_fetched(data)
