@@ -21,16 +21,17 @@ stores integer positions (a batch whose records all have the same size skips
 even that: one numpy comparison checks it); every other field is read by
 numpy at all the record positions at once, and the binary columns are cut
 out of one buffer by Arrow's ``take`` over offsets that point into it.
-Encoding builds each record's varints as rows of a byte matrix, compacts
-them with one mask, and lets Arrow's ``binary_join_element_wise`` lay out
+Encoding builds each record's varints as rows of a byte matrix, squeezes
+out the unused bytes with one mask, and lets Arrow's ``binary_join_element_wise`` lay out
 prefix, key, value length, value and headers of every record as one buffer,
 which is the records section.
 
 Damage raises ``CorruptRecordError`` as ``records.py`` does: when the
 vectorised checks find something wrong, the damaged batch is decoded again
-by ``records.decode_batch`` for its precise message. A varint's tenth byte
-contributes only its lowest bit (as Kafka's Java client reads it); records
-never carry more, since every field fits 64 bits.
+by ``records.decode_batch`` for its precise message. Varints are read modulo
+2**64, so a timestamp or offset is the one ``records.read_varint``'s
+unbounded integers give whenever that fits an int64, and a length with bits
+past 64 (never valid) is damage.
 """
 
 from __future__ import annotations
@@ -150,10 +151,14 @@ def decode_fetched(data, aborted_transactions: list[dict] | None = None, *, read
         if read_committed and header.is_transactional and header.producer_id in aborted_producers:
             continue
         body = view[position + BATCH_HEADER_SIZE : position + header.size]
-        if header.compression:
+        if header.compression:  # errors as records.decode_batch raises them
             try:
-                body = decompress(codec_from_id(header.compression), body)
-            except Exception as exc:  # an unknown codec id or damaged compressed data
+                codec = codec_from_id(header.compression)
+            except Exception as exc:
+                raise CorruptRecordError(str(exc), offset=header.base_offset, position=position) from None
+            try:
+                body = decompress(codec, body)
+            except ValueError as exc:
                 raise CorruptRecordError(str(exc), offset=header.base_offset, position=position) from None
         sections.append(body)
         kept.append(_KeptBatch(header, position, joined_size, joined_size + len(body)))

@@ -378,3 +378,16 @@ def test_a_fetch_past_the_int32_offsets_of_a_binary_array_still_decodes(monkeypa
     monkeypatch.setattr(columnar, "_INT32_MAX", 2900)
     with pytest.raises(ValueError, match="do not fit an Arrow binary column"):
         decode_fetched(data)
+
+
+def test_damaged_compressed_data_and_an_unknown_codec_are_reported_as_by_the_record_codec():
+    batch = bytearray(encode_batch([(b"k", b"v" * 50, [], 1)], compression=Compression.GZIP))
+    batch[records.BATCH_HEADER_SIZE + 12] ^= 0xFF
+    unknown = bytearray(encode_batch([(b"k", b"v", [], 1)]))
+    unknown[records.ATTRIBUTES_OFFSET + 1] |= 0x07  # codec id 7
+    for damaged in (with_crc_fixed(batch), with_crc_fixed(unknown)):
+        with pytest.raises(CorruptRecordError) as expected:
+            records.decode_batch(damaged)
+        with pytest.raises(CorruptRecordError) as raised:
+            decode_fetched(damaged)
+        assert str(raised.value) == str(expected.value)
