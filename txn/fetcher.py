@@ -26,6 +26,14 @@ so ``position()`` and ``commit()`` never run ahead of the caller. A new
 partition starts at the group's committed offset or by
 ``auto_offset_reset``.
 
+``poll_columns`` is the columnar way out of the same fetches: each
+partition's visible records as one Arrow record batch
+(``protocol.columnar.FETCHED_SCHEMA``), decoded by ``protocol.columnar``
+under the same rules, with no Python object per record. It hands out a
+whole fetched partition at a time, so the position moves to the fetch's
+end at once, as it does when ``poll`` has handed out a fetch's last record.
+Partitions that still hold records fetched by ``poll`` are left to ``poll``.
+
 ``Fetcher`` is a base class of ``AsyncConsumer``, whose ``__init__`` sets
 the state it works on: ``_positions`` (partition -> next offset, None until
 initialized), ``_buffers`` and ``_buffer_ends`` (fetched, not yet handed
@@ -37,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import heapq
+import time
 
 import attrs
 
@@ -108,6 +117,17 @@ def fetched_partition(data, aborted: list[dict] | None, *, tp: TopicPartition, f
     return FetchedPartition(visible, end, frozenset(log_append_offsets))
 
 
+def fetched_partition_columns(data, aborted: list[dict] | None, *, tp: TopicPartition, fetch_offset: int, config: ConsumerConfig):
+    """``fetched_partition`` as columns: a ``protocol.columnar.FetchedColumns``
+    (imported here, so that only a columnar consumer loads numpy and pyarrow)."""
+    from protocol.columnar import decode_fetched
+
+    fetched = decode_fetched(data, aborted, read_committed=config.read_committed, start_offset=fetch_offset)
+    if fetched.partial is not None and fetched.partial.position == 0:  # nothing came whole
+        raise RecordBatchTooLargeError(message=too_large_message(tp, fetch_offset, fetched.partial, config))
+    return fetched
+
+
 def too_large_message(tp: TopicPartition, fetch_offset: int, partial, config: ConsumerConfig) -> str:
     where = f"offset {partial.base_offset}" if partial.base_offset is not None else f"fetch offset {fetch_offset}"
     limit = config.max_partition_fetch_bytes
@@ -176,21 +196,45 @@ class Fetcher:
                 del self._buffers[tp]
         return out
 
-    async def _fetch(self, max_wait: float) -> None:
+    async def poll_columns(self, timeout: float = 1.0) -> dict:
+        """Each fetched partition's visible records as a ``pyarrow.RecordBatch``
+        (``{TopicPartition: batch}``, only partitions with records), waiting up to
+        ``timeout`` seconds for some (see the module doc)."""
+        self._last_poll = time.monotonic()
+        deadline = self._last_poll + timeout
+        while True:
+            if self._subscription and not await self._ensure_membership(deadline):
+                return {}
+            await self._maybe_auto_commit()
+            await self._initialize_positions()
+            remaining = deadline - time.monotonic()
+            if not self._positions:
+                if remaining <= 0:
+                    return {}
+                await asyncio.sleep(min(remaining, 0.1))
+                continue
+            columns: dict = {}
+            await self._fetch(max(0.0, min(self.config.fetch_max_wait_ms / 1000, remaining)), columns=columns)
+            if columns or time.monotonic() >= deadline:
+                return columns
+
+    async def _fetch(self, max_wait: float, columns: dict | None = None) -> None:
         wanted = [tp for tp, offset in self._positions.items() if offset is not None and tp not in self._buffers]
         by_leader: dict[int, list[TopicPartition]] = collections.defaultdict(list)
         for tp in wanted:
             if (tp.topic, tp.partition) not in self.cluster.leaders:
                 await self.cluster.refresh([tp.topic])
             by_leader[self.cluster.leaders.get((tp.topic, tp.partition), -1)].append(tp)
-        results = await asyncio.gather(*(self._fetch_from(node, tps, max_wait) for node, tps in by_leader.items()), return_exceptions=True)
+        results = await asyncio.gather(*(self._fetch_from(node, tps, max_wait, columns) for node, tps in by_leader.items()), return_exceptions=True)
         for result in results:
             if isinstance(result, (ConnectionError, OSError, TimeoutError, RetriableError)):
                 await asyncio.sleep(self.config.retry_backoff_ms / 1000)
             elif isinstance(result, BaseException):
                 raise result
 
-    async def _fetch_from(self, node: int, partitions: list[TopicPartition], max_wait: float) -> None:
+    async def _fetch_from(self, node: int, partitions: list[TopicPartition], max_wait: float, columns: dict | None = None) -> None:
+        """One Fetch to ``node``: records into ``_buffers``, or, given
+        ``columns``, each partition's record batch into it (``poll_columns``)."""
         if node not in self.cluster.brokers:
             await self.cluster.refresh([tp.topic for tp in partitions])
             raise RetriableError(ErrorCode.LEADER_NOT_AVAILABLE, f"no leader for {partitions}")
@@ -233,6 +277,12 @@ class Fetcher:
                 if not data:
                     continue
                 start = requested[tp]
+                if columns is not None:
+                    fetched_columns = fetched_partition_columns(data, answer.get("aborted_transactions"), tp=tp, fetch_offset=start, config=self.config)
+                    self._positions[tp] = max(start, fetched_columns.end)
+                    if fetched_columns.columns.num_rows:
+                        columns[tp] = fetched_columns.columns
+                    continue
                 fetched = fetched_partition(data, answer.get("aborted_transactions"), tp=tp, fetch_offset=start, config=self.config)
                 visible, end, log_append_offsets = fetched.records, fetched.end, fetched.log_append_offsets
                 if not visible:

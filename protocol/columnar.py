@@ -1,0 +1,632 @@
+"""Record batches as columns: RecordBatch v2 bytes straight to and from Arrow arrays.
+
+This module owns the columnar codec beside ``protocol/records.py`` (which
+stays the one codec of the broker and of the per-record clients; it never
+imports this module, so the broker never loads numpy or pyarrow):
+
+- ``decode_fetched``: one partition's fetched records section (many batches,
+  compressed or not, perhaps ending in a partial batch) into the columns of
+  ``FETCHED_SCHEMA`` (key, value, offset, timestamp, timestamp_type,
+  headers), keeping exactly the records ``txn.fetcher.committed_records``
+  keeps: control batches never, the batches of aborted transactions not
+  under read_committed, records before the fetch offset not at all; a
+  LogAppendTime batch gives its records the batch's max timestamp.
+- ``encode_columns``: key, value, timestamp and headers columns of one
+  partition into one batch, byte for byte what ``records.encode_batch``
+  makes of the same records.
+
+No Python object is made per record. Decoding walks each records section
+once in a Python loop that reads only the length varint of each record and
+stores integer positions (a batch whose records all have the same size skips
+even that: one numpy comparison checks it); every other field is read by
+numpy at all the record positions at once, and the binary columns are cut
+out of one buffer by Arrow's ``take`` over offsets that point into it.
+Encoding builds each record's varints as rows of a byte matrix, squeezes
+out the unused bytes with one mask, and lets Arrow's ``binary_join_element_wise`` lay out
+prefix, key, value length, value and headers of every record as one buffer,
+which is the records section.
+
+Damage raises ``CorruptRecordError`` as ``records.py`` does: when the
+vectorised checks find something wrong, the damaged batch is decoded again
+by ``records.decode_batch`` for its precise message. Varints are read modulo
+2**64, so a timestamp or offset is the one ``records.read_varint``'s
+unbounded integers give whenever that fits an int64, and a length with bits
+past 64 (never valid) is damage.
+"""
+
+from __future__ import annotations
+
+import heapq
+import struct
+from array import array
+
+import attrs
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from protocol import records
+from protocol.compression import Compression, codec_from_id, compress, decompress
+from protocol.records import (
+    ATTRIBUTES_OFFSET,
+    BATCH_HEADER,
+    BATCH_HEADER_SIZE,
+    CRC_OFFSET,
+    LOG_OVERHEAD,
+    MAGIC,
+    NO_PARTITION_LEADER_EPOCH,
+    NO_PRODUCER_EPOCH,
+    NO_PRODUCER_ID,
+    NO_SEQUENCE,
+    TRANSACTIONAL_MASK,
+    ControlType,
+    CorruptRecordError,
+    PartialBatch,
+    TimestampType,
+    decode_batch,
+    decode_control_record,
+    iter_batches,
+    read_varint,
+    split_partial_tail,
+)
+
+__all__ = ["FETCHED_SCHEMA", "HEADERS_TYPE", "FetchedColumns", "decode_fetched", "encode_columns"]
+
+HEADER_STRUCT_TYPE = pa.struct([pa.field("key", pa.string(), nullable=False), pa.field("value", pa.binary())])
+HEADERS_TYPE = pa.list_(HEADER_STRUCT_TYPE)
+FETCHED_SCHEMA = pa.schema(
+    [
+        pa.field("key", pa.binary()),
+        pa.field("value", pa.binary()),
+        pa.field("offset", pa.int64(), nullable=False),
+        pa.field("timestamp", pa.int64(), nullable=False),  # ms; a LogAppendTime batch's max timestamp
+        pa.field("timestamp_type", pa.int32(), nullable=False),  # records.TimestampType
+        pa.field("headers", HEADERS_TYPE, nullable=False),  # empty lists for records without headers
+    ]
+)
+
+# Bytes of zeros after the joined records sections, so that reading a varint
+# (at most 10 bytes) a few fields past a damaged record's end stays inside
+# the buffer; such a record fails the checks before anything is kept.
+_PADDING = 64
+# Below this many records a batch is scanned by the loop: the uniform-size
+# check costs a few numpy calls, more than the loop spends on a small batch.
+_UNIFORM_MIN_RECORDS = 16
+_INT32_MAX = 2**31 - 1
+
+
+class _Damaged(Exception):
+    """Raised inside the vectorised decoder; the caller finds the precise error."""
+
+
+@attrs.frozen
+class FetchedColumns:
+    """What one partition's fetched records section gives a columnar consumer."""
+
+    columns: pa.RecordBatch  # visible records at or after the fetch offset, in FETCHED_SCHEMA
+    end: int  # where the next fetch starts: after the last whole batch (the fetch offset at least)
+    partial: PartialBatch | None  # the cut-off batch after the whole ones, if any
+
+
+@attrs.frozen
+class _KeptBatch:
+    header: records.BatchHeader
+    position: int  # of the batch in the fetched section
+    start: int  # of its (decompressed) records in the joined buffer
+    end: int
+
+
+# ---------------------------------------------------------------------------
+# decoding
+
+
+def decode_fetched(data, aborted_transactions: list[dict] | None = None, *, read_committed: bool = True, start_offset: int = 0) -> FetchedColumns:
+    """The visible records of one partition's answer to a Fetch at
+    ``start_offset``, as columns (see the module doc).
+
+    ``aborted_transactions`` is the response's list of ``{"producer_id",
+    "first_offset"}``. Only the whole batches count; the partial one after
+    them, if any, is returned for the caller to fetch again (or to report
+    as too large when nothing came whole). Each batch's CRC is checked once.
+    """
+    whole_end, partial = split_partial_tail(data)
+    view = memoryview(data)[:whole_end]
+    end = start_offset
+    heap = [(entry["first_offset"], entry["producer_id"]) for entry in (aborted_transactions or [])] if read_committed else []
+    heapq.heapify(heap)
+    aborted_producers: set[int] = set()
+    sections: list = []
+    kept: list[_KeptBatch] = []
+    joined_size = 0
+    for position, header in iter_batches(view):
+        end = max(end, header.next_offset)
+        while heap and heap[0][0] <= header.last_offset:
+            aborted_producers.add(heapq.heappop(heap)[1])
+        if header.is_control:
+            if read_committed:
+                batch = decode_batch(view, position, verify_crc=False)
+                if batch.records and decode_control_record(batch.records[0]).type == ControlType.ABORT:
+                    aborted_producers.discard(header.producer_id)
+            continue
+        if read_committed and header.is_transactional and header.producer_id in aborted_producers:
+            continue
+        body = view[position + BATCH_HEADER_SIZE : position + header.size]
+        if header.compression:  # errors as records.decode_batch raises them
+            try:
+                codec = codec_from_id(header.compression)
+            except Exception as exc:
+                raise CorruptRecordError(str(exc), offset=header.base_offset, position=position) from None
+            try:
+                body = decompress(codec, body)
+            except ValueError as exc:
+                raise CorruptRecordError(str(exc), offset=header.base_offset, position=position) from None
+        sections.append(body)
+        kept.append(_KeptBatch(header, position, joined_size, joined_size + len(body)))
+        joined_size += len(body)
+    if not kept:
+        return FetchedColumns(_empty_columns(), end, partial)
+    sections.append(bytes(_PADDING))
+    buf = b"".join(sections)
+    try:
+        columns = _decode_columns(buf, kept, start_offset)
+    except _Damaged:
+        _raise_precise_error(view, kept)
+    return FetchedColumns(columns, end, partial)
+
+
+def _raise_precise_error(view, kept: list[_KeptBatch]):
+    for batch in kept:
+        decode_batch(view, batch.position, verify_crc=False)  # raises CorruptRecordError saying where
+    first = kept[0].header
+    raise CorruptRecordError("records do not decode", offset=first.base_offset, position=kept[0].position)
+
+
+def _empty_columns() -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays([pa.array([], field.type) for field in FETCHED_SCHEMA], schema=FETCHED_SCHEMA)
+
+
+def _record_starts(buf: bytes, bytes_view: np.ndarray, kept: list[_KeptBatch]) -> np.ndarray:
+    """Where each record (its length varint) starts.
+
+    The one sequential step: a record's length varint says where the next
+    record starts. The loop stores positions only; the lengths are read
+    again, all at once, by the caller."""
+    parts: list[np.ndarray] = []
+    starts = array("q")
+    for batch in kept:
+        count = batch.header.record_count
+        uniform = _uniform_starts(buf, bytes_view, batch) if count >= _UNIFORM_MIN_RECORDS else None
+        if uniform is not None:
+            if starts:
+                parts.append(np.frombuffer(starts, dtype=np.int64))
+                starts = array("q")
+            parts.append(uniform)
+            continue
+        add = starts.append
+        cursor = batch.start
+        try:
+            for _ in range(count):
+                add(cursor)
+                byte = buf[cursor]
+                if byte < 0x80:  # lengths below 64
+                    cursor += 1 + ((byte >> 1) ^ -(byte & 1))
+                    continue
+                second = buf[cursor + 1]
+                if second < 0x80:  # below 8192
+                    raw = (byte & 0x7F) | (second << 7)
+                    cursor += 2 + ((raw >> 1) ^ -(raw & 1))
+                else:
+                    length, after = read_varint(buf, cursor)
+                    cursor = after + length
+        except (IndexError, ValueError):
+            raise _Damaged from None
+        if cursor != batch.end:
+            raise _Damaged
+    if starts:
+        parts.append(np.frombuffer(starts, dtype=np.int64))
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def _uniform_starts(buf: bytes, bytes_view: np.ndarray, batch: _KeptBatch):
+    """Record starts of a batch whose records all take the same bytes
+    (fixed-size keys and values, one-byte deltas: common), found without the
+    loop; None when the batch is not like that."""
+    count = batch.header.record_count
+    try:
+        length, body = read_varint(buf, batch.start)
+    except (IndexError, ValueError):
+        return None
+    prefix = body - batch.start
+    stride = prefix + length
+    if length < 0 or stride * count != batch.end - batch.start:
+        return None
+    record_starts = batch.start + stride * np.arange(count, dtype=np.int64)
+    for k in range(prefix):
+        if not (bytes_view[record_starts + k] == buf[batch.start + k]).all():
+            return None
+    return record_starts
+
+
+def _read_varints(bytes_view: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Zigzag varints at every position at once: (values as int64, positions
+    after them, which ones carry bits past 64 or None when none does).
+
+    Values are exact modulo 2**64, so a sum with a base offset or timestamp
+    lands where ``records.read_varint``'s unbounded integers land whenever
+    that is an int64; a length with bits past 64 is never valid."""
+    byte = bytes_view[positions]
+    raw = (byte & 0x7F).astype(np.uint64)
+    following = positions + 1
+    active = np.flatnonzero(byte >= 0x80)
+    top_bit = None  # bit 64 of the raw varint: bit 63 of the value
+    too_wide = None
+    shift = 7
+    while active.size:
+        if shift > 63:
+            raise _Damaged  # longer than 10 bytes
+        byte = bytes_view[following[active]]
+        raw[active] |= (byte & 0x7F).astype(np.uint64) << np.uint64(shift)
+        if shift == 63:
+            top_bit = np.zeros(len(raw), dtype=np.uint64)
+            top_bit[active] = (byte >> 1) & 1
+            too_wide = np.zeros(len(raw), dtype=bool)
+            too_wide[active] = (byte & 0x7E) != 0
+        following[active] += 1
+        active = active[byte >= 0x80]
+        shift += 7
+    unsigned = raw >> np.uint64(1)
+    if top_bit is not None:
+        unsigned |= top_bit << np.uint64(63)
+    values = unsigned.view(np.int64) ^ -(raw & np.uint64(1)).view(np.int64)
+    return values, following, too_wide
+
+
+def _decode_columns(buf: bytes, kept: list[_KeptBatch], start_offset: int) -> pa.RecordBatch:
+    bytes_view = np.frombuffer(buf, dtype=np.uint8)
+    limit = len(buf) - _PADDING
+
+    def check(bad: np.ndarray) -> None:
+        if bad.any():
+            raise _Damaged
+
+    def length_at(positions: np.ndarray, smallest: int) -> tuple[np.ndarray, np.ndarray]:
+        values, following, too_wide = _read_varints(bytes_view, positions)
+        check((values < smallest) | (values > record_end - following))
+        if too_wide is not None:
+            check(too_wide)
+        return values, following
+
+    record_start = _record_starts(buf, bytes_view, kept)
+    length, body, too_wide = _read_varints(bytes_view, record_start)
+    record_end = body + length
+    check((length < 1) | (record_end > limit))  # at least the attributes byte
+    if too_wide is not None:
+        check(too_wide)
+    # body points at the attributes byte, which nothing reads
+    timestamp_delta, cursor, _ = _read_varints(bytes_view, body + 1)
+    offset_delta, cursor, _ = _read_varints(bytes_view, cursor)
+    check(cursor > record_end)
+    key_length, key_start = length_at(cursor, -1)
+    value_length, value_start = length_at(key_start + np.maximum(key_length, 0), -1)
+    header_count, headers_start = length_at(value_start + np.maximum(value_length, 0), 0)
+    without_headers = header_count == 0
+    check(without_headers & (headers_start != record_end))
+
+    counts = np.array([batch.header.record_count for batch in kept], dtype=np.int64)
+    base_offset = np.repeat(np.array([batch.header.base_offset for batch in kept], dtype=np.int64), counts)
+    offset = base_offset + offset_delta
+    log_append = np.array([batch.header.timestamp_type == TimestampType.LOG_APPEND_TIME for batch in kept])
+    base_timestamp = np.array([batch.header.base_timestamp for batch in kept], dtype=np.int64)
+    max_timestamp = np.array([batch.header.max_timestamp for batch in kept], dtype=np.int64)
+    timestamp = np.where(np.repeat(log_append, counts), np.repeat(max_timestamp, counts), np.repeat(base_timestamp, counts) + timestamp_delta)
+    timestamp_type = np.repeat(log_append.astype(np.int32), counts)
+
+    header_entries = None
+    if not without_headers.all():
+        header_entries = _header_positions(buf, headers_start, record_end, header_count)
+
+    visible = offset >= start_offset
+    if not visible.all():
+        header_count = header_count[visible]
+        if header_entries is not None:
+            header_entries = _keep_entries(header_entries, visible)
+        offset, timestamp, timestamp_type = offset[visible], timestamp[visible], timestamp_type[visible]
+        key_start, key_length = key_start[visible], key_length[visible]
+        value_start, value_length = value_start[visible], value_length[visible]
+
+    data = pa.py_buffer(buf)
+    key = _binary_column(data, key_start, key_length, pa.binary())
+    value = _binary_column(data, value_start, value_length, pa.binary())
+    headers = _headers_column(data, header_count, header_entries)
+    return pa.RecordBatch.from_arrays(
+        [key, value, pa.array(offset, pa.int64()), pa.array(timestamp, pa.int64()), pa.array(timestamp_type, pa.int32()), headers],
+        schema=FETCHED_SCHEMA,
+    )
+
+
+def _header_positions(buf: bytes, headers_start: np.ndarray, record_end: np.ndarray, header_count: np.ndarray):
+    """(record index, key start, key length, value start, value length) of every
+    header: a loop over the records that have headers (few, usually)."""
+    owners, key_starts, key_lengths, value_starts, value_lengths = (array("q") for _ in range(5))
+    try:
+        for index in np.flatnonzero(header_count).tolist():
+            cursor = int(headers_start[index])
+            end = int(record_end[index])
+            for _ in range(int(header_count[index])):
+                byte = buf[cursor]
+                if byte < 0x80:
+                    key_length, cursor = (byte >> 1) ^ -(byte & 1), cursor + 1
+                else:
+                    key_length, cursor = read_varint(buf, cursor)
+                if key_length < 0 or cursor + key_length > end:
+                    raise _Damaged
+                owners.append(index)
+                key_starts.append(cursor)
+                key_lengths.append(key_length)
+                cursor += key_length
+                byte = buf[cursor]
+                if byte < 0x80:
+                    value_length, cursor = (byte >> 1) ^ -(byte & 1), cursor + 1
+                else:
+                    value_length, cursor = read_varint(buf, cursor)
+                if value_length < -1 or cursor + value_length > end:
+                    raise _Damaged
+                value_starts.append(cursor)
+                value_lengths.append(value_length)
+                if value_length > 0:
+                    cursor += value_length
+            if cursor != end:
+                raise _Damaged
+    except (IndexError, ValueError):
+        raise _Damaged from None
+    return tuple(np.frombuffer(column, dtype=np.int64) if len(column) else np.zeros(0, np.int64)
+                 for column in (owners, key_starts, key_lengths, value_starts, value_lengths))
+
+
+def _keep_entries(entries, visible: np.ndarray):
+    """The header entries of the visible records."""
+    keep = visible[entries[0]]
+    return tuple(column[keep] for column in entries)
+
+
+def _binary_column(data: pa.Buffer, starts: np.ndarray, lengths: np.ndarray, kind: pa.DataType) -> pa.Array:
+    """Values cut out of ``data`` at (start, length), a length of -1 being
+    null, with no Python object per value: an array whose offsets alternate
+    value start, value end (the gaps between values are the odd elements)
+    over the whole buffer, of which Arrow takes the even elements."""
+    count = len(starts)
+    present = lengths >= 0
+    ends = starts + np.maximum(lengths, 0)
+    bounds = np.empty(2 * count + 1, dtype=np.int64)
+    bounds[0:-1:2] = starts
+    bounds[1::2] = ends
+    bounds[-1] = ends[-1] if count else 0
+    if count == 0:
+        return pa.array([], kind)
+    large = bounds[-1] > _INT32_MAX
+    scaffold_type = pa.large_binary() if large else pa.binary()
+    scaffold = pa.Array.from_buffers(scaffold_type, 2 * count, [None, pa.py_buffer(bounds if large else bounds.astype(np.int32)), data])
+    taken = scaffold.take(pa.array(np.arange(0, 2 * count, 2, dtype=np.int64)))
+    if large:
+        total = int(np.maximum(lengths, 0).sum())
+        if total > _INT32_MAX:
+            raise ValueError(f"{total} bytes of one column in one fetch do not fit an Arrow binary column (2 GiB); fetch less at a time")
+        taken = taken.cast(pa.binary())
+    nulls = count - int(present.sum())
+    validity = None if nulls == 0 else pa.py_buffer(np.packbits(present, bitorder="little"))
+    return pa.Array.from_buffers(kind, count, [validity, taken.buffers()[1], taken.buffers()[2]], null_count=nulls)
+
+
+def _headers_column(data: pa.Buffer, header_count: np.ndarray, entries) -> pa.Array:
+    list_offsets = np.zeros(len(header_count) + 1, dtype=np.int32)
+    np.cumsum(header_count, out=list_offsets[1:])
+    if entries is None or len(entries[0]) == 0:
+        keys = pa.array([], pa.string())
+        values = pa.array([], pa.binary())
+    else:
+        _owners, key_starts, key_lengths, value_starts, value_lengths = entries
+        keys = _binary_column(data, key_starts, key_lengths, pa.string())
+        try:
+            keys.validate(full=True)  # UTF-8
+        except pa.ArrowInvalid:
+            raise _Damaged from None
+        values = _binary_column(data, value_starts, value_lengths, pa.binary())
+    pairs = pa.StructArray.from_arrays([keys, values], fields=list(HEADER_STRUCT_TYPE))
+    return pa.ListArray.from_arrays(pa.array(list_offsets, pa.int32()), pairs, type=HEADERS_TYPE)
+
+
+# ---------------------------------------------------------------------------
+# encoding
+
+
+def encode_columns(
+    *,
+    key=None,
+    value,
+    timestamp,
+    headers=None,
+    base_offset: int = 0,
+    producer_id: int = NO_PRODUCER_ID,
+    producer_epoch: int = NO_PRODUCER_EPOCH,
+    base_sequence: int = NO_SEQUENCE,
+    is_transactional: bool = False,
+    compression: Compression | int = Compression.NONE,
+    timestamp_type: TimestampType = TimestampType.CREATE_TIME,
+    partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
+) -> bytes:
+    """One batch of one partition's records, given as columns (Arrow arrays
+    or anything ``pyarrow.array`` takes): ``value`` binary (nulls are
+    tombstones), ``key`` binary or None for all-null keys, ``timestamp`` int64
+    ms (or an Arrow timestamp), ``headers`` as ``HEADERS_TYPE`` or None.
+    Offsets are consecutive from ``base_offset``. The bytes are those of
+    ``records.encode_batch`` for the same ``(key, value, headers, timestamp)``
+    records and the same keyword arguments."""
+    value = _as_binary(value, "value")
+    count = len(value)
+    if count == 0:
+        raise ValueError("a record batch needs at least one record")
+    key = pa.nulls(count, pa.binary()) if key is None else _as_binary(key, "key")
+    headers = None if headers is None else _column(headers, HEADERS_TYPE)
+    timestamps = _as_timestamps(timestamp)
+    if len(key) != count or len(timestamps) != count or (headers is not None and len(headers) != count):
+        raise ValueError("the key, value, timestamp and headers columns differ in length")
+
+    first_timestamp = int(timestamps[0])
+    max_timestamp = int(timestamps.max())
+    key_length = _lengths(key)
+    value_length = _lengths(value)
+    header_count, header_bytes = _encoded_headers(headers, count)
+    timestamp_delta = timestamps - first_timestamp
+    offset_delta = np.arange(count, dtype=np.int64)
+
+    timestamp_rows, offset_rows, key_rows, value_rows, count_rows = (
+        _varint_rows(values) for values in (timestamp_delta, offset_delta, key_length, value_length, header_count)
+    )
+    body_length = (1 + timestamp_rows[1] + offset_rows[1] + key_rows[1] + np.maximum(key_length, 0)
+                   + value_rows[1] + np.maximum(value_length, 0) + count_rows[1])
+    if header_bytes is not None:
+        body_length += _lengths(header_bytes)
+    attributes = _varint_rows(np.zeros(count, dtype=np.int64))  # always 0, and a varint of 0 is the byte 0
+    prefix = _varint_binary([_varint_rows(body_length), attributes, timestamp_rows, offset_rows, key_rows])
+    middle = _varint_binary([value_rows])
+    suffix = _varint_binary([count_rows])
+    if header_bytes is not None:
+        suffix = pc.binary_join_element_wise(suffix, header_bytes, b"")
+    joined = pc.binary_join_element_wise(prefix, _without_nulls(key), middle, _without_nulls(value), suffix, b"")
+    offsets = np.frombuffer(joined.buffers()[1], dtype=np.int32, count=count + 1, offset=joined.offset * 4)
+    section = memoryview(joined.buffers()[2])[int(offsets[0]) : int(offsets[-1])]
+
+    codec = Compression(compression)
+    body = compress(codec, bytes(section)) if codec != Compression.NONE else section
+    attributes_field = codec | (timestamp_type << 3)
+    if is_transactional:
+        attributes_field |= TRANSACTIONAL_MASK
+    out = bytearray(BATCH_HEADER_SIZE)
+    out += body
+    BATCH_HEADER.pack_into(
+        out,
+        0,
+        base_offset,
+        len(out) - LOG_OVERHEAD,
+        partition_leader_epoch,
+        MAGIC,
+        0,  # crc, written last
+        attributes_field,
+        count - 1,  # last_offset_delta
+        first_timestamp,
+        max_timestamp,
+        producer_id,
+        producer_epoch,
+        base_sequence,
+        count,
+    )
+    struct.pack_into(">I", out, CRC_OFFSET, records.crc32c(memoryview(out)[ATTRIBUTES_OFFSET:]))
+    return bytes(out)
+
+
+def _column(values, kind: pa.DataType) -> pa.Array:
+    if isinstance(values, pa.ChunkedArray):
+        return values.combine_chunks() if values.num_chunks != 1 else values.chunk(0)
+    if isinstance(values, pa.Array):
+        return values
+    return pa.array(values, kind)
+
+
+def _as_binary(values, name: str) -> pa.Array:
+    column = _column(values, pa.binary())
+    if pa.types.is_null(column.type):
+        return pa.nulls(len(column), pa.binary())
+    if pa.types.is_binary(column.type):
+        return column
+    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type) or pa.types.is_large_binary(column.type):
+        return column.cast(pa.binary())
+    raise TypeError(f"the {name} column must be binary (or string), not {column.type}")
+
+
+def _as_timestamps(values) -> np.ndarray:
+    column = _column(values, pa.int64())
+    if pa.types.is_timestamp(column.type):
+        column = column.cast(pa.timestamp("ms")).cast(pa.int64())
+    if column.null_count:
+        raise ValueError("the timestamp column has nulls; every record needs its timestamp")
+    return column.cast(pa.int64()).to_numpy(zero_copy_only=False)
+
+
+def _lengths(column: pa.Array) -> np.ndarray:
+    """Each value's length, -1 for a null (read from the offsets, for a binary column)."""
+    offsets = np.frombuffer(column.buffers()[1], dtype=np.int32, count=len(column) + 1, offset=column.offset * 4)
+    lengths = np.diff(offsets).astype(np.int64)
+    if column.null_count:
+        lengths[column.is_null().to_numpy(zero_copy_only=False)] = -1
+    return lengths
+
+
+def _without_nulls(column: pa.Array) -> pa.Array:
+    return column.fill_null(b"") if column.null_count else column
+
+
+def _zigzag(values: np.ndarray) -> np.ndarray:
+    values = values.astype(np.int64, copy=False)
+    return ((values << 1) ^ (values >> 63)).view(np.uint64)
+
+
+def _varint_rows(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each value's zigzag varint as a row of bytes (padded on the right) and its size."""
+    zigzag = _zigzag(values)
+    largest = int(zigzag.max()) if len(zigzag) else 0
+    if largest < 0x80:  # one byte each: the common case of small counts and deltas
+        return zigzag.astype(np.uint8).reshape(-1, 1), np.ones(len(zigzag), dtype=np.int64)
+    sizes = np.ones(len(zigzag), dtype=np.int64)
+    width = 1
+    while width < 10 and largest >= 1 << (7 * width):
+        sizes += zigzag >= np.uint64(1 << (7 * width))
+        width += 1
+    rows = np.empty((len(zigzag), width), dtype=np.uint8)
+    for k in range(width):
+        group = ((zigzag >> np.uint64(7 * k)) & np.uint64(0x7F)).astype(np.uint8)
+        if k + 1 < width:
+            group |= (sizes > k + 1).astype(np.uint8) << 7
+        rows[:, k] = group
+    return rows, sizes
+
+
+def _varint_binary(parts: list[tuple[np.ndarray, np.ndarray]]) -> pa.Array:
+    """One binary value per record: the varints of ``parts`` (each from
+    ``_varint_rows``) one after the other."""
+    if all(rows.shape[1] == 1 for rows, _ in parts):  # every varint one byte: no gaps to squeeze out
+        data = np.concatenate([rows for rows, _ in parts], axis=1).ravel() if len(parts) > 1 else parts[0][0].ravel()
+        row_sizes = np.full(len(parts[0][1]), len(parts), dtype=np.int64)
+    else:
+        matrix = np.concatenate([rows for rows, _ in parts], axis=1)
+        used = np.concatenate([np.arange(rows.shape[1]) < sizes[:, None] for rows, sizes in parts], axis=1)
+        data = np.compress(used.ravel(), matrix.ravel())
+        row_sizes = sum(sizes for _, sizes in parts)
+    offsets = np.zeros(len(row_sizes) + 1, dtype=np.int32)
+    np.cumsum(row_sizes, out=offsets[1:])
+    return pa.Array.from_buffers(pa.binary(), len(row_sizes), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+
+
+def _encoded_headers(headers, count: int) -> tuple[np.ndarray, pa.Array | None]:
+    """Each record's header count and its headers' bytes (None when no record has any)."""
+    if headers is None:
+        return np.zeros(count, dtype=np.int64), None
+    column = headers
+    header_count = pc.list_value_length(column).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    if not header_count.any():
+        return header_count, None
+    if column.null_count:
+        column = column.fill_null(pa.scalar([], column.type))
+    pairs = column.flatten()
+    header_key = _as_binary(pc.struct_field(pairs, "key"), "header key")
+    if header_key.null_count:
+        raise ValueError("a header key is null; Kafka header keys are strings")
+    header_value = _as_binary(pc.struct_field(pairs, "value"), "header value")
+    key_length = _lengths(header_key)
+    value_length = _lengths(header_value)
+    entries = pc.binary_join_element_wise(
+        _varint_binary([_varint_rows(key_length)]), header_key, _varint_binary([_varint_rows(value_length)]), _without_nulls(header_value), b""
+    )
+    list_offsets = np.zeros(count + 1, dtype=np.int32)
+    np.cumsum(header_count, out=list_offsets[1:])
+    per_record = pa.ListArray.from_arrays(pa.array(list_offsets), entries)
+    return header_count, pc.binary_join(per_record, b"")

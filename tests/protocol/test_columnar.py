@@ -1,0 +1,393 @@
+"""The columnar codec against the per-record one: every field, every codec,
+control batches, aborted transactions, partial tails and damaged bytes.
+
+The reference for decoding is what the consumer does today: the fetcher's
+``fetched_partition`` over ``protocol/records.py``; the reference for
+encoding is ``records.encode_batch``, byte for byte."""
+
+import struct
+
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from protocol import columnar, records
+from protocol.columnar import HEADERS_TYPE, decode_fetched, encode_columns
+from protocol.compression import Compression
+from protocol.records import ControlType, CorruptRecordError, TimestampType, encode_batch, encode_control_batch, iter_batches
+from txn.config import ConsumerConfig
+from txn.errors import RecordBatchTooLargeError
+from txn.fetcher import fetched_partition
+from txn.types import TopicPartition
+
+TP = TopicPartition("t", 0)
+CODECS = list(Compression)
+
+# 0..2**63-1: deltas between any two fit a varlong, up to its 10 bytes
+timestamps = st.integers(0, 2**40) | st.sampled_from([0, 1, 2**31, 2**62, 2**63 - 1])
+payloads = st.none() | st.binary(max_size=40) | st.sampled_from([b"", b"x" * 63, b"y" * 64, b"z" * 200, b"w" * 8192, b"v" * 70_000])
+header_lists = st.lists(st.tuples(st.text(max_size=6), st.none() | st.binary(max_size=12)), max_size=3)
+record_tuples = st.lists(st.tuples(payloads, payloads, st.just([]) | header_lists, timestamps), min_size=1, max_size=6)
+
+
+@st.composite
+def uniform_records(draw):
+    """Batches whose records all take the same bytes (the decoder's fast
+    path), or all but two, one a byte shorter and one a byte longer: the
+    batch's length is the same, the fast path must not be taken."""
+    count = draw(st.integers(16, 60))
+    size = draw(st.integers(1, 300))
+    key = draw(st.none() | st.just(b"k" * 4))
+    timestamp = draw(st.integers(0, 2**40))
+    sizes = [size] * count
+    if draw(st.booleans()):
+        shorter, longer = draw(st.lists(st.integers(1, count - 1), min_size=2, max_size=2, unique=True))
+        sizes[shorter] -= 1
+        sizes[longer] += 1
+    return [(key, bytes([i % 256]) * sizes[i], [], timestamp) for i in range(count)]
+
+
+def rows_of(record_list):
+    """(key, value, headers, timestamp) tuples as rows of FETCHED_SCHEMA, offsets from 0."""
+    return [
+        {"key": k, "value": v, "offset": i, "timestamp": t, "timestamp_type": 0, "headers": [{"key": hk, "value": hv} for hk, hv in h]}
+        for i, (k, v, h, t) in enumerate(record_list)
+    ]
+
+
+def columns_of(record_list):
+    return {
+        "key": pa.array([r[0] for r in record_list], pa.binary()),
+        "value": pa.array([r[1] for r in record_list], pa.binary()),
+        "headers": pa.array([[{"key": k, "value": v} for k, v in r[2]] for r in record_list], HEADERS_TYPE),
+        "timestamp": pa.array([r[3] for r in record_list], pa.int64()),
+    }
+
+
+# ---------------------------------------------------------------------------
+# encoding
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    record_list=record_tuples | uniform_records(),
+    base_offset=st.integers(0, 2**62),
+    producer_id=st.integers(-1, 2**62),
+    producer_epoch=st.integers(-1, 2**15 - 1),
+    base_sequence=st.integers(-1, 2**31 - 1),
+    is_transactional=st.booleans(),
+    compression=st.sampled_from(CODECS),
+    timestamp_type=st.sampled_from(list(TimestampType)),
+    leader_epoch=st.integers(-1, 2**31 - 1),
+)
+def test_encoding_columns_gives_the_bytes_of_the_record_codec(
+    record_list, base_offset, producer_id, producer_epoch, base_sequence, is_transactional, compression, timestamp_type, leader_epoch
+):
+    options = dict(
+        base_offset=base_offset,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
+        is_transactional=is_transactional,
+        compression=compression,
+        timestamp_type=timestamp_type,
+        partition_leader_epoch=leader_epoch,
+    )
+    assert encode_columns(**columns_of(record_list), **options) == encode_batch(record_list, **options)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(record_list=record_tuples | uniform_records(), compression=st.sampled_from(CODECS))
+def test_decoding_what_was_encoded_gives_the_columns_back(record_list, compression):
+    columns = columns_of(record_list)
+    fetched = decode_fetched(encode_columns(**columns, compression=compression))
+    decoded = fetched.columns
+    assert decoded.schema == columnar.FETCHED_SCHEMA
+    for name, column in columns.items():
+        assert decoded.column(name).equals(column), name
+    assert decoded.column("offset").to_pylist() == list(range(len(record_list)))
+    assert fetched.end == len(record_list) and fetched.partial is None
+    # and the decoded columns encode to the same bytes again
+    again = encode_columns(**{name: decoded.column(name) for name in columns}, compression=compression)
+    assert again == encode_columns(**columns, compression=compression)
+
+
+def test_encoding_takes_string_keys_chunked_columns_and_no_keys_or_headers():
+    as_records = [(None, b"a", [], 5), (None, None, [], 7)]
+    assert encode_columns(value=[b"a", None], timestamp=[5, 7]) == encode_batch(as_records)
+    chunked = pa.chunked_array([pa.array(["k1"]), pa.array(["k2"])])
+    assert encode_columns(key=chunked, value=pa.array(["x", "y"]), timestamp=pa.array([1, 2])) == encode_batch(
+        [(b"k1", b"x", [], 1), (b"k2", b"y", [], 2)]
+    )
+    stamps = pa.array([1_700_000_000_123], pa.timestamp("ms"))
+    assert encode_columns(value=[b"v"], timestamp=stamps) == encode_batch([(None, b"v", [], 1_700_000_000_123)])
+
+
+def test_encoding_refuses_what_the_record_codec_cannot_carry():
+    with pytest.raises(ValueError, match="at least one record"):
+        encode_columns(value=pa.array([], pa.binary()), timestamp=pa.array([], pa.int64()))
+    with pytest.raises(ValueError, match="timestamp column has nulls"):
+        encode_columns(value=[b"a"], timestamp=pa.array([None], pa.int64()))
+    with pytest.raises(ValueError, match="differ in length"):
+        encode_columns(key=[b"a", b"b"], value=[b"a"], timestamp=[1])
+    with pytest.raises(TypeError, match="value column must be binary"):
+        encode_columns(value=pa.array([1]), timestamp=[1])
+    nameless = pa.array([[{"key": None, "value": b"v"}]], pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())])))
+    with pytest.raises(ValueError, match="header key is null"):
+        encode_columns(value=[b"a"], timestamp=[1], headers=nameless)
+
+
+# ---------------------------------------------------------------------------
+# decoding a fetched section: the fetcher's rules
+
+
+@st.composite
+def fetched_logs(draw):
+    """A partition's log as a Fetch returns it: data and control batches of a
+    few producers, compressed or not, some with LogAppendTime, gaps in the
+    offsets (compaction), and the aborted-transactions list of the
+    transactions whose marker is ABORT (and of open ones, by chance), with a
+    stray entry or two."""
+    producers = [1000, 1001]
+    out = bytearray()
+    offset = draw(st.integers(0, 2**40))
+    open_since = {}  # producer -> first offset of its open transaction
+    aborted = []
+    for _ in range(draw(st.integers(1, 10))):
+        producer = draw(st.sampled_from(producers))
+        if draw(st.integers(0, 2)) == 0:
+            if open_since and producer not in open_since:
+                producer = draw(st.sampled_from(sorted(open_since)))  # mostly markers that end something
+            kind = draw(st.sampled_from([ControlType.ABORT, ControlType.COMMIT]))
+            batch = encode_control_batch(kind, producer_id=producer, producer_epoch=0, coordinator_epoch=0, timestamp=5, base_offset=offset)
+            first = open_since.pop(producer, None)
+            if kind == ControlType.ABORT and first is not None:
+                aborted.append({"producer_id": producer, "first_offset": first, "marker": offset})
+            offset += 1
+        elif draw(st.integers(0, 9)) == 0:  # emptied by compaction: offsets kept, no records
+            span = draw(st.integers(1, 3))
+            batch = encode_batch([], base_offset=offset, allow_empty=True, last_offset_delta=span - 1, base_timestamp=5)
+            offset += span
+        else:
+            record_list = draw(record_tuples | uniform_records())
+            transactional = draw(st.integers(0, 3)) > 0
+            idempotent = draw(st.booleans())
+            batch = encode_batch(
+                record_list,
+                base_offset=offset,
+                producer_id=producer if transactional or idempotent else -1,
+                producer_epoch=0 if transactional or idempotent else -1,
+                base_sequence=0 if transactional or idempotent else -1,
+                is_transactional=transactional,
+                compression=draw(st.sampled_from(CODECS)),
+                timestamp_type=draw(st.sampled_from(list(TimestampType))),
+            )
+            if transactional:
+                open_since.setdefault(producer, offset)
+            offset += len(record_list)
+        out += batch
+        offset += draw(st.sampled_from([0, 0, 0, 3]))
+    aborted += [{"producer_id": p, "first_offset": o, "marker": 2**63} for p, o in open_since.items() if draw(st.booleans())]
+    stray = st.builds(lambda p, o: {"producer_id": p, "first_offset": o, "marker": None}, st.sampled_from(producers), st.integers(0, offset))
+    aborted += draw(st.lists(stray, max_size=2))
+    return bytes(out), draw(st.permutations(aborted))
+
+
+def reference_rows(data, aborted, *, read_committed: bool, start_offset: int):
+    """What today's fetcher makes of a fetched section, as rows, and where it goes next."""
+    config = ConsumerConfig(bootstrap_servers="unused:9092", isolation_level="read_committed" if read_committed else "read_uncommitted")
+    fetched = fetched_partition(data, aborted, tp=TP, fetch_offset=start_offset, config=config)
+    rows = [
+        {
+            "key": r.key,
+            "value": r.value,
+            "offset": r.offset,
+            "timestamp": r.timestamp,
+            "timestamp_type": int(r.offset in fetched.log_append_offsets),
+            "headers": [{"key": h.key, "value": h.value} for h in r.headers],
+        }
+        for r in fetched.records
+    ]
+    return rows, fetched.end
+
+
+def first_offset_of(data) -> int:
+    return next(iter_batches(data))[1].base_offset
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(
+    log=fetched_logs(),
+    read_committed=st.booleans(),
+    start_skip=st.just(0) | st.integers(0, 80),
+    cut=st.sampled_from([None, None, "cut"]).flatmap(lambda cut: st.none() if cut is None else st.integers(0, 10**6)),
+)
+def test_decoding_a_fetch_keeps_what_the_fetcher_keeps(log, read_committed, start_skip, cut):
+    data, aborted = log
+    start_offset = first_offset_of(data) + start_skip
+    if cut is not None:
+        data = data[: cut % (len(data) + 1)]
+    fetched = decode_fetched(data, aborted, read_committed=read_committed, start_offset=start_offset)
+    assert fetched.columns.schema == columnar.FETCHED_SCHEMA
+    whole_end, partial = records.split_partial_tail(data)
+    assert fetched.partial == partial
+    try:
+        rows, end = reference_rows(data, aborted, read_committed=read_committed, start_offset=start_offset)
+    except RecordBatchTooLargeError:  # nothing came whole: the caller reports it
+        assert whole_end == 0 and fetched.columns.num_rows == 0 and fetched.end == start_offset
+        return
+    assert fetched.columns.to_pylist() == rows
+    assert fetched.end == end
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(log=fetched_logs(), read_committed=st.booleans(), fetch_bytes=st.integers(1, 3000))
+def test_fetches_cut_anywhere_add_up_to_the_whole_log(log, read_committed, fetch_bytes):
+    """A consumer reading the log in fetches of at most ``fetch_bytes`` (each
+    from the batch holding its position, cut like Kafka cuts: by bytes,
+    through a batch) sees what one fetch of the whole log shows."""
+    data, aborted = log
+    aborted = [entry for entry in aborted if entry["marker"] is not None]
+    batches = list(iter_batches(data))
+    position = batches[0][1].base_offset
+    whole = decode_fetched(data, aborted, read_committed=read_committed, start_offset=position)
+    pieces = []
+    while True:
+        at = next((p for p, header in batches if header.next_offset > position), None)
+        if at is None:
+            break
+        size = fetch_bytes
+        while True:
+            # the broker lists the aborted transactions the fetched range overlaps
+            overlapping = [entry for entry in aborted if entry["marker"] >= position]
+            fetched = decode_fetched(data[at : at + size], overlapping, read_committed=read_committed, start_offset=position)
+            if fetched.end > position:
+                break
+            assert fetched.partial is not None and fetched.columns.num_rows == 0
+            size *= 2  # what a consumer told the batch is too large must do
+        pieces.append(fetched.columns)
+        position = fetched.end
+    assert pa.Table.from_batches(pieces, schema=columnar.FETCHED_SCHEMA).to_pylist() == whole.columns.to_pylist()
+    assert position == whole.end
+
+
+def test_an_empty_section_and_a_section_of_control_batches_give_no_rows():
+    assert decode_fetched(b"", start_offset=7).columns.num_rows == 0
+    assert decode_fetched(b"", start_offset=7).end == 7
+    markers = encode_control_batch(ControlType.COMMIT, producer_id=3, producer_epoch=0, coordinator_epoch=0, timestamp=1, base_offset=9)
+    fetched = decode_fetched(markers, [], start_offset=9)
+    assert fetched.columns.num_rows == 0 and fetched.end == 10 and fetched.partial is None
+
+
+def test_a_batch_emptied_by_compaction_moves_the_position_past_its_offsets():
+    empty = encode_batch([], base_offset=5, allow_empty=True, last_offset_delta=2, base_timestamp=1)
+    fetched = decode_fetched(empty, [], start_offset=5)
+    assert fetched.columns.num_rows == 0 and fetched.end == 8
+    fetched = decode_fetched(empty + encode_batch([(None, b"v", [], 1)], base_offset=8), [], start_offset=5)
+    assert fetched.columns.column("offset").to_pylist() == [8] and fetched.end == 9
+
+
+def test_aborted_records_are_kept_under_read_uncommitted_and_dropped_under_read_committed():
+    data = encode_batch([(b"k", b"aborted", [], 1)], base_offset=0, producer_id=7, producer_epoch=0, base_sequence=0, is_transactional=True)
+    data += encode_control_batch(ControlType.ABORT, producer_id=7, producer_epoch=0, coordinator_epoch=0, timestamp=2, base_offset=1)
+    data += encode_batch([(b"k", b"later", [], 3)], base_offset=2, producer_id=7, producer_epoch=0, base_sequence=1, is_transactional=True)
+    aborted = [{"producer_id": 7, "first_offset": 0}]
+    assert decode_fetched(data, aborted, read_committed=True).columns.column("value").to_pylist() == [b"later"]
+    assert decode_fetched(data, aborted, read_committed=False).columns.column("value").to_pylist() == [b"aborted", b"later"]
+
+
+# ---------------------------------------------------------------------------
+# damage: the same verdict as the record codec, and its message
+
+
+def with_crc_fixed(batch: bytearray) -> bytes:
+    struct.pack_into(">I", batch, records.CRC_OFFSET, records.crc32c(memoryview(batch)[records.ATTRIBUTES_OFFSET :]))
+    return bytes(batch)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(record_list=record_tuples | uniform_records(), edits=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), min_size=1, max_size=3))
+def test_damaged_records_with_a_valid_crc_fail_as_the_record_codec_fails(record_list, edits):
+    """Bytes changed inside the records (the CRC recomputed, as a buggy
+    producer would send them): either both codecs read the same records or
+    both raise CorruptRecordError with the same message."""
+    batch = bytearray(encode_batch(record_list, base_offset=10))
+    for where, byte in edits:
+        batch[records.BATCH_HEADER_SIZE + where % (len(batch) - records.BATCH_HEADER_SIZE)] = byte
+    data = with_crc_fixed(batch)
+    try:
+        rows, _end = reference_rows(data, [], read_committed=True, start_offset=10)
+    except CorruptRecordError as expected:
+        with pytest.raises(CorruptRecordError) as raised:
+            decode_fetched(data, [], start_offset=10)
+        assert str(raised.value) == str(expected)
+        return
+    assume(all(-(2**63) <= row["timestamp"] < 2**63 for row in rows))  # a 10-byte delta past int64 (see the module doc)
+    assert decode_fetched(data, [], start_offset=10).columns.to_pylist() == rows
+
+
+def test_a_crc_mismatch_is_reported_as_by_the_record_codec():
+    batch = bytearray(encode_batch([(b"k", b"v", [], 1)]))
+    batch[-1] ^= 0xFF
+    with pytest.raises(CorruptRecordError, match="crc mismatch"):
+        decode_fetched(bytes(batch))
+
+
+def test_a_header_key_that_is_not_utf8_is_damage():
+    batch = bytearray(encode_batch([(b"k", b"v", [("h", b"x")], 1)]))
+    position = bytes(batch).rindex(b"h")
+    batch[position] = 0xFF
+    with pytest.raises(CorruptRecordError, match="utf-8"):
+        decode_fetched(with_crc_fixed(batch))
+
+
+def test_a_record_whose_fields_end_before_its_length_says_is_damage():
+    batch = bytearray(encode_batch([(None, b"\x00\x00", [], 1)]))
+    value_length = bytes(batch).rindex(bytes([4]) + b"\x00\x00")
+    batch[value_length] = 2  # a one-byte value: the header count is read from the value's second byte
+    with pytest.raises(CorruptRecordError, match="record fields end at byte"):
+        rows, _end = reference_rows(with_crc_fixed(batch), [], read_committed=True, start_offset=0)
+    with pytest.raises(CorruptRecordError, match="record fields end at byte"):
+        decode_fetched(with_crc_fixed(batch))
+
+
+def test_a_timestamp_delta_with_bits_past_64_lands_where_the_record_codec_puts_it():
+    """A ten-byte varint whose last byte carries more than its lowest bit:
+    records.read_varint keeps the extra bits; the sum with the base
+    timestamp is still an int64, and the columns hold the same one."""
+    batch = bytearray(encode_batch([(None, b"v", [], 2**63 - 1), (None, b"w", [], 0)]))
+    delta = bytes(batch).rindex(b"\xff\x01\x02") + 1  # the 10-byte delta's last byte, then offset delta 1
+    assert batch[delta - 8 : delta] == b"\xff" * 8
+    batch[delta] = 0x03
+    data = with_crc_fixed(batch)
+    rows, _end = reference_rows(data, [], read_committed=True, start_offset=0)
+    assert rows[1]["timestamp"] == -(2**63)
+    assert decode_fetched(data).columns.to_pylist() == rows
+
+
+def test_a_fetch_past_the_int32_offsets_of_a_binary_array_still_decodes(monkeypatch):
+    """Offsets into a joined buffer beyond 2 GiB take the 64-bit path; shown
+    here by lowering the limit, not with 2 GiB of data. A column whose own
+    bytes exceed the limit is a clear error, not a wrapped offset."""
+    record_list = [(b"k%d" % i, b"v" * 300, [("h", b"x")], i) for i in range(10)]
+    data = encode_batch(record_list)
+    expected = decode_fetched(data).columns
+    monkeypatch.setattr(columnar, "_INT32_MAX", 3050)  # the values take 3000 bytes, end past 3100
+    assert decode_fetched(data).columns.equals(expected)
+    monkeypatch.setattr(columnar, "_INT32_MAX", 2900)
+    with pytest.raises(ValueError, match="do not fit an Arrow binary column"):
+        decode_fetched(data)
+
+
+def test_damaged_compressed_data_and_an_unknown_codec_are_reported_as_by_the_record_codec():
+    batch = bytearray(encode_batch([(b"k", b"v" * 50, [], 1)], compression=Compression.GZIP))
+    batch[records.BATCH_HEADER_SIZE + 12] ^= 0xFF
+    unknown = bytearray(encode_batch([(b"k", b"v", [], 1)]))
+    unknown[records.ATTRIBUTES_OFFSET + 1] |= 0x07  # codec id 7
+    for damaged in (with_crc_fixed(batch), with_crc_fixed(unknown)):
+        with pytest.raises(CorruptRecordError) as expected:
+            records.decode_batch(damaged)
+        with pytest.raises(CorruptRecordError) as raised:
+            decode_fetched(damaged)
+        assert str(raised.value) == str(expected.value)
