@@ -175,6 +175,7 @@ def start(directory: str, settings: ClusterSettings = ClusterSettings(), *, env:
 def start_worker(cluster: Cluster, role: str, *, env: dict[str, str] | None = None, timeout: float = 120.0) -> Cluster:
     """Start ``role``'s worker again (after ``kill_worker``), and return the
     cluster once the master lists every worker alive."""
+    cluster = load(cluster.directory)  # the daemons as they are now (another caller may have restarted one)
     if processes_of(cluster.directory, role):
         raise ClusterError(f"{role} of {cluster.directory} is still running")
     daemon = _launch_worker(cluster, role, _daemon_environment(cluster.directory, cluster.settings, env))
