@@ -46,6 +46,7 @@ COMMANDS = (
     Command("dump-log", "onceflow.commands.dump_log", "print segment files like Kafka's DumpLogSegments"),
     Command("run", "onceflow.commands.run", "run a streaming app module (exactly-once processors with state stores)"),
     Command("demo", "onceflow.commands.demo", "see onceflow work end to end: a stateful exactly-once pipeline under kills"),
+    Command("spark-cluster", "onceflow.commands.spark_cluster", "start or stop a Spark standalone cluster on this machine (from the pyspark wheel)"),
     Command("chaos", "onceflow.commands.chaos", "run a workload under a seeded fault schedule and check it"),
     Command("bench", "onceflow.commands.bench", "benchmark our broker beside Tansu and the machine's limits (needs a checkout)"),
     Command("spark", "onceflow.commands.spark", "finish an exactly-once Spark sink's decided batch without Spark (after its driver died)"),

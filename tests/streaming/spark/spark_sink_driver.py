@@ -24,6 +24,7 @@ calling Python worker (a task dies mid-write and Spark retries it);
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -66,7 +67,10 @@ def main(argv: list[str]) -> int:
 
     import streaming.spark
 
-    spark = streaming.spark.local_session("onceflow-sink-crash", master="local[2,4]")  # up to 4 attempts per task: a task that died is retried
+    # Up to 4 attempts per task in local mode: a task that died is retried. SPARK_SINK_MASTER and
+    # SPARK_SINK_CONFIG (JSON) run the query on a cluster instead (test_spark_cluster_driver.py).
+    master = os.environ.get("SPARK_SINK_MASTER", "local[2,4]")
+    spark = streaming.spark.local_session("onceflow-sink-crash", master=master, config=json.loads(os.environ.get("SPARK_SINK_CONFIG", "{}")))
     events = (
         spark.readStream.format("onceflow")
         .option("kafka.bootstrap.servers", bootstrap)
