@@ -2,19 +2,17 @@
 how pytest-xdist shares the tests out (the README's test command:
 ``-n 4``, with ``--dist loadgroup --no-loadscope-reorder`` from pyproject.toml).
 
-Every test is a unit of work of its own, except the tests that start Spark:
-the modules under ``tests/streaming/spark/`` (one module at a time, so its
-module-scoped session starts once) and ``SPARK_DRIVER_TESTS`` (a driver
-process of their own) go to ``SPARK_LANES`` lanes, each run by one worker, so
-at most that many Spark JVMs of this suite run at once. Spark gives a Python
-data-source worker a fixed 10 s to connect back ("Python worker failed to
-connect back"), which a 2-core machine running four Spark queries misses.
-
-Workers run the lanes first, then the rest longest first
-(``MEASURED_SECONDS``, else a guess from the ``slow`` mark). The lanes are
-given to xdist by ``pytest_xdist_make_scheduler``: marking tests
-``xdist_group`` no longer groups them with pytest 9.2 (pytest-xdist#1386).
-A serial run keeps the collection order.
+Every test is a unit of work of its own, except that each module under
+``tests/streaming/spark/`` is one unit (its module-scoped Spark session starts
+once). Units that start Spark (those modules and ``SPARK_DRIVER_TESTS``, which
+start a driver process of their own) run at most ``SPARK_SLOTS`` at a time:
+Spark gives a Python data-source worker a fixed 10 s to connect back ("Python
+worker failed to connect back"), which a 2-core machine running four Spark
+queries misses. The scheduler hands out the Spark units first and the rest
+meanwhile, each longest first (``MEASURED_SECONDS``, else a guess from the
+``slow`` mark). Marking tests ``xdist_group`` would not do: with pytest 9.2
+the mark no longer groups (pytest-xdist#1386). A serial run keeps the
+collection order.
 """
 
 from __future__ import annotations
@@ -52,10 +50,9 @@ SPARK_DRIVER_TESTS = (
     "tests/faults/test_chaos_spark.py::test_users_spark_query_example_under_driver_and_broker_kills",
     "tests/faults/test_chaos_spark.py::test_a_wrong_expectation_of_the_spark_output_is_caught",
 )
-SPARK_LANES = 2
+SPARK_SLOTS = 2
 #: Seconds the longest tests took in a 4-worker run on the shared 2-core
-#: machine (load 8-18), only to hand out the longest work first and to
-#: balance the lanes; other Spark tests count SPARK_SECONDS.
+#: machine (load 8-18), only to hand out the longest work first.
 MEASURED_SECONDS = {
     "tests/streaming/spark/test_spark_sink_crash.py::test_driver_killed_at_every_crash_point_then_restarted": 520,
     "tests/test_readme.py::test_spark_quickstart_query": 330,
@@ -74,74 +71,81 @@ MEASURED_SECONDS = {
     "tests/broker/test_copier.py::test_copier_exactly_once_through_a_broker_kill[txn]": 105,
     "tests/test_readme.py::test_chaos_command_runs_and_reports": 90,
 }
-SPARK_SECONDS = 20.0
 
 
-def spark_lanes(nodeids) -> dict[str, str]:
-    """The lane of each Spark test among ``nodeids`` (a module of SPARK_DIR
-    stays in one lane): longest units first, each to the lightest lane. A
-    function of the ids alone, so the workers and the controller agree."""
-    units: dict[str, list[str]] = {}
-    for nodeid in nodeids:
-        path = nodeid.split("::")[0]
-        if path.startswith(SPARK_DIR):
-            units.setdefault(path, []).append(nodeid)
-        elif nodeid in SPARK_DRIVER_TESTS:
-            units.setdefault(nodeid, []).append(nodeid)
-
-    def seconds(unit):
-        return sum(MEASURED_SECONDS.get(nodeid, SPARK_SECONDS) for nodeid in units[unit])
-
-    lane_seconds = [0.0] * SPARK_LANES
-    lanes = {}
-    for unit in sorted(units, key=lambda unit: (-seconds(unit), unit)):
-        lane = lane_seconds.index(min(lane_seconds))
-        lane_seconds[lane] += seconds(unit)
-        lanes.update((nodeid, f"spark-lane-{lane}") for nodeid in units[unit])
-    return lanes
-
-
-def pytest_configure(config):
-    entries = config.getoption("--index-budget", default=None)
-    if entries is not None:
-        import storage.index
-
-        storage.index.DEFAULT_RESIDENT_ENTRIES = entries
+def spark_unit(nodeid: str) -> str | None:
+    """The Spark unit of work a test belongs to, None if it starts no Spark."""
+    path = nodeid.split("::")[0]
+    if path.startswith(SPARK_DIR):
+        return "spark:" + path
+    if nodeid in SPARK_DRIVER_TESTS:
+        return "spark:" + nodeid
+    return None
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """On an xdist worker: the Spark lanes first, lane by lane, then the
-    other tests longest first (every worker collects the same, so all agree
-    on the order, which the scheduler keeps: --no-loadscope-reorder)."""
+    """On an xdist worker: the Spark units first, then the other tests, each
+    longest first (every worker collects the same, so all agree on the order,
+    which the scheduler keeps: --no-loadscope-reorder)."""
     if not hasattr(config, "workerinput"):
         return
-    lanes = spark_lanes([item.nodeid for item in items])
 
     def seconds(item):
         if item.nodeid in MEASURED_SECONDS:
             return MEASURED_SECONDS[item.nodeid]
         return 30.0 if item.get_closest_marker("slow") else 1.0
 
+    unit_seconds: dict[str, float] = {}
+    for item in items:
+        unit = spark_unit(item.nodeid) or item.nodeid
+        unit_seconds[unit] = unit_seconds.get(unit, 0.0) + seconds(item)
     position = {id(item): index for index, item in enumerate(items)}
-    items.sort(key=lambda item: (0, lanes[item.nodeid], position[id(item)]) if item.nodeid in lanes else (1, -seconds(item), position[id(item)]))
+
+    def order(item):
+        unit = spark_unit(item.nodeid)
+        return (unit is None, -unit_seconds[unit or item.nodeid], unit or "", position[id(item)])
+
+    items.sort(key=order)
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """With --dist loadgroup: each Spark lane is one unit of work, every other test its own."""
+    """With --dist loadgroup: the Spark units of ``spark_unit``, at most
+    SPARK_SLOTS of them assigned at once; every other test a unit of its own."""
     if config.getoption("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadGroupScheduling
 
-    class SparkLaneScheduling(LoadGroupScheduling):
-        lanes: dict[str, str] | None = None
-
+    class SparkSlotScheduling(LoadGroupScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            if self.lanes is None and self.collection is not None:
-                self.lanes = spark_lanes(self.collection)
-            return (self.lanes or {}).get(nodeid) or super()._split_scope(nodeid)
+            return spark_unit(nodeid) or super()._split_scope(nodeid)
 
-    return SparkLaneScheduling(config, log)
+        def _running_spark(self) -> set:
+            """The workers holding a Spark unit not finished yet."""
+            return {
+                node
+                for node, work in self.assigned_work.items()
+                if any(scope.startswith("spark:") and not all(tests.values()) for scope, tests in work.items())
+            }
+
+        def _assign_work_unit(self, node) -> None:
+            """The first unit in the queue, but a Spark unit only to a worker
+            already running Spark or while fewer than SPARK_SLOTS do (one
+            worker runs its units one after the other). A worker left with
+            only Spark units it may not take is shut down: it runs what it
+            holds and leaves."""
+            running = self._running_spark()
+            spark_allowed = node in running or len(running) < SPARK_SLOTS
+            for scope in self.workqueue:
+                if spark_allowed or not scope.startswith("spark:"):
+                    break
+            else:
+                node.shutdown()
+                return
+            self.workqueue.move_to_end(scope, last=False)
+            super()._assign_work_unit(node)
+
+    return SparkSlotScheduling(config, log)
 
 
 @pytest.fixture
