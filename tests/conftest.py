@@ -1,4 +1,19 @@
-"""Shared fixtures: brokers in-process and as real child processes."""
+"""Shared fixtures (brokers in-process and as real child processes), and
+how pytest-xdist shares the tests out (the README's test command:
+``-n 4``, with ``--dist loadgroup --no-loadscope-reorder`` from pyproject.toml).
+
+Every test is a unit of work of its own, except that each module under
+``tests/streaming/spark/`` is one unit (its module-scoped Spark session starts
+once). Units that start Spark (those modules and ``SPARK_DRIVER_TESTS``, which
+start a driver process of their own) run at most ``SPARK_SLOTS`` at a time:
+Spark gives a Python data-source worker a fixed 10 s to connect back ("Python
+worker failed to connect back"), which a 2-core machine running four Spark
+queries misses. The scheduler hands out the Spark units first and the rest
+meanwhile, each longest first (``MEASURED_SECONDS``, else a guess from the
+``slow`` mark). Marking tests ``xdist_group`` would not do: with pytest 9.2
+the mark no longer groups (pytest-xdist#1386). A serial run keeps the
+collection order.
+"""
 
 from __future__ import annotations
 
@@ -25,12 +40,112 @@ def pytest_addoption(parser):
     )
 
 
-def pytest_configure(config):
-    entries = config.getoption("--index-budget", default=None)
-    if entries is not None:
-        import storage.index
+SPARK_DIR = "tests/streaming/spark/"
+#: Tests outside SPARK_DIR that start a Spark driver process.
+SPARK_DRIVER_TESTS = (
+    "tests/test_readme.py::test_spark_quickstart_query",
+    "tests/test_readme.py::test_setup_demo_command_runs_on_a_fresh_copy",
+    "tests/test_demo.py::test_default_demo_is_exactly_once_through_kills_of_pipeline_broker_and_spark",
+    "tests/test_demo.py::test_demo_fails_when_the_spark_totals_are_wrong",
+    "tests/faults/test_chaos_spark.py::test_users_spark_query_example_under_driver_and_broker_kills",
+    "tests/faults/test_chaos_spark.py::test_a_wrong_expectation_of_the_spark_output_is_caught",
+)
+SPARK_SLOTS = 2
+#: Seconds the longest tests took in a 4-worker run on the shared 2-core
+#: machine (load 8-18), only to hand out the longest work first.
+MEASURED_SECONDS = {
+    "tests/streaming/spark/test_spark_sink_crash.py::test_driver_killed_at_every_crash_point_then_restarted": 520,
+    "tests/test_readme.py::test_spark_quickstart_query": 330,
+    "tests/test_demo.py::test_default_demo_is_exactly_once_through_kills_of_pipeline_broker_and_spark": 285,
+    "tests/broker/test_copier.py::test_copier_exactly_once_through_copier_kills[txn]": 260,
+    "tests/test_readme.py::test_setup_demo_command_runs_on_a_fresh_copy": 230,
+    "tests/faults/test_chaos_spark.py::test_users_spark_query_example_under_driver_and_broker_kills": 220,
+    "tests/test_demo.py::test_demo_fails_when_the_spark_totals_are_wrong": 190,
+    "tests/streaming/spark/test_spark_sink_session.py::test_topic_partition_and_headers_columns": 185,
+    "tests/faults/test_chaos_spark.py::test_a_wrong_expectation_of_the_spark_output_is_caught": 170,
+    "tests/streaming/test_dataflow_broker.py::test_window_results_and_late_counts_equal_a_recomputation_across_restarts[by-input-key]": 160,
+    "tests/streaming/spark/test_spark_sink_session.py::test_source_and_sink_over_sasl_ssl": 155,
+    "tests/broker/test_concurrent_durability.py::test_sigkill_under_many_clients_loses_no_acknowledged_record_and_leaves_no_transaction_hanging[1.2-True]": 135,
+    "tests/test_readme.py::test_bench_command_runs_every_scenario": 125,
+    "tests/streaming/spark/test_spark_sink_crash.py::test_decided_transactions_timed_out_before_the_restart_fail_the_query": 120,
+    "tests/broker/test_copier.py::test_copier_exactly_once_through_a_broker_kill[txn]": 105,
+    "tests/test_readme.py::test_chaos_command_runs_and_reports": 90,
+}
 
-        storage.index.DEFAULT_RESIDENT_ENTRIES = entries
+
+def spark_unit(nodeid: str) -> str | None:
+    """The Spark unit of work a test belongs to, None if it starts no Spark."""
+    path = nodeid.split("::")[0]
+    if path.startswith(SPARK_DIR):
+        return "spark:" + path
+    if nodeid in SPARK_DRIVER_TESTS:
+        return "spark:" + nodeid
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """On an xdist worker: the Spark units first, then the other tests, each
+    longest first (every worker collects the same, so all agree on the order,
+    which the scheduler keeps: --no-loadscope-reorder)."""
+    if not hasattr(config, "workerinput"):
+        return
+
+    def seconds(item):
+        if item.nodeid in MEASURED_SECONDS:
+            return MEASURED_SECONDS[item.nodeid]
+        return 30.0 if item.get_closest_marker("slow") else 1.0
+
+    unit_seconds: dict[str, float] = {}
+    for item in items:
+        unit = spark_unit(item.nodeid) or item.nodeid
+        unit_seconds[unit] = unit_seconds.get(unit, 0.0) + seconds(item)
+    position = {id(item): index for index, item in enumerate(items)}
+
+    def order(item):
+        unit = spark_unit(item.nodeid)
+        return (unit is None, -unit_seconds[unit or item.nodeid], unit or "", position[id(item)])
+
+    items.sort(key=order)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """With --dist loadgroup: the Spark units of ``spark_unit``, at most
+    SPARK_SLOTS of them assigned at once; every other test a unit of its own."""
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class SparkSlotScheduling(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return spark_unit(nodeid) or super()._split_scope(nodeid)
+
+        def _running_spark(self) -> set:
+            """The workers holding a Spark unit not finished yet."""
+            return {
+                node
+                for node, work in self.assigned_work.items()
+                if any(scope.startswith("spark:") and not all(tests.values()) for scope, tests in work.items())
+            }
+
+        def _assign_work_unit(self, node) -> None:
+            """The first unit in the queue, but a Spark unit only to a worker
+            already running Spark or while fewer than SPARK_SLOTS do (one
+            worker runs its units one after the other). A worker left with
+            only Spark units it may not take is shut down: it runs what it
+            holds and leaves."""
+            running = self._running_spark()
+            spark_allowed = node in running or len(running) < SPARK_SLOTS
+            for scope in self.workqueue:
+                if spark_allowed or not scope.startswith("spark:"):
+                    break
+            else:
+                node.shutdown()
+                return
+            self.workqueue.move_to_end(scope, last=False)
+            super()._assign_work_unit(node)
+
+    return SparkSlotScheduling(config, log)
 
 
 @pytest.fixture
@@ -53,3 +168,4 @@ def embedded_broker(tmp_path):
 
     with EmbeddedBroker(str(tmp_path / "data"), group_initial_rebalance_delay_ms=0) as broker:
         yield broker
+
