@@ -228,7 +228,8 @@ def stall_scenario(bootstrap: str, kill_at: int = 5, completer: bool = False) ->
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    with tempfile.TemporaryDirectory(prefix="onceflow-bench-stall-", ignore_cleanup_errors=True)  # a killed JVM may still be writing its checkpoint as work:
+    # ignore_cleanup_errors: a killed JVM may still be writing its checkpoint there
+    with tempfile.TemporaryDirectory(prefix="onceflow-bench-stall-", ignore_cleanup_errors=True) as work:
         first = _child(["stall", bootstrap, f"{work}/ckpt", topic], {KILL_AT: str(kill_at), KILL_COUNTER: f"{work}/passes"})
         first.wait(600)
         killed = time.monotonic()
