@@ -37,7 +37,6 @@ past 64 (never valid) is damage.
 from __future__ import annotations
 
 import heapq
-import struct
 from array import array
 
 import attrs
@@ -48,12 +47,7 @@ import pyarrow.compute as pc
 from protocol import records
 from protocol.compression import Compression, codec_from_id, compress, decompress
 from protocol.records import (
-    ATTRIBUTES_OFFSET,
-    BATCH_HEADER,
     BATCH_HEADER_SIZE,
-    CRC_OFFSET,
-    LOG_OVERHEAD,
-    MAGIC,
     NO_PARTITION_LEADER_EPOCH,
     NO_PRODUCER_EPOCH,
     NO_PRODUCER_ID,
@@ -501,27 +495,11 @@ def encode_columns(
     attributes_field = codec | (timestamp_type << 3)
     if is_transactional:
         attributes_field |= TRANSACTIONAL_MASK
-    out = bytearray(BATCH_HEADER_SIZE)
-    out += body
-    BATCH_HEADER.pack_into(
-        out,
-        0,
-        base_offset,
-        len(out) - LOG_OVERHEAD,
-        partition_leader_epoch,
-        MAGIC,
-        0,  # crc, written last
-        attributes_field,
-        count - 1,  # last_offset_delta
-        first_timestamp,
-        max_timestamp,
-        producer_id,
-        producer_epoch,
-        base_sequence,
-        count,
+    return records.frame_batch(
+        body, base_offset=base_offset, partition_leader_epoch=partition_leader_epoch, attributes=attributes_field,
+        last_offset_delta=count - 1, first_timestamp=first_timestamp, max_timestamp=max_timestamp,
+        producer_id=producer_id, producer_epoch=producer_epoch, base_sequence=base_sequence, count=count,
     )
-    struct.pack_into(">I", out, CRC_OFFSET, records.crc32c(memoryview(out)[ATTRIBUTES_OFFSET:]))
-    return bytes(out)
 
 
 def _column(values, kind: pa.DataType) -> pa.Array:

@@ -616,6 +616,19 @@ def encode_batch(
     if delete_horizon_ms is not None:
         attributes |= DELETE_HORIZON_MASK
 
+    return frame_batch(
+        body, base_offset=base_offset, partition_leader_epoch=partition_leader_epoch, attributes=attributes,
+        last_offset_delta=last_offset_delta, first_timestamp=first_timestamp, max_timestamp=max_timestamp,
+        producer_id=producer_id, producer_epoch=producer_epoch, base_sequence=base_sequence, count=len(normalized),
+    )
+
+
+def frame_batch(
+    body, *, base_offset: int, partition_leader_epoch: int, attributes: int, last_offset_delta: int, first_timestamp: int,
+    max_timestamp: int, producer_id: int, producer_epoch: int, base_sequence: int, count: int,
+) -> bytes:
+    """A batch's header in front of its (compressed) records section, the
+    CRC-32C written last over attributes..end (also the columnar encoder's)."""
     out = bytearray(BATCH_HEADER_SIZE)
     out += body
     BATCH_HEADER.pack_into(
@@ -633,7 +646,7 @@ def encode_batch(
         producer_id,
         producer_epoch,
         base_sequence,
-        len(normalized),
+        count,
     )
     struct.pack_into(">I", out, CRC_OFFSET, crc32c(memoryview(out)[ATTRIBUTES_OFFSET:]))
     return bytes(out)
