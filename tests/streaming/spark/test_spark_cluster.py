@@ -49,20 +49,23 @@ def cluster_spark(spark_cluster, hook_dir, tmp_path_factory):
     config = {
         **spark_cluster.session_config(),
         "spark.executorEnv.CLUSTER_HOOK_DIR": str(hook_dir),
+        # The hook module's directory, for the executors' Python workers and the
+        # driver's (the driver's commit runs the hook too). Spark hands executorEnv
+        # to every Python worker of the data source, the driver's included; the
+        # process's own PYTHONPATH would not do, since the JVM keeps the
+        # environment of its first session in this process.
+        "spark.executorEnv.PYTHONPATH": HERE,
         "spark.sql.warehouse.dir": str(tmp_path_factory.mktemp("cluster-warehouse")),
         "spark.sql.streaming.stopTimeout": "30s",
     }
-    with pytest.MonkeyPatch.context() as patch:
-        # The driver's commit runs in a Python worker of the driver, which imports the hook too.
-        patch.setenv("PYTHONPATH", os.pathsep.join(p for p in (HERE, os.environ.get("PYTHONPATH")) if p))
-        session = streaming.spark.local_session("onceflow-cluster-tests", master=spark_cluster.master_url, config=config)
-        try:
-            wait_for_executors(session, spark_cluster.settings.workers)
-            yield session
-        finally:
-            for query in session.streams.active:
-                query.stop()
-            session.stop()
+    session = streaming.spark.local_session("onceflow-cluster-tests", master=spark_cluster.master_url, config=config)
+    try:
+        wait_for_executors(session, spark_cluster.settings.workers)
+        yield session
+    finally:
+        for query in session.streams.active:
+            query.stop()
+        session.stop()
 
 
 @pytest.fixture

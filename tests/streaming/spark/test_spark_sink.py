@@ -303,6 +303,12 @@ def wait_until_no_open_transactions(bootstrap, timeout=30):
         time.sleep(0.2)
 
 
+# Long enough for the tasks and the decision on a loaded machine (at 1 s the
+# broker sometimes aborted a handle before the decision, and the driver rightly
+# refused to decide), short enough that the test then waits for the timeout.
+DECIDE_THEN_TIME_OUT_MS = "6000"
+
+
 @pytest.mark.slow
 def test_a_batch_whose_transactions_timed_out_is_not_decided_and_reruns(broker):
     """Issue 27, item 2: a batch that ran longer than the transaction
@@ -319,7 +325,9 @@ def test_a_batch_whose_transactions_timed_out_is_not_decided_and_reruns(broker):
     text = str(failed.value)
     assert "batch 0: 2 of its 2 transactions were no longer open" in text and "Nothing was decided" in text
     assert "kafka.transaction.timeout.ms (1000 ms)" in text and "maxOffsetsPerTrigger" in text
-    # One handle dead, one open: the open one is aborted, nothing decided.
+    # One handle dead, one open: the open one is aborted, nothing decided. These
+    # tasks get a timeout no loaded machine outlives, so only the fence kills one.
+    writer = make_stream_writer(options(broker.bootstrap, **{"kafka.transaction.timeout.ms": "60000"}), KV)
     late = run_tasks(writer.options, list(range(6)), 2, query, run, 0)
     fence = Producer(broker.bootstrap, transactional_id=late[0].transaction.transactional_id)
     fence.init_transactions()  # aborts late[0]'s transaction, as a timeout would
@@ -338,7 +346,7 @@ def test_a_decided_batch_whose_transactions_all_timed_out_is_decided_again(broke
     the broker aborted every decided transaction before the restart. None
     committed, and the re-run recomputed the whole batch: its handles are
     decided instead (before, the query stayed wedged)."""
-    writer = make_stream_writer(options(broker.bootstrap, **{"kafka.transaction.timeout.ms": "1000"}), KV)
+    writer = make_stream_writer(options(broker.bootstrap, **{"kafka.transaction.timeout.ms": DECIDE_THEN_TIME_OUT_MS}), KV)
     query, run = new_query()
     messages = run_tasks(writer.options, list(range(6)), 2, query, run, 0)
     with pytest.raises(CrashPointReached):
@@ -351,7 +359,7 @@ def test_a_decided_batch_whose_transactions_all_timed_out_is_decided_again(broke
 
 @pytest.mark.slow
 def test_a_decided_batch_partly_committed_then_timed_out_fails_loudly(broker):
-    writer = make_stream_writer(options(broker.bootstrap, **{"kafka.transaction.timeout.ms": "1000"}), KV)
+    writer = make_stream_writer(options(broker.bootstrap, **{"kafka.transaction.timeout.ms": DECIDE_THEN_TIME_OUT_MS}), KV)
     query, run = new_query()
     messages = run_tasks(writer.options, list(range(6)), 2, query, run, 0)
     with pytest.raises(CrashPointReached):
