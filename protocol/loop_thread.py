@@ -42,6 +42,7 @@ class LoopThread:
         self.loop = asyncio.new_event_loop()
         self._service: concurrent.futures.Future | None = None  # the task that owns a served service
         self._stop_service: asyncio.Event | None = None
+        self._stopping = threading.Lock()  # one stop() at a time: a second one waits, then finds the loop closed
         self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
         self._thread.start()
         with _running_lock:
@@ -103,6 +104,10 @@ class LoopThread:
         the loop, then stop and close it."""
         with _running_lock:
             _running.discard(self)
+        with self._stopping:  # the atexit hook may stop a thread its owner is stopping too
+            self._stop(timeout)
+
+    def _stop(self, timeout: float) -> None:
         if self._thread.is_alive() and not self.loop.is_closed():
             service, self._service = self._service, None
             if service is not None:
