@@ -104,3 +104,18 @@ def test_the_report_names_each_spark_kills_step_and_what_the_completer_did():
     assert spark_kill_lines([], samples) == []
     alone = spark_kill_lines(kills[:1], [(10.0, 4)])
     assert alone[1].endswith("in 0.4 s"), "no rows after the kill: nothing claimed"
+
+
+def test_the_demo_timeline_marks_spark_batches_and_kills(tmp_path):
+    """The timeline draws the moments (Spark's committed batches, the
+    driver kills) along the Spark panel, and a run without them still draws."""
+    from faults.availability import FaultEvent
+    from faults.report import write_series_png
+
+    series = {"payments in": [(1.0, 100), (2.0, 300)], "balances out": [(1.5, 90), (2.5, 300)], "Spark rows out": [(2.2, 4), (3.1, 8)]}
+    faults = [FaultEvent(2.0, "kill-spark-driver", "batch 1: decided", cleared=2.5, victim="spark")]
+    marked, plain = tmp_path / "marked.png", tmp_path / "plain.png"
+    moments = {"Spark batch committed": [1.2, 2.1, 3.0], "Spark driver killed (completer ran)": [2.0]}
+    assert write_series_png(str(marked), series, faults, 4.0, "t", None, moments) is None
+    assert write_series_png(str(plain), series, faults, 4.0, "t") is None
+    assert marked.read_bytes() != plain.read_bytes(), "the moments are drawn"
