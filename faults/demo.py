@@ -14,11 +14,18 @@
    own (``faults.spark``): a Structured Streaming query reading ``balances``
    through the ``onceflow`` source (read_committed) and writing per-minute
    event-time totals and counts per region (a watermarked window
-   aggregation) through the exactly-once sink. Without ``spark`` the demo is
-   the pipeline alone.
+   aggregation) through the exactly-once sink; its executors in the
+   driver's JVM (local mode), or on a standalone cluster (``spark_master``,
+   or ``spark_cluster``: one started for the run and stopped after).
+   Without ``spark`` the demo is the pipeline alone.
 5. Meanwhile SIGKILLs, at seeded moments spread over the run, a pipeline
    instance, the broker and the Spark driver's process groups, restarting
-   each (the broker on its data, the query from its checkpoint).
+   each (the broker on its data, the query from its checkpoint). The first
+   Spark driver kill waits for a batch decided and not yet committed (the
+   sink holds after its decision when asked: ``faults.spark.sink_step``);
+   whenever the driver is seen dead the completer (``finish_decided``)
+   commits a decided batch before the driver restarts. The report says
+   which two-phase-commit step each Spark kill hit.
 6. Checks with the fault harness's checker: every payment's balance exactly
    once and right; every Spark row exactly once and equal to a plain
    recomputation from the balances read back read_committed. Prints a report
