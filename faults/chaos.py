@@ -84,6 +84,7 @@ from faults.report import FaultEvent, write_report
 from faults.watcher import ProgressProbe, TopicWatcher, deltas
 from protocol.messages import ApiKey
 
+EXECUTOR_WAIT_SECONDS = 300.0
 FAULT_KINDS = ("kill-broker", "kill-client", "kill-driver", "kill-executor", "pause-client", "pause-broker", "proxy-cut", "proxy-delay-endtxn", "torn-tail", "disk-fsync")
 WORKLOAD_KINDS = ("copier", "copier-confluent", "copier-librdkafka", "producer", "bank", "processor", "streaming", "spark")
 BROKER_CONFIG = ("group.initial.rebalance.delay.ms=0", "group.min.session.timeout.ms=1000", "transaction.abort.timed.out.transaction.cleanup.interval.ms=500")
@@ -412,6 +413,17 @@ class ChaosRun:
 
     # -- faults -----------------------------------------------------------------------------------
 
+    def _executor_fault_waits(self, fault: PlannedFault) -> bool:
+        """Whether ``fault`` is a kill-executor whose worker runs no executor yet."""
+        if fault.kind != "kill-executor":
+            return False
+        from faults.spark import executor_pids
+
+        return not executor_pids(self.cluster.directory, self._executor_role(fault))
+
+    def _executor_role(self, fault: PlannedFault) -> str:
+        return self.cluster.worker_roles()[fault.victim % self.cluster.settings.workers]
+
     def _restart_broker(self) -> None:
         self.broker.kill()
         self.broker.start()
@@ -432,7 +444,7 @@ class ChaosRun:
         if fault.kind == "kill-executor":
             from faults.spark import kill_executors
 
-            role = self.cluster.worker_roles()[fault.victim % self.cluster.settings.workers]
+            role = self._executor_role(fault)
             killed = kill_executors(self.cluster.directory, role)
             if not killed:
                 return f"{role} ran no executor at that moment: nothing killed", role, False
@@ -523,9 +535,12 @@ class ChaosRun:
                     watcher.start()
             next_progress = 1.0
             queue = list(schedule)
-            while self._elapsed() < settings.duration:
+            # A kill-executor due while the worker runs no executor yet (the
+            # driver's JVM still starting) waits for one, past the duration if
+            # need be (up to EXECUTOR_WAIT_SECONDS more).
+            while self._elapsed() < settings.duration or (queue and queue[0].kind == "kill-executor" and self._elapsed() < settings.duration + EXECUTOR_WAIT_SECONDS):
                 self._clear_due()
-                while queue and queue[0].at <= self._elapsed():
+                while queue and queue[0].at <= self._elapsed() and not self._executor_fault_waits(queue[0]):
                     fault = queue.pop(0)
                     at = self._elapsed()
                     self.faults.append(FaultEvent(round(at, 3), fault.kind))
