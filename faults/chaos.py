@@ -536,10 +536,17 @@ class ChaosRun:
             next_progress = 1.0
             queue = list(schedule)
             # A kill-executor due while the worker runs no executor yet (the
-            # driver's JVM still starting) waits for one, past the duration if
-            # need be (up to EXECUTOR_WAIT_SECONDS more).
-            while self._elapsed() < settings.duration or (queue and queue[0].kind == "kill-executor" and self._elapsed() < settings.duration + EXECUTOR_WAIT_SECONDS):
+            # driver's JVM still starting, or the last kill's executor not yet
+            # replaced) waits for one, and the rest of the schedule waits with
+            # it (the faults keep their spacing), past the duration if need be
+            # (up to EXECUTOR_WAIT_SECONDS more).
+            end = settings.duration
+            while self._elapsed() < end:
                 self._clear_due()
+                if queue and queue[0].at <= self._elapsed() and self._executor_fault_waits(queue[0]) and end < settings.duration + EXECUTOR_WAIT_SECONDS:
+                    shift = self._elapsed() - queue[0].at
+                    queue = [attrs.evolve(planned, at=planned.at + shift) for planned in queue]
+                    end = min(settings.duration + EXECUTOR_WAIT_SECONDS, end + shift)
                 while queue and queue[0].at <= self._elapsed() and not self._executor_fault_waits(queue[0]):
                     fault = queue.pop(0)
                     at = self._elapsed()

@@ -107,7 +107,7 @@ def test_executor_kills_on_a_cluster_started_for_the_run_lose_and_duplicate_noth
 
     report = tmp_path / "report"
     result = subprocess.run([sys.executable, "-m", "onceflow", "chaos", "--workload", "spark", "--query", "examples/spark_region_totals.py",
-                             "--faults", "kill-executor", "--duration", "40", "--mean-fault-interval", "12", "--records", "1500", "--seed", "4",
+                             "--faults", "kill-executor", "--duration", "40", "--mean-fault-interval", "15", "--records", "1500", "--seed", "4",
                              "--report", str(report)], cwd=REPO, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-3000:]
     assert "starting a Spark standalone cluster" in result.stdout
