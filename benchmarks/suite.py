@@ -527,10 +527,12 @@ def spark_stall_scenario(bootstrap: str, settings: ScenarioSettings) -> dict[str
 
     restart = stall_scenario(bootstrap)
     completer = stall_scenario(bootstrap, completer=True)
+    command = stall_scenario(bootstrap, completer="cli")
     return {
         "read_committed stall s": Metric(restart["stall_s"], "s"),
         "kill to visible s": Metric(restart["kill_to_visible_s"], "s"),
-        "kill to visible s, finish-decided": Metric(completer["kill_to_visible_s"], "s"),
+        "kill to visible s, finish_decided in the supervisor": Metric(completer["kill_to_visible_s"], "s"),
+        "kill to visible s, onceflow spark finish-decided": Metric(command["kill_to_visible_s"], "s"),
     }
 
 

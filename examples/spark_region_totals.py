@@ -9,9 +9,12 @@ record's timestamp is the payment's event time) through the ``onceflow``
 source (read_committed: records of aborted transactions never reach Spark),
 derives each account's region from its number, and counts the payments and
 sums the balances they left per one-minute event-time window and region,
-with a 5-minute watermark, in append mode: each (window, region) row is
+with a one-minute watermark, in append mode: each (window, region) row is
 written once, when the watermark passes the window, through the exactly-once
 sink to ``region-minutes`` (key ``region@window-start-ms``, a JSON value).
+A batch reads at most ``MAX_RECORDS_PER_BATCH`` records, so a backlog (the
+query starts after its input, or restarts after a kill) is worked off in
+several batches, each closing the windows the watermark passed.
 Killed at any moment and restarted from its checkpoint, it writes every row
 once.
 
@@ -28,8 +31,9 @@ import random
 
 REGIONS = ("amer", "apac", "emea", "latam")
 WINDOW_MS = 60_000
-WATERMARK = "5 minutes"
-WATERMARK_MS = 5 * 60_000
+WATERMARK = "1 minute"
+WATERMARK_MS = 60_000
+MAX_RECORDS_PER_BATCH = 4000
 SOURCE, SINK = "balances", "region-minutes"
 EPOCH_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z: event times of the chaos input start here
 
@@ -42,8 +46,10 @@ def region_of(account: str) -> str:
     return REGIONS[int(account.rsplit("-", 1)[1]) % len(REGIONS)]
 
 
-def build(spark, bootstrap: str, checkpoint: str, *, source: str = SOURCE, sink: str = SINK, prefix: str = "region-minutes"):
-    """Start the query on ``spark``; returns the StreamingQuery."""
+def build(spark, bootstrap: str, checkpoint: str, *, source: str = SOURCE, sink: str = SINK, prefix: str = "region-minutes", sink_options: dict | None = None):
+    """Start the query on ``spark``; returns the StreamingQuery.
+    ``sink_options`` adds options to the sink (the fault harness passes its
+    ``crashPointHook`` this way)."""
     from pyspark.sql import functions as F
 
     import streaming.spark
@@ -54,6 +60,7 @@ def build(spark, bootstrap: str, checkpoint: str, *, source: str = SOURCE, sink:
         .option("kafka.bootstrap.servers", bootstrap)
         .option("subscribe", source)
         .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", MAX_RECORDS_PER_BATCH)
         .load()
     )
     fields = F.split(F.col("value").cast("string"), ":")
@@ -73,7 +80,7 @@ def build(spark, bootstrap: str, checkpoint: str, *, source: str = SOURCE, sink:
         F.concat_ws("@", "region", window_start.cast("string")).alias("key"),
         F.to_json(F.struct("region", window_start.alias("window_start"), "payments", "balance_total", "lowest_balance")).alias("value"),
     )
-    return (
+    writer = (
         out.writeStream.format("onceflow")
         .outputMode("append")
         .option("kafka.bootstrap.servers", bootstrap)
@@ -81,8 +88,10 @@ def build(spark, bootstrap: str, checkpoint: str, *, source: str = SOURCE, sink:
         .option("transactionalIdPrefix", prefix)
         .option("checkpointLocation", checkpoint)
         .trigger(processingTime="1 second")
-        .start()
     )
+    for name, value in (sink_options or {}).items():
+        writer = writer.option(name, value)
+    return writer.start()
 
 
 def totals_of(balances) -> dict[str, dict]:

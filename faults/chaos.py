@@ -35,7 +35,11 @@ and checks the output topic against the module's ``expected``. Its driver is
 the one client (``--clients`` does not apply); ``kill-driver`` SIGKILLs it
 with its JVM and Python workers and restarts it from its checkpoint, which
 takes a JVM start (tens of seconds), so give the run a longer
-``--duration`` and a longer ``--mean-fault-interval``.
+``--duration`` and a longer ``--mean-fault-interval``. With
+``kill-executor`` among the faults the query runs on a Spark standalone
+cluster started for the run (``streaming.spark.cluster``: a master and two
+workers, stopped at the end), whose executors are separate processes that
+can die on their own.
 
 The same seed gives the same fault schedule (kinds, times, victims). Faults:
 
@@ -44,6 +48,7 @@ The same seed gives the same fault schedule (kinds, times, victims). Faults:
 | kill-broker | SIGKILL the broker, restart it on the same data directory |
 | kill-client | SIGKILL one workload process, start it again |
 | kill-driver | (spark) SIGKILL the Spark driver's process groups (JVM, Python workers), restart it from its checkpoint |
+| kill-executor | (spark, on a cluster started for the run) SIGKILL one worker's executor JVM with its Python daemons and workers; Spark reruns the lost tasks on a new executor |
 | pause-client | SIGSTOP one workload process for 2 s, then SIGCONT |
 | pause-broker | SIGSTOP the broker for 2 s, then SIGCONT |
 | proxy-cut | reset every client connection at the proxy |
@@ -79,7 +84,8 @@ from faults.report import FaultEvent, write_report
 from faults.watcher import ProgressProbe, TopicWatcher, deltas
 from protocol.messages import ApiKey
 
-FAULT_KINDS = ("kill-broker", "kill-client", "kill-driver", "pause-client", "pause-broker", "proxy-cut", "proxy-delay-endtxn", "torn-tail", "disk-fsync")
+EXECUTOR_WAIT_SECONDS = 300.0
+FAULT_KINDS = ("kill-broker", "kill-client", "kill-driver", "kill-executor", "pause-client", "pause-broker", "proxy-cut", "proxy-delay-endtxn", "torn-tail", "disk-fsync")
 WORKLOAD_KINDS = ("copier", "copier-confluent", "copier-librdkafka", "producer", "bank", "processor", "streaming", "spark")
 BROKER_CONFIG = ("group.initial.rebalance.delay.ms=0", "group.min.session.timeout.ms=1000", "transaction.abort.timed.out.transaction.cleanup.interval.ms=500")
 
@@ -119,6 +125,8 @@ class ChaosSettings:
             raise ValueError("the spark workload needs a query module (--query), and only it takes one")
         if "kill-driver" in self.faults and self.workload != "spark":
             raise ValueError("kill-driver needs the spark workload (a Spark driver to kill)")
+        if "kill-executor" in self.faults and self.workload != "spark":
+            raise ValueError("kill-executor needs the spark workload (it runs the query on a cluster, whose executors it kills)")
 
 
 @attrs.frozen
@@ -257,7 +265,15 @@ class ChaosRun:
             admin.create_topics(dict(self.app_module.CHAOS_TOPICS), exist_ok=True)
         self._set_up_feed([list(phase) for phase in self.app_module.chaos_input(settings.records, settings.seed)], op="seed")
         self.probe = ProgressProbe(self._spark_position, self._elapsed, interval=0.25)
-        driver = DriverProcess("spark-driver", query_path, self.bootstrap, self.checkpoint, os.path.join(self.work, "spark-driver.log"))
+        master = None
+        if "kill-executor" in settings.faults:
+            from streaming.spark import cluster
+
+            self._say("  starting a Spark standalone cluster for the run (its executors are killed)")
+            self.cluster = cluster.start(os.path.join(self.work, "spark-cluster"))
+            master = self.cluster.master_url
+            self._say(f"  cluster up: {master} in {self.cluster.directory}, {self.cluster.settings.workers} workers")
+        driver = DriverProcess("spark-driver", query_path, self.bootstrap, self.checkpoint, os.path.join(self.work, "spark-driver.log"), master=master)
         self.clients.append(driver.start())
 
     def _set_up_feed(self, phases: list[list[tuple]], *, op: str) -> None:
@@ -397,6 +413,17 @@ class ChaosRun:
 
     # -- faults -----------------------------------------------------------------------------------
 
+    def _executor_fault_waits(self, fault: PlannedFault) -> bool:
+        """Whether ``fault`` is a kill-executor whose worker runs no executor yet."""
+        if fault.kind != "kill-executor":
+            return False
+        from faults.spark import executor_pids
+
+        return not executor_pids(self.cluster.directory, self._executor_role(fault))
+
+    def _executor_role(self, fault: PlannedFault) -> str:
+        return self.cluster.worker_roles()[fault.victim % self.cluster.settings.workers]
+
     def _restart_broker(self) -> None:
         self.broker.kill()
         self.broker.start()
@@ -414,6 +441,14 @@ class ChaosRun:
             victim.kill()
             victim.start()
             return f"{victim.name} killed (JVM and Python workers) and restarted from its checkpoint", victim.name, False
+        if fault.kind == "kill-executor":
+            from faults.spark import kill_executors
+
+            role = self._executor_role(fault)
+            killed = kill_executors(self.cluster.directory, role)
+            if not killed:
+                return f"{role} ran no executor at that moment: nothing killed", role, False
+            return f"{role}'s executor killed ({len(killed)} processes: its JVM, Python daemon and workers)", role, False
         if fault.kind == "kill-client":
             victim.kill()
             victim.start()
@@ -500,9 +535,19 @@ class ChaosRun:
                     watcher.start()
             next_progress = 1.0
             queue = list(schedule)
-            while self._elapsed() < settings.duration:
+            # A kill-executor due while the worker runs no executor yet (the
+            # driver's JVM still starting, or the last kill's executor not yet
+            # replaced) waits for one, and the rest of the schedule waits with
+            # it (the faults keep their spacing), past the duration if need be
+            # (up to EXECUTOR_WAIT_SECONDS more).
+            end = settings.duration
+            while self._elapsed() < end:
                 self._clear_due()
-                while queue and queue[0].at <= self._elapsed():
+                if queue and queue[0].at <= self._elapsed() and self._executor_fault_waits(queue[0]) and end < settings.duration + EXECUTOR_WAIT_SECONDS:
+                    shift = self._elapsed() - queue[0].at
+                    queue = [attrs.evolve(planned, at=planned.at + shift) for planned in queue]
+                    end = min(settings.duration + EXECUTOR_WAIT_SECONDS, end + shift)
+                while queue and queue[0].at <= self._elapsed() and not self._executor_fault_waits(queue[0]):
                     fault = queue.pop(0)
                     at = self._elapsed()
                     self.faults.append(FaultEvent(round(at, 3), fault.kind))
@@ -543,6 +588,10 @@ class ChaosRun:
                     pass
             self.broker.kill()
             self.proxy.stop()
+            if getattr(self, "cluster", None) is not None:
+                from streaming.spark import cluster
+
+                cluster.stop(self.cluster.directory)
         return self._judge()
 
     def _heal(self) -> None:

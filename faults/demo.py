@@ -14,11 +14,18 @@
    own (``faults.spark``): a Structured Streaming query reading ``balances``
    through the ``onceflow`` source (read_committed) and writing per-minute
    event-time totals and counts per region (a watermarked window
-   aggregation) through the exactly-once sink. Without ``spark`` the demo is
-   the pipeline alone.
+   aggregation) through the exactly-once sink; its executors in the
+   driver's JVM (local mode), or on a standalone cluster (``spark_master``,
+   or ``spark_cluster``: one started for the run and stopped after).
+   Without ``spark`` the demo is the pipeline alone.
 5. Meanwhile SIGKILLs, at seeded moments spread over the run, a pipeline
    instance, the broker and the Spark driver's process groups, restarting
-   each (the broker on its data, the query from its checkpoint).
+   each (the broker on its data, the query from its checkpoint). The first
+   Spark driver kill waits for a batch decided and not yet committed (the
+   sink holds after its decision when asked: ``faults.spark.sink_step``);
+   whenever the driver is seen dead the completer (``finish_decided``)
+   commits a decided batch before the driver restarts. The report says
+   which two-phase-commit step each Spark kill hit.
 6. Checks with the fault harness's checker: every payment's balance exactly
    once and right; every Spark row exactly once and equal to a plain
    recomputation from the balances read back read_committed. Prints a report
@@ -47,6 +54,8 @@ import threading
 import time
 from collections import Counter
 
+import attrs
+
 from faults.availability import FaultEvent, measure
 from faults.checker import check
 from faults.history import HistoryWriter, read_histories
@@ -64,6 +73,51 @@ PIPELINE_INSTANCES = 2
 EVENT_EPOCH_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z: payment n happens at this + n * EVENT_STEP_MS
 EVENT_STEP_MS = 30
 CLOSING_DELAY_MS = 3_600_000
+COMPLETER_TIMEOUT_SECONDS = 20.0
+
+
+@attrs.frozen
+class SparkKill:
+    """One SIGKILL of the Spark driver: when, the batch in flight (the one
+    after Spark's last committed), the sink's two-phase-commit step it hit
+    (``faults.spark.describe_step``), and what the completer
+    (``finish_decided``), run at once by the supervisor, did and how long
+    it took."""
+
+    at: float
+    batch: int
+    step: str
+    decided_open: bool  # the kill landed with the batch decided and not wholly committed
+    completer: str
+    completer_seconds: float
+
+    def line(self, rows_visible_after: float | None) -> str:
+        visible = f"; Spark rows visible again {rows_visible_after:.1f} s after the kill" if rows_visible_after is not None else ""
+        return f"t={self.at:5.1f}s  batch {self.batch}: {self.step}; completer: {self.completer} in {self.completer_seconds:.1f} s{visible}"
+
+
+def spark_kill_lines(kills: list[SparkKill], row_samples: list[tuple[float, int]]) -> list[str]:
+    """The report's lines on the Spark driver kills, each with the first
+    moment after it that a read_committed reader saw new rows."""
+    if not kills:
+        return []
+    decided = sum(1 for kill in kills if kill.decided_open)
+    lines = [f"  Spark driver kills          {len(kills)} ({decided} with a batch decided and not wholly committed)"]
+    for kill in kills:
+        after = min((at - kill.at for at, _count in row_samples if at > kill.at), default=None)
+        lines.append("    " + kill.line(after))
+    return lines
+
+
+def completer_summary(finished) -> str:
+    """``sink_driver.Finished`` in a few words for the report."""
+    if finished.decision is None:
+        return "no decision recorded yet"
+    total = len(finished.decision.transactions)
+    text = f"committed {len(finished.committed)} of batch {finished.decision.batch_id}'s {total} decided transactions"
+    if finished.lost:
+        text += f", {len(finished.lost)} could not be"
+    return text
 
 
 def payments(records: int, rng: random.Random) -> list[tuple[str, str]]:
@@ -297,8 +351,11 @@ def plan_faults(count: int, spark: bool, rng: random.Random) -> list[str]:
 class Demo:
     """One run; ``run()`` returns the exit status."""
 
-    def __init__(self, *, records: int, seed: int, keep_data: str | None, faults: int, spark: bool, report_dir: str | None, out):
+    def __init__(self, *, records: int, seed: int, keep_data: str | None, faults: int, spark: bool, report_dir: str | None, out,
+                 spark_master: str | None = None, spark_cluster: bool = False):
         self.records, self.seed, self.keep_data, self.fault_count, self.spark, self.out = records, seed, keep_data, faults, spark, out
+        self.spark_master, self.spark_cluster = spark_master, spark_cluster
+        self.cluster = None
         self.rng = random.Random(seed)
         self.work = os.path.abspath(keep_data) if keep_data else tempfile.mkdtemp(prefix="onceflow-demo-")
         os.makedirs(self.work, exist_ok=True)
@@ -308,10 +365,12 @@ class Demo:
         for folder in (self.history_dir, self.spark_history_dir):
             os.makedirs(folder, exist_ok=True)
         self.faults: list[FaultEvent] = []
+        self.spark_kills: list[SparkKill] = []
         self.pipelines: list[ClientProcess] = []
         self.driver = None
         self.watchers: dict[str, TopicWatcher] = {}
         self.started = time.monotonic()
+        self.wall_started = time.time()  # file times (Spark's commit log) are wall-clock
 
     def say(self, text: str = "") -> None:
         print(text, file=self.out, flush=True)
@@ -329,10 +388,18 @@ class Demo:
         self.say(f"  broker up on {self.broker.bootstrap}, data in {self.broker.data_dir}")
         with Admin(bootstrap_servers=self.broker.bootstrap) as admin:
             admin.create_topics({name: count for name, count in TOPICS.items() if self.spark or name != "region-minutes"})
+        if self.spark and self.spark_cluster:
+            from streaming.spark import cluster
+
+            self.say("  starting a Spark standalone cluster for the run (a master and two workers, from the pyspark package)")
+            self.cluster = cluster.start(os.path.join(self.work, "spark-cluster"))
+            self.spark_master = self.cluster.master_url
+            self.say(f"  cluster up at {self.spark_master}")
         if self.spark:
             self.checkpoint = os.path.join(self.work, "spark-checkpoint")
-            self.driver = DriverProcess("spark", SPARK_QUERY, self.broker.bootstrap, self.checkpoint, os.path.join(self.work, "spark.log")).start()
-            self.say("  Spark driver starting (a JVM in local mode; its first batch takes a while)")
+            self.driver = DriverProcess("spark", SPARK_QUERY, self.broker.bootstrap, self.checkpoint, os.path.join(self.work, "spark.log"),
+                                        steps_path=os.path.join(self.work, "spark-steps.log"), master=self.spark_master).start()
+            self.say(f"  Spark driver starting ({f'a JVM, its executors on {self.spark_master}' if self.spark_master else 'a JVM in local mode'}; its first batch takes a while)")
         for index in range(PIPELINE_INSTANCES):
             # Fixed instance ids: a restarted instance is the same static member
             # (it takes its partitions back at once) and transactional id.
@@ -364,15 +431,74 @@ class Demo:
             self.faults.append(FaultEvent(at, "kill-broker", cleared=round(self.elapsed(), 2)))
             return "SIGKILL broker, restarted on the same data"
         self.driver.kill()
-        batches = self.spark_batches()
+        steps = self.driver.steps()
+        self.driver.cancel_hold()
+        from faults.spark import decided_and_open, describe_step
+
+        batch = self.spark_batches()
+        completer, seconds = self.finish_decided()
         self.driver.start()
-        self.faults.append(FaultEvent(at, "kill-spark-driver", f"{batches} batches committed", cleared=round(self.elapsed(), 2), victim="spark"))
-        return f"SIGKILL Spark driver (JVM and Python workers) with {batches} batches committed, restarted from its checkpoint"
+        kill = SparkKill(at, batch, describe_step(steps), decided_and_open(steps), completer, round(seconds, 2))
+        self.spark_kills.append(kill)
+        self.faults.append(FaultEvent(at, "kill-spark-driver", f"batch {batch}: {kill.step}", cleared=round(self.elapsed(), 2), victim="spark"))
+        return f"SIGKILL Spark driver (JVM and Python workers) at batch {batch}: {kill.step}; completer {completer}; restarted from its checkpoint"
+
+    def finish_decided(self) -> tuple[str, float]:
+        """The completer (``onceflow spark finish-decided``), run the moment
+        the driver is seen dead: a batch it decided and did not wholly commit
+        is committed now, not at the restarted query's first commit."""
+        from streaming.spark.options import SinkOptions
+        from streaming.spark.sink_driver import finish_decided
+
+        started = time.monotonic()
+        try:
+            options = SinkOptions.parse({"kafka.bootstrap.servers": self.broker.bootstrap, "transactionalIdPrefix": SPARK_PREFIX})
+            summary = completer_summary(finish_decided(options, timeout=COMPLETER_TIMEOUT_SECONDS))
+        except Exception as error:  # noqa: BLE001 - the restarted query's first commit finishes the batch anyway
+            summary = f"did not finish ({type(error).__name__}: {error}); the restarted query will"
+        return summary, time.monotonic() - started
+
+    def decided_batch_held(self, wanted: dict, nothing_left: bool) -> bool:
+        """The decided-batch kill's turn: ask the sink to hold after its next
+        decision; True once it holds a batch whose transactions are open
+        (a batch with no rows is let go and the next one held), or when
+        nothing is left to decide (the kill then lands where it may)."""
+        if not wanted["armed"]:
+            self.driver.request_hold()
+            wanted["armed"] = True
+        if self.driver.holding():
+            if self.output_holds_open_transactions():
+                wanted["wanted"] = False
+                return True
+            self.driver.release_hold(rearm=True)
+        if nothing_left:
+            self.driver.cancel_hold()
+            wanted["wanted"] = False
+            return True
+        return False
+
+    def output_holds_open_transactions(self) -> bool:
+        """Whether the Spark output's last stable offset is below its high
+        watermark somewhere: a decided batch's transactions are open."""
+        from txn import Admin, TopicPartition
+
+        partitions = {TopicPartition("region-minutes", p): "latest" for p in range(TOPICS["region-minutes"])}
+        try:
+            with Admin(bootstrap_servers=self.broker.bootstrap, request_timeout_ms=5000) as admin:
+                stable = admin.list_offsets(partitions, isolation_level="read_committed")
+                ends = admin.list_offsets(partitions, isolation_level="read_uncommitted")
+        except Exception:  # noqa: BLE001 - the broker is restarting: ask at the next decision
+            return False
+        return any(stable[tp].offset < ends[tp].offset for tp in partitions)
 
     def restart_exited(self) -> None:
-        for process in self.pipelines + ([self.driver] if self.driver else []):
+        for process in self.pipelines:
             if process.restart_if_exited():
                 self.say(f"  t={self.elapsed():5.1f}s  {process.name} exited; restarted")
+        if self.driver is not None and self.driver.process.poll() not in (None, 0):
+            completer, seconds = self.finish_decided()
+            self.driver.start()
+            self.say(f"  t={self.elapsed():5.1f}s  the Spark driver exited; completer {completer} in {seconds:.1f} s; restarted")
         if self.broker.process.poll() is not None:
             self.broker.start()
             self.say(f"  t={self.elapsed():5.1f}s  broker exited; restarted")
@@ -419,9 +545,12 @@ class Demo:
             timed = sorted((stream_started + (i + self.rng.uniform(0.2, 0.8)) * slot, kind) for i, kind in enumerate(others))
             spark_kills = plan.count("spark")
             # A JVM start is the dearest step of the run: the driver is killed
-            # while its query works (reading, aggregating, writing through the
-            # sink, committing), a few seconds after the query started.
+            # while its query works, a few seconds after the query started.
+            # The first kill waits for a batch decided and not yet committed
+            # (the sink holds there when asked: faults.spark), the others
+            # land wherever the query is.
             spark_delays = [self.rng.uniform(3.0, 15.0) for _ in range(spark_kills)]
+            decided_kill = {"wanted": spark_kills > 0, "armed": False}
             self.say(f"  streaming {self.records} payments over {input_seconds:.0f} s; kills planned: "
                      + ", ".join(f"{n} {k}" for k, n in Counter(plan).items())
                      + (" (the Spark driver's while its query works)" if spark_kills else ""))
@@ -440,7 +569,10 @@ class Demo:
                     self.say(f"  t={self.elapsed():5.1f}s  {detail}")
                 if spark_kills and self.driver.query_started():
                     spark_ready_at = spark_ready_at or now
-                    if now >= spark_ready_at + spark_delays[0]:
+                    due = now >= spark_ready_at + spark_delays[0]
+                    if decided_kill["wanted"] and due:
+                        due = self.decided_batch_held(decided_kill, closing_sent and self.watchers["region-minutes"].count >= (rows_wanted or 0))
+                    if due:
                         spark_delays.pop(0)
                         spark_kills -= 1
                         detail = self.kill("spark")
@@ -489,6 +621,10 @@ class Demo:
                     process.kill()
             if getattr(self, "broker", None) is not None:
                 self.broker.terminate()
+            if self.cluster is not None:
+                from streaming.spark import cluster
+
+                cluster.stop(self.cluster.directory)
         return self.judge(events, expected, balances, spark_rows)
 
     # -- the check and the report ---------------------------------------------------------------------------
@@ -537,6 +673,7 @@ class Demo:
                 f"    transactions              {spark_committed} committed, {spark_aborted} aborted (the exactly-once sink's)",
                 f"    batches                   {self.spark_batches()} committed, driver started {self.driver.starts} times",
             ]
+            lines += spark_kill_lines(self.spark_kills, self.watchers["region-minutes"].samples)
             valid = valid and spark_verdict.valid
         kinds = Counter(f.kind for f in self.faults)
         lines += [
@@ -580,16 +717,23 @@ class Demo:
         series = {"payments in": self.stream.samples, "balances out": self.watchers["balances"].samples}
         if self.spark:
             series["Spark rows out"] = self.watchers["region-minutes"].samples
+        moments = {}
+        if self.spark:
+            from faults.spark import batch_commit_times
+
+            moments["Spark batch committed"] = [at - self.wall_started for at in batch_commit_times(self.checkpoint)]
+            moments["Spark driver killed (completer ran)"] = [kill.at for kill in self.spark_kills]
         png = os.path.join(self.report_dir, "timeline.png")
         problem = write_series_png(png, series, self.faults, self.elapsed(), f"onceflow demo, seed {self.seed}: {'OK' if verdict.valid and (spark_verdict is None or spark_verdict.valid) else 'FAILED'}",
-                                   self.availability)
+                                   self.availability, moments)
         if not self.keep_data and self.report_dir.startswith(self.work + os.sep):
             self.say("  report                      not kept (deleted with the data; give a report folder to keep it)")
         else:
             self.say(f"  report                      {os.path.join(self.report_dir, 'report.txt')}" + (f" ({problem})" if problem else f", {png}"))
 
 
-def run_demo(*, records: int = 20_000, seed: int | None = None, keep_data: str | None = None, faults: int = 6, spark: bool = True, report_dir: str | None = None, out=sys.stdout) -> int:
+def run_demo(*, records: int = 20_000, seed: int | None = None, keep_data: str | None = None, faults: int = 6, spark: bool = True, report_dir: str | None = None, out=sys.stdout,
+             spark_master: str | None = None, spark_cluster: bool = False) -> int:
     seed = random.randrange(1 << 30) if seed is None else seed
     if spark:
         from faults.spark import java_missing
@@ -598,7 +742,8 @@ def run_demo(*, records: int = 20_000, seed: int | None = None, keep_data: str |
         if problem:
             print(f"onceflow demo: {problem}; `onceflow demo --no-spark` runs the pipeline alone.", file=sys.stderr, flush=True)
             return 2
-    return Demo(records=records, seed=seed, keep_data=keep_data, faults=faults, spark=spark, report_dir=report_dir, out=out).run()
+    return Demo(records=records, seed=seed, keep_data=keep_data, faults=faults, spark=spark, report_dir=report_dir, out=out,
+                spark_master=spark_master, spark_cluster=spark_cluster).run()
 
 
 def run_pipeline_demo(*, records: int = 20_000, seed: int | None = None, keep_data: str | None = None, faults: int = 6, out=sys.stdout) -> int:

@@ -11,8 +11,8 @@
                           shaded and the moment its rate was back; the
                           longest stretch with no output hatched
 
-The PNG needs matplotlib (``pip install onceflow[chaos]``); without it the
-report says so in summary.txt and everything else is written.
+The PNG needs matplotlib (a dependency of the plain install); where it is
+missing the report says so in summary.txt and everything else is written.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def write_timeline_png(path: str, ok_times: list[float], faults: list[FaultEvent
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return "matplotlib is not installed (pip install onceflow[chaos]); no timeline.png"
+        return "matplotlib is not installed (pip install matplotlib); no timeline.png"
     counts = throughput_per_second(ok_times, duration)
     figure, axes = plt.subplots(figsize=(11, 4), dpi=100)
     axes.bar(range(len(counts)), counts, width=1.0, align="edge", color="#4c78a8", label="committed records/s")
@@ -124,18 +124,20 @@ def per_second(samples: list[tuple[float, int]], duration: float) -> list[int]:
 
 
 def write_series_png(path: str, series: dict[str, list[tuple[float, int]]], faults: list[FaultEvent], duration: float, title: str,
-                     availability: Availability | None = None) -> str | None:
+                     availability: Availability | None = None, moments: dict[str, list[float]] | None = None) -> str | None:
     """The demo's timeline: records per second of each stream (cumulative
     ``(seconds, count)`` samples), the last one, usually small, in a panel of
-    its own as a running total, faults as vertical lines on both. Returns
-    None when written, else why not."""
+    its own as a running total, faults as vertical lines on both;
+    ``moments`` (``{label: [seconds, ...]}``, such as Spark's committed
+    batches) as ticks along the foot of the last panel. Returns None when
+    written, else why not."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return "matplotlib is not installed (pip install onceflow[chaos]); no timeline.png"
+        return "matplotlib is not installed (pip install matplotlib); no timeline.png"
     names = list(series)
     rates, running = names[:2] if len(names) > 2 else names, names[2:]
     figure, panels = plt.subplots(1 + bool(running), 1, figsize=(11, 4 + 2 * bool(running)), dpi=100, sharex=True, squeeze=False)
@@ -160,6 +162,9 @@ def write_series_png(path: str, series: dict[str, list[tuple[float, int]]], faul
         for axes in axes_all:
             axes.axvline(fault.at, color=color, linewidth=1.5, linestyle="--", label=fault.kind if first_of_kind and axes is top else None)
     mark_availability(top, availability)
+    for (label, times), (color, marker) in zip((moments or {}).items(), [("#b279a2", "|"), ("#333333", "x")]):
+        if times:
+            axes_all[-1].plot(times, [0] * len(times), linestyle="none", marker=marker, markersize=12, markeredgewidth=2, color=color, clip_on=False, label=label)
     for axes in axes_all:
         axes.set_xlim(0, max(1, duration))
         axes.legend(loc="upper right", fontsize="small")

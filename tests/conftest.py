@@ -49,6 +49,8 @@ SPARK_DRIVER_TESTS = (
     "tests/test_demo.py::test_demo_fails_when_the_spark_totals_are_wrong",
     "tests/faults/test_chaos_spark.py::test_users_spark_query_example_under_driver_and_broker_kills",
     "tests/faults/test_chaos_spark.py::test_a_wrong_expectation_of_the_spark_output_is_caught",
+    "tests/faults/test_chaos_spark.py::test_executor_kills_on_a_cluster_started_for_the_run_lose_and_duplicate_nothing",
+    "tests/test_bench_spark.py::test_the_stall_scenario_kills_its_query_at_a_decision_and_the_completer_finishes_it",
 )
 SPARK_SLOTS = 2
 #: Seconds the longest tests took in a 4-worker run on the shared 2-core

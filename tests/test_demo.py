@@ -91,6 +91,12 @@ def test_default_demo_is_exactly_once_through_kills_of_pipeline_broker_and_spark
     assert re.search(r"driver started [2-9] times", report)
     progress = [line for line in report.splitlines() if "payments" in line and " in  balances" in line]
     assert len(progress) >= 20, "a progress line every second or two"
+    # Spark's rows rise batch by batch (windows close while the run goes on), not all at the end.
+    row_counts = {int(m.group(1)) for line in progress if (m := re.search(r"Spark rows\s+(\d+) out", line))}
+    assert len(row_counts - {0}) >= 3, sorted(row_counts)
+    # The Spark driver kill lands on a decided batch not yet committed; the completer finishes it.
+    kill = re.search(r"Spark driver kills\s+1 \(1 with a batch decided and not wholly committed\)\n\s+t=\s*[\d.]+s  batch \d+: decided, .*; completer: committed (\d+) of batch \d+'s (\d+) decided", report)
+    assert kill and int(kill.group(1)) >= 1, report[-3000:]
     assert (report_dir / "timeline.png").stat().st_size > 10_000
     assert "verdict                     OK: exactly once" in (report_dir / "report.txt").read_text()
     seconds = float(re.search(r"time\s+([\d.]+) s", report).group(1))

@@ -6,6 +6,7 @@ check failing when the expectation is wrong."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -27,6 +28,11 @@ def test_kill_driver_is_on_the_menu_of_the_spark_workload_only():
         ChaosSettings(workload="spark")
     with pytest.raises(ValueError, match="only it takes one"):
         ChaosSettings(workload="copier", query="examples/spark_region_totals.py")
+
+    settings = ChaosSettings(workload="spark", query="examples/spark_region_totals.py", faults=("kill-executor",), duration=60, seed=1, mean_fault_interval=20)
+    assert {fault.kind for fault in fault_schedule(settings)} == {"kill-executor"}
+    with pytest.raises(ValueError, match="kill-executor needs the spark workload"):
+        ChaosSettings(workload="streaming", app="examples/payments_pipeline.py", faults=("kill-executor",))
 
 
 def test_command_line_refuses_the_spark_workload_without_a_query(tmp_path):
@@ -88,3 +94,26 @@ def test_command_line_says_in_one_line_that_java_is_missing(tmp_path):
                              "--faults", "kill-driver", "--report", str(tmp_path / "r")], cwd=REPO, env=environment, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2, result.stdout + result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "Java" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_executor_kills_on_a_cluster_started_for_the_run_lose_and_duplicate_nothing(tmp_path):
+    """kill-executor: the query runs on a standalone cluster the run starts
+    (two workers); one worker's executor JVM, Python daemon and workers are
+    SIGKILLed while the query works; Spark reruns the lost tasks on a new
+    executor and the output is still exactly the expected rows. The cluster
+    is gone afterwards."""
+    from streaming.spark.cluster import processes_of
+
+    report = tmp_path / "report"
+    result = subprocess.run([sys.executable, "-m", "onceflow", "chaos", "--workload", "spark", "--query", "examples/spark_region_totals.py",
+                             "--faults", "kill-executor", "--duration", "40", "--mean-fault-interval", "15", "--records", "1500", "--seed", "4",
+                             "--report", str(report)], cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-3000:]
+    assert "starting a Spark standalone cluster" in result.stdout
+    killed = [line for line in result.stdout.splitlines() if "kill-executor:" in line and "executor killed" in line]
+    assert killed, "at least one executor was running and was killed: " + result.stdout[-3000:]
+    summary = (report / "summary.txt").read_text()
+    assert "kill-executor x" in summary and "VALID: no anomaly found" in summary, summary
+    directory = re.search(r"cluster up: spark://\S+ in (\S+),", result.stdout)
+    assert directory and not processes_of(directory.group(1)), "the run's cluster was stopped"
