@@ -6,8 +6,9 @@ loading at start, timers, and the request handlers of the group APIs
 partition (``abs(java_hash(group)) % offsets.topic.num.partitions``), as a
 transactional batch of the producer for TxnOffsetCommit, and waits until they
 are durable (a TxnOffsetCommit also until its producer's AddOffsetsToTxn
-record is: the transaction coordinator answered that once appended). Loading replays every partition in order: offset commits,
-group metadata, transactional commits kept pending until their marker.
+record is: the transaction coordinator answered that once appended).
+Loading replays every partition in order: offset commits, group metadata,
+transactional commits kept pending until their marker.
 """
 
 from __future__ import annotations
