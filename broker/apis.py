@@ -120,6 +120,7 @@ class KafkaApis:
         advertised: tuple[str, int],
         extra_handlers: dict | None = None,
         partition_in_transaction=None,
+        transaction_durability=None,
     ):
         self.config = config
         self.replicas = replicas
@@ -143,6 +144,9 @@ class KafkaApis:
         # KIP-890 part 1: (producer id, epoch, topic, partition) -> the error
         # code for a transactional batch there (NONE: allowed).
         self.partition_in_transaction = partition_in_transaction
+        # producer id -> what its transactional Produce waits for besides its
+        # own data (the coordinator's records answered once appended), or None.
+        self.transaction_durability = transaction_durability
 
     async def dispatch(self, request, session=None) -> dict | None:
         """Answer one request. ``session`` (``broker.security.session``) is the
@@ -272,8 +276,11 @@ class KafkaApis:
         # acks=all then waits until each is on disk per the durability setting.
         for result in durable_waits:
             waiter = result.pop("_durable")
+            also = result.pop("_durable_transaction", None)
             try:
                 await waiter
+                if also is not None:
+                    await also
             except Exception as error:
                 log.error("append to %s was not made durable: %s", result.get("_where"), error)
                 result["error_code"] = ErrorCode.KAFKA_STORAGE_ERROR
@@ -283,6 +290,7 @@ class KafkaApis:
             for result in topic["partition_responses"]:
                 result.pop("_where", None)
                 result.pop("_durable", None)
+                result.pop("_durable_transaction", None)
         if acks == 0:
             return None
         return {"responses": responses, "throttle_time_ms": 0}
@@ -360,6 +368,13 @@ class KafkaApis:
         if acks == -1 or appended.duplicate:
             # A duplicate is answered like the original: once that is durable.
             result["_durable"] = partition_log.wait_durable(appended.last_offset)
+            if header.is_transactional and self.transaction_durability is not None:
+                # AddPartitionsToTxn was answered once appended: this answer
+                # stands for it too. Asked after our own append, so that one
+                # fsync round covers both logs.
+                also = self.transaction_durability(header.producer_id)
+                if also is not None:
+                    result["_durable_transaction"] = also
         if not appended.duplicate:
             self._after_append(topic, partition, partition_log, appended)
         return result

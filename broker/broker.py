@@ -93,15 +93,17 @@ class FaultSeams:
 
     crash_point: Callable[[str], None] = no_crash_point
     disk_io: DiskIO | None = None  # None: the real system calls
+    # False only to show the hazard it closes (faults.disk's power-cut tests).
+    end_unknown_transactions: bool = True
 
     @classmethod
     def from_environment(cls) -> "FaultSeams":
         """The seams the fault harness armed this process with through its
         environment (``faults.points``, ``faults.disk``), read once, here."""
-        from faults.disk import io_from_environment
+        from faults.disk import io_from_environment, keeps_unknown_transactions
         from faults.points import point
 
-        return cls(crash_point=point, disk_io=io_from_environment())
+        return cls(crash_point=point, disk_io=io_from_environment(), end_unknown_transactions=not keeps_unknown_transactions())
 
 
 class Broker:
@@ -213,7 +215,8 @@ class Broker:
             replicas=self.replicas, config=self.config, crash_point=crash_point, on_marker=self.groups.on_marker, clock=self.clock,
             on_state_written=self.metrics.transaction_state_written if self.metrics is not None else None,
         )
-        await self.transactions.start()
+        await self.transactions.start(end_unknown_transactions=self.seams.end_unknown_transactions)
+        self.groups.offsets_log.transaction_durability = self.transactions.coordinator.pending_durability
 
         dispatch = self._dispatch
         if self.metrics is not None:
@@ -278,6 +281,7 @@ class Broker:
                 **QuotaApis(self.quotas).handlers(),
             },
             partition_in_transaction=partition_in_transaction,
+            transaction_durability=coordinator.pending_durability,
         )
         # Inside the ACL check (a denied request is not metered): Produce and
         # Fetch are metered per user and throttled (KIP-13, KIP-219).

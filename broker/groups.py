@@ -5,15 +5,17 @@ loading at start, timers, and the request handlers of the group APIs
 ``OffsetsLogWriter`` appends a group's records to its ``__consumer_offsets``
 partition (``abs(java_hash(group)) % offsets.topic.num.partitions``), as a
 transactional batch of the producer for TxnOffsetCommit, and waits until they
-are durable. Loading replays every partition in order: offset commits,
-group metadata, transactional commits kept pending until their marker.
+are durable (a TxnOffsetCommit also until its producer's AddOffsetsToTxn
+record is: the transaction coordinator answered that once appended).
+Loading replays every partition in order: offset commits, group metadata,
+transactional commits kept pending until their marker.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Callable
+from typing import Awaitable, Callable
 
 from coordinator.metadata import TopicPartition as TxnPartition
 from groupcoord.coordinator import GroupCoordinator, GroupSettings
@@ -34,6 +36,10 @@ class OffsetsLogWriter:
         self.replicas = replicas
         self.partitions = partitions
         self.clock = clock
+        # producer id -> what its transactional commit waits for besides its
+        # own records, or None (set by the broker once its transaction
+        # coordinator exists: ``TransactionCoordinator.pending_durability``).
+        self.transaction_durability: Callable[[int], Awaitable[None] | None] = lambda producer_id: None
 
     async def append(self, group_id: str, records, *, producer_id: int = -1, producer_epoch: int = -1) -> None:
         partition = partition_for(group_id, self.partitions)
@@ -48,7 +54,12 @@ class OffsetsLogWriter:
             is_transactional=producer_id >= 0,
         )
         info = partition_log.append(batch)
-        await partition_log.wait_durable(info.last_offset)
+        durable = partition_log.wait_durable(info.last_offset)
+        # Asked after our own append, so that one fsync round covers both logs.
+        also = self.transaction_durability(producer_id) if producer_id >= 0 else None
+        await durable
+        if also is not None:
+            await also
 
 
 class GroupManager:
@@ -56,8 +67,9 @@ class GroupManager:
         self.replicas = replicas
         self.partitions = config.offsets_topic_partitions
         self.clock = clock or Clock()
+        self.offsets_log = OffsetsLogWriter(replicas, self.partitions, self.clock)
         self.coordinator = GroupCoordinator(
-            offsets_log=OffsetsLogWriter(replicas, self.partitions, self.clock),
+            offsets_log=self.offsets_log,
             settings=GroupSettings(
                 initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
                 min_session_timeout_ms=config.group_min_session_timeout_ms,

@@ -14,7 +14,13 @@
 - the timer loop that aborts timed-out transactions and expires idle ids
   (``background()``: the broker runs it in its TaskGroup);
 - loading at start: every ``__transaction_state`` partition is replayed and
-  the coordinator finishes what was left in a Prepare state.
+  the coordinator finishes what was left in a Prepare state; then every
+  open partition (those recovered at start, and the coordinators') is
+  checked for open transactions the recovered state does not name, and
+  each is aborted with a marker before the broker serves
+  (``end_unknown_transactions``: AddPartitionsToTxn is answered once
+  appended, so a power cut may keep a transactional batch and lose the
+  record that put its partition in the transaction).
 
 Named crash points (``faults``) are passed to the coordinator as a callable,
 so a test can kill the broker between the durable decision and the markers.
@@ -28,7 +34,7 @@ import os
 from typing import Awaitable, Callable
 
 from coordinator.coordinator import CoordinatorSettings, TransactionCoordinator
-from coordinator.metadata import TxnMetadata
+from coordinator.metadata import TopicPartition, TxnMetadata
 from coordinator.producer_ids import ProducerIdAllocator
 from coordinator.txn_log import (
     TRANSACTION_STATE_TOPIC,
@@ -78,6 +84,14 @@ class StateLogWriter:
         await durable
         if self.on_written is not None:
             self.on_written(metadata)
+
+    def append_unflushed(self, metadata: TxnMetadata) -> Callable[[], Awaitable[None]]:
+        """Append now and ask for no fsync (AddPartitionsToTxn, answered
+        once appended); the result, called, asks for one and returns a
+        future done once the record is durable."""
+        partition_log = self._log_for(metadata.transactional_id)
+        info = partition_log.append(encode_batch([(encode_key(metadata.transactional_id), encode_value(metadata), (), self.clock.wall_ms())]), flush=False)
+        return lambda: partition_log.wait_durable(info.last_offset)
 
     async def tombstone(self, transactional_id: str) -> None:
         await self._append(transactional_id, None)
@@ -196,10 +210,50 @@ class TransactionManager:
                         log.error("skipping an unreadable %s record at offset %d: %s", TRANSACTION_STATE_TOPIC, record.offset, error)
         self.coordinator.load(entries)  # recover() logs what was loaded
 
-    async def start(self) -> None:
+    async def start(self, *, end_unknown_transactions: bool = True) -> None:
+        """Load and recover; ``end_unknown_transactions=False`` only for
+        the test that shows what the check prevents."""
         self.ensure_topic()
         self.load()
         self.coordinator.recover()
+        if end_unknown_transactions:
+            await self.end_unknown_transactions()
+
+    async def end_unknown_transactions(self) -> list[tuple[str, int, int]]:
+        """Abort, with a durable ABORT marker, every open transaction of an
+        open partition that no transaction of the recovered state names
+        (``TransactionCoordinator.is_known_open_transaction``): its
+        AddPartitionsToTxn record was lost to a power cut while its batch
+        survived. Nothing would ever end it (it would hold the partition's
+        last stable offset), and a later transaction of the same producer
+        and epoch would commit it with its own. Partitions not open now
+        were closed whole while their records were durable: none holds
+        such a batch. Returns (topic, partition, producer id) of each one
+        aborted."""
+        unknown = []
+        for (topic, index), partition_log in list(self.replicas.logs.items()):
+            if topic == TRANSACTION_STATE_TOPIC:
+                continue
+            partition = TopicPartition(topic, index)
+            for entry in list(partition_log.producer_state.producers.values()):
+                if entry.current_txn_first_offset is None:
+                    continue
+                if not self.coordinator.is_known_open_transaction(entry.producer_id, entry.producer_epoch, partition):
+                    unknown.append((topic, index, entry.producer_id, entry.producer_epoch, entry.current_txn_first_offset))
+        aborted = []
+        for topic, index, producer_id, producer_epoch, first_offset in unknown:
+            log.warning(
+                "%s-%d: aborting the open transaction of producer %d epoch %d from offset %d: no transaction names it "
+                "(its AddPartitionsToTxn record was lost to a crash)", topic, index, producer_id, producer_epoch, first_offset,
+                extra={"event": "unknown_transaction_aborted", "topic": topic, "partition": index, "producer_id": producer_id},
+            )
+            try:
+                await self.markers.write_requested(topic, index, producer_id=producer_id, producer_epoch=producer_epoch, coordinator_epoch=COORDINATOR_EPOCH, commit=False)
+            except Exception as error:
+                log.error("%s-%d: could not abort producer %d's unknown transaction: %s", topic, index, producer_id, error)
+                continue
+            aborted.append((topic, index, producer_id))
+        return aborted
 
     def background(self) -> dict:
         """The loop the broker runs in its TaskGroup while it serves (by name)."""

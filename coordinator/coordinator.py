@@ -24,6 +24,18 @@ leaves the Prepare state last in the log and recovery completes the
 transaction again (markers are idempotent), and nothing answered depends on
 it (the next change of the id is appended behind it in the same log).
 
+AddPartitionsToTxn and AddOffsetsToTxn are answered once appended, before
+their record is durable (``txn_log.append_unflushed``, which starts no
+fsync): nothing the client is told depends on them until its next request
+that waits for a round anyway, and that request waits for them too. A
+transactional Produce or TxnOffsetCommit of the producer waits for
+``pending_durability(producer_id)`` beside its own data (the broker asks
+for both in one fsync round), and EndTxn's Prepare record lands behind
+them in the same log. What a power cut can leave then is a partition's
+transactional batch whose AddPartitions record was lost: the broker aborts
+such a batch at start, before it serves, as no transaction of the
+recovered state names it (``is_known_open_transaction``).
+
 Only one state change per transactional id is in flight at a time; a request
 that arrives meanwhile gets CONCURRENT_TRANSACTIONS (retriable), as in Kafka.
 A state change, once started, runs to its end as the coordinator's own task
@@ -62,6 +74,12 @@ class TxnLog(Protocol):
         """Append ``metadata`` now; the result is done once it is durable.
         Every later record of the same id lands behind it in the same log,
         so the fsync that makes a later one durable covers this one too."""
+        ...
+
+    def append_unflushed(self, metadata: TxnMetadata) -> Callable[[], Awaitable[None]]:
+        """Append ``metadata`` now (raising what the log refuses) and start
+        no fsync; the result, called (any number of times), asks for the
+        fsync and returns an awaitable done once the record is durable."""
         ...
 
     async def tombstone(self, transactional_id: str) -> None: ...
@@ -162,6 +180,9 @@ class TransactionCoordinator:
         self._completing: dict[str, asyncio.Task] = {}
         # Set when an id stops being busy, for requests waiting on it (``_await_quiet``).
         self._quiet: dict[str, asyncio.Event] = {}
+        # Ids whose last change was answered once appended, not yet known
+        # durable: how to wait for it (``pending_durability``).
+        self._unflushed: dict[str, Callable[[], Awaitable[None]]] = {}
         self.loading = False
 
     # -- recovery ---------------------------------------------------------------
@@ -327,7 +348,51 @@ class TransactionCoordinator:
             metadata = current.add_partitions(partitions, self.clock.wall_ms())
         except InvalidTransition:
             return ErrorCode.INVALID_TXN_STATE
-        return (await self._change(metadata, InitResult(ErrorCode.NONE))).error
+        # Answered once appended (see the module's docstring): no await
+        # from the checks above to the apply, so the id needs no busy mark.
+        try:
+            wait_durable = self.txn_log.append_unflushed(metadata)
+        except Exception as error:
+            log.error("could not write %s of %s: %s", metadata.state.name, transactional_id, error)
+            return ErrorCode.KAFKA_STORAGE_ERROR
+        self._apply(metadata)
+        self._unflushed[transactional_id] = wait_durable
+        return ErrorCode.NONE
+
+    def pending_durability(self, producer_id: int) -> Awaitable[None] | None:
+        """What a transactional Produce or TxnOffsetCommit of this producer
+        must wait for besides its own data before it is answered: the
+        durability of its transaction's AddPartitions/AddOffsets records
+        (asking for their fsync now, so that it joins the round of the
+        caller's own append); None if nothing is pending."""
+        metadata = self.txns.of_producer(producer_id)
+        if metadata is None:
+            return None
+        wait_durable = self._unflushed.get(metadata.transactional_id)
+        if wait_durable is None:
+            return None
+        durable = wait_durable()
+        if isinstance(durable, asyncio.Future) and durable.done() and durable.exception() is None:
+            if self._unflushed.get(metadata.transactional_id) is wait_durable:
+                del self._unflushed[metadata.transactional_id]
+            return None
+        return durable
+
+    def is_known_open_transaction(self, producer_id: int, producer_epoch: int, partition: TopicPartition) -> bool:
+        """Whether the recovered state names a transaction of this producer
+        that holds ``partition`` and will end there with a marker (it is
+        ongoing or being completed, at this epoch or a later one). A
+        partition's open transaction that is not known was appended after
+        an AddPartitions record that a power cut took back: nothing will
+        ever end it, and a later transaction of the producer would commit
+        it. The broker aborts those at start."""
+        metadata = self.txns.of_producer(producer_id)
+        return (
+            metadata is not None
+            and metadata.state in (TxnState.ONGOING, TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT, TxnState.PREPARE_EPOCH_FENCE)
+            and partition in metadata.partitions
+            and producer_epoch <= metadata.producer_epoch
+        )
 
     def verify_transactional_produce(self, producer_id: int, producer_epoch: int, partition: TopicPartition) -> ErrorCode:
         """KIP-890 part 1: may a transactional batch of this producer go to this
@@ -526,6 +591,7 @@ class TransactionCoordinator:
             except Exception as error:
                 log.error("could not write %s of %s: %s", metadata.state.name, transactional_id, error)
                 return ErrorCode.KAFKA_STORAGE_ERROR
+            self._unflushed.pop(transactional_id, None)  # written before this one, in the same log: durable too
             self._apply(metadata)
             if metadata.state.is_prepare:
                 # The decision is durable: markers, then Complete (which

@@ -31,6 +31,14 @@ anywhere, or at a batch boundary): what a machine crash may leave, where a
 SIGKILL alone leaves the page cache whole. Only segment (``.log``) files are
 cut; indexes, snapshots and checkpoints stay as written, and a lost
 directory entry (a new file or directory vanishing whole) is not modelled.
+``lose_unsynced(journal, paths)`` is the cut's worst case for the files
+named (every byte no fsync covered is gone) and keeps the others whole: the
+power cut a test needs to reach one exact state (a transactional batch kept,
+the ``__transaction_state`` record that named its partition lost).
+
+``ONCEFLOW_KEEP_UNKNOWN_TRANSACTIONS=1`` starts a broker without the check
+that aborts, at start, open transactions no transaction state names (what
+such a power cut leaves): only to show what the check prevents.
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ from storage.durable import DiskIO, replace_file
 
 ENVIRONMENT_VARIABLE = "ONCEFLOW_DISK_FAULTS"
 FSYNC_JOURNAL_VARIABLE = "ONCEFLOW_FSYNC_JOURNAL"
+KEEP_UNKNOWN_TRANSACTIONS_VARIABLE = "ONCEFLOW_KEEP_UNKNOWN_TRANSACTIONS"
 TORN_WRITE_POINT = "storage.torn_write"
 ERRNOS = {"EIO": errno.EIO, "ENOSPC": errno.ENOSPC, "EDQUOT": errno.EDQUOT}
 BATCH_LENGTH_OFFSET, BATCH_OVERHEAD = 8, 12  # a batch: base offset (8), length (4), then `length` bytes
@@ -288,6 +297,27 @@ def cut_power(data_dir: str, journal_path: str, rng: random.Random) -> list[Dama
     tear what no fsync covered, in every partition directory of ``data_dir``."""
     directories = [os.path.join(data_dir, name) for name in sorted(os.listdir(data_dir)) if os.path.isdir(os.path.join(data_dir, name))]
     return cut_to_durable(durable_sizes(journal_path), directories, rng)
+
+
+def lose_unsynced(journal_path: str, paths) -> list[Damage]:
+    """After a SIGKILL of a broker that ran with ``FsyncJournalIO``: cut
+    each segment file in ``paths`` back to exactly what an fsync covered (0
+    if none did); files not named stay as written."""
+    durable_size = durable_sizes(journal_path)
+    damage = []
+    for path in paths:
+        written = os.path.getsize(path)
+        durable = durable_size.get(os.path.realpath(path), 0)
+        if written > durable:
+            os.truncate(path, durable)
+            damage.append(Damage(path, durable, written, durable, durable))
+    return damage
+
+
+def keeps_unknown_transactions() -> bool:
+    """Whether this broker was started without its check for open
+    transactions no transaction state names (``KEEP_UNKNOWN_TRANSACTIONS_VARIABLE``)."""
+    return os.environ.get(KEEP_UNKNOWN_TRANSACTIONS_VARIABLE) == "1"
 
 
 def io_from_environment() -> DiskIO | None:

@@ -117,8 +117,10 @@ class GroupCommitter:
 
     # -------------------------------------------------------------- what the log tells it
 
-    def wrote(self, segment: LogSegment, size: int) -> None:
-        """``size`` bytes were appended to ``segment`` (the log end has moved)."""
+    def wrote(self, segment: LogSegment, size: int, *, flush: bool = True) -> None:
+        """``size`` bytes were appended to ``segment`` (the log end has moved);
+        without ``flush`` they wait for a round someone else asks for (a
+        later append's, or ``wait_durable``'s)."""
         self.unflushed_bytes += size
         self.unflushed_appends += 1
         if segment not in self.unflushed:
@@ -127,7 +129,8 @@ class GroupCommitter:
             self.log.durable_offset = self.log.log_end_offset
             self.release_waiters()
             return
-        self.schedule()
+        if flush:
+            self.schedule()
 
     def rolled(self, old: LogSegment, seconds: float) -> None:
         """The log fsynced every segment up to ``old`` (taking ``seconds``)
@@ -233,6 +236,8 @@ class GroupCommitter:
             future.set_result(None)
         else:
             self.waiters.append((offset, future))
+            if self.unflushed and self not in self.rounds.pending:
+                self.rounds.request(self)  # appended without asking for a round (``wrote(flush=False)``)
         return future
 
     def release_waiters(self) -> None:

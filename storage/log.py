@@ -238,7 +238,7 @@ class PartitionLog:
         if self.failed is not None:
             raise LogFailedError(f"log {self.directory} failed earlier ({self.failed}); it refuses appends until reopened")
 
-    def append(self, data, *, assign_offsets: bool = True) -> AppendInfo:
+    def append(self, data, *, assign_offsets: bool = True, flush: bool = True) -> AppendInfo:
         """Append one or more concatenated batches.
 
         With ``assign_offsets`` (a producer's batches) the log end offset and
@@ -252,7 +252,9 @@ class PartitionLog:
         ProducerStateError, RecordTooLargeError or LogFailedError; nothing is
         written in any of those cases. The data is durable (and readable
         below the high watermark) once ``wait_durable(info.last_offset)``
-        completes.
+        completes. Without ``flush`` no fsync round is asked for: the bytes
+        wait for the next round of this log, which ``wait_durable`` asks for
+        (the transaction coordinator's appends that nothing waits for yet).
         """
         self._check_writable()
         # Patch the caller's buffer when it is writable (the request's bytes,
@@ -319,7 +321,7 @@ class PartitionLog:
             if change is not None:
                 self.producer_state.apply_append(change, offset, offset + header.last_offset_delta)
         self.log_end_offset = last_offset + 1
-        self.committer.wrote(segment, len(buffer))
+        self.committer.wrote(segment, len(buffer), flush=flush)
         return AppendInfo(first_offset, last_offset, max_timestamp, log_append_time=append_time)
 
     def append_control(self, data, *, coordinator_epoch: int) -> tuple[AppendInfo, AbortedTxn | None]:

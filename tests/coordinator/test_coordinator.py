@@ -34,6 +34,26 @@ class FakeLog:
     async def _durable(self):
         pass
 
+    def append_unflushed(self, metadata):
+        """Appended now; durable when asked, at once (or once ``flushed`` is
+        set, if a test holds it)."""
+        if self.fail:
+            raise OSError("disk gone")
+        self.records.append(metadata)
+        self.asked_durable = getattr(self, "asked_durable", 0)
+
+        def wait_durable():
+            self.asked_durable += 1
+            future = asyncio.get_running_loop().create_future()
+            held = getattr(self, "flushed", None)
+            if held is None:
+                future.set_result(None)
+            else:
+                held.add_done_callback(lambda _f: future.done() or future.set_result(None))
+            return future
+
+        return wait_durable
+
     async def tombstone(self, transactional_id):
         self.records.append((transactional_id, None))
 
@@ -374,23 +394,19 @@ def test_transactional_produce_finds_its_producer_without_scanning_every_id():
     assert table.of_producer(first.producer_id + 7) is None and "a" not in table
 
 
-def test_sibling_add_requests_wait_for_each_other_instead_of_being_told_concurrent():
-    """librdkafka sends AddPartitionsToTxn and AddOffsetsToTxn together; the
-    second arrives while the first one's write is out. It waits for that
-    change (and a request arriving while the previous transaction's markers
-    are written waits for Complete) rather than getting
-    CONCURRENT_TRANSACTIONS and a 100 ms client backoff. A change that never
-    ends still gets CONCURRENT_TRANSACTIONS once the wait runs out."""
+def test_sibling_add_requests_are_answered_at_once_and_a_request_during_a_completion_waits_for_it():
+    """librdkafka sends AddPartitionsToTxn and AddOffsetsToTxn together: each
+    is answered once appended, so neither waits for the other. A request
+    arriving while the previous transaction's markers are written waits for
+    Complete rather than getting CONCURRENT_TRANSACTIONS and a 100 ms client
+    backoff; a change that never ends still gets CONCURRENT_TRANSACTIONS
+    once the wait runs out."""
 
     async def scenario():
         coordinator, _ = make()
         pid = (await coordinator.init_producer_id("tx", 60_000)).producer_id
-        gate = hold_writes(coordinator.txn_log)
         partitions = asyncio.create_task(coordinator.add_partitions("tx", pid, 0, [P0]))
         offsets = asyncio.create_task(coordinator.add_partitions("tx", pid, 0, [P1]))
-        await asyncio.sleep(0.05)
-        assert not partitions.done() and not offsets.done(), "the sibling waits instead of answering CONCURRENT_TRANSACTIONS"
-        gate.set()
         assert await asyncio.wait_for(asyncio.gather(partitions, offsets), 5) == [ErrorCode.NONE, ErrorCode.NONE]
         assert coordinator.txns["tx"].partitions == {P0, P1}
         # The next transaction's first request while the markers of this one are out.
@@ -402,14 +418,14 @@ def test_sibling_add_requests_wait_for_each_other_instead_of_being_told_concurre
         markers_gate.set()
         assert await asyncio.wait_for(next_add, 5) == ErrorCode.NONE
         # A change that does not end within the wait: CONCURRENT_TRANSACTIONS, as Kafka answers.
-        gate.clear()
-        stuck = asyncio.create_task(coordinator.add_partitions("tx", pid, 0, [P1]))
-        await asyncio.sleep(0.01)
+        markers_gate.clear()
+        assert await coordinator.end_transaction("tx", pid, 0, True) == ErrorCode.NONE
         coordinator_wait = coordinator._await_quiet
         coordinator._await_quiet = lambda tid: coordinator_wait(tid, timeout=0.05)
         assert await coordinator.add_partitions("tx", pid, 0, [P1]) == ErrorCode.CONCURRENT_TRANSACTIONS
-        gate.set()
-        assert await asyncio.wait_for(stuck, 5) == ErrorCode.NONE
+        markers_gate.set()
+        coordinator._await_quiet = coordinator_wait
+        assert await coordinator.add_partitions("tx", pid, 0, [P1]) == ErrorCode.NONE
         await coordinator.wait_idle()
 
     run(scenario())
@@ -433,6 +449,23 @@ class RoundLog(FakeLog):
         future = asyncio.get_running_loop().create_future()
         self.waiting.append((len(self.records), future))
         return future
+
+    def append_unflushed(self, metadata):
+        """Appended; no round asked for until the result is called."""
+        if self.fail:
+            raise OSError("disk gone")
+        self.records.append(metadata)
+        count = len(self.records)
+
+        def wait_durable():
+            future = asyncio.get_running_loop().create_future()
+            if self.durable_count >= count:
+                future.set_result(None)
+            else:
+                self.waiting.append((count, future))
+            return future
+
+        return wait_durable
 
     def fsync(self):
         self.rounds += 1
@@ -484,6 +517,7 @@ async def ongoing_on_rounds(log):
     pid = init.result().producer_id
     add = asyncio.create_task(coordinator.add_partitions("tx", pid, 0, [P0]))
     await settle(log, add)
+    await settle(log, coordinator.pending_durability(pid))  # what the client's Produce waits for
     return coordinator, pid
 
 
@@ -500,18 +534,19 @@ async def recovered_from(records, pid):
     return restarted, restarted_log
 
 
-def test_a_change_arriving_before_completes_round_is_appended_behind_it_and_a_cut_before_that_round_loses_nothing():
-    """Complete is appended once the markers are durable and the id is free at
-    once: a next AddPartitionsToTxn that arrives before Complete's round
-    appends Ongoing behind it and one round makes both durable (before, the
-    request waited for Complete's round and then took one of its own). A
-    power cut before that round leaves PrepareCommit last: recovery writes
-    the markers again and completes, and nothing was answered that needed
-    Complete."""
+def test_add_partitions_is_answered_once_appended_and_its_durability_is_what_the_next_request_waits_for():
+    """AddPartitionsToTxn appends Ongoing (behind the previous transaction's
+    Complete, which is not durable yet either) and is answered before any
+    round: the producer's next Produce or TxnOffsetCommit waits for
+    ``pending_durability``, which one round covers (Complete and Ongoing
+    both). A power cut before that round leaves PrepareCommit last:
+    recovery writes the markers again and completes, and nothing answered
+    needed the lost records (the client's Produce was not answered)."""
 
     async def scenario():
         log = RoundLog()
         coordinator, pid = await ongoing_on_rounds(log)
+        assert coordinator.pending_durability(pid) is None, "made durable by a round already"
         end = asyncio.create_task(coordinator.end_transaction("tx", pid, 0, True))
         await turns()
         assert not end.done() and log.records[-1].state == TxnState.PREPARE_COMMIT
@@ -523,21 +558,29 @@ def test_a_change_arriving_before_completes_round_is_appended_behind_it_and_a_cu
         next_add = asyncio.create_task(coordinator.add_partitions("tx", pid, 0, [P1]))
         await turns()
         assert [m.state for m in log.records[-3:]] == [TxnState.PREPARE_COMMIT, TxnState.COMPLETE_COMMIT, TxnState.ONGOING]
-        assert not next_add.done(), "answered before a round made Ongoing durable"
+        assert next_add.done() and next_add.result() == ErrorCode.NONE, "answered once appended"
+        assert log.rounds == rounds and log.durable[-1].state == TxnState.PREPARE_COMMIT
         cut = list(log.durable)  # a power cut now
+        pending = coordinator.pending_durability(pid)
+        assert pending is not None and not pending.done()
         log.fsync()
         await turns()
-        assert next_add.done() and next_add.result() == ErrorCode.NONE
-        assert log.rounds == rounds + 1, "Complete and the next Ongoing took one round"
+        assert pending.done() and log.rounds == rounds + 1, "Complete and the next Ongoing took one round"
+        assert coordinator.pending_durability(pid) is None
         assert coordinator.markers.written == [(pid, 0, True, [P0])]
+        # EndTxn's Prepare lands behind Ongoing in the same log: its round covers it.
+        assert coordinator.is_known_open_transaction(pid, 0, P1) and not coordinator.is_known_open_transaction(pid, 0, P0)
         await coordinator.close()
 
-        # What the cut left: PrepareCommit last. Recovery completes it again.
+        # What the cut left: PrepareCommit last. Recovery completes it again,
+        # and knows no open transaction on P1 (the broker aborts any batch there).
         assert cut[-1].state == TxnState.PREPARE_COMMIT
         restarted, restarted_log = await recovered_from(cut, pid)
+        assert not restarted.is_known_open_transaction(pid, 0, P1)
         again = asyncio.create_task(restarted.add_partitions("tx", pid, 0, [P1]))
         await settle(restarted_log, again)
         assert again.result() == ErrorCode.NONE
+        assert restarted.is_known_open_transaction(pid, 0, P1)
         await restarted.close()
 
     run(scenario())

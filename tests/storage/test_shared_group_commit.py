@@ -47,6 +47,30 @@ class CountingIO(DiskIO):
         super().fsync(fd)
 
 
+def test_an_append_without_flush_waits_for_a_round_someone_asks_for_and_then_shares_it(tmp_path):
+    """``append(flush=False)`` (the transaction coordinator's AddPartitionsToTxn
+    record, answered once appended) starts no round; ``wait_durable`` asks for
+    one, and asked right after another log's append both share that round."""
+    rounds = FsyncRounds()
+    io = CountingIO()
+    state, data = (PartitionLog.open(str(tmp_path / name), group(), io=io, fsync_rounds=rounds) for name in ("state", "data"))
+
+    async def scenario():
+        unflushed = state.append(batch(0), flush=False)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert rounds.rounds == 0 and state.durable_offset == 0, "no round until someone waits"
+        appended = data.append(batch(1))
+        waiters = [data.wait_durable(appended.last_offset), state.wait_durable(unflushed.last_offset)]
+        await asyncio.wait_for(asyncio.gather(*waiters), 10)
+        assert rounds.rounds == 1 and io.fsyncs == 2, "one round for both logs"
+        assert state.durable_offset == unflushed.last_offset + 1
+        await state.aclose()
+        await data.aclose()
+
+    asyncio.run(scenario())
+
+
 def test_appends_waiting_on_many_logs_share_one_round(tmp_path):
     rounds = FsyncRounds()
     io = CountingIO()

@@ -1,0 +1,170 @@
+"""AddPartitionsToTxn and AddOffsetsToTxn are answered once appended (their
+``__transaction_state`` record not yet durable), against a real broker
+process under the power-cut model (``faults.disk``: the fsync journal, then
+every byte no fsync covered lost):
+
+- what a client was answered stays true: a transactional Produce or
+  TxnOffsetCommit is answered only once its producer's AddPartitions or
+  AddOffsets record is durable too, so after the cut the transaction still
+  holds the partition and commits it;
+- what a cut can leave, a transactional batch whose partition no
+  transaction names any more (its record lost, the batch kept), is aborted
+  with a marker when the broker starts, before it serves: it neither hangs
+  (holding the partition's last stable offset) nor is committed by the
+  producer's next transaction. With that check switched off
+  (``ONCEFLOW_KEEP_UNKNOWN_TRANSACTIONS=1``) the same cut shows both.
+
+Each step is a raw request (``tests.helpers.raw_request``), so the test
+chooses exactly which request was answered before the cut.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import pytest
+
+from faults.disk import FSYNC_JOURNAL_VARIABLE, KEEP_UNKNOWN_TRANSACTIONS_VARIABLE, durable_sizes, lose_unsynced
+from protocol.errors import ErrorCode
+from protocol.messages import ApiKey
+from protocol.records import encode_batch
+from tests.helpers import create_topic, raw_request, read_values, wait_for
+
+TOPIC, GROUP, TRANSACTIONAL_ID = "cut", "cut-group", "cut-producer"
+
+
+def init(port: int) -> tuple[int, int]:
+    answer = raw_request(port, ApiKey.INIT_PRODUCER_ID, 4, {"transactional_id": TRANSACTIONAL_ID, "transaction_timeout_ms": 60_000})
+    assert answer["error_code"] == ErrorCode.NONE, answer
+    return answer["producer_id"], answer["producer_epoch"]
+
+
+def add_partition(port: int, pid: int, epoch: int) -> None:
+    body = {"v3_and_below_transactional_id": TRANSACTIONAL_ID, "v3_and_below_producer_id": pid, "v3_and_below_producer_epoch": epoch,
+            "v3_and_below_topics": [{"name": TOPIC, "partitions": [0]}]}
+    answer = raw_request(port, ApiKey.ADD_PARTITIONS_TO_TXN, 3, body)
+    assert answer["results_by_topic_v3_and_below"][0]["results_by_partition"][0]["partition_error_code"] == ErrorCode.NONE, answer
+
+
+def produce(port: int, pid: int, epoch: int, sequence: int, value: bytes, acks: int) -> None:
+    records = encode_batch([(None, value, (), 1_000)], producer_id=pid, producer_epoch=epoch, base_sequence=sequence, is_transactional=True)
+    body = {"transactional_id": TRANSACTIONAL_ID, "acks": acks, "timeout_ms": 10_000, "topic_data": [{"name": TOPIC, "partition_data": [{"index": 0, "records": records}]}]}
+    answer = raw_request(port, ApiKey.PRODUCE, 8, body)
+    assert answer["responses"][0]["partition_responses"][0]["error_code"] == ErrorCode.NONE, answer
+
+
+def add_offsets_and_commit_them(port: int, pid: int, epoch: int, offset: int) -> None:
+    added = raw_request(port, ApiKey.ADD_OFFSETS_TO_TXN, 3, {"transactional_id": TRANSACTIONAL_ID, "producer_id": pid, "producer_epoch": epoch, "group_id": GROUP})
+    assert added["error_code"] == ErrorCode.NONE, added
+    body = {"transactional_id": TRANSACTIONAL_ID, "group_id": GROUP, "producer_id": pid, "producer_epoch": epoch, "generation_id": -1, "member_id": "",
+            "group_instance_id": None, "topics": [{"name": TOPIC, "partitions": [{"partition_index": 0, "committed_offset": offset, "committed_leader_epoch": -1, "committed_metadata": ""}]}]}
+    answer = raw_request(port, ApiKey.TXN_OFFSET_COMMIT, 3, body)
+    assert answer["topics"][0]["partitions"][0]["error_code"] == ErrorCode.NONE, answer
+
+
+def end(port: int, pid: int, epoch: int, commit: bool) -> int:
+    return raw_request(port, ApiKey.END_TXN, 3, {"transactional_id": TRANSACTIONAL_ID, "producer_id": pid, "producer_epoch": epoch, "committed": commit})["error_code"]
+
+
+def committed_offset(port: int) -> int:
+    fetched = raw_request(port, ApiKey.OFFSET_FETCH, 7, {"group_id": GROUP, "topics": None, "require_stable": True})
+    offsets = {(t["name"], p["partition_index"]): p["committed_offset"] for t in fetched["topics"] for p in t["partitions"]}
+    return offsets.get((TOPIC, 0), -1)
+
+
+def ends(port: int) -> tuple[int, int]:
+    """(last stable offset, log end offset) of the topic's partition 0."""
+    def listed(isolation):
+        body = {"replica_id": -1, "isolation_level": isolation, "topics": [{"name": TOPIC, "partitions": [{"partition_index": 0, "timestamp": -1}]}]}
+        return raw_request(port, ApiKey.LIST_OFFSETS, 4, body)["topics"][0]["partitions"][0]["offset"]
+
+    return listed(1), listed(0)
+
+
+def segments(data_dir: str, topic: str) -> list[str]:
+    return glob.glob(os.path.join(data_dir, f"{topic}-*", "*.log"))
+
+
+def cut_power(broker, journal: str, topic: str) -> None:
+    """SIGKILL, then lose every byte of ``topic``'s segments that no fsync
+    covered (the others stay as written)."""
+    broker.kill()
+    lose_unsynced(journal, segments(broker.data_dir, topic))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("answered", ["produce", "txn_offset_commit"])
+def test_an_answered_produce_or_offset_commit_keeps_its_partition_in_the_transaction_through_a_power_cut(broker_process, tmp_path, answered):
+    """AddPartitions/AddOffsets answered, then the Produce (or TxnOffsetCommit)
+    answered: a power cut that loses every byte no fsync covered, of every
+    file, still leaves the transaction holding the partition, and its
+    commit makes the record (the offsets) visible."""
+    journal = str(tmp_path / "fsyncs.journal")
+    broker = broker_process(env={FSYNC_JOURNAL_VARIABLE: journal})
+    create_topic(broker.bootstrap, TOPIC, 1)
+    pid, epoch = init(broker.port)
+    if answered == "produce":
+        add_partition(broker.port, pid, epoch)
+        produce(broker.port, pid, epoch, 0, b"answered", acks=-1)
+    else:
+        add_offsets_and_commit_them(broker.port, pid, epoch, 42)
+    broker.kill()
+    lose_unsynced(journal, glob.glob(os.path.join(broker.data_dir, "*", "*.log")))
+    broker.env = None
+    broker.start()
+
+    assert end(broker.port, pid, epoch, commit=True) == ErrorCode.NONE, "the transaction still holds what it was answered for"
+    if answered == "produce":
+        assert read_values(broker.bootstrap, TOPIC, partitions=1, expect=1) == [b"answered"]
+    else:
+        wait_for(lambda: committed_offset(broker.port) == 42, 10, "the committed offset")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("check", ["on", "off", "sigkill only"])
+def test_a_batch_whose_add_partitions_record_a_power_cut_lost_is_aborted_at_start_never_committed_later(broker_process, tmp_path, check):
+    """AddPartitions answered (its record appended, not fsynced), then a
+    transactional batch appended and fsynced (acks=1: answered without
+    waiting for the transaction's record), then a power cut that loses
+    the unsynced ``__transaction_state`` bytes. At start the batch is in
+    no transaction: the broker aborts it before it serves, so the
+    partition's last stable offset reaches its end and the producer's next
+    transaction (same id and epoch) commits only its own record. With the
+    check off, the batch holds the last stable offset until that next
+    transaction commits it with its own: the hazard the check closes.
+    After a SIGKILL alone (the page cache keeps the record) the check finds
+    the transaction known and leaves it to its producer, who commits it."""
+    journal = str(tmp_path / "fsyncs.journal")
+    broker = broker_process(env={FSYNC_JOURNAL_VARIABLE: journal})
+    create_topic(broker.bootstrap, TOPIC, 1)
+    pid, epoch = init(broker.port)
+    add_partition(broker.port, pid, epoch)
+    produce(broker.port, pid, epoch, 0, b"stray", acks=1)
+    [data] = segments(broker.data_dir, TOPIC)
+    wait_for(lambda: durable_sizes(journal).get(os.path.realpath(data), 0) == os.path.getsize(data), 10, "the batch's fsync")
+    state = [path for path in segments(broker.data_dir, "__transaction_state") if os.path.getsize(path) > durable_sizes(journal).get(os.path.realpath(path), 0)]
+    assert state, "AddPartitionsToTxn's record was answered before any fsync covered it"
+    if check == "sigkill only":
+        broker.kill()
+    else:
+        cut_power(broker, journal, "__transaction_state")
+    broker.env = {KEEP_UNKNOWN_TRANSACTIONS_VARIABLE: "1"} if check == "off" else None
+    broker.start()
+
+    stable, log_end = ends(broker.port)
+    if check == "on":
+        assert log_end == 2 and stable == log_end, "the stray batch was aborted (a marker behind it) before the broker served"
+    else:
+        assert log_end == 1 and stable == 0, "the batch's transaction is still open"
+    # The same producer's next transaction, as a client that lived through the restart sends it.
+    add_partition(broker.port, pid, epoch)
+    produce(broker.port, pid, epoch, 1, b"next", acks=-1)
+    assert end(broker.port, pid, epoch, commit=True) == ErrorCode.NONE
+    visible = read_values(broker.bootstrap, TOPIC, partitions=1, expect=1 if check == "on" else 2)
+    if check == "on":
+        assert visible == [b"next"], "the stray batch is never committed"
+    elif check == "off":
+        assert visible == [b"stray", b"next"], "without the check the next transaction commits the stray batch"
+    else:
+        assert visible == [b"stray", b"next"], "a transaction the state still names is its producer's to end"
