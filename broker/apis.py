@@ -431,7 +431,7 @@ class KafkaApis:
                     continue
                 keys.append((name, index))
                 high_watermark = partition_log.high_watermark
-                last_stable = partition_log.last_stable_offset if hasattr(partition_log, "last_stable_offset") else high_watermark
+                last_stable = partition_log.last_stable_offset
                 answer["high_watermark"] = high_watermark
                 answer["last_stable_offset"] = last_stable
                 answer["log_start_offset"] = partition_log.log_start_offset
@@ -450,10 +450,8 @@ class KafkaApis:
                     answer["records"] = data
                     total += len(data)
                     remaining -= len(data)
-                if isolation == IsolationLevel.READ_COMMITTED and hasattr(partition_log, "aborted_transactions"):
+                if isolation == IsolationLevel.READ_COMMITTED:
                     answer["aborted_transactions"] = partition_log.aborted_transactions(fetch_offset, limit)
-                elif isolation == IsolationLevel.READ_COMMITTED:
-                    answer["aborted_transactions"] = []
                 partitions.append(answer)
             entry = {"partitions": partitions}
             if version >= 13:
@@ -496,17 +494,13 @@ class KafkaApis:
 
     def _offset_for(self, partition_log, timestamp: int, isolation: int):
         high_watermark = partition_log.high_watermark
-        if isolation == IsolationLevel.READ_COMMITTED and hasattr(partition_log, "last_stable_offset"):
-            end = partition_log.last_stable_offset
-        else:
-            end = high_watermark
+        end = partition_log.last_stable_offset if isolation == IsolationLevel.READ_COMMITTED else high_watermark
         if timestamp == OffsetSpec.LATEST or timestamp == OffsetSpec.LATEST_TIERED:
             return (-1, end)
         if timestamp in (OffsetSpec.EARLIEST, OffsetSpec.EARLIEST_LOCAL):
             return (-1, partition_log.log_start_offset)
         if timestamp == OffsetSpec.MAX_TIMESTAMP:
-            found = partition_log.max_timestamp_offset() if hasattr(partition_log, "max_timestamp_offset") else None
-            return found
+            return partition_log.max_timestamp_offset()
         found = partition_log.offset_for_timestamp(timestamp)
         if found is None:
             return None

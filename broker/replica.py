@@ -341,7 +341,7 @@ class ReplicaManager:
         self.topics_by_id[changed.topic_id] = changed
         for partition in range(info.partitions):
             partition_log = self.logs.get((name, partition))
-            if partition_log is not None and hasattr(partition_log, "update_config"):
+            if partition_log is not None:
                 partition_log.update_config(self.effective_config(changed))
         return changed
 

@@ -33,10 +33,6 @@ class TxnState(enum.IntEnum):
     def is_prepare(self) -> bool:
         return self in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT)
 
-    @property
-    def is_complete(self) -> bool:
-        return self in (TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT)
-
 
 # Kafka's names of the states, as ListTransactions and DescribeTransactions
 # carry them (and as logs, metrics and ``onceflow status`` show them).
@@ -98,7 +94,3 @@ def transition(state: TxnState, event: TxnEvent) -> TxnState:
         return TRANSITIONS[(state, event)]
     except KeyError:
         raise InvalidTransition(state, event) from None
-
-
-def allowed_events(state: TxnState) -> set[TxnEvent]:
-    return {event for (source, event) in TRANSITIONS if source == state}

@@ -161,16 +161,6 @@ class LogSegment:
             return b""
         return self.io.pread(self.fd, end - start, start)
 
-    def first_batch_at_or_after_timestamp(self, timestamp: int) -> BatchHeader | None:
-        start_offset = self.time_index.lookup(timestamp)
-        found = self.find_position(start_offset)
-        if found is None:
-            return None
-        for _position, header in self.iter_headers(found[0]):
-            if header.max_timestamp >= timestamp:
-                return header
-        return None
-
     # -- recovery --------------------------------------------------------------------
 
     def recover(self, *, expected_start: int | None = None) -> tuple[int, str | None]:
@@ -293,9 +283,6 @@ class LogSegment:
                 os.remove(path)
             except FileNotFoundError:
                 pass
-
-    def is_empty(self) -> bool:
-        return self.size == 0
 
     def __repr__(self) -> str:
         return f"LogSegment({self.base_offset}, size={self.size}, next_offset={self.next_offset})"
