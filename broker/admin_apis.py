@@ -25,7 +25,7 @@ from broker.replica import (
 from protocol.constants import ConfigResourceType
 from protocol.errors import ErrorCode
 from protocol.messages import ApiKey
-from storage.names import InvalidTopicError
+from protocol.names import InvalidTopicError
 
 log = logging.getLogger(__name__)
 

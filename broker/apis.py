@@ -31,7 +31,7 @@ from protocol.errors import ErrorCode
 from protocol.messages import ApiKey
 from protocol.records import CorruptRecordError, iter_batches
 from storage.log import RecordTooLargeError
-from storage.names import InvalidTopicError
+from protocol.names import InvalidTopicError
 from storage.producer_state import ProducerStateError
 
 log = logging.getLogger(__name__)
@@ -217,7 +217,7 @@ class KafkaApis:
                     info = self.replicas.topics.get(name)
             if info is None:
                 try:
-                    from storage.names import validate_topic_name
+                    from protocol.names import validate_topic_name
 
                     validate_topic_name(name)
                     code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION

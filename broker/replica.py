@@ -43,7 +43,7 @@ import uuid
 
 from broker.metadata import MetadataStore, TopicInfo
 from storage.durable import fsync_directory
-from storage.names import InvalidTopicError, validate_topic_name
+from protocol.names import InvalidTopicError, validate_topic_name
 from storage.recovery import log_summary
 
 log = logging.getLogger(__name__)
