@@ -79,7 +79,7 @@ class Cluster:
         for address in random.sample(candidates, len(candidates)):
             try:
                 return await self.connection(address)
-            except (OSError, ConnectionError, asyncio.TimeoutError) as error:
+            except OSError as error:  # ConnectionError and TimeoutError are OSErrors
                 last_error = error
         raise ConnectionError(f"no broker reachable among {candidates}: {last_error}")
 
@@ -156,7 +156,7 @@ class Cluster:
             if max_version is not None:
                 version = min(version, max_version)
             response = await client.request(api_key, body, version=version, timeout=timeout)
-        except (ConnectionError, OSError, asyncio.TimeoutError):
+        except OSError:
             self.forget_coordinator(key, key_type)
             raise
         code = response.get("error_code", 0)

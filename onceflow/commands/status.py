@@ -352,7 +352,7 @@ def run(args) -> int:
     failure before the first screen is one line and the client commands'
     exit status (``reporting_errors``: 2 unreachable, 1 refused)."""
     from txn import Admin
-    from txn.errors import KafkaError, RetriesExhaustedError
+    from txn.errors import TRANSIENT_ERRORS, KafkaError
 
     out = sys.stdout
     clear = args.watch is not None and not args.json and out.isatty()
@@ -373,7 +373,7 @@ def run(args) -> int:
                     out.write("\n")
                 try:
                     draw(admin)
-                except (RetriesExhaustedError, ConnectionError, OSError, TimeoutError, KafkaError, CommandError) as error:
+                except (*TRANSIENT_ERRORS, KafkaError, CommandError) as error:
                     # Keep watching: the broker may come back.
                     print(f"onceflow status: {error} (retrying every {args.watch:g}s)", file=sys.stderr, flush=True)
         except KeyboardInterrupt:
