@@ -2,9 +2,12 @@
 ``.timeindex`` and ``.txnindex``.
 
 The ``.log`` file is a plain concatenation of RecordBatch v2 batches exactly
-as they travel on the wire (offsets already assigned). Every file operation
-goes through a ``DiskIO`` object (``storage.durable``), the seam tests and
-the fault harness replace to make a write or an fsync fail.
+as they travel on the wire (offsets already assigned). Every operation on
+it goes through a ``DiskIO`` object (``storage.durable``), the seam tests and
+the fault harness replace to make a write or an fsync fail. The index files
+(``storage.index``, ``storage.txn_index``) do not yet: they use plain file
+calls, so injected faults and the fsync journal do not see them (recovery
+rebuilds an index it cannot trust from the ``.log``).
 """
 
 from __future__ import annotations
