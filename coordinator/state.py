@@ -18,6 +18,9 @@ from __future__ import annotations
 
 import enum
 
+from protocol import state_machine
+from protocol.state_machine import IllegalTransition
+
 
 class TxnState(enum.IntEnum):
     EMPTY = 0
@@ -81,16 +84,10 @@ TRANSITIONS: dict[tuple[TxnState, TxnEvent], TxnState] = {
 }
 
 
-class InvalidTransition(Exception):
-    def __init__(self, state: TxnState, event: TxnEvent):
-        self.state = state
-        self.event = event
-        super().__init__(f"{event.value} is not allowed in state {state.name}")
+class InvalidTransition(IllegalTransition):
+    """A transaction move the table does not allow."""
 
 
 def transition(state: TxnState, event: TxnEvent) -> TxnState:
     """The state after ``event`` in ``state``; raises InvalidTransition if illegal."""
-    try:
-        return TRANSITIONS[(state, event)]
-    except KeyError:
-        raise InvalidTransition(state, event) from None
+    return state_machine.transition(TRANSITIONS, state, event, InvalidTransition)
