@@ -140,7 +140,7 @@ class Broker:
         self.port: int | None = None
         # broker.security.acls.AclAuthorizer when authorizer.class.name is set.
         self.authorizer = None
-        self._dispatcher = None
+        self.dispatcher = None
         # broker.offset_commit_watch.OffsetCommitWatch, unless transaction.offset.commit.stall.ms is 0.
         self.offset_commit_watch = None
         # Prometheus metrics, when an address to serve them on is given.
@@ -281,15 +281,15 @@ class Broker:
         )
         # Inside the ACL check (a denied request is not metered): Produce and
         # Fetch are metered per user and throttled (KIP-13, KIP-219).
-        self._dispatcher = self._authorizing(QuotaLayer(self.apis.dispatch, self.quotas, clock=self.clock.monotonic))
+        self.dispatcher = self._authorizing(QuotaLayer(self.apis.dispatch, self.quotas, clock=self.clock.monotonic))
         loops = {"housekeeping": self._housekeep(), **self.groups.background(), **self.transactions.background()}
         if self.config.transaction_offset_commit_stall_ms > 0:
             from broker.offset_commit_watch import OffsetCommitWatch
 
             # Outermost: a TxnOffsetCommit the authorizer refuses still shows
             # that its client is not stuck.
-            self.offset_commit_watch = OffsetCommitWatch(self._dispatcher, wait_ms=self.config.transaction_offset_commit_stall_ms, clock=self.clock.monotonic)
-            self._dispatcher = self.offset_commit_watch
+            self.offset_commit_watch = OffsetCommitWatch(self.dispatcher, wait_ms=self.config.transaction_offset_commit_stall_ms, clock=self.clock.monotonic)
+            self.dispatcher = self.offset_commit_watch
             loops["offset commit watch"] = self.offset_commit_watch.run()
         self._task_scope = contextlib.AsyncExitStack()
         tasks = await self._task_scope.enter_async_context(asyncio.TaskGroup())
@@ -426,7 +426,7 @@ class Broker:
             )
 
     async def _dispatch(self, request, session):
-        return await self._dispatcher(request, session)
+        return await self.dispatcher(request, session)
 
     def _load_authorizer(self, data_dir: str):
         """The ACL authorizer with the stored ACLs, or None when

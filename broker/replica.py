@@ -90,7 +90,7 @@ class ReplicaManager:
         self.store = MetadataStore(data_dir)
         self.log_defaults = dict(log_defaults)
         self._open_log = open_log
-        self._validate_config = validate_config
+        self.validate_config = validate_config
         self._needs_recovery = needs_recovery
         self._holds_data = holds_data
         self.crash_point = crash_point
@@ -240,7 +240,7 @@ class ReplicaManager:
             raise InvalidPartitionsError(f"number of partitions must be at least 1, not {partitions}")
         config = {str(k): str(v) for k, v in (config or {}).items()}
         try:
-            self._validate_config({**self.log_defaults, **config})
+            self.validate_config({**self.log_defaults, **config})
         except ValueError as error:
             raise InvalidConfigError(str(error)) from None
         return TopicInfo(name=name, topic_id=uuid.uuid4(), partitions=partitions, config=config, internal=internal)
@@ -330,7 +330,7 @@ class ReplicaManager:
             raise UnknownTopicError(f"topic '{name}' does not exist")
         config = {str(k): str(v) for k, v in config.items()}
         try:
-            self._validate_config({**self.log_defaults, **config})
+            self.validate_config({**self.log_defaults, **config})
         except ValueError as error:
             raise InvalidConfigError(str(error)) from None
         changed = TopicInfo(name=name, topic_id=info.topic_id, partitions=info.partitions, config=config, internal=info.internal)

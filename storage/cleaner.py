@@ -232,7 +232,7 @@ class Cleaner:
                 # Half swapped: the files are right only after
                 # complete_interrupted_swaps, which runs when the log is
                 # reopened; until then it takes no appends.
-                self.log._fail(error if isinstance(error, Exception) else RuntimeError(repr(error)))
+                self.log.mark_failed(error if isinstance(error, Exception) else RuntimeError(repr(error)))
             raise
 
     def _replace(self, segment: LogSegment, stem: str, note: str, removed: int) -> int:
