@@ -68,7 +68,7 @@ from broker.storage_adapter import (
 )
 from protocol.clock import Clock
 from protocol.loop_thread import LoopThread
-from protocol.tasks import cancel_and_wait
+from protocol.tasks import cancel_and_wait, every
 from storage.durable import DiskIO
 from storage.group_commit import FsyncRounds
 from storage.index import IndexBudget
@@ -356,31 +356,32 @@ class Broker:
     async def _housekeep(self) -> None:
         """Retention, compaction and producer-id expiry, every
         ``log.retention.check.interval.ms`` (Kafka's name; default 5 minutes)."""
+        await every(self.config.retention_check_interval_ms / 1000.0, self._housekeep_once, "housekeeping")
+
+    async def _housekeep_once(self) -> None:
+        """One round of ``_housekeep`` over every partition; one that fails is logged and skipped."""
         from storage.cleaner import Cleaner
 
-        interval = self.config.retention_check_interval_ms / 1000.0
-        while True:
-            await asyncio.sleep(interval)
-            for number, (topic, partition) in enumerate(self.replicas.partitions()):
-                if number % 500 == 499:
-                    await asyncio.sleep(0)  # thousands of partitions: let requests in
-                # A partition not open since start has nothing in memory to
-                # expire and is opened only if it has segments to delete or clean.
-                if not self.replicas.is_open(topic, partition) and not self.replicas.needs_housekeeping(topic, partition):
-                    continue
+        for number, (topic, partition) in enumerate(self.replicas.partitions()):
+            if number % 500 == 499:
+                await asyncio.sleep(0)  # thousands of partitions: let requests in
+            # A partition not open since start has nothing in memory to
+            # expire and is opened only if it has segments to delete or clean.
+            if not self.replicas.is_open(topic, partition) and not self.replicas.needs_housekeeping(topic, partition):
+                continue
+            try:
                 try:
-                    try:
-                        partition_log = self.replicas.get_log(topic, partition)
-                    except PartitionUnavailableError:
-                        continue  # logged by get_log; tried again next time
-                    if partition_log is None:
-                        continue  # deleted meanwhile
-                    partition_log.enforce_retention()
-                    if partition_log.config.compact:
-                        Cleaner(partition_log).clean()
-                    partition_log.remove_expired_producers()
-                except Exception:
-                    log.exception("housekeeping of %s-%d failed", topic, partition)
+                    partition_log = self.replicas.get_log(topic, partition)
+                except PartitionUnavailableError:
+                    continue  # logged by get_log; tried again next time
+                if partition_log is None:
+                    continue  # deleted meanwhile
+                partition_log.enforce_retention()
+                if partition_log.config.compact:
+                    Cleaner(partition_log).clean()
+                partition_log.remove_expired_producers()
+            except Exception:
+                log.exception("housekeeping of %s-%d failed", topic, partition)
 
     async def stop(self) -> None:
         """The loops first, then the rest in reverse order of start; a loop
