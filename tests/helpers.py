@@ -26,6 +26,22 @@ def create_topic(bootstrap: str, topic: str, partitions: int = 3, *, timeout: fl
     admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(timeout)
 
 
+def seed_input(bootstrap: str, topic: str, count: int) -> None:
+    """``count`` records, values ``b"0"``, ``b"1"``, ... keyed ``k<i mod 1000>``,
+    written by an idempotent confluent-kafka producer (a copier's input)."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20, "batch.size": 1 << 20})
+    for i in range(count):
+        while True:
+            try:
+                producer.produce(topic, key=b"k%d" % (i % 1000), value=b"%d" % i)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    assert producer.flush(60) == 0
+
+
 def read_values(
     bootstrap: str,
     topic: str,
