@@ -20,11 +20,11 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from typing import Self
 
@@ -36,7 +36,7 @@ from benchmarks.suite import (
     TansuTarget,
     tansu_available,
 )
-from faults.process import READY, restartable_port
+from faults.process import BrokerProcess
 
 DEFAULT_ONLY = "produce 100 B, acks=all;consume"
 
@@ -50,34 +50,22 @@ class CheckoutTarget:
 
     def __enter__(self) -> Self:
         data = os.path.join(self.work, f"{self.name}-{uuid.uuid4().hex[:6]}")
-        port = restartable_port()
-        command = [sys.executable, "-m", "onceflow", "broker", "--data-dir", data, "--listen", f"127.0.0.1:{port}",
-                   "--config", "group.initial.rebalance.delay.ms=0"]
+        wrapper: tuple[str, ...] = ()
         if self.profile_dir:
             stacks = os.path.join(self.profile_dir, f"{self.name}-{uuid.uuid4().hex[:4]}.txt")
-            command = [shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy"), "record", "-f", "raw", "-o", stacks,
-                       "-r", "200", "--", *command]
-        with open(data + ".log", "ab") as log:
-            self.process = subprocess.Popen(command, cwd=self.checkout, stdout=subprocess.PIPE, stderr=log, text=True)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            line = self.process.stdout.readline()
-            if READY.search(line or ""):
-                self.bootstrap = f"127.0.0.1:{port}"
-                return self
-            if not line and self.process.poll() is not None:
-                raise RuntimeError(f"{self.name} broker exited with {self.process.returncode}")
-        self.process.kill()
-        raise TimeoutError(f"{self.name} broker did not become ready")
+            wrapper = (shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy"), "record", "-f", "raw", "-o", stacks, "-r", "200", "--")
+        self.broker = BrokerProcess(data, "group.initial.rebalance.delay.ms=0", checkout=self.checkout, log_path=data + ".log", wrapper=wrapper).start()
+        self.bootstrap = self.broker.bootstrap
+        self.process = self.broker.process
+        return self
 
     def __exit__(self, *exc) -> None:
         # SIGINT lets py-spy write its profile; a plain broker stops on it too.
-        self.process.send_signal(2)
+        self.broker.signal(signal.SIGINT)
         try:
             self.process.wait(30)
         except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(10)
+            self.broker.kill()
 
 
 def main(argv: list[str] | None = None) -> int:

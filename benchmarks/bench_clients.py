@@ -17,26 +17,11 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def start_broker(data_dir: str) -> tuple[subprocess.Popen, str]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "onceflow", "broker", "--data-dir", data_dir, "--listen", "127.0.0.1:0"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-    )
-    while True:
-        line = process.stdout.readline()
-        if not line:
-            raise RuntimeError("the broker did not start")
-        match = re.search(r"ready on (\S+):(\d+)", line)
-        if match:
-            return process, f"{match.group(1)}:{match.group(2)}"
+from faults.process import BrokerProcess
 
 
 def create_topics(bootstrap: str, names: list[str]) -> None:
@@ -201,7 +186,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     value = os.urandom(args.value_bytes // 2).hex().encode()[: args.value_bytes]
     data_dir = tempfile.mkdtemp(prefix="bench-clients-")
-    broker, bootstrap = start_broker(data_dir)
+    broker = BrokerProcess(os.path.join(data_dir, "data")).start()
+    bootstrap = broker.bootstrap
     results: dict[str, dict[str, float]] = {}
     try:
         names = [n for n in CLIENTS if args.only is None or n in args.only]
@@ -216,7 +202,6 @@ def main(argv=None) -> int:
             print(f"{name:18s} " + "  ".join(f"{k} {v:>10,.0f}" for k, v in results[name].items()), flush=True)
     finally:
         broker.kill()
-        broker.wait()
         shutil.rmtree(data_dir, ignore_errors=True)
     ours = results.get("onceflow txn")
     if ours:

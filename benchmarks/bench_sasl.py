@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import uuid
 
-from faults.process import READY, restartable_port
+from faults.process import BrokerProcess, restartable_port
 
 ROUNDS = 3
 RECORD = b"s" * 100
@@ -37,37 +36,25 @@ class TwoListenerBroker:
 
     def __init__(self, work: str):
         from broker.security.credentials import CredentialStore, make
-        from tests.helpers import TestCA
+        from faults.certificates import TestCA
 
         self.work = work
         self.ca = TestCA(os.path.join(work, "ca"))
         self.data_dir = os.path.join(work, "data")
         CredentialStore(self.data_dir).load().upsert(USER, "SCRAM-SHA-256", make("SCRAM-SHA-256", PASSWORD))
         self.ports = {"PLAINTEXT": restartable_port(), "SASL_SSL": restartable_port()}
-        self.process: subprocess.Popen | None = None
+        self.broker = BrokerProcess(
+            self.data_dir, "group.initial.rebalance.delay.ms=0",
+            listeners=",".join(f"{name}://127.0.0.1:{port}" for name, port in self.ports.items()),
+            args=("--ssl-certfile", self.ca.certfile, "--ssl-keyfile", self.ca.keyfile),
+        )
 
     def __enter__(self) -> "TwoListenerBroker":
-        listeners = ",".join(f"{name}://127.0.0.1:{port}" for name, port in self.ports.items())
-        command = [
-            sys.executable, "-m", "onceflow", "broker", "--data-dir", self.data_dir, "--listen", listeners,
-            "--ssl-certfile", self.ca.certfile, "--ssl-keyfile", self.ca.keyfile,
-            "--config", "group.initial.rebalance.delay.ms=0",
-        ]
-        repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        self.process = subprocess.Popen(command, cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            line = self.process.stdout.readline()
-            if READY.search(line):
-                return self
-            if not line and self.process.poll() is not None:
-                raise RuntimeError(f"the broker exited with {self.process.returncode}")
-        self.process.kill()
-        raise TimeoutError("the broker did not become ready")
+        self.broker.start()
+        return self
 
     def __exit__(self, *exc) -> None:
-        self.process.kill()
-        self.process.wait(30)
+        self.broker.kill()
 
     def client_config(self, listener: str) -> dict:
         config = {"bootstrap.servers": f"127.0.0.1:{self.ports[listener]}"}

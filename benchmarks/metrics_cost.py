@@ -42,8 +42,8 @@ import tempfile
 import time
 import urllib.request
 
-from benchmarks.suite import REPO, fill, new_topic
-from faults.process import READY, restartable_port
+from benchmarks.suite import fill, new_topic
+from faults.process import BrokerProcess, restartable_port
 
 SHAPES = {"large batches": (1 << 20, 5, 1), "small batches": (16 << 10, 1, 2)}  # batch bytes, linger ms, records divisor
 RECORD_BYTES = 100
@@ -53,31 +53,20 @@ class BrokerUnderTest:
     """``onceflow broker`` as a child process, with or without ``--metrics``."""
 
     def __init__(self, work: str, name: str, *, metrics: bool):
-        self.data_dir = os.path.join(work, name)
         self.metrics_port = restartable_port() if metrics else None
-        self.process: subprocess.Popen | None = None
-        self.bootstrap = ""
+        args = ("--metrics", f"127.0.0.1:{self.metrics_port}") if metrics else ()
+        self.broker = BrokerProcess(os.path.join(work, name), args=args)
+
+    @property
+    def bootstrap(self) -> str:
+        return self.broker.bootstrap
 
     def __enter__(self) -> "BrokerUnderTest":
-        command = [sys.executable, "-m", "onceflow", "broker", "--data-dir", self.data_dir, "--listen", f"127.0.0.1:{restartable_port()}"]
-        if self.metrics_port is not None:
-            command += ["--metrics", f"127.0.0.1:{self.metrics_port}"]
-        self.process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            line = self.process.stdout.readline()
-            match = READY.search(line)
-            if match:
-                self.bootstrap = f"{match.group(1)}:{match.group(2)}"
-                return self
-            if not line and self.process.poll() is not None:
-                raise RuntimeError(f"the broker exited with {self.process.returncode}")
-        self.process.kill()
-        raise TimeoutError("the broker did not become ready")
+        self.broker.start()
+        return self
 
     def __exit__(self, *exc) -> None:
-        self.process.kill()
-        self.process.wait(30)
+        self.broker.kill()
 
 
 # The scraper runs as a process of its own: a thread in this process would

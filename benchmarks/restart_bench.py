@@ -38,72 +38,51 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 
 from benchmarks.memory import ProcessMemory
 from benchmarks.suite import REPO
+from faults.process import BrokerProcess
 
-READY = re.compile(r"onceflow broker ready on (\S+):(\d+)")
 PER_TOPIC = 10
 TOUCHED = 10  # partitions written between the clean restart and the SIGKILL
 START_TIMEOUT_S = 600
 
 
 class Broker:
-    """One broker process of one checkout on one data directory."""
+    """One broker process of one checkout on one data directory
+    (``faults.process.BrokerProcess``), its starts and stops timed."""
 
-    def __init__(self, checkout: str, data_dir: str, log_path: str, env: dict[str, str] | None = None):
+    def __init__(self, checkout: str, data_dir: str, log_path: str, env: dict[str, str | None] | None = None):
         self.checkout = checkout
-        self.data_dir = data_dir
-        self.log_path = log_path
-        self.env = env  # None: this process's environment
-        self.process: subprocess.Popen | None = None
-        self.bootstrap = ""
+        self.process = BrokerProcess(data_dir, checkout=checkout, log_path=log_path, env=env)
+
+    @property
+    def bootstrap(self) -> str:
+        return self.process.bootstrap
 
     def start(self) -> float:
         """Start and wait for the ready line; seconds it took."""
-        command = [sys.executable, "-m", "onceflow", "broker", "--data-dir", self.data_dir, "--listen", "127.0.0.1:0"]
         began = time.perf_counter()
-        with open(self.log_path, "ab") as log_file:
-            # From the checkout's directory: ``-m`` imports that checkout's code.
-            self.process = subprocess.Popen(command, cwd=self.checkout, env=self.env, stdout=subprocess.PIPE, stderr=log_file, text=True)
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            line = self.process.stdout.readline()
-            if not line:
-                if self.process.poll() is not None:
-                    raise RuntimeError(f"broker of {self.checkout} exited with {self.process.returncode} (see {self.log_path})")
-                continue
-            match = READY.search(line)
-            if match:
-                elapsed = time.perf_counter() - began
-                self.bootstrap = f"127.0.0.1:{match.group(2)}"
-                return elapsed
-        self.kill()
-        raise TimeoutError(f"broker of {self.checkout} did not become ready in {START_TIMEOUT_S} s")
+        self.process.start(timeout=START_TIMEOUT_S)
+        return time.perf_counter() - began
 
     def rss_mib(self) -> float:
-        return ProcessMemory.of(self.process.pid).rss / 2**20
+        return ProcessMemory.of(self.process.process.pid).rss / 2**20
 
     def stop(self) -> float:
         """SIGTERM and wait for the exit; seconds it took."""
         began = time.perf_counter()
-        self.process.send_signal(signal.SIGTERM)
-        code = self.process.wait(START_TIMEOUT_S)
+        code = self.process.terminate(START_TIMEOUT_S)
         if code != 0:
-            raise RuntimeError(f"clean stop of the broker of {self.checkout} exited {code} (see {self.log_path})")
+            raise RuntimeError(f"clean stop of the broker of {self.checkout} exited {code} (see {self.process.log_path})")
         return time.perf_counter() - began
 
     def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(60)
+        self.process.kill()
 
 
 def create_topics(bootstrap: str, topics: int) -> float:
@@ -132,13 +111,11 @@ def write_one_each(bootstrap: str, partitions: list[tuple[str, int]]) -> None:
         raise RuntimeError("records were not acknowledged")
 
 
-def bytecode_env(cache_dir: str) -> dict[str, str]:
-    """This process's environment with bytecode read from and written to
-    ``cache_dir``, as an installed package has it compiled."""
-    env = dict(os.environ)
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    env["PYTHONPYCACHEPREFIX"] = cache_dir
-    return env
+def bytecode_env(cache_dir: str) -> dict[str, str | None]:
+    """The changes to this process's environment that have bytecode read
+    from and written to ``cache_dir``, as an installed package has it
+    compiled (None: the variable is removed)."""
+    return {"PYTHONDONTWRITEBYTECODE": None, "PYTHONPYCACHEPREFIX": cache_dir}
 
 
 def measure(checkout: str, partitions: int, work: str, say, env: dict[str, str] | None = None) -> dict[str, float]:

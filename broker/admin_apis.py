@@ -25,7 +25,7 @@ from broker.replica import (
 from protocol.constants import ConfigResourceType
 from protocol.errors import ErrorCode
 from protocol.messages import ApiKey
-from storage.names import InvalidTopicError
+from protocol.names import InvalidTopicError
 
 log = logging.getLogger(__name__)
 
@@ -269,7 +269,7 @@ class AdminApis:
             return {"error_code": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "error_message": f"topic '{name}' does not exist"}
         try:
             if validate_only:
-                self.replicas._validate_config({**self.replicas.log_defaults, **config})
+                self.replicas.validate_config({**self.replicas.log_defaults, **config})
             else:
                 self.replicas.alter_topic_config(name, config)
         except (InvalidConfigError, ValueError) as error:

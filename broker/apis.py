@@ -31,7 +31,7 @@ from protocol.errors import ErrorCode
 from protocol.messages import ApiKey
 from protocol.records import CorruptRecordError, iter_batches
 from storage.log import RecordTooLargeError
-from storage.names import InvalidTopicError
+from protocol.names import InvalidTopicError
 from storage.producer_state import ProducerStateError
 
 log = logging.getLogger(__name__)
@@ -221,7 +221,7 @@ class KafkaApis:
                     info = self.replicas.topics.get(name)
             if info is None:
                 try:
-                    from storage.names import validate_topic_name
+                    from protocol.names import validate_topic_name
 
                     validate_topic_name(name)
                     code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
@@ -446,7 +446,7 @@ class KafkaApis:
                     continue
                 keys.append((name, index))
                 high_watermark = partition_log.high_watermark
-                last_stable = partition_log.last_stable_offset if hasattr(partition_log, "last_stable_offset") else high_watermark
+                last_stable = partition_log.last_stable_offset
                 answer["high_watermark"] = high_watermark
                 answer["last_stable_offset"] = last_stable
                 answer["log_start_offset"] = partition_log.log_start_offset
@@ -465,10 +465,8 @@ class KafkaApis:
                     answer["records"] = data
                     total += len(data)
                     remaining -= len(data)
-                if isolation == IsolationLevel.READ_COMMITTED and hasattr(partition_log, "aborted_transactions"):
+                if isolation == IsolationLevel.READ_COMMITTED:
                     answer["aborted_transactions"] = partition_log.aborted_transactions(fetch_offset, limit)
-                elif isolation == IsolationLevel.READ_COMMITTED:
-                    answer["aborted_transactions"] = []
                 partitions.append(answer)
             entry = {"partitions": partitions}
             if version >= 13:
@@ -511,17 +509,13 @@ class KafkaApis:
 
     def _offset_for(self, partition_log, timestamp: int, isolation: int):
         high_watermark = partition_log.high_watermark
-        if isolation == IsolationLevel.READ_COMMITTED and hasattr(partition_log, "last_stable_offset"):
-            end = partition_log.last_stable_offset
-        else:
-            end = high_watermark
+        end = partition_log.last_stable_offset if isolation == IsolationLevel.READ_COMMITTED else high_watermark
         if timestamp == OffsetSpec.LATEST or timestamp == OffsetSpec.LATEST_TIERED:
             return (-1, end)
         if timestamp in (OffsetSpec.EARLIEST, OffsetSpec.EARLIEST_LOCAL):
             return (-1, partition_log.log_start_offset)
         if timestamp == OffsetSpec.MAX_TIMESTAMP:
-            found = partition_log.max_timestamp_offset() if hasattr(partition_log, "max_timestamp_offset") else None
-            return found
+            return partition_log.max_timestamp_offset()
         found = partition_log.offset_for_timestamp(timestamp)
         if found is None:
             return None

@@ -68,7 +68,7 @@ from broker.storage_adapter import (
 )
 from protocol.clock import Clock
 from protocol.loop_thread import LoopThread
-from protocol.tasks import cancel_and_wait
+from protocol.tasks import cancel_and_wait, every
 from storage.durable import DiskIO
 from storage.group_commit import FsyncRounds
 from storage.index import IndexBudget
@@ -142,7 +142,7 @@ class Broker:
         self.port: int | None = None
         # broker.security.acls.AclAuthorizer when authorizer.class.name is set.
         self.authorizer = None
-        self._dispatcher = None
+        self.dispatcher = None
         # broker.offset_commit_watch.OffsetCommitWatch, unless transaction.offset.commit.stall.ms is 0.
         self.offset_commit_watch = None
         # Prometheus metrics, when an address to serve them on is given.
@@ -285,15 +285,15 @@ class Broker:
         )
         # Inside the ACL check (a denied request is not metered): Produce and
         # Fetch are metered per user and throttled (KIP-13, KIP-219).
-        self._dispatcher = self._authorizing(QuotaLayer(self.apis.dispatch, self.quotas, clock=self.clock.monotonic))
+        self.dispatcher = self._authorizing(QuotaLayer(self.apis.dispatch, self.quotas, clock=self.clock.monotonic))
         loops = {"housekeeping": self._housekeep(), **self.groups.background(), **self.transactions.background()}
         if self.config.transaction_offset_commit_stall_ms > 0:
             from broker.offset_commit_watch import OffsetCommitWatch
 
             # Outermost: a TxnOffsetCommit the authorizer refuses still shows
             # that its client is not stuck.
-            self.offset_commit_watch = OffsetCommitWatch(self._dispatcher, wait_ms=self.config.transaction_offset_commit_stall_ms, clock=self.clock.monotonic)
-            self._dispatcher = self.offset_commit_watch
+            self.offset_commit_watch = OffsetCommitWatch(self.dispatcher, wait_ms=self.config.transaction_offset_commit_stall_ms, clock=self.clock.monotonic)
+            self.dispatcher = self.offset_commit_watch
             loops["offset commit watch"] = self.offset_commit_watch.run()
         self._task_scope = contextlib.AsyncExitStack()
         tasks = await self._task_scope.enter_async_context(asyncio.TaskGroup())
@@ -360,31 +360,32 @@ class Broker:
     async def _housekeep(self) -> None:
         """Retention, compaction and producer-id expiry, every
         ``log.retention.check.interval.ms`` (Kafka's name; default 5 minutes)."""
+        await every(self.config.retention_check_interval_ms / 1000.0, self._housekeep_once, "housekeeping")
+
+    async def _housekeep_once(self) -> None:
+        """One round of ``_housekeep`` over every partition; one that fails is logged and skipped."""
         from storage.cleaner import Cleaner
 
-        interval = self.config.retention_check_interval_ms / 1000.0
-        while True:
-            await asyncio.sleep(interval)
-            for number, (topic, partition) in enumerate(self.replicas.partitions()):
-                if number % 500 == 499:
-                    await asyncio.sleep(0)  # thousands of partitions: let requests in
-                # A partition not open since start has nothing in memory to
-                # expire and is opened only if it has segments to delete or clean.
-                if not self.replicas.is_open(topic, partition) and not self.replicas.needs_housekeeping(topic, partition):
-                    continue
+        for number, (topic, partition) in enumerate(self.replicas.partitions()):
+            if number % 500 == 499:
+                await asyncio.sleep(0)  # thousands of partitions: let requests in
+            # A partition not open since start has nothing in memory to
+            # expire and is opened only if it has segments to delete or clean.
+            if not self.replicas.is_open(topic, partition) and not self.replicas.needs_housekeeping(topic, partition):
+                continue
+            try:
                 try:
-                    try:
-                        partition_log = self.replicas.get_log(topic, partition)
-                    except PartitionUnavailableError:
-                        continue  # logged by get_log; tried again next time
-                    if partition_log is None:
-                        continue  # deleted meanwhile
-                    partition_log.enforce_retention()
-                    if partition_log.config.compact:
-                        Cleaner(partition_log).clean()
-                    partition_log.remove_expired_producers()
-                except Exception:
-                    log.exception("housekeeping of %s-%d failed", topic, partition)
+                    partition_log = self.replicas.get_log(topic, partition)
+                except PartitionUnavailableError:
+                    continue  # logged by get_log; tried again next time
+                if partition_log is None:
+                    continue  # deleted meanwhile
+                partition_log.enforce_retention()
+                if partition_log.config.compact:
+                    Cleaner(partition_log).clean()
+                partition_log.remove_expired_producers()
+            except Exception:
+                log.exception("housekeeping of %s-%d failed", topic, partition)
 
     async def stop(self) -> None:
         """The loops first, then the rest in reverse order of start; a loop
@@ -430,7 +431,7 @@ class Broker:
             )
 
     async def _dispatch(self, request, session):
-        return await self._dispatcher(request, session)
+        return await self.dispatcher(request, session)
 
     def _load_authorizer(self, data_dir: str):
         """The ACL authorizer with the stored ACLs, or None when

@@ -12,6 +12,7 @@ import os
 import attrs
 
 from broker.security.listeners import PLAINTEXT, Listener, parse_listeners
+from protocol.properties import parse_bool
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 9092
@@ -80,17 +81,6 @@ def _parse_authorizer(value) -> str:
     if name not in AUTHORIZER_NAMES:
         raise ValueError(f"authorizer.class.name must be acl (or Kafka's AclAuthorizer/StandardAuthorizer class name), or empty for none, not {value!r}")
     return AUTHORIZER_NAMES[name]
-
-
-def _parse_bool(name: str, value) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("true", "1", "yes", "on"):
-        return True
-    if text in ("false", "0", "no", "off"):
-        return False
-    raise ValueError(f"{name} must be true or false, not {value!r}")
 
 
 @attrs.frozen
@@ -192,7 +182,7 @@ class BrokerConfig:
                 except ValueError:
                     raise ValueError(f"{name} must be an integer, not {raw!r}") from None
             elif name in _BOOL_SETTINGS:
-                values[_BOOL_SETTINGS[name]] = _parse_bool(name, raw)
+                values[_BOOL_SETTINGS[name]] = parse_bool(raw, name)
             elif name == "log.dirs" or name == "log.dir":
                 values["data_dir"] = str(raw)
             elif name == "authorizer.class.name":

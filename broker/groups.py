@@ -13,7 +13,6 @@ transactional commits kept pending until their marker.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Awaitable, Callable
 
@@ -27,6 +26,7 @@ from protocol.partitioning import partition_for
 from broker.apis import REQUEST_ORIGIN
 from broker.replay import replay
 from protocol.records import ControlType, decode_control_record, encode_batch
+from protocol.tasks import every
 
 log = logging.getLogger(__name__)
 
@@ -110,12 +110,7 @@ class GroupManager:
         return {"group timers": self.coordinator.run_timers(), "offset retention": self._expire_offsets()}
 
     async def _expire_offsets(self) -> None:
-        while True:
-            await asyncio.sleep(self.retention_check_interval_ms / 1000.0)
-            try:
-                await self.coordinator.expire_offsets()
-            except Exception:
-                log.exception("offset retention failed")
+        await every(self.retention_check_interval_ms / 1000.0, self.coordinator.expire_offsets, "offset retention")
 
     async def stop(self) -> None:
         """After the broker has stopped ``background()`` and its listener."""

@@ -22,6 +22,7 @@ import uuid
 
 import attrs
 
+from protocol.properties import parse_properties
 from storage.durable import replace_file
 
 
@@ -64,7 +65,8 @@ class MetadataStore:
         """
         os.makedirs(self.metadata_dir, exist_ok=True)
         if os.path.exists(self.meta_properties_path):
-            properties = _read_properties(self.meta_properties_path)
+            with open(self.meta_properties_path, encoding="utf-8") as file:
+                properties = parse_properties(file.read(), source=self.meta_properties_path)
             stored_node = int(properties.get("node.id", node_id))
             stored_cluster = properties.get("cluster.id")
             if stored_node != node_id:
@@ -92,18 +94,6 @@ class MetadataStore:
     def save_topics(self, topics: dict[str, TopicInfo]) -> None:
         document = {"topics": {name: info.to_json() for name, info in sorted(topics.items())}}
         replace_file(self.topics_path, json.dumps(document, indent=1, sort_keys=True).encode())
-
-
-def _read_properties(path: str) -> dict[str, str]:
-    properties = {}
-    with open(path, encoding="utf-8") as file:
-        for line in file:
-            line = line.strip()
-            if not line or line.startswith("#") or "=" not in line:
-                continue
-            key, value = line.split("=", 1)
-            properties[key.strip()] = value.strip()
-    return properties
 
 
 def _new_cluster_id() -> str:

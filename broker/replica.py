@@ -43,7 +43,7 @@ import uuid
 
 from broker.metadata import MetadataStore, TopicInfo
 from storage.durable import fsync_directory
-from storage.names import InvalidTopicError, validate_topic_name
+from protocol.names import InvalidTopicError, validate_topic_name
 from storage.recovery import log_summary
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ class ReplicaManager:
         self.store = MetadataStore(data_dir)
         self.log_defaults = dict(log_defaults)
         self._open_log = open_log
-        self._validate_config = validate_config
+        self.validate_config = validate_config
         self._needs_recovery = needs_recovery
         self._holds_data = holds_data
         self.crash_point = crash_point
@@ -240,7 +240,7 @@ class ReplicaManager:
             raise InvalidPartitionsError(f"number of partitions must be at least 1, not {partitions}")
         config = {str(k): str(v) for k, v in (config or {}).items()}
         try:
-            self._validate_config({**self.log_defaults, **config})
+            self.validate_config({**self.log_defaults, **config})
         except ValueError as error:
             raise InvalidConfigError(str(error)) from None
         return TopicInfo(name=name, topic_id=uuid.uuid4(), partitions=partitions, config=config, internal=internal)
@@ -330,7 +330,7 @@ class ReplicaManager:
             raise UnknownTopicError(f"topic '{name}' does not exist")
         config = {str(k): str(v) for k, v in config.items()}
         try:
-            self._validate_config({**self.log_defaults, **config})
+            self.validate_config({**self.log_defaults, **config})
         except ValueError as error:
             raise InvalidConfigError(str(error)) from None
         changed = TopicInfo(name=name, topic_id=info.topic_id, partitions=info.partitions, config=config, internal=info.internal)
@@ -341,7 +341,7 @@ class ReplicaManager:
         self.topics_by_id[changed.topic_id] = changed
         for partition in range(info.partitions):
             partition_log = self.logs.get((name, partition))
-            if partition_log is not None and hasattr(partition_log, "update_config"):
+            if partition_log is not None:
                 partition_log.update_config(self.effective_config(changed))
         return changed
 

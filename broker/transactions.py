@@ -28,7 +28,6 @@ so a test can kill the broker between the durable decision and the markers.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 from typing import Awaitable, Callable
@@ -47,6 +46,7 @@ from coordinator.txn_log import (
 from broker.replay import replay
 from protocol.clock import Clock
 from protocol.records import ControlType, encode_batch, encode_control_batch
+from protocol.tasks import every
 
 log = logging.getLogger(__name__)
 
@@ -260,14 +260,11 @@ class TransactionManager:
         return {"transaction timers": self._timers()}
 
     async def _timers(self) -> None:
-        interval = self.config.transaction_abort_interval_ms / 1000.0
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                await self.coordinator.abort_timed_out()
-                await self.coordinator.expire_transactional_ids()
-            except Exception:
-                log.exception("transaction timers failed")
+        async def step() -> None:
+            await self.coordinator.abort_timed_out()
+            await self.coordinator.expire_transactional_ids()
+
+        await every(self.config.transaction_abort_interval_ms / 1000.0, step, "transaction timers")
 
     async def stop(self) -> None:
         """After the broker has stopped ``background()`` and its listener."""

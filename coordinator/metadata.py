@@ -87,10 +87,6 @@ class TxnMetadata:
     def expire(self, now_ms: int) -> "TxnMetadata":
         return self._next(TxnEvent.EXPIRE, now_ms)
 
-    @property
-    def is_expired_transaction(self) -> bool:
-        return self.state == TxnState.ONGOING
-
     def transaction_deadline_ms(self) -> int | None:
         if self.state != TxnState.ONGOING or self.start_ms < 0:
             return None

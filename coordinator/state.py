@@ -18,6 +18,9 @@ from __future__ import annotations
 
 import enum
 
+from protocol import state_machine
+from protocol.state_machine import IllegalTransition
+
 
 class TxnState(enum.IntEnum):
     EMPTY = 0
@@ -32,10 +35,6 @@ class TxnState(enum.IntEnum):
     @property
     def is_prepare(self) -> bool:
         return self in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT)
-
-    @property
-    def is_complete(self) -> bool:
-        return self in (TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT)
 
 
 # Kafka's names of the states, as ListTransactions and DescribeTransactions
@@ -85,20 +84,10 @@ TRANSITIONS: dict[tuple[TxnState, TxnEvent], TxnState] = {
 }
 
 
-class InvalidTransition(Exception):
-    def __init__(self, state: TxnState, event: TxnEvent):
-        self.state = state
-        self.event = event
-        super().__init__(f"{event.value} is not allowed in state {state.name}")
+class InvalidTransition(IllegalTransition):
+    """A transaction move the table does not allow."""
 
 
 def transition(state: TxnState, event: TxnEvent) -> TxnState:
     """The state after ``event`` in ``state``; raises InvalidTransition if illegal."""
-    try:
-        return TRANSITIONS[(state, event)]
-    except KeyError:
-        raise InvalidTransition(state, event) from None
-
-
-def allowed_events(state: TxnState) -> set[TxnEvent]:
-    return {event for (source, event) in TRANSITIONS if source == state}
+    return state_machine.transition(TRANSITIONS, state, event, InvalidTransition)

@@ -84,10 +84,6 @@ def _topic(partition: str) -> str:
     return partition.rsplit("-", 1)[0]
 
 
-def _offset_sort_key(item):
-    return item[0]
-
-
 def check(history: list[dict], *, input_topic: str | None = None, output_topic: str | None = None, bank_total: int | None = None, unique_values: bool = True, transform=None,
           expected_outputs: Counter | None = None) -> Verdict:
     """Check a merged history. ``input_topic``/``output_topic`` turn on the

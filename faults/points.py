@@ -8,15 +8,28 @@ the harness's workloads pass ``point`` from here:
 
     point("coordinator.after_prepare_commit")
 
-Points compiled in: ``coordinator.after_prepare_commit`` /
-``coordinator.after_prepare_abort`` (the decision is durable),
-``coordinator.markers_partial`` (markers reached some partitions),
-``coordinator.before_complete``, ``replicas.topics_registering`` /
-``replicas.topic_registered`` (CreateTopics before and after its registry
-write, before the partition directories), ``groupcoord.after_pending_offsets`` (a
-transactional offset commit is written, pending), ``storage.torn_write``
-(half of a batch reaches the segment, then the process dies) and, in our
-client, ``txn.before_commit`` (records produced, EndTxn not yet sent).
+Points compiled in, by room:
+
+- broker: ``coordinator.after_prepare_commit`` /
+  ``coordinator.after_prepare_abort`` (the decision is durable),
+  ``coordinator.markers_partial`` (markers reached some partitions),
+  ``coordinator.before_complete``, ``replicas.topics_registering`` /
+  ``replicas.topic_registered`` (CreateTopics before and after its registry
+  write, before the partition directories), ``groupcoord.after_pending_offsets``
+  (a transactional offset commit is written, pending), ``storage.torn_write``
+  (half of a batch reaches the segment, then the process dies: ``faults.disk``);
+- the log cleaner's swap (``storage.cleaner``, passed by its tests, not the
+  broker): ``cleaner.cleaned_written``, ``cleaner.note_written``,
+  ``cleaner.swap_renamed.<suffix>`` and ``cleaner.swap_renamed``,
+  ``cleaner.old_renamed.<suffix>``, ``cleaner.old_renamed_deleted``,
+  ``cleaner.live_renamed.<suffix>``, ``cleaner.note_removed``;
+- our client: ``txn.before_commit`` (records produced, EndTxn not yet sent);
+- the runner: ``streaming.after_commit_before_store_apply`` (the transaction
+  committed, the local state store not yet updated);
+- the Spark sink (``streaming.spark.crashpoints``, through its
+  ``crashPointHook`` option): ``spark_sink.task_before_handle``,
+  ``spark_sink.before_decision``, ``spark_sink.after_decision``,
+  ``spark_sink.after_commit`` and ``spark_sink.after_all_commits``.
 
 Disarmed (the default) a point costs one global lookup and a truth test.
 Armed through the environment before the process starts::

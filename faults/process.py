@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import selectors
 import signal
 import socket
 import subprocess
@@ -105,11 +106,21 @@ class ManagedProcess:
 
 
 class BrokerProcess(ManagedProcess):
-    """``onceflow broker`` as a child process; ``port=0`` picks a
-    ``restartable_port`` once, and every restart listens on it again."""
+    """``onceflow broker`` as a child process: the one launcher of the
+    harness, the tests and the benchmarks. ``port=0`` picks a
+    ``restartable_port`` once, and every restart listens on it again.
+
+    ``checkout``: the working directory, so ``-m onceflow`` imports that
+    checkout's code (a benchmark compares two); ``listeners``: a
+    ``--listen`` value other than plaintext on ``port`` (then ``port`` is
+    the first listener's); ``args``: more ``onceflow broker`` arguments;
+    ``wrapper``: a command the broker runs under (a profiler). The ready
+    line is awaited with a deadline, so a broker that never prints it (or
+    hangs before it) fails the start instead of hanging the caller."""
 
     def __init__(
-        self, data_dir: str, *config: str, port: int = 0, env: dict | None = None, log_path: str | None = None, advertise: str | None = None, log_level: str | None = None
+        self, data_dir: str, *config: str, port: int = 0, env: dict | None = None, log_path: str | None = None, advertise: str | None = None, log_level: str | None = None,
+        checkout: str = REPO, listeners: str | None = None, args: tuple[str, ...] = (), wrapper: tuple[str, ...] = (),
     ):
         self.advertise = advertise  # HOST:PORT for metadata (a fault proxy in front), else the listener
         self.log_level = log_level  # onceflow --log-level (DEBUG logs every coordinator transition), default INFO
@@ -117,6 +128,10 @@ class BrokerProcess(ManagedProcess):
         self.config = config
         self.port = port
         self.env = env
+        self.checkout = checkout
+        self.listeners = listeners
+        self.args = tuple(args)
+        self.wrapper = tuple(wrapper)
         self.process = None
         self.log_path = log_path or os.path.join(os.path.dirname(data_dir.rstrip("/")), os.path.basename(data_dir.rstrip("/")) + ".broker.log")
 
@@ -125,31 +140,52 @@ class BrokerProcess(ManagedProcess):
         return f"127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 60.0) -> "BrokerProcess":
-        if self.port == 0:
+        if self.port == 0 and self.listeners is None:
             self.port = restartable_port()
-        command = [sys.executable, "-m", "onceflow", *(["--log-level", self.log_level] if self.log_level else []), "broker", "--data-dir", self.data_dir, "--listen", f"127.0.0.1:{self.port}"]
+        command = [*self.wrapper, sys.executable, "-m", "onceflow", *(["--log-level", self.log_level] if self.log_level else []), "broker", "--data-dir", self.data_dir]
+        command += ["--listen", self.listeners or f"127.0.0.1:{self.port}", *self.args]
         if self.advertise:
             command += ["--advertise", self.advertise]
         for item in self.config:
             command += ["--config", item]
         environment = dict(os.environ)
         environment.pop("ONCEFLOW_CRASH_POINTS", None)
-        environment.update(self.env or {})
+        for name, value in (self.env or {}).items():  # None removes a variable
+            if value is None:
+                environment.pop(name, None)
+            else:
+                environment[name] = value
         with open(self.log_path, "ab") as log_file:
-            self.process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=log_file, text=True, env=environment)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            line = self.process.stdout.readline()
-            if not line:
-                if self.process.poll() is not None:
-                    raise RuntimeError(f"broker exited with {self.process.returncode}: {self.read_log()[-2000:]}")
-                continue
-            match = READY.search(line)
-            if match:
-                self.port = int(match.group(2))
-                return self
-        self.kill()
-        raise TimeoutError("broker did not become ready")
+            # From the checkout's directory: ``-m onceflow`` imports that checkout's code.
+            self.process = subprocess.Popen(command, cwd=self.checkout, stdout=subprocess.PIPE, stderr=log_file, env=environment)
+        try:
+            self.port = self._ready_port(time.monotonic() + timeout)
+        except TimeoutError:
+            self.kill()
+            raise TimeoutError(f"the broker of {self.checkout} did not print its ready line in {timeout:g} s (see {self.log_path})") from None
+        return self
+
+    def _ready_port(self, deadline: float) -> int:
+        """The port of the ready line on the broker's stdout, read without
+        ever blocking past ``deadline``."""
+        stdout = self.process.stdout.fileno()
+        seen = b""
+        with selectors.DefaultSelector() as selector:
+            selector.register(stdout, selectors.EVENT_READ)
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError
+                if not selector.select(remaining):
+                    continue
+                chunk = os.read(stdout, 4096)
+                if not chunk:
+                    code = self.process.wait(max(0.1, deadline - time.monotonic()))
+                    raise RuntimeError(f"broker exited with {code}: {self.read_log()[-2000:]}")
+                seen += chunk
+                match = READY.search(seen.decode("utf-8", errors="replace"))
+                if match:
+                    return int(match.group(2))
 
     def read_log(self) -> str:
         try:

@@ -251,13 +251,6 @@ class DriverProcess(ClientProcess):
             self.kill()
             return self.process.returncode
 
-    def log_tail(self, lines: int = 12) -> str:
-        try:
-            with open(self.log_path, encoding="utf-8", errors="replace") as file:
-                return "".join(file.readlines()[-lines:])
-        except FileNotFoundError:
-            return ""
-
 
 def _pgid_or_none(pid: int) -> int | None:
     try:

@@ -62,7 +62,7 @@ from groupcoord.records import (
 from groupcoord.state import GroupEvent, GroupState, transition
 from protocol.clock import Clock
 from protocol.errors import ErrorCode
-from protocol.tasks import OwnedWork
+from protocol.tasks import OwnedWork, every
 
 log = logging.getLogger(__name__)
 
@@ -289,12 +289,7 @@ class GroupCoordinator:
         """Check session and rebalance timeouts every ``interval`` seconds
         until cancelled. The owner runs it (the broker, in its TaskGroup);
         tests call ``check_timeouts`` after moving a manual clock instead."""
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                await self.check_timeouts()
-            except Exception:
-                log.exception("group timers failed")
+        await every(interval, self.check_timeouts, "group timers")
 
     async def stop(self) -> None:
         """Stop the changes in flight (one cut between its write and its

@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import enum
 
+from protocol import state_machine
+from protocol.state_machine import IllegalTransition
+
 
 class GroupState(enum.Enum):
     EMPTY = "Empty"
@@ -55,15 +58,10 @@ TRANSITIONS: dict[tuple[GroupState, GroupEvent], GroupState] = {
 }
 
 
-class InvalidGroupTransition(Exception):
-    def __init__(self, state: GroupState, event: GroupEvent):
-        self.state = state
-        self.event = event
-        super().__init__(f"group in state {state.value} cannot handle: {event.value}")
+class InvalidGroupTransition(IllegalTransition):
+    """A group move the table does not allow."""
 
 
 def transition(state: GroupState, event: GroupEvent) -> GroupState:
-    try:
-        return TRANSITIONS[(state, event)]
-    except KeyError:
-        raise InvalidGroupTransition(state, event) from None
+    """The state after ``event`` in ``state``; raises InvalidGroupTransition if illegal."""
+    return state_machine.transition(TRANSITIONS, state, event, InvalidGroupTransition)

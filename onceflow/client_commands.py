@@ -67,22 +67,17 @@ def add_security_options(parser) -> None:
 def read_properties(path: str) -> dict[str, str]:
     """A Java properties file's ``key=value`` (or ``key: value``) lines;
     ``#`` and ``!`` start comments."""
-    properties = {}
+    from protocol.properties import parse_properties
+
     try:
         with open(path, encoding="utf-8") as file:
-            lines = file.read().splitlines()
+            text = file.read()
     except OSError as error:
         raise CommandError(f"cannot read --command-config {path}: {error.strerror or error}") from None
-    for number, raw in enumerate(lines, 1):
-        line = raw.strip()
-        if not line or line[0] in "#!":
-            continue
-        separators = [index for index in (line.find("="), line.find(":")) if index > 0]
-        if not separators:
-            raise CommandError(f"{path}:{number}: expected key=value")
-        split = min(separators)
-        properties[line[:split].strip()] = line[split + 1 :].strip()
-    return properties
+    try:
+        return parse_properties(text, source=path)
+    except ValueError as error:
+        raise CommandError(str(error)) from None
 
 
 def security_options(args) -> dict[str, str]:
@@ -117,14 +112,14 @@ def client_options(args) -> dict:
 
 def reporting_errors(name: str, args, body: Callable[[], int]) -> int:
     """Run ``body``; turn what it raises into one line on stderr and an exit status."""
-    from txn.errors import ConfigError, KafkaError, RetriesExhaustedError
+    from txn.errors import TRANSIENT_ERRORS, ConfigError, KafkaError
 
     try:
         return body()
     except CommandError as error:
         print(f"onceflow {name}: {error}", file=sys.stderr)
         return error.code
-    except (RetriesExhaustedError, ConnectionError, OSError, TimeoutError) as error:
+    except TRANSIENT_ERRORS as error:
         print(f"onceflow {name}: cannot reach a broker at {args.bootstrap_server}: {error}", file=sys.stderr)
         return 2
     except (KafkaError, ConfigError) as error:

@@ -68,10 +68,6 @@ class DecodedResponse:
     body: dict
 
 
-def request_header_version(api_key: int, api_version: int) -> int:
-    return 2 if APIS[api_key].request.is_flexible(api_version) else 1
-
-
 def response_header_version(api_key: int, api_version: int) -> int:
     if api_key == ApiKey.API_VERSIONS:
         return 0

@@ -216,10 +216,6 @@ class CorruptRecordError(ValueError):
 # varints
 
 
-def zigzag_encode(value: int) -> int:
-    return (value << 1) ^ (value >> 63)
-
-
 def write_varint(out: bytearray, value: int) -> None:
     """Append a zigzag varint (Kafka's signed varint and varlong)."""
     value = (value << 1) ^ (value >> 63)
@@ -248,15 +244,6 @@ def read_varint(buf, position: int) -> tuple[int, int]:
         if shift > 63:
             raise ValueError("varint longer than 10 bytes")
     return (raw >> 1) ^ -(raw & 1), position
-
-
-def varint_size(value: int) -> int:
-    value = ((value << 1) ^ (value >> 63)) & 0xFFFFFFFFFFFFFFFF
-    size = 1
-    while value > 0x7F:
-        value >>= 7
-        size += 1
-    return size
 
 
 # ---------------------------------------------------------------------------
@@ -788,10 +775,6 @@ def decode_batch(buf, position: int = 0, *, verify_crc: bool = True) -> RecordBa
         except ValueError as exc:
             raise CorruptRecordError(str(exc), offset=header.base_offset, position=position) from None
     return RecordBatch(header, _decode_records(body, header, position))
-
-
-def decode_batches(buf, *, verify_crc: bool = True) -> list[RecordBatch]:
-    return [decode_batch(buf, position, verify_crc=verify_crc) for position, _ in iter_batches(buf, verify_crc=verify_crc)]
 
 
 def decode_control_record(record: Record) -> ControlRecord:

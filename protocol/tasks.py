@@ -48,6 +48,19 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+async def every(interval: float, step: Callable[[], Awaitable[Any]], name: str) -> None:
+    """Await ``step()`` every ``interval`` seconds (the first after one
+    interval) until cancelled: the periodic loop of the house, run by an
+    owner that cancels it (the broker's TaskGroup). A step that fails is
+    logged as ``<name> failed`` and the next one still runs on time."""
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await step()
+        except Exception:
+            log.exception("%s failed", name)
+
+
 async def cancel_and_wait(*tasks: asyncio.Future | None) -> None:
     """Cancel ``tasks`` (None entries are skipped) and wait until all have finished."""
     pending = [task for task in tasks if task is not None]

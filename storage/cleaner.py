@@ -211,20 +211,20 @@ class Cleaner:
         cleaned.flush_indexes(fsync=True)
         removed = segment.size - cleaned.size
         cleaned.close()
-        self.crash_point("cleaned_written")
+        self.crash_point("cleaner.cleaned_written")
 
         note = os.path.join(directory, stem + RANGE_NOTE_SUFFIX)
         replace_file(note, f"{segment.base_offset}\n".encode("ascii"))
-        self.crash_point("note_written")
+        self.crash_point("cleaner.note_written")
         committed = False  # past the point of no return (the .log.swap rename)
         try:
             for suffix in SWAP_ORDER:
                 source = os.path.join(directory, stem + suffix + CLEANED_SUFFIX)
                 os.replace(source, os.path.join(directory, stem + suffix + SWAP_SUFFIX))
                 committed = suffix == LOG_SUFFIX
-                self.crash_point(f"swap_renamed{suffix}")
+                self.crash_point(f"cleaner.swap_renamed{suffix}")
             fsync_directory(directory)
-            self.crash_point("swap_renamed")
+            self.crash_point("cleaner.swap_renamed")
             # Past the point of no return: replace the live segment.
             return self._replace(segment, stem, note, removed)
         except BaseException as error:
@@ -232,7 +232,7 @@ class Cleaner:
                 # Half swapped: the files are right only after
                 # complete_interrupted_swaps, which runs when the log is
                 # reopened; until then it takes no appends.
-                self.log._fail(error if isinstance(error, Exception) else RuntimeError(repr(error)))
+                self.log.mark_failed(error if isinstance(error, Exception) else RuntimeError(repr(error)))
             raise
 
     def _replace(self, segment: LogSegment, stem: str, note: str, removed: int) -> int:
@@ -243,13 +243,13 @@ class Cleaner:
             live = os.path.join(directory, stem + suffix)
             if os.path.exists(live):
                 os.replace(live, live + DELETED_SUFFIX)
-                self.crash_point(f"old_renamed{suffix}")
-        self.crash_point("old_renamed_deleted")
+                self.crash_point(f"cleaner.old_renamed{suffix}")
+        self.crash_point("cleaner.old_renamed_deleted")
         for suffix in SWAP_ORDER:
             os.replace(os.path.join(directory, stem + suffix + SWAP_SUFFIX), os.path.join(directory, stem + suffix))
-            self.crash_point(f"live_renamed{suffix}")
+            self.crash_point(f"cleaner.live_renamed{suffix}")
         os.remove(note)
-        self.crash_point("note_removed")
+        self.crash_point("cleaner.note_removed")
         for suffix in SEGMENT_SUFFIXES:
             deleted = os.path.join(directory, stem + suffix + DELETED_SUFFIX)
             if os.path.exists(deleted):

@@ -194,7 +194,7 @@ class GroupCommitter:
         partition_log = self.log
         if error is not None:
             if not partition_log.closed:  # close() fsyncs itself; a late EBADF is no failure
-                partition_log._fail(error)
+                partition_log.mark_failed(error)
             return
         if partition_log.failed is None and not partition_log.closed:
             self._made_durable(max(target, self.durable_after_round))
@@ -215,7 +215,7 @@ class GroupCommitter:
             for segment in segments:
                 segment.fsync_unless_closed()
         except OSError as error:
-            partition_log._fail(error)
+            partition_log.mark_failed(error)
             raise LogFailedError(f"fsync failed: {error}") from error
         if self.observer is not None and segments:
             self.observer.flushed(time.perf_counter() - began, round_bytes, round_appends)
@@ -420,7 +420,7 @@ class FsyncRounds:
             for thread in threads:
                 for committer, error in ({} if thread.cancelled() or thread.exception() else thread.result()).items():
                     if not committer.log.closed:
-                        committer.log._fail(error)
+                        committer.log.mark_failed(error)
             raise
         for failed in results:
             for committer, error in failed.items():

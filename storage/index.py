@@ -205,11 +205,6 @@ class _IndexFile:
             pass
         self._pending.clear()
 
-    def file_bytes(self) -> bytes:
-        self.flush()
-        with open(self.path, "rb") as file:
-            return file.read()
-
 
 class OffsetIndex(_IndexFile):
     entry = OFFSET_ENTRY

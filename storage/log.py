@@ -193,7 +193,7 @@ class PartitionLog:
             try:
                 fsync_directory(self.directory)
             except OSError as error:
-                self._fail(error)
+                self.mark_failed(error)
                 raise LogFailedError(f"fsync of {self.directory} failed: {error}") from error
             self.directory_unsynced = False
         if not self.marked_clean:
@@ -201,7 +201,7 @@ class PartitionLog:
         try:
             recovery.unmark_clean(self.directory)
         except OSError as error:
-            self._fail(error)
+            self.mark_failed(error)
             raise LogFailedError(f"removing {CLEAN_SHUTDOWN_FILE} from {self.directory} failed: {error}") from error
         self.marked_clean = False
 
@@ -309,13 +309,13 @@ class PartitionLog:
         try:
             self._maybe_roll(len(buffer), first_offset, last_offset, max_timestamp)
         except OSError as error:
-            self._fail(error)
+            self.mark_failed(error)
             raise LogFailedError(f"rolling a new segment in {self.directory} failed: {error}") from error
         segment = self.active_segment
         try:
             segment.append(buffer, headers, base_offsets)
         except OSError as error:
-            self._fail(error)
+            self.mark_failed(error)
             raise LogFailedError(f"write to {segment.log_path} failed: {error}") from error
         for change, offset, (_position, header) in zip(producer_changes, base_offsets, headers):
             if change is not None:
@@ -339,13 +339,13 @@ class PartitionLog:
         try:
             self._maybe_roll(len(buffer), offset, offset, header.max_timestamp)
         except OSError as error:
-            self._fail(error)
+            self.mark_failed(error)
             raise LogFailedError(f"rolling a new segment in {self.directory} failed: {error}") from error
         segment = self.active_segment
         try:
             segment.append(buffer, [(0, header)], [offset])
         except OSError as error:
-            self._fail(error)
+            self.mark_failed(error)
             raise LogFailedError(f"write to {segment.log_path} failed: {error}") from error
         completed = self.producer_state.apply_marker(header.producer_id, header.producer_epoch, coordinator_epoch, marker.type, offset, header.max_timestamp)
         self.log_end_offset = offset + 1
@@ -391,7 +391,7 @@ class PartitionLog:
         try:
             return self._roll(self.log_end_offset if next_base is None else next_base)
         except OSError as error:
-            self._fail(error)
+            self.mark_failed(error)
             raise LogFailedError(f"rolling a new segment in {self.directory} failed: {error}") from error
 
     def _roll(self, base: int) -> LogSegment:
@@ -437,7 +437,9 @@ class PartitionLog:
         """A future that completes when ``offset`` is durable (fails if it never will be)."""
         return self.committer.wait_durable(offset)
 
-    def _fail(self, error: Exception) -> None:
+    def mark_failed(self, error: Exception) -> None:
+        """Refuse appends until the log is reopened (a write or fsync failed,
+        here or in the group committer or the cleaner), and fail the waiters."""
         log.error("log %s failed: %s; refusing appends until it is reopened", self.directory, error)
         self.failed = error
         self.committer.fail_waiters(LogFailedError(f"not durable: {error}"))

@@ -2,38 +2,17 @@
 
 Topic names come from users (CreateTopics, auto-creation on Metadata), and a
 partition's directory is ``<topic>-<partition>`` under the data directory, so
-a name is validated before it is ever joined to a path: Kafka's legal
-characters ``[a-zA-Z0-9._-]``, 1 to 249 characters, and not ``.`` or ``..``.
-With that alphabet no name can contain a path separator, and
+a name is validated before it is ever joined to a path, by Kafka's rule
+(``protocol.names``: ``[a-zA-Z0-9._-]``, 1 to 249 characters, not ``.`` or
+``..``). With that alphabet no name can contain a path separator, and
 ``partition_path()`` checks the result stays inside the data directory anyway.
 """
 
 from __future__ import annotations
 
 import os
-import re
 
-MAX_TOPIC_NAME_LENGTH = 249
-_LEGAL = re.compile(r"[a-zA-Z0-9._-]+")  # used with fullmatch: "$" would let a trailing newline through
-
-
-class InvalidTopicError(ValueError):
-    """A topic name Kafka would refuse (INVALID_TOPIC_EXCEPTION)."""
-
-
-def validate_topic_name(name) -> str:
-    if not isinstance(name, str) or name == "":
-        raise InvalidTopicError("topic name is empty")
-    if name in (".", ".."):
-        raise InvalidTopicError(f"topic name cannot be '{name}'")
-    if len(name) > MAX_TOPIC_NAME_LENGTH:
-        raise InvalidTopicError(f"topic name is {len(name)} characters; the limit is {MAX_TOPIC_NAME_LENGTH}")
-    if not _LEGAL.fullmatch(name):
-        bad = sorted({c for c in name if not _LEGAL.fullmatch(c)})
-        raise InvalidTopicError(
-            f"topic name {name!r} has illegal characters {''.join(bad)!r}; allowed are ASCII letters, digits, '.', '_' and '-'"
-        )
-    return name
+from protocol.names import InvalidTopicError, validate_topic_name
 
 
 def partition_dir_name(topic: str, partition: int) -> str:

@@ -269,10 +269,6 @@ class ProducerStateManager:
     def first_unstable_offset(self) -> int | None:
         return min(self.ongoing) if self.ongoing else None
 
-    def open_transaction_first_offset(self, producer_id: int) -> int | None:
-        entry = self.producers.get(producer_id)
-        return entry.current_txn_first_offset if entry else None
-
     # -- expiry and truncation ------------------------------------------------------
 
     def remove_expired(self, now_ms: int, expiration_ms: int) -> list[int]:

@@ -2,9 +2,12 @@
 ``.timeindex`` and ``.txnindex``.
 
 The ``.log`` file is a plain concatenation of RecordBatch v2 batches exactly
-as they travel on the wire (offsets already assigned). Every file operation
-goes through a ``DiskIO`` object (``storage.durable``), the seam tests and
-the fault harness replace to make a write or an fsync fail.
+as they travel on the wire (offsets already assigned). Every operation on
+it goes through a ``DiskIO`` object (``storage.durable``), the seam tests and
+the fault harness replace to make a write or an fsync fail. The index files
+(``storage.index``, ``storage.txn_index``) do not yet: they use plain file
+calls, so injected faults and the fsync journal do not see them (recovery
+rebuilds an index it cannot trust from the ``.log``).
 """
 
 from __future__ import annotations
@@ -161,16 +164,6 @@ class LogSegment:
             return b""
         return self.io.pread(self.fd, end - start, start)
 
-    def first_batch_at_or_after_timestamp(self, timestamp: int) -> BatchHeader | None:
-        start_offset = self.time_index.lookup(timestamp)
-        found = self.find_position(start_offset)
-        if found is None:
-            return None
-        for _position, header in self.iter_headers(found[0]):
-            if header.max_timestamp >= timestamp:
-                return header
-        return None
-
     # -- recovery --------------------------------------------------------------------
 
     def recover(self, *, expected_start: int | None = None) -> tuple[int, str | None]:
@@ -293,9 +286,6 @@ class LogSegment:
                 os.remove(path)
             except FileNotFoundError:
                 pass
-
-    def is_empty(self) -> bool:
-        return self.size == 0
 
     def __repr__(self) -> str:
         return f"LogSegment({self.base_offset}, size={self.size}, next_offset={self.next_offset})"

@@ -75,6 +75,10 @@ MEASURED_SECONDS = {
 }
 
 
+#: A test measured above this many seconds is marked ``soak`` (minutes long).
+SOAK_SECONDS = 60
+
+
 def spark_unit(nodeid: str) -> str | None:
     """The Spark unit of work a test belongs to, None if it starts no Spark."""
     path = nodeid.split("::")[0]
@@ -87,9 +91,19 @@ def spark_unit(nodeid: str) -> str | None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """On an xdist worker: the Spark units first, then the other tests, each
-    longest first (every worker collects the same, so all agree on the order,
-    which the scheduler keeps: --no-loadscope-reorder)."""
+    """Marks the tiers, before ``-m`` selects: ``spark`` on every test that
+    starts Spark (``spark_unit``), ``soak`` on every test measured above
+    ``SOAK_SECONDS`` (``MEASURED_SECONDS``), so that ``-m "not spark and not
+    soak"`` runs everything but the minutes-long ones.
+
+    On an xdist worker, also orders them: the Spark units first, then the
+    other tests, each longest first (every worker collects the same, so all
+    agree on the order, which the scheduler keeps: --no-loadscope-reorder)."""
+    for item in items:
+        if spark_unit(item.nodeid):
+            item.add_marker(pytest.mark.spark)
+        if MEASURED_SECONDS.get(item.nodeid, 0) > SOAK_SECONDS:
+            item.add_marker(pytest.mark.soak)
     if not hasattr(config, "workerinput"):
         return
 

@@ -11,6 +11,7 @@ import threading
 import time
 import uuid
 
+from faults.certificates import TestCA  # noqa: F401  (tests import it from here)
 from storage.durable import DiskIO
 
 # Once a reader has what it expected, it waits this long for anything more
@@ -23,6 +24,22 @@ def create_topic(bootstrap: str, topic: str, partitions: int = 3, *, timeout: fl
 
     admin = AdminClient({"bootstrap.servers": bootstrap})  # must outlive the future
     admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(timeout)
+
+
+def seed_input(bootstrap: str, topic: str, count: int) -> None:
+    """``count`` records, values ``b"0"``, ``b"1"``, ... keyed ``k<i mod 1000>``,
+    written by an idempotent confluent-kafka producer (a copier's input)."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20, "batch.size": 1 << 20})
+    for i in range(count):
+        while True:
+            try:
+                producer.produce(topic, key=b"k%d" % (i % 1000), value=b"%d" % i)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    assert producer.flush(60) == 0
 
 
 def read_values(
@@ -137,81 +154,3 @@ class FullDiskUnderOffsets(PathTrackingIO):
             self.refused += 1
             raise OSError(errno.ENOSPC, "No space left on device")
         super().write(fd, data)
-
-
-class TestCA:
-    """A throw-away certificate authority for TLS tests (``cryptography``):
-    ``ca.pem`` and a broker certificate for 127.0.0.1/localhost signed by it
-    (``server.pem`` + ``server.key``), written into ``directory``;
-    ``issue(name, common_name)`` signs more (client certificates, a server
-    certificate from another CA for the untrusted case)."""
-
-    __test__ = False  # not a test class, whatever pytest thinks of the name
-
-    def __init__(self, directory, *, name: str = "onceflow test CA"):
-        import datetime
-        import os
-
-        from cryptography import x509
-        from cryptography.hazmat.primitives import hashes, serialization
-        from cryptography.hazmat.primitives.asymmetric import ec
-        from cryptography.x509.oid import NameOID
-
-        self._x509, self._hashes, self._serialization, self._ec, self._oid = x509, hashes, serialization, ec, NameOID
-        self.directory = str(directory)
-        os.makedirs(self.directory, exist_ok=True)
-        self._now = datetime.datetime.now(datetime.UTC)
-        self._valid = datetime.timedelta(days=2)
-        self.key = ec.generate_private_key(ec.SECP256R1())
-        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-        self.certificate = (
-            x509.CertificateBuilder()
-            .subject_name(subject)
-            .issuer_name(subject)
-            .public_key(self.key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(self._now - datetime.timedelta(minutes=5))
-            .not_valid_after(self._now + self._valid)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(x509.KeyUsage(True, False, False, False, False, True, True, False, False), critical=True)
-            .sign(self.key, hashes.SHA256())
-        )
-        self.cafile = self._write("ca.pem", self.certificate.public_bytes(serialization.Encoding.PEM))
-        self.certfile, self.keyfile = self.issue("server", "localhost", server=True)
-
-    def _write(self, filename: str, data: bytes) -> str:
-        import os
-
-        path = os.path.join(self.directory, filename)
-        with open(path, "wb") as handle:
-            handle.write(data)
-        return path
-
-    def issue(self, filename: str, common_name: str, *, server: bool = False) -> tuple[str, str]:
-        """Sign a certificate for ``common_name``; returns (certificate PEM path, key PEM path)."""
-        import datetime
-        import ipaddress
-
-        x509, NameOID = self._x509, self._oid
-        key = self._ec.generate_private_key(self._ec.SECP256R1())
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
-            .issuer_name(self.certificate.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(self._now - datetime.timedelta(minutes=5))
-            .not_valid_after(self._now + self._valid)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        )
-        if server:
-            names = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
-        certificate = builder.sign(self.key, self._hashes.SHA256())
-        serialization = self._serialization
-        certfile = self._write(f"{filename}.pem", certificate.public_bytes(serialization.Encoding.PEM))
-        keyfile = self._write(
-            f"{filename}.key",
-            key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
-        )
-        return certfile, keyfile

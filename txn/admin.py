@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import time
 
 import attrs
 
@@ -83,6 +84,49 @@ class ProducerDescription:
     last_timestamp: int
     coordinator_epoch: int
     current_txn_start_offset: int
+
+
+# The states of a transaction the coordinator has not finished (in Prepare*
+# it has decided and is writing the markers), as ListTransactions names them.
+OPEN_TRANSACTION_STATES = ("Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence")
+
+# Why a transaction open in a partition hangs: the one rule of
+# ``AsyncAdmin.find_hanging_transactions`` (``hanging_reason``), which
+# ``onceflow status`` and ``onceflow transactions find-hanging`` both show.
+HANGING_REASONS = {
+    "no_open_transaction": "the coordinator has no open transaction of this producer",
+    "partition_not_in_transaction": "the producer's open transaction does not include this partition",
+    "older_than_timeout": "open longer than its transaction timeout",
+}
+
+
+@attrs.frozen
+class HangingTransaction:
+    """A transaction open in one partition (DescribeProducers) that hangs
+    (``HANGING_REASONS``): it holds the partition's last stable offset back
+    until ``abort_transaction`` ends it."""
+
+    topic: str
+    partition: int
+    producer_id: int
+    producer_epoch: int
+    coordinator_epoch: int
+    start_offset: int  # the open transaction's first offset: the LSO cannot pass it
+    last_timestamp: int
+    reason: str  # a key of HANGING_REASONS
+
+
+def hanging_reason(transaction: TransactionDescription | None, partition: TopicPartition, now_ms: int) -> str | None:
+    """Why a transaction open in ``partition`` hangs, given the open
+    transaction the coordinator knows of its producer (None: none), or None
+    if it does not hang."""
+    if transaction is None:
+        return "no_open_transaction"
+    if partition not in transaction.partitions:
+        return "partition_not_in_transaction"
+    if transaction.start_time_ms >= 0 and now_ms - transaction.start_time_ms > transaction.timeout_ms:
+        return "older_than_timeout"
+    return None
 
 
 @attrs.frozen
@@ -383,6 +427,44 @@ class AsyncAdmin:
                         raise classify(answer["error_code"], f"describe producers of {tp}")
                     out[tp] = [ProducerDescription(p["producer_id"], p["producer_epoch"], p["last_sequence"], p["last_timestamp"], p["coordinator_epoch"], p["current_txn_start_offset"]) for p in answer["active_producers"]]
         return out
+
+    async def find_hanging_transactions(self, partitions, *, now_ms: int | None = None) -> list[HangingTransaction]:
+        """The transactions open in ``partitions`` (DescribeProducers) that
+        hang by ``hanging_reason``, compared with the open transactions the
+        coordinators know, listed first. A producer that listing does not
+        account for is asked about once more, so a transaction begun between
+        the two requests is not reported. ``now_ms`` (default: this machine's
+        clock) is what a transaction's age is measured against."""
+        partitions = sorted(map(as_topic_partition, partitions))
+        if not partitions:
+            return []
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        known = await self._open_transactions_by_producer()
+        described = await self.describe_producers_of(partitions)
+        hanging = []
+        for tp in partitions:
+            for producer in described.get(tp, ()):
+                if producer.current_txn_start_offset < 0:
+                    continue
+                reason = hanging_reason(known.get(producer.producer_id), tp, now_ms)
+                if reason in ("no_open_transaction", "partition_not_in_transaction"):
+                    again = await self._open_transactions_by_producer([producer.producer_id])
+                    reason = hanging_reason(again.get(producer.producer_id), tp, now_ms)
+                if reason is not None:
+                    hanging.append(HangingTransaction(
+                        tp.topic, tp.partition, producer.producer_id, producer.producer_epoch, producer.coordinator_epoch,
+                        producer.current_txn_start_offset, producer.last_timestamp, reason,
+                    ))
+        return hanging
+
+    async def _open_transactions_by_producer(self, producer_ids: list[int] = ()) -> dict[int, TransactionDescription]:
+        """``{producer id: description}`` of the transactions in an
+        ``OPEN_TRANSACTION_STATES`` state (of ``producer_ids`` only, if given)."""
+        listed = await self.list_transactions(states=list(OPEN_TRANSACTION_STATES), producer_ids=list(producer_ids))
+        if not listed:
+            return {}
+        described = await self.describe_transactions_by_coordinator([t.transactional_id for t in listed])
+        return {d.producer_id: d for d in described.values() if d is not None and d.state in OPEN_TRANSACTION_STATES}
 
     async def abort_transaction(self, partition, producer_id: int, producer_epoch: int, coordinator_epoch: int | None = None) -> None:
         """Write an ABORT marker for a hanging transaction in one partition

@@ -13,6 +13,7 @@ It talks only over the wire, so it works against any Kafka broker.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
 
@@ -23,6 +24,8 @@ from protocol.messages import ApiKey
 from txn.config import CommonConfig
 from txn.connection import BrokerClient
 from txn.errors import KafkaError, RetriableError, RetriesExhaustedError, classify, is_retriable
+
+log = logging.getLogger(__name__)
 
 COORDINATOR_MOVED = {ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE}
 # Answers that mean "the coordinator is busy for a moment": finishing the
@@ -79,7 +82,7 @@ class Cluster:
         for address in random.sample(candidates, len(candidates)):
             try:
                 return await self.connection(address)
-            except (OSError, ConnectionError, asyncio.TimeoutError) as error:
+            except OSError as error:  # ConnectionError and TimeoutError are OSErrors
                 last_error = error
         raise ConnectionError(f"no broker reachable among {candidates}: {last_error}")
 
@@ -95,6 +98,20 @@ class Cluster:
         for client in list(self._clients.values()):
             await client.close()
         self._clients.clear()
+
+    async def abandon(self) -> None:
+        """Drop every connection now, for a client given up on without a
+        flush (a producer replaced after a failure: what it had not sent is
+        lost, and its open transaction is left to the coordinator, which the
+        next instance's ``init_transactions`` asks to end it). Unlike
+        ``close`` it never raises: a connection that fails to close is
+        logged and dropped all the same."""
+        clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            try:
+                await client.close()
+            except Exception as error:  # given up on: nothing more is owed to it
+                log.debug("a connection of an abandoned client failed to close: %r", error)
 
     # -- metadata -------------------------------------------------------------------------
 
@@ -156,7 +173,7 @@ class Cluster:
             if max_version is not None:
                 version = min(version, max_version)
             response = await client.request(api_key, body, version=version, timeout=timeout)
-        except (ConnectionError, OSError, asyncio.TimeoutError):
+        except OSError:
             self.forget_coordinator(key, key_type)
             raise
         code = response.get("error_code", 0)

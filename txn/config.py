@@ -16,8 +16,9 @@ from __future__ import annotations
 import attrs
 
 from protocol.compression import Compression
+from protocol.properties import parse_bool
 from txn.errors import ConfigError
-from txn.security import SecurityConfig, is_security_option, parse_bool
+from txn.security import SecurityConfig, is_security_option
 
 COMPRESSIONS = {"none": Compression.NONE, "gzip": Compression.GZIP, "snappy": Compression.SNAPPY, "lz4": Compression.LZ4, "zstd": Compression.ZSTD}
 

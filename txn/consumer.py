@@ -40,9 +40,9 @@ from protocol.tasks import cancel_and_wait
 from txn import assignors
 from txn.cluster import Cluster
 from txn.config import ConsumerConfig, build
-from txn.errors import CommitFailedError, FatalError, classify
+from txn.errors import GROUP_FENCING, CommitFailedError, FatalError, classify
 from txn.fetcher import Fetcher
-from txn.group_driver import FENCING, GroupDriver, supports_cooperative
+from txn.group_driver import GroupDriver, supports_cooperative
 from txn.membership import GroupMember, MemberState, RebalanceStep
 from txn.sync_client import SyncClient, properties_first, rebuild
 from txn.types import ConsumerRecord, GroupMetadata, OffsetAndMetadata, TopicPartition, as_topic_partition
@@ -237,7 +237,7 @@ class AsyncConsumer(Fetcher, GroupDriver):
                 for topic in response["topics"]:
                     for answer in topic["partitions"]:
                         code = answer["error_code"]
-                        if code in FENCING or code == ErrorCode.REBALANCE_IN_PROGRESS:
+                        if code in GROUP_FENCING or code == ErrorCode.REBALANCE_IN_PROGRESS:
                             self._note_group_error(code)
                             raise CommitFailedError(code, "OffsetCommit (the group has moved on; poll to rejoin)")
                         if code in (ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE):
@@ -287,10 +287,10 @@ class AsyncConsumer(Fetcher, GroupDriver):
             raise FatalError(message="enforce_rebalance() needs subscribe()")
         if group_error is None or group_error == ErrorCode.REBALANCE_IN_PROGRESS:
             self._rejoin_needed = True
-        elif group_error in FENCING:
+        elif group_error in GROUP_FENCING:
             self._note_group_error(group_error)
         else:
-            raise FatalError(message=f"enforce_rebalance: {group_error!r} is not a group error that ends a generation ({', '.join(sorted(ErrorCode(c).name for c in FENCING))} or REBALANCE_IN_PROGRESS)")
+            raise FatalError(message=f"enforce_rebalance: {group_error!r} is not a group error that ends a generation ({', '.join(sorted(ErrorCode(c).name for c in GROUP_FENCING))} or REBALANCE_IN_PROGRESS)")
 
     async def close(self) -> None:
         """Leave the group (after revoking, with auto-commit's last commit) and disconnect."""

@@ -138,6 +138,18 @@ def classify(code: int, context: str = "", *, in_transaction: bool = False) -> K
     return FatalError(code, context)
 
 
+# A transient failure, as a caller above the clients (a runner, a sink, a
+# command) meets it: a retriable broker error (``RetriesExhaustedError`` once
+# a client's own retries ran out) or a connection lost, refused or timed out
+# (``OSError``: ConnectionError and TimeoutError are OSErrors). Such a
+# caller backs off and tries again; anything else is not transient.
+TRANSIENT_ERRORS = (RetriableError, OSError)
+
+# The group codes that say this member was fenced out of the generation it
+# acted in: it rejoins (and its transaction, if any, aborts).
+GROUP_FENCING = frozenset({ErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.ILLEGAL_GENERATION, ErrorCode.FENCED_INSTANCE_ID})
+
+
 def is_retriable(error: BaseException) -> bool:
     """Whether the client should retry after ``error``."""
     if isinstance(error, (ConnectionError, TimeoutError)):

@@ -37,16 +37,13 @@ from protocol.errors import ErrorCode
 from protocol.messages import ApiKey
 from protocol.tasks import cancel_and_wait
 from txn import assignors
-from txn.errors import CommitFailedError, KafkaError, RetriableError, classify, is_retriable
+from txn.errors import GROUP_FENCING, CommitFailedError, KafkaError, RetriableError, classify, is_retriable
 from txn.membership import MemberState, RebalanceStep
 from txn.types import TopicPartition
 
-FENCING = {ErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.ILLEGAL_GENERATION, ErrorCode.FENCED_INSTANCE_ID}
-
-
 class GroupDriver:
     def _note_group_error(self, code: int) -> None:
-        if code in FENCING:
+        if code in GROUP_FENCING:
             self._fenced_code = code
         self._rejoin_needed = True
 
@@ -186,7 +183,7 @@ class GroupDriver:
         try:
             response = await self.cluster.coordinator_request(self.group_id, CoordinatorType.GROUP, ApiKey.SYNC_GROUP, sync, timeout=join_timeout)
             code = response["error_code"]
-            if code and code != ErrorCode.REBALANCE_IN_PROGRESS and code not in FENCING:
+            if code and code != ErrorCode.REBALANCE_IN_PROGRESS and code not in GROUP_FENCING:
                 raise classify(code, "SyncGroup")
         except (KafkaError, OSError) as error:
             if not (is_retriable(error) or isinstance(error, OSError)):
@@ -199,7 +196,7 @@ class GroupDriver:
             return ("rebalance", None)
         if code == ErrorCode.REBALANCE_IN_PROGRESS:
             return ("rebalance", None)
-        if code in FENCING:
+        if code in GROUP_FENCING:
             return ("fenced", code)
         assignment = assignors.decode_assignment(response["assignment"]) if response["assignment"] else assignors.Assignment([])
         return ("synced", [TopicPartition(topic, partition) for topic, partition in assignment.partitions if topic in self._subscription])
@@ -235,10 +232,10 @@ class GroupDriver:
             body = {"group_id": self.group_id, "generation_id": member.generation_id, "member_id": member.member_id, "group_instance_id": self.config.group_instance_id}
             try:
                 response = await self.cluster.coordinator_request(self.group_id, CoordinatorType.GROUP, ApiKey.HEARTBEAT, body)
-            except (KafkaError, ConnectionError, OSError, TimeoutError):
+            except (KafkaError, OSError):
                 continue  # the session timeout gives us room; the next beat tries again
             code = response["error_code"]
-            if code in FENCING or code == ErrorCode.REBALANCE_IN_PROGRESS:
+            if code in GROUP_FENCING or code == ErrorCode.REBALANCE_IN_PROGRESS:
                 self._note_group_error(code)
                 return
 
@@ -261,7 +258,7 @@ class GroupDriver:
             body = {"group_id": self.group_id, "member_id": member_id, "members": [{"member_id": member_id, "group_instance_id": None, "reason": "the consumer is leaving"}]}
             try:
                 await self.cluster.coordinator_request(self.group_id, CoordinatorType.GROUP, ApiKey.LEAVE_GROUP, body)
-            except (KafkaError, ConnectionError, OSError, TimeoutError):
+            except (KafkaError, OSError):
                 pass  # the session timeout removes us anyway
 
 

@@ -22,6 +22,8 @@ import enum
 
 import attrs
 
+from protocol import state_machine
+from protocol.state_machine import IllegalTransition
 from txn.types import TopicPartition
 
 
@@ -63,21 +65,13 @@ TRANSITIONS: dict[tuple[MemberState, MemberEvent], MemberState] = {
 }
 
 
-class IllegalMemberTransition(Exception):
+class IllegalMemberTransition(IllegalTransition):
     """A step the table does not allow: a bug in the consumer's driver."""
-
-    def __init__(self, state: MemberState, event: MemberEvent):
-        self.state = state
-        self.event = event
-        super().__init__(f"{event.value} in state {state.value}")
 
 
 def transition(state: MemberState, event: MemberEvent) -> MemberState:
     """The state after ``event`` in ``state``; raises IllegalMemberTransition if illegal."""
-    try:
-        return TRANSITIONS[(state, event)]
-    except KeyError:
-        raise IllegalMemberTransition(state, event) from None
+    return state_machine.transition(TRANSITIONS, state, event, IllegalMemberTransition)
 
 
 @attrs.frozen

@@ -32,6 +32,7 @@ import attrs
 
 from protocol import scram
 from protocol.errors import ErrorCode
+from protocol.properties import parse_bool
 from txn.errors import ConfigError, InvalidConfigurationError
 
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
@@ -86,15 +87,6 @@ def _mechanism(value) -> str:
 
 def _optional_text(value) -> str | None:
     return None if value is None or value == "" else str(value)
-
-
-def parse_bool(value) -> bool:
-    """A boolean setting as Kafka properties write it (``true``/``false``) or a Python bool."""
-    if isinstance(value, str):
-        if value.lower() not in ("true", "false"):
-            raise ConfigError(f"expected true or false, not {value!r}")
-        return value.lower() == "true"
-    return bool(value)
 
 
 @attrs.frozen(kw_only=True)

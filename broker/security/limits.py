@@ -35,6 +35,3 @@ class ConnectionLimiter:
         self._per_ip[ip] -= 1
         if self._per_ip[ip] <= 0:
             del self._per_ip[ip]
-
-    def connections_from(self, ip: str) -> int:
-        return self._per_ip.get(ip, 0)

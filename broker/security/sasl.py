@@ -40,9 +40,10 @@ import enum
 import attrs
 
 from broker.security.session import KafkaPrincipal
-from protocol import scram
+from protocol import scram, state_machine
 from protocol.errors import ErrorCode
 from protocol.messages import ApiKey
+from protocol.state_machine import IllegalTransition
 
 
 class SaslState(enum.Enum):
@@ -90,11 +91,16 @@ class AuthenticationFailed(Exception):
     """The mechanism refuses the client; the message goes back to it."""
 
 
+class IllegalSaslTransition(SaslRefusal, IllegalTransition):
+    """A SASL step the table does not allow: the connection is closed."""
+
+    def __init__(self, state: SaslState, event: SaslEvent):
+        IllegalTransition.__init__(self, state, event)
+
+
 def transition(state: SaslState, event: SaslEvent) -> SaslState:
-    try:
-        return TRANSITIONS[(state, event)]
-    except KeyError:
-        raise SaslRefusal(f"{event.value} is not possible while {state.value}") from None
+    """The state after ``event`` in ``state``; raises IllegalSaslTransition (a SaslRefusal) if illegal."""
+    return state_machine.transition(TRANSITIONS, state, event, IllegalSaslTransition)
 
 
 @attrs.frozen

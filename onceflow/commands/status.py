@@ -12,13 +12,12 @@ Kafka-protocol broker:
   (``lag_uncommitted``: what a read_uncommitted one has left);
 - open transactions (ListTransactions, DescribeTransactions): transactional
   id, producer id and epoch, state, age, timeout, partitions;
-- hanging-transaction candidates (DescribeProducers, as
-  ``kafka-transactions.sh find-hanging``): a partition whose producer has a
-  transaction open there that the coordinator does not know as open for
-  that partition, or one open longer than its transaction timeout. Either
-  holds the partition's LSO back; ``onceflow transactions abort`` ends it.
-  Only partitions whose LSO is below their end are asked (no other can
-  hold an open transaction).
+- hanging-transaction candidates: ``txn.Admin.find_hanging_transactions``,
+  the rule ``onceflow transactions find-hanging`` shows too (a transaction
+  open in a partition that the coordinator does not know as open there, or
+  open longer than its transaction timeout). Either holds the partition's
+  LSO back; ``onceflow transactions abort`` ends it. Only partitions whose
+  LSO is below their end are asked (no other can hold an open transaction).
 
 A broker that lacks an API (Tansu has no ListTransactions nor
 DescribeProducers) leaves that section out, saying why (``unavailable``).
@@ -45,11 +44,10 @@ from onceflow.client_commands import (
     client_options,
     reporting_errors,
 )
-from txn.admin import MemberDescription
+from txn.admin import HANGING_REASONS, OPEN_TRANSACTION_STATES, HangingTransaction, MemberDescription
 from txn.types import TopicPartition
 
 DEFAULT_WATCH_SECONDS = 2.0
-OPEN_STATES = ("Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence")
 TRANSACTION_STATE_TOPIC = "__transaction_state"  # DescribeProducers has nothing to say of it
 
 
@@ -107,25 +105,6 @@ class TransactionStatus:
 
 
 @attrs.frozen
-class HangingCandidate:
-    topic: str
-    partition: int
-    producer_id: int
-    producer_epoch: int
-    coordinator_epoch: int
-    start_offset: int  # the open transaction's first offset: the LSO cannot pass it
-    last_timestamp: int
-    reason: str  # see HANGING_REASONS
-
-
-HANGING_REASONS = {
-    "no_open_transaction": "the coordinator has no open transaction of this producer",
-    "partition_not_in_transaction": "the producer's open transaction does not include this partition",
-    "older_than_timeout": "open longer than its transaction timeout",
-}
-
-
-@attrs.frozen
 class Unavailable:
     section: str
     reason: str
@@ -139,7 +118,7 @@ class ClusterStatus:
     groups: tuple[GroupStatus, ...] | None
     transactions: tuple[TransactionStatus, ...] | None
     transactional_id_states: dict[str, int] | None  # every transactional id's state, counted
-    hanging: tuple[HangingCandidate, ...] | None
+    hanging: tuple[HangingTransaction, ...] | None
     unavailable: tuple[Unavailable, ...]
 
 
@@ -200,7 +179,7 @@ def gather(admin, *, bootstrap_server: str = "", topics=(), groups=(), include_i
         states = {}
         for listing in listed:
             states[listing.state] = states.get(listing.state, 0) + 1
-        transactions = _open_transactions(admin, [t.transactional_id for t in listed if t.state in OPEN_STATES], now_ms)
+        transactions = _open_transactions(admin, [t.transactional_id for t in listed if t.state in OPEN_TRANSACTION_STATES], now_ms)
         if topics:
             transactions = tuple(t for t in transactions if not t.partitions or any(p.topic in topics for p in t.partitions))
         if serves("hanging", ApiKey.DESCRIBE_PRODUCERS):
@@ -209,7 +188,7 @@ def gather(admin, *, bootstrap_server: str = "", topics=(), groups=(), include_i
             scanned = [TopicPartition(name, p) for name in (topics or listings) if name != TRANSACTION_STATE_TOPIC for p in range(listings[name].partitions)]
             offsets.update(_offsets(admin, [tp for tp in scanned if tp not in offsets]))
             unstable = [tp for tp in scanned if offsets[tp][2] < offsets[tp][1]]
-            hanging = _hanging(admin, unstable, transactions, now_ms)
+            hanging = tuple(admin.find_hanging_transactions(unstable, now_ms=now_ms))
     elif not any(u.section == "hanging" for u in unavailable):
         unavailable.append(Unavailable("hanging", "needs the transactions section"))
     return ClusterStatus(bootstrap_server, now_ms, topic_status, group_status, transactions, states, hanging, tuple(unavailable))
@@ -257,7 +236,7 @@ def _open_transactions(admin, transactional_ids: list[str], now_ms: int) -> tupl
             if error.code == ErrorCode.TRANSACTIONAL_ID_NOT_FOUND:
                 continue  # expired between the listing and now
             raise
-        if description.state not in OPEN_STATES:
+        if description.state not in OPEN_TRANSACTION_STATES:
             continue  # completed between the listing and now
         found.append(_transaction_status(description, now_ms))
     return tuple(found)
@@ -269,42 +248,6 @@ def _transaction_status(description, now_ms: int) -> TransactionStatus:
         description.start_time_ms, now_ms - description.start_time_ms if description.start_time_ms >= 0 else None,
         tuple(sorted(description.partitions)),
     )
-
-
-def _hanging(admin, partitions: list[TopicPartition], transactions: tuple[TransactionStatus, ...], now_ms: int) -> tuple[HangingCandidate, ...]:
-    if not partitions:
-        return ()
-    by_producer = {t.producer_id: t for t in transactions}
-    described = admin.describe_producers_of(partitions)
-    candidates = []
-    for tp, producers in sorted(described.items()):
-        for producer in producers:
-            if producer.current_txn_start_offset < 0:
-                continue
-            reason = _hanging_reason(by_producer.get(producer.producer_id), tp, now_ms)
-            if reason in ("no_open_transaction", "partition_not_in_transaction"):
-                # A transaction that began after the listing above is not
-                # hanging: ask the coordinator again about this producer.
-                reason = _hanging_reason(_current_transaction(admin, producer.producer_id, now_ms), tp, now_ms)
-            if reason is not None:
-                candidates.append(HangingCandidate(tp.topic, tp.partition, producer.producer_id, producer.producer_epoch, producer.coordinator_epoch, producer.current_txn_start_offset, producer.last_timestamp, reason))
-    return tuple(candidates)
-
-
-def _hanging_reason(transaction: TransactionStatus | None, partition: TopicPartition, now_ms: int) -> str | None:
-    if transaction is None:
-        return "no_open_transaction"
-    if partition not in transaction.partitions:
-        return "partition_not_in_transaction"
-    if transaction.start_time_ms >= 0 and now_ms - transaction.start_time_ms > transaction.timeout_ms:
-        return "older_than_timeout"
-    return None
-
-
-def _current_transaction(admin, producer_id: int, now_ms: int) -> TransactionStatus | None:
-    listed = [t.transactional_id for t in admin.list_transactions(producer_ids=[producer_id]) if t.state in OPEN_STATES]
-    found = _open_transactions(admin, listed, now_ms)
-    return found[0] if found else None
 
 
 # -- rendering ------------------------------------------------------------------------------------
@@ -409,7 +352,7 @@ def run(args) -> int:
     failure before the first screen is one line and the client commands'
     exit status (``reporting_errors``: 2 unreachable, 1 refused)."""
     from txn import Admin
-    from txn.errors import KafkaError, RetriesExhaustedError
+    from txn.errors import TRANSIENT_ERRORS, KafkaError
 
     out = sys.stdout
     clear = args.watch is not None and not args.json and out.isatty()
@@ -430,7 +373,7 @@ def run(args) -> int:
                     out.write("\n")
                 try:
                     draw(admin)
-                except (RetriesExhaustedError, ConnectionError, OSError, TimeoutError, KafkaError, CommandError) as error:
+                except (*TRANSIENT_ERRORS, KafkaError, CommandError) as error:
                     # Keep watching: the broker may come back.
                     print(f"onceflow status: {error} (retrying every {args.watch:g}s)", file=sys.stderr, flush=True)
         except KeyboardInterrupt:

@@ -3,9 +3,11 @@
 
     list           every transactional id, its producer id and state
     describe ID    one id: state, producer id/epoch, timeout, start, partitions
-    find-hanging   partitions whose open transaction the coordinator does not
-                   know as ongoing (or that is older than --max-age-ms):
-                   these hold the last stable offset back forever
+    find-hanging   transactions open in a partition that the coordinator does
+                   not know as open there, or open longer than their
+                   transaction timeout (``txn.Admin.find_hanging_transactions``,
+                   the rule ``onceflow status`` shows too): these hold the
+                   last stable offset back
     abort          write an ABORT marker for a hanging transaction in one
                    partition (--topic, --partition, --producer-id, --producer-epoch)
 """
@@ -13,11 +15,8 @@
 from __future__ import annotations
 
 import sys
-import time
 
 from onceflow.client_commands import add_bootstrap_option, client_options, partition_count, reporting_errors
-
-DEFAULT_MAX_AGE_MS = 15 * 60 * 1000  # kafka-transactions.sh's default
 
 
 def add_arguments(parser) -> None:
@@ -26,8 +25,7 @@ def add_arguments(parser) -> None:
     actions.add_parser("list", help="every transactional id with its producer id and state", description="every transactional id with its producer id and state")
     describe = actions.add_parser("describe", help="state, producer, timeout, start and partitions of one transactional id", description="state, producer, timeout, start and partitions of one transactional id")
     describe.add_argument("transactional_id", metavar="TRANSACTIONAL_ID")
-    hanging = actions.add_parser("find-hanging", help="open transactions in partitions that the coordinator does not know as ongoing", description="open transactions in partitions that the coordinator does not know as ongoing, or that are older than --max-age-ms: they hold the last stable offset back")
-    hanging.add_argument("--max-age-ms", type=int, default=DEFAULT_MAX_AGE_MS, metavar="N", help=f"also report ongoing transactions older than this (default {DEFAULT_MAX_AGE_MS})")
+    actions.add_parser("find-hanging", help="open transactions the coordinator does not know as open, or open longer than their timeout", description="transactions open in a partition that the coordinator does not know as open there, or open longer than their transaction timeout: they hold the last stable offset back")
     abort = actions.add_parser("abort", help="write an ABORT marker for a hanging transaction in one partition", description="write an ABORT marker for a hanging transaction in one partition")
     abort.add_argument("--topic", required=True, help="the topic of the partition the transaction hangs in")
     abort.add_argument("--partition", type=int, required=True, metavar="P", help="that partition")
@@ -46,7 +44,7 @@ def run(args) -> int:
             if args.action == "describe":
                 return describe_transaction(admin, args.transactional_id)
             if args.action == "find-hanging":
-                return find_hanging(admin, max_age_ms=args.max_age_ms)
+                return find_hanging(admin)
             return abort_transaction(admin, args.topic, args.partition, args.producer_id, args.producer_epoch, args.coordinator_epoch)
 
     return reporting_errors("transactions", args, act)
@@ -81,46 +79,18 @@ def describe_transaction(admin, transactional_id: str, out=None) -> int:
     return 0
 
 
-def _ongoing_by_producer(admin) -> dict:
-    """``{producer id: TransactionDescription}`` of the transactions the coordinators know as Ongoing."""
-    from protocol.errors import ErrorCode
-    from txn.errors import KafkaError
-
-    ongoing = {}
-    for listing in admin.list_transactions(states=["Ongoing"]):
-        try:
-            [description] = admin.describe_transactions([listing.transactional_id])
-        except KafkaError as error:
-            if error.code == ErrorCode.TRANSACTIONAL_ID_NOT_FOUND:
-                continue  # expired between the listing and now
-            raise
-        if description.state == "Ongoing":
-            ongoing[description.producer_id] = description
-    return ongoing
-
-
-def find_hanging(admin, *, max_age_ms: int = DEFAULT_MAX_AGE_MS, out=None) -> int:
+def find_hanging(admin, out=None) -> int:
     from txn import TopicPartition
+    from txn.admin import HANGING_REASONS
 
     out = out or sys.stdout
     partitions = [TopicPartition(topic, p) for topic, count in sorted(admin.list_topics().items()) if topic != "__transaction_state" for p in range(count)]
-    producers = admin.describe_producers_of(partitions) if partitions else {}
-    ongoing = _ongoing_by_producer(admin)
-    now_ms = int(time.time() * 1000)
-    hanging = 0
-    for tp in partitions:
-        for producer in producers.get(tp, ()):
-            if producer.current_txn_start_offset < 0:
-                continue
-            known = ongoing.get(producer.producer_id)
-            in_its_transaction = known is not None and tp in known.partitions
-            too_old = known is not None and known.start_time_ms >= 0 and now_ms - known.start_time_ms > max_age_ms
-            if not in_its_transaction or too_old:
-                hanging += 1
-                out.write(
-                    f"{tp.topic}-{tp.partition} producerId {producer.producer_id} epoch {producer.producer_epoch} "
-                    f"coordinatorEpoch {producer.coordinator_epoch} startOffset {producer.current_txn_start_offset}\n"
-                )
+    hanging = admin.find_hanging_transactions(partitions)
+    for found in hanging:
+        out.write(
+            f"{found.topic}-{found.partition} producerId {found.producer_id} epoch {found.producer_epoch} "
+            f"coordinatorEpoch {found.coordinator_epoch} startOffset {found.start_offset}: {HANGING_REASONS[found.reason]}\n"
+        )
     if not hanging:
         out.write("no hanging transactions\n")
     return 0

@@ -36,6 +36,7 @@ import re
 
 import attrs
 
+from protocol.names import is_legal_topic_name
 from txn.config import AdminConfig, CommonConfig, ConsumerConfig, ProducerConfig, build
 from txn.errors import ConfigError
 from txn.security import is_security_option
@@ -487,7 +488,6 @@ FORBIDDEN_SINK_OWNED_PARAMS = {
     "transactional.id": "Kafka option 'transactional.id' is not supported: set transactionalIdPrefix, the sink names one transactional id per task",
     "enable.idempotence": "Kafka option 'enable.idempotence' is not supported: the sink's producers are always idempotent (deliveryGuarantee chooses transactions)",
 }
-TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")  # fullmatch: "$" would let a trailing newline through
 
 
 @attrs.frozen
@@ -548,7 +548,7 @@ class SinkOptions:
                 )
             prefix = default_prefix(checkpoint)
         decision_topic = lowered.get("decisiontopic") or (f"onceflow.decisions.{prefix}" if prefix else None)
-        if guarantee == EXACTLY_ONCE and not TOPIC_NAME.fullmatch(decision_topic):
+        if guarantee == EXACTLY_ONCE and not is_legal_topic_name(decision_topic):
             raise OptionError(f"decision topic {decision_topic!r} is not a legal topic name: use letters, digits, '.', '_' and '-' in transactionalIdPrefix, or set decisionTopic")
         group = lowered.get("commitoffsetstogroup") or None
         if group is not None:

@@ -18,27 +18,13 @@ import uuid
 import pytest
 
 from tests.conftest import REPO
-from tests.helpers import create_topic
+from tests.helpers import create_topic, seed_input
 
 COPIERS = {
     "confluent": os.path.join(REPO, "examples", "transactional_copier.py"),
     "txn": os.path.join(REPO, "examples", "txn_copier.py"),
 }
 BROKER_CONFIG = ("group.min.session.timeout.ms=1000", "transaction.abort.timed.out.transaction.cleanup.interval.ms=500")
-
-
-def seed_input(bootstrap: str, topic: str, count: int) -> None:
-    from confluent_kafka import Producer
-
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20, "batch.size": 1 << 20})
-    for i in range(count):
-        while True:
-            try:
-                producer.produce(topic, key=b"k%d" % (i % 1000), value=b"%d" % i)
-                break
-            except BufferError:
-                producer.poll(0.05)
-    assert producer.flush(60) == 0
 
 
 class OutputReader(threading.Thread):

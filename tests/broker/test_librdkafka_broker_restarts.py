@@ -31,8 +31,7 @@ import time
 import pytest
 
 from faults.process import REPO, BrokerProcess
-from tests.broker.test_copier import seed_input
-from tests.helpers import create_topic, read_values, wait_for
+from tests.helpers import create_topic, read_values, seed_input, wait_for
 
 RECORDS = 40_000
 RESTARTS_IN_FLIGHT = 3

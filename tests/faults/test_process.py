@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import random
 import socket
+import time
 
 import pytest
 
-from faults.process import LINUX_DEFAULT_EPHEMERAL_RANGE, ephemeral_port_range, restartable_port
+from faults.process import LINUX_DEFAULT_EPHEMERAL_RANGE, BrokerProcess, ephemeral_port_range, restartable_port
 from protocol.messages import ApiKey
 from tests.helpers import raw_request
 
@@ -57,3 +58,32 @@ def test_a_broker_process_keeps_its_restartable_port_across_a_kill(broker_proces
     broker.restart(clean=False)
     assert broker.port == port
     assert raw_request(port, ApiKey.API_VERSIONS, 3, {"client_software_name": "t", "client_software_version": "1"})["error_code"] == 0
+
+
+def test_a_broker_that_never_prints_its_ready_line_fails_the_start_in_time(tmp_path):
+    """The ready line is awaited with a deadline: a checkout whose broker
+    hangs silently (here one that sleeps a minute) fails the start after
+    ``timeout``, and the process is killed, instead of hanging the caller."""
+    silent = tmp_path / "silent-checkout"
+    (silent / "onceflow").mkdir(parents=True)
+    (silent / "onceflow" / "__init__.py").write_text("")
+    (silent / "onceflow" / "__main__.py").write_text("import sys, time\nprint('starting', flush=True)\ntime.sleep(60)\n")
+    broker = BrokerProcess(str(tmp_path / "data"), checkout=str(silent))
+    began = time.monotonic()
+    with pytest.raises(TimeoutError, match="did not print its ready line in 2 s"):
+        broker.start(timeout=2)
+    assert time.monotonic() - began < 20
+    assert not broker.alive
+
+
+def test_a_broker_of_another_checkout_runs_that_checkouts_code(tmp_path):
+    """``checkout`` is the working directory: ``-m onceflow`` imports its code."""
+    other = tmp_path / "other-checkout"
+    (other / "onceflow").mkdir(parents=True)
+    (other / "onceflow" / "__init__.py").write_text("")
+    (other / "onceflow" / "__main__.py").write_text("import time\nprint('onceflow broker ready on 127.0.0.1:4321', flush=True)\ntime.sleep(60)\n")
+    broker = BrokerProcess(str(tmp_path / "data"), checkout=str(other)).start(timeout=30)
+    try:
+        assert broker.port == 4321
+    finally:
+        broker.kill()

@@ -3,8 +3,10 @@ describe, find-hanging, abort, and its one-line errors."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import time
 
 from onceflow.cli import main
 from protocol.records import encode_batch
@@ -68,12 +70,41 @@ def test_list_describe_find_hanging_and_abort(embedded_broker, capsys):
         status, out = onceflow("describe", "aged-tx")
         producer_id = int(out.split("ProducerId: ")[1].split()[0])
         status, out = onceflow("find-hanging")
-        assert out == "no hanging transactions\n", "an ongoing transaction the coordinator knows is not hanging"
-        status, out = onceflow("find-hanging", "--max-age-ms", "0")
-        assert f"ops-0 producerId {producer_id} " in out, "an ongoing transaction older than --max-age-ms is listed"
+        assert out == "no hanging transactions\n", f"an ongoing transaction the coordinator knows (producer {producer_id}) is not hanging"
         open_transaction.abort_transaction()
     finally:
         open_transaction.close()
+
+
+def test_status_and_find_hanging_agree_on_a_transaction_past_its_timeout(tmp_path, capsys):
+    """One rule (``txn.Admin.find_hanging_transactions``) for both commands:
+    a transaction the coordinator knows, open longer than its own timeout
+    (here 1 s, with the coordinator's expiry sweep every 10 minutes), hangs
+    for both. (``find-hanging`` used to ask only for transactions older than
+    15 minutes and said "no hanging transactions" where ``status`` listed one.)"""
+    from broker.broker import EmbeddedBroker
+    from txn import Producer
+
+    with EmbeddedBroker(str(tmp_path / "data"), transaction_abort_interval_ms=600_000) as broker:
+        create_topic(broker.bootstrap, "slow", 1)
+        producer = Producer(bootstrap_servers=broker.bootstrap, transactional_id="slow-tx", transaction_timeout_ms=1000)
+        try:
+            producer.init_transactions()
+            producer.begin_transaction()
+            producer.send("slow", b"late", partition=0)
+            producer.flush()
+            time.sleep(1.5)
+
+            assert main(["status", "--bootstrap-server", broker.bootstrap, "--json"]) == 0
+            [hanging] = json.loads(capsys.readouterr().out)["hanging"]
+            assert (hanging["topic"], hanging["partition"], hanging["reason"]) == ("slow", 0, "older_than_timeout")
+            assert main(["transactions", "--bootstrap-server", broker.bootstrap, "find-hanging"]) == 0
+            assert capsys.readouterr().out == (
+                f"slow-0 producerId {hanging['producer_id']} epoch {hanging['producer_epoch']} coordinatorEpoch {hanging['coordinator_epoch']} "
+                f"startOffset {hanging['start_offset']}: open longer than its transaction timeout\n"
+            )
+        finally:
+            producer.close()
 
 
 def test_cli_reports_an_unreachable_broker():

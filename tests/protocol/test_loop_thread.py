@@ -7,11 +7,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-import time
 
 import pytest
 
 from protocol.loop_thread import LoopThread
+from tests.helpers import wait_for
 
 
 class Service:
@@ -37,13 +37,6 @@ class Service:
             await self.scope.aclose()
         finally:
             self.events.append("stopped")
-
-
-def wait_until(condition, seconds: float = 10.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "the state never came"
-        time.sleep(0.01)
 
 
 def test_call_and_run_execute_on_the_loop_thread():
@@ -104,7 +97,7 @@ def test_a_crashed_child_stops_the_service_through_its_owner(caplog):
     service = Service(child=crash)
     thread = LoopThread("test-crash")
     thread.serve(service.start, service.stop)
-    wait_until(lambda: "stopped" in service.events)
+    wait_for(lambda: "stopped" in service.events, what="the service's stop", interval=0.01)
     thread.stop()  # the failure is logged, not raised again
     assert service.events == ["started", "stopped"]
     assert any("stopped with an error" in record.message for record in caplog.records)

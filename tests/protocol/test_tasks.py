@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from protocol.tasks import cancel_and_wait
+from protocol.tasks import cancel_and_wait, every
 
 
 def test_the_task_is_cancelled_and_its_cleanup_has_run_when_it_returns():
@@ -154,3 +154,26 @@ def test_a_connection_server_owns_its_connections(caplog):
 
     asyncio.run(scenario())
     assert "test server: serving" in caplog.text and "a bug" in caplog.text
+
+
+def test_every_runs_its_step_on_time_through_a_failure_until_cancelled(caplog):
+    """The periodic loop: a failing step is logged with the loop's name and
+    the next step still runs; cancelling the task ends the loop."""
+    steps = []
+
+    async def step():
+        steps.append(len(steps))
+        if len(steps) == 2:
+            raise RuntimeError("disk on fire")
+
+    async def main():
+        loop = asyncio.create_task(every(0.01, step, "test timers"))
+        while len(steps) < 4:
+            await asyncio.sleep(0.01)
+        await cancel_and_wait(loop)
+        return loop
+
+    with caplog.at_level("ERROR", logger="protocol.tasks"):
+        loop = asyncio.run(main())
+    assert loop.cancelled() and steps[:4] == [0, 1, 2, 3]
+    assert [record.getMessage() for record in caplog.records] == ["test timers failed"]

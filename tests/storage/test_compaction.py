@@ -126,22 +126,22 @@ def test_aborted_transaction_never_wins_over_a_committed_value(tmp_path):
 
 
 SWAP_STAGES = [
-    "cleaned_written",
-    "note_written",
-    "swap_renamed.index",
-    "swap_renamed.timeindex",
-    "swap_renamed.txnindex",
-    "swap_renamed.log",
-    "swap_renamed",
-    "old_renamed.log",
-    "old_renamed.index",
-    "old_renamed.timeindex",
-    "old_renamed_deleted",
-    "live_renamed.index",
-    "live_renamed.timeindex",
-    "live_renamed.txnindex",
-    "live_renamed.log",
-    "note_removed",
+    "cleaner.cleaned_written",
+    "cleaner.note_written",
+    "cleaner.swap_renamed.index",
+    "cleaner.swap_renamed.timeindex",
+    "cleaner.swap_renamed.txnindex",
+    "cleaner.swap_renamed.log",
+    "cleaner.swap_renamed",
+    "cleaner.old_renamed.log",
+    "cleaner.old_renamed.index",
+    "cleaner.old_renamed.timeindex",
+    "cleaner.old_renamed_deleted",
+    "cleaner.live_renamed.index",
+    "cleaner.live_renamed.timeindex",
+    "cleaner.live_renamed.txnindex",
+    "cleaner.live_renamed.log",
+    "cleaner.note_removed",
 ]
 
 
@@ -226,7 +226,7 @@ def test_a_failure_past_the_point_of_no_return_stops_appends_until_reopened(tmp_
         partition_log.append(encode_batch([(b"k%d" % (i % 3), b"v%d" % i, (), 1000 + i)]))
 
     def crash_point(name):
-        if name == "old_renamed_deleted":
+        if name == "cleaner.old_renamed_deleted":
             raise OSError(5, "Input/output error")
 
     with pytest.raises(OSError):

@@ -1,13 +1,16 @@
-"""Topic names from users can never escape the data directory."""
+"""Topic names from users can never escape the data directory (Kafka's
+rule of legal names, ``protocol.names``, is tested here too)."""
 
 import pytest
 
-from storage.names import InvalidTopicError, parse_partition_dir, partition_dir_name, partition_path, validate_topic_name
+from protocol.names import InvalidTopicError, is_legal_topic_name, validate_topic_name
+from storage.names import parse_partition_dir, partition_dir_name, partition_path
 
 
 @pytest.mark.parametrize("name", ["orders", "a", "A.b_c-9", "x" * 249, "__consumer_offsets"])
 def test_legal_names(name):
     assert validate_topic_name(name) == name
+    assert is_legal_topic_name(name)
 
 
 @pytest.mark.parametrize(
@@ -20,6 +23,7 @@ def test_legal_names(name):
 def test_illegal_names(name):
     with pytest.raises(InvalidTopicError):
         validate_topic_name(name)
+    assert not is_legal_topic_name(name)
 
 
 def test_partition_path_stays_inside(tmp_path):
