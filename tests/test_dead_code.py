@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import collections
 import pathlib
+import re
 
 import pytest
 
@@ -29,6 +30,9 @@ CALLED_BY_A_FRAMEWORK: dict[str, str] = {
     "prepareForTriggerAvailableNow": "PySpark's DataSourceStreamReader (Trigger.AvailableNow)",
     "reportLatestOffset": "PySpark's DataSourceStreamReader (progress reports)",
 }
+
+
+HOOK_REFERENCE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 
 
 def python_files() -> list[pathlib.Path]:
@@ -60,8 +64,11 @@ def used_names(tree: ast.Module) -> collections.Counter:
             names[node.attr] += 1
         elif isinstance(node, ast.alias):
             names[node.name.split(".")[-1]] += 1
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.isidentifier():
-            names[node.value] += 1
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if node.value.isidentifier():
+                names[node.value] += 1
+            elif HOOK_REFERENCE.fullmatch(node.value):  # "package.module:function", as crashPointHook names one
+                names[node.value.rsplit(":", 1)[1]] += 1
     return names
 
 
