@@ -169,8 +169,15 @@ class KafkaServer:
         in-flight requests have been answered or cancelled)."""
         return self._tcp.open_connections
 
+    async def listen(self) -> int:
+        """Bind and listen, not serving yet: connections wait, established,
+        in the kernel's backlog until ``start()``. A bind failure raises
+        here, to the caller."""
+        self.bound_port = await self._tcp.listen()
+        return self.bound_port
+
     async def start(self) -> int:
-        """Bind and listen; a bind failure raises here, to the caller."""
+        """Serve (bind and listen first unless ``listen()`` did)."""
         self.bound_port = await self._tcp.start()
         return self.bound_port
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -108,9 +109,14 @@ class OwnedWork:
 CLOSE_TIMEOUT = 2.0
 
 
+# Connections the kernel holds for a listener not accepting yet (asyncio's default).
+LISTEN_BACKLOG = 100
+
+
 class ConnectionServer:
     """A TCP listener that owns the task of every connection it accepts:
-    ``start()`` binds and listens (a bind failure raises to the caller),
+    ``start()`` binds and listens (a bind failure raises to the caller;
+    ``listen()`` does that part alone, earlier),
     ``stop()`` stops listening, then cancels every connection and waits
     until each has closed. ``serve(reader, writer)`` is the caller's: one
     connection from start to end (peer errors are its to handle); the
@@ -130,9 +136,27 @@ class ConnectionServer:
     def open_connections(self) -> int:
         return len(self._connections)
 
+    async def listen(self) -> int:
+        """Bind and listen without accepting yet: a connection that arrives
+        meanwhile is established by the kernel and waits in the backlog,
+        with whatever it sends, until ``start()`` (where a port that is not
+        listening would refuse it). Returns the bound port."""
+        if self._server is None:
+            self._server = await asyncio.start_server(
+                self._accept, self._host, self._port, reuse_address=True, limit=self._limit, backlog=LISTEN_BACKLOG, start_serving=False
+            )
+            for bound in self._server.sockets:
+                # asyncio listens only when it starts serving; listen now
+                # (through a duplicate of the socket's descriptor).
+                with socket.fromfd(bound.fileno(), bound.family, bound.type) as listening:
+                    listening.listen(LISTEN_BACKLOG)
+            self.bound_port = self._server.sockets[0].getsockname()[1]
+        return self.bound_port
+
     async def start(self) -> int:
-        self._server = await asyncio.start_server(self._accept, self._host, self._port, reuse_address=True, limit=self._limit)
-        self.bound_port = self._server.sockets[0].getsockname()[1]
+        """Accept and serve (binding first unless ``listen()`` did)."""
+        await self.listen()
+        await self._server.start_serving()
         return self.bound_port
 
     async def stop(self) -> None:
