@@ -55,6 +55,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import socket
 from typing import TYPE_CHECKING, Callable
 
 import attrs
@@ -118,8 +119,12 @@ class Broker:
         index_budget: IndexBudget | None = None,
         clock: Clock | None = None,
         metrics_address: tuple[str, int] | None = None,
+        listening: dict[str, socket.socket] | None = None,
     ):
         self.config = config.with_data_dir(config.data_dir)
+        # listener name -> its socket, bound and listening already (``onceflow
+        # broker`` binds before importing the broker); the others are bound in start().
+        self._listening = dict(listening or {})
         self.seams = FaultSeams.from_environment() if seams is None else seams
         # Every index of this broker's logs counts against this one budget
         # (and only this broker's loop touches them).
@@ -360,6 +365,7 @@ class Broker:
                 authentication_timeout=config.authentication_timeout_ms / 1000.0,
                 pre_authentication_max_frame_size=config.sasl_server_max_receive_size,
                 failed_authentication_delay=config.failed_authentication_delay_ms / 1000.0,
+                sock=self._listening.pop(listener.name, None),
             )
             self.servers[listener.name] = server
             self.ports[listener.name] = await server.listen()

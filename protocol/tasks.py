@@ -113,6 +113,31 @@ CLOSE_TIMEOUT = 2.0
 LISTEN_BACKLOG = 100
 
 
+def listening_socket(host: str, port: int) -> socket.socket | None:
+    """A TCP socket bound to ``host:port`` and listening, for a
+    ``ConnectionServer`` to serve later (``sock=``): a process can listen
+    before its slow start-up (imports, recovery), and connections made
+    meanwhile wait in the backlog. None when ``host`` resolves to more than
+    one address (the server binds each itself). A bind failure raises OSError."""
+    found = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    addresses = {(family, address) for family, _type, _proto, _name, address in found}
+    if len(addresses) != 1:
+        return None
+    [(family, address)] = addresses
+    listening = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            listening.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        listening.bind(address)
+        listening.listen(LISTEN_BACKLOG)
+        listening.setblocking(False)
+    except OSError:
+        listening.close()
+        raise
+    return listening
+
+
 class ConnectionServer:
     """A TCP listener that owns the task of every connection it accepts:
     ``start()`` binds and listens (a bind failure raises to the caller;
@@ -122,8 +147,12 @@ class ConnectionServer:
     connection from start to end (peer errors are its to handle); the
     writer is closed here once it returns."""
 
-    def __init__(self, serve: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]], *, host: str, port: int, limit: int, name: str):
+    def __init__(
+        self, serve: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]], *, host: str, port: int, limit: int, name: str,
+        sock: socket.socket | None = None,
+    ):
         self._serve = serve
+        self._sock = sock  # already bound and listening (``listening_socket``): used instead of host and port
         self._host = host
         self._port = port
         self._limit = limit  # the StreamReader's buffer: the longest line or frame head it reads
@@ -142,9 +171,12 @@ class ConnectionServer:
         with whatever it sends, until ``start()`` (where a port that is not
         listening would refuse it). Returns the bound port."""
         if self._server is None:
-            self._server = await asyncio.start_server(
-                self._accept, self._host, self._port, reuse_address=True, limit=self._limit, backlog=LISTEN_BACKLOG, start_serving=False
-            )
+            if self._sock is not None:
+                self._server = await asyncio.start_server(self._accept, sock=self._sock, limit=self._limit, backlog=LISTEN_BACKLOG, start_serving=False)
+            else:
+                self._server = await asyncio.start_server(
+                    self._accept, self._host, self._port, reuse_address=True, limit=self._limit, backlog=LISTEN_BACKLOG, start_serving=False
+                )
             for bound in self._server.sockets:
                 # asyncio listens only when it starts serving; listen now
                 # (through a duplicate of the socket's descriptor).
