@@ -6,9 +6,14 @@
 2. read the topic registry and recover the partition logs changed since
    they were last whole (after a clean stop, none); the others open when
    first used (``broker.replica``);
-3. bind the listeners (one ``KafkaServer`` each, sharing one connection
+3. serve the listeners (one ``KafkaServer`` each, sharing one connection
    limiter and the credential store); only now is the broker "ready"
-   (``start()`` returns);
+   (``start()`` returns). They are bound and listening from before step 2:
+   a client connecting while the broker recovers is connected at once and
+   its requests wait to be read until ready, as on Kafka's brokers (their
+   acceptors bind at start-up, their processors read once the broker is
+   up), instead of being refused: a refused librdkafka client doubles its
+   reconnect back-off and came back seconds after the broker was ready;
 
 and on ``stop()`` the reverse: stop the background loops, stop accepting,
 close connections, flush and close the logs (which writes their
@@ -50,6 +55,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import socket
 from typing import TYPE_CHECKING, Callable
 
 import attrs
@@ -115,8 +121,12 @@ class Broker:
         index_budget: IndexBudget | None = None,
         clock: Clock | None = None,
         metrics_address: tuple[str, int] | None = None,
+        listening: dict[str, socket.socket] | None = None,
     ):
         self.config = config.with_data_dir(config.data_dir)
+        # listener name -> its socket, bound and listening already (``onceflow
+        # broker`` binds before importing the broker); the others are bound in start().
+        self._listening = dict(listening or {})
         self.seams = FaultSeams.from_environment() if seams is None else seams
         # Every index of this broker's logs counts against this one budget
         # (and only this broker's loop touches them).
@@ -175,6 +185,29 @@ class Broker:
             self._lock_data_dir(data_dir)
         except OSError as error:
             raise DataDirError(f"cannot use data directory {data_dir}: {error.strerror or error}") from None
+        dispatch = self._dispatch
+        if self.metrics is not None:
+            from broker.metrics import MeasuredDispatch
+
+            dispatch = MeasuredDispatch(dispatch, self.metrics, lambda: self.replicas.topics_by_id)
+        try:
+            # Listening from here on, serving only once ready: a client that
+            # connects during recovery waits, connected, instead of being
+            # refused and backing off (librdkafka doubles its reconnect
+            # back-off per refused attempt, up to 10 s).
+            await self._listen(dispatch)
+        except (OSError, ValueError):
+            await self._stop_servers()
+            self._unlock()
+            raise
+        log.info("listening on %s:%d; connections wait until the broker is ready", self.config.host, self.port)
+        try:
+            await self._recover_and_serve(data_dir)
+        except BaseException:
+            await self._stop_servers()
+            raise
+
+    async def _recover_and_serve(self, data_dir: str) -> None:
         try:
             from broker.metadata import MetadataStore
 
@@ -218,13 +251,9 @@ class Broker:
         await self.transactions.start(end_unknown_transactions=self.seams.end_unknown_transactions)
         self.groups.offsets_log.transaction_durability = self.transactions.coordinator.pending_durability
 
-        dispatch = self._dispatch
-        if self.metrics is not None:
-            from broker.metrics import MeasuredDispatch
-
-            dispatch = MeasuredDispatch(dispatch, self.metrics, lambda: self.replicas.topics_by_id)
         try:
-            await self._listen(dispatch)
+            for server in self.servers.values():
+                await server.start()
             if self.metrics is not None:
                 self.metrics.watch(self)
                 self.metrics_endpoint = await self.metrics.serve(*self.metrics_address)
@@ -303,8 +332,9 @@ class Broker:
             log.info("listeners: %s", ", ".join(f"{item.name}://{item.host}:{self.ports[item.name]}" for item in listeners))
 
     async def _listen(self, dispatch) -> None:
-        """One server per listener; they share the connection limits and the
-        credentials. A bind failure (OSError) or an unusable TLS setting
+        """One server per listener, bound and listening but not serving yet
+        (``_recover_and_serve`` starts them); they share the connection
+        limits and the credentials. A bind failure (OSError) or an unusable TLS setting
         (ValueError) reaches the caller."""
         from broker.security.limits import ConnectionLimiter
         from broker.security.sasl import SaslServer
@@ -339,9 +369,10 @@ class Broker:
                 authentication_timeout=config.authentication_timeout_ms / 1000.0,
                 pre_authentication_max_frame_size=config.sasl_server_max_receive_size,
                 failed_authentication_delay=config.failed_authentication_delay_ms / 1000.0,
+                sock=self._listening.pop(listener.name, None),
             )
             self.servers[listener.name] = server
-            self.ports[listener.name] = await server.start()
+            self.ports[listener.name] = await server.listen()
             if self.server is None:
                 self.server, self.port = server, self.ports[listener.name]
             if not listener.is_loopback and not (listener.uses_sasl or (listener.security_protocol == "SSL" and config.ssl_client_auth == "required")):

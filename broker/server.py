@@ -43,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import socket
 import ssl
 import struct
 import time
@@ -137,6 +138,7 @@ class KafkaServer:
         authentication_timeout: float = 10.0,
         pre_authentication_max_frame_size: int = 524288,
         failed_authentication_delay: float = 0.1,
+        sock: socket.socket | None = None,
     ):
         self.listener = listener or Listener(PLAINTEXT, PLAINTEXT, host, port)
         if self.listener.uses_tls and ssl_context is None:
@@ -160,7 +162,7 @@ class KafkaServer:
         self._on_connection = on_connection
         # The TCP listener owns every connection's task (stop() cancels and
         # waits for them; a bug loses one connection, logged).
-        self._tcp = ConnectionServer(self._accept, host=host, port=port, limit=1 << 20, name=f"listener {self.listener}")
+        self._tcp = ConnectionServer(self._accept, host=host, port=port, limit=1 << 20, name=f"listener {self.listener}", sock=sock)
         self.bound_port: int | None = None
 
     @property
@@ -169,8 +171,15 @@ class KafkaServer:
         in-flight requests have been answered or cancelled)."""
         return self._tcp.open_connections
 
+    async def listen(self) -> int:
+        """Bind and listen, not serving yet: connections wait, established,
+        in the kernel's backlog until ``start()``. A bind failure raises
+        here, to the caller."""
+        self.bound_port = await self._tcp.listen()
+        return self.bound_port
+
     async def start(self) -> int:
-        """Bind and listen; a bind failure raises here, to the caller."""
+        """Serve (bind and listen first unless ``listen()`` did)."""
         self.bound_port = await self._tcp.start()
         return self.bound_port
 

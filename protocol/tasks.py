@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -121,16 +122,50 @@ class OwnedWork:
 CLOSE_TIMEOUT = 2.0
 
 
+# Connections the kernel holds for a listener not accepting yet (asyncio's default).
+LISTEN_BACKLOG = 100
+
+
+def listening_socket(host: str, port: int) -> socket.socket | None:
+    """A TCP socket bound to ``host:port`` and listening, for a
+    ``ConnectionServer`` to serve later (``sock=``): a process can listen
+    before its slow start-up (imports, recovery), and connections made
+    meanwhile wait in the backlog. None when ``host`` resolves to more than
+    one address (the server binds each itself). A bind failure raises OSError."""
+    found = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    addresses = {(family, address) for family, _type, _proto, _name, address in found}
+    if len(addresses) != 1:
+        return None
+    [(family, address)] = addresses
+    listening = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            listening.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        listening.bind(address)
+        listening.listen(LISTEN_BACKLOG)
+        listening.setblocking(False)
+    except OSError:
+        listening.close()
+        raise
+    return listening
+
+
 class ConnectionServer:
     """A TCP listener that owns the task of every connection it accepts:
-    ``start()`` binds and listens (a bind failure raises to the caller),
+    ``start()`` binds and listens (a bind failure raises to the caller;
+    ``listen()`` does that part alone, earlier),
     ``stop()`` stops listening, then cancels every connection and waits
     until each has closed. ``serve(reader, writer)`` is the caller's: one
     connection from start to end (peer errors are its to handle); the
     writer is closed here once it returns."""
 
-    def __init__(self, serve: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]], *, host: str, port: int, limit: int, name: str):
+    def __init__(
+        self, serve: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]], *, host: str, port: int, limit: int, name: str,
+        sock: socket.socket | None = None,
+    ):
         self._serve = serve
+        self._sock = sock  # already bound and listening (``listening_socket``): used instead of host and port
         self._host = host
         self._port = port
         self._limit = limit  # the StreamReader's buffer: the longest line or frame head it reads
@@ -143,9 +178,30 @@ class ConnectionServer:
     def open_connections(self) -> int:
         return len(self._connections)
 
+    async def listen(self) -> int:
+        """Bind and listen without accepting yet: a connection that arrives
+        meanwhile is established by the kernel and waits in the backlog,
+        with whatever it sends, until ``start()`` (where a port that is not
+        listening would refuse it). Returns the bound port."""
+        if self._server is None:
+            if self._sock is not None:
+                self._server = await asyncio.start_server(self._accept, sock=self._sock, limit=self._limit, backlog=LISTEN_BACKLOG, start_serving=False)
+            else:
+                self._server = await asyncio.start_server(
+                    self._accept, self._host, self._port, reuse_address=True, limit=self._limit, backlog=LISTEN_BACKLOG, start_serving=False
+                )
+            for bound in self._server.sockets:
+                # asyncio listens only when it starts serving; listen now
+                # (through a duplicate of the socket's descriptor).
+                with socket.fromfd(bound.fileno(), bound.family, bound.type) as listening:
+                    listening.listen(LISTEN_BACKLOG)
+            self.bound_port = self._server.sockets[0].getsockname()[1]
+        return self.bound_port
+
     async def start(self) -> int:
-        self._server = await asyncio.start_server(self._accept, self._host, self._port, reuse_address=True, limit=self._limit)
-        self.bound_port = self._server.sockets[0].getsockname()[1]
+        """Accept and serve (binding first unless ``listen()`` did)."""
+        await self.listen()
+        await self._server.start_serving()
         return self.bound_port
 
     async def stop(self) -> None:

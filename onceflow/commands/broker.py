@@ -84,12 +84,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from broker.broker import Broker, DataDirError
     from broker.config import BrokerConfig
-    from broker.security.tls import TlsConfigError
-    from broker.storage_adapter import validate_log_properties
     from onceflow import logs
-    from protocol.metrics_http import MetricsListenError
+    from protocol.tasks import listening_socket
 
     properties = dict(args.config)
     fields = {"data_dir": args.data_dir}
@@ -108,13 +105,47 @@ def run(args) -> int:
         properties["sasl.enabled.mechanisms"] = args.sasl_mechanisms
     try:
         config = BrokerConfig.from_properties(properties, **fields)
+    except (ValueError, TypeError) as error:
+        logs.announce(f"onceflow broker: bad configuration: {error}", sys.stderr, level=logging.ERROR)
+        return 2
+    # Listening before the broker's own imports and its recovery (seconds on
+    # a loaded machine): a client reconnecting after a restart is connected
+    # and waits for the broker to be ready instead of being refused, and a
+    # refused librdkafka client doubles its reconnect back-off each time.
+    listening = {}
+    try:
+        for listener in config.effective_listeners:
+            bound = listening_socket(listener.host, listener.port)
+            if bound is not None:
+                listening[listener.name] = bound
+    except OSError as error:
+        for bound in listening.values():
+            bound.close()
+        where = ", ".join(str(listener) for listener in config.effective_listeners)
+        logs.announce(f"onceflow broker: cannot listen on {where}: {error.strerror or error}", sys.stderr, level=logging.ERROR)
+        return 2
+    try:
+        return _run(args, config, listening)
+    finally:
+        for bound in listening.values():
+            bound.close()  # a no-op for those the broker served (it closed them)
+
+
+def _run(args, config, listening: dict) -> int:
+    from broker.broker import Broker, DataDirError
+    from broker.security.tls import TlsConfigError
+    from broker.storage_adapter import validate_log_properties
+    from onceflow import logs
+    from protocol.metrics_http import MetricsListenError
+
+    try:
         validate_log_properties(config.log_defaults)
     except (ValueError, TypeError) as error:
         logs.announce(f"onceflow broker: bad configuration: {error}", sys.stderr, level=logging.ERROR)
         return 2
 
     async def serve() -> int:
-        broker = Broker(config, metrics_address=args.metrics)
+        broker = Broker(config, metrics_address=args.metrics, listening=listening)
         try:
             await broker.start()
         except DataDirError as error:

@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import collections
 import json
+import logging
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -178,3 +181,71 @@ def test_the_stall_without_the_watch(tmp_path):
     recoveries, broker, _commits, copier = run_restarts(tmp_path, "transaction.offset.commit.stall.ms=0")
     stop(copier, broker)
     assert None in recoveries, f"the copier recovered from every restart without the broker's help ({recoveries}): has librdkafka fixed #5511?"
+
+
+LISTENING = "connections wait until the broker is ready"
+READY = "onceflow broker ready on"
+
+
+def start_paused_before_ready(broker: BrokerProcess, attempts: int = 8) -> threading.Thread:
+    """Start the (killed) broker again and SIGSTOP it once it is listening
+    and before it is ready (retried when the stop came too late); returns
+    the thread whose ``broker.start()`` returns once it is ready."""
+    for _attempt in range(attempts):
+        log_before = broker.read_log()
+        listening_before, ready_before = log_before.count(LISTENING), log_before.count(READY)
+        starting = threading.Thread(target=broker.start, daemon=True)
+        starting.start()
+        deadline = time.monotonic() + 60
+        while broker.read_log().count(LISTENING) == listening_before:
+            assert time.monotonic() < deadline, "the restarted broker never logged that it listens"
+            time.sleep(0.002)
+        broker.pause()
+        if broker.read_log().count(READY) == ready_before:
+            return starting
+        broker.resume()  # it was ready before the stop: try again
+        starting.join(60)
+        broker.kill()
+    pytest.skip(f"the broker was ready before it could be stopped in {attempts} restarts")
+
+
+@pytest.mark.slow
+def test_a_client_connecting_while_the_broker_recovers_waits_connected(tmp_path):
+    """After a SIGKILL the restarted broker listens before it recovers: a
+    client connecting meanwhile is connected and answered once the broker
+    is ready, instead of refused (librdkafka doubles its reconnect back-off
+    per refusal and so came back seconds after the broker was ready)."""
+    from confluent_kafka import Producer
+
+    broker = BrokerProcess(str(tmp_path / "data"))
+    broker.start()
+    create_topic(broker.bootstrap, "t", 1)
+    broker.kill()
+    starting = start_paused_before_ready(broker)
+    try:
+        # The port accepts while the broker recovers (before: ConnectionRefusedError).
+        socket.create_connection(("127.0.0.1", broker.port), timeout=5).close()
+        client_log = logging.getLogger(f"librdkafka-{tmp_path.name}")
+        client_log.propagate = False
+        lines: list[str] = []
+        client_log.addHandler(type("Collect", (logging.Handler,), {"emit": lambda self, record: lines.append(record.getMessage())})())
+        client_log.setLevel(logging.DEBUG)
+        producer = Producer({"bootstrap.servers": broker.bootstrap, "debug": "broker", "logger": client_log, "enable.idempotence": True})
+        delivered: list[float] = []
+        producer.produce("t", b"v", on_delivery=lambda error, _message: delivered.append(time.time()) if error is None else None)
+        paused_until = time.monotonic() + 2.0
+        while time.monotonic() < paused_until:
+            producer.poll(0.05)
+        assert not delivered, "delivered while the broker was stopped"
+        broker.resume()
+        starting.join(60)
+        ready = time.time()
+        producer.flush(10)
+        assert delivered, "not delivered within 10 s of the broker being ready"
+        refused = [line for line in lines if "Connection refused" in line]
+        assert not refused, f"librdkafka was refused while the broker recovered: {refused[:3]}"
+        assert any("Connected" in line for line in lines)
+        assert delivered[0] - ready < 5.0
+    finally:
+        broker.resume()
+        broker.kill()
