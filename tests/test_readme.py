@@ -48,7 +48,8 @@ PYTHON_BLOCKS = {
     "confluent_kafka": "test_confluent_kafka_example_round_trips",
     "send_offsets_to_transaction": "test_transactional_example_copies_orders_to_payments",
     "run_chaos": "test_chaos_example_runs_and_is_valid",
-    "@app.processor": "test_runner_quickstart_app",
+    "app.run(until_idle=5.0)": "test_runner_quickstart_app",
+    "def test_running_balances(tmp_path)": "test_first_processor_test_passes",
     "streaming.spark.register(spark)": "test_spark_quickstart_query",
 }
 
@@ -360,7 +361,7 @@ def test_runner_quickstart_app(embedded_broker, tmp_path):
     with Producer(bootstrap_servers=embedded_broker.bootstrap) as producer:
         for account, amount in amounts:
             producer.send("payments", json.dumps({"amount": amount}).encode(), key=account.encode())
-    code = the_block("python", "@app.processor").replace("127.0.0.1:9092", embedded_broker.bootstrap).replace("./balances-state", str(tmp_path / "state"))
+    code = the_block("python", "app.run(until_idle=5.0)").replace("127.0.0.1:9092", embedded_broker.bootstrap).replace("./balances-state", str(tmp_path / "state"))
     exec(compile(code, "the docs", "exec"), {})
     reader = Consumer(bootstrap_servers=embedded_broker.bootstrap)
     reader.assign([TopicPartition("balances", p) for p in range(3)])
@@ -373,6 +374,15 @@ def test_runner_quickstart_app(embedded_broker, tmp_path):
         last[record.key.decode()] = json.loads(record.value)["balance"]
     assert len(out) == len(amounts)
     assert last == {"acct-1": 3, "acct-2": 10, "acct-3": 1}
+
+
+def test_first_processor_test_passes(tmp_path):
+    """The getting-started page's pytest test of a processor, run as pytest
+    would: its test function called with a fresh tmp_path."""
+    code = the_block("python", "def test_running_balances(tmp_path)")
+    namespace: dict = {}
+    exec(compile(code, "the docs", "exec"), namespace)
+    namespace["test_running_balances"](tmp_path)
 
 
 def as_the_readme_runs_it(tmp_path) -> dict:
