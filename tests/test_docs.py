@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 import tomllib
@@ -91,3 +92,33 @@ def test_the_test_setup_installs_the_docs_tools():
         extras = tomllib.load(file)["project"]["optional-dependencies"]
     assert "onceflow[docs]" in extras["test"]
     assert {requirement.split(">")[0].split("=")[0] for requirement in extras["docs"]} >= {"mkdocs", "mkdocs-material", "mkdocstrings[python]"}
+
+
+def documented_metric_names(page: str) -> set[str]:
+    """The metric names a reference page names: whole names, and the short
+    forms of a table row (`onceflow_partition_log_end_offset`, `_high_watermark`
+    stands for onceflow_partition_high_watermark: the first name's words up to
+    some underscore, then the suffix)."""
+    names: set[str] = set()
+    for line in page.splitlines():
+        full = re.findall(r"\b(onceflow_[a-z_]+[a-z])\b", line)
+        names.update(full)
+        if full:
+            cuts = [index for index, char in enumerate(full[0]) if char == "_"]
+            for suffix in re.findall(r"`(_[a-z_]+)`", line):
+                names.update(full[0][:cut] + suffix for cut in cuts)
+    return names
+
+
+def test_every_metric_the_code_defines_is_in_the_reference():
+    """Each metric family broker/metrics.py and streaming/metrics.py define
+    (counters with or without their _total) is on reference/metrics.md."""
+    defined = set()
+    for module in ("broker/metrics.py", "streaming/metrics.py"):
+        with open(os.path.join(REPO, module), encoding="utf-8") as file:
+            defined |= set(re.findall(r"\"(onceflow_[a-z_]+)\"", file.read()))
+    assert len(defined) >= 40, defined
+    with open(os.path.join(REPO, "docs", "reference", "metrics.md"), encoding="utf-8") as file:
+        documented = documented_metric_names(file.read())
+    missing = sorted(name for name in defined if not {name, name + "_total", name.removesuffix("_total")} & documented)
+    assert missing == [], missing
