@@ -122,3 +122,13 @@ def test_every_metric_the_code_defines_is_in_the_reference():
         documented = documented_metric_names(file.read())
     missing = sorted(name for name in defined if not {name, name + "_total", name.removesuffix("_total")} & documented)
     assert missing == [], missing
+
+
+def test_the_readmes_links_into_the_site_lead_to_pages():
+    """The README is outside the site (mkdocs does not check it): each of its
+    relative links must name a file of the checkout."""
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as file:
+        targets = re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", file.read())
+    assert len([target for target in targets if target.startswith("docs/")]) >= 20, targets
+    for target in targets:
+        assert os.path.isfile(os.path.join(REPO, target)), target
