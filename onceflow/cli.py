@@ -16,6 +16,10 @@ command (logging is configured before ``run``, by ``onceflow.logs``: one
 line per event, text or JSON objects). Exit status: 0 success, 1 a
 failed check, a refused request or damaged input, 2 a usage or start-up
 error (argparse's usage errors included).
+
+``onceflow --version`` prints the installed package's version, read from its
+metadata only when asked (``importlib.metadata`` is not imported otherwise:
+a broker's start stays lean, tests/onceflow/test_broker_imports.py).
 """
 
 from __future__ import annotations
@@ -64,6 +68,27 @@ def _log_level(text: str) -> str:
     return level
 
 
+def installed_version() -> str:
+    """The version pip installed (the package metadata, from pyproject.toml)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("onceflow")
+    except PackageNotFoundError:
+        return "unknown (not installed: pip install -e . in the checkout)"
+
+
+class _VersionAction(argparse.Action):
+    """``--version``, reading the version only when the option is given."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help="print the installed version and exit"):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"onceflow {installed_version()}")
+        parser.exit()
+
+
 class _CommandParser(argparse.ArgumentParser):
     """A command's parser: its options come from the command's module, which
     is imported the first time the parser parses or prints its help."""
@@ -93,6 +118,7 @@ class _CommandParser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="onceflow", description="exactly-once streaming on a Kafka-protocol log")
+    parser.add_argument("--version", action=_VersionAction)
     parser.add_argument("--log-level", type=_log_level, default="INFO", metavar="LEVEL", help=f"logging level on stderr: {', '.join(LOG_LEVELS)} (default INFO)")
     parser.add_argument("--log-format", choices=LOG_FORMATS, default="text", help="one line per event on stderr: text (default) or json (objects with time, level, logger, message and the event's fields)")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_CommandParser)

@@ -1,16 +1,21 @@
-"""Every code block of the README runs, as written, and does what the text
-around it says (so the README cannot rot).
+"""Every code block of the README and of the documentation site (docs/)
+runs, as written, and does what the text around it says (so neither can
+rot).
 
-The README's code is fenced: ``python`` and ``sh`` blocks are executed here
-(each by the test that names it in ``SH_BLOCKS`` or ``PYTHON_BLOCKS``),
-``text`` blocks are command synopses (checked against ``--help``) and
-diagrams (the files they name must exist). The only rewrite a test makes is
-the broker address (127.0.0.1:9092 becomes a free port) and, where named,
-a shorter duration.
+The code is fenced: ``python`` and ``sh`` blocks are executed here (each by
+the test that names it in ``SH_BLOCKS`` or ``PYTHON_BLOCKS``; a block no test
+runs fails ``test_every_executable_block_has_its_test``), ``text`` blocks are
+command synopses (checked against ``--help``) and diagrams (the files they
+name must exist), ``mermaid`` blocks are diagrams drawn by the site. A block
+may appear on several pages (the README's quickstarts are also on the site's
+getting-started pages): every copy must be the same text, and its test runs
+it once for all. The only rewrite a test makes is the broker address
+(127.0.0.1:9092 becomes a free port) and, where named, a shorter duration.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -24,7 +29,9 @@ from tests.conftest import REPO
 from tests.helpers import free_port
 
 README = os.path.join(REPO, "README.md")
+DOCUMENTS = [README] + sorted(glob.glob(os.path.join(REPO, "docs", "**", "*.md"), recursive=True))
 BIN = os.path.dirname(sys.executable)  # where `onceflow` and `python` of this environment live
+MERMAID_DIAGRAMS = ("sequenceDiagram", "flowchart", "stateDiagram-v2")
 
 # A unique piece of each block -> the test that runs it.
 SH_BLOCKS = {
@@ -41,23 +48,33 @@ PYTHON_BLOCKS = {
     "confluent_kafka": "test_confluent_kafka_example_round_trips",
     "send_offsets_to_transaction": "test_transactional_example_copies_orders_to_payments",
     "run_chaos": "test_chaos_example_runs_and_is_valid",
-    "@app.processor": "test_runner_quickstart_app",
+    "app.run(until_idle=5.0)": "test_runner_quickstart_app",
+    "def test_running_balances(tmp_path)": "test_first_processor_test_passes",
     "streaming.spark.register(spark)": "test_spark_quickstart_query",
 }
 
 
+def read(path: str) -> str:
+    with open(path, encoding="utf-8") as file:
+        return file.read()
+
+
+def fenced_blocks_of(path: str) -> list[tuple[str, str]]:
+    return re.findall(r"^```(\w*)\n(.*?)^```$", read(path), flags=re.S | re.M)
+
+
 def fenced_blocks() -> list[tuple[str, str]]:
-    with open(README, encoding="utf-8") as file:
-        return re.findall(r"^```(\w*)\n(.*?)^```$", file.read(), flags=re.S | re.M)
+    return [block for path in DOCUMENTS for block in fenced_blocks_of(path)]
 
 
 def blocks_of(kind: str) -> list[str]:
-    return [body for language, body in fenced_blocks() if language == kind]
+    """The distinct blocks of that kind over the README and the site, in order."""
+    return list(dict.fromkeys(body for language, body in fenced_blocks() if language == kind))
 
 
 def the_block(kind: str, marker: str) -> str:
     matches = [body for body in blocks_of(kind) if marker in body]
-    assert len(matches) == 1, f"expected one {kind} block with {marker!r}, found {len(matches)}"
+    assert len(matches) == 1, f"expected one {kind} block with {marker!r} (every copy the same text), found {len(matches)} different ones"
     return matches[0]
 
 
@@ -71,17 +88,24 @@ def run_sh(block: str, cwd, *, timeout: float, replacements: dict[str, str] | No
                           capture_output=True, text=True, timeout=timeout)
 
 
-# -- the README's shape ------------------------------------------------------------
+# -- the documents' shape ------------------------------------------------------------
 
 
-def test_every_code_block_is_fenced_with_a_known_kind():
-    with open(README, encoding="utf-8") as file:
-        text = file.read()
-    outside = re.sub(r"^```\w*\n.*?^```$", "", text, flags=re.S | re.M)
+def test_the_site_has_pages_to_check():
+    pages = [path for path in DOCUMENTS if path != README]
+    assert len(pages) >= 20, pages
+
+
+@pytest.mark.parametrize("path", DOCUMENTS, ids=lambda path: os.path.relpath(path, REPO))
+def test_every_code_block_is_fenced_with_a_known_kind(path):
+    outside = re.sub(r"^```\w*\n.*?^```$", "", read(path), flags=re.S | re.M)
+    assert "```" not in outside, "an unclosed fence: its code would not be checked"
+    # mkdocstrings' directives (`::: txn.Producer` and their indented options) are not code.
+    outside = re.sub(r"^::: .*\n(?:    .*\n|\n)*", "", outside, flags=re.M)
     indented = [line for line in outside.splitlines() if line.startswith("    ") and line.strip()]
     assert indented == [], "indented code blocks are not executed; fence them"
-    kinds = {language for language, _ in fenced_blocks()}
-    assert kinds <= {"python", "sh", "text"}, kinds
+    kinds = {language for language, _ in fenced_blocks_of(path)}
+    assert kinds <= {"python", "sh", "text", "mermaid"}, kinds
 
 
 def test_every_executable_block_has_its_test():
@@ -90,9 +114,14 @@ def test_every_executable_block_has_its_test():
             owners = [test for marker, test in registry.items() if marker in body]
             assert len(owners) == 1, f"this {kind} block has {len(owners)} tests:\n{body}"
             assert owners[0] in globals(), owners[0]
-        assert len(blocks_of(kind)) == len(registry), f"a {kind} block listed here is gone from the README"
+        assert len(blocks_of(kind)) == len(registry), f"a {kind} block listed here is gone from the README and the site"
 
 
+def test_mermaid_blocks_are_diagrams():
+    diagrams = blocks_of("mermaid")
+    assert len(diagrams) >= 7, "the concept pages' diagrams are gone"
+    for body in diagrams:
+        assert body.split(None, 1)[0] in MERMAID_DIAGRAMS, body[:200]
 def synopsis_lines() -> list[str]:
     """Synopsis lines of the text blocks, continuation lines joined."""
     lines: list[str] = []
@@ -276,7 +305,7 @@ def test_transactional_example_copies_orders_to_payments(embedded_broker):
         orders.send("orders", b'{"order": %d}' % i, key=b"acct-%d" % i)
     orders.close()
     code = the_block("python", "send_offsets_to_transaction").replace("127.0.0.1:9092", embedded_broker.bootstrap)
-    exec(compile(code, "README.md", "exec"), {})
+    exec(compile(code, "the docs", "exec"), {})
     reader = Consumer(bootstrap_servers=embedded_broker.bootstrap)
     reader.assign([TopicPartition("payments", 0)])
     copied = []
@@ -295,7 +324,7 @@ def test_confluent_kafka_example_round_trips(embedded_broker, capsys):
     with Admin(bootstrap_servers=embedded_broker.bootstrap) as admin:
         admin.create_topics({"orders": 1})
     code = the_block("python", "confluent_kafka").replace("127.0.0.1:9092", embedded_broker.bootstrap)
-    exec(compile(code, "README.md", "exec"), {})
+    exec(compile(code, "the docs", "exec"), {})
     assert capsys.readouterr().out.strip() == """b'acct-7' b'{"amount": 5}'"""
 
 
@@ -307,7 +336,7 @@ def test_chaos_example_runs_and_is_valid(tmp_path, monkeypatch):
     previous = os.getcwd()
     os.chdir(REPO)  # the processor path in the example is relative to the repository
     try:
-        exec(compile(code.replace('"chaos-report"', repr(str(tmp_path / "chaos-report"))), "README.md", "exec"), namespace)
+        exec(compile(code.replace('"chaos-report"', repr(str(tmp_path / "chaos-report"))), "the docs", "exec"), namespace)
     finally:
         os.chdir(previous)
     assert namespace["verdict"].valid
@@ -332,8 +361,8 @@ def test_runner_quickstart_app(embedded_broker, tmp_path):
     with Producer(bootstrap_servers=embedded_broker.bootstrap) as producer:
         for account, amount in amounts:
             producer.send("payments", json.dumps({"amount": amount}).encode(), key=account.encode())
-    code = the_block("python", "@app.processor").replace("127.0.0.1:9092", embedded_broker.bootstrap).replace("./balances-state", str(tmp_path / "state"))
-    exec(compile(code, "README.md", "exec"), {})
+    code = the_block("python", "app.run(until_idle=5.0)").replace("127.0.0.1:9092", embedded_broker.bootstrap).replace("./balances-state", str(tmp_path / "state"))
+    exec(compile(code, "the docs", "exec"), {})
     reader = Consumer(bootstrap_servers=embedded_broker.bootstrap)
     reader.assign([TopicPartition("balances", p) for p in range(3)])
     out = []
@@ -345,6 +374,15 @@ def test_runner_quickstart_app(embedded_broker, tmp_path):
         last[record.key.decode()] = json.loads(record.value)["balance"]
     assert len(out) == len(amounts)
     assert last == {"acct-1": 3, "acct-2": 10, "acct-3": 1}
+
+
+def test_first_processor_test_passes(tmp_path):
+    """The getting-started page's pytest test of a processor, run as pytest
+    would: its test function called with a fresh tmp_path."""
+    code = the_block("python", "def test_running_balances(tmp_path)")
+    namespace: dict = {}
+    exec(compile(code, "the docs", "exec"), namespace)
+    namespace["test_running_balances"](tmp_path)
 
 
 def as_the_readme_runs_it(tmp_path) -> dict:
