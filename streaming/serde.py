@@ -12,6 +12,11 @@ A processor names a format for its source and sink keys and values:
 ``None`` (a null key, a tombstone value) passes through every format
 untouched, so a null never becomes ``b"null"``.
 
+``INTERNAL_FORMAT`` is the format of the runner's own topics (the dataflow
+layer's repartition topics): Python values through JSON with their types
+kept (str, bytes, int, float, bool, None, tuples, lists, dicts with str
+keys), sorted keys so one key is one byte string, hence one partition.
+
 ``resolve(fmt)`` turns any of these into a ``Serde``; the runner and the
 dataflow layer share it. A failure either way raises ``SerializationError``
 naming the format, so the runner can route the record by ``on_error``.
@@ -19,6 +24,7 @@ naming the format, so the runner can route the record by ``on_error``.
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any, Callable
 
@@ -96,3 +102,46 @@ def resolve(fmt) -> Serde:
         serialize, deserialize = fmt
         return Serde(getattr(serialize, "__name__", "custom"), serialize, deserialize)
     raise ValueError(f"a format is 'bytes', 'str', 'json' or a (serialize, deserialize) pair, not {fmt!r}")
+
+
+# -- the internal topics' format: Python values through JSON, types kept -----------------
+
+
+def _to_tree(value):
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    if isinstance(value, list):
+        return [_to_tree(item) for item in value]
+    if isinstance(value, tuple):
+        return {"t": [_to_tree(item) for item in value]}
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return {"b": base64.b64encode(bytes(value)).decode("ascii")}
+    if isinstance(value, dict):
+        if not all(isinstance(key, str) for key in value):
+            raise TypeError("a dict crossing a repartition topic needs str keys")
+        return {"d": {key: _to_tree(item) for key, item in value.items()}}
+    raise TypeError(f"a {type(value).__name__} cannot cross a repartition topic (use str, bytes, numbers, None, tuples, lists, dicts)")
+
+
+def _from_tree(tree):
+    if isinstance(tree, list):
+        return [_from_tree(item) for item in tree]
+    if isinstance(tree, dict):
+        if "t" in tree:
+            return tuple(_from_tree(item) for item in tree["t"])
+        if "b" in tree:
+            return base64.b64decode(tree["b"])
+        return {key: _from_tree(item) for key, item in tree["d"].items()}
+    return tree
+
+
+def encode_internal(value) -> bytes:
+    # sort_keys: one key, one byte string, so one partition.
+    return json.dumps(_to_tree(value), separators=(",", ":"), sort_keys=True, allow_nan=False).encode("utf-8")
+
+
+def decode_internal(data: bytes):
+    return _from_tree(json.loads(data))
+
+
+INTERNAL_FORMAT = (encode_internal, decode_internal)
