@@ -248,7 +248,9 @@ class App:
     def processor(self, source, sink: str | None = None, stores=(), key_format="bytes", value_format="bytes", sink_key_format=None, sink_value_format=None, name: str | None = None,
                   timestamp_extractor: Callable[[Record], int] | None = None):
         """Register ``fn(record, ctx)`` for every record of ``source`` (a
-        topic or a list of topics). ``timestamp_extractor(record)`` gives a
+        topic or a list of topics). The sink's formats, unless given, are
+        ``"auto"``: what the emitted keys and values need (bytes, text, else
+        JSON), not the source's. ``timestamp_extractor(record)`` gives a
         record's event time (ms) from its payload: the processor, its emits
         and its stream-time timers see that instead of the CreateTime."""
         sources = (source,) if isinstance(source, str) else tuple(source)
@@ -267,8 +269,8 @@ class App:
                 Processor(
                     processor_name, function, sources, sink, stores,
                     resolve(key_format), resolve(value_format),
-                    resolve(sink_key_format if sink_key_format is not None else key_format),
-                    resolve(sink_value_format if sink_value_format is not None else value_format),
+                    resolve(sink_key_format if sink_key_format is not None else "auto"),
+                    resolve(sink_value_format if sink_value_format is not None else "auto"),
                     timestamp_extractor,
                 )
             )
@@ -389,13 +391,22 @@ class App:
         runs (``streaming.metrics``; ``metrics_url`` says where)."""
         import asyncio
 
+        asyncio.run(self.run_async(until_idle, progress_interval, progress_out, metrics_address, handle_signals=True))
+
+    async def run_async(self, until_idle: float | None = None, progress_interval: float | None = None, progress_out=None, metrics_address: tuple[str, int] | None = None,
+                        *, handle_signals: bool = False) -> None:
+        """``run`` on the running event loop (``await app.run_async()`` in
+        Jupyter, an async server, a task of your own). SIGTERM and SIGINT
+        are left to the loop's owner unless ``handle_signals``; ``stop()``
+        (or cancelling the task: the open transaction is then aborted) ends it."""
         from streaming.runner import Runner
 
         if not self.processors:
             raise ConfigError("the app has no processors: register one with @app.processor(...)")
         self._stop.clear()
-        runner = self._runner = Runner(self, until_idle=until_idle, progress_interval=progress_interval, progress_out=progress_out, metrics_address=metrics_address)
-        asyncio.run(runner.run())
+        runner = self._runner = Runner(self, until_idle=until_idle, progress_interval=progress_interval, progress_out=progress_out, metrics_address=metrics_address,
+                                       handle_signals=handle_signals)
+        await runner.run()
 
     def stop(self) -> None:
         """Ask a running app to finish its transaction and return (any thread)."""

@@ -388,10 +388,7 @@ class Stream:
                 stores.append(step.store or f"{base}-{step.kind}-{stateful_index}")
                 stateful_index += 1
             current.append(step)
-        sink_formats = (
-            key_format if key_format is not None else self.key_format,
-            value_format if value_format is not None else self.value_format,
-        )
+        sink_formats = (key_format if key_format is not None else "auto", value_format if value_format is not None else "auto")
         last_name = base if not segments else f"{base}-{len(segments)}"
         segments.append(Segment(last_name, source, topic, tuple(current), tuple(stores), *source_formats, *sink_formats))
         if self.timestamp_extractor is not None:
@@ -400,9 +397,12 @@ class Stream:
             segments[0] = attrs.evolve(segments[0], timestamp_extractor=self.timestamp_extractor)
         return segments
 
-    def to(self, topic: str, *, key_format=None, value_format=None, name: str | None = None) -> list[str]:
+    def to(self, topic: str, *, key_format=None, value_format=None, name: str | None = None) -> "Stream":
         """Register the chain's processor(s) with the app, writing to
-        ``topic`` (formats default to the source's); returns their names."""
+        ``topic`` (formats default to ``"auto"``: bytes, text, else JSON, as
+        the values need); returns this stream, so a chain can go on (each
+        further ``.to()`` registers processors of their own, reading the
+        source again). ``processor_names(topic)`` names what was registered."""
         segments = self.segments(topic, key_format=key_format, value_format=value_format, name=name)
         for upstream, downstream in zip(segments, segments[1:]):
             declare_internal_topic(self.app, upstream.sink, like=self.topic)
@@ -412,7 +412,11 @@ class Stream:
                 value_format=segment.value_format, sink_key_format=segment.sink_key_format, sink_value_format=segment.sink_value_format,
                 name=segment.name, **({"timestamp_extractor": segment.timestamp_extractor} if segment.timestamp_extractor is not None else {}),
             )(segment.build())
-        return [segment.name for segment in segments]
+        return self
+
+    def processor_names(self, topic: str, *, name: str | None = None) -> list[str]:
+        """The names of the processors ``.to(topic)`` registers (or did)."""
+        return [segment.name for segment in self.segments(topic, name=name)]
 
 
 def declare_internal_topic(app, topic: str, *, like: str) -> None:

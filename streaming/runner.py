@@ -81,8 +81,10 @@ E = RunnerEvent
 
 
 class Runner:
-    def __init__(self, app: App, *, until_idle: float | None = None, progress_interval: float | None = None, progress_out=None, metrics_address: tuple[str, int] | None = None):
+    def __init__(self, app: App, *, until_idle: float | None = None, progress_interval: float | None = None, progress_out=None, metrics_address: tuple[str, int] | None = None,
+                 handle_signals: bool = True):
         self.app = app
+        self.handle_signals = handle_signals
         self.metrics_address = metrics_address
         self.metrics = app.metrics
         self.until_idle = until_idle
@@ -138,7 +140,7 @@ class Runner:
         lock = app.lock_state_dir()
         loop = asyncio.get_running_loop()
         installed = []
-        if threading.current_thread() is threading.main_thread():
+        if self.handle_signals and threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(signum, app.stop)
                 installed.append(signum)

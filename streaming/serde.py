@@ -7,7 +7,11 @@ A processor names a format for its source and sink keys and values:
 | ``"bytes"`` (default) | passed through (``bytes``, ``bytearray``, ``memoryview``) | as read |
 | ``"str"`` | UTF-8 | UTF-8 (strict: bad bytes are a deserialization error) |
 | ``"json"`` | compact JSON, UTF-8 | ``json.loads`` |
+| ``"auto"`` (a sink's default) | bytes as they are, str as UTF-8, anything else as compact JSON | JSON if it parses, else UTF-8 text, else the bytes |
 | ``(serialize, deserialize)`` | your function | your function |
+
+A sink whose formats are not given writes with ``"auto"``, so what a
+processor emits decides: a dict becomes JSON whatever the source's format.
 
 ``None`` (a null key, a tombstone value) passes through every format
 untouched, so a null never becomes ``b"null"``.
@@ -82,10 +86,31 @@ def _json_out(value) -> bytes:
     return COMPACT_JSON.encode(value).encode("utf-8")
 
 
+def _auto_out(value) -> bytes:
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    return _json_out(value)
+
+
+def _auto_in(data: bytes):
+    data = bytes(data)
+    try:
+        return json.loads(data)
+    except ValueError:
+        pass
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return data
+
+
 FORMATS: dict[str, Serde] = {
     "bytes": Serde("bytes", _bytes_out, bytes),
     "str": Serde("str", _str_out, lambda data: bytes(data).decode("utf-8")),
     "json": Serde("json", _json_out, json.loads),
+    "auto": Serde("auto", _auto_out, _auto_in),
 }
 
 

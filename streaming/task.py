@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 import attrs
 
-import attrs as _attrs
+import attrs
 
 from streaming.app import App, Context, Processor, Record, Timer, timer_store
 from streaming.errors import ProcessingError
@@ -149,7 +149,7 @@ class Task:
                 )
                 if processor.timestamp_extractor is not None:
                     stage = "extracting the timestamp"
-                    record = _attrs.evolve(record, timestamp=_event_time(processor.timestamp_extractor(record)))
+                    record = attrs.evolve(record, timestamp=_event_time(processor.timestamp_extractor(record)))
                 ctx.timestamp = record.timestamp
                 stage = "processing"
                 processor.function(record, ctx)

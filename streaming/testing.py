@@ -127,7 +127,7 @@ class TestDriver:
         self.position: dict[tuple[str, int], int] = {}  # next offset per source partition, as processed
         self.read_from: dict[tuple[str, int], int] = {}  # what read() has handed out
         self.open_offsets: dict[tuple[str, int], int] = {}
-        self.open_outputs: list[tuple[str, int]] = []  # (topic, partition) of each uncommitted output
+        self.open_outputs: list[_Entry] = []  # the open transaction's outputs, in the order sent
         self.open_records = 0
         self._round_robin = itertools.count()
         self._sequence = itertools.count()
@@ -158,17 +158,18 @@ class TestDriver:
             self.logs[topic] = [[] for _ in range(self.partitions(topic))]
         return self.logs[topic]
 
-    def _append(self, topic: str, key: bytes | None, value: bytes | None, headers, timestamp: int, partition: int | None, formats, committed: bool) -> tuple[str, int]:
+    def _append(self, topic: str, key: bytes | None, value: bytes | None, headers, timestamp: int, partition: int | None, formats, committed: bool) -> _Entry:
         log = self._log(topic)
         if partition is None:
             partition = default_partition(key, len(log), self._round_robin)
         elif not 0 <= partition < len(log):
             raise ValueError(f"{topic} has {len(log)} partition(s), not a partition {partition}")
         offset = len(log[partition])
-        log[partition].append(_Entry(RawRecord(topic, partition, offset, int(timestamp), key, value, tuple(headers or ())), committed, formats))
+        entry = _Entry(RawRecord(topic, partition, offset, int(timestamp), key, value, tuple(headers or ())), committed, formats)
+        log[partition].append(entry)
         if committed:
             self._arrival[(topic, partition, offset)] = next(self._sequence)
-        return topic, partition
+        return entry
 
     # -- input -----------------------------------------------------------------------------------
 
@@ -262,11 +263,9 @@ class TestDriver:
                 else:
                     changelog[key] = value
             store.apply_committed(changes, store.next_offset + len(changes))
-        for topic, partition in self.open_outputs:
-            for offset, entry in enumerate(self.logs[topic][partition]):
-                if not entry.committed and not entry.aborted:
-                    entry.committed = True
-                    self._arrival[(topic, partition, offset)] = next(self._sequence)
+        for entry in self.open_outputs:
+            entry.committed = True
+            self._arrival[(entry.raw.topic, entry.raw.partition, entry.raw.offset)] = next(self._sequence)
         metrics = self.app.metrics
         metrics.add("commits")
         metrics.add("records_out", len(self.open_outputs))
@@ -288,9 +287,8 @@ class TestDriver:
             store.discard_pending()
         for store in self.shards.values():
             store.discard_pending()
-        for topic, partition in set(self.open_outputs):
-            for entry in self.logs[topic][partition]:
-                entry.aborted = entry.aborted or not entry.committed
+        for entry in self.open_outputs:
+            entry.aborted = True
         for where in self.open_offsets:
             self.position[where] = self.committed.get(where, 0)
         self._forget()

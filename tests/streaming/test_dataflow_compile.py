@@ -93,28 +93,29 @@ def drive(registry: Registry, records: list[Record], partitions: int = 2):
 
 def test_a_stateless_chain_is_one_processor_and_passes_keys_and_timestamps():
     registry = Registry()
-    names = (registry.stream("in", key_format="str", value_format="str")
+    stream = (registry.stream("in", key_format="str", value_format="str")
              .filter(lambda line: line != "skip")
              .flat_map(str.split)
              .map(str.upper)
              .map(lambda key, value: f"{key}:{value}", with_key=True)
              .to("out"))
-    assert names == ["in-to-out"] and len(registry.processors) == 1
+    assert isinstance(stream, Stream), ".to() returns the stream, so a chain can go on"
+    assert [p["name"] for p in registry.processors] == stream.processor_names("out") == ["in-to-out"]
     processor = registry.processors[0]
     assert (processor["source"], processor["sink"], processor["stores"]) == ("in", "out", [])
-    assert (processor["key_format"], processor["sink_value_format"]) == ("str", "str")
+    assert (processor["key_format"], processor["sink_value_format"]) == ("str", "auto"), "a sink's format follows the values, not the source"
     out, _ = drive(registry, [Record("k", "a b", timestamp=5), Record("j", "skip", timestamp=6), Record("i", "c", timestamp=7)])
     assert out == [("out", "k", "k:A", 5), ("out", "k", "k:B", 5), ("out", "i", "i:C", 7)]
 
 
 def test_key_by_then_count_goes_through_a_repartition_topic():
     registry = Registry()
-    names = (registry.stream("in", value_format="str")
+    (registry.stream("in", value_format="str")
              .flat_map(str.split)
              .key_by(lambda word: word)
              .count()
              .to("counts", key_format="str", value_format="json"))
-    assert names == ["in-to-counts-0", "in-to-counts-1"]
+    assert [p["name"] for p in registry.processors] == ["in-to-counts-0", "in-to-counts-1"]
     first, second = registry.processors
     assert first["sink"] == second["source"] == "app-in-to-counts-repartition-0"
     assert first["stores"] == [] and second["stores"] == ["in-to-counts-count-0"]

@@ -347,3 +347,52 @@ def test_the_sessions_example_gives_its_recomputed_output_crashes_or_not(tmp_pat
     assert got == want
     kinds = Counter(value["kind"] for _key, value in module.expected(fed))
     assert kinds["session"] > 20 and kinds["tick"] > 20
+
+
+# -- friendlier edges -------------------------------------------------------------------------------
+
+
+def test_a_sinks_format_follows_what_is_emitted_not_the_source(tmp_path):
+    app = streaming.App("127.0.0.1:1", application_id="shapes", state_dir=str(tmp_path / "state"))
+
+    @app.processor(source="lines", sink="parsed", key_format="str", value_format="str")
+    def parse(record, ctx):  # reads text, emits a dict: the sink writes JSON (it used to try "str" and fail)
+        word, count = record.value.split("=")
+        ctx.emit(record.key, {"word": word, "count": int(count)})
+
+    app.stream("lines", key_format="str", value_format="str").map(str.encode).to("raw")  # bytes stay bytes
+    driver = TestDriver(app)
+    driver.pipe("lines", "k", "fox=3")
+    assert driver.read("parsed") == [("k", {"word": "fox", "count": 3})]
+    assert driver.read_records("raw")[0].value == "fox=3", "bytes as they are (read back as text by the auto format)"
+
+
+def test_to_returns_the_stream_so_a_chain_goes_on(tmp_path):
+    app = streaming.App("127.0.0.1:1", application_id="chain", state_dir=str(tmp_path / "state"))
+    (app.stream("in", key_format="str", value_format="json")
+        .map(lambda v: v["n"]).to("numbers")
+        .map(lambda n: n * 10).to("tens"))
+    driver = TestDriver(app)
+    driver.pipe("in", "k", {"n": 4})
+    assert driver.read("numbers") == [("k", 4)] and driver.read("tens") == [("k", 40)]
+
+
+def test_run_async_runs_inside_a_running_event_loop(embedded_broker, tmp_path):
+    import asyncio
+
+    from txn import Admin, Producer
+
+    with Admin(bootstrap_servers=embedded_broker.bootstrap) as admin:
+        admin.create_topics({"payments": 1, "balances": 1})
+    with Producer(bootstrap_servers=embedded_broker.bootstrap) as producer:
+        producer.send("payments", b'{"amount": 5}', key=b"acct-1")
+    app = balances_app(tmp_path)
+    app.bootstrap_servers = embedded_broker.bootstrap
+
+    async def main():  # as in Jupyter or an async server: a loop is already running
+        other_work = asyncio.create_task(asyncio.sleep(0.01, result="ran alongside"))
+        await app.run_async(until_idle=1.0)
+        return await other_work
+
+    assert asyncio.run(main()) == "ran alongside"
+    assert app.metrics["records_in"] == 1 and app.metrics["commits"] >= 1
