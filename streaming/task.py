@@ -37,8 +37,6 @@ from typing import Any, Callable
 
 import attrs
 
-import attrs
-
 from streaming.app import App, Context, Processor, Record, Timer, timer_store
 from streaming.errors import ProcessingError
 from streaming.store import Store
