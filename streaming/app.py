@@ -248,9 +248,10 @@ class App:
     def processor(self, source, sink: str | None = None, stores=(), key_format="bytes", value_format="bytes", sink_key_format=None, sink_value_format=None, name: str | None = None,
                   timestamp_extractor: Callable[[Record], int] | None = None):
         """Register ``fn(record, ctx)`` for every record of ``source`` (a
-        topic or a list of topics). The sink's formats, unless given, are
-        ``"auto"``: what the emitted keys and values need (bytes, text, else
-        JSON), not the source's. ``timestamp_extractor(record)`` gives a
+        topic or a list of topics). The sink's key format, unless given, is
+        the source's (the same key, the same bytes, the same partition); its
+        value format is ``"auto"``: what the emitted values need (bytes,
+        text, else JSON), not the source's. ``timestamp_extractor(record)`` gives a
         record's event time (ms) from its payload: the processor, its emits
         and its stream-time timers see that instead of the CreateTime."""
         sources = (source,) if isinstance(source, str) else tuple(source)
@@ -269,7 +270,7 @@ class App:
                 Processor(
                     processor_name, function, sources, sink, stores,
                     resolve(key_format), resolve(value_format),
-                    resolve(sink_key_format if sink_key_format is not None else "auto"),
+                    resolve(sink_key_format if sink_key_format is not None else key_format),
                     resolve(sink_value_format if sink_value_format is not None else "auto"),
                     timestamp_extractor,
                 )

@@ -388,7 +388,9 @@ class Stream:
                 stores.append(step.store or f"{base}-{step.kind}-{stateful_index}")
                 stateful_index += 1
             current.append(step)
-        sink_formats = (key_format if key_format is not None else "auto", value_format if value_format is not None else "auto")
+        # Keys keep the source's format (one key, one byte string, one
+        # partition); values are written as they need ("auto").
+        sink_formats = (key_format if key_format is not None else self.key_format, value_format if value_format is not None else "auto")
         last_name = base if not segments else f"{base}-{len(segments)}"
         segments.append(Segment(last_name, source, topic, tuple(current), tuple(stores), *source_formats, *sink_formats))
         if self.timestamp_extractor is not None:
@@ -399,8 +401,8 @@ class Stream:
 
     def to(self, topic: str, *, key_format=None, value_format=None, name: str | None = None) -> "Stream":
         """Register the chain's processor(s) with the app, writing to
-        ``topic`` (formats default to ``"auto"``: bytes, text, else JSON, as
-        the values need); returns this stream, so a chain can go on (each
+        ``topic`` (the key format defaults to the source's, the value format
+        to ``"auto"``: bytes, text, else JSON, as the values need); returns this stream, so a chain can go on (each
         further ``.to()`` registers processors of their own, reading the
         source again). ``processor_names(topic)`` names what was registered."""
         segments = self.segments(topic, key_format=key_format, value_format=value_format, name=name)

@@ -7,11 +7,13 @@ A processor names a format for its source and sink keys and values:
 | ``"bytes"`` (default) | passed through (``bytes``, ``bytearray``, ``memoryview``) | as read |
 | ``"str"`` | UTF-8 | UTF-8 (strict: bad bytes are a deserialization error) |
 | ``"json"`` | compact JSON, UTF-8 | ``json.loads`` |
-| ``"auto"`` (a sink's default) | bytes as they are, str as UTF-8, anything else as compact JSON | JSON if it parses, else UTF-8 text, else the bytes |
+| ``"auto"`` (a sink's default for values) | bytes as they are, str as UTF-8, anything else as compact JSON | JSON if it parses, else UTF-8 text, else the bytes |
 | ``(serialize, deserialize)`` | your function | your function |
 
-A sink whose formats are not given writes with ``"auto"``, so what a
-processor emits decides: a dict becomes JSON whatever the source's format.
+A sink whose value format is not given writes values with ``"auto"``, so
+what a processor emits decides: a dict becomes JSON whatever the source's
+format. (Keys keep the source's key format: the same key must keep its
+bytes, hence its partition.)
 
 ``None`` (a null key, a tombstone value) passes through every format
 untouched, so a null never becomes ``b"null"``.
