@@ -29,12 +29,13 @@ import argparse
 import os
 import random
 import re
+from datetime import timedelta
 
 import streaming
 from streaming.windows import tumbling
 
-WINDOW_SECONDS = 60
-GRACE_SECONDS = 10
+WINDOW = timedelta(minutes=1)
+GRACE = timedelta(seconds=10)
 INPUT, OUTPUT = "lines", "word-counts"
 WORD = re.compile(r"[a-z']+")
 
@@ -56,7 +57,7 @@ def build_app(bootstrap_servers: str, state_dir: str, **options) -> streaming.Ap
     (app.stream(INPUT, value_format="str")
         .flat_map(words)
         .key_by(lambda word: word)
-        .window(tumbling(WINDOW_SECONDS), grace=GRACE_SECONDS)
+        .window(tumbling(WINDOW), grace=GRACE)
         .count(store="word-counts")
         .map(as_output, with_key=True)
         .to(OUTPUT, key_format="str", value_format="json"))
@@ -98,7 +99,7 @@ def expected(records: list[tuple]) -> list[tuple]:
     """(key, value) of every output record: each (word, window) of the first
     phase's lines once, with its count (the far-future words' windows stay
     open, so they give nothing)."""
-    window_ms = WINDOW_SECONDS * 1000
+    window_ms = WINDOW // timedelta(milliseconds=1)
     counts: dict[tuple[str, int], int] = {}
     for _topic, _key, text, timestamp, _partition in records:
         if timestamp >= FAR_MS:

@@ -16,25 +16,32 @@ consume-transform-produce runner with SQLite state stores.
 
 What is here:
 
-- ``streaming.app``: ``App``, ``Record``, the processor registry, instance
+- ``streaming.app``: ``App``, ``Record``, the processor's ``Context``
+  (``ctx``), the processor and timer registry (``App.schedule``), instance
   identity kept in ``state_dir``.
 - ``streaming.runner``: the loop (one consumer-group member and one
-  transactional producer per instance; output, changelog and offsets in one
-  transaction; restore on assignment; abort and rewind; fencing; dead
-  letters), and the processor's ``ctx``.
+  transactional producer per instance; poll, rebalance, rewind), its
+  lifecycle as one transition table (``streaming.lifecycle``), and its
+  pieces: ``streaming.task`` (a record through the processors, timers, dead
+  letters; no I/O), ``streaming.transaction`` (output, changelog and offsets
+  in one transaction, and its outcome), ``streaming.restore`` (store shards
+  and their restore from the changelogs).
+- ``streaming.testing``: ``TestDriver``, the app without a broker.
 - ``streaming.store``: ``Store`` (what ``ctx.store(name)`` returns; its key
   encoding and order) and the SQLite file of each (store, partition) shard.
-- ``streaming.serde``: the ``"bytes"``, ``"str"``, ``"json"`` formats and
-  ``resolve(fmt)``.
+- ``streaming.serde``: the ``"bytes"``, ``"str"``, ``"json"`` formats,
+  ``resolve(fmt)`` and the internal topics' typed JSON format.
+- ``streaming.windows``, ``streaming.durations``: event-time windows
+  (tumbling, hopping, session); durations as timedelta or milliseconds.
 - ``streaming.cli``: ``onceflow run path/to/app.py``.
 - ``App.stream(...)``: the dataflow layer (``streaming.dataflow``), built on
   the same runner, when present; ``streaming.spark``: the Spark Structured
   Streaming source and exactly-once sink.
 """
 
-from streaming.app import App, Metrics, Record
+from streaming.app import App, Context, Metrics, Record
 from streaming.errors import InstanceFencedError, ProcessingError, StateDirInUseError, StreamingError
-from streaming.runner import Context
+
 from streaming.serde import Serde, SerializationError, resolve
 from streaming.store import Store, StoreError
 

@@ -14,8 +14,10 @@ a processor receives and the context (``ctx``) it acts through.
 
 This module holds the user-facing objects and the settings; ``streaming.runner``
 runs them (one consumer-group member and one transactional producer per
-``App`` instance). The processor is a plain function: it must not block on
-I/O of its own, and it cannot await (its stores answer from memory).
+``App`` instance), ``streaming.testing.TestDriver`` runs them without a
+broker, both through ``streaming.task``. The processor is a plain function:
+it must not block on I/O of its own, and it cannot await (its stores answer
+from memory).
 
 Internal topics (changelogs, repartition and dead-letter topics) are created
 by the runner with ``replication_factor`` (-1: the broker's
@@ -44,6 +46,7 @@ import attrs
 
 from streaming.errors import StateDirInUseError
 from streaming.serde import Serde, resolve
+from streaming.store import Store, StoreError
 from txn.config import CommonConfig, ConsumerConfig, ProducerConfig
 from txn.errors import ConfigError
 from txn.security import is_security_option
@@ -77,6 +80,73 @@ class Processor:
     value_serde: Serde
     sink_key_serde: Serde
     sink_value_serde: Serde
+    # fn(record) -> event time in ms, in place of the record's CreateTime.
+    timestamp_extractor: Callable[[Record], int] | None = None
+
+
+TIMER_KINDS = ("stream_time", "wall_clock")
+
+
+@attrs.frozen
+class Timer:
+    """``function(ctx)`` run every ``every_ms`` for each partition of a
+    processor (see ``App.schedule``)."""
+
+    name: str
+    processor: str
+    every_ms: int
+    kind: str
+    function: Callable
+
+
+def timer_store(processor: str) -> str:
+    """The store holding a processor's timers' next fire times and stream time."""
+    return f"{processor}-timers"
+
+
+class Context:
+    """What a processor acts through (``ctx``): its stores, ``emit``, ``count``
+    and the current record's position (``topic``, ``partition``, ``offset``,
+    ``timestamp``). One object per task, re-aimed at every record by
+    ``streaming.task``, which owns what it collects."""
+
+    __slots__ = ("_shard", "_count", "_processor", "_outputs", "_touched", "topic", "partition", "offset", "timestamp")
+
+    def __init__(self, shard: Callable[[str, int], Store], count: Callable[[str, int], None]):
+        self._shard = shard  # (store name, partition) -> the assigned shard
+        self._count = count  # counts into the open transaction's counters
+        self._processor: Processor | None = None
+        self._outputs: list = []  # (topic, key bytes, value bytes, headers, timestamp, processor)
+        self._touched: list[Store] = []
+        self.topic, self.partition, self.offset, self.timestamp = "", -1, -1, -1
+
+    def store(self, name: str) -> Store:
+        if name not in self._processor.stores:
+            raise StoreError(f"processor {self._processor.name} did not declare store {name!r} (stores={list(self._processor.stores)})")
+        store = self._shard(name, self.partition)
+        if store not in self._touched:
+            self._touched.append(store)
+        return store
+
+    def emit(self, key, value, topic: str | None = None, headers=None, timestamp: int | None = None) -> None:
+        """Send a record to the processor's sink (or ``topic``) in this transaction."""
+        processor = self._processor
+        topic = topic or processor.sink
+        if topic is None:
+            raise ValueError(f"processor {processor.name} has no sink: emit(..., topic=...) names one")
+        self._outputs.append((
+            topic,
+            processor.sink_key_serde.serialize(key),
+            processor.sink_value_serde.serialize(value),
+            tuple(headers) if headers else (),
+            self.timestamp if timestamp is None else int(timestamp),
+            processor,
+        ))
+
+    def count(self, metric: str, n: int = 1) -> None:
+        """Add ``n`` to the app's counter ``metric`` when this transaction
+        commits (an aborted one is rewound and counts again when redone)."""
+        self._count(metric, n)
 
 
 class Metrics(dict):
@@ -155,6 +225,7 @@ class App:
         if commit_interval_ms >= transaction_timeout_ms:
             raise ConfigError(f"commit_interval_ms ({commit_interval_ms}) must be shorter than transaction_timeout_ms ({transaction_timeout_ms}): the broker aborts a transaction open longer")
         self.processors: list[Processor] = []
+        self.timers: list[Timer] = []
         # Topics the app's own layers need ({topic: the topic whose partition
         # count it takes}), created by the runner before it starts: the
         # dataflow layer's repartition topics.
@@ -174,9 +245,15 @@ class App:
 
     # -- building ----------------------------------------------------------------------------------
 
-    def processor(self, source, sink: str | None = None, stores=(), key_format="bytes", value_format="bytes", sink_key_format=None, sink_value_format=None, name: str | None = None):
+    def processor(self, source, sink: str | None = None, stores=(), key_format="bytes", value_format="bytes", sink_key_format=None, sink_value_format=None, name: str | None = None,
+                  timestamp_extractor: Callable[[Record], int] | None = None):
         """Register ``fn(record, ctx)`` for every record of ``source`` (a
-        topic or a list of topics)."""
+        topic or a list of topics). The sink's key format, unless given, is
+        the source's (the same key, the same bytes, the same partition); its
+        value format is ``"auto"``: what the emitted values need (bytes,
+        text, else JSON), not the source's. ``timestamp_extractor(record)`` gives a
+        record's event time (ms) from its payload: the processor, its emits
+        and its stream-time timers see that instead of the CreateTime."""
         sources = (source,) if isinstance(source, str) else tuple(source)
         stores = (stores,) if isinstance(stores, str) else tuple(stores)
         if not sources:
@@ -194,18 +271,61 @@ class App:
                     processor_name, function, sources, sink, stores,
                     resolve(key_format), resolve(value_format),
                     resolve(sink_key_format if sink_key_format is not None else key_format),
-                    resolve(sink_value_format if sink_value_format is not None else value_format),
+                    resolve(sink_value_format if sink_value_format is not None else "auto"),
+                    timestamp_extractor,
                 )
             )
             return function
 
         return register
 
-    def stream(self, topic: str, key_format="bytes", value_format="bytes"):
-        """The dataflow layer's way in (``app.stream("t").filter(...).to("out")``)."""
+    def schedule(self, processor: str, every, kind: str = "stream_time", name: str | None = None):
+        """Register ``fn(ctx)`` to run every ``every`` (a timedelta or
+        milliseconds) for each partition of ``processor``'s sources this
+        instance holds, in the same transaction as the records: its
+        ``ctx.store``/``ctx.emit`` are the processor's, ``ctx.partition`` the
+        partition, ``ctx.timestamp`` the time it fires for.
+
+        ``kind="stream_time"``: fires when the partition's stream time (the
+        highest event time its records brought) reaches the next multiple
+        of ``every`` (once per record at most, for the latest multiple
+        reached), so it is as deterministic as the input.
+        ``"wall_clock"``: fires when the clock reaches the next multiple of
+        ``every``, records or not (an idle partition included).
+
+        The next fire time of each timer and the stream time live in the
+        processor's store ``{processor}-timers`` (changelogged like any
+        store), so a timer fires once per multiple, crash or not."""
+        from streaming.durations import milliseconds
+
+        if kind not in TIMER_KINDS:
+            raise ConfigError(f"a timer's kind is one of {', '.join(map(repr, TIMER_KINDS))}, not {kind!r}")
+        every_ms = milliseconds(every, "a timer's interval", positive=True)
+
+        def register(function: Callable) -> Callable:
+            index = next((i for i, p in enumerate(self.processors) if p.name == processor), None)
+            if index is None:
+                raise ConfigError(f"schedule: no processor is named {processor!r} (register it first; there are {[p.name for p in self.processors]})")
+            timer_name = name or getattr(function, "__name__", f"timer-{len(self.timers)}")
+            if any(t.processor == processor and t.name == timer_name for t in self.timers):
+                raise ConfigError(f"processor {processor!r} has two timers named {timer_name!r}")
+            store = timer_store(processor)
+            if not VALID_NAME.match(store):
+                raise ConfigError(f"processor {processor!r} cannot have timers: {store!r} is not a valid store name")
+            owner = self.processors[index]
+            if store not in owner.stores:
+                self.processors[index] = attrs.evolve(owner, stores=owner.stores + (store,))
+            self.timers.append(Timer(timer_name, processor, every_ms, kind, function))
+            return function
+
+        return register
+
+    def stream(self, topic: str, key_format="bytes", value_format="bytes", timestamp_extractor: Callable[[Record], int] | None = None):
+        """The dataflow layer's way in (``app.stream("t").filter(...).to("out")``);
+        ``timestamp_extractor`` as for ``processor``."""
         from streaming.dataflow import Stream
 
-        return Stream(self, topic, key_format=key_format, value_format=value_format)
+        return Stream(self, topic, key_format=key_format, value_format=value_format, timestamp_extractor=timestamp_extractor)
 
     def changelog_topic(self, store: str) -> str:
         return f"{self.application_id}-{store}-changelog"
@@ -272,13 +392,22 @@ class App:
         runs (``streaming.metrics``; ``metrics_url`` says where)."""
         import asyncio
 
+        asyncio.run(self.run_async(until_idle, progress_interval, progress_out, metrics_address, handle_signals=True))
+
+    async def run_async(self, until_idle: float | None = None, progress_interval: float | None = None, progress_out=None, metrics_address: tuple[str, int] | None = None,
+                        *, handle_signals: bool = False) -> None:
+        """``run`` on the running event loop (``await app.run_async()`` in
+        Jupyter, an async server, a task of your own). SIGTERM and SIGINT
+        are left to the loop's owner unless ``handle_signals``; ``stop()``
+        (or cancelling the task: the open transaction is then aborted) ends it."""
         from streaming.runner import Runner
 
         if not self.processors:
             raise ConfigError("the app has no processors: register one with @app.processor(...)")
         self._stop.clear()
-        runner = self._runner = Runner(self, until_idle=until_idle, progress_interval=progress_interval, progress_out=progress_out, metrics_address=metrics_address)
-        asyncio.run(runner.run())
+        runner = self._runner = Runner(self, until_idle=until_idle, progress_interval=progress_interval, progress_out=progress_out, metrics_address=metrics_address,
+                                       handle_signals=handle_signals)
+        await runner.run()
 
     def stop(self) -> None:
         """Ask a running app to finish its transaction and return (any thread)."""

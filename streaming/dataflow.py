@@ -5,13 +5,15 @@ runtime: state in changelogged stores, output, store changes and input
 offsets committed in one transaction.
 
     import streaming
+    from datetime import timedelta
+
     from streaming.windows import tumbling
 
     app = streaming.App(bootstrap_servers="127.0.0.1:9092", application_id="words", state_dir="./state")
     (app.stream("lines", value_format="str")
         .flat_map(str.split)                      # one record per word, key unchanged
         .key_by(lambda word: word)                # the word becomes the key (repartitioned, see below)
-        .window(tumbling(60), grace=10)           # 1-minute windows, records up to 10 s late are counted
+        .window(tumbling(timedelta(minutes=1)), grace=timedelta(seconds=10))   # records up to 10 s late are counted
         .count()
         .to("word-counts", key_format="str", value_format="json"))
     app.run()
@@ -33,7 +35,9 @@ Pass ``with_key=True`` and the function gets ``(key, value)`` instead:
     payments.key_by(lambda payment: payment["region"])                            # value -> key
 
 Only ``key_by`` changes keys, and timestamps (event time) are never
-changed, so windows downstream see the time the event happened. Headers
+changed, so windows downstream see the time the event happened: the
+record's CreateTime, or what ``app.stream(..., timestamp_extractor=fn)``
+takes from its payload (``fn(record) -> ms``). Headers
 of a source record go on with it through the stateless steps.
 
 Aggregations are per key and turn the stream into the stream of the
@@ -47,9 +51,13 @@ stateful steps: name your stores if the chain may change) and must be JSON
 values. A record whose key is ``None`` cannot be aggregated: that is an
 error (routed by the app's ``on_error``), never a silent skip.
 
-Windows (``streaming.windows``): ``.window(tumbling(s) | hopping(size,
-advance), grace=s, emit="close" | "update")`` then ``aggregate``/``count``/
-``reduce``. Each result is a record with the key and the value
+Windows (``streaming.windows``): ``.window(tumbling(size) | hopping(size,
+advance) | session(gap), grace=0, emit="close" | "update", on_late=None)``
+then ``aggregate``/``count``/``reduce``; every duration is a ``timedelta``
+or milliseconds. Session windows merge a key's sessions that a record
+bridges (``aggregate`` then needs ``merge=fn(earlier, later)``; ``count``
+adds, ``reduce`` combines), and a session ``[start, end]`` (``end`` its last
+record's time) closes at ``end + gap + grace``. Each result is a record with the key and the value
 ``{"start": ms, "end": ms, "value": aggregate}``, stamped with the highest
 event time among the window's records. ``emit="close"`` (the default)
 emits each window once, when stream time (the highest event time seen on
@@ -57,7 +65,10 @@ the input partition, kept in the store) reaches its end + grace;
 ``emit="update"`` emits on every change instead (the last one is the
 final value) and nothing at close. Records later than their window's end +
 grace are dropped and counted in the ``late_records_dropped`` metric
-(once per record, even when a hopping record missed several windows). A
+(once per record, even when a hopping record missed several windows), and
+with ``on_late`` sent to a side topic (``on_late="late-clicks"``: key and
+value as they came, in the sink's formats, in the same transaction) or
+handed to ``on_late(key, value, timestamp)``. A
 partition that stops receiving records stops its stream time too: its last
 windows close when a later record arrives, as in Kafka Streams.
 
@@ -82,14 +93,14 @@ bytes, int, float, bool, None, tuples, lists, dicts with str keys).
 
 from __future__ import annotations
 
-import base64
 import copy
-import json
 from typing import Any, Callable
 
 import attrs
 
-from streaming.windows import FIRST_VALUE, WindowedAggregation, Windows
+from streaming.durations import milliseconds
+from streaming.serde import INTERNAL_FORMAT
+from streaming.windows import FIRST_VALUE, SessionAggregation, SessionWindows, WindowedAggregation, Windows
 
 EMIT_MODES = ("close", "update")
 LATE_METRIC = "late_records_dropped"
@@ -97,49 +108,6 @@ _MISSING = object()
 
 # A compiled step: (ctx, key, value, timestamp, headers) -> None, calling the next step.
 Next = Callable[[Any, Any, Any, int, Any], None]
-
-
-# -- the repartition topics' format: Python values through JSON, types kept -----------------
-
-
-def _to_tree(value):
-    if value is None or isinstance(value, (str, bool, int, float)):
-        return value
-    if isinstance(value, list):
-        return [_to_tree(item) for item in value]
-    if isinstance(value, tuple):
-        return {"t": [_to_tree(item) for item in value]}
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return {"b": base64.b64encode(bytes(value)).decode("ascii")}
-    if isinstance(value, dict):
-        if not all(isinstance(key, str) for key in value):
-            raise TypeError("a dict crossing a repartition topic needs str keys")
-        return {"d": {key: _to_tree(item) for key, item in value.items()}}
-    raise TypeError(f"a {type(value).__name__} cannot cross a repartition topic (use str, bytes, numbers, None, tuples, lists, dicts)")
-
-
-def _from_tree(tree):
-    if isinstance(tree, list):
-        return [_from_tree(item) for item in tree]
-    if isinstance(tree, dict):
-        if "t" in tree:
-            return tuple(_from_tree(item) for item in tree["t"])
-        if "b" in tree:
-            return base64.b64decode(tree["b"])
-        return {key: _from_tree(item) for key, item in tree["d"].items()}
-    return tree
-
-
-def _encode_internal(value) -> bytes:
-    # sort_keys: one key, one byte string, so one partition.
-    return json.dumps(_to_tree(value), separators=(",", ":"), sort_keys=True, allow_nan=False).encode("utf-8")
-
-
-def _decode_internal(data: bytes):
-    return _from_tree(json.loads(data))
-
-
-INTERNAL_FORMAT = (_encode_internal, _decode_internal)
 
 
 # -- steps ------------------------------------------------------------------------------------
@@ -253,26 +221,34 @@ class Aggregate:
 @attrs.frozen
 class WindowedAggregate:
     kind: str
-    windows: Windows
+    windows: Windows | SessionWindows
     grace_ms: int
     emit: str
     add: Callable[[Any, Any], Any]
     initial: Any = FIRST_VALUE
     store: str | None = None
+    merge: Callable[[Any, Any], Any] | None = None  # session windows: two sessions' aggregates into one
+    on_late: Any = None  # a topic name, or fn(key, value, timestamp), for records later than grace
     stateful = True
 
-    def aggregation(self) -> WindowedAggregation:
+    def aggregation(self) -> WindowedAggregation | SessionAggregation:
         initial = FIRST_VALUE if self.initial is FIRST_VALUE else _initial_factory(self.initial)
+        if isinstance(self.windows, SessionWindows):
+            return SessionAggregation(self.windows, self.grace_ms, self.add, self.merge, initial)
         return WindowedAggregation(self.windows, self.grace_ms, self.add, initial)
 
     def compile(self, downstream: Next, store: str) -> Next:
-        aggregation, kind, on_update = self.aggregation(), self.kind, self.emit == "update"
+        aggregation, kind, on_update, on_late = self.aggregation(), self.kind, self.emit == "update", self.on_late
 
         def step(ctx, key, value, timestamp, headers):
             _require_key(key, kind)
             update = aggregation.update(ctx.store(store), key, value, timestamp)
             if update.late:
                 ctx.count(LATE_METRIC)
+                if isinstance(on_late, str):
+                    ctx.emit(key, value, topic=on_late, timestamp=timestamp, headers=headers)
+                elif on_late is not None:
+                    on_late(key, value, timestamp)
             if on_update:
                 for result in update.changed:
                     downstream(ctx, result.key, result.as_value(), result.timestamp, None)
@@ -312,6 +288,7 @@ class Segment:
     value_format: Any
     sink_key_format: Any
     sink_value_format: Any
+    timestamp_extractor: Callable | None = None
 
     def build(self) -> Callable:
         """The processor ``fn(record, ctx)``."""
@@ -349,6 +326,7 @@ class Stream:
     key_format: Any = "bytes"
     value_format: Any = "bytes"
     steps: tuple = ()
+    timestamp_extractor: Callable | None = None  # event time from the source records' payload
 
     def _then(self, step) -> "Stream":
         return attrs.evolve(self, steps=self.steps + (step,))
@@ -374,14 +352,19 @@ class Stream:
     def reduce(self, combine: Callable, *, store: str | None = None) -> "Stream":
         return self._then(Aggregate("reduce", combine, FIRST_VALUE, store))
 
-    def window(self, windows: Windows, *, grace: float = 0.0, emit: str = "close") -> "WindowedStream":
-        if not isinstance(windows, Windows):
-            raise TypeError("window() takes tumbling(seconds) or hopping(size, advance) from streaming.windows")
+    def window(self, windows, *, grace=0, emit: str = "close", on_late=None) -> "WindowedStream":
+        """Cut the stream into ``windows``; ``grace`` (a timedelta or
+        milliseconds) is how late a record may come after its window's end;
+        a later record is counted (``late_records_dropped``) and, with
+        ``on_late``, sent to that topic (as it came, with the sink's
+        formats) or given to ``on_late(key, value, timestamp)``."""
+        if not isinstance(windows, (Windows, SessionWindows)):
+            raise TypeError("window() takes tumbling(size), hopping(size, advance) or session(gap) from streaming.windows")
         if emit not in EMIT_MODES:
             raise ValueError(f"emit must be one of {', '.join(EMIT_MODES)}, not {emit!r}")
-        if grace < 0:
-            raise ValueError(f"grace must be >= 0 seconds (got {grace!r})")
-        return WindowedStream(self, windows, round(grace * 1000), emit)
+        if on_late is not None and not isinstance(on_late, str) and not callable(on_late):
+            raise TypeError(f"on_late is a topic name or a function (key, value, timestamp), not {on_late!r}")
+        return WindowedStream(self, windows, milliseconds(grace, "grace"), emit, on_late)
 
     def segments(self, topic: str, *, key_format=None, value_format=None, name: str | None = None) -> list[Segment]:
         """The processors ``.to(topic)`` registers (see the module's docstring)."""
@@ -405,17 +388,23 @@ class Stream:
                 stores.append(step.store or f"{base}-{step.kind}-{stateful_index}")
                 stateful_index += 1
             current.append(step)
-        sink_formats = (
-            key_format if key_format is not None else self.key_format,
-            value_format if value_format is not None else self.value_format,
-        )
+        # Keys keep the source's format (one key, one byte string, one
+        # partition); values are written as they need ("auto").
+        sink_formats = (key_format if key_format is not None else self.key_format, value_format if value_format is not None else "auto")
         last_name = base if not segments else f"{base}-{len(segments)}"
         segments.append(Segment(last_name, source, topic, tuple(current), tuple(stores), *source_formats, *sink_formats))
+        if self.timestamp_extractor is not None:
+            # Event time is taken once, from the source records; downstream
+            # segments read records already stamped with it.
+            segments[0] = attrs.evolve(segments[0], timestamp_extractor=self.timestamp_extractor)
         return segments
 
-    def to(self, topic: str, *, key_format=None, value_format=None, name: str | None = None) -> list[str]:
+    def to(self, topic: str, *, key_format=None, value_format=None, name: str | None = None) -> "Stream":
         """Register the chain's processor(s) with the app, writing to
-        ``topic`` (formats default to the source's); returns their names."""
+        ``topic`` (the key format defaults to the source's, the value format
+        to ``"auto"``: bytes, text, else JSON, as the values need); returns this stream, so a chain can go on (each
+        further ``.to()`` registers processors of their own, reading the
+        source again). ``processor_names(topic)`` names what was registered."""
         segments = self.segments(topic, key_format=key_format, value_format=value_format, name=name)
         for upstream, downstream in zip(segments, segments[1:]):
             declare_internal_topic(self.app, upstream.sink, like=self.topic)
@@ -423,9 +412,13 @@ class Stream:
             self.app.processor(
                 source=segment.source, sink=segment.sink, stores=list(segment.stores), key_format=segment.key_format,
                 value_format=segment.value_format, sink_key_format=segment.sink_key_format, sink_value_format=segment.sink_value_format,
-                name=segment.name,
+                name=segment.name, **({"timestamp_extractor": segment.timestamp_extractor} if segment.timestamp_extractor is not None else {}),
             )(segment.build())
-        return [segment.name for segment in segments]
+        return self
+
+    def processor_names(self, topic: str, *, name: str | None = None) -> list[str]:
+        """The names of the processors ``.to(topic)`` registers (or did)."""
+        return [segment.name for segment in self.segments(topic, name=name)]
 
 
 def declare_internal_topic(app, topic: str, *, like: str) -> None:
@@ -444,18 +437,26 @@ class WindowedStream:
     """A stream cut into event-time windows; aggregate it to get a Stream back."""
 
     stream: Stream
-    windows: Windows
+    windows: Windows | SessionWindows
     grace_ms: int
     emit: str
+    on_late: Any = None
 
-    def _aggregate(self, kind: str, add: Callable, initial, store: str | None) -> Stream:
-        return self.stream._then(WindowedAggregate(kind, self.windows, self.grace_ms, self.emit, add, initial, store))
+    def _aggregate(self, kind: str, add: Callable, initial, store: str | None, merge: Callable | None) -> Stream:
+        if isinstance(self.windows, SessionWindows) and merge is None:
+            raise ValueError("session windows merge sessions: aggregate(initial, add, merge=fn(earlier, later)) says how")
+        return self.stream._then(WindowedAggregate(kind, self.windows, self.grace_ms, self.emit, add, initial, store, merge, self.on_late))
 
-    def aggregate(self, initial, add: Callable, *, store: str | None = None) -> Stream:
-        return self._aggregate("aggregate", add, initial, store)
+    def aggregate(self, initial, add: Callable, *, store: str | None = None, merge: Callable | None = None) -> Stream:
+        """``merge(earlier, later)`` combines two sessions' aggregates (session windows only)."""
+        return self._aggregate("aggregate", add, initial, store, merge)
 
     def count(self, *, store: str | None = None) -> Stream:
-        return self._aggregate("count", _count_one, 0, store)
+        return self._aggregate("count", _count_one, 0, store, _sum)
 
     def reduce(self, combine: Callable, *, store: str | None = None) -> Stream:
-        return self._aggregate("reduce", combine, FIRST_VALUE, store)
+        return self._aggregate("reduce", combine, FIRST_VALUE, store, combine)
+
+
+def _sum(earlier, later):
+    return earlier + later

@@ -29,6 +29,18 @@ What happens when:
 | a record fails (bad bytes, processor raises) | ``on_error="dead-letter"``: its raw bytes to the dead-letter topic in the same transaction, headers naming the error and position; ``"stop"``: abort, ``ProcessingError`` naming the record. The record's own store writes and emits are dropped either way; the rest of the transaction is untouched |
 | stop, SIGTERM, SIGINT | commit the open transaction, close the stores, leave |
 
+The lifecycle behind that table (starting, restoring, running, committing,
+rebalancing, stopping, fenced, failed) is ``streaming.lifecycle``'s one
+transition table; ``state`` is where this instance stands.
+
+The pieces, in the manner of Kafka Streams' StreamThread: ``streaming.task``
+runs a record through the processors (no I/O, shared with
+``streaming.testing``), ``streaming.transaction`` owns the producer and the
+transaction covering output, changelog and offsets and says what became of
+each commit, ``streaming.restore`` holds the store shards and restores them
+from their changelogs; this module polls, rebalances, rewinds and drives the
+lifecycle.
+
 Metrics: the runner counts into ``app.metrics`` (plain numbers: counters,
 aborts by cause, commit times handed to its observers) and keeps the lag of
 its assigned partitions and the progress of restores as state; with
@@ -36,140 +48,90 @@ its assigned partitions and the progress of restores as state; with
 (``streaming.metrics``, the one module of the runner that imports
 ``prometheus_client``), refreshing the lag every ``LAG_REFRESH_SECONDS``.
 
-A shard's SQLite file can never be trusted blindly: its offset is checked
-against the changelog before use. Behind (the usual case after a crash
-between the Kafka commit and the SQLite apply, or after another instance
-owned the partition): catch up from the changelog. Ahead of the stable end,
-or behind the log start (the topic was recreated, truncated, or the file came
-from elsewhere): thrown away and rebuilt from the changelog alone.
-Compaction keeps offsets, so a file behind a compacted changelog still
-catches up correctly, with one limit Kafka Streams shares: a file that fell
-behind by more than the topic's ``delete.retention.ms`` may miss a deletion
-whose tombstone compaction has since dropped.
-
-Memory: the committed contents of every assigned shard are held in memory
-(see ``streaming.store``); a rebalance keeps a revoked shard there until the
-assignment arrives, so a shard given back is not reloaded.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
 import sys
 import threading
 import time
 
-from protocol.errors import ErrorCode
-from streaming.app import App, Processor, Record
-from streaming.backoff import RetryDelay
-from streaming.errors import InstanceFencedError, ProcessingError
-from streaming.store import Store, StoreError, StoreFile
+from streaming.app import App
+from streaming.backoff import BROKER_AWAY, RetryDelay, retry
+from streaming.lifecycle import RunnerEvent, RunnerState, transition
+from streaming.restore import RESTORE_CHUNK, Shards
+from streaming.task import Task
+from streaming.transaction import GROUP_FENCING, Outcome, Transaction, abort_cause
 from txn.admin import AsyncAdmin
 from txn.consumer import AsyncConsumer
-from txn.errors import ApplicationRecoverableError, CommitFailedError, CommitOutcomeUnknownError, FatalError, KafkaError, RetriableError, TransactionAbortableError
-from txn.producer import AsyncProducer
-from txn.types import OffsetAndMetadata, TopicPartition
+from txn.errors import FatalError, KafkaError
+from txn.types import TopicPartition
+
+__all__ = ["Runner", "abort_cause"]
 
 log = logging.getLogger("streaming.runner")
 
-CRASH_AFTER_COMMIT = "streaming.after_commit_before_store_apply"
-RESTORE_CHUNK = 10_000  # changelog records applied to SQLite per transaction while restoring
 DEFAULTS_CONSUMER = {"max_poll_records": 500}
-DEFAULTS_PRODUCER = {"transaction_timeout_ms": 10_000, "linger_ms": 5}
 LAG_REFRESH_SECONDS = 1.0  # how often the lag is asked for while metrics are served
-GROUP_FENCING = {ErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.ILLEGAL_GENERATION, ErrorCode.FENCED_INSTANCE_ID}
-ABORTABLE = (TransactionAbortableError, CommitFailedError, RetriableError, ConnectionError, TimeoutError, OSError)
 
-
-class Context:
-    """What a processor acts through (``ctx``): its stores, ``emit``, ``count``
-    and the current record's position. One object, re-aimed at every record."""
-
-    __slots__ = ("_runner", "_processor", "_outputs", "_touched", "topic", "partition", "offset", "timestamp")
-
-    def __init__(self, runner: "Runner"):
-        self._runner = runner
-        self._processor: Processor | None = None
-        self._outputs: list = []
-        self._touched: list[Store] = []
-        self.topic, self.partition, self.offset, self.timestamp = "", -1, -1, -1
-
-    def store(self, name: str) -> Store:
-        if name not in self._processor.stores:
-            raise StoreError(f"processor {self._processor.name} did not declare store {name!r} (stores={list(self._processor.stores)})")
-        store = self._runner.shards[(name, self.partition)][0]
-        if store not in self._touched:
-            self._touched.append(store)
-        return store
-
-    def emit(self, key, value, topic: str | None = None, headers=None, timestamp: int | None = None) -> None:
-        """Send a record to the processor's sink (or ``topic``) in this transaction."""
-        processor = self._processor
-        topic = topic or processor.sink
-        if topic is None:
-            raise ValueError(f"processor {processor.name} has no sink: emit(..., topic=...) names one")
-        self._outputs.append((
-            topic,
-            processor.sink_key_serde.serialize(key),
-            processor.sink_value_serde.serialize(value),
-            tuple(headers) if headers else (),
-            self.timestamp if timestamp is None else int(timestamp),
-        ))
-
-    def count(self, metric: str, n: int = 1) -> None:
-        """Add ``n`` to the app's counter ``metric`` when this transaction
-        commits (an aborted one is rewound and counts again when redone)."""
-        counts = self._runner.txn_counts
-        counts[metric] = counts.get(metric, 0) + n
+E = RunnerEvent
 
 
 class Runner:
-    def __init__(self, app: App, *, until_idle: float | None = None, progress_interval: float | None = None, progress_out=None, metrics_address: tuple[str, int] | None = None):
+    def __init__(self, app: App, *, until_idle: float | None = None, progress_interval: float | None = None, progress_out=None, metrics_address: tuple[str, int] | None = None,
+                 handle_signals: bool = True):
         self.app = app
+        self.handle_signals = handle_signals
         self.metrics_address = metrics_address
         self.metrics = app.metrics
         self.until_idle = until_idle
         self.progress_interval = progress_interval
         self.progress_out = progress_out or sys.stderr
-        self.by_topic: dict[str, list[Processor]] = {}
-        self.stores_by_topic: dict[str, set[str]] = {}
-        for processor in app.processors:
-            for topic in processor.sources:
-                self.by_topic.setdefault(topic, []).append(processor)
-                self.stores_by_topic.setdefault(topic, set()).update(processor.stores)
-        self.shards: dict[tuple[str, int], tuple[Store, StoreFile]] = {}
-        # Shards given up in the rebalance under way (their files closed), kept
-        # in memory until its assignment: an eager rebalance revokes everything
-        # and mostly gives it back, which then costs no reload.
-        self.parked: dict[tuple[str, int], Store] = {}
+        self.state = RunnerState.STARTING
+        self.task = Task(app, self._store)
+        self.txn = Transaction(app, self.task, self._store_file, on_fenced=lambda: self._enter(E.FENCE))
+        self.shards: Shards | None = None
         self.assigned: set[TopicPartition] = set()
-        self.ctx = Context(self)
-        self.producer: AsyncProducer | None = None
         self.consumer: AsyncConsumer | None = None
         self.restorer: AsyncConsumer | None = None
         self.admin: AsyncAdmin | None = None
-        self.failed = False
-        # The open transaction
-        self.txn_open = False
-        self.txn_started = 0.0
-        self.txn_records = 0
-        self.txn_outputs = 0
-        # Counters of what the open transaction did (dead letters, the
-        # processors' ctx.count): added to the metrics once it commits.
-        self.txn_counts: dict[str, int] = {}
-        self.txn_offsets: dict[TopicPartition, int] = {}
-        self.dirty: set[Store] = set()
         self.processed: dict[TopicPartition, int] = {}  # next offset per partition, as far as processed
         self.topic_partitions: dict[tuple[str, int], TopicPartition] = {}  # made once, not per record
         self.last_activity = time.monotonic()
         # What the metrics read besides app.metrics: the lag per assigned
-        # partition (as last asked for) and each shard being restored's
-        # (position, stable end) in its changelog.
+        # partition (as last asked for) and the restores' progress.
         self.lag: dict[TopicPartition, int] = {}
-        self.restoring: dict[tuple[str, int], tuple[int, int]] = {}
+
+    # -- what the metrics and the lifecycle read -----------------------------------------------
+
+    @property
+    def txn_open(self) -> bool:
+        return self.txn.open
+
+    @property
+    def restoring(self) -> dict[tuple[str, int], tuple[int, int]]:
+        return self.shards.restoring if self.shards is not None else {}
+
+    @property
+    def failed(self) -> bool:
+        return self.state in (RunnerState.FENCED, RunnerState.FAILED)
+
+    def _enter(self, event: RunnerEvent) -> None:
+        before, self.state = self.state, transition(self.state, event)
+        if before is not self.state:
+            log.debug("runner %s -> %s (%s)", before.value, self.state.value, event.value)
+
+    def _store(self, name: str, partition: int):
+        return self.shards.store(name, partition)
+
+    def _store_file(self, store):
+        return self.shards.file_of(store) if self.shards is not None else None
+
+    def _stopping(self) -> bool:
+        return self.app.stopping
 
     # -- the whole run -------------------------------------------------------------------------
 
@@ -178,7 +140,7 @@ class Runner:
         lock = app.lock_state_dir()
         loop = asyncio.get_running_loop()
         installed = []
-        if threading.current_thread() is threading.main_thread():
+        if self.handle_signals and threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(signum, app.stop)
                 installed.append(signum)
@@ -194,20 +156,23 @@ class Runner:
                 log.info("serving metrics on %s", app.metrics_url)
             self.admin = AsyncAdmin(app.bootstrap_servers, **common)
             await self._prepare_topics()
-            self.producer = self._new_producer()
-            await self.producer.init_transactions()
+            await self.txn.start()
             self.consumer = AsyncConsumer(
                 app.bootstrap_servers, group_id=app.application_id, isolation_level="read_committed",
                 **{**DEFAULTS_CONSUMER, **app.consumer_options, "group_instance_id": app.transactional_id, "enable_auto_commit": False},
             )
             self.restorer = AsyncConsumer(app.bootstrap_servers, isolation_level="read_committed", **{**common, "max_poll_records": RESTORE_CHUNK})
+            self.shards = Shards(app, self.admin, self.restorer, self.txn.producer.config.transaction_timeout_ms)
             log.info("instance %s of %s starting (transactional id %s)", app.instance_id, app.application_id, app.transactional_id)
-            self.consumer.subscribe(sorted(self.by_topic), listener=self)
+            self.consumer.subscribe(sorted(self.task.by_topic), listener=self)
             await self._loop()
-            if self.txn_open:
+            if self.txn.open:
                 await self._commit_or_abort()
+            self._enter(E.STOP)
         except BaseException:
-            self.failed = True
+            log.debug("the run ended by an error", exc_info=True)
+            if not self.failed:
+                self._enter(E.FAIL)
             raise
         finally:
             await self._shutdown()
@@ -220,29 +185,19 @@ class Runner:
             lock.close()
 
     async def _shutdown(self) -> None:
-        if self.failed and self.txn_open and self.producer is not None:
-            self.txn_open = False
-            self.metrics.aborted("stopped_on_error")
-            try:
-                await self.producer.abort_transaction()
-            except Exception as error:  # fenced or broker gone: the coordinator's timeout aborts it
-                log.warning("could not abort the open transaction on the way out: %s", error)
+        if self.failed:
+            await self.txn.abort_quietly("stopped_on_error")
         for client in (self.consumer, self.restorer, self.admin):
             if client is not None:
                 try:
                     await client.close()  # the consumer's close revokes: our listener closes the stores
                 except Exception as error:
                     log.warning("closing %s: %s", type(client).__name__, error)
-        await self._close_shards(list(self.shards))
-        if self.producer is not None:
-            try:
-                await self.producer.close()
-            except Exception as error:
-                log.warning("closing the producer: %s", error)
-
-    def _new_producer(self) -> AsyncProducer:
-        app = self.app
-        return AsyncProducer(app.bootstrap_servers, transactional_id=app.transactional_id, **{**DEFAULTS_PRODUCER, **app.producer_options})
+        if self.shards is not None:
+            await self.shards.close(list(self.shards.held))
+        await self.txn.close()
+        if self.state is RunnerState.STOPPING:
+            self._enter(E.CLOSED)
 
     async def _prepare_topics(self) -> None:
         """Check the sources and create the changelogs (compacted, partitioned
@@ -258,7 +213,7 @@ class Runner:
             await self.admin.create_topics(internal, replication_factor=app.replication_factor, configs=configs, exist_ok=True)
             log.info("created %s", ", ".join(sorted(internal)))
             existing = {**existing, **internal}
-        missing = sorted(t for t in self.by_topic if t not in existing)
+        missing = sorted(t for t in self.task.by_topic if t not in existing)
         if missing:
             raise FatalError(message=f"source topic(s) {', '.join(missing)} do not exist: create them first")
         wanted: dict[str, int] = {}
@@ -283,7 +238,7 @@ class Runner:
     # -- the loop ------------------------------------------------------------------------------
 
     async def _loop(self) -> None:
-        app, consumer = self.app, self.consumer
+        app, consumer, txn = self.app, self.consumer, self.txn
         interval = app.commit_interval_ms / 1000
         next_progress = time.monotonic() + (self.progress_interval or 0)
         next_lag = time.monotonic()
@@ -291,16 +246,13 @@ class Runner:
         self.last_activity = time.monotonic()
         poll_delay = RetryDelay()
         while not app.stopping:
-            timeout = max(0.0, self.txn_started + interval - time.monotonic()) if self.txn_open else 0.5
+            timeout = max(0.0, txn.started + interval - time.monotonic()) if txn.open else 0.5
             try:
-                records = await consumer.poll(min(timeout, 0.5))
-            except (RetriableError, ConnectionError, TimeoutError, OSError) as error:
-                # Once per outage at WARNING; the retries of a broker that
-                # stays down would otherwise log four lines a second.
-                (log.warning if not poll_delay.failures else log.debug)("poll failed (%s); polling again", error)
-                await asyncio.sleep(poll_delay.next())
+                # One try per turn of this loop (stopping=True after the
+                # wait): commits, progress and idleness are looked at between tries.
+                records = await retry(lambda: consumer.poll(min(timeout, 0.5)), what="poll", stopping=lambda: True, log=log, delay=poll_delay)
+            except BROKER_AWAY:
                 continue
-            poll_delay.reset()
             if records:
                 self.last_activity = time.monotonic()
                 processed = 0
@@ -308,7 +260,7 @@ class Runner:
                     for raw in records:
                         await self._process(raw)
                         processed += 1
-                        if app.commit_records is not None and self.txn_records >= app.commit_records:
+                        if app.commit_records is not None and txn.records >= app.commit_records:
                             if not await self._commit_or_abort():
                                 break  # rewound: the rest of this poll is read again
                 finally:
@@ -317,7 +269,9 @@ class Runner:
                 # it filled would go out only at the commit's flush: let them
                 # go now, to be written while the next records are processed.
                 await asyncio.sleep(0)
-            if self.txn_open and time.monotonic() - self.txn_started >= interval:
+            if self.task.wall_clock_timers and self.state is RunnerState.RUNNING:
+                await self._fire_wall_clock_timers()
+            if txn.open and time.monotonic() - txn.started >= interval:
                 await self._commit_or_abort()
                 self.last_activity = time.monotonic()  # a slow commit is not idleness
             now = time.monotonic()
@@ -328,228 +282,86 @@ class Runner:
                 progress_mark = await self._progress(progress_mark)
                 next_progress = now + self.progress_interval
             # Idle time counts from the first assignment on (joining a group may take a while).
-            if self.until_idle is not None and not records and not self.txn_open and self.metrics.get("rebalances") and now - self.last_activity >= self.until_idle:
+            if self.until_idle is not None and not records and not txn.open and self.metrics.get("rebalances") and now - self.last_activity >= self.until_idle:
                 log.info("idle for %.1f s: stopping", self.until_idle)
                 return
 
     async def _process(self, raw) -> None:
         """Run every processor of ``raw``'s topic on it, inside the open transaction."""
-        if not self.txn_open:
-            self.producer.begin_transaction()
-            self.txn_open = True
-            self.txn_started = time.monotonic()
-        ctx = self.ctx
-        ctx.topic, ctx.partition, ctx.offset, ctx.timestamp = raw.topic, raw.partition, raw.offset, raw.timestamp
-        for processor in self.by_topic[raw.topic]:
-            ctx._processor = processor
-            stage = "deserializing"
-            try:
-                record = Record(
-                    processor.key_serde.deserialize(raw.key), processor.value_serde.deserialize(raw.value),
-                    raw.topic, raw.partition, raw.offset, raw.timestamp, raw.headers,
-                )
-                stage = "processing"
-                processor.function(record, ctx)
-            except Exception as error:
-                for store in ctx._touched:
-                    store.end_record(False)
-                ctx._touched.clear()
-                ctx._outputs.clear()
-                await self._failed_record(processor, raw, error, stage)
-                continue
-            for store in ctx._touched:
-                if store.end_record(True):
-                    self.dirty.add(store)
-            ctx._touched.clear()
-            if ctx._outputs:
-                outputs, ctx._outputs = ctx._outputs, []
-                for topic, key, value, headers, timestamp in outputs:
-                    await self._send(topic, key, value, headers, timestamp)
-                self.txn_outputs += len(outputs)
+        txn = self.txn
+        txn.begin()
+        try:
+            outputs = self.task.process(raw)
+        except Exception:
+            self._enter(E.FAIL)  # on_error="stop": ProcessingError
+            raise
+        for topic, key, value, headers, timestamp, _processor in outputs:
+            await txn.send(topic, key, value, headers, timestamp)
+        txn.outputs += len(outputs)
         tp = self.topic_partitions.get((raw.topic, raw.partition))
         if tp is None:
             tp = self.topic_partitions[(raw.topic, raw.partition)] = TopicPartition(raw.topic, raw.partition)
-        self.txn_offsets[tp] = self.processed[tp] = raw.offset + 1
-        self.txn_records += 1
+        self.processed[tp] = raw.offset + 1
+        txn.processed(tp, raw.offset + 1)
 
-    async def _send(self, topic: str, key, value, headers, timestamp, partition: int | None = None, *, report: bool = False):
-        """Send in the open transaction; the record's future only if
-        ``report`` (a failed record fails the commit either way)."""
-        producer = self.producer
-        if producer.can_append_now(topic, partition):
-            return producer.append(topic, partition, value, key, headers, timestamp, report=report)
-        return await producer.send(topic, value, key=key, partition=partition, headers=headers, timestamp=timestamp)
-
-    async def _failed_record(self, processor: Processor, raw, error: Exception, stage: str) -> None:
-        where = f"{raw.topic}-{raw.partition}@{raw.offset}"
-        if self.app.on_error == "stop":
-            self.metrics.add("errors")
-            message = f"processor {processor.name} failed on record {where} ({stage}): {type(error).__name__}: {error}"
-            log.error("%s; stopping (on_error='stop'): the open transaction is aborted, a restart reads this record again", message)
-            self.failed = True
-            raise ProcessingError(message, topic=raw.topic, partition=raw.partition, offset=raw.offset) from error
-        headers = tuple(raw.headers) + (
-            ("onceflow.error", f"{type(error).__name__}: {error}".encode("utf-8", "replace")),
-            ("onceflow.error.stage", stage.encode()),
-            ("onceflow.processor", processor.name.encode()),
-            ("onceflow.source.topic", raw.topic.encode()),
-            ("onceflow.source.partition", str(raw.partition).encode()),
-            ("onceflow.source.offset", str(raw.offset).encode()),
-        )
-        await self._send(self.app.dead_letter_topic, raw.key, raw.value, headers, raw.timestamp)
-        self.txn_outputs += 1
-        self.txn_counts["dead_letters"] = self.txn_counts.get("dead_letters", 0) + 1
-        log.warning("processor %s failed on record %s: %s: %s; sent to %s", processor.name, where, type(error).__name__, error, self.app.dead_letter_topic)
+    async def _fire_wall_clock_timers(self) -> None:
+        """Fire the wall-clock timers due on the partitions held, inside the open transaction."""
+        held: dict[str, set[int]] = {}
+        for processor in self.app.processors:
+            held[processor.name] = {tp.partition for tp in self.assigned if tp.topic in processor.sources}
+        due = self.task.wall_clock_due(int(time.time() * 1000), held)
+        if not due:
+            return
+        txn = self.txn
+        txn.begin()
+        try:
+            outputs = self.task.fire_due(due)
+        except Exception:
+            self._enter(E.FAIL)  # a timer raised: ProcessingError
+            raise
+        for topic, key, value, headers, timestamp, _processor in outputs:
+            await txn.send(topic, key, value, headers, timestamp)
+        txn.outputs += len(outputs)
 
     # -- commit ----------------------------------------------------------------------------------
 
-    async def _commit(self) -> None:
-        producer = self.producer
-        began = time.monotonic()
-        written: list[tuple[Store, dict, object]] = []
-        for store in self.dirty:
-            changes = store.take_pending()
-            if not changes:
-                continue
-            topic = self.app.changelog_topic(store.name)
-            last = len(changes) - 1
-            for index, (key, value) in enumerate(changes.items()):
-                # Only the shard's last record's offset is needed: where its SQLite file stands after this commit.
-                outcome = await self._send(topic, key, value, (), None, partition=store.partition, report=index == last)
-            written.append((store, changes, outcome))
-        self.dirty = set()
-        # The offsets' round trips (AddOffsetsToTxn, TxnOffsetCommit) overlap
-        # the records' flush; both finish (no orphan task) before any error counts.
-        steps = [producer.flush()]
-        if self.txn_offsets:
-            offsets = {tp: OffsetAndMetadata(offset) for tp, offset in self.txn_offsets.items()}
-            steps.append(producer.send_offsets_to_transaction(offsets, self.consumer.group_metadata()))
-        for outcome in await asyncio.gather(*steps, return_exceptions=True):
-            if isinstance(outcome, BaseException):
-                raise outcome
-        await producer.commit_transaction()
-        self.txn_open = False
-        self.metrics.observe("commit_seconds", time.monotonic() - began)
-        self._count_committed(self.txn_outputs, self.txn_counts)
-        self._forget_transaction()
-        self.app.crash_point(CRASH_AFTER_COMMIT)
-        for store, changes, last in written:
-            # The changelog offset after this transaction's last record of the
-            # shard. An offset the broker did not report (a retried duplicate)
-            # leaves the shard's position where it was: re-reading from there
-            # replays writes it already has, which changes nothing.
-            reached = last.result().offset + 1
-            next_offset = max(store.next_offset, reached)
-            store.apply_committed(changes, next_offset)
-            shard = self.shards.get((store.name, store.partition))
-            if shard is not None and shard[0] is store:
-                await shard[1].apply(changes, next_offset)
-
     async def _commit_or_abort(self) -> bool:
-        """Commit the open transaction; on an abortable error abort it and
-        rewind (False). Fencing raises ``InstanceFencedError``."""
-        try:
-            await self._commit()
+        """Commit the open transaction; on an abortable error (or an unknown
+        outcome, settled) rewind (False). Fencing raises ``InstanceFencedError``."""
+        self._enter(E.COMMIT)
+        result = await self.txn.commit(self.consumer.group_metadata)
+        if result.outcome is Outcome.COMMITTED:
+            self._enter(E.COMMITTED)
             return True
-        except ApplicationRecoverableError as error:
-            raise self._fenced(error) from error
-        except CommitOutcomeUnknownError as error:
-            log.warning("commit outcome unknown (%s): settling it with a new producer, then rewinding", error)
-            self.metrics.add("commits_unknown")
-            unsettled_offsets, outputs, counts = self.txn_offsets, self.txn_outputs, self.txn_counts
-            self._forget_transaction()  # the next transaction starts from what is committed
-            await self._renew_producer()
+        if result.outcome is Outcome.UNKNOWN:
             await self._recover(catch_up_stores=True)
             # Committed iff the group's offsets reached the transaction's
-            # (the rewind just read them into ``processed``): only then
-            # count what it did. A partition not rewound cannot tell.
-            rewound = {tp for tp in self.assigned if tp in self.consumer.assignment()}
-            if unsettled_offsets and all(tp in rewound and self.processed.get(tp, -1) >= offset for tp, offset in unsettled_offsets.items()):
-                self._count_committed(outputs, counts)
-            return False
-        except ABORTABLE as error:
-            log.warning("transaction aborted: %s: %s; rewinding to the committed offsets", type(error).__name__, error)
-            if getattr(error, "code", None) in GROUP_FENCING:
+            # (the rewind just read them into ``processed``). A partition not
+            # rewound cannot tell.
+            rewound = {tp: self.processed.get(tp, -1) for tp in self.assigned if tp in self.consumer.assignment()}
+            self.txn.settled(result, rewound)
+        else:
+            if getattr(result.error, "code", None) in GROUP_FENCING:
                 # The group moved on without us (this member's session ended,
                 # e.g. the process was stopped): rejoin at the next poll, which
                 # reports the partitions lost, rather than wait for a heartbeat
                 # to find out.
-                self.consumer.enforce_rebalance(error.code)
-            await self._abort(abort_cause(error))
+                self.consumer.enforce_rebalance(result.error.code)
             await self._recover(catch_up_stores=False)
-            return False
-
-    def _fenced(self, error: Exception) -> InstanceFencedError:
-        self.failed = True
-        self.txn_open = False
-        message = (f"instance {self.app.instance_id} of {self.app.application_id} was fenced ({error}): another producer "
-                   f"took transactional id {self.app.transactional_id}, or the broker aborted this instance's transaction after "
-                   "it stalled past transaction_timeout_ms; it writes nothing more and stops")
-        log.error(message)
-        return InstanceFencedError(message)
-
-    def _count_committed(self, outputs: int, counts: dict[str, int]) -> None:
-        """A transaction committed: count it and what it did."""
-        self.metrics.add("commits")
-        self.metrics.add("records_out", outputs)
-        for name, n in counts.items():
-            self.metrics.add(name, n)
-
-    def _forget_transaction(self) -> None:
-        """The open transaction's bookkeeping, back to nothing."""
-        self.txn_records = self.txn_outputs = 0
-        self.txn_counts = {}
-        self.txn_offsets = {}
-
-    async def _abort(self, cause: str) -> None:
-        self.metrics.aborted(cause)
-        self.txn_open = False
-        self._forget_transaction()
-        for store in self.dirty:
-            store.discard_pending()
-        self.dirty = set()
-        try:
-            await self.producer.abort_transaction()
-        except ApplicationRecoverableError as error:
-            raise self._fenced(error) from error
-        except (KafkaError, ConnectionError, TimeoutError, OSError) as error:
-            log.warning("abort failed (%s): a new producer aborts it instead", error)
-            await self._renew_producer()
-
-    async def _renew_producer(self) -> None:
-        """Replace the producer: init_transactions finishes (commit or abort,
-        as the coordinator decided) whatever the old one left open."""
-        self.txn_open = False
-        for store in self.dirty:
-            store.discard_pending()
-        self.dirty = set()
-        old, self.producer = self.producer, self._new_producer()
-        try:
-            await old.cluster.close()
-        except Exception:
-            pass
-        try:
-            await self.producer.init_transactions()
-        except ApplicationRecoverableError as error:
-            raise self._fenced(error) from error
+        self._enter(E.ABORTED)
+        return False
 
     async def _recover(self, *, catch_up_stores: bool) -> None:
         """Rewind every assigned partition to its committed offset (and catch
         the shards up with the changelog, when our last commit may have
         happened after all). Retried until the broker answers."""
-        delay = RetryDelay()
-        while True:
-            try:
-                if catch_up_stores:
-                    for store, file in list(self.shards.values()):
-                        await self._catch_up(store, file)
-                await self._rewind(sorted(self.assigned))
-                return
-            except (RetriableError, ConnectionError, TimeoutError, OSError) as error:
-                if self.app.stopping:
-                    raise
-                log.warning("rewinding failed (%s); trying again", error)
-                await asyncio.sleep(delay.next())
+
+        async def rewind():
+            if catch_up_stores:
+                await self.shards.catch_up_all()
+            await self._rewind(sorted(self.assigned))
+
+        await retry(rewind, what="rewinding", stopping=self._stopping, log=log)
 
     async def _rewind(self, partitions: list[TopicPartition]) -> None:
         consumer = self.consumer
@@ -566,160 +378,49 @@ class Runner:
     # -- rebalances (the consumer calls these inside poll) -------------------------------------
 
     async def on_partitions_revoked(self, partitions) -> None:
-        if self.txn_open and not self.failed:
+        if self.txn.open and not self.failed:
             await self._commit_or_abort()
+        self._enter(E.REVOKED)
         await self._release(partitions)
 
     async def on_partitions_lost(self, partitions) -> None:
         log.warning("partitions lost (the group moved on without this member): %s%s", ", ".join(map(str, sorted(partitions))) or "none",
-                    "; aborting the open transaction" if self.txn_open and not self.failed else "")
-        if self.txn_open and not self.failed:
-            await self._abort("partitions_lost")
+                    "; aborting the open transaction" if self.txn.open and not self.failed else "")
+        self._enter(E.LOST)
+        if self.txn.open and not self.failed:
+            await self.txn.abort("partitions_lost")
         await self._release(partitions)
 
     async def on_partitions_assigned(self, partitions) -> None:
         self.metrics.add("rebalances")
+        self._enter(E.ASSIGNED)
         partitions = set(partitions)
         self.assigned |= partitions
-        restore_delay = RetryDelay()
-        while True:  # no record of these partitions may be processed before their stores are restored
-            needed = self._shards_needed(partitions) - set(self.shards)
-            if not needed:
-                break
-            try:
-                # Wait until no transaction of a previous owner still holds a
-                # pending offset commit for these partitions (KIP-447): then
-                # that owner's changelog writes are decided too.
-                await self.consumer.committed(sorted(partitions))
-                for name, partition in sorted(needed):
-                    await self._open_shard(name, partition)
-            except (RetriableError, ConnectionError, TimeoutError, OSError) as error:
-                if self.app.stopping:
-                    raise
-                log.warning("restoring stores failed (%s); trying again", error)
-                await asyncio.sleep(restore_delay.next())
+        shards = self.shards
+
+        async def restore():
+            # Wait until no transaction of a previous owner still holds a
+            # pending offset commit for these partitions (KIP-447): then that
+            # owner's changelog writes are decided too.
+            await self.consumer.committed(sorted(partitions))
+            for name, partition in sorted(self.task.stores_needed(partitions) - set(shards.held)):
+                await shards.open(name, partition)
+
+        # No record of these partitions may be processed before their stores are restored.
+        if self.task.stores_needed(partitions) - set(shards.held):
+            await retry(restore, what="restoring stores", stopping=self._stopping, log=log, delay=RetryDelay())
         for tp in partitions:
             self.processed.pop(tp, None)
-        self.parked.clear()  # what was given up and not given back: someone else's now
+        shards.parked.clear()  # what was given up and not given back: someone else's now
         self.last_activity = time.monotonic()
+        self._enter(E.RESTORED)
         log.info("assigned %s", ", ".join(map(str, sorted(partitions))) or "nothing")
 
     async def _release(self, partitions) -> None:
         self.assigned -= set(partitions)
         for tp in partitions:
             self.processed.pop(tp, None)
-        await self._close_shards(sorted(set(self.shards) - self._shards_needed(self.assigned)), park=True)
-
-    def _shards_needed(self, partitions) -> set[tuple[str, int]]:
-        return {(name, tp.partition) for tp in partitions for name in self.stores_by_topic.get(tp.topic, ())}
-
-    # -- stores --------------------------------------------------------------------------------
-
-    def _store_path(self, name: str, partition: int) -> str:
-        return os.path.join(self.app.state_dir, "stores", f"{name}-{partition}.sqlite")
-
-    async def _open_shard(self, name: str, partition: int) -> None:
-        file = StoreFile(self._store_path(name, partition), self.app.changelog_topic(name), partition)
-        parked = self.parked.pop((name, partition), None)
-        store = None
-        if parked is not None:
-            # Given up in this rebalance and given back: its memory is the
-            # file's contents already (same offset), so only the changelog's
-            # tail (another owner's writes meanwhile) is read.
-            _nothing, next_offset = await file.open(load=False)
-            if not file.discarded_reason and next_offset == parked.next_offset:
-                store = parked
-            else:
-                await file.close()
-        if store is None:
-            contents, next_offset = await file.open()
-            if file.discarded_reason:
-                log.warning("store %s-%d: the SQLite file was %s; rebuilding it from the changelog", name, partition, file.discarded_reason)
-                self.metrics.add("store_rebuilds")
-            store = Store(name, partition, contents, next_offset)
-        try:
-            await self._catch_up(store, file)
-        except BaseException:
-            await file.close()
-            raise
-        self.shards[(name, partition)] = (store, file)
-
-    async def _close_shards(self, keys, *, park: bool = False) -> None:
-        for key in keys:
-            store, file = self.shards.pop(key)
-            store.discard_pending()
-            await file.close()
-            if park:
-                self.parked[key] = store
-
-    async def _stable_end(self, tp: TopicPartition) -> int:
-        """The changelog's end once every transaction that had written to it
-        when we looked is decided (its last stable offset reaches that high
-        watermark): a previous owner's commit may still be on its way here."""
-        high = (await self.admin.list_offsets({tp: "latest"}, isolation_level="read_uncommitted"))[tp].offset
-        deadline = time.monotonic() + 2 * self.producer.config.transaction_timeout_ms / 1000 + 30
-        while True:
-            stable = (await self.restorer.end_offsets([tp]))[tp]
-            if stable >= high or time.monotonic() > deadline:
-                return stable
-            await asyncio.sleep(0.1)
-
-    async def _catch_up(self, store: Store, file: StoreFile) -> None:
-        """Bring a shard to the changelog's stable end (rebuilding it if its
-        file cannot be a prefix of the changelog)."""
-        tp = TopicPartition(self.app.changelog_topic(store.name), store.partition)
-        start = (await self.restorer.beginning_offsets([tp]))[tp]
-        end = await self._stable_end(tp)
-        reason = None
-        if store.next_offset > end:
-            reason = f"ahead of the changelog (file at {store.next_offset}, changelog's stable end {end})"
-        elif store.next_offset < start and (store.committed or store.next_offset > 0):
-            reason = f"behind the changelog's start (file at {store.next_offset}, log start {start}): records it lacks are gone"
-        if reason:
-            log.warning("store %s-%d: %s; rebuilding from the changelog", store.name, store.partition, reason)
-            self.metrics.add("store_rebuilds")
-            store.reset(start)
-            await file.clear(start)
-        elif store.next_offset < start:
-            store.next_offset = start
-        if store.next_offset >= end:
-            return
-        began = time.monotonic()
-        key = (store.name, store.partition)
-        self.restoring[key] = (store.next_offset, end)
-        try:
-            restored, position = await self._restore(store, file, tp, end)
-        finally:
-            self.restoring.pop(key, None)
-        self.metrics.add("restored_records", restored)
-        log.info("store %s-%d: restored %d changelog records up to offset %d in %.2f s", store.name, store.partition, restored, position, time.monotonic() - began)
-
-    async def _restore(self, store: Store, file: StoreFile, tp: TopicPartition, end: int) -> tuple[int, int]:
-        """Apply the changelog from the shard's offset to ``end``; (records restored, offset reached)."""
-        restorer = self.restorer
-        restorer.assign([tp])
-        restorer.seek(tp, store.next_offset)
-        changes: dict = {}
-        restored = 0
-        position = store.next_offset
-        while position < end:
-            # A short wait: at the tail there may be nothing visible left (only
-            # a COMMIT marker), and the fetch would wait its whole timeout.
-            for record in await restorer.poll(0.05):
-                if record.key is not None:
-                    changes[record.key] = record.value
-                    restored += 1
-            position = await restorer.position(tp)
-            self.restoring[(store.name, store.partition)] = (position, end)
-            if len(changes) >= RESTORE_CHUNK:
-                store.apply_committed(changes, position)
-                await file.apply(changes, position)
-                changes = {}
-        if position != store.next_offset:
-            store.apply_committed(changes, position)
-            await file.apply(changes, position)
-        restorer.assign([])
-        return restored, position
+        await self.shards.close(sorted(set(self.shards.held) - self.task.stores_needed(self.assigned)), park=True)
 
     # -- progress ------------------------------------------------------------------------------
 
@@ -749,18 +450,3 @@ class Runner:
             return {tp: max(0, ends[tp] - positions[tp]) for tp in assigned}
         except (KafkaError, ConnectionError, TimeoutError, OSError):
             return None
-
-
-def abort_cause(error: BaseException) -> str:
-    """Why an abortable error aborted the transaction, in a few bounded words (a metric's label)."""
-    if getattr(error, "code", None) in GROUP_FENCING:
-        return "group_fenced"
-    if isinstance(error, CommitFailedError):
-        return "commit_failed"
-    if isinstance(error, TransactionAbortableError):
-        return "transaction_abortable"
-    if isinstance(error, RetriableError):
-        return "retries_exhausted"
-    if isinstance(error, TimeoutError):
-        return "timeout"
-    return "connection"

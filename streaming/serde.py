@@ -7,10 +7,21 @@ A processor names a format for its source and sink keys and values:
 | ``"bytes"`` (default) | passed through (``bytes``, ``bytearray``, ``memoryview``) | as read |
 | ``"str"`` | UTF-8 | UTF-8 (strict: bad bytes are a deserialization error) |
 | ``"json"`` | compact JSON, UTF-8 | ``json.loads`` |
+| ``"auto"`` (a sink's default for values) | bytes as they are, str as UTF-8, anything else as compact JSON | JSON if it parses, else UTF-8 text, else the bytes |
 | ``(serialize, deserialize)`` | your function | your function |
+
+A sink whose value format is not given writes values with ``"auto"``, so
+what a processor emits decides: a dict becomes JSON whatever the source's
+format. (Keys keep the source's key format: the same key must keep its
+bytes, hence its partition.)
 
 ``None`` (a null key, a tombstone value) passes through every format
 untouched, so a null never becomes ``b"null"``.
+
+``INTERNAL_FORMAT`` is the format of the runner's own topics (the dataflow
+layer's repartition topics): Python values through JSON with their types
+kept (str, bytes, int, float, bool, None, tuples, lists, dicts with str
+keys), sorted keys so one key is one byte string, hence one partition.
 
 ``resolve(fmt)`` turns any of these into a ``Serde``; the runner and the
 dataflow layer share it. A failure either way raises ``SerializationError``
@@ -19,6 +30,7 @@ naming the format, so the runner can route the record by ``on_error``.
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any, Callable
 
@@ -76,10 +88,31 @@ def _json_out(value) -> bytes:
     return COMPACT_JSON.encode(value).encode("utf-8")
 
 
+def _auto_out(value) -> bytes:
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    return _json_out(value)
+
+
+def _auto_in(data: bytes):
+    data = bytes(data)
+    try:
+        return json.loads(data)
+    except ValueError:
+        pass
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return data
+
+
 FORMATS: dict[str, Serde] = {
     "bytes": Serde("bytes", _bytes_out, bytes),
     "str": Serde("str", _str_out, lambda data: bytes(data).decode("utf-8")),
     "json": Serde("json", _json_out, json.loads),
+    "auto": Serde("auto", _auto_out, _auto_in),
 }
 
 
@@ -96,3 +129,46 @@ def resolve(fmt) -> Serde:
         serialize, deserialize = fmt
         return Serde(getattr(serialize, "__name__", "custom"), serialize, deserialize)
     raise ValueError(f"a format is 'bytes', 'str', 'json' or a (serialize, deserialize) pair, not {fmt!r}")
+
+
+# -- the internal topics' format: Python values through JSON, types kept -----------------
+
+
+def _to_tree(value):
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    if isinstance(value, list):
+        return [_to_tree(item) for item in value]
+    if isinstance(value, tuple):
+        return {"t": [_to_tree(item) for item in value]}
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return {"b": base64.b64encode(bytes(value)).decode("ascii")}
+    if isinstance(value, dict):
+        if not all(isinstance(key, str) for key in value):
+            raise TypeError("a dict crossing a repartition topic needs str keys")
+        return {"d": {key: _to_tree(item) for key, item in value.items()}}
+    raise TypeError(f"a {type(value).__name__} cannot cross a repartition topic (use str, bytes, numbers, None, tuples, lists, dicts)")
+
+
+def _from_tree(tree):
+    if isinstance(tree, list):
+        return [_from_tree(item) for item in tree]
+    if isinstance(tree, dict):
+        if "t" in tree:
+            return tuple(_from_tree(item) for item in tree["t"])
+        if "b" in tree:
+            return base64.b64decode(tree["b"])
+        return {key: _from_tree(item) for key, item in tree["d"].items()}
+    return tree
+
+
+def encode_internal(value) -> bytes:
+    # sort_keys: one key, one byte string, so one partition.
+    return json.dumps(_to_tree(value), separators=(",", ":"), sort_keys=True, allow_nan=False).encode("utf-8")
+
+
+def decode_internal(data: bytes):
+    return _from_tree(json.loads(data))
+
+
+INTERNAL_FORMAT = (encode_internal, decode_internal)

@@ -4,7 +4,8 @@ store-shaped (``get``/``put``/``delete``/``items``), so the dataflow layer
 runs it on a changelogged state store and the tests on a dict.
 
 Windows are aligned to the epoch, in milliseconds, like Kafka Streams'
-``TimeWindows``: a window of ``size`` advancing by ``advance`` covers
+``TimeWindows`` (sizes are given as a ``timedelta`` or in milliseconds, see
+``streaming.durations``): a window of ``size`` advancing by ``advance`` covers
 ``[start, start + size)`` for every ``start`` that is a multiple of
 ``advance`` (tumbling: ``advance == size``; hopping: ``advance < size``, so
 a timestamp falls in ``ceil(size / advance)`` windows). Negative starts are
@@ -37,6 +38,8 @@ from typing import Any, Callable, Iterable, Protocol
 
 import attrs
 
+from streaming.durations import milliseconds
+
 STREAM_TIME = "stream-time"
 NEXT_CLOSE = "next-close"
 WINDOW_TAG = "w"
@@ -47,13 +50,6 @@ class StateLike(Protocol):
     def put(self, key, value) -> None: ...
     def delete(self, key) -> None: ...
     def items(self) -> Iterable[tuple[Any, Any]]: ...
-
-
-def _milliseconds(seconds: float, what: str) -> int:
-    ms = round(seconds * 1000)
-    if ms <= 0:
-        raise ValueError(f"{what} must be positive (got {seconds!r} s)")
-    return ms
 
 
 @attrs.frozen
@@ -81,15 +77,16 @@ class Windows:
         return start + self.size_ms
 
 
-def tumbling(seconds: float) -> Windows:
-    """Back-to-back windows of ``seconds``: every record is in exactly one."""
-    size = _milliseconds(seconds, "a window's size")
-    return Windows(size, size)
+def tumbling(size) -> Windows:
+    """Back-to-back windows of ``size`` (a timedelta or milliseconds): every record is in exactly one."""
+    size_ms = milliseconds(size, "a window's size", positive=True)
+    return Windows(size_ms, size_ms)
 
 
-def hopping(size: float, advance: float) -> Windows:
-    """Windows of ``size`` seconds starting every ``advance`` seconds (overlapping when advance < size)."""
-    return Windows(_milliseconds(size, "a window's size"), _milliseconds(advance, "a window's advance"))
+def hopping(size, advance) -> Windows:
+    """Windows of ``size`` starting every ``advance`` (timedeltas or
+    milliseconds), overlapping when advance < size."""
+    return Windows(milliseconds(size, "a window's size", positive=True), milliseconds(advance, "a window's advance", positive=True))
 
 
 def close_time(windows: Windows, grace_ms: int, start: int) -> int:
@@ -204,3 +201,117 @@ class WindowedAggregation:
             state.put(entry_key, [aggregate, highest])
             changed.append(WindowResult(key, start, self.windows.end(start), aggregate, highest))
         return Update(tuple(changed), late)
+
+
+# -- session windows -----------------------------------------------------------------------------------
+
+SESSION_TAG = "s"
+
+
+@attrs.frozen
+class SessionWindows:
+    """Sessions of activity per key: records less than ``gap_ms`` apart
+    (in event time) belong to one session (build it with ``session``)."""
+
+    gap_ms: int = attrs.field(validator=attrs.validators.gt(0))
+
+
+def session(gap) -> SessionWindows:
+    """Session windows that end after ``gap`` (a timedelta or milliseconds) without a record of the key."""
+    return SessionWindows(milliseconds(gap, "a session's inactivity gap", positive=True))
+
+
+def _session_key(key):
+    """The user key if ``key`` is a session entry's key (tuples may come back as lists)."""
+    if isinstance(key, (tuple, list)) and len(key) == 2 and key[0] == SESSION_TAG:
+        user_key = key[1]
+        return tuple(user_key) if isinstance(user_key, list) else user_key
+    return None
+
+
+@attrs.frozen
+class SessionAggregation:
+    """Aggregate per (key, session) over event time, like Kafka Streams'
+    ``SessionWindows``: a record within ``gap`` of a key's open session
+    extends it; one that bridges two sessions merges them (their aggregates
+    combined with ``merge(earlier, later)``). A session is ``[start, end]``
+    with ``end`` the event time of its last record (inclusive); it closes,
+    and is emitted and forgotten, when stream time reaches ``end + gap +
+    grace``: no record in time could extend it any more. A record that
+    would start (or extend) only sessions already closed is late.
+
+    State: ``("s", key)`` -> the key's open sessions, ``[[start, end,
+    aggregate, highest timestamp], ...]`` in start order, plus the shared
+    ``stream-time`` and ``next-close`` entries."""
+
+    windows: SessionWindows
+    grace_ms: int = attrs.field(validator=attrs.validators.ge(0))
+    add: Callable[[Any, Any], Any]
+    merge: Callable[[Any, Any], Any]
+    initial: Callable[[], Any] | None = FIRST_VALUE
+
+    def close_time(self, end: int) -> int:
+        return end + self.windows.gap_ms + self.grace_ms
+
+    def advance(self, state: StateLike, timestamp: int) -> list[WindowResult]:
+        """Stream time moves to ``timestamp`` if later; returns the sessions
+        this closes (in start order), whose state is deleted."""
+        stream_time = state.get(STREAM_TIME)
+        if stream_time is not None and timestamp <= stream_time:
+            return []
+        state.put(STREAM_TIME, timestamp)
+        next_close = state.get(NEXT_CLOSE)
+        if next_close is None or timestamp < next_close:
+            return []
+        closed: list[WindowResult] = []
+        remaining_next: int | None = None
+        for key, sessions in list(state.items()):
+            user_key = _session_key(key)
+            if user_key is None:
+                continue
+            still_open = []
+            for start, end, aggregate, highest in sessions:
+                if self.close_time(end) <= timestamp:
+                    closed.append(WindowResult(user_key, start, end, aggregate, highest))
+                else:
+                    still_open.append([start, end, aggregate, highest])
+                    remaining_next = self.close_time(end) if remaining_next is None else min(remaining_next, self.close_time(end))
+            if len(still_open) != len(sessions):
+                if still_open:
+                    state.put(key, still_open)
+                else:
+                    state.delete(key)
+        if remaining_next is None:
+            state.delete(NEXT_CLOSE)
+        else:
+            state.put(NEXT_CLOSE, remaining_next)
+        return sorted(closed, key=lambda result: result.start)
+
+    def update(self, state: StateLike, key, value, timestamp: int) -> Update:
+        """Fold one record into its key's sessions (call ``advance`` with its
+        timestamp first); the session it is now part of, or late."""
+        gap = self.windows.gap_ms
+        entry_key = (SESSION_TAG, key)
+        sessions = state.get(entry_key) or []
+        touching = [s for s in sessions if s[0] - gap <= timestamp <= s[1] + gap]
+        stream_time = state.get(STREAM_TIME)
+        if not touching and stream_time is not None and self.close_time(timestamp) <= stream_time:
+            return Update((), True)
+        aggregate = None
+        for session_entry in touching:  # in start order: merge(earlier, later)
+            aggregate = session_entry[2] if aggregate is None else self.merge(aggregate, session_entry[2])
+        if aggregate is None:
+            aggregate = value if self.initial is FIRST_VALUE else self.add(self.initial(), value)
+        else:
+            aggregate = self.add(aggregate, value)
+        start = min([timestamp] + [s[0] for s in touching])
+        end = max([timestamp] + [s[1] for s in touching])
+        highest = max([timestamp] + [s[3] for s in touching])
+        merged = [start, end, aggregate, highest]
+        kept = [s for s in sessions if s not in touching] + [merged]
+        kept.sort(key=lambda s: s[0])
+        state.put(entry_key, kept)
+        next_close = state.get(NEXT_CLOSE)
+        if next_close is None or self.close_time(end) < next_close:
+            state.put(NEXT_CLOSE, self.close_time(end))
+        return Update((WindowResult(key, start, end, aggregate, highest),), False)

@@ -50,6 +50,7 @@ PYTHON_BLOCKS = {
     "run_chaos": "test_chaos_example_runs_and_is_valid",
     "app.run(until_idle=5.0)": "test_runner_quickstart_app",
     "def test_running_balances(tmp_path)": "test_first_processor_test_passes",
+    "from streaming.testing import TestDriver": "test_runner_quickstart_test_passes_without_a_broker",
     "streaming.spark.register(spark)": "test_spark_quickstart_query",
 }
 
@@ -305,7 +306,7 @@ def test_transactional_example_copies_orders_to_payments(embedded_broker):
         orders.send("orders", b'{"order": %d}' % i, key=b"acct-%d" % i)
     orders.close()
     code = the_block("python", "send_offsets_to_transaction").replace("127.0.0.1:9092", embedded_broker.bootstrap)
-    exec(compile(code, "the docs", "exec"), {})
+    exec(compile(code, "the docs", "exec"), {"__name__": "__main__"})
     reader = Consumer(bootstrap_servers=embedded_broker.bootstrap)
     reader.assign([TopicPartition("payments", 0)])
     copied = []
@@ -362,7 +363,7 @@ def test_runner_quickstart_app(embedded_broker, tmp_path):
         for account, amount in amounts:
             producer.send("payments", json.dumps({"amount": amount}).encode(), key=account.encode())
     code = the_block("python", "app.run(until_idle=5.0)").replace("127.0.0.1:9092", embedded_broker.bootstrap).replace("./balances-state", str(tmp_path / "state"))
-    exec(compile(code, "the docs", "exec"), {})
+    exec(compile(code, "the docs", "exec"), {"__name__": "__main__"})
     reader = Consumer(bootstrap_servers=embedded_broker.bootstrap)
     reader.assign([TopicPartition("balances", p) for p in range(3)])
     out = []
@@ -383,6 +384,14 @@ def test_first_processor_test_passes(tmp_path):
     namespace: dict = {}
     exec(compile(code, "the docs", "exec"), namespace)
     namespace["test_running_balances"](tmp_path)
+
+
+def test_runner_quickstart_test_passes_without_a_broker(tmp_path):
+    (tmp_path / "balances.py").write_text(the_block("python", "app.run(until_idle=5.0)"))
+    (tmp_path / "test_balances.py").write_text(the_block("python", "from streaming.testing import TestDriver"))
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_balances.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "1 passed" in result.stdout, result.stdout[-3000:] + result.stderr[-3000:]
+    assert not (tmp_path / "balances-state").exists(), "the driver touches no state directory"
 
 
 def as_the_readme_runs_it(tmp_path) -> dict:

@@ -75,7 +75,7 @@ def test_window_results_and_late_counts_equal_a_recomputation_across_restarts(br
     broker = broker_process()
     with Admin(bootstrap_servers=broker.bootstrap) as admin:
         admin.create_topics({"events": 1, "sums": 1})
-    windows, grace = hopping(2, 1), 1.0
+    windows, grace = hopping(2_000, 1_000), 1_000
     records = events(seed=5, count=240)
     state_dir = str(tmp_path / "state")
     late_seen = 0
@@ -109,7 +109,7 @@ def test_out_of_order_within_grace_counts_and_later_is_dropped(broker_process, t
     with Admin(bootstrap_servers=broker.bootstrap) as admin:
         admin.create_topics({"clicks": 1, "per-window": 1})
     app = streaming.App(bootstrap_servers=broker.bootstrap, application_id="clicks", state_dir=str(tmp_path / "state"))
-    app.stream("clicks", key_format="str").window(tumbling(10), grace=2).count().to("per-window", value_format="json")
+    app.stream("clicks", key_format="str").window(tumbling(10_000), grace=2_000).count().to("per-window", value_format="json")
     # 5 s arrives after 11 s but within grace; 9.5 s arrives after stream time 12 s closed [0, 10 s).
     timeline = [1_000, 9_000, 11_000, 5_000, 12_000, 9_500, 25_000]
     produce(broker.bootstrap, "clicks", [("u", "", ts) for ts in timeline])

@@ -11,7 +11,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streaming.dataflow import INTERNAL_FORMAT, LATE_METRIC, Stream, _decode_internal, _encode_internal
+from streaming.dataflow import LATE_METRIC, Stream
+from streaming.serde import INTERNAL_FORMAT
+from streaming.serde import decode_internal as _decode_internal
+from streaming.serde import encode_internal as _encode_internal
 from streaming.windows import hopping, tumbling
 from test_windows import DictState
 
@@ -90,28 +93,29 @@ def drive(registry: Registry, records: list[Record], partitions: int = 2):
 
 def test_a_stateless_chain_is_one_processor_and_passes_keys_and_timestamps():
     registry = Registry()
-    names = (registry.stream("in", key_format="str", value_format="str")
+    stream = (registry.stream("in", key_format="str", value_format="str")
              .filter(lambda line: line != "skip")
              .flat_map(str.split)
              .map(str.upper)
              .map(lambda key, value: f"{key}:{value}", with_key=True)
              .to("out"))
-    assert names == ["in-to-out"] and len(registry.processors) == 1
+    assert isinstance(stream, Stream), ".to() returns the stream, so a chain can go on"
+    assert [p["name"] for p in registry.processors] == stream.processor_names("out") == ["in-to-out"]
     processor = registry.processors[0]
     assert (processor["source"], processor["sink"], processor["stores"]) == ("in", "out", [])
-    assert (processor["key_format"], processor["sink_value_format"]) == ("str", "str")
+    assert (processor["key_format"], processor["sink_value_format"]) == ("str", "auto"), "a sink's format follows the values, not the source"
     out, _ = drive(registry, [Record("k", "a b", timestamp=5), Record("j", "skip", timestamp=6), Record("i", "c", timestamp=7)])
     assert out == [("out", "k", "k:A", 5), ("out", "k", "k:B", 5), ("out", "i", "i:C", 7)]
 
 
 def test_key_by_then_count_goes_through_a_repartition_topic():
     registry = Registry()
-    names = (registry.stream("in", value_format="str")
+    (registry.stream("in", value_format="str")
              .flat_map(str.split)
              .key_by(lambda word: word)
              .count()
              .to("counts", key_format="str", value_format="json"))
-    assert names == ["in-to-counts-0", "in-to-counts-1"]
+    assert [p["name"] for p in registry.processors] == ["in-to-counts-0", "in-to-counts-1"]
     first, second = registry.processors
     assert first["sink"] == second["source"] == "app-in-to-counts-repartition-0"
     assert first["stores"] == [] and second["stores"] == ["in-to-counts-count-0"]
@@ -148,7 +152,7 @@ def test_reduce_keeps_the_first_value_as_the_aggregate():
 
 def test_window_results_are_emitted_at_close_and_late_records_counted():
     registry = Registry()
-    registry.stream("clicks", key_format="str").window(tumbling(10), grace=2).count().to("per-window", value_format="json")
+    registry.stream("clicks", key_format="str").window(tumbling(10_000), grace=2_000).count().to("per-window", value_format="json")
     records = [Record("u", b"", "clicks", timestamp=ts) for ts in (1_000, 9_000, 11_000, 5_000, 12_000, 9_999, 25_000)]
     out, metrics = drive(registry, records)
     # 5 s is within grace (stream time 11 s < 10 + 2); 9.999 s comes after stream time 12 s closed [0, 10).
@@ -161,7 +165,7 @@ def test_window_results_are_emitted_at_close_and_late_records_counted():
 
 def test_emit_update_emits_every_change_of_a_hopping_window():
     registry = Registry()
-    registry.stream("in", key_format="str", value_format="json").window(hopping(10, 5), emit="update").aggregate(0, lambda a, v: a + v).to("out")
+    registry.stream("in", key_format="str", value_format="json").window(hopping(10_000, 5_000), emit="update").aggregate(0, lambda a, v: a + v).to("out")
     out, _ = drive(registry, [Record("k", 1, timestamp=6_000), Record("k", 2, timestamp=12_000)])
     assert [(value["start"], value["value"]) for *_x, value, _ts in out] == [(0, 1), (5_000, 1), (5_000, 3), (10_000, 2)]
 
@@ -169,7 +173,7 @@ def test_emit_update_emits_every_change_of_a_hopping_window():
 def test_windowed_count_after_key_by_closes_by_the_repartition_partitions_stream_time():
     registry = Registry()
     (registry.stream("lines", value_format="str").flat_map(str.split).key_by(lambda w: w)
-     .window(tumbling(1)).count().to("counts", key_format="str", value_format="json"))
+     .window(tumbling(1_000)).count().to("counts", key_format="str", value_format="json"))
     assert registry.processors[1]["stores"] == ["lines-to-counts-count-0"]
     out, _ = drive(registry, [Record(None, line, "lines", timestamp=ts) for line, ts in (("a a b", 100), ("a", 900), ("a b", 5_000))], partitions=1)
     assert sorted((key, value["value"]) for _t, key, value, _ts in out) == [("a", 3), ("b", 1)]
@@ -178,9 +182,9 @@ def test_windowed_count_after_key_by_closes_by_the_repartition_partitions_stream
 def test_bad_window_arguments_are_refused():
     stream = Registry().stream("in")
     with pytest.raises(ValueError, match="emit"):
-        stream.window(tumbling(1), emit="sometimes")
+        stream.window(tumbling(1_000), emit="sometimes")
     with pytest.raises(ValueError, match="grace"):
-        stream.window(tumbling(1), grace=-1)
+        stream.window(tumbling(1_000), grace=-1)
     with pytest.raises(TypeError, match="tumbling"):
         stream.window(60)
 

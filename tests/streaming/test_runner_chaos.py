@@ -165,7 +165,10 @@ def test_a_zombie_instance_is_fenced_and_writes_nothing_visible(broker_process, 
     # the coordinator aborts its open transaction. When it wakes up it still
     # believes it owns them, with records in hand.
     faults = [(3.0, "pause 0 10")]
-    apps, done, notes = run_scenario(broker_process, tmp_path, instances=2, partitions=3, records=2500, seed=23, faults=faults, rate=150)
+    # 4000 records at 150/s: the input lasts ~27 s, so the zombie (woken at
+    # 13 s, fenced, exited, restarted: ~3 s more on a loaded machine) has
+    # time to rejoin before the end (at 2500 it sometimes had not).
+    apps, done, notes = run_scenario(broker_process, tmp_path, instances=2, partitions=3, records=4000, seed=23, faults=faults, rate=150)
     zombie = log_text(apps[0])
     # Woken, it finds its producer fenced (the coordinator aborted its
     # transaction and bumped the epoch: it stops, exit 3, and is restarted as

@@ -67,7 +67,7 @@ def build(bootstrap: str, state_dir: str) -> streaming.App:
         ctx.emit(record.key, str(counts.get(record.key)))
         ctx.count("words_counted")
 
-    app.stream("clicks", key_format="str").window(tumbling(10), grace=2).count().to("per-window", value_format="json")
+    app.stream("clicks", key_format="str").window(tumbling(10_000), grace=2_000).count().to("per-window", value_format="json")
     return app
 
 

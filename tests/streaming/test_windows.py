@@ -34,7 +34,7 @@ class DictState:
 
 
 def test_tumbling_puts_each_timestamp_in_exactly_one_window():
-    windows = tumbling(10)
+    windows = tumbling(10_000)
     assert windows == Windows(10_000, 10_000)
     assert windows.starts_containing(0) == [0]
     assert windows.starts_containing(9_999) == [0]
@@ -43,25 +43,25 @@ def test_tumbling_puts_each_timestamp_in_exactly_one_window():
 
 
 def test_hopping_puts_a_timestamp_in_size_over_advance_windows():
-    windows = hopping(10, 5)
+    windows = hopping(10_000, 5_000)
     assert windows.starts_containing(12_000) == [5_000, 10_000]
     assert windows.starts_containing(10_000) == [5_000, 10_000]
     assert windows.starts_containing(9_999) == [0, 5_000]
     assert windows.starts_containing(3_000) == [0]  # no negative starts
-    assert hopping(10, 3).starts_containing(20_000) == [12_000, 15_000, 18_000]
+    assert hopping(10_000, 3_000).starts_containing(20_000) == [12_000, 15_000, 18_000]
 
 
 def test_bad_window_definitions_are_refused():
     with pytest.raises(ValueError, match="advance"):
-        hopping(5, 10)
+        hopping(5_000, 10_000)
     with pytest.raises(ValueError, match="positive"):
         tumbling(0)
     with pytest.raises(ValueError, match=">= 0"):
-        tumbling(1).starts_containing(-5)
+        tumbling(1_000).starts_containing(-5)
 
 
 def test_a_window_closes_at_end_plus_grace_of_stream_time():
-    counting = WindowedAggregation(tumbling(10), grace_ms=2_000, add=lambda a, v: a + 1, initial=lambda: 0)
+    counting = WindowedAggregation(tumbling(10_000), grace_ms=2_000, add=lambda a, v: a + 1, initial=lambda: 0)
     state = DictState()
     for ts in (1_000, 9_000, 11_000):
         assert counting.advance(state, ts) == []
@@ -80,7 +80,7 @@ def test_a_window_closes_at_end_plus_grace_of_stream_time():
 
 
 def test_reduce_starts_from_the_first_value():
-    maximum = WindowedAggregation(tumbling(1), grace_ms=0, add=max)
+    maximum = WindowedAggregation(tumbling(1_000), grace_ms=0, add=max)
     state = DictState()
     for ts, value in ((100, 3), (200, 7), (300, 5)):
         maximum.advance(state, ts)
@@ -89,7 +89,7 @@ def test_reduce_starts_from_the_first_value():
 
 
 def test_tuple_and_bytes_free_keys_survive_the_json_state():
-    counting = WindowedAggregation(tumbling(1), grace_ms=0, add=lambda a, v: a + v, initial=lambda: 0)
+    counting = WindowedAggregation(tumbling(1_000), grace_ms=0, add=lambda a, v: a + v, initial=lambda: 0)
     state = DictState()
     counting.advance(state, 10)
     counting.update(state, ("a", 1), 2, 10)
@@ -165,3 +165,69 @@ def test_starts_containing_matches_a_scan(size, advance, ts):
         return
     expected = [s for s in range(0, ts + 1) if s % advance == 0 and s <= ts < s + size]
     assert Windows(size, advance).starts_containing(ts) == expected
+
+
+def test_durations_are_timedeltas_or_milliseconds_one_unit_everywhere():
+    from datetime import timedelta
+
+    assert tumbling(timedelta(minutes=1)) == tumbling(60_000) == Windows(60_000, 60_000)
+    assert hopping(timedelta(seconds=10), timedelta(seconds=5)) == hopping(10_000, 5_000)
+    with pytest.raises(TypeError, match="timedelta or a number of milliseconds"):
+        tumbling("10s")
+    with pytest.raises(ValueError, match="positive"):
+        tumbling(timedelta(0))
+
+
+# -- session windows ------------------------------------------------------------------------------
+
+
+def sessions_of(timestamps: list[int], gap: int) -> list[tuple[int, int, int]]:
+    """(start, end, count) of the sessions of ``timestamps``: sorted, cut where two are more than ``gap`` apart."""
+    found: list[list[int]] = []
+    for t in sorted(timestamps):
+        if found and t - found[-1][1] <= gap:
+            found[-1][1] = t
+            found[-1][2] += 1
+        else:
+            found.append([t, t, 1])
+    return [tuple(s) for s in found]
+
+
+def test_a_record_bridging_two_sessions_merges_them():
+    from streaming.windows import SessionAggregation, session
+
+    counting = SessionAggregation(session(10_000), grace_ms=20_000, add=lambda a, v: a + 1, merge=lambda a, b: a + b, initial=lambda: 0)
+    state = DictState()
+    for t in (0, 5_000, 30_000):
+        counting.advance(state, t)
+        counting.update(state, "k", None, t)
+    assert state.get(("s", "k")) == [[0, 5_000, 2, 5_000], [30_000, 30_000, 1, 30_000]]
+    # 15 s is 10 s after 5 s (within the gap) and 15 s before 30 s (not): it extends the first.
+    counting.advance(state, 15_000)
+    (extended,) = counting.update(state, "k", None, 15_000).changed
+    assert (extended.start, extended.end, extended.aggregate) == (0, 15_000, 3)
+    counting.update(state, "k", None, 22_000)  # within 10 s of 15 s and of 30 s: one session of five
+    assert state.get(("s", "k")) == [[0, 30_000, 5, 30_000]]
+    assert counting.advance(state, 59_999) == []
+    (closed,) = counting.advance(state, 60_000)  # end 30 s + gap 10 s + grace 20 s
+    assert (closed.key, closed.start, closed.end, closed.aggregate) == ("k", 0, 30_000, 5)
+    assert state.get(("s", "k")) is None and state.get(NEXT_CLOSE) is None
+    assert counting.update(state, "k", None, 29_000).late, "it could only join a closed session"
+
+
+@settings(max_examples=60, deadline=None)
+@given(gap=st.integers(1, 20), records=st.lists(st.tuples(st.sampled_from("ab"), st.integers(0, 200)), max_size=40))
+def test_sessions_equal_a_plain_recomputation_when_nothing_is_late(gap, records):
+    from streaming.windows import SessionAggregation, SessionWindows
+
+    # A grace longer than the input's whole span: nothing is late, so
+    # arrival order must not matter and the sessions are those of the sorted times.
+    counting = SessionAggregation(SessionWindows(gap), grace_ms=1_000, add=lambda a, v: a + 1, merge=lambda a, b: a + b, initial=lambda: 0)
+    state = DictState()
+    for key, t in records:
+        counting.advance(state, t)
+        assert not counting.update(state, key, None, t).late
+    closed = counting.advance(state, 10**6)
+    for key in "ab":
+        got = sorted((r.start, r.end, r.aggregate) for r in closed if r.key == key)
+        assert got == sessions_of([t for k, t in records if k == key], gap)
