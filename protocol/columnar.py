@@ -64,7 +64,7 @@ from protocol.records import (
     split_partial_tail,
 )
 
-__all__ = ["FETCHED_SCHEMA", "HEADERS_TYPE", "FetchedColumns", "decode_fetched", "encode_columns"]
+__all__ = ["FETCHED_SCHEMA", "HEADERS_TYPE", "EncodedRecords", "FetchedColumns", "decode_fetched", "encode_columns", "encode_records", "frame_records"]
 
 HEADER_STRUCT_TYPE = pa.struct([pa.field("key", pa.string(), nullable=False), pa.field("value", pa.binary())])
 HEADERS_TYPE = pa.list_(HEADER_STRUCT_TYPE)
@@ -433,6 +433,22 @@ def _headers_column(data: pa.Buffer, header_count: np.ndarray, entries) -> pa.Ar
 # encoding
 
 
+@attrs.frozen
+class EncodedRecords:
+    """One partition's records encoded ahead of their batch header: the
+    records section (compressed by ``compression``) and what the header
+    says of it. ``frame_records`` puts a header in front, so a producer
+    encodes once and frames again only what a retry or an epoch bump
+    changes (producer id, epoch, sequence)."""
+
+    section: bytes | memoryview
+    count: int
+    first_timestamp: int
+    max_timestamp: int
+    compression: Compression = Compression.NONE
+    timestamp_type: TimestampType = TimestampType.CREATE_TIME
+
+
 def encode_columns(
     *,
     key=None,
@@ -455,6 +471,40 @@ def encode_columns(
     Offsets are consecutive from ``base_offset``. The bytes are those of
     ``records.encode_batch`` for the same ``(key, value, headers, timestamp)``
     records and the same keyword arguments."""
+    encoded = encode_records(key=key, value=value, timestamp=timestamp, headers=headers, compression=compression, timestamp_type=timestamp_type)
+    return frame_records(
+        encoded, base_offset=base_offset, producer_id=producer_id, producer_epoch=producer_epoch, base_sequence=base_sequence,
+        is_transactional=is_transactional, partition_leader_epoch=partition_leader_epoch,
+    )
+
+
+def frame_records(
+    encoded: EncodedRecords,
+    *,
+    base_offset: int = 0,
+    producer_id: int = NO_PRODUCER_ID,
+    producer_epoch: int = NO_PRODUCER_EPOCH,
+    base_sequence: int = NO_SEQUENCE,
+    is_transactional: bool = False,
+    partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
+) -> bytes:
+    """The batch of ``encoded``'s records: header, CRC (computed once, here), section."""
+    attributes_field = encoded.compression | (encoded.timestamp_type << 3)
+    if is_transactional:
+        attributes_field |= TRANSACTIONAL_MASK
+    return records.frame_batch(
+        encoded.section, base_offset=base_offset, partition_leader_epoch=partition_leader_epoch, attributes=attributes_field,
+        last_offset_delta=encoded.count - 1, first_timestamp=encoded.first_timestamp, max_timestamp=encoded.max_timestamp,
+        producer_id=producer_id, producer_epoch=producer_epoch, base_sequence=base_sequence, count=encoded.count,
+    )
+
+
+def encode_records(
+    *, key=None, value, timestamp, headers=None, compression: Compression | int = Compression.NONE,
+    timestamp_type: TimestampType = TimestampType.CREATE_TIME,
+) -> EncodedRecords:
+    """The records section of one batch of one partition's records (the
+    columns as ``encode_columns`` takes them), without its header."""
     value = _as_binary(value, "value")
     count = len(value)
     if count == 0:
@@ -491,15 +541,9 @@ def encode_columns(
     section = memoryview(joined.buffers()[2])[int(offsets[0]) : int(offsets[-1])]
 
     codec = Compression(compression)
-    body = compress(codec, bytes(section)) if codec != Compression.NONE else section
-    attributes_field = codec | (timestamp_type << 3)
-    if is_transactional:
-        attributes_field |= TRANSACTIONAL_MASK
-    return records.frame_batch(
-        body, base_offset=base_offset, partition_leader_epoch=partition_leader_epoch, attributes=attributes_field,
-        last_offset_delta=count - 1, first_timestamp=first_timestamp, max_timestamp=max_timestamp,
-        producer_id=producer_id, producer_epoch=producer_epoch, base_sequence=base_sequence, count=count,
-    )
+    if codec != Compression.NONE:
+        section = compress(codec, bytes(section))
+    return EncodedRecords(section, count, first_timestamp, max_timestamp, codec, TimestampType(timestamp_type))
 
 
 def _column(values, kind: pa.DataType) -> pa.Array:

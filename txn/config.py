@@ -20,6 +20,10 @@ from protocol.properties import parse_bool
 from txn.errors import ConfigError
 from txn.security import SecurityConfig, is_security_option
 
+# Bytes of a Produce request besides its one record batch's records (the
+# request and batch headers, the topic name): what send_columns leaves free
+# of max_request_size when cutting batches.
+REQUEST_HEADROOM = 1024
 COMPRESSIONS = {"none": Compression.NONE, "gzip": Compression.GZIP, "snappy": Compression.SNAPPY, "lz4": Compression.LZ4, "zstd": Compression.ZSTD}
 
 
@@ -100,12 +104,15 @@ class ProducerConfig(CommonConfig):
     enable_idempotence: bool = attrs.field(default=True, converter=parse_bool)
     acks: int = attrs.field(default=-1, converter=_acks)
     linger_ms: int = attrs.field(default=5, converter=int, validator=_not_negative)
-    batch_size: int = attrs.field(default=16384, converter=int, validator=_positive)
+    # None: 16 KiB for single records (Kafka's default), 1 MiB for records sent as columns
+    batch_size: int | None = attrs.field(default=None, converter=attrs.converters.optional(int), validator=attrs.validators.optional(_positive))
     compression_type: Compression = attrs.field(default=Compression.NONE, converter=_compression)
     max_in_flight_requests_per_connection: int = attrs.field(default=5, converter=int, validator=_positive)
     delivery_timeout_ms: int = attrs.field(default=120_000, converter=int, validator=_positive)
     transaction_timeout_ms: int = attrs.field(default=60_000, converter=int, validator=_positive)
     max_request_size: int = attrs.field(default=1_048_576, converter=int, validator=_positive)
+    buffer_memory: int = attrs.field(default=33_554_432, converter=int, validator=_positive)  # records sent as columns, not yet acknowledged
+    max_block_ms: int = attrs.field(default=60_000, converter=int, validator=_not_negative)  # how long send_columns waits for buffer_memory
 
     def __attrs_post_init__(self) -> None:
         if self.idempotent:
@@ -117,6 +124,18 @@ class ProducerConfig(CommonConfig):
     @property
     def idempotent(self) -> bool:
         return self.enable_idempotence or self.transactional_id is not None
+
+    @property
+    def records_batch_size(self) -> int:
+        """``batch_size`` for single records (``send``): 16 KiB unless set."""
+        return self.batch_size if self.batch_size is not None else 16_384
+
+    @property
+    def columns_batch_size(self) -> int:
+        """``batch_size`` for records sent as columns (``send_columns``):
+        1 MiB unless set, never more than ``max_request_size`` allows."""
+        wanted = self.batch_size if self.batch_size is not None else 1_048_576
+        return max(1, min(wanted, self.max_request_size - REQUEST_HEADROOM))
 
 
 @attrs.frozen(kw_only=True)

@@ -45,6 +45,11 @@ class RetriesExhaustedError(RetriableError):
     """A retriable error kept happening until the delivery timeout."""
 
 
+class BufferExhaustedError(RetriableError):
+    """Records waiting to be sent filled ``buffer_memory`` for ``max_block_ms``:
+    the brokers take them slower than they come (nothing was queued)."""
+
+
 class TransactionAbortableError(KafkaError):
     """The open transaction cannot commit: abort it and continue."""
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
+import time
 from collections import defaultdict
 from typing import Callable
 
@@ -125,6 +126,8 @@ class AsyncProducer(Sender):
         self._txn_error: BaseException | None = None
         self._fatal: BaseException | None = None
         self._needs_epoch_bump = False
+        self._buffered = 0  # bytes of records encoded ahead (send_columns), queued or in flight
+        self._buffer_freed = asyncio.Event()
         self._resumed = False
         self._detached: TransactionHandle | None = None  # handed to another process, not yet seen ended
 
@@ -273,10 +276,15 @@ class AsyncProducer(Sender):
         self.begin_transaction()
 
     @classmethod
-    def resume(cls, handle: TransactionHandle, bootstrap_servers=None, **options) -> "AsyncProducer":
+    def resume(cls, handle: TransactionHandle, bootstrap_servers=None, *, cluster: Cluster | None = None, **options) -> "AsyncProducer":
         """A producer bound to another process's open transaction; it can only
-        ``commit_transaction`` or ``abort_transaction`` it."""
+        ``commit_transaction`` or ``abort_transaction`` it. ``cluster``: the
+        connections (and known coordinators) of a client to share, which the
+        caller keeps and closes; many resumed producers can end their
+        transactions at once over it (the Spark sink's driver)."""
         producer = cls(bootstrap_servers, transactional_id=handle.transactional_id, **options)
+        if cluster is not None:
+            producer.cluster = cluster
         producer.producer_id, producer.producer_epoch = handle.producer_id, handle.producer_epoch
         producer._started = producer._in_transaction = producer._resumed = True
         return producer
@@ -393,10 +401,7 @@ class AsyncProducer(Sender):
     async def abort_transaction(self) -> None:
         self._check_usable()
         for queue in self._queues.values():  # unsent records of an aborted transaction are dropped
-            for _record, future in queue.records:
-                if future is not None and not future.done():
-                    fail_quietly(future, TransactionAbortableError(message="the transaction was aborted"))
-            queue.records, queue.size = [], 0
+            self._drop_queued(queue, TransactionAbortableError(message="the transaction was aborted"))
         await self._end(commit=False)
 
     async def _end(self, *, commit: bool) -> None:
@@ -441,6 +446,144 @@ class AsyncProducer(Sender):
             partition = default_partition(key, await self.cluster.partitions_for(topic), self._round_robin)
         return self.append(topic, partition, value, key, headers, timestamp, on_delivery)
 
+    async def send_columns(self, topic: str, value, key=None, *, partition=None, headers=None, timestamp=None) -> asyncio.Future:
+        """Queue a batch of records given as columns (Arrow arrays, or what
+        ``pyarrow.array`` takes); the one returned future resolves, once every
+        record is acknowledged, to a list of ``BatchMetadata`` (one per record
+        batch sent).
+
+        ``value`` binary or string (nulls are tombstones); ``key`` the same,
+        or None; ``partition`` an int for every row, an int column, or None
+        for Kafka's default partitioner (murmur2 of the key; the keyless rows
+        of one call go to one partition, round robin from call to call);
+        ``headers`` ``protocol.columnar.HEADERS_TYPE``; ``timestamp`` int64 ms
+        or an Arrow timestamp (nulls, or None: now). Rows go out in order per
+        partition, in batches of ``config.columns_batch_size``, after whatever
+        was sent before. The encoded batches wait in ``buffer_memory``:
+        when it is full this waits for room, at most ``max_block_ms``
+        (``BufferExhaustedError``). Bad columns raise before anything is queued."""
+        import numpy as np
+        import pyarrow as pa
+
+        from protocol.columnar import HEADERS_TYPE, encode_records
+        from txn.column_batches import plan_batches, record_sizes
+
+        self.check_can_send()
+        if not self._started:
+            await self.start()
+        partition_count = await self.cluster.partitions_for(topic)
+        value = _binary_column(value, "value")
+        count = len(value)
+        key = None if key is None else _binary_column(key, "key")
+        if key is not None and key.null_count == count:
+            key = None
+        headers = None if headers is None else _arrow_column(headers, HEADERS_TYPE)
+        if (key is not None and len(key) != count) or (headers is not None and len(headers) != count):
+            raise ValueError("the key, value and headers columns differ in length")
+        timestamps = self._timestamp_column(timestamp, count)
+        if count == 0:
+            done = asyncio.get_running_loop().create_future()
+            done.set_result([])
+            return done
+        partitions = self._partitions_of(partition, key, count, partition_count)
+        order = None
+        if len(partitions) > 1 and (partitions[1:] < partitions[:-1]).any():
+            order = np.argsort(partitions, kind="stable")
+            partitions = partitions[order]
+            indices = pa.array(order)
+            value = value.take(indices)
+            key = None if key is None else key.take(indices)
+            headers = None if headers is None else headers.take(indices)
+            timestamps = timestamps[order]
+        header_sizes = None
+        if headers is not None:
+            import pyarrow.compute as pc
+
+            flat = headers.flatten()
+            entry_sizes = pc.add(pc.binary_length(pc.struct_field(flat, "key")).fill_null(0), pc.binary_length(pc.struct_field(flat, "value")).fill_null(0))
+            per_list = np.concatenate([[0], np.cumsum(entry_sizes.to_numpy(zero_copy_only=False).astype(np.int64) + 10)])
+            list_offsets = headers.offsets.to_numpy() - headers.offsets[0].as_py()
+            header_sizes = per_list[list_offsets[1:]] - per_list[list_offsets[:-1]]
+        limit = self.config.columns_batch_size
+        futures = []
+        for planned in plan_batches(partitions, record_sizes(key, value, header_sizes), limit):
+            rows = slice(planned.start, planned.stop)
+            for encoded in _encoded_within(encode_records, limit, planned.stop - planned.start, lambda first, last, rows=rows: dict(
+                key=None if key is None else key[rows][first:last],
+                value=value[rows][first:last],
+                headers=None if headers is None else headers[rows][first:last],
+                timestamp=timestamps[rows][first:last],
+                compression=self.config.compression_type,
+            )):
+                await self.reserve_buffer(len(encoded.section))
+                try:
+                    futures.append(self.append_encoded(self._topic_partition(topic, planned.partition), encoded))
+                except BaseException:
+                    self._release_buffer(len(encoded.section))
+                    raise
+        outcome = asyncio.gather(*futures)
+        outcome.add_done_callback(lambda f: f.cancelled() or f.exception())  # failures reach the commit, or whoever awaits
+        return outcome
+
+    def _topic_partition(self, topic: str, partition: int) -> TopicPartition:
+        tp = self._topic_partitions.get((topic, partition))
+        if tp is None:
+            tp = self._topic_partitions[(topic, partition)] = TopicPartition(topic, partition)
+        return tp
+
+    @staticmethod
+    def _timestamp_column(timestamp, count: int):
+        import numpy as np
+        import pyarrow as pa
+
+        now = int(time.time() * 1000)
+        if timestamp is None:
+            return np.full(count, now, dtype=np.int64)
+        column = _arrow_column(timestamp, pa.int64())
+        if len(column) != count:
+            raise ValueError("the timestamp column's length differs from the value column's")
+        if pa.types.is_timestamp(column.type):
+            column = column.cast(pa.timestamp("ms")).cast(pa.int64())
+        elif not pa.types.is_integer(column.type):
+            raise TypeError(f"the timestamp column must be int64 ms or an Arrow timestamp, not {column.type}")
+        return column.cast(pa.int64()).fill_null(now).to_numpy(zero_copy_only=False)
+
+    def _partitions_of(self, partition, key, count: int, partition_count: int):
+        import numpy as np
+        import pyarrow as pa
+
+        from txn.column_batches import murmur2_partitions
+
+        if partition is not None and not isinstance(partition, (pa.Array, pa.ChunkedArray, np.ndarray, list, tuple)):
+            partitions = np.full(count, int(partition), dtype=np.int32)
+        elif partition is not None:
+            column = _arrow_column(partition, pa.int32())
+            if len(column) != count:
+                raise ValueError("the partition column's length differs from the value column's")
+            if column.null_count:
+                chosen = self._default_partitions(key, count, partition_count)
+                partitions = np.where(column.is_null().to_numpy(zero_copy_only=False), chosen, column.fill_null(0).to_numpy(zero_copy_only=False)).astype(np.int32)
+            else:
+                partitions = column.to_numpy(zero_copy_only=False).astype(np.int32)
+        else:
+            partitions = self._default_partitions(key, count, partition_count)
+        if count and (int(partitions.min()) < 0 or int(partitions.max()) >= partition_count):
+            raise ValueError(f"partition {int(partitions.min()) if int(partitions.min()) < 0 else int(partitions.max())} is not one of the topic's {partition_count}")
+        return partitions
+
+    def _default_partitions(self, key, count: int, partition_count: int):
+        import numpy as np
+
+        from txn.column_batches import murmur2_partitions
+
+        keyless = next(self._round_robin) % partition_count  # sticky for the call
+        if key is None:
+            return np.full(count, keyless, dtype=np.int32)
+        partitions = murmur2_partitions(key, partition_count)
+        if key.null_count:
+            partitions[key.is_null().to_numpy(zero_copy_only=False)] = keyless
+        return partitions
+
     def check_can_send(self) -> None:
         self._check_usable()
         if self.transactional_id is not None and not self._in_transaction:
@@ -461,6 +604,44 @@ class AsyncProducer(Sender):
                 await cancel_and_wait(*self._tasks, self._adder if self._adder is not None and not self._adder.done() else None)
             finally:
                 await self.cluster.close()
+
+
+def _arrow_column(values, kind):
+    import pyarrow as pa
+
+    if isinstance(values, pa.ChunkedArray):
+        return values.combine_chunks()
+    if isinstance(values, pa.Array):
+        return values
+    return pa.array(values, kind)
+
+
+def _binary_column(values, name: str):
+    import pyarrow as pa
+
+    column = _arrow_column(values, pa.binary())
+    if pa.types.is_null(column.type):
+        return pa.nulls(len(column), pa.binary())
+    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type) or pa.types.is_large_binary(column.type):
+        column = column.cast(pa.binary())
+    if not pa.types.is_binary(column.type):
+        raise TypeError(f"the {name} column must be binary or string, not {column.type}")
+    return column
+
+
+def _encoded_within(encode, limit: int, count: int, columns_of):
+    """``encode(**columns_of(first, last))`` over rows ``0:count``, halved
+    where a run's encoding came out above ``limit`` (the sizes it was cut
+    by are estimates); a single row is sent whatever its size."""
+    pending = [(0, count)]
+    while pending:
+        first, last = pending.pop()
+        encoded = encode(**columns_of(first, last))
+        if len(encoded.section) > limit and last - first > 1:
+            middle = (first + last) // 2
+            pending += [(middle, last), (first, middle)]  # popped first half first: order kept
+            continue
+        yield encoded
 
 
 # DescribeTransactions states after which the same producer id and epoch
@@ -604,6 +785,17 @@ class Producer(SyncClient):
 
     def flush(self, timeout: float | None = None) -> None:
         self._thread.call(self._async.flush(), timeout)
+
+    def send_columns(self, topic: str, value, key=None, *, partition=None, headers=None, timestamp=None) -> "DeliveryFuture":
+        """Queue a batch of records given as columns (``AsyncProducer.send_columns``):
+        returns once they are encoded and queued (waiting for room in
+        ``buffer_memory`` first), with one ``DeliveryFuture`` for them all,
+        which resolves to their ``BatchMetadata`` list. Ordered with
+        ``send``: after every send made before it."""
+        self._async.check_can_send()
+        result = DeliveryFuture(self._thread)
+        result.inner = self._thread.call(self._async.send_columns(topic, value, key, partition=partition, headers=headers, timestamp=timestamp))
+        return result
 
     def send_offsets_to_transaction(self, offsets, group_metadata) -> None:
         self._thread.call(self._async.send_offsets_to_transaction(offsets, group_metadata))

@@ -15,9 +15,19 @@ for good takes the batches behind it along and the producer bumps its epoch
 itself, a transactional one when its transaction ends. Retriable errors are
 retried until ``delivery_timeout_ms``.
 
+Two kinds of entries share a partition's queue, in call order: single
+records (``append``, cut into batches here) and runs of records encoded
+ahead from columns (``append_encoded``, from ``AsyncProducer.send_columns``:
+each is one batch, framed again per attempt with the producer id, epoch and
+sequence of the moment, with one future for the whole run). The encoded
+runs count against ``buffer_memory`` until their batch has its outcome;
+``reserve_buffer`` makes a column sender wait for room (at most
+``max_block_ms``).
+
 ``Sender`` is a base class of ``AsyncProducer``, whose ``__init__`` sets
 the state it works on (``_queues``, ``_topic_partitions``, ``_tasks``, ``_round_robin``,
-``_needs_epoch_bump``, ``_txn_error``, ``_fatal``, the producer id and epoch)
+``_needs_epoch_bump``, ``_txn_error``, ``_fatal``, ``_buffered``, ``_buffer_freed``,
+the producer id and epoch)
 and which provides what it calls back (``check_can_send``,
 ``_add_partition``, ``_bump_epoch``).
 """
@@ -25,6 +35,7 @@ and which provides what it calls back (``check_can_send``,
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 
 import attrs
@@ -40,10 +51,11 @@ from txn.errors import (
     ProducerFencedError,
     RetriableError,
     TransactionAbortableError,
+    BufferExhaustedError,
     classify,
     is_retriable,
 )
-from txn.types import RecordMetadata, TopicPartition
+from txn.types import BatchMetadata, RecordMetadata, TopicPartition
 
 RECORD_OVERHEAD = 20  # a record's framing bytes, roughly, for batch sizing
 
@@ -51,7 +63,7 @@ RECORD_OVERHEAD = 20  # a record's framing bytes, roughly, for batch sizing
 @attrs.define(eq=False)
 class Batch:
     partition: TopicPartition
-    records: list
+    records: list  # (key, value, headers, timestamp) tuples; or one EncodedRecords (see ``encoded``)
     futures: list  # per record: its future, or None (appended with report=False)
     created: float
     base_sequence: int = -1
@@ -60,11 +72,17 @@ class Batch:
     finished: asyncio.Event = attrs.field(factory=asyncio.Event)
     failed_attempt: bool = False  # some attempt failed: batches behind it see OUT_OF_ORDER
     error: BaseException | None = None
+    encoded: object = None  # protocol.columnar.EncodedRecords: the batch's records, encoded ahead
+
+    @property
+    def count(self) -> int:
+        return self.encoded.count if self.encoded is not None else len(self.records)
 
 
 @attrs.define(eq=False)
 class PartitionQueue:
-    records: list = attrs.field(factory=list)  # (record tuple, future or None)
+    # (record tuple, future or None), or (EncodedRecords, its future)
+    records: collections.deque = attrs.field(factory=collections.deque)
     size: int = 0
     timer: asyncio.TimerHandle | None = None
     inflight: int = 0
@@ -105,11 +123,56 @@ class Sender:
         queue = self._queues[tp]
         queue.records.append(((key, value, tuple(headers) if headers else (), int(time.time() * 1000) if timestamp is None else timestamp), future))
         queue.size += len(value or b"") + len(key or b"") + RECORD_OVERHEAD
-        if queue.size >= self.config.batch_size:
+        if queue.size >= self.config.records_batch_size:
             self._drain(tp)
         elif queue.timer is None:
             queue.timer = loop.call_later(self.config.linger_ms / 1000, self._drain, tp)
         return future
+
+    def append_encoded(self, tp: TopicPartition, encoded) -> asyncio.Future:
+        """Queue a run of records encoded ahead (``protocol.columnar.EncodedRecords``)
+        as one batch, behind what is queued; its room in ``buffer_memory``
+        is taken already (``reserve_buffer``). The future resolves to a
+        ``BatchMetadata``."""
+        self.check_can_send()
+        future = asyncio.get_running_loop().create_future()
+        queue = self._queues[tp]
+        queue.records.append((encoded, future))
+        queue.size += len(encoded.section)
+        self._drain(tp)  # a batch already: no lingering
+        return future
+
+    async def reserve_buffer(self, size: int) -> None:
+        """Wait until ``size`` more bytes of encoded records fit in
+        ``buffer_memory`` (a run alone is always let in), at most
+        ``max_block_ms``; then count them."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.max_block_ms / 1000
+        while self._buffered and self._buffered + size > self.config.buffer_memory:
+            self._buffer_freed.clear()
+            remaining = deadline - loop.time()
+            try:
+                if remaining <= 0:
+                    raise TimeoutError
+                await asyncio.wait_for(self._buffer_freed.wait(), remaining)
+            except TimeoutError:
+                raise BufferExhaustedError(message=f"{self._buffered} bytes waiting to be sent fill buffer_memory ({self.config.buffer_memory}) after max_block_ms ({self.config.max_block_ms})") from None
+            self.check_can_send()
+        self._buffered += size
+
+    def _release_buffer(self, size: int) -> None:
+        self._buffered -= size
+        self._buffer_freed.set()
+
+    def _drop_queued(self, queue: PartitionQueue, error: BaseException) -> None:
+        """Fail and forget what a queue holds (nothing of it can be sent any more)."""
+        for record, future in queue.records:
+            if type(record) is not tuple:
+                self._release_buffer(len(record.section))
+            if future is not None and not future.done():
+                fail_quietly(future, error)
+        queue.records.clear()
+        queue.size = 0
 
     def _drain(self, tp: TopicPartition) -> None:
         """Turn queued records into batches while the in-flight limit allows."""
@@ -118,17 +181,22 @@ class Sender:
             queue.timer.cancel()
             queue.timer = None
         while queue.records and queue.inflight < self.config.max_in_flight_requests_per_connection and not self._needs_epoch_bump:
-            taken, size = 0, 0
-            while taken < len(queue.records) and (size < self.config.batch_size or taken == 0):
-                record = queue.records[taken][0]
-                size += len(record[1] or b"") + len(record[0] or b"") + RECORD_OVERHEAD
-                taken += 1
-            chunk, queue.records = queue.records[:taken], queue.records[taken:]
-            queue.size = max(0, queue.size - size)
-            batch = Batch(tp, [r for r, _f in chunk], [f for _r, f in chunk], time.monotonic(), predecessor=queue.last_batch)
+            if type(queue.records[0][0]) is not tuple:  # encoded ahead: a batch of its own
+                encoded, future = queue.records.popleft()
+                queue.size = max(0, queue.size - len(encoded.section))
+                batch = Batch(tp, [], [future], time.monotonic(), predecessor=queue.last_batch, encoded=encoded)
+            else:
+                records, futures, size = [], [], 0
+                while queue.records and type(queue.records[0][0]) is tuple and (size < self.config.records_batch_size or not records):
+                    record, future = queue.records.popleft()
+                    size += len(record[1] or b"") + len(record[0] or b"") + RECORD_OVERHEAD
+                    records.append(record)
+                    futures.append(future)
+                queue.size = max(0, queue.size - size)
+                batch = Batch(tp, records, futures, time.monotonic(), predecessor=queue.last_batch)
             if self.idempotent:
                 batch.base_sequence = queue.next_sequence
-                queue.next_sequence = (queue.next_sequence + len(chunk)) % (2**31)
+                queue.next_sequence = (queue.next_sequence + batch.count) % (2**31)
             queue.last_batch = batch
             queue.inflight += 1
             task = asyncio.get_running_loop().create_task(self._deliver(batch))
@@ -162,6 +230,8 @@ class Sender:
         try:
             result = await self._deliver_with_retries(batch)
         except BaseException as error:
+            if batch.encoded is not None:
+                self._release_buffer(len(batch.encoded.section))
             batch.error = error if isinstance(error, Exception) else FatalError(message="cancelled")
             if self.idempotent and not isinstance(error, ProducerFencedError):
                 self._needs_epoch_bump = True  # the sequence has a hole now
@@ -177,6 +247,12 @@ class Sender:
             batch.written.set()
             batch.finished.set()
         base, log_append_time = result
+        if batch.encoded is not None:
+            self._release_buffer(len(batch.encoded.section))
+            future = batch.futures[0]
+            if not future.done():
+                future.set_result(BatchMetadata(batch.partition.topic, batch.partition.partition, base, batch.encoded.count))
+            return
         for index, future in enumerate(batch.futures):
             if future is not None and not future.done():
                 future.set_result(RecordMetadata(batch.partition.topic, batch.partition.partition, base + index if base >= 0 else -1, log_append_time if log_append_time >= 0 else batch.records[index][3]))
@@ -229,14 +305,25 @@ class Sender:
 
     async def _produce(self, batch: Batch) -> tuple[int, int]:
         tp = batch.partition
-        data = encode_batch(
-            batch.records,
-            producer_id=self.producer_id,
-            producer_epoch=self.producer_epoch,
-            base_sequence=batch.base_sequence,
-            is_transactional=self.transactional_id is not None,
-            compression=self.config.compression_type,
-        )
+        if batch.encoded is not None:
+            from protocol.columnar import frame_records  # numpy and pyarrow: only for producers sending columns
+
+            data = frame_records(
+                batch.encoded,
+                producer_id=self.producer_id,
+                producer_epoch=self.producer_epoch,
+                base_sequence=batch.base_sequence,
+                is_transactional=self.transactional_id is not None,
+            )
+        else:
+            data = encode_batch(
+                batch.records,
+                producer_id=self.producer_id,
+                producer_epoch=self.producer_epoch,
+                base_sequence=batch.base_sequence,
+                is_transactional=self.transactional_id is not None,
+                compression=self.config.compression_type,
+            )
         client = await self.cluster.leader(tp.topic, tp.partition)
         body = {"transactional_id": self.transactional_id, "acks": self.config.acks, "timeout_ms": self.config.request_timeout_ms, "topic_data": [{"name": tp.topic, "partition_data": [{"index": tp.partition, "records": data}]}]}
         response_awaitable = await client.submit(ApiKey.PRODUCE, body, expect_response=self.config.acks != 0)
@@ -273,10 +360,7 @@ class Sender:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
         if self._needs_epoch_bump and self.transactional_id is not None:
             for queue in self._queues.values():  # nothing more can be sent in this transaction
-                for _record, future in queue.records:
-                    if future is not None and not future.done():
-                        fail_quietly(future, TransactionAbortableError(message="an earlier send failed; abort the transaction"))
-                queue.records, queue.size = [], 0
+                self._drop_queued(queue, TransactionAbortableError(message="an earlier send failed; abort the transaction"))
 
 
 def _set(event: asyncio.Event) -> asyncio.Event:

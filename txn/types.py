@@ -30,6 +30,18 @@ def as_topic_partition(value) -> TopicPartition:
 
 
 @attrs.frozen
+class BatchMetadata:
+    """Where a batch of records sent from columns landed: ``count`` records
+    from ``offset`` on (-1 when the broker did not say: a retried batch it
+    had written before)."""
+
+    topic: str
+    partition: int
+    offset: int
+    count: int
+
+
+@attrs.frozen
 class RecordMetadata:
     """Where a produced record landed."""
 

@@ -18,7 +18,7 @@ from streaming.spark.decision import SinkError
 TASK_BEFORE_HANDLE = "spark_sink.task_before_handle"  # executor: rows sent, transaction open, no handle returned
 BEFORE_DECISION = "spark_sink.before_decision"  # driver: tasks done, nothing decided
 AFTER_DECISION = "spark_sink.after_decision"  # driver: decision durable, nothing committed
-AFTER_COMMIT = "spark_sink.after_commit"  # driver: after each decided transaction's commit (hit k: k of n committed)
+AFTER_COMMIT = "spark_sink.after_commit"  # driver: after each decided transaction's commit (a batch's hit 1 or 2: exactly that many of n committed; the rest commit side by side, so hit k >= 3: at least k)
 AFTER_ALL_COMMITS = "spark_sink.after_all_commits"  # driver: all committed, Spark's commit log not yet written
 CRASH_POINTS = (TASK_BEFORE_HANDLE, BEFORE_DECISION, AFTER_DECISION, AFTER_COMMIT, AFTER_ALL_COMMITS)
 

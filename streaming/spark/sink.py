@@ -12,13 +12,16 @@ Spark's Kafka sink does and returns the writer:
 
 - executors (``write``): one transaction per Spark task attempt, on an id of
   its own (``{prefix}-{query}-{run}-{batch}-{partition}``, plus the stage and
-  task attempt when not 0), initialised at task start: every row of the
-  task's Arrow batches sent, flushed, the handle returned, left open;
+  task attempt when not 0), initialised at task start: the task's Arrow
+  batches sent as columns (``Producer.send_columns``: no Python per row,
+  1 MiB record batches unless ``kafka.batch.size`` says otherwise, at most
+  ``kafka.buffer.memory`` waiting), flushed, the handle returned, left open;
 - the driver (``commit``): the two-phase commit of ``streaming.spark.decision``:
   every handle verified open, a decision record written in a transaction of
   the query's own decision writer (a one-partition compacted topic
   ``onceflow.decisions.{prefix}``, keyed by prefix, read read_committed),
-  then EndTxn(commit) for every decided handle, then this run's other open
+  then EndTxn(commit) for every decided handle (side by side, over the
+  driver's kept connections: one per coordinator), then this run's other open
   transactions aborted. A batch re-run after a crash re-commits what was
   decided before.
 - ``deliveryGuarantee=at_least_once``: an idempotent producer per task, no

@@ -4,9 +4,11 @@ acknowledged by an idempotent producer (at_least_once).
 
 ``write_task`` initialises the task's transactional producer first, on an id
 of this task attempt's alone (``decision.transactional_id``: run, batch,
-stage attempt, partition and task attempt), sends every row of the task's
-Arrow batches, flushes, and returns the transaction's handle in a
-``SinkCommitMessage``. The driver half (``sink_driver``) decides and commits.
+stage attempt, partition and task attempt), hands the task's Arrow batches
+to the producer as columns (``Producer.send_columns``: partitioned, encoded
+and cut into record batches without Python per row, waiting for room in the
+producer's ``buffer_memory``), flushes, and returns the transaction's
+handle in a ``SinkCommitMessage``. The driver half (``sink_driver``) decides and commits.
 """
 
 from __future__ import annotations
@@ -73,45 +75,91 @@ class SinkCommitMessage(WriterCommitMessage):
     records: int
 
 
+# Arrow batches are gathered to this many bytes before they go to the
+# producer: Spark hands over 10,000 rows at a time, and a call of
+# ``send_columns`` cuts each partition's rows into 1 MiB batches, so bigger
+# calls leave fewer part-filled batches behind.
+GATHER_BYTES = 4 << 20
+
+
 def _column(batch, name: str):
-    index = batch.schema.get_field_index(name)
-    return batch.column(index)
+    return batch.column(batch.schema.get_field_index(name))
 
 
-def _bytes_list(column) -> list:
-    import pyarrow as pa
-
-    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
-        column = column.cast(pa.binary())
-    return column.to_pylist()
-
-
-def _timestamps(column, kind: str) -> list:
+def _millis(column, kind: str):
+    """A timestamp column as int64 ms (nulls kept: the producer stamps them
+    with the send time), as the per-row path did: a double's seconds
+    truncated (``int(v * 1000)``), a timestamp's microseconds floored."""
+    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
     if kind == "double":
-        return [None if v is None else int(v * 1000) for v in column.to_pylist()]
-    micros = pc.cast(column, pa.int64())
-    return [None if v is None else v // 1000 for v in micros.to_pylist()]
-
-
-def rows_of(batch, columns: Columns, topic_option: str | None):
-    """(topic, value, key, partition, headers, timestamp) per row of an Arrow batch."""
-    count = batch.num_rows
-    values = _bytes_list(_column(batch, "value"))
-    keys = _bytes_list(_column(batch, "key")) if columns.key else [None] * count
-    topics = [topic_option] * count if topic_option is not None else _column(batch, "topic").to_pylist()
-    partitions = _column(batch, "partition").to_pylist() if columns.partition else [None] * count
-    if columns.headers:
-        headers = [None if h is None else [(entry["key"], entry["value"]) for entry in h] for h in _column(batch, "headers").to_pylist()]
+        millis = pc.cast(pc.multiply(column, 1000.0), pa.int64(), safe=False)  # truncates, as int() does
     else:
-        headers = [None] * count
-    timestamps = _timestamps(_column(batch, "timestamp"), columns.timestamp) if columns.timestamp else [None] * count
-    for i in range(count):
-        if topics[i] is None:
-            raise SinkError("null topic present in the data. Use the topic option for setting a topic.")
-        yield topics[i], values[i], keys[i], partitions[i], headers[i], timestamps[i]
+        micros = pc.cast(column, pa.int64())
+        valid = micros.is_valid()
+        floored = np.floor_divide(micros.fill_null(0).to_numpy(zero_copy_only=False), 1000)
+        millis = pa.array(floored, pa.int64(), mask=pc.invert(valid).to_numpy(zero_copy_only=False))
+    return millis
+
+
+def topic_groups(batch, columns: Columns, topic_option: str | None):
+    """(topic, the batch's rows for it) for each topic of an Arrow batch,
+    rows in their order; the ``topic`` option overrides the column."""
+    import pyarrow.compute as pc
+
+    if topic_option is not None:
+        yield topic_option, batch
+        return
+    topics = _column(batch, "topic")
+    if topics.null_count:
+        raise SinkError("null topic present in the data. Use the topic option for setting a topic.")
+    names = pc.unique(topics).to_pylist()
+    if len(names) == 1:
+        yield names[0], batch
+        return
+    for name in names:
+        yield name, batch.filter(pc.equal(topics, name))
+
+
+def send_batch(producer: Producer, batch, columns: Columns, topic_option: str | None) -> list:
+    """Hand one (gathered) Arrow batch of the sink's columns to the producer,
+    as columns: no Python per row. Returns one delivery future per topic."""
+    outcomes = []
+    for topic, rows in topic_groups(batch, columns, topic_option):
+        outcomes.append(producer.send_columns(
+            topic,
+            _column(rows, "value"),
+            _column(rows, "key") if columns.key else None,
+            partition=_column(rows, "partition") if columns.partition else None,
+            headers=_column(rows, "headers") if columns.headers else None,
+            timestamp=_millis(_column(rows, "timestamp"), columns.timestamp) if columns.timestamp else None,
+        ))
+    return outcomes
+
+
+def gathered(batches, limit: int = GATHER_BYTES):
+    """Spark's Arrow batches, joined into batches of about ``limit`` bytes."""
+    import pyarrow as pa
+
+    waiting, size = [], 0
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        waiting.append(batch)
+        size += batch.nbytes
+        if size >= limit:
+            yield _joined(waiting, pa)
+            waiting, size = [], 0
+    if waiting:
+        yield _joined(waiting, pa)
+
+
+def _joined(batches, pa):
+    if len(batches) == 1:
+        return batches[0]
+    return pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
 
 
 def write_task(options: SinkOptions, columns: Columns, batches, task: TaskIdentity, crash_point=no_crash) -> SinkCommitMessage:
@@ -119,30 +167,26 @@ def write_task(options: SinkOptions, columns: Columns, batches, task: TaskIdenti
     sent and acknowledged (at_least_once)."""
     producer = None
     records = 0
-    written: set[str] = set()  # "topic-partition", from the delivery reports
-    failures: list[BaseException] = []
-
-    def delivered(error, metadata) -> None:  # on the producer's loop thread
-        if error is not None:
-            failures.append(error)
-        else:
-            written.add(f"{metadata.topic}-{metadata.partition}")
-
+    outcomes: list = []  # one delivery future per send_columns call
     try:
         if options.exactly_once:
             producer = _task_producer(options, task)  # at task start: its id is this attempt's alone, fenced before any row
-        for batch in batches:
-            for topic, value, key, partition, headers, timestamp in rows_of(batch, columns, options.topic):
-                if producer is None:
-                    producer = _task_producer(options, task)
-                producer.send(topic, value, key=key, partition=partition, headers=headers, timestamp=timestamp, on_delivery=delivered)
-                records += 1
+        for batch in gathered(batches):
+            if producer is None:
+                producer = _task_producer(options, task)
+            outcomes += send_batch(producer, batch, columns, options.topic)
+            records += batch.num_rows
         if records == 0:
             return SinkCommitMessage(task, None, 0)  # an open transaction with nothing in it has no partition: nothing to end
         crash_point(TASK_BEFORE_HANDLE)
         producer.flush()
+        written: set[str] = set()  # "topic-partition"
+        failures = [outcome.exception(30) for outcome in outcomes]  # done: flushed
+        failures = [f for f in failures if f is not None]
         if failures:
-            raise SinkError(f"{len(failures)} of {records} records were not written: {failures[0]}")  # the task fails; Spark retries it
+            raise SinkError(f"records of {len(failures)} of {len(outcomes)} sends were not written: {failures[0]}")  # the task fails; Spark retries it
+        for outcome in outcomes:
+            written.update(f"{sent.topic}-{sent.partition}" for sent in outcome.result(30))
         if not options.exactly_once:
             return SinkCommitMessage(task, None, records)
         handle = producer.transaction_handle()

@@ -1,0 +1,40 @@
+"""The sink driver ends a batch's transactions over the connections it
+keeps (one per coordinator), not over a fresh client per handle: counted
+by the broker's own connection metric, with every record committed once."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from broker.broker import EmbeddedBroker
+from streaming.spark.sink import make_stream_writer
+from streaming.spark.sink_driver import DriverCommit
+from tests.broker.test_metrics import scrape
+from tests.streaming.spark.test_spark_sink import KV, new_query, open_transactions, options, read_committed, run_tasks
+from txn import Admin
+
+HANDLES = 16
+
+
+@pytest.fixture
+def broker(tmp_path):
+    with EmbeddedBroker(str(tmp_path / "data"), metrics_address=("127.0.0.1", 0), properties={"num.partitions": "3"}) as running:
+        with Admin(running.bootstrap) as admin:
+            admin.create_topics({"out": 3})
+        yield running
+
+
+def test_a_batch_of_handles_is_committed_over_kept_connections(broker):
+    writer = make_stream_writer(options(broker.bootstrap), KV)
+    query, run = new_query()
+    messages = run_tasks(writer.options, list(range(HANDLES * 3)), HANDLES, query, run, 0)
+    assert len(open_transactions(broker.bootstrap)) == HANDLES
+    before = scrape(broker).value("onceflow_connections_opened_total", listener="PLAINTEXT")
+    asyncio.run(DriverCommit(writer.options).commit(messages, 0))
+    opened = scrape(broker).value("onceflow_connections_opened_total", listener="PLAINTEXT") - before
+    # the driver's own clients (admin, decision reader and writer) and nothing per handle
+    assert opened < HANDLES / 2, f"{opened} connections opened to commit {HANDLES} handles"
+    assert open_transactions(broker.bootstrap) == []
+    assert sorted(read_committed(broker.bootstrap), key=int) == [str(v) for v in range(HANDLES * 3)]
