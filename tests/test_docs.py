@@ -13,6 +13,7 @@ the topics' configuration classes, the served APIs from the broker's table.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -132,3 +133,35 @@ def test_the_readmes_links_into_the_site_lead_to_pages():
     assert len([target for target in targets if target.startswith("docs/")]) >= 20, targets
     for target in targets:
         assert os.path.isfile(os.path.join(REPO, target)), target
+
+
+#: The performance page's chart: each bar's label -> the table row it draws.
+CHART_ROWS = {
+    "100 B acks=all": "produce 100 B, acks=all: records/s",
+    "100 B idempotent": "produce 100 B, idempotent: records/s",
+    "1 KiB acks=all": "produce 1 KiB, acks=all: records/s",
+    "1 KiB idempotent": "produce 1 KiB, idempotent: records/s",
+    "4 KiB batches": "produce 1 KiB, idempotent, 4 KiB batches: records/s",
+    "txn of 100": "transactions of 100 records: records/s",
+    "txn of 1": "transactions of 1 record: records/s",
+    "read_uncommitted": "consume read_uncommitted: records/s",
+    "read_committed": "consume read_committed: records/s",
+    "copier": "exactly-once copier (750/txn): records/s",
+    "copier steady": "exactly-once copier (750/txn): steady records/s",
+}
+
+
+def test_the_performance_chart_draws_the_table_beside_it():
+    """The bars of the bench chart are the "ours / Tansu" column of the
+    table they are drawn from, label for label."""
+    page = open(os.path.join(REPO, "docs", "performance", "index.md")).read()
+    chart = page.split("```mermaid\nxychart-beta", 1)[1].split("```", 1)[0]
+    labels = json.loads(re.search(r"x-axis (\[.*\])", chart).group(1))
+    bars = json.loads(re.search(r"bar (\[.*\])", chart).group(1))
+    ratios = {}
+    for line in page.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 6 and cells[0] in CHART_ROWS.values():
+            ratios[cells[0]] = float(cells[4])
+    assert labels == list(CHART_ROWS)
+    assert bars == [ratios[CHART_ROWS[label]] for label in labels]

@@ -31,7 +31,7 @@ from tests.helpers import free_port
 README = os.path.join(REPO, "README.md")
 DOCUMENTS = [README] + sorted(glob.glob(os.path.join(REPO, "docs", "**", "*.md"), recursive=True))
 BIN = os.path.dirname(sys.executable)  # where `onceflow` and `python` of this environment live
-MERMAID_DIAGRAMS = ("sequenceDiagram", "flowchart", "stateDiagram-v2")
+MERMAID_DIAGRAMS = ("sequenceDiagram", "flowchart", "stateDiagram-v2", "xychart-beta")
 
 # A unique piece of each block -> the test that runs it.
 SH_BLOCKS = {
