@@ -13,9 +13,11 @@ Where the work happens:
   ``maxTriggerDelay`` has passed since the last batch; Trigger.AvailableNow
   snapshots the ends once and stops there.
 - Executors: ``read_range`` reads one ``OffsetRange`` with a read_committed
-  consumer (assigned, no group) and hands Spark Arrow record batches built
-  from ``to_arrow_schema`` of the Kafka schema. Aborted records and control
-  batches never become rows; the offsets they occupy are simply absent.
+  consumer (assigned, no group) whose fetches are decoded straight into
+  Arrow columns (``Consumer.poll_columns``), and hands Spark record batches
+  of ``to_arrow_schema`` of the Kafka schema built from those columns
+  (``SparkColumns``), with no Python object per record. Aborted records and
+  control batches never become rows; the offsets they occupy are simply absent.
 
 Offsets are Spark's JSON: ``{"topic": {"partition": next offset to read}}``.
 A new query's start keeps Spark's markers (-1 latest, -2 earliest) until
