@@ -420,6 +420,8 @@ def _binary_column(data: pa.Buffer, starts: np.ndarray, lengths: np.ndarray, kin
     over the whole buffer, of which Arrow takes the even elements."""
     count = len(starts)
     present = lengths >= 0
+    if count and not present.any():  # keyless records: nothing to cut out
+        return pa.nulls(count, kind)
     ends = starts + np.maximum(lengths, 0)
     bounds = np.empty(2 * count + 1, dtype=np.int64)
     bounds[0:-1:2] = starts
