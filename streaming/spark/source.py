@@ -32,7 +32,10 @@ read_uncommitted unless told otherwise).
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import queue
+import threading
 import time
 from typing import Iterator
 
@@ -141,24 +144,73 @@ def rate_limit(start: dict[TopicPartition, int], latest: dict[TopicPartition, in
 # -- the executor side ---------------------------------------------------------------------------
 
 
+FETCHES_AHEAD = 2  # fetched and converted while Spark takes the batches before them
+
+
 def read_range(source: SourceOptions, offset_range: OffsetRange, schema: StructType) -> Iterator:
     """Yield ``pyarrow.RecordBatch``es of the visible records in the range.
 
     The consumer hands out each fetch as columns (``Consumer.poll_columns``,
     decoded by ``protocol.columnar`` with no Python object per record);
     ``SparkColumns`` turns them into Spark's Kafka schema, also without
-    Python per row. (The synchronous consumer, whose asyncio core runs on its
-    own thread, measured no slower than the asyncio consumer driven on a
-    private loop from this thread: 46-51k against 33-42k rows/s of one
-    partition in three alternating runs on a loaded machine, when both
-    decoded records one by one.)"""
+    Python per row. A thread of the task fetches and converts up to
+    ``FETCHES_AHEAD`` fetches ahead of Spark, so the broker serves the next
+    fetch while Spark takes the batches of this one; its errors reach
+    Spark here, in order."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
+    columns = SparkColumns(to_arrow_schema(schema, timezone="UTC"), offset_range.topic_partition, source.include_headers)
+    handed: queue.Queue = queue.Queue(maxsize=FETCHES_AHEAD)
+    stop = threading.Event()
+
+    def hand(item) -> bool:
+        while not stop.is_set():
+            try:
+                handed.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def fetch_ahead() -> None:
+        try:
+            with contextlib.closing(fetched_columns(source, offset_range)) as fetches:
+                for fetched in fetches:
+                    if not hand(list(columns.spark_batches(fetched))):
+                        return  # Spark stopped reading
+            hand(_END_OF_RANGE)
+        except BaseException as error:  # handed to Spark's thread, which raises it
+            hand(error)
+
+    fetcher = threading.Thread(target=fetch_ahead, name=f"onceflow-source-{offset_range.topic_partition}", daemon=True)
+    fetcher.start()
+    try:
+        while True:
+            item = handed.get()
+            if item is _END_OF_RANGE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield from item
+    finally:
+        stop.set()
+        fetcher.join()
+
+
+_END_OF_RANGE = object()
+
+
+def fetched_columns(source: SourceOptions, offset_range: OffsetRange) -> Iterator:
+    """The visible records of the range, one ``FETCHED_SCHEMA`` record batch
+    per fetch, through a consumer of its own. (The synchronous consumer,
+    whose asyncio core runs on its own thread, measured no slower than the
+    asyncio consumer driven on a private loop from this thread: 46-51k
+    against 33-42k rows/s of one partition in three alternating runs on a
+    loaded machine, when both decoded records one by one.)"""
     from txn import Consumer
 
     tp = offset_range.topic_partition
     until = offset_range.until_offset
-    columns = SparkColumns(to_arrow_schema(schema, timezone="UTC"), tp, source.include_headers)
     consumer = Consumer(config=source.consumer)
     try:
         consumer.assign([tp])
@@ -181,8 +233,7 @@ def read_range(source: SourceOptions, offset_range: OffsetRange, schema: StructT
                 consumer.seek(tp, position)
                 continue
             if fetched is not None:
-                fetched = columns.before(fetched, until)
-                yield from columns.spark_batches(fetched)
+                yield SparkColumns.before(fetched, until)
             now_at = consumer.position(tp)
             if fetched is not None or now_at > position:
                 last_progress = time.monotonic()
