@@ -5,9 +5,9 @@ One lean local[2] Spark session reads a prepared topic (committed records
 of 100 B on two partitions) through ``format("onceflow")`` into Spark's
 ``noop`` sink in one AvailableNow batch, then the same topic into the
 onceflow sink (exactly_once, a topic of two partitions), beside a no-op
-Python source that
-emits the same number of rows of the same schema as Arrow batches (the
-floor: what Spark's Python data source path costs with no Kafka at all).
+Python source that emits the same number of rows of the same schema as
+Arrow batches built once per task (the floor: what Spark's Python data
+source path costs with no Kafka and no per-row work of a reader at all).
 Each is warmed up with a small run first (the first batch of a session pays
 Python worker start-up and JIT); the figure is the measured batch's rows
 over its trigger execution time, from Spark's progress report.
@@ -25,6 +25,7 @@ import uuid
 SPARK_ROWS = 1_000_000
 PARTITIONS = 2
 VALUE = b"s" * 100
+FLOOR_BATCH_ROWS = 32_768  # the onceflow source's batches were this size when the floor was set
 
 
 def spark_session():
@@ -37,8 +38,10 @@ def spark_session():
 
 
 def floor_source_class():
-    """A Python streaming source of ``rows`` rows of the Kafka schema, built
-    as Arrow batches from constants: Spark's own cost per row."""
+    """A Python streaming source of ``rows`` rows of the Kafka schema whose
+    reader yields Arrow batches built once (per task, before its first
+    batch, with no Python per row): what Spark's Python data source path
+    costs per row with no Kafka and no decoding at all."""
     from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
     from streaming.spark.source import kafka_schema
@@ -60,25 +63,12 @@ def floor_source_class():
             return [InputPartition((begin, min(last, begin + step))) for begin in range(first, last, step)] if last > first else []
 
         def read(self, partition):
-            import pyarrow as pa
             from pyspark.sql.pandas.types import to_arrow_schema
 
-            arrow_schema = to_arrow_schema(self.schema, timezone="UTC")
             begin, end = partition.value
-            for start in range(begin, end, 32_768):
-                count = min(32_768, end - start)
-                yield pa.RecordBatch.from_arrays(
-                    [
-                        pa.array([None] * count, type=pa.binary()),
-                        pa.array([VALUE] * count, type=pa.binary()),
-                        pa.array(["floor"] * count, type=pa.string()),
-                        pa.array([0] * count, type=pa.int32()),
-                        pa.array(range(start, start + count), type=pa.int64()),
-                        pa.array([0] * count, type=arrow_schema.field("timestamp").type),
-                        pa.array([0] * count, type=pa.int32()),
-                    ],
-                    schema=arrow_schema,
-                )
+            whole = floor_batch(to_arrow_schema(self.schema, timezone="UTC"), begin, end - begin)
+            for start in range(0, whole.num_rows, FLOOR_BATCH_ROWS):
+                yield whole.slice(start, FLOOR_BATCH_ROWS)
 
     class FloorSource(DataSource):
         @classmethod
@@ -92,6 +82,32 @@ def floor_source_class():
             return FloorReader(int(self.options.get("rows", SPARK_ROWS)), schema)
 
     return FloorSource
+
+
+def floor_batch(arrow_schema, first_offset: int, count: int):
+    """``count`` rows of the Kafka schema in one Arrow record batch, every
+    column built by Arrow or numpy from constants (no Python per row):
+    null keys, values of ``VALUE``, topic "floor", partition 0, offsets from
+    ``first_offset``, timestamp 0."""
+    import numpy as np
+    import pyarrow as pa
+
+    topic = b"floor"
+    topics = pa.Array.from_buffers(pa.string(), count, [None, pa.py_buffer(np.arange(count + 1, dtype=np.int32) * len(topic)), pa.py_buffer(topic * count)])
+    values = pa.Array.from_buffers(pa.binary(), count, [None, pa.py_buffer(np.arange(count + 1, dtype=np.int32) * len(VALUE)), pa.py_buffer(VALUE * count)])
+    zeros = np.zeros(count, dtype=np.int32)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.nulls(count, pa.binary()),
+            values,
+            topics,
+            pa.array(zeros),
+            pa.array(np.arange(first_offset, first_offset + count, dtype=np.int64)),
+            pa.array(np.zeros(count, dtype=np.int64)).cast(arrow_schema.field("timestamp").type),
+            pa.array(zeros),
+        ],
+        schema=arrow_schema,
+    )
 
 
 def fill_topic(bootstrap: str, rows: int) -> str:
@@ -154,7 +170,9 @@ def timed_batch(reader, work: str, sink=None) -> tuple[int, float]:
     return rows, seconds
 
 
-def spark_source_scenario(bootstrap: str, settings) -> dict:
+def spark_source_scenario(bootstrap: str, settings, *, sink: bool = True) -> dict:
+    """The figures (see the module doc); ``sink=False`` leaves out the
+    exactly-once sink's run (the source's figures alone, in a third of the time)."""
     from benchmarks.suite import Metric
 
     import streaming.spark
@@ -182,40 +200,49 @@ def spark_source_scenario(bootstrap: str, settings) -> dict:
 
         timed_batch(floor(10_000), work)
         timed_batch(onceflow(warm), work)
-        timed_batch(onceflow(warm), work, exactly_once(create_topic(bootstrap)))
+        if sink:
+            timed_batch(onceflow(warm), work, exactly_once(create_topic(bootstrap)))
         floor_rows, floor_seconds = timed_batch(floor(rows), work)
         read_rows, read_seconds = timed_batch(onceflow(topic), work)
-        output = create_topic(bootstrap)
-        copied_rows, copied_seconds = timed_batch(onceflow(topic), work, exactly_once(output))
-        if read_rows != rows or floor_rows != rows or copied_rows != rows:
-            raise RuntimeError(f"read {read_rows} (onceflow -> noop), {copied_rows} (onceflow -> onceflow) and {floor_rows} (floor) rows of {rows}")
-        written = committed_records(bootstrap, output)
-        if written != rows:
-            raise RuntimeError(f"the exactly-once sink's topic holds {written} committed records, not {rows}")
+        if read_rows != rows or floor_rows != rows:
+            raise RuntimeError(f"read {read_rows} (onceflow -> noop) and {floor_rows} (floor) rows of {rows}")
+        if sink:
+            output = create_topic(bootstrap)
+            copied_rows, copied_seconds = timed_batch(onceflow(topic), work, exactly_once(output))
+            if copied_rows != rows:
+                raise RuntimeError(f"read {copied_rows} (onceflow -> onceflow) rows of {rows}")
+            written = committed_records(bootstrap, output)
+            if written != rows:
+                raise RuntimeError(f"the exactly-once sink's topic holds {written} committed records, not {rows}")
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
-    ours, floor_rate, copied = read_rows / read_seconds, floor_rows / floor_seconds, copied_rows / copied_seconds
-    return {
+    ours, floor_rate = read_rows / read_seconds, floor_rows / floor_seconds
+    figures = {
         "rows/s": Metric(ours, "rows/s"),
         "no-op source floor rows/s": Metric(floor_rate, "rows/s"),
         "floor/ours": Metric(floor_rate / ours, "x"),
-        "into exactly-once sink rows/s": Metric(copied, "rows/s"),
-        "floor/into sink": Metric(floor_rate / copied, "x"),
     }
+    if sink:
+        copied = copied_rows / copied_seconds
+        figures["into exactly-once sink rows/s"] = Metric(copied, "rows/s")
+        figures["floor/into sink"] = Metric(floor_rate / copied, "x")
+    return figures
 
 
-if __name__ == "__main__":  # a run on its own: python -m benchmarks.spark_source [rows]
+if __name__ == "__main__":  # a run on its own: python -m benchmarks.spark_source [rows] [--no-sink]
     from faults.process import BrokerProcess
 
+    arguments = [a for a in sys.argv[1:] if a != "--no-sink"]
+
     class Settings:
-        spark_rows = int(sys.argv[1]) if len(sys.argv) > 1 else SPARK_ROWS
+        spark_rows = int(arguments[0]) if arguments else SPARK_ROWS
 
     data = tempfile.mkdtemp(prefix="onceflow-bench-broker-")
     broker = BrokerProcess(os.path.join(data, "broker")).start()
     try:
         began = time.perf_counter()
-        for key, metric in spark_source_scenario(broker.bootstrap, Settings()).items():
+        for key, metric in spark_source_scenario(broker.bootstrap, Settings(), sink="--no-sink" not in sys.argv).items():
             print(f"{key:<28}{metric.value:>14,.2f} {metric.unit}")
         print(f"({time.perf_counter() - began:.0f} s)")
     finally:

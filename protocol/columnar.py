@@ -15,10 +15,10 @@ imports this module, so the broker never loads numpy or pyarrow):
   partition into one batch, byte for byte what ``records.encode_batch``
   makes of the same records.
 
-No Python object is made per record. Decoding walks each records section
-once in a Python loop that reads only the length varint of each record and
-stores integer positions (a batch whose records all have the same size skips
-even that: one numpy comparison checks it); every other field is read by
+No Python object is made per record. Decoding finds where each record
+starts: runs of records of one size (most of a batch of fixed-size values)
+by numpy comparisons, the rest by a Python loop that reads only the length
+varint of each record and stores integer positions; every other field is read by
 numpy at all the record positions at once, and the binary columns are cut
 out of one buffer by Arrow's ``take`` over offsets that point into it.
 Encoding builds each record's varints as rows of a byte matrix, squeezes
@@ -83,9 +83,12 @@ FETCHED_SCHEMA = pa.schema(
 # (at most 10 bytes) a few fields past a damaged record's end stays inside
 # the buffer; such a record fails the checks before anything is kept.
 _PADDING = 64
-# Below this many records a batch is scanned by the loop: the uniform-size
-# check costs a few numpy calls, more than the loop spends on a small batch.
-_UNIFORM_MIN_RECORDS = 16
+# Fewer records of one size than this are scanned by the loop (a run found
+# by numpy costs a few numpy calls, more than the loop spends on a few
+# records), and then the next _LOOP_RECORDS records are, before the next
+# look for a run.
+_RUN_MIN_RECORDS = 16
+_LOOP_RECORDS = 256
 _INT32_MAX = 2**31 - 1
 
 
@@ -183,35 +186,29 @@ def _record_starts(buf: bytes, bytes_view: np.ndarray, kept: list[_KeptBatch]) -
     """Where each record (its length varint) starts.
 
     The one sequential step: a record's length varint says where the next
-    record starts. The loop stores positions only; the lengths are read
-    again, all at once, by the caller."""
+    record starts. Records come in runs of equal size (a size changes where
+    the offset delta's varint grows a byte, at 64 and 8192 records into a
+    batch, or where keys or values change size): a run is found by numpy
+    (``_run_starts``), and what is not in a run by a loop that stores
+    positions only; the lengths are read again, all at once, by the caller."""
     parts: list[np.ndarray] = []
     starts = array("q")
     for batch in kept:
-        count = batch.header.record_count
-        uniform = _uniform_starts(buf, bytes_view, batch) if count >= _UNIFORM_MIN_RECORDS else None
-        if uniform is not None:
-            if starts:
-                parts.append(np.frombuffer(starts, dtype=np.int64))
-                starts = array("q")
-            parts.append(uniform)
-            continue
-        add = starts.append
         cursor = batch.start
+        left = batch.header.record_count
         try:
-            for _ in range(count):
-                add(cursor)
-                byte = buf[cursor]
-                if byte < 0x80:  # lengths below 64
-                    cursor += 1 + ((byte >> 1) ^ -(byte & 1))
+            while left:
+                run = _run_starts(buf, bytes_view, cursor, left, batch.end) if left >= _RUN_MIN_RECORDS else None
+                if run is not None:
+                    if starts:
+                        parts.append(np.frombuffer(starts, dtype=np.int64))
+                        starts = array("q")
+                    parts.append(run[0])
+                    cursor = run[1]
+                    left -= len(run[0])
                     continue
-                second = buf[cursor + 1]
-                if second < 0x80:  # below 8192
-                    raw = (byte & 0x7F) | (second << 7)
-                    cursor += 2 + ((raw >> 1) ^ -(raw & 1))
-                else:
-                    length, after = read_varint(buf, cursor)
-                    cursor = after + length
+                cursor = _scan_starts(buf, cursor, min(left, _LOOP_RECORDS), starts.append)
+                left -= min(left, _LOOP_RECORDS)
         except (IndexError, ValueError):
             raise _Damaged from None
         if cursor != batch.end:
@@ -221,24 +218,57 @@ def _record_starts(buf: bytes, bytes_view: np.ndarray, kept: list[_KeptBatch]) -
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
-def _uniform_starts(buf: bytes, bytes_view: np.ndarray, batch: _KeptBatch):
-    """Record starts of a batch whose records all take the same bytes
-    (fixed-size keys and values, one-byte deltas: common), found without the
-    loop; None when the batch is not like that."""
-    count = batch.header.record_count
-    try:
-        length, body = read_varint(buf, batch.start)
-    except (IndexError, ValueError):
-        return None
-    prefix = body - batch.start
+def _scan_starts(buf: bytes, cursor: int, count: int, add) -> int:
+    """``add`` the starts of ``count`` records from ``cursor``; where the next begins."""
+    for _ in range(count):
+        add(cursor)
+        byte = buf[cursor]
+        if byte < 0x80:  # lengths below 64
+            cursor += 1 + ((byte >> 1) ^ -(byte & 1))
+            continue
+        second = buf[cursor + 1]
+        if second < 0x80:  # below 8192
+            raw = (byte & 0x7F) | (second << 7)
+            cursor += 2 + ((raw >> 1) ^ -(raw & 1))
+        else:
+            length, after = read_varint(buf, cursor)
+            cursor = after + length
+    return cursor
+
+
+def _run_starts(buf: bytes, bytes_view: np.ndarray, cursor: int, left: int, end: int):
+    """(starts, where the next record begins) of the records from ``cursor``
+    on that have the same length varint as the first (so the same size),
+    at most ``left`` of them and none past ``end``; None when fewer than
+    ``_RUN_MIN_RECORDS`` do.
+
+    Exact: candidate k is a record start if candidates 0..k-1 were records
+    of that size, so the run is the candidates up to the first whose length
+    varint differs. Candidates are checked in windows growing fourfold, so a
+    short run costs little more than its own records."""
+    length, body = read_varint(buf, cursor)
+    prefix = body - cursor
     stride = prefix + length
-    if length < 0 or stride * count != batch.end - batch.start:
+    if length < 0 or stride <= 0:
         return None
-    record_starts = batch.start + stride * np.arange(count, dtype=np.int64)
-    for k in range(prefix):
-        if not (bytes_view[record_starts + k] == buf[batch.start + k]).all():
-            return None
-    return record_starts
+    most = min(left, (end - cursor) // stride)
+    if most < _RUN_MIN_RECORDS or buf[cursor + stride : cursor + stride + prefix] != buf[cursor:body]:
+        return None
+    found = 0
+    window = _RUN_MIN_RECORDS * 4
+    while found < most:
+        candidates = cursor + stride * np.arange(found, min(most, found + window), dtype=np.int64)
+        same = bytes_view[candidates] == buf[cursor]
+        for k in range(1, prefix):
+            same &= bytes_view[candidates + k] == buf[cursor + k]
+        if not same.all():
+            found += int(np.argmin(same))
+            break
+        found += len(candidates)
+        window *= 4
+    if found < _RUN_MIN_RECORDS:
+        return None
+    return cursor + stride * np.arange(found, dtype=np.int64), cursor + stride * found
 
 
 def _read_varints(bytes_view: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
@@ -390,6 +420,8 @@ def _binary_column(data: pa.Buffer, starts: np.ndarray, lengths: np.ndarray, kin
     over the whole buffer, of which Arrow takes the even elements."""
     count = len(starts)
     present = lengths >= 0
+    if count and not present.any():  # keyless records: nothing to cut out
+        return pa.nulls(count, kind)
     ends = starts + np.maximum(lengths, 0)
     bounds = np.empty(2 * count + 1, dtype=np.int64)
     bounds[0:-1:2] = starts

@@ -381,6 +381,11 @@ class Consumer(SyncClient):
     def poll(self, timeout: float = 1.0) -> list[ConsumerRecord]:
         return self._call(self._async.poll(timeout))
 
+    def poll_columns(self, timeout: float = 1.0) -> dict:
+        """``{TopicPartition: pyarrow.RecordBatch}`` of visible records
+        (``AsyncConsumer.poll_columns``, ``txn.fetcher``)."""
+        return self._call(self._async.poll_columns(timeout))
+
     def seek(self, partition, offset: int) -> None:
         self._thread.run(self._async.seek, partition, offset)
 

@@ -13,9 +13,11 @@ Where the work happens:
   ``maxTriggerDelay`` has passed since the last batch; Trigger.AvailableNow
   snapshots the ends once and stops there.
 - Executors: ``read_range`` reads one ``OffsetRange`` with a read_committed
-  consumer (assigned, no group) and hands Spark Arrow record batches built
-  from ``to_arrow_schema`` of the Kafka schema. Aborted records and control
-  batches never become rows; the offsets they occupy are simply absent.
+  consumer (assigned, no group) whose fetches are decoded straight into
+  Arrow columns (``Consumer.poll_columns``), and hands Spark record batches
+  of ``to_arrow_schema`` of the Kafka schema built from those columns
+  (``SparkColumns``), with no Python object per record. Aborted records and
+  control batches never become rows; the offsets they occupy are simply absent.
 
 Offsets are Spark's JSON: ``{"topic": {"partition": next offset to read}}``.
 A new query's start keeps Spark's markers (-1 latest, -2 earliest) until
@@ -30,7 +32,10 @@ read_uncommitted unless told otherwise).
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import queue
+import threading
 import time
 from typing import Iterator
 
@@ -139,19 +144,71 @@ def rate_limit(start: dict[TopicPartition, int], latest: dict[TopicPartition, in
 # -- the executor side ---------------------------------------------------------------------------
 
 
+FETCHES_AHEAD = 2  # fetched and converted while Spark takes the batches before them
+
+
 def read_range(source: SourceOptions, offset_range: OffsetRange, schema: StructType) -> Iterator:
     """Yield ``pyarrow.RecordBatch``es of the visible records in the range.
 
-    (The synchronous consumer, whose asyncio core runs on its own thread,
-    measured no slower than the asyncio consumer driven on a private loop from
-    this thread: 46-51k against 33-42k rows/s of one partition in three
-    alternating runs on a loaded machine.)"""
-    import pyarrow as pa
+    The consumer hands out each fetch as columns (``Consumer.poll_columns``,
+    decoded by ``protocol.columnar`` with no Python object per record);
+    ``SparkColumns`` turns them into Spark's Kafka schema, also without
+    Python per row. A thread of the task fetches and converts up to
+    ``FETCHES_AHEAD`` fetches ahead of Spark, so the broker serves the next
+    fetch while Spark takes the batches of this one; its errors reach
+    Spark here, in order."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
+    columns = SparkColumns(to_arrow_schema(schema, timezone="UTC"), offset_range.topic_partition, source.include_headers)
+    handed: queue.Queue = queue.Queue(maxsize=FETCHES_AHEAD)
+    stop = threading.Event()
+
+    def hand(item) -> bool:
+        while not stop.is_set():
+            try:
+                handed.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def fetch_ahead() -> None:
+        try:
+            with contextlib.closing(fetched_columns(source, offset_range)) as fetches:
+                for fetched in fetches:
+                    if not hand(list(columns.spark_batches(fetched))):
+                        return  # Spark stopped reading
+            hand(_END_OF_RANGE)
+        except BaseException as error:  # handed to Spark's thread, which raises it
+            hand(error)
+
+    fetcher = threading.Thread(target=fetch_ahead, name=f"onceflow-source-{offset_range.topic_partition}", daemon=True)
+    fetcher.start()
+    try:
+        while True:
+            item = handed.get()
+            if item is _END_OF_RANGE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield from item
+    finally:
+        stop.set()
+        fetcher.join()
+
+
+_END_OF_RANGE = object()
+
+
+def fetched_columns(source: SourceOptions, offset_range: OffsetRange) -> Iterator:
+    """The visible records of the range, one ``FETCHED_SCHEMA`` record batch
+    per fetch, through a consumer of its own. (The synchronous consumer,
+    whose asyncio core runs on its own thread, measured no slower than the
+    asyncio consumer driven on a private loop from this thread: 46-51k
+    against 33-42k rows/s of one partition in three alternating runs on a
+    loaded machine, when both decoded records one by one.)"""
     from txn import Consumer
 
-    arrow_schema = to_arrow_schema(schema, timezone="UTC")
     tp = offset_range.topic_partition
     until = offset_range.until_offset
     consumer = Consumer(config=source.consumer)
@@ -159,11 +216,10 @@ def read_range(source: SourceOptions, offset_range: OffsetRange, schema: StructT
         consumer.assign([tp])
         consumer.seek(tp, offset_range.from_offset)
         position = offset_range.from_offset
-        rows: list = []
         last_progress = time.monotonic()
         while position < until:
             try:
-                records = consumer.poll(min(1.0, source.poll_timeout_ms / 1000))
+                fetched = consumer.poll_columns(min(1.0, source.poll_timeout_ms / 1000)).get(tp)
             except RecordBatchTooLargeError as error:
                 raise OptionError(f"{error} (on the onceflow source: the option kafka.max.partition.fetch.bytes)") from None
             except FatalError as error:
@@ -176,22 +232,82 @@ def read_range(source: SourceOptions, offset_range: OffsetRange, schema: StructT
                 position = earliest
                 consumer.seek(tp, position)
                 continue
-            if records and records[-1].offset >= until:
-                records = [record for record in records if record.offset < until]
-            rows += records
+            if fetched is not None:
+                yield SparkColumns.before(fetched, until)
             now_at = consumer.position(tp)
-            if records or now_at > position:
+            if fetched is not None or now_at > position:
                 last_progress = time.monotonic()
             elif time.monotonic() - last_progress > source.poll_timeout_ms / 1000:
                 raise TimeoutError(stalled_message(source, tp, position, until))
             position = now_at
-            while len(rows) >= ARROW_BATCH_ROWS:
-                yield arrow_batch(rows[:ARROW_BATCH_ROWS], arrow_schema, source.include_headers, pa)
-                del rows[:ARROW_BATCH_ROWS]
-        if rows:
-            yield arrow_batch(rows, arrow_schema, source.include_headers, pa)
     finally:
         consumer.close()
+
+
+class SparkColumns:
+    """One partition's fetched columns (``protocol.columnar.FETCHED_SCHEMA``)
+    as record batches of Spark's Kafka schema (``arrow_schema``), at most
+    ``ARROW_BATCH_ROWS`` rows each, with no Python per row: key, value,
+    offset and timestampType are the fetched arrays; topic and partition
+    slices of constant arrays built once; the timestamp the fetched
+    milliseconds times 1000, viewed as Spark's timestamp type; headers the
+    fetched lists, null where a record has none (as Spark's Kafka source)."""
+
+    def __init__(self, arrow_schema, tp: TopicPartition, include_headers: bool):
+        import numpy as np
+        import pyarrow as pa
+
+        self.schema = arrow_schema
+        self.include_headers = include_headers
+        topic = tp.topic.encode("utf-8")
+        rows = ARROW_BATCH_ROWS
+        self._topic = pa.Array.from_buffers(pa.string(), rows, [None, pa.py_buffer(np.arange(rows + 1, dtype=np.int32) * len(topic)), pa.py_buffer(topic * rows)])
+        self._partition = pa.array(np.full(rows, tp.partition, dtype=np.int32))
+        self._timestamp_type = arrow_schema.field("timestamp").type
+        self._headers_type = arrow_schema.field("headers").type if include_headers else None
+
+    @staticmethod
+    def before(fetched, until: int):
+        """The rows of ``fetched`` whose offsets are below ``until`` (offsets ascend)."""
+        import numpy as np
+
+        offsets = fetched.column("offset")
+        if len(offsets) == 0 or offsets[-1].as_py() < until:
+            return fetched
+        return fetched.slice(0, int(np.searchsorted(offsets.to_numpy(), until)))
+
+    def spark_batches(self, fetched) -> Iterator:
+        for start in range(0, fetched.num_rows, ARROW_BATCH_ROWS):
+            yield self.spark_batch(fetched.slice(start, ARROW_BATCH_ROWS))
+
+    def spark_batch(self, fetched):
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        rows = fetched.num_rows
+        arrays = [
+            fetched.column("key"),
+            fetched.column("value"),
+            self._topic.slice(0, rows),
+            self._partition.slice(0, rows),
+            fetched.column("offset"),
+            pc.multiply(fetched.column("timestamp"), 1000).view(self._timestamp_type),
+            fetched.column("timestamp_type"),
+        ]
+        if self.include_headers:
+            arrays.append(self._spark_headers(fetched.column("headers")))
+        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+    def _spark_headers(self, headers):
+        """``list<struct<key, value>>`` of Spark's schema: null for a record without headers."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        entry_type = self._headers_type.value_type
+        pairs = headers.values
+        entries = pa.StructArray.from_arrays([pairs.field("key"), pairs.field("value")], fields=list(entry_type))
+        none = pc.equal(pc.list_value_length(headers), 0)
+        return pa.ListArray.from_arrays(headers.offsets, entries, type=self._headers_type, mask=none)
 
 
 def stalled_message(source: SourceOptions, tp: TopicPartition, position: int, until: int) -> str:
@@ -208,25 +324,6 @@ def stalled_message(source: SourceOptions, tp: TopicPartition, position: int, un
     if end is not None and position >= end:
         return f"{message}: the range ends at {until}, beyond {why}. End the read at or below that offset (-1 is latest in endingOffsets)"
     return f"{message} (reads of it stop at {why})"
-
-
-def arrow_batch(records: list, arrow_schema, include_headers: bool, pa):
-    columns = [
-        pa.array([r.key for r in records], type=pa.binary()),
-        pa.array([r.value for r in records], type=pa.binary()),
-        pa.array([r.topic for r in records], type=pa.string()),
-        pa.array([r.partition for r in records], type=pa.int32()),
-        pa.array([r.offset for r in records], type=pa.int64()),
-        pa.array([r.timestamp * 1000 for r in records], type=arrow_schema.field("timestamp").type),
-        pa.array([r.timestamp_type for r in records], type=pa.int32()),
-    ]
-    if include_headers:
-        columns.append(pa.array([[{"key": _text(k), "value": v} for k, v in r.headers] if r.headers else None for r in records], type=arrow_schema.field("headers").type))
-    return pa.RecordBatch.from_arrays(columns, schema=arrow_schema)
-
-
-def _text(key) -> str:
-    return key.decode("utf-8", "replace") if isinstance(key, (bytes, bytearray)) else key
 
 
 def report_data_loss(source: SourceOptions, message: str, hint: str = DATA_LOSS_HINT) -> None:

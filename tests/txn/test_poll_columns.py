@@ -14,7 +14,7 @@ import pytest
 
 from protocol.columnar import FETCHED_SCHEMA
 from protocol.records import encode_batch
-from txn import Admin, Producer, RecordBatchTooLargeError, TopicPartition
+from txn import Admin, Consumer, Producer, RecordBatchTooLargeError, TopicPartition
 from txn.aio import Consumer as AsyncConsumer
 from txn.config import ConsumerConfig
 from txn.fetcher import fetched_partition, fetched_partition_columns
@@ -110,6 +110,26 @@ def test_columns_hold_what_poll_hands_out(broker, isolation):
     appended = records[TopicPartition("appended", 0)]
     assert [row["offset"] for row in appended] == list(range(3, 50))
     assert all(row["timestamp_type"] == 1 and row["timestamp"] != 5 for row in appended)
+
+
+def test_the_synchronous_consumer_polls_the_same_columns(broker):
+    """``txn.Consumer.poll_columns`` (the facade the Spark source reads
+    through) hands out what the asyncio consumer's ``poll`` does."""
+    partitions = [TopicPartition("mixed", 0), TopicPartition("mixed", 1)]
+    records, _ = asyncio.run(read_all(broker.bootstrap, "read_committed", False, {}))
+    rows: dict = {tp: [] for tp in partitions}
+    with Consumer(bootstrap_servers=broker.bootstrap) as consumer:
+        consumer.assign(partitions)
+        for tp in partitions:
+            consumer.seek(tp, 0)
+        ends = consumer.end_offsets(partitions)
+        deadline = time.monotonic() + 30
+        while any(consumer.position(tp) < ends[tp] for tp in partitions) and time.monotonic() < deadline:
+            for tp, batch in consumer.poll_columns(0.5).items():
+                assert batch.schema == FETCHED_SCHEMA
+                rows[tp] += batch.to_pylist()
+        assert {tp: consumer.position(tp) for tp in partitions} == ends
+    assert rows == {tp: records[tp] for tp in partitions}
 
 
 def test_a_first_batch_that_never_comes_whole_fails_as_poll_fails():

@@ -124,6 +124,67 @@ def test_committed_records_only_with_kafka_schema(spark, broker, tmp_path):
     assert abs(by_value[b"a0"].timestamp.timestamp() - time.time()) < 600
 
 
+CODECS = ("lz4", "zstd", "gzip", "snappy")
+
+
+def written_by_librdkafka(bootstrap: str, topic: str) -> dict[int, list[tuple]]:
+    """Records written by confluent-kafka (librdkafka's encoder), one codec
+    per partition (``CODECS``), with null keys, null and empty values, and
+    headers (repeated keys, null values, a key beyond ASCII) on some:
+    ``{partition: [(key, value, timestamp ms, headers or None)]}`` in offset order."""
+    from confluent_kafka import Producer as ConfluentProducer
+
+    written: dict[int, list[tuple]] = {}
+    for partition, codec in enumerate(CODECS):
+        producer = ConfluentProducer({"bootstrap.servers": bootstrap, "compression.type": codec, "linger.ms": 100, "acks": "all"})
+        records = []
+        for n in range(300):
+            key = None if n % 3 == 0 else b"key-%d" % n
+            value = None if n == 7 else b"" if n == 8 else b"%s-%d-" % (codec.encode(), n) + b"v" * (n % 50)
+            headers = [("h", b"%d" % n), ("h", None), ("schlüssel", b"")] if n % 4 == 1 else None
+            timestamp = 1_700_000_000_000 + 17 * n
+            producer.produce(topic, value, key, partition=partition, timestamp=timestamp, headers=headers)
+            records.append((key, value, timestamp, [(k, v) for k, v in headers] if headers else None))
+        assert producer.flush(30) == 0
+        written[partition] = records
+    return written
+
+
+def compressions_on_disk(broker, topic: str, partition: int) -> set[int]:
+    """The compression codec ids of the record batches of a partition's log."""
+    import glob
+
+    from protocol.records import iter_batches
+
+    found = set()
+    for path in glob.glob(f"{broker.data_dir}/**/{topic}-{partition}/*.log", recursive=True):
+        with open(path, "rb") as file:
+            found |= {header.compression for _position, header in iter_batches(file.read())}
+    return found
+
+
+def test_compressed_records_with_headers_and_null_keys_round_trip_exactly(spark, broker, tmp_path):
+    """Every field of what librdkafka writes, compressed each way, comes out
+    of Spark as it went in."""
+    from protocol.compression import Compression
+
+    topic = "src-librdkafka"
+    create(broker, topic, len(CODECS))
+    written = written_by_librdkafka(broker.bootstrap, topic)
+    for partition, codec in enumerate(CODECS):
+        assert compressions_on_disk(broker, topic, partition) == {Compression[codec.upper()]}, codec
+    df = stream(spark, broker, subscribe=topic, startingOffsets="earliest", includeHeaders="true").selectExpr(
+        "key", "value", "topic", "partition", "offset", "unix_millis(timestamp) AS ms", "timestampType", "headers"
+    )
+    rows = rows_of(run_available_now(df, tmp_path)[0])
+    got: dict[int, list[tuple]] = {partition: [] for partition in written}
+    for row in sorted(rows, key=lambda r: (r.partition, r.offset)):
+        assert row.topic == topic and row.timestampType == 0 and row.offset == len(got[row.partition])
+        headers = [(h.key, None if h.value is None else bytes(h.value)) for h in row.headers] if row.headers is not None else None
+        got[row.partition].append((None if row.key is None else bytes(row.key), None if row.value is None else bytes(row.value), row.ms, headers))
+    assert got == written
+
+
 def last_offsets(checkpoint) -> dict:
     """The source offsets of the newest batch in a checkpoint (Spark's offset log)."""
     offsets_dir = checkpoint / "offsets"

@@ -219,3 +219,26 @@ def test_a_batch_larger_than_the_fetch_size_names_the_source_option(tmp_path):
             with pytest.raises(OptionError, match="raise max.partition.fetch.bytes .* the option kafka.max.partition.fetch.bytes"):
                 list(read_range(reader.source, OffsetRange("plain-big", 0, 0, 20), reader.schema))
             assert time.monotonic() - begun < 10
+
+
+def test_a_read_stopped_early_stops_its_fetching_thread_and_consumer(embedded_broker):
+    """Spark may stop reading a range before its end (a LIMIT, a failed
+    task): the thread fetching ahead stops and its consumer closes."""
+    import threading
+
+    with Admin(bootstrap_servers=embedded_broker.bootstrap) as admin:
+        admin.create_topics({"plain-early": 1})
+    write(embedded_broker.bootstrap, "plain-early", 2000)
+    source = OnceflowDataSource(source_options(embedded_broker.bootstrap, subscribe="plain-early", **{"kafka.max.partition.fetch.bytes": "2048"}))
+    reader = source.streamReader(source.schema())
+
+    def ours() -> list[str]:
+        return [t.name for t in threading.enumerate() if t.name.startswith(("onceflow-source-", "onceflow-consumer"))]
+
+    before = ours()
+    batches = read_range(reader.source, OffsetRange("plain-early", 0, 0, 2000), reader.schema)
+    first = next(batches)
+    assert first.column("offset").to_pylist()[0] == 0 and first.num_rows < 2000
+    assert len(ours()) > len(before), "fetching runs on threads of its own"
+    batches.close()
+    assert ours() == before
