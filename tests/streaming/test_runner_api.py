@@ -97,6 +97,26 @@ def test_the_app_refuses_settings_it_cannot_honour(tmp_path):
         app.run()
 
 
+def test_names_that_compose_an_illegal_topic_name_are_refused(tmp_path):
+    # A trailing newline passes a "^...$" regex used with match; the broker's
+    # rule (protocol.names) refuses it, so the app refuses it before the runner
+    # would create a topic the broker rejects.
+    with pytest.raises(ConfigError, match="application_id"):
+        streaming.App("h:1", "balances\n", str(tmp_path))
+    with pytest.raises(ConfigError, match="dead_letter_topic"):
+        streaming.App("h:1", "a", str(tmp_path), dead_letter_topic="dead\n")
+    with pytest.raises(ConfigError, match="application_id"):
+        streaming.App("h:1", "a" * 240, str(tmp_path))  # its changelog and dead-letter topics would pass 249 characters
+    app = streaming.App("h:1", "a", str(tmp_path))
+    with pytest.raises(ConfigError, match=r"store 'totals\\n'"):
+        app.processor("in", stores=["totals\n"])
+    app.processor("in", stores=["totals"], name="legal")(lambda record, ctx: None)
+    app.processor("in", name="ticks\n")(lambda record, ctx: None)
+    with pytest.raises(ConfigError, match="cannot have timers"):
+        app.schedule("ticks\n", every=1000)(lambda ctx: None)
+    assert app.changelog_topic("totals") == "a-totals-changelog"
+
+
 def test_instance_id_is_kept_and_the_state_dir_is_locked(tmp_path):
     first = streaming.App("h:1", "a", str(tmp_path))
     assert streaming.App("h:1", "a", str(tmp_path)).instance_id == first.instance_id
