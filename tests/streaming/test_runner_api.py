@@ -14,7 +14,8 @@ import pytest
 
 import streaming
 from streaming.cli import load_app
-from tests.streaming.runner_support import BROKER_CONFIG, read_all
+from tests.helpers import read_all
+from tests.streaming.runner_support import BROKER_CONFIG
 from txn import Admin, ConfigError, Producer
 
 
