@@ -34,9 +34,10 @@ What is here:
 - ``streaming.windows``, ``streaming.durations``: event-time windows
   (tumbling, hopping, session); durations as timedelta or milliseconds.
 - ``streaming.cli``: ``onceflow run path/to/app.py``.
-- ``App.stream(...)``: the dataflow layer (``streaming.dataflow``), built on
-  the same runner, when present; ``streaming.spark``: the Spark Structured
-  Streaming source and exactly-once sink.
+- ``App.stream(...)``: the dataflow layer (``streaming.dataflow``), compiled
+  to ordinary processors of the same runner; ``streaming.spark``: the Spark
+  Structured Streaming source and exactly-once sink (importing it does not
+  import pyspark).
 """
 
 from streaming.app import App, Context, Metrics, Record

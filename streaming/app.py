@@ -37,13 +37,13 @@ from __future__ import annotations
 
 import fcntl
 import os
-import re
 import threading
 import uuid
 from typing import Any, Callable
 
 import attrs
 
+from protocol.names import InvalidTopicError, validate_topic_name
 from streaming.errors import StateDirInUseError
 from streaming.serde import Serde, resolve
 from streaming.store import Store, StoreError
@@ -53,7 +53,6 @@ from txn.security import is_security_option
 
 ON_ERROR = ("stop", "dead-letter")
 RUNNER_OWNED_OPTIONS = {"group_id", "group_instance_id", "transactional_id", "isolation_level", "enable_auto_commit", "enable_idempotence", "bootstrap_servers"}
-VALID_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 
 
 @attrs.frozen
@@ -97,6 +96,15 @@ class Timer:
     every_ms: int
     kind: str
     function: Callable
+
+
+def legal_topic_name(name: str, what: str) -> str:
+    """``name`` if it is a legal topic name (``protocol.names``: the broker's
+    own rule), else a ``ConfigError`` saying which setting made it."""
+    try:
+        return validate_topic_name(name)
+    except InvalidTopicError as error:
+        raise ConfigError(f"{what}: {error}") from None
 
 
 def timer_store(processor: str) -> str:
@@ -195,8 +203,11 @@ class App:
         min_insync_replicas: int | None = None,
         **client_options,
     ):
-        if not application_id or not VALID_NAME.match(application_id):
-            raise ConfigError(f"application_id must be letters, digits, '.', '_' or '-', not {application_id!r}")
+        if not application_id:
+            raise ConfigError("application_id is required: it names the app's group, transactional ids and internal topics")
+        legal_topic_name(f"{application_id}-dead-letters", f"application_id {application_id!r} names the app's internal topics")
+        if dead_letter_topic is not None:
+            legal_topic_name(dead_letter_topic, "dead_letter_topic")
         if on_error not in ON_ERROR:
             raise ConfigError(f"on_error must be one of {', '.join(map(repr, ON_ERROR))}, not {on_error!r}")
         if commit_interval_ms <= 0 or (commit_records is not None and commit_records <= 0):
@@ -259,8 +270,7 @@ class App:
         if not sources:
             raise ConfigError("a processor needs at least one source topic")
         for store in stores:
-            if not VALID_NAME.match(store):
-                raise ConfigError(f"store names are letters, digits, '.', '_' or '-', not {store!r}")
+            legal_topic_name(self.changelog_topic(store), f"store {store!r} names its changelog topic")
 
         def register(function: Callable) -> Callable:
             processor_name = name or getattr(function, "__name__", f"processor-{len(self.processors)}")
@@ -310,8 +320,7 @@ class App:
             if any(t.processor == processor and t.name == timer_name for t in self.timers):
                 raise ConfigError(f"processor {processor!r} has two timers named {timer_name!r}")
             store = timer_store(processor)
-            if not VALID_NAME.match(store):
-                raise ConfigError(f"processor {processor!r} cannot have timers: {store!r} is not a valid store name")
+            legal_topic_name(self.changelog_topic(store), f"processor {processor!r} cannot have timers: its store {store!r} names its changelog topic")
             owner = self.processors[index]
             if store not in owner.stores:
                 self.processors[index] = attrs.evolve(owner, stores=owner.stores + (store,))

@@ -13,10 +13,7 @@ from typing import Awaitable, Callable, TypeVar
 
 import attrs
 
-from txn.errors import RetriableError
-
-# What the broker being away (or busy) looks like to the runner's clients.
-BROKER_AWAY = (RetriableError, ConnectionError, TimeoutError, OSError)
+from txn.errors import TRANSIENT_ERRORS
 
 T = TypeVar("T")
 
@@ -43,7 +40,7 @@ class RetryDelay:
 
 async def retry(operation: Callable[[], Awaitable[T]], *, what: str, stopping: Callable[[], bool], log: logging.Logger, delay: RetryDelay | None = None) -> T:
     """``await operation()`` until it returns, waiting ``delay`` after each
-    try that fails with a ``BROKER_AWAY`` error; if ``stopping()`` after that
+    try that fails with a ``txn.errors.TRANSIENT_ERRORS`` error; if ``stopping()`` after that
     wait, the error is raised instead (the poll passes ``lambda: True``: its
     caller's loop checks commits, progress and idleness between tries).
     Logged at WARNING once per outage (then DEBUG: a broker that stays down
@@ -52,7 +49,7 @@ async def retry(operation: Callable[[], Awaitable[T]], *, what: str, stopping: C
     while True:
         try:
             result = await operation()
-        except BROKER_AWAY as error:
+        except TRANSIENT_ERRORS as error:
             (log.warning if not delay.failures else log.debug)("%s failed (%s); trying again", what, error)
             await asyncio.sleep(delay.next())
             if stopping():

@@ -60,14 +60,14 @@ import threading
 import time
 
 from streaming.app import App
-from streaming.backoff import BROKER_AWAY, RetryDelay, retry
+from streaming.backoff import RetryDelay, retry
 from streaming.lifecycle import RunnerEvent, RunnerState, transition
 from streaming.restore import RESTORE_CHUNK, Shards
 from streaming.task import Task
-from streaming.transaction import GROUP_FENCING, Outcome, Transaction, abort_cause
+from streaming.transaction import Outcome, Transaction, abort_cause
 from txn.admin import AsyncAdmin
 from txn.consumer import AsyncConsumer
-from txn.errors import FatalError, KafkaError
+from txn.errors import GROUP_FENCING, TRANSIENT_ERRORS, FatalError, KafkaError
 from txn.types import TopicPartition
 
 __all__ = ["Runner", "abort_cause"]
@@ -251,7 +251,7 @@ class Runner:
                 # One try per turn of this loop (stopping=True after the
                 # wait): commits, progress and idleness are looked at between tries.
                 records = await retry(lambda: consumer.poll(min(timeout, 0.5)), what="poll", stopping=lambda: True, log=log, delay=poll_delay)
-            except BROKER_AWAY:
+            except TRANSIENT_ERRORS:
                 continue
             if records:
                 self.last_activity = time.monotonic()
@@ -448,5 +448,5 @@ class Runner:
             # (where it reads next: the committed offset, until records come).
             positions = {tp: self.processed[tp] if tp in self.processed else await self.consumer.position(tp) for tp in assigned}
             return {tp: max(0, ends[tp] - positions[tp]) for tp in assigned}
-        except (KafkaError, ConnectionError, TimeoutError, OSError):
+        except (KafkaError, OSError):
             return None

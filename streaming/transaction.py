@@ -36,11 +36,10 @@ from typing import Callable
 
 import attrs
 
-from protocol.errors import ErrorCode
 from streaming.app import App
 from streaming.errors import InstanceFencedError
 from streaming.store import Store, StoreFile
-from txn.errors import ApplicationRecoverableError, CommitFailedError, CommitOutcomeUnknownError, KafkaError, RetriableError, TransactionAbortableError
+from txn.errors import GROUP_FENCING, TRANSIENT_ERRORS, ApplicationRecoverableError, CommitFailedError, CommitOutcomeUnknownError, KafkaError, RetriableError, TransactionAbortableError
 from txn.producer import AsyncProducer
 from txn.types import OffsetAndMetadata, TopicPartition
 
@@ -48,8 +47,7 @@ log = logging.getLogger("streaming.runner")
 
 CRASH_AFTER_COMMIT = "streaming.after_commit_before_store_apply"
 DEFAULTS_PRODUCER = {"transaction_timeout_ms": 10_000, "linger_ms": 5}
-GROUP_FENCING = {ErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.ILLEGAL_GENERATION, ErrorCode.FENCED_INSTANCE_ID}
-ABORTABLE = (TransactionAbortableError, CommitFailedError, RetriableError, ConnectionError, TimeoutError, OSError)
+ABORTABLE = (TransactionAbortableError, CommitFailedError, *TRANSIENT_ERRORS)
 
 
 class Outcome(enum.Enum):
@@ -117,10 +115,7 @@ class Transaction:
         self.open = False
         self._discard_pending()
         old, self.producer = self.producer, self._new_producer()
-        try:
-            await old.cluster.close()
-        except Exception:
-            pass
+        await old.cluster.abandon()
         try:
             await self.producer.init_transactions()
         except ApplicationRecoverableError as error:
@@ -182,7 +177,7 @@ class Transaction:
             await self.producer.abort_transaction()
         except ApplicationRecoverableError as error:
             raise self.fenced(error) from error
-        except (KafkaError, ConnectionError, TimeoutError, OSError) as error:
+        except (KafkaError, OSError) as error:
             log.warning("abort failed (%s): a new producer aborts it instead", error)
             await self.renew_producer()
 

@@ -1,5 +1,5 @@
 """What tests of several rooms share, one copy each: making a topic, reading
-one back with an independent client, waiting for a state, a raw request on
+one back with an independent client (``read_values``) or our own (``read_all``), waiting for a state, a raw request on
 the wire, a free port, a disk that fills under ``__consumer_offsets``. (Fixtures live in ``conftest.py``; import these with
 ``from tests.helpers import ...``.)"""
 
@@ -83,6 +83,55 @@ def read_values(
     finally:
         consumer.close()
     return values
+
+
+def read_all(
+    bootstrap: str,
+    topic: str,
+    partitions: int,
+    *,
+    isolation: str = "read_committed",
+    idle: float = 1.5,
+    expect: int | None = None,
+    timeout: float = 120.0,
+    to_end: bool = False,
+    on_poll=None,
+) -> list:
+    """Every record (``txn`` Records: key, value, partition, offset, headers)
+    our own consumer with ``isolation`` reads from the start of the topic's
+    first ``partitions`` partitions: until ``expect`` arrived (if given) and
+    nothing more came for ``idle`` seconds, or ``timeout``. With ``to_end``
+    it reads up to the end offsets the partitions have when it starts
+    instead (no idle wait: for a writer that is done and committed).
+    ``on_poll(records)`` sees every non-empty poll (a fault history's final read)."""
+    from txn import Admin, Consumer, TopicPartition
+
+    assigned = [TopicPartition(topic, p) for p in range(partitions)]
+    ends = {}
+    if to_end:
+        with Admin(bootstrap) as admin:
+            ends = {tp: listed.offset for tp, listed in admin.list_offsets({tp: "latest" for tp in assigned}).items()}
+    consumer = Consumer(bootstrap_servers=bootstrap, isolation_level=isolation, max_poll_records=10_000)
+    consumer.assign(assigned)
+    records: list = []
+    last_new, deadline = time.monotonic(), time.monotonic() + timeout
+
+    def more_to_read() -> bool:
+        if to_end:
+            return any(consumer.position(tp) < end for tp, end in ends.items())
+        return (expect is not None and len(records) < expect) or time.monotonic() - last_new < idle
+
+    try:
+        while time.monotonic() < deadline and more_to_read():
+            got = consumer.poll(0.3)
+            if got:
+                records += got
+                last_new = time.monotonic()
+                if on_poll is not None:
+                    on_poll(got)
+    finally:
+        consumer.close()
+    return records
 
 
 def wait_for(condition, timeout: float = 10.0, what: str = "the condition", *, interval: float = 0.05):

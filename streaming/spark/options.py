@@ -37,6 +37,7 @@ import re
 import attrs
 
 from protocol.names import is_legal_topic_name
+from protocol.properties import parse_bool
 from txn.config import AdminConfig, CommonConfig, ConsumerConfig, ProducerConfig, build
 from txn.errors import ConfigError
 from txn.security import is_security_option
@@ -338,11 +339,15 @@ class SourceOptions:
         return self.consumer.isolation_level
 
 
-def parse_bool(options: dict, key: str, default: bool, name: str) -> bool:
-    value = str(options.get(key, default)).strip().lower()
-    if value not in ("true", "false"):
-        raise OptionError(f"{name} must be true or false, not {options.get(key)!r}")
-    return value == "true"
+def parse_bool_option(options: dict, key: str, default: bool, name: str) -> bool:
+    """A boolean option, read as every room reads one (``protocol.properties.parse_bool``:
+    ``true``/``false`` in any case); anything else is an ``OptionError`` naming ``name``."""
+    if key not in options:
+        return default
+    try:
+        return parse_bool(options[key], name)
+    except ValueError as error:
+        raise OptionError(str(error)) from None
 
 
 def parse_long(options: dict, key: str, name: str, *, default: int | None = None, positive: bool = False, at_least: int | None = None) -> int | None:
@@ -448,8 +453,8 @@ def parse_source_options(options, *, streaming: bool | None) -> SourceOptions:
         ending=ending,
         consumer=consumer,
         admin=admin,
-        include_headers=parse_bool(options, "includeheaders", False, "includeHeaders"),
-        fail_on_data_loss=parse_bool(options, "failondataloss", True, "failOnDataLoss"),
+        include_headers=parse_bool_option(options, "includeheaders", False, "includeHeaders"),
+        fail_on_data_loss=parse_bool_option(options, "failondataloss", True, "failOnDataLoss"),
         max_offsets_per_trigger=max_offsets,
         min_offsets_per_trigger=min_offsets,
         max_trigger_delay_ms=parse_duration_ms(options.get("maxtriggerdelay", DEFAULT_MAX_TRIGGER_DELAY), "maxTriggerDelay"),

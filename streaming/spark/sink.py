@@ -11,9 +11,12 @@ source's ``streamWriter``) validates the options and the columns the way
 Spark's Kafka sink does and returns the writer:
 
 - executors (``write``): one transaction per Spark task attempt, on an id of
-  its own (``{prefix}-{query}-{run}-{batch}-{partition}``, plus the stage and
-  task attempt when not 0), initialised at task start: the task's Arrow
-  batches sent as columns (``Producer.send_columns``: no Python per row,
+  its own (``{prefix}-{query12}-{run8}-{batch}-{partition}-t{taskAttemptId}``:
+  the first 12 hex digits of the query id and 8 of the run id, and Spark's
+  ``taskAttemptId``, unique across stage attempts; ``-a{attempt}`` for
+  attempts after the first where Spark gives no ``taskAttemptId``;
+  ``streaming.spark.decision.transactional_id``), initialised at task start:
+  the task's Arrow batches sent as columns (``Producer.send_columns``: no Python per row,
   1 MiB record batches unless ``kafka.batch.size`` says otherwise, at most
   ``kafka.buffer.memory`` waiting), flushed, the handle returned, left open;
 - the driver (``commit``): the two-phase commit of ``streaming.spark.decision``:

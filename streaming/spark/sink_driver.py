@@ -500,7 +500,7 @@ class DriverCommit:
             await producer.send_offsets_to_transaction(offsets, self.options.commit_offsets_to_group)
             handle = producer.transaction_handle()
         finally:
-            await producer.cluster.close()
+            await producer.cluster.abandon()  # its transaction stays open: the decision carries it
         carried = SinkTransaction(handle.transactional_id, handle.producer_id, handle.producer_epoch, (OFFSETS_PARTITION,), 0)
         as_json = {f"{tp[0]}-{tp[1]}": offset for tp, offset in offsets.items()}
         return attrs.evolve(decision, transactions=decision.transactions + (carried,), offsets=as_json)

@@ -16,7 +16,8 @@ from faults.checker import check
 from faults.history import HistoryWriter, read_histories
 from faults.process import REPO, ClientProcess
 from streaming.store import decode_key, decode_value
-from txn import Admin, Consumer, Producer, TopicPartition
+from tests.helpers import read_all
+from txn import Admin, Producer
 
 APP_ID = "payments-pipeline"
 CHANGELOG = f"{APP_ID}-balances-changelog"
@@ -73,28 +74,21 @@ def send_payments(bootstrap: str, events, history_dir: str | None = None, *, rat
     producer.close()
 
 
-def read_all(bootstrap: str, topic: str, partitions: int, *, isolation: str = "read_committed", idle: float = 1.5, history_dir: str | None = None, expect: int | None = None, timeout: float = 120):
-    """Every record of ``topic`` (until ``expect`` arrived and nothing more
-    came for ``idle`` seconds); with ``history_dir`` the polls go to the
-    history as the checker's final read."""
-    consumer = Consumer(bootstrap_servers=bootstrap, isolation_level=isolation, max_poll_records=10_000)
-    consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
-    writer = HistoryWriter(os.path.join(history_dir, "final-reader.jsonl"), "final-reader") if history_dir else None
-    records, last_new, deadline = [], time.monotonic(), time.monotonic() + timeout
-    while time.monotonic() < deadline and ((expect is not None and len(records) < expect) or time.monotonic() - last_new < idle):
-        got = consumer.poll(0.3)
-        if got:
-            records += got
-            last_new = time.monotonic()
-            if writer:
-                reads: dict[str, list] = {}
-                for record in got:
-                    reads.setdefault(f"{topic}-{record.partition}", []).append([record.offset, record.value.decode()])
-                writer.event("ok", "poll", [["poll", reads]])
-    if writer:
+def read_into_history(bootstrap: str, topic: str, partitions: int, history_dir: str, *, idle: float = 1.5) -> list:
+    """``tests.helpers.read_all`` whose polls go to the history in
+    ``history_dir`` as the checker's final read."""
+    writer = HistoryWriter(os.path.join(history_dir, "final-reader.jsonl"), "final-reader")
+
+    def record_poll(got) -> None:
+        reads: dict[str, list] = {}
+        for record in got:
+            reads.setdefault(f"{topic}-{record.partition}", []).append([record.offset, record.value.decode()])
+        writer.event("ok", "poll", [["poll", reads]])
+
+    try:
+        return read_all(bootstrap, topic, partitions, idle=idle, on_poll=record_poll)
+    finally:
         writer.close()
-    consumer.close()
-    return records
 
 
 def changelog_state(bootstrap: str, partitions: int = 3) -> dict:

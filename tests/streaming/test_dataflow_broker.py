@@ -8,13 +8,13 @@ from __future__ import annotations
 import json
 import random
 import shutil
-import time
 
 import pytest
 
 import streaming
 from streaming.dataflow import LATE_METRIC
 from streaming.windows import hopping, tumbling
+from tests.helpers import read_all
 from test_windows import recompute
 
 pytestmark = pytest.mark.slow
@@ -29,21 +29,6 @@ def produce(bootstrap: str, topic: str, records: list[tuple]) -> None:
         producer.send(topic, value.encode(), key=key.encode(), partition=0, timestamp=timestamp)
     producer.flush()
     producer.close()
-
-
-def read_all(bootstrap: str, topic: str, partitions: int, *, idle: float = 2.0) -> list:
-    from txn import Consumer, TopicPartition
-
-    consumer = Consumer(bootstrap_servers=bootstrap, isolation_level="read_committed")
-    consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
-    out, last = [], time.monotonic()
-    while time.monotonic() - last < idle:
-        batch = consumer.poll(0.3)
-        if batch:
-            last = time.monotonic()
-            out.extend(batch)
-    consumer.close()
-    return out
 
 
 def windowed_sum_app(bootstrap: str, state_dir: str, *, rekey: bool, windows, grace: float) -> streaming.App:
@@ -88,7 +73,7 @@ def test_window_results_and_late_counts_equal_a_recomputation_across_restarts(br
         late_seen += app.metrics.get(LATE_METRIC, 0)
         if number == 1:
             shutil.rmtree(state_dir)
-    output = read_all(broker.bootstrap, "sums", 1)
+    output = read_all(broker.bootstrap, "sums", 1, idle=2.0)
     got = {}
     for record in output:
         value = json.loads(record.value)
@@ -114,7 +99,7 @@ def test_out_of_order_within_grace_counts_and_later_is_dropped(broker_process, t
     timeline = [1_000, 9_000, 11_000, 5_000, 12_000, 9_500, 25_000]
     produce(broker.bootstrap, "clicks", [("u", "", ts) for ts in timeline])
     app.run(until_idle=2.0)
-    results = [(r.key.decode(), json.loads(r.value), r.timestamp) for r in read_all(broker.bootstrap, "per-window", 1)]
+    results = [(r.key.decode(), json.loads(r.value), r.timestamp) for r in read_all(broker.bootstrap, "per-window", 1, idle=2.0)]
     assert results == [
         ("u", {"start": 0, "end": 10_000, "value": 3}, 9_000),
         ("u", {"start": 10_000, "end": 20_000, "value": 2}, 12_000),

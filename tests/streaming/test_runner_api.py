@@ -14,7 +14,8 @@ import pytest
 
 import streaming
 from streaming.cli import load_app
-from tests.streaming.runner_support import BROKER_CONFIG, read_all
+from tests.helpers import read_all
+from tests.streaming.runner_support import BROKER_CONFIG
 from txn import Admin, ConfigError, Producer
 
 
@@ -95,6 +96,26 @@ def test_the_app_refuses_settings_it_cannot_honour(tmp_path):
     assert app.consumer_options == {"max_poll_records": 10, "request_timeout_ms": 1000}
     with pytest.raises(ConfigError, match="no processors"):
         app.run()
+
+
+def test_names_that_compose_an_illegal_topic_name_are_refused(tmp_path):
+    # A trailing newline passes a "^...$" regex used with match; the broker's
+    # rule (protocol.names) refuses it, so the app refuses it before the runner
+    # would create a topic the broker rejects.
+    with pytest.raises(ConfigError, match="application_id"):
+        streaming.App("h:1", "balances\n", str(tmp_path))
+    with pytest.raises(ConfigError, match="dead_letter_topic"):
+        streaming.App("h:1", "a", str(tmp_path), dead_letter_topic="dead\n")
+    with pytest.raises(ConfigError, match="application_id"):
+        streaming.App("h:1", "a" * 240, str(tmp_path))  # its changelog and dead-letter topics would pass 249 characters
+    app = streaming.App("h:1", "a", str(tmp_path))
+    with pytest.raises(ConfigError, match=r"store 'totals\\n'"):
+        app.processor("in", stores=["totals\n"])
+    app.processor("in", stores=["totals"], name="legal")(lambda record, ctx: None)
+    app.processor("in", name="ticks\n")(lambda record, ctx: None)
+    with pytest.raises(ConfigError, match="cannot have timers"):
+        app.schedule("ticks\n", every=1000)(lambda ctx: None)
+    assert app.changelog_topic("totals") == "a-totals-changelog"
 
 
 def test_instance_id_is_kept_and_the_state_dir_is_locked(tmp_path):

@@ -18,8 +18,9 @@ import streaming
 from faults.points import CRASH_EXIT_CODE
 from faults.process import REPO
 from streaming.store import encode_key, encode_value
+from tests.helpers import read_all
 from tests.streaming.runner_support import (
-    BROKER_CONFIG, CHANGELOG, app_process, changelog_state, create_topics, expected, log_text, payments, read_all, send_payments, sqlite_state,
+    BROKER_CONFIG, CHANGELOG, app_process, changelog_state, create_topics, expected, log_text, payments, send_payments, sqlite_state,
 )
 from txn import Admin, TopicPartition
 

@@ -21,8 +21,9 @@ import time
 
 import pytest
 
+from tests.helpers import read_all
 from tests.streaming.runner_support import (
-    BROKER_CONFIG, CHANGELOG, app_process, create_topics, expected, log_text, payments, read_all, send_payments, sqlite_state, verdict_of,
+    BROKER_CONFIG, CHANGELOG, app_process, create_topics, expected, log_text, payments, read_into_history, send_payments, sqlite_state, verdict_of,
 )
 from streaming.store import decode_key, decode_value
 from txn import Admin, TopicPartition
@@ -122,7 +123,7 @@ def run_scenario(broker_process, tmp_path, *, instances: int, partitions: int, r
         # All committed? Then stop every instance (SIGTERM: finish, close) and read for the checker.
         read_all(broker.bootstrap, "balances", partitions, expect=records, idle=0.5, timeout=180)
         codes = [app.terminate(60) for app in apps]
-        read_all(broker.bootstrap, "balances", partitions, history_dir=history_dir, idle=1.5)
+        read_into_history(broker.bootstrap, "balances", partitions, history_dir, idle=1.5)
         verdict = verdict_of(history_dir, outputs)
         assert verdict.valid, verdict.summary() + "\n" + "\n".join(f"--- {a.name}\n{log_text(a)[-3000:]}" for a in apps)
         assert codes == [0] * instances, (codes, [log_text(a)[-2000:] for a in apps])

@@ -15,7 +15,8 @@ import pytest
 
 from faults.process import REPO
 from faults.proxy import ThreadedFaultProxy
-from tests.streaming.runner_support import changelog_state, create_topics, expected, payments, read_all
+from tests.helpers import read_all
+from tests.streaming.runner_support import changelog_state, create_topics, expected, payments
 from txn import Producer
 
 sys.path.insert(0, os.path.join(REPO, "examples"))

@@ -24,14 +24,13 @@ from prometheus_client.parser import text_string_to_metric_families
 import streaming
 from streaming.app import Metrics
 from streaming.windows import tumbling
-from tests.helpers import wait_for
+from tests.helpers import read_all, wait_for
 from tests.streaming.runner_support import (
     APP_ID,
     BALANCES_APP,
     BROKER_CONFIG,
     create_topics,
     payments,
-    read_all,
     send_payments,
 )
 from txn import Admin, Producer

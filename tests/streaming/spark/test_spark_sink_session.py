@@ -13,6 +13,7 @@ import time
 import pytest
 
 from faults.process import BrokerProcess
+from tests.helpers import read_all
 from txn import Admin, Consumer, Producer, TopicPartition
 
 pytestmark = pytest.mark.slow
@@ -31,19 +32,6 @@ def broker(tmp_path_factory):
     process.kill()
 
 
-def read_all(bootstrap, topic, partitions):
-    with Admin(bootstrap) as admin:
-        ends = {tp: o.offset for tp, o in admin.list_offsets({TopicPartition(topic, p): "latest" for p in range(partitions)}).items()}
-    records = []
-    with Consumer(bootstrap, isolation_level="read_committed") as consumer:
-        consumer.assign(list(ends))
-        for tp in ends:
-            consumer.seek(tp, 0)
-        while any(consumer.position(tp) < end for tp, end in ends.items()):
-            records += consumer.poll(0.5)
-    return records
-
-
 def source(spark, broker):
     return (
         spark.readStream.format("onceflow").option("kafka.bootstrap.servers", broker.bootstrap).option("subscribe", "in")
@@ -59,7 +47,7 @@ def test_topic_partition_and_headers_columns(spark, broker, tmp_path):
     )
     query.awaitTermination(120)
     assert query.exception() is None
-    records = read_all(broker.bootstrap, "routed", 3)
+    records = read_all(broker.bootstrap, "routed", 3, to_end=True)
     assert sorted(r.value for r in records) == sorted(f"v{i}".encode() for i in range(10))
     assert {r.partition for r in records} == {2}
     assert all(r.headers == (("h", b"x" + r.value[1:]),) and r.key == b"k" + r.value[1:] for r in records)
@@ -73,7 +61,7 @@ def test_at_least_once(spark, broker, tmp_path):
     )
     query.awaitTermination(120)
     assert query.exception() is None
-    assert sorted(r.value for r in read_all(broker.bootstrap, "plain", 1)) == sorted(f"v{i}".encode() for i in range(10))
+    assert sorted(r.value for r in read_all(broker.bootstrap, "plain", 1, to_end=True)) == sorted(f"v{i}".encode() for i in range(10))
     with Admin(broker.bootstrap) as admin:
         assert [t for t in admin.list_transactions() if t.transactional_id.startswith("onceflow")] == []
 
@@ -157,13 +145,13 @@ def test_batch_write_is_exactly_once_for_the_job(spark, broker):
     frame = spark.createDataFrame([(f"k{i}", f"b{i}") for i in range(20)], "key string, value string").repartition(3)
     writer = frame.write.format("onceflow").option("kafka.bootstrap.servers", broker.bootstrap).option("topic", "batch")
     writer.mode("append").save()
-    assert sorted(r.value for r in read_all(broker.bootstrap, "batch", 2)) == sorted(f"b{i}".encode() for i in range(20))
+    assert sorted(r.value for r in read_all(broker.bootstrap, "batch", 2, to_end=True)) == sorted(f"b{i}".encode() for i in range(20))
     with pytest.raises(Exception, match="cannot be overwritten"):
         writer.mode("overwrite").save()
     failing = spark.createDataFrame([("k", "bad", "batch" if i else None) for i in range(10)], "key string, value string, topic string").repartition(2)
     with pytest.raises(Exception, match="null topic present in the data"):
         failing.write.format("onceflow").mode("append").option("kafka.bootstrap.servers", broker.bootstrap).save()
-    assert sorted(r.value for r in read_all(broker.bootstrap, "batch", 2)) == sorted(f"b{i}".encode() for i in range(20))
+    assert sorted(r.value for r in read_all(broker.bootstrap, "batch", 2, to_end=True)) == sorted(f"b{i}".encode() for i in range(20))
     assert open_transactions(broker.bootstrap, "onceflow-batch") == []
 
 
@@ -181,5 +169,5 @@ def test_batch_writes_with_txn_app_id_write_each_version_once(spark, broker):
     write(["a", "b"], 0)  # replayed
     write(["c"], 1)
     write(["a", "b"], 0)  # older
-    assert sorted(r.value for r in read_all(broker.bootstrap, "versions", 1)) == [b"a", b"b", b"c"]
+    assert sorted(r.value for r in read_all(broker.bootstrap, "versions", 1, to_end=True)) == [b"a", b"b", b"c"]
     assert open_transactions(broker.bootstrap, "onceflow-") == []
