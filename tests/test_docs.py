@@ -165,3 +165,23 @@ def test_the_performance_chart_draws_the_table_beside_it():
             ratios[cells[0]] = float(cells[4])
     assert labels == list(CHART_ROWS)
     assert bars == [ratios[CHART_ROWS[label]] for label in labels]
+
+
+def test_the_concurrency_charts_draw_the_table_beside_them():
+    """Each concurrency chart's two lines are the onceflow and Tansu columns
+    of the table's rows for N = 1, 4, 16 and 64 clients."""
+    page = open(os.path.join(REPO, "docs", "performance", "index.md")).read()
+    table = {}
+    for line in page.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 6 and cells[0].startswith("concurrency:"):
+            table[cells[0]] = (int(cells[1].replace(",", "")), int(cells[3].replace(",", "")))
+    charts = [chart for chart in page.split("```mermaid\n")[1:] if '"clients at once"' in chart.split("```", 1)[0]]
+    assert len(charts) == 2
+    for chart, row in zip(charts, ("idempotent producers, 10 x 100 B per request", "transactional copiers, 10 records + offsets per transaction")):
+        body = chart.split("```", 1)[0]
+        assert row in body
+        ours, tansu = (json.loads(points) for points in re.findall(r"line (\[.*\])", body))
+        prefix = f"concurrency: {row}: records/s, N="
+        assert ours == [table[prefix + str(n)][0] for n in (1, 4, 16, 64)]
+        assert tansu == [table[prefix + str(n)][1] for n in (1, 4, 16, 64)]
