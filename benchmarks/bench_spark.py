@@ -185,12 +185,12 @@ def stall_query(bootstrap: str, checkpoint: str, topic: str) -> None:
     query.awaitTermination()
 
 
-def _child(arguments: list[str], env: dict | None = None) -> subprocess.Popen:
+def _child(arguments: list[str], env: dict | None = None, stderr=subprocess.DEVNULL) -> subprocess.Popen:
     from faults.process import REPO
 
     environment = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYTHONPATH=REPO, **(env or {}))
     environment.pop("ONCEFLOW_CRASH_POINTS", None)
-    return subprocess.Popen([sys.executable, "-m", "benchmarks.bench_spark", *arguments], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=environment, start_new_session=True)
+    return subprocess.Popen([sys.executable, "-m", "benchmarks.bench_spark", *arguments], cwd=REPO, stdout=subprocess.PIPE, stderr=stderr, text=True, env=environment, start_new_session=True)
 
 
 def microbatch_scenario(bootstrap: str, batches: int) -> dict[str, float]:
@@ -233,7 +233,8 @@ def stall_scenario(bootstrap: str, kill_at: int = 5, completer: bool | str = Fal
     reader.start()
     # ignore_cleanup_errors: a killed JVM may still be writing its checkpoint there
     with tempfile.TemporaryDirectory(prefix="onceflow-bench-stall-", ignore_cleanup_errors=True) as work:
-        first = _child(["stall", bootstrap, f"{work}/ckpt", topic], {KILL_AT: str(kill_at), KILL_COUNTER: f"{work}/passes"})
+        first_log = open(f"{work}/first-query.log", "w")
+        first = _child(["stall", bootstrap, f"{work}/ckpt", topic], {KILL_AT: str(kill_at), KILL_COUNTER: f"{work}/passes"}, stderr=first_log)
         try:
             first.wait(first_query_timeout)
         except subprocess.TimeoutExpired:
@@ -242,6 +243,11 @@ def stall_scenario(bootstrap: str, kill_at: int = 5, completer: bool | str = Fal
                                f"({len(open(f'{work}/passes').read().split()) if os.path.exists(f'{work}/passes') else 0} decisions seen by its hook)") from None
         killed = time.monotonic()
         _kill_group(first)
+        first_log.close()
+        decisions = len(open(f"{work}/passes").read().split()) if os.path.exists(f"{work}/passes") else 0
+        if decisions < kill_at:  # it ended on its own: a failed start, not the kill this scenario times
+            raise RuntimeError(f"the first stall query ended (exit {first.returncode}) after {decisions} decisions, before its decision "
+                               f"#{kill_at} where it was to be killed; its log ends:\n{open(f'{work}/first-query.log').read()[-3000:]}")
         if completer == "cli":
             finish = [sys.executable, "-m", "onceflow", "spark", "finish-decided", "--bootstrap-server", bootstrap, "--prefix", topic]
             subprocess.run(finish, check=True, capture_output=True, timeout=120, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -58,8 +58,15 @@ def connect_server(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_source_and_sink_through_spark_connect(connect_server, broker_process, tmp_path):
+def test_source_and_sink_through_spark_connect(connect_server, broker_process, tmp_path, monkeypatch):
     from pyspark.sql import SparkSession
+
+    # builder.remote() sets SPARK_CONNECT_MODE_ENABLED in os.environ, which
+    # turns every later SparkSession of this process, and of each process it
+    # starts, into a Connect client ("CONNECT_URL_NOT_SET"): monkeypatch
+    # records that these were unset and unsets them again afterwards.
+    for name in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE"):
+        monkeypatch.delenv(name, raising=False)
 
     from streaming.spark.datasource import OnceflowDataSource
     from tests.helpers import read_values
