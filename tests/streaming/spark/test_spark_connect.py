@@ -57,16 +57,33 @@ def connect_server(tmp_path_factory):
         server.wait(30)
 
 
-@pytest.mark.slow
-def test_source_and_sink_through_spark_connect(connect_server, broker_process, tmp_path, monkeypatch):
+@pytest.fixture
+def connect_client_leaves_no_trace():
+    """``builder.remote()`` sets SPARK_CONNECT_MODE_ENABLED in os.environ and
+    ``spark.remote`` in the builder PySpark shares per process, which turn
+    every later SparkSession of this xdist worker, and of each process it
+    starts, into a Connect client ("CONNECT_URL_NOT_SET"): both go back to
+    what they were."""
     from pyspark.sql import SparkSession
 
-    # builder.remote() sets SPARK_CONNECT_MODE_ENABLED in os.environ, which
-    # turns every later SparkSession of this process, and of each process it
-    # starts, into a Connect client ("CONNECT_URL_NOT_SET"): monkeypatch
-    # records that these were unset and unsets them again afterwards.
-    for name in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE"):
-        monkeypatch.delenv(name, raising=False)
+    names = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE")
+    before = {name: os.environ.get(name) for name in names}
+    remote = SparkSession.builder._options.get("spark.remote")
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        if remote is None:
+            SparkSession.builder._options.pop("spark.remote", None)
+
+
+@pytest.mark.slow
+def test_source_and_sink_through_spark_connect(connect_server, connect_client_leaves_no_trace, broker_process, tmp_path):
+    from pyspark.sql import SparkSession
 
     from streaming.spark.datasource import OnceflowDataSource
     from tests.helpers import read_values
