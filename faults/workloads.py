@@ -179,7 +179,7 @@ def run_confluent_copier(args, recorder: HistoryWriter, *, as_users_write_it: bo
     if args.client_debug:
         client["debug"] = args.client_debug
     consumer = Consumer({"bootstrap.servers": args.bootstrap, "group.id": args.group, "isolation.level": "read_committed", "enable.auto.commit": False,
-                         "auto.offset.reset": "earliest", "session.timeout.ms": 6000, "group.instance.id": args.transactional_id, **client})
+                         "auto.offset.reset": "earliest", "session.timeout.ms": args.session_timeout_ms, "group.instance.id": args.transactional_id, **client})
     producer = Producer({"bootstrap.servers": args.bootstrap, "transactional.id": args.transactional_id, "linger.ms": 5, "transaction.timeout.ms": 10_000, **client})
     producer.init_transactions(60)
     consumer.subscribe([args.input], on_assign=lambda c, partitions: recorder.event("ok", "assign", [f"{p.topic}-{p.partition}" for p in partitions]))
@@ -464,6 +464,7 @@ def main(argv=None) -> int:
     parser.add_argument("--with-keys", action="store_true", help="(reader) record each read as output_text(key, value)")
     parser.add_argument("--app", default=None, help="(streaming) the app module: a .py path or a module name")
     parser.add_argument("--state-dir", default=None, help="(streaming) this instance's state directory")
+    parser.add_argument("--session-timeout-ms", type=int, default=6000, help="(copier-confluent, copier-librdkafka) the consumer's session.timeout.ms")
     parser.add_argument("--client-debug", default=None, help="(copier-confluent, copier-librdkafka) librdkafka debug contexts, e.g. eos,cgrp,broker,protocol")
     args = parser.parse_args(argv)
     recorder = HistoryWriter(args.history, f"{args.process}/{os.getpid()}")  # a restart is a new process
