@@ -17,6 +17,7 @@ executors would take the cluster's cores.)
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 
@@ -36,7 +37,12 @@ def test_a_driver_killed_after_its_decision_restarts_exactly_once_on_the_cluster
     from streaming.spark import cluster
 
     monkeypatch.setenv("SPARK_SINK_MASTER", spark_cluster.master_url)
-    monkeypatch.setenv("SPARK_SINK_CONFIG", json.dumps(spark_cluster.session_config()))
+    # The crash hook's module (spark_sink_driver, beside this file) for every
+    # executor's Python workers through the application itself, not only
+    # through the cluster workers' environment (CI once saw a restarted
+    # driver's executor without it).
+    here = os.path.dirname(os.path.abspath(__file__))
+    monkeypatch.setenv("SPARK_SINK_CONFIG", json.dumps({**spark_cluster.session_config(), "spark.executorEnv.PYTHONPATH": here}))
     inputs = produce_input(broker.bootstrap, 100)
     reader = Reader(broker.bootstrap)
     reader.start()
