@@ -100,6 +100,7 @@ import attrs
 
 from streaming.durations import milliseconds
 from streaming.serde import INTERNAL_FORMAT
+from streaming.tables import Table
 from streaming.windows import FIRST_VALUE, SessionAggregation, SessionWindows, WindowedAggregation, Windows
 
 EMIT_MODES = ("close", "update")
@@ -268,6 +269,45 @@ class WindowedAggregate:
         return observe
 
 
+@attrs.frozen
+class TableJoin:
+    """A stream-table join (``left``: a left join): the record's value and
+    the table's value for its key (or for ``on(value)``, a global table)
+    through ``joiner``; the key and timestamp stay the stream's."""
+
+    table: Table
+    joiner: Callable[[Any, Any], Any]
+    left: bool
+    on: Callable[[Any], Any] | None = None
+    kind = "join"
+
+    @property
+    def stateful(self) -> bool:
+        # A table's store is per partition, so a re-keyed stream is
+        # repartitioned before it (as before an aggregation); a global table is whole everywhere.
+        return not self.table.is_global
+
+    @property
+    def store(self) -> str | None:
+        return None if self.table.is_global else self.table.store
+
+    def compile(self, downstream: Next, store: str | None) -> Next:
+        joiner, left, on, topic = self.joiner, self.left, self.on, self.table.topic
+        if self.table.is_global:
+            def step(ctx, key, value, timestamp, headers):
+                lookup = key if on is None else on(value)
+                found = None if lookup is None else ctx.global_table(topic).get(lookup)
+                if found is not None or left:
+                    downstream(ctx, key, joiner(value, found), timestamp, headers)
+        else:
+            def step(ctx, key, value, timestamp, headers):
+                found = None if key is None else ctx.store(store).get(key)
+                if found is not None or left:
+                    downstream(ctx, key, joiner(value, found), timestamp, headers)
+
+        return step
+
+
 # -- the chain ------------------------------------------------------------------------------------
 
 
@@ -352,6 +392,18 @@ class Stream:
     def reduce(self, combine: Callable, *, store: str | None = None) -> "Stream":
         return self._then(Aggregate("reduce", combine, FIRST_VALUE, store))
 
+    def join(self, table: Table, joiner: Callable[[Any, Any], Any], *, on: Callable[[Any], Any] | None = None) -> "Stream":
+        """Records whose key the table holds go on with the value
+        ``joiner(value, table_value)`` (the others are dropped); the key and
+        timestamp stay the stream's. ``table`` is an ``app.table`` (co-partitioned
+        with this stream, met in timestamp order) or an ``app.global_table``,
+        looked up by the record's key or by ``on(value)``. See ``streaming.tables``."""
+        return self._then(_table_join(table, joiner, False, on))
+
+    def left_join(self, table: Table, joiner: Callable[[Any, Any], Any], *, on: Callable[[Any], Any] | None = None) -> "Stream":
+        """``join``, keeping every record: ``table_value`` is None on a miss."""
+        return self._then(_table_join(table, joiner, True, on))
+
     def window(self, windows, *, grace=0, emit: str = "close", on_late=None) -> "WindowedStream":
         """Cut the stream into ``windows``; ``grace`` (a timedelta or
         milliseconds) is how late a record may come after its window's end;
@@ -379,8 +431,11 @@ class Stream:
         for step in self.steps:
             if getattr(step, "stateful", False) and rekeyed:
                 repartition = f"{application_id}-{base}-repartition-{len(segments)}"
-                segments.append(Segment(f"{base}-{len(segments)}", source, repartition, tuple(current), tuple(stores), *source_formats, *(INTERNAL_FORMAT,) * 2))
-                source, source_formats = repartition, (INTERNAL_FORMAT, INTERNAL_FORMAT)
+                # Before a table join the new key is written as the table's
+                # key is, so that equal keys land on equal partitions.
+                repartition_key = step.table.key_serde if isinstance(step, TableJoin) else INTERNAL_FORMAT
+                segments.append(Segment(f"{base}-{len(segments)}", source, repartition, tuple(current), tuple(stores), *source_formats, repartition_key, INTERNAL_FORMAT))
+                source, source_formats = repartition, (repartition_key, INTERNAL_FORMAT)
                 current, stores, rekeyed = [], [], False
             if isinstance(step, KeyBy):
                 rekeyed = True
@@ -419,6 +474,16 @@ class Stream:
     def processor_names(self, topic: str, *, name: str | None = None) -> list[str]:
         """The names of the processors ``.to(topic)`` registers (or did)."""
         return [segment.name for segment in self.segments(topic, name=name)]
+
+
+def _table_join(table, joiner, left: bool, on) -> TableJoin:
+    if not isinstance(table, Table):
+        raise TypeError(f"join() takes a table (app.table(topic) or app.global_table(topic)), not {table!r}")
+    if not callable(joiner):
+        raise TypeError(f"a joiner is fn(stream_value, table_value) -> value, not {joiner!r}")
+    if on is not None and not table.is_global:
+        raise ValueError(f"on= looks a global table up by another key; {table.topic!r} is co-partitioned with the stream, so it is looked up by the record's key")
+    return TableJoin(table, joiner, left, on)
 
 
 def declare_internal_topic(app, topic: str, *, like: str) -> None:
