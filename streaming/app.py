@@ -25,6 +25,11 @@ by the runner with ``replication_factor`` (-1: the broker's
 their ``min.insync.replicas``: on a Kafka cluster a store's changelog is its
 only durable copy, so it wants the replication of the app's own outputs.
 
+Tables and joins (``app.table``, ``app.global_table``, ``stream.join``)
+are in ``streaming.tables``; ``max_task_idle_ms`` (a timedelta or ms,
+default 100) bounds how long co-partitioned inputs wait for each other to
+be met in timestamp order (``streaming.picking``).
+
 Identity: ``instance_id`` (unless given) is generated once and kept in
 ``state_dir/instance-id``, so a restarted process keeps its transactional id
 (``{application_id}-{instance_id}``, which fences its own previous

@@ -72,6 +72,15 @@ handed to ``on_late(key, value, timestamp)``. A
 partition that stops receiving records stops its stream time too: its last
 windows close when a later record arrives, as in Kafka Streams.
 
+Joins with a table (``streaming.tables``): ``join(table, joiner)`` keeps
+the records whose key ``app.table(topic)`` holds, with the value
+``joiner(value, table_value)``; ``left_join`` keeps every record
+(``table_value`` None on a miss); the key and timestamp stay the stream's.
+The table's topic and the stream are co-partitioned and met in timestamp
+order (``streaming.picking``); a re-keyed stream is repartitioned before
+the join, its key written in the table's key format. An
+``app.global_table(topic)`` is looked up by the key or by ``on(value)``.
+
 Keys and partitions. State is per input partition (a store per partition,
 changelogged like it), so an aggregation is correct only if all records of
 a key arrive on one partition. A source topic is taken to be partitioned by

@@ -21,6 +21,11 @@ What it models, and how:
   processor emits to a topic the app reads (a repartition topic, another
   processor's source) are processed in turn once committed, as the runner's
   read_committed consumer would see them.
+- **Tables and joins**: co-partitioned inputs (a table's topic and a
+  stream joined with it) readable together go in timestamp order, as the
+  runner's picker takes them (``pipe_together`` produces several records
+  before processing any); a global table's records are applied as soon as
+  they are piped, and read again from the start on ``crash()``.
 - **Transactions**: by default every input record is committed as soon as it
   is processed (``commit_every=1``), as Kafka Streams' TopologyTestDriver
   does. ``commit_every=N`` (or ``None``: only ``commit()``) keeps records in

@@ -153,3 +153,24 @@ def test_the_picker_orders_by_timestamp_and_a_table_record_first_at_equal_ones()
     picker.assign([("table", 0), ("stream", 0)])
     picker.add([raw("stream", 0, 0, 5), raw("stream", 0, 1, 9), raw("table", 0, 0, 1), raw("table", 0, 1, 9)])
     assert [(r.topic, r.timestamp) for r in picker.take(now_ms=0)] == [("table", 1), ("stream", 5), ("table", 9), ("stream", 9)]
+
+
+def test_the_enrichment_example_equals_its_recomputation_through_the_driver(tmp_path):
+    import json
+    import os
+    import sys
+
+    from faults.process import REPO
+
+    sys.path.insert(0, os.path.join(REPO, "examples"))
+    import enrichment
+
+    records = [record for phase in enrichment.chaos_input(300, seed=4) for record in phase]
+    driver = TestDriver(enrichment.build_app("127.0.0.1:1", str(tmp_path / "state")), partitions=2, commit_every=7)
+    for topic, key, value, timestamp, _partition in records:
+        driver.pipe(topic, key, value if topic == enrichment.TABLE else json.loads(value), timestamp=timestamp)
+        if random.Random(timestamp).random() < 0.02:
+            driver.crash()
+    driver.commit()
+    got = sorted(json.dumps(pair, sort_keys=True) for pair in driver.read(enrichment.OUTPUT))
+    assert got == sorted(json.dumps(list(pair), sort_keys=True) for pair in enrichment.expected(records))
