@@ -257,6 +257,9 @@ class App:
         self.timers: list[Timer] = []
         self.tables: dict[str, Table] = {}  # by store name (app.table)
         self.global_tables: dict[str, Table] = {}  # by topic (app.global_table)
+        # Formats of topics a processor reads as bytes and deserializes
+        # itself (a stream-stream join's two sources): what the test driver pipes with.
+        self.declared_formats: dict[str, tuple[Serde, Serde]] = {}
         # Topics the app's own layers need ({topic: the topic whose partition
         # count it takes}), created by the runner before it starts: the
         # dataflow layer's repartition topics.

@@ -138,7 +138,7 @@ class TestDriver:
         self._round_robin = itertools.count()
         self._sequence = itertools.count()
         self._arrival: dict[tuple[str, int, int], int] = {}  # (topic, partition, offset) -> when it became readable
-        self.formats_in = {}
+        self.formats_in = dict(app.declared_formats)
         for processor in app.processors:
             for topic in processor.sources:
                 self.formats_in.setdefault(topic, (processor.key_serde, processor.value_serde))

@@ -5,6 +5,7 @@ The same app under a real broker and SIGKILLs: test_joins_broker.py."""
 
 from __future__ import annotations
 
+import datetime
 import random
 
 import pytest
@@ -174,3 +175,50 @@ def test_the_enrichment_example_equals_its_recomputation_through_the_driver(tmp_
     driver.commit()
     got = sorted(json.dumps(pair, sort_keys=True) for pair in driver.read(enrichment.OUTPUT))
     assert got == sorted(json.dumps(list(pair), sort_keys=True) for pair in enrichment.expected(records))
+
+
+def clicks_app(tmp_path, *, left: bool, grace=0) -> streaming.App:
+    app = streaming.App("127.0.0.1:1", application_id="ads", state_dir=str(tmp_path / "state"))
+    impressions = app.stream("impressions", key_format="str", value_format="json")
+    clicks = app.stream("clicks", key_format="str", value_format="str").map(str.upper)
+    join = impressions.left_join if left else impressions.join
+    join(clicks, lambda impression, click: {"ad": impression["ad"], "click": click}, within=datetime.timedelta(seconds=5), grace=grace).to("attributed")
+    return app
+
+
+def recompute_pairs(records, within_ms: int) -> list:
+    """Every (key, ad, click) pair of records of one key at most within_ms apart."""
+    impressions = [(k, v, t) for topic, k, v, t in records if topic == "impressions"]
+    clicks = [(k, v, t) for topic, k, v, t in records if topic == "clicks"]
+    return sorted((k, v["ad"], c.upper()) for k, v, t in impressions for k2, c, t2 in clicks if k == k2 and abs(t - t2) <= within_ms)
+
+
+def test_a_windowed_stream_stream_join_pairs_records_within_the_window_in_any_arrival_order(tmp_path):
+    rng = random.Random(7)
+    records = []
+    for number in range(120):
+        user = f"u{rng.randrange(6)}"
+        records.append(("impressions", user, {"ad": f"ad-{number}"}, number * 1_000))
+        if rng.random() < 0.6:
+            records.append(("clicks", user, f"c-{number}", number * 1_000 + rng.randrange(-4_000, 9_000)))
+    records.sort(key=lambda record: record[3])
+    driver = TestDriver(clicks_app(tmp_path, left=False, grace=60_000), partitions=2, commit_every=5)
+    driver.pipe_together([r for r in records if r[0] == "clicks"] + [r for r in records if r[0] == "impressions"])  # every click first
+    driver.commit()
+    got = sorted((key, value["ad"], value["click"]) for key, value in driver.read("attributed"))
+    assert got == recompute_pairs(records, 5_000) and len(got) > 20
+
+
+def test_a_left_stream_join_emits_unmatched_records_once_no_partner_can_come(tmp_path):
+    driver = TestDriver(clicks_app(tmp_path, left=True))
+    driver.pipe("impressions", "u1", {"ad": "a"}, timestamp=10_000)
+    driver.pipe("impressions", "u2", {"ad": "b"}, timestamp=11_000)
+    driver.pipe("clicks", "u1", "x", timestamp=13_000)
+    assert driver.read("attributed") == [("u1", {"ad": "a", "click": "X"})]
+    driver.pipe("clicks", "u3", "y", timestamp=21_000)  # u2's partner could still come until 11 s + 5 s, and be on time until 16 s + 5 s
+    assert driver.read("attributed") == []
+    driver.pipe("clicks", "u3", "z", timestamp=30_000)
+    assert driver.read("attributed") == [("u2", {"ad": "b", "click": None})]
+    driver.pipe("clicks", "u2", "late", timestamp=11_500)  # later than any window it could join: dropped, counted
+    assert driver.read("attributed") == [] and driver.app.metrics["late_records_dropped"] == 1
+    assert copartition_groups(driver.app) == [("clicks", "impressions")]
