@@ -80,6 +80,10 @@ The table's topic and the stream are co-partitioned and met in timestamp
 order (``streaming.picking``); a re-keyed stream is repartitioned before
 the join, its key written in the table's key format. An
 ``app.global_table(topic)`` is looked up by the key or by ``on(value)``.
+``join(other_stream, joiner, within=...)`` (and ``left_join``) pairs the
+records of two co-partitioned streams of one key at most ``within`` apart
+(``streaming.stream_join``); both topics feed one processor, which reads
+them as bytes and deserializes each with its own stream's formats.
 
 Keys and partitions. State is per input partition (a store per partition,
 changelogged like it), so an aggregation is correct only if all records of
