@@ -76,6 +76,7 @@ class RecordPicker:
         self.queues: dict[Partition, collections.deque] = {}
         self.assigned: set[Partition] = set()
         self.passing: list = []  # records of topics in no group, in arrival order
+        self.backlog = False  # the last take stopped at its limit: more may go at once
         self.empty_since: dict[Partition, int] = {}  # an assigned partition of a task with records -> when it was found with none
 
     def __len__(self) -> int:
@@ -115,13 +116,19 @@ class RecordPicker:
             else:
                 self.passing.append(raw)
 
-    def take(self, now_ms: int) -> list:
-        """The records that may be processed now, in order (the rest stay buffered)."""
-        out, self.passing = self.passing, []
+    def take(self, now_ms: int, limit: int | None = None) -> list:
+        """The records that may be processed now, in order, at most ``limit``
+        (the rest stay buffered; ``backlog`` says whether some of them could go now)."""
+        limit = limit or len(self)
+        out, self.passing = self.passing[:limit], self.passing[limit:]
         tasks = {(self.group_of[topic], partition) for (topic, partition), queue in self.queues.items() if queue}
+        self.backlog = bool(self.passing)
         for task in sorted(tasks):
             while (raw := self._next_of(task, now_ms)) is not None:
                 out.append(raw)
+                if len(out) >= limit:
+                    self.backlog = True
+                    return out
         return out
 
     def _next_of(self, task: tuple[int, int], now_ms: int):

@@ -284,7 +284,9 @@ class Runner:
         while not app.stopping:
             timeout = max(0.0, txn.started + interval - time.monotonic()) if txn.open else 0.5
             picker = self.picker
-            if picker is not None and (wait := picker.wait_ms(int(time.time() * 1000))) is not None:
+            if picker is not None and picker.backlog:
+                timeout = 0.0
+            elif picker is not None and (wait := picker.wait_ms(int(time.time() * 1000))) is not None:
                 timeout = min(timeout, wait / 1000)
             try:
                 # One try per turn of this loop (stopping=True after the
@@ -294,7 +296,8 @@ class Runner:
                 continue
             if picker is not None:
                 picker.add(records)
-                records = picker.take(int(time.time() * 1000))
+                # At most a poll's worth per turn, so commits and rebalances come between.
+                records = picker.take(int(time.time() * 1000), limit=self.consumer.config.max_poll_records)
             if self.global_reader is not None:
                 try:
                     await self.global_reader.catch_up()

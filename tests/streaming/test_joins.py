@@ -222,3 +222,12 @@ def test_a_left_stream_join_emits_unmatched_records_once_no_partner_can_come(tmp
     driver.pipe("clicks", "u2", "late", timestamp=11_500)  # later than any window it could join: dropped, counted
     assert driver.read("attributed") == [] and driver.app.metrics["late_records_dropped"] == 1
     assert copartition_groups(driver.app) == [("clicks", "impressions")]
+
+
+def test_the_picker_hands_out_at_most_a_limit_per_take_and_says_more_is_ready():
+    picker = RecordPicker([("table", "stream")], max_idle_ms=0, tables={"table"})
+    picker.assign([("table", 0), ("stream", 0)])
+    picker.add([raw("stream", 0, offset, offset) for offset in range(5)] + [raw("other", 0, 0, 0)])
+    first = picker.take(now_ms=0, limit=4)
+    assert [(r.topic, r.offset) for r in first] == [("other", 0), ("stream", 0), ("stream", 1), ("stream", 2)] and picker.backlog
+    assert [r.offset for r in picker.take(now_ms=0, limit=4)] == [3, 4] and not picker.backlog
