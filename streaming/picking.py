@@ -25,6 +25,11 @@ than that, the payment has met the table as it was. ``max_idle_ms=0``
 orders what is buffered and never waits.
 
 Records of topics in no group go through in the order they came.
+
+Memory: ``take`` hands out at most a poll's worth, and the runner polls
+nothing more while records ready to go are left (``backlog``). The
+consumer has no pause(), so while a task waits (up to ``max_idle_ms``) what
+is fetched of its other partitions is held here.
 """
 
 from __future__ import annotations

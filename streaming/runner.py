@@ -284,14 +284,14 @@ class Runner:
         while not app.stopping:
             timeout = max(0.0, txn.started + interval - time.monotonic()) if txn.open else 0.5
             picker = self.picker
-            if picker is not None and picker.backlog:
-                timeout = 0.0
-            elif picker is not None and (wait := picker.wait_ms(int(time.time() * 1000))) is not None:
+            if picker is not None and (wait := picker.wait_ms(int(time.time() * 1000))) is not None:
                 timeout = min(timeout, wait / 1000)
             try:
                 # One try per turn of this loop (stopping=True after the
                 # wait): commits, progress and idleness are looked at between tries.
-                records = await retry(lambda: consumer.poll(min(timeout, 0.5)), what="poll", stopping=lambda: True, log=log, delay=poll_delay)
+                # While the picker holds records ready to go, fetch nothing more (its memory stays bounded).
+                records = [] if picker is not None and picker.backlog else await retry(
+                    lambda: consumer.poll(min(timeout, 0.5)), what="poll", stopping=lambda: True, log=log, delay=poll_delay)
             except TRANSIENT_ERRORS:
                 continue
             if picker is not None:
