@@ -108,3 +108,20 @@ def test_partition_n_of_a_table_and_its_stream_stay_on_one_instance_under_a_stic
             app.stop()
         for thread in threads:
             thread.join(30)
+
+
+def test_a_global_table_is_read_on_while_the_app_runs(bootstrap, tmp_path):
+    prefix = "later"
+    with Admin(bootstrap_servers=bootstrap) as admin:
+        admin.create_topics({f"{prefix}-regions": 1, f"{prefix}-owners": 2, f"{prefix}-payments": 1, f"{prefix}-out": 1})
+    app = joining_app(bootstrap, str(tmp_path / "state"), prefix)
+    thread = start(app)
+    try:
+        produce(bootstrap, f"{prefix}-owners", "o-new", {"name": "New"}, 1)
+        time.sleep(2.0)  # read between polls (at most every 0.1 s)
+        produce(bootstrap, f"{prefix}-payments", "acct-1", {"id": 1, "owner": "o-new"}, 2_000)
+        [record] = read_all(bootstrap, f"{prefix}-out", 1, expect=1, idle=1.0)
+    finally:
+        app.stop()
+        thread.join(30)
+    assert json.loads(record.value) == {"id": 1, "owner": "New", "region": None}
