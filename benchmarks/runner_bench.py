@@ -12,6 +12,9 @@ and state directory; input 2 partitions, keyed by 1,000 accounts):
   instances; the rate is counted by a read_committed reader of the output,
   from the instances' start (``records/s``, start-up included) and from the
   first output record (``steady records/s``).
+- join: the same, through a stream-table join of the payments with a
+  table of the 1,000 accounts (written before them): onceflow's
+  ``stream.join(app.table(...))`` beside Quix's ``join_asof``.
 - latency: the map app, one instance, fed at ``--runner-latency-rate`` records/s
   for ``--runner-latency-seconds``; each output record's arrival at a
   read_committed reader minus its payment's send time, p50 and p99 (both
@@ -87,13 +90,24 @@ def fill_payments(bootstrap: str, topic: str, count: int) -> None:
         raise RuntimeError("input left unacknowledged")
 
 
+def fill_accounts(bootstrap: str, topic: str) -> None:
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True, "linger.ms": 5})
+    for number in range(ACCOUNTS):
+        producer.produce(topic, json.dumps({"region": ("emea", "amer", "apac")[number % 3]}).encode(), key=f"acct-{number}".encode())
+    if producer.flush(60) != 0:
+        raise RuntimeError("accounts left unacknowledged")
+    time.sleep(0.01)  # the payments' timestamps come after every account's
+
+
 class Instances:
     """App processes of one framework and app, each with its own state dir."""
 
-    def __init__(self, framework: str, app: str, bootstrap: str, source: str, sink: str, work: str, settings: RunnerSettings):
+    def __init__(self, framework: str, app: str, bootstrap: str, source: str, sink: str, work: str, settings: RunnerSettings, table: str | None = None):
         self.group = f"bench-{framework}-{app}-{uuid.uuid4().hex[:6]}"
         self.command = [sys.executable, "-m", "benchmarks.runner_apps", framework, app, "--bootstrap", bootstrap, "--input", source,
-                        "--output", sink, "--group", self.group, "--commit-interval-ms", str(settings.commit_interval_ms)]
+                        "--output", sink, "--group", self.group, "--commit-interval-ms", str(settings.commit_interval_ms)] + (["--table", table] if table else [])
         self.work = work
         self.processes: list[subprocess.Popen] = []
         self.log_path = os.path.join(work, f"{self.group}.log")
@@ -135,10 +149,13 @@ def output_reader(bootstrap: str, topic: str):
 
 def throughput(bootstrap: str, framework: str, app: str, instances: int, settings: RunnerSettings, work: str) -> dict[str, float]:
     source, sink = f"in-{uuid.uuid4().hex[:8]}", f"out-{uuid.uuid4().hex[:8]}"
-    create_topics(bootstrap, {source: 2, sink: 2})
+    table = f"accounts-{uuid.uuid4().hex[:8]}" if app == "join" else None
+    create_topics(bootstrap, {source: 2, sink: 2, **({table: 2} if table else {})})
+    if table:
+        fill_accounts(bootstrap, table)  # before the payments: every payment's account is in the table at its timestamp
     fill_payments(bootstrap, source, settings.records)
     reader = output_reader(bootstrap, sink)
-    apps = Instances(framework, app, bootstrap, source, sink, work, settings)
+    apps = Instances(framework, app, bootstrap, source, sink, work, settings, table)
     started = time.perf_counter()
     apps.start(instances)
     seen, first, last = 0, None, None
@@ -292,7 +309,7 @@ def run(settings: RunnerSettings, say, *, work_dir: str | None = None, restore_t
     results: dict[tuple[str, str], dict[str, float]] = {}
     try:
         with OnceflowTarget(work) as broker:
-            for app in ("map", "balances"):
+            for app in ("map", "balances", "join"):
                 for instances in (1, 2):
                     for framework in FRAMEWORKS:
                         name = f"{app}, {instances} instance{'s' if instances > 1 else ''}"

@@ -1,24 +1,25 @@
-"""Enrich a stream from a table, without a join operator: one processor
-keeps a table in a state store and reads it for every event, exactly once.
+"""Enrich a stream from a table with a stream-table join, exactly once.
 
     onceflow topics create account-regions --partitions 2 --config cleanup.policy=compact
     onceflow topics create payments --partitions 2
     ONCEFLOW_BOOTSTRAP=127.0.0.1:9092 onceflow run examples/enrichment.py
     python examples/enrichment.py --bootstrap 127.0.0.1:9092 [--state-dir ./state/enrichment]
 
-``account-regions`` is a table as a topic (key: account; value: its region;
-a null value deletes the account); ``payments`` is the stream (key: account;
-value: ``{"id", "account", "amount"}``). The processor reads both: a region
-record updates the ``regions`` store, a payment is written to
-``enriched-payments`` with the region the table holds for its account at
-that moment (``"unknown"`` if none). The table's changes and the enriched
-payments commit in the same transactions as the input offsets, so after any
-crash the table and the output agree with what was read, once.
+``account-regions`` is a table (``app.table``: key: account; value: its
+region as text; a null value deletes the account); ``payments`` is the stream
+(key: account; value: ``{"id", "account", "amount"}``). Each payment is
+written to ``enriched-payments`` with the region the table holds for its
+account at the payment's time (``"unknown"`` on a left join's miss). The
+table's store and the enriched payments commit in the same transactions as
+the input offsets, so after any crash the table and the output agree with
+what was read, once.
 
 Both topics must be keyed by account and have the same number of partitions
-(co-partitioned, as for a Kafka Streams stream-table join): an account's
-region updates and payments then meet in the same partition, and so in the
-same store shard. The runner checks the partition counts.
+(co-partitioned): the runner refuses to start otherwise, naming them, and
+keeps partition N of both on one instance. Their records are processed in
+timestamp order across the two topics: a region update stamped before a
+payment is applied first even when it arrives later, if it arrives within
+``max_task_idle_ms`` (see ``streaming.picking``).
 
 For ``onceflow chaos --workload streaming --app examples/enrichment.py`` the
 module also says what input to feed it and what output that must give
@@ -43,19 +44,10 @@ def build_app(bootstrap_servers: str, state_dir: str, **options) -> streaming.Ap
     # quickly from one that died for good.
     options = {"session_timeout_ms": 6000, "heartbeat_interval_ms": 500, **options}
     app = streaming.App(bootstrap_servers=bootstrap_servers, application_id="enrichment", state_dir=state_dir, **options)
-
-    @app.processor(source=[TABLE, EVENTS], sink=OUTPUT, stores=["regions"], key_format="str", value_format="bytes", sink_value_format="json")
-    def enrich(record, ctx):
-        regions = ctx.store("regions")
-        if record.topic == TABLE:
-            if record.value is None:
-                regions.delete(record.key)
-            else:
-                regions.put(record.key, record.value.decode("utf-8"))
-            return
-        payment = streaming.resolve("json").deserialize(record.value)
-        ctx.emit(record.key, {**payment, "region": regions.get(record.key, UNKNOWN)})
-
+    regions = app.table(TABLE, key_format="str", value_format="str")
+    (app.stream(EVENTS, key_format="str", value_format="json")
+        .left_join(regions, lambda payment, region: {**payment, "region": region or UNKNOWN})
+        .to(OUTPUT, value_format="json"))
     return app
 
 
@@ -75,33 +67,40 @@ def chaos_input(count: int, seed: int) -> list[list[tuple]]:
     """Four phases of (topic, key, value, timestamp, partition): the table (80 of 100
     accounts get a region, some twice, some deleted again), then half the
     payments, then a second version of the table and the other half, so
-    each payment's region depends on which table phase preceded it."""
+    each payment's region depends on which table phase preceded it. Every
+    record is stamped, in feeding order, from now on (a broker's time
+    retention keeps recent records), so timestamp order is feeding order."""
+    import itertools
+    import time
+
     rng = random.Random(seed)
     accounts = [f"acct-{i}" for i in range(100)]
+    clock = itertools.count(int(time.time() * 1000) - 60_000)
 
     def table_phase() -> list[tuple]:
-        changes = [(TABLE, account, rng.choice(REGIONS), None, None) for account in accounts[:80] for _ in range(rng.randint(1, 2))]
-        changes += [(TABLE, account, None, None, None) for account in rng.sample(accounts[:80], 5)]
+        changes = [(TABLE, account, rng.choice(REGIONS), next(clock), None) for account in accounts[:80] for _ in range(rng.randint(1, 2))]
+        changes += [(TABLE, account, None, next(clock), None) for account in rng.sample(accounts[:80], 5)]
         return changes
 
     def payments(first: int, last: int) -> list[tuple]:
         out = []
         for number in range(first, last):
             account = rng.choice(accounts)
-            out.append((EVENTS, account, f'{{"id":{number},"account":"{account}","amount":{rng.randint(1, 500)}}}', None, None))
+            out.append((EVENTS, account, f'{{"id":{number},"account":"{account}","amount":{rng.randint(1, 500)}}}', next(clock), None))
         return out
 
     return [table_phase(), payments(0, count // 2), table_phase(), payments(count // 2, count)]
 
 
 def expected(records: list[tuple]) -> list[tuple]:
-    """(key, value) of every enriched payment: the table as of the payment's
-    phase (a phase is fed only once the one before it is processed)."""
+    """(key, value) of every enriched payment, recomputed: the records in
+    timestamp order (the join's order), each payment with the region its
+    account had then."""
     import json
 
     regions: dict[str, str] = {}
     out = []
-    for topic, key, value, _timestamp, _partition in records:
+    for topic, key, value, _timestamp, _partition in sorted(records, key=lambda record: record[3]):
         if topic == TABLE:
             if value is None:
                 regions.pop(key, None)

@@ -25,6 +25,11 @@ by the runner with ``replication_factor`` (-1: the broker's
 their ``min.insync.replicas``: on a Kafka cluster a store's changelog is its
 only durable copy, so it wants the replication of the app's own outputs.
 
+Tables and joins (``app.table``, ``app.global_table``, ``stream.join``)
+are in ``streaming.tables``; ``max_task_idle_ms`` (a timedelta or ms,
+default 100) bounds how long co-partitioned inputs wait for each other to
+be met in timestamp order (``streaming.picking``).
+
 Identity: ``instance_id`` (unless given) is generated once and kept in
 ``state_dir/instance-id``, so a restarted process keeps its transactional id
 (``{application_id}-{instance_id}``, which fences its own previous
@@ -44,9 +49,11 @@ from typing import Any, Callable
 import attrs
 
 from protocol.names import InvalidTopicError, validate_topic_name
+from streaming.durations import milliseconds
 from streaming.errors import StateDirInUseError
 from streaming.serde import Serde, resolve
 from streaming.store import Store, StoreError
+from streaming.tables import Table, make_table, materializer
 from txn.config import CommonConfig, ConsumerConfig, ProducerConfig
 from txn.errors import ConfigError
 from txn.security import is_security_option
@@ -118,7 +125,7 @@ class Context:
     ``timestamp``). One object per task, re-aimed at every record by
     ``streaming.task``, which owns what it collects."""
 
-    __slots__ = ("_shard", "_count", "_processor", "_outputs", "_touched", "topic", "partition", "offset", "timestamp")
+    __slots__ = ("_shard", "_count", "_processor", "_outputs", "_touched", "_globals", "topic", "partition", "offset", "timestamp")
 
     def __init__(self, shard: Callable[[str, int], Store], count: Callable[[str, int], None]):
         self._shard = shard  # (store name, partition) -> the assigned shard
@@ -126,6 +133,7 @@ class Context:
         self._processor: Processor | None = None
         self._outputs: list = []  # (topic, key bytes, value bytes, headers, timestamp, processor)
         self._touched: list[Store] = []
+        self._globals: dict = {}  # topic -> the global table's in-memory copy (streaming.tables.GlobalStore)
         self.topic, self.partition, self.offset, self.timestamp = "", -1, -1, -1
 
     def store(self, name: str) -> Store:
@@ -135,6 +143,13 @@ class Context:
         if store not in self._touched:
             self._touched.append(store)
         return store
+
+    def global_table(self, topic: str):
+        """The global table of ``topic`` (``app.global_table``), read-only: ``get(key, default)``, ``in``."""
+        try:
+            return self._globals[topic]
+        except KeyError:
+            raise StoreError(f"{topic!r} is not a global table of the app (app.global_table({topic!r}) makes it one)") from None
 
     def emit(self, key, value, topic: str | None = None, headers=None, timestamp: int | None = None) -> None:
         """Send a record to the processor's sink (or ``topic``) in this transaction."""
@@ -201,6 +216,7 @@ class App:
         crash_point: Callable[[str], None] | None = None,
         replication_factor: int = -1,
         min_insync_replicas: int | None = None,
+        max_task_idle_ms=100,
         **client_options,
     ):
         if not application_id:
@@ -227,6 +243,8 @@ class App:
         self.dead_letter_topic = dead_letter_topic or f"{application_id}-dead-letters"
         self.replication_factor = replication_factor
         self.min_insync_replicas = min_insync_replicas
+        # How long co-partitioned inputs wait for each other (streaming.picking).
+        self.max_task_idle_ms = milliseconds(max_task_idle_ms, "max_task_idle_ms")
         # A seam for the fault harness: called with a point's name where a
         # crash matters ("streaming.after_commit_before_store_apply"); the
         # composing process passes faults.points.point, or nothing.
@@ -237,6 +255,11 @@ class App:
             raise ConfigError(f"commit_interval_ms ({commit_interval_ms}) must be shorter than transaction_timeout_ms ({transaction_timeout_ms}): the broker aborts a transaction open longer")
         self.processors: list[Processor] = []
         self.timers: list[Timer] = []
+        self.tables: dict[str, Table] = {}  # by store name (app.table)
+        self.global_tables: dict[str, Table] = {}  # by topic (app.global_table)
+        # Formats of topics a processor reads as bytes and deserializes
+        # itself (a stream-stream join's two sources): what the test driver pipes with.
+        self.declared_formats: dict[str, tuple[Serde, Serde]] = {}
         # Topics the app's own layers need ({topic: the topic whose partition
         # count it takes}), created by the runner before it starts: the
         # dataflow layer's repartition topics.
@@ -328,6 +351,28 @@ class App:
             return function
 
         return register
+
+    def table(self, topic: str, key_format="str", value_format="json", *, store: str | None = None) -> Table:
+        """``topic`` read as a table: its latest value per key, in a
+        changelogged store (``{topic}-table`` unless ``store`` names it),
+        kept by a processor of its own; join a stream with it
+        (``stream.join(table, joiner)``). See ``streaming.tables``."""
+        table = make_table(topic, key_format, value_format, store, is_global=False)
+        if table.store in self.tables:
+            raise ConfigError(f"a table already keeps store {table.store!r} (app.table({self.tables[table.store].topic!r})): name another with store=")
+        self.processor(source=topic, stores=[table.store], key_format=key_format, value_format=value_format, name=table.store)(materializer(table.store))
+        self.tables[table.store] = table
+        return table
+
+    def global_table(self, topic: str, key_format="str", value_format="json") -> Table:
+        """``topic`` read whole by every instance, in memory, before any
+        record is processed and on between polls (small reference data; a
+        join with it needs no co-partitioning). See ``streaming.tables``."""
+        legal_topic_name(topic, "a global table's topic")
+        if topic in self.global_tables:
+            raise ConfigError(f"{topic!r} is already a global table of this app")
+        table = self.global_tables[topic] = make_table(topic, key_format, value_format, topic, is_global=True)
+        return table
 
     def stream(self, topic: str, key_format="bytes", value_format="bytes", timestamp_extractor: Callable[[Record], int] | None = None):
         """The dataflow layer's way in (``app.stream("t").filter(...).to("out")``);

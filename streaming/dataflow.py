@@ -72,6 +72,19 @@ handed to ``on_late(key, value, timestamp)``. A
 partition that stops receiving records stops its stream time too: its last
 windows close when a later record arrives, as in Kafka Streams.
 
+Joins with a table (``streaming.tables``): ``join(table, joiner)`` keeps
+the records whose key ``app.table(topic)`` holds, with the value
+``joiner(value, table_value)``; ``left_join`` keeps every record
+(``table_value`` None on a miss); the key and timestamp stay the stream's.
+The table's topic and the stream are co-partitioned and met in timestamp
+order (``streaming.picking``); a re-keyed stream is repartitioned before
+the join, its key written in the table's key format. An
+``app.global_table(topic)`` is looked up by the key or by ``on(value)``.
+``join(other_stream, joiner, within=...)`` (and ``left_join``) pairs the
+records of two co-partitioned streams of one key at most ``within`` apart
+(``streaming.stream_join``); both topics feed one processor, which reads
+them as bytes and deserializes each with its own stream's formats.
+
 Keys and partitions. State is per input partition (a store per partition,
 changelogged like it), so an aggregation is correct only if all records of
 a key arrive on one partition. A source topic is taken to be partitioned by
@@ -99,7 +112,9 @@ from typing import Any, Callable
 import attrs
 
 from streaming.durations import milliseconds
-from streaming.serde import INTERNAL_FORMAT
+from streaming.serde import INTERNAL_FORMAT, resolve
+from streaming.stream_join import LEFT, RIGHT, WindowedJoin
+from streaming.tables import Table
 from streaming.windows import FIRST_VALUE, SessionAggregation, SessionWindows, WindowedAggregation, Windows
 
 EMIT_MODES = ("close", "update")
@@ -268,6 +283,93 @@ class WindowedAggregate:
         return observe
 
 
+@attrs.frozen
+class TableJoin:
+    """A stream-table join (``left``: a left join): the record's value and
+    the table's value for its key (or for ``on(value)``, a global table)
+    through ``joiner``; the key and timestamp stay the stream's."""
+
+    table: Table
+    joiner: Callable[[Any, Any], Any]
+    left: bool
+    on: Callable[[Any], Any] | None = None
+    kind = "join"
+
+    @property
+    def stateful(self) -> bool:
+        # A table's store is per partition, so a re-keyed stream is
+        # repartitioned before it (as before an aggregation); a global table is whole everywhere.
+        return not self.table.is_global
+
+    @property
+    def store(self) -> str | None:
+        return None if self.table.is_global else self.table.store
+
+    def compile(self, downstream: Next, store: str | None) -> Next:
+        joiner, left, on, topic = self.joiner, self.left, self.on, self.table.topic
+        if self.table.is_global:
+            def step(ctx, key, value, timestamp, headers):
+                lookup = key if on is None else on(value)
+                found = None if lookup is None else ctx.global_table(topic).get(lookup)
+                if found is not None or left:
+                    downstream(ctx, key, joiner(value, found), timestamp, headers)
+        else:
+            def step(ctx, key, value, timestamp, headers):
+                found = None if key is None else ctx.store(store).get(key)
+                if found is not None or left:
+                    downstream(ctx, key, joiner(value, found), timestamp, headers)
+
+        return step
+
+
+@attrs.frozen
+class StreamJoin:
+    """A windowed join with another stream (``streaming.stream_join``): this
+    step takes the chain's (left) records; the other stream's records come
+    in through ``compile_other``, in the same processor."""
+
+    other: Any  # the other Stream (its topic, formats and stateless steps)
+    joiner: Callable[[Any, Any], Any]
+    within_ms: int
+    grace_ms: int
+    left: bool
+    store: str | None = None
+    kind = "join"
+    stateful = True
+
+    def windowed_join(self) -> WindowedJoin:
+        return WindowedJoin(self.within_ms, self.grace_ms, self.joiner, self.left)
+
+    def compile(self, downstream: Next, store: str) -> Next:
+        return self._side(LEFT, downstream, store)
+
+    def compile_other(self, downstream: Next, store: str) -> Next:
+        return self._side(RIGHT, downstream, store)
+
+    def _side(self, side: str, downstream: Next, store: str) -> Next:
+        join = self.windowed_join()
+
+        def step(ctx, key, value, timestamp, headers):
+            pairs, late = join.add(ctx.store(store), side, key, value, timestamp, ctx.offset)
+            if late:
+                ctx.count(LATE_METRIC)
+            for result_key, result, result_timestamp in pairs:
+                downstream(ctx, result_key, result, result_timestamp, None)
+
+        return step
+
+    def observer(self, downstream: Next, store: str) -> Callable[[Any, int], None]:
+        """Advance stream time with every record of either stream, and emit
+        the left join's records that expire unmatched."""
+        join = self.windowed_join()
+
+        def observe(ctx, timestamp):
+            for key, result, result_timestamp in join.advance(ctx.store(store), timestamp):
+                downstream(ctx, key, result, result_timestamp, None)
+
+        return observe
+
+
 # -- the chain ------------------------------------------------------------------------------------
 
 
@@ -289,21 +391,44 @@ class Segment:
     sink_key_format: Any
     sink_value_format: Any
     timestamp_extractor: Callable | None = None
+    # A stream-stream join's other stream: its topic, formats and stateless
+    # steps. The processor then reads both topics as bytes and deserializes
+    # each with its own stream's formats.
+    other_source: str | None = None
+    other_steps: tuple = ()
+    other_formats: tuple = ()
 
     def build(self) -> Callable:
         """The processor ``fn(record, ctx)``."""
         downstream: Next = _emit_to_sink
         observers = []
+        other_head = None
         store_of = dict(zip([i for i, s in enumerate(self.steps) if getattr(s, "stateful", False)], self.stores))
         for index in range(len(self.steps) - 1, -1, -1):
             step = self.steps[index]
-            if isinstance(step, WindowedAggregate):
+            if isinstance(step, (WindowedAggregate, StreamJoin)):
                 observers.append(step.observer(downstream, store_of[index]))
+            if isinstance(step, StreamJoin):
+                other_head = step.compile_other(downstream, store_of[index])
+                for other_step in reversed(self.other_steps):
+                    other_head = other_step.compile(other_head, None)
             downstream = step.compile(downstream, store_of.get(index))
         head = downstream
         observers.reverse()  # upstream windows close (and flow down) first
 
-        if not observers:
+        if other_head is not None:
+            other_source = self.other_source
+            this_key, this_value = resolve(self.key_format), resolve(self.value_format)
+            other_key, other_value = (resolve(fmt) for fmt in self.other_formats)
+
+            def process(record, ctx):
+                for observe in observers:
+                    observe(ctx, record.timestamp)
+                if record.topic == other_source:
+                    other_head(ctx, other_key.deserialize(record.key), other_value.deserialize(record.value), record.timestamp, record.headers)
+                else:
+                    head(ctx, this_key.deserialize(record.key), this_value.deserialize(record.value), record.timestamp, record.headers)
+        elif not observers:
             def process(record, ctx):
                 head(ctx, record.key, record.value, record.timestamp, record.headers)
         else:
@@ -352,6 +477,29 @@ class Stream:
     def reduce(self, combine: Callable, *, store: str | None = None) -> "Stream":
         return self._then(Aggregate("reduce", combine, FIRST_VALUE, store))
 
+    def join(self, table, joiner: Callable[[Any, Any], Any], *, on: Callable[[Any], Any] | None = None, within=None, grace=0, store: str | None = None) -> "Stream":
+        """With a table: records whose key the table holds go on with the value
+        ``joiner(value, table_value)`` (the others are dropped); the key and
+        timestamp stay the stream's. ``table`` is an ``app.table`` (co-partitioned
+        with this stream, met in timestamp order) or an ``app.global_table``,
+        looked up by the record's key or by ``on(value)``. See ``streaming.tables``.
+
+        With another stream (``app.stream(...)``, co-partitioned):
+        ``within`` (a timedelta or ms) is required; each pair of records of
+        one key at most ``within`` apart goes on as ``joiner(this_value,
+        other_value)``, stamped with the later timestamp; ``grace`` is how
+        late a record may come. See ``streaming.stream_join``."""
+        if isinstance(table, Stream):
+            return self._then(_stream_join(self, table, joiner, within, grace, False, store))
+        return self._then(_table_join(table, joiner, False, on))
+
+    def left_join(self, table, joiner: Callable[[Any, Any], Any], *, on: Callable[[Any], Any] | None = None, within=None, grace=0, store: str | None = None) -> "Stream":
+        """``join``, keeping every record of this stream: ``table_value`` is
+        None on a miss (with a stream: once no partner can come any more)."""
+        if isinstance(table, Stream):
+            return self._then(_stream_join(self, table, joiner, within, grace, True, store))
+        return self._then(_table_join(table, joiner, True, on))
+
     def window(self, windows, *, grace=0, emit: str = "close", on_late=None) -> "WindowedStream":
         """Cut the stream into ``windows``; ``grace`` (a timedelta or
         milliseconds) is how late a record may come after its window's end;
@@ -379,9 +527,14 @@ class Stream:
         for step in self.steps:
             if getattr(step, "stateful", False) and rekeyed:
                 repartition = f"{application_id}-{base}-repartition-{len(segments)}"
-                segments.append(Segment(f"{base}-{len(segments)}", source, repartition, tuple(current), tuple(stores), *source_formats, *(INTERNAL_FORMAT,) * 2))
-                source, source_formats = repartition, (INTERNAL_FORMAT, INTERNAL_FORMAT)
+                # Before a table join the new key is written as the table's
+                # key is, so that equal keys land on equal partitions.
+                repartition_key = step.table.key_serde if isinstance(step, TableJoin) else INTERNAL_FORMAT
+                segments.append(Segment(f"{base}-{len(segments)}", source, repartition, tuple(current), tuple(stores), *source_formats, repartition_key, INTERNAL_FORMAT))
+                source, source_formats = repartition, (repartition_key, INTERNAL_FORMAT)
                 current, stores, rekeyed = [], [], False
+            if isinstance(step, StreamJoin) and (rekeyed or segments):
+                raise ValueError("a stream-stream join after key_by is not supported yet: join the streams first, or re-key both with their own .to() before joining")
             if isinstance(step, KeyBy):
                 rekeyed = True
             if getattr(step, "stateful", False):
@@ -393,6 +546,7 @@ class Stream:
         sink_formats = (key_format if key_format is not None else self.key_format, value_format if value_format is not None else "auto")
         last_name = base if not segments else f"{base}-{len(segments)}"
         segments.append(Segment(last_name, source, topic, tuple(current), tuple(stores), *source_formats, *sink_formats))
+        segments = [_with_other_stream(segment) for segment in segments]
         if self.timestamp_extractor is not None:
             # Event time is taken once, from the source records; downstream
             # segments read records already stamped with it.
@@ -409,9 +563,14 @@ class Stream:
         for upstream, downstream in zip(segments, segments[1:]):
             declare_internal_topic(self.app, upstream.sink, like=self.topic)
         for segment in segments:
+            joined = segment.other_source is not None  # reads two topics as bytes, deserializes each as its stream says
+            if joined:
+                self.app.declared_formats.setdefault(segment.source, (resolve(segment.key_format), resolve(segment.value_format)))
+                self.app.declared_formats.setdefault(segment.other_source, tuple(map(resolve, segment.other_formats)))
             self.app.processor(
-                source=segment.source, sink=segment.sink, stores=list(segment.stores), key_format=segment.key_format,
-                value_format=segment.value_format, sink_key_format=segment.sink_key_format, sink_value_format=segment.sink_value_format,
+                source=[segment.source, segment.other_source] if joined else segment.source, sink=segment.sink, stores=list(segment.stores),
+                key_format="bytes" if joined else segment.key_format, value_format="bytes" if joined else segment.value_format,
+                sink_key_format=segment.sink_key_format, sink_value_format=segment.sink_value_format,
                 name=segment.name, **({"timestamp_extractor": segment.timestamp_extractor} if segment.timestamp_extractor is not None else {}),
             )(segment.build())
         return self
@@ -419,6 +578,36 @@ class Stream:
     def processor_names(self, topic: str, *, name: str | None = None) -> list[str]:
         """The names of the processors ``.to(topic)`` registers (or did)."""
         return [segment.name for segment in self.segments(topic, name=name)]
+
+
+def _with_other_stream(segment: Segment) -> Segment:
+    join = next((step for step in segment.steps if isinstance(step, StreamJoin)), None)
+    if join is None:
+        return segment
+    other = join.other
+    return attrs.evolve(segment, other_source=other.topic, other_steps=other.steps, other_formats=(other.key_format, other.value_format))
+
+
+def _stream_join(this, other, joiner, within, grace, left: bool, store) -> StreamJoin:
+    if within is None:
+        raise ValueError("a stream-stream join needs within= (a timedelta or ms): how far apart two records' timestamps may be")
+    if not callable(joiner):
+        raise TypeError(f"a joiner is fn(left_value, right_value) -> value, not {joiner!r}")
+    if other.app is not this.app or other.topic == this.topic:
+        raise ValueError("a stream joins another stream of the same app, from another topic")
+    if any(isinstance(step, KeyBy) or getattr(step, "stateful", False) for step in other.steps) or other.timestamp_extractor is not None:
+        raise ValueError("the other stream of a join may only filter, map and flat_map (no key_by, aggregation, join or timestamp_extractor) before it, for now")
+    return StreamJoin(other, joiner, milliseconds(within, "within"), milliseconds(grace, "grace"), left, store)
+
+
+def _table_join(table, joiner, left: bool, on) -> TableJoin:
+    if not isinstance(table, Table):
+        raise TypeError(f"join() takes a table (app.table(topic) or app.global_table(topic)), not {table!r}")
+    if not callable(joiner):
+        raise TypeError(f"a joiner is fn(stream_value, table_value) -> value, not {joiner!r}")
+    if on is not None and not table.is_global:
+        raise ValueError(f"on= looks a global table up by another key; {table.topic!r} is co-partitioned with the stream, so it is looked up by the record's key")
+    return TableJoin(table, joiner, left, on)
 
 
 def declare_internal_topic(app, topic: str, *, like: str) -> None:

@@ -61,7 +61,9 @@ import time
 
 from streaming.app import App
 from streaming.backoff import RetryDelay, retry
+from streaming.global_tables import GlobalTableReader
 from streaming.lifecycle import RunnerEvent, RunnerState, transition
+from streaming.picking import RecordPicker, copartition_groups, table_topics
 from streaming.restore import RESTORE_CHUNK, Shards
 from streaming.task import Task
 from streaming.transaction import Outcome, Transaction, abort_cause
@@ -92,6 +94,11 @@ class Runner:
         self.progress_out = progress_out or sys.stderr
         self.state = RunnerState.STARTING
         self.task = Task(app, self._store)
+        # Co-partitioned inputs (a table and the streams joined with it) go
+        # through the picker, in timestamp order; other apps straight through.
+        self.copartitioned = copartition_groups(app)
+        self.picker = RecordPicker(self.copartitioned, app.max_task_idle_ms, table_topics(app)) if self.copartitioned else None
+        self.global_reader: GlobalTableReader | None = None
         self.txn = Transaction(app, self.task, self._store_file, on_fenced=lambda: self._enter(E.FENCE))
         self.shards: Shards | None = None
         self.assigned: set[TopicPartition] = set()
@@ -157,9 +164,12 @@ class Runner:
             self.admin = AsyncAdmin(app.bootstrap_servers, **common)
             await self._prepare_topics()
             await self.txn.start()
+            if self.task.globals:
+                self.global_reader = GlobalTableReader(app, self.task.globals, common)
+                await self.global_reader.restore(await self.admin.list_topics())
             self.consumer = AsyncConsumer(
                 app.bootstrap_servers, group_id=app.application_id, isolation_level="read_committed",
-                **{**DEFAULTS_CONSUMER, **app.consumer_options, "group_instance_id": app.transactional_id, "enable_auto_commit": False},
+                **{**DEFAULTS_CONSUMER, **self._consumer_options(), "group_instance_id": app.transactional_id, "enable_auto_commit": False},
             )
             self.restorer = AsyncConsumer(app.bootstrap_servers, isolation_level="read_committed", **{**common, "max_poll_records": RESTORE_CHUNK})
             self.shards = Shards(app, self.admin, self.restorer, self.txn.producer.config.transaction_timeout_ms)
@@ -187,6 +197,11 @@ class Runner:
     async def _shutdown(self) -> None:
         if self.failed:
             await self.txn.abort_quietly("stopped_on_error")
+        if self.global_reader is not None:
+            try:
+                await self.global_reader.close()
+            except Exception as error:
+                log.warning("closing the global tables' consumer: %s", error)
         for client in (self.consumer, self.restorer, self.admin):
             if client is not None:
                 try:
@@ -198,6 +213,21 @@ class Runner:
         await self.txn.close()
         if self.state is RunnerState.STOPPING:
             self._enter(E.CLOSED)
+
+    def _consumer_options(self) -> dict:
+        """The app's consumer options, with the ``range`` assignor pinned
+        when inputs are co-partitioned: it alone gives partition N of every
+        topic the members subscribe to one member (a sticky assignor may
+        split them, and two instances would then write one store shard)."""
+        options = dict(self.app.consumer_options)
+        if self.copartitioned:
+            chosen = options.get("partition_assignment_strategy") or ("range",)
+            chosen = tuple(name.strip() for name in (chosen.split(",") if isinstance(chosen, str) else chosen))
+            if chosen != ("range",):
+                log.warning("partition_assignment_strategy %s replaced by range: co-partitioned inputs (%s) need partition N of each on one instance",
+                            ",".join(chosen), "; ".join(" + ".join(group) for group in self.copartitioned))
+            options["partition_assignment_strategy"] = ("range",)
+        return options
 
     async def _prepare_topics(self) -> None:
         """Check the sources and create the changelogs (compacted, partitioned
@@ -216,6 +246,12 @@ class Runner:
         missing = sorted(t for t in self.task.by_topic if t not in existing)
         if missing:
             raise FatalError(message=f"source topic(s) {', '.join(missing)} do not exist: create them first")
+        for group in self.copartitioned:
+            counts = {topic: existing[topic] for topic in group}
+            if len(set(counts.values())) > 1:
+                raise FatalError(message=f"topics {' and '.join(f'{topic} ({count} partitions)' for topic, count in counts.items())} must be co-partitioned "
+                                         f"(they meet in one store: a table and a stream joined with it, or one processor's sources): "
+                                         f"give them one partition count")
         wanted: dict[str, int] = {}
         for processor in app.processors:
             counts = {existing[t] for t in processor.sources}
@@ -247,12 +283,26 @@ class Runner:
         poll_delay = RetryDelay()
         while not app.stopping:
             timeout = max(0.0, txn.started + interval - time.monotonic()) if txn.open else 0.5
+            picker = self.picker
+            if picker is not None and (wait := picker.wait_ms(int(time.time() * 1000))) is not None:
+                timeout = min(timeout, wait / 1000)
             try:
                 # One try per turn of this loop (stopping=True after the
                 # wait): commits, progress and idleness are looked at between tries.
-                records = await retry(lambda: consumer.poll(min(timeout, 0.5)), what="poll", stopping=lambda: True, log=log, delay=poll_delay)
+                # While the picker holds records ready to go, fetch nothing more (its memory stays bounded).
+                records = [] if picker is not None and picker.backlog else await retry(
+                    lambda: consumer.poll(min(timeout, 0.5)), what="poll", stopping=lambda: True, log=log, delay=poll_delay)
             except TRANSIENT_ERRORS:
                 continue
+            if picker is not None:
+                picker.add(records)
+                # At most a poll's worth per turn, so commits and rebalances come between.
+                records = picker.take(int(time.time() * 1000), limit=self.consumer.config.max_poll_records)
+            if self.global_reader is not None:
+                try:
+                    await self.global_reader.catch_up()
+                except TRANSIENT_ERRORS as error:
+                    log.debug("reading the global tables: %s", error)
             if records:
                 self.last_activity = time.monotonic()
                 processed = 0
@@ -282,7 +332,7 @@ class Runner:
                 progress_mark = await self._progress(progress_mark)
                 next_progress = now + self.progress_interval
             # Idle time counts from the first assignment on (joining a group may take a while).
-            if self.until_idle is not None and not records and not txn.open and self.metrics.get("rebalances") and now - self.last_activity >= self.until_idle:
+            if self.until_idle is not None and not records and not txn.open and not (picker is not None and len(picker)) and self.metrics.get("rebalances") and now - self.last_activity >= self.until_idle:
                 log.info("idle for %.1f s: stopping", self.until_idle)
                 return
 
@@ -368,6 +418,8 @@ class Runner:
         partitions = [tp for tp in partitions if tp in consumer.assignment()]
         if not partitions:
             return
+        if self.picker is not None:
+            self.picker.drop((tp.topic, tp.partition) for tp in partitions)
         committed = await consumer.committed(partitions)
         starts = await consumer.beginning_offsets([tp for tp in partitions if committed.get(tp) is None])
         for tp in partitions:
@@ -411,6 +463,8 @@ class Runner:
             await retry(restore, what="restoring stores", stopping=self._stopping, log=log, delay=RetryDelay())
         for tp in partitions:
             self.processed.pop(tp, None)
+        if self.picker is not None:
+            self.picker.assign((tp.topic, tp.partition) for tp in partitions)
         shards.parked.clear()  # what was given up and not given back: someone else's now
         self.last_activity = time.monotonic()
         self._enter(E.RESTORED)
@@ -418,6 +472,8 @@ class Runner:
 
     async def _release(self, partitions) -> None:
         self.assigned -= set(partitions)
+        if self.picker is not None:
+            self.picker.revoke((tp.topic, tp.partition) for tp in partitions)
         for tp in partitions:
             self.processed.pop(tp, None)
         await self.shards.close(sorted(set(self.shards.held) - self.task.stores_needed(self.assigned)), park=True)

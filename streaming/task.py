@@ -40,6 +40,7 @@ import attrs
 from streaming.app import App, Context, Processor, Record, Timer, timer_store
 from streaming.errors import ProcessingError
 from streaming.store import Store
+from streaming.tables import GlobalStore
 
 log = logging.getLogger("streaming.runner")
 
@@ -103,6 +104,10 @@ class Task:
         self.dirty: set[Store] = set()
         self.shard = shard
         self.ctx = Context(shard, self._count)
+        # The global tables' in-memory copies, filled by the caller (the
+        # runner's streaming.global_tables, the test driver).
+        self.globals = {topic: GlobalStore(table) for topic, table in app.global_tables.items()}
+        self.ctx._globals = self.globals
         self.processors = {processor.name: processor for processor in app.processors}
         self.stream_timers: dict[str, list[Timer]] = {}
         self.wall_clock_timers: list[Timer] = []

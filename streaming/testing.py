@@ -21,6 +21,11 @@ What it models, and how:
   processor emits to a topic the app reads (a repartition topic, another
   processor's source) are processed in turn once committed, as the runner's
   read_committed consumer would see them.
+- **Tables and joins**: co-partitioned inputs (a table's topic and a
+  stream joined with it) readable together go in timestamp order, as the
+  runner's picker takes them (``pipe_together`` produces several records
+  before processing any); a global table's records are applied as soon as
+  they are piped, and read again from the start on ``crash()``.
 - **Transactions**: by default every input record is committed as soon as it
   is processed (``commit_every=1``), as Kafka Streams' TopologyTestDriver
   does. ``commit_every=N`` (or ``None``: only ``commit()``) keeps records in
@@ -60,6 +65,7 @@ from streaming.durations import milliseconds
 from streaming.errors import ProcessingError
 from streaming.serde import Serde, resolve
 from streaming.store import Store, decode_key, decode_value
+from streaming.picking import copartition_groups, order_key, table_topics
 from streaming.task import RawRecord, Task
 
 __all__ = ["DeadLetter", "TestDriver", "TestRecord"]
@@ -132,10 +138,15 @@ class TestDriver:
         self._round_robin = itertools.count()
         self._sequence = itertools.count()
         self._arrival: dict[tuple[str, int, int], int] = {}  # (topic, partition, offset) -> when it became readable
-        self.formats_in = {}
+        self.formats_in = dict(app.declared_formats)
         for processor in app.processors:
             for topic in processor.sources:
                 self.formats_in.setdefault(topic, (processor.key_serde, processor.value_serde))
+        for topic, table in app.global_tables.items():
+            self.formats_in.setdefault(topic, (table.key_serde, table.value_serde))
+        groups = copartition_groups(app)
+        self._group_of = {topic: index for index, group in enumerate(groups) for topic in group}
+        self._rank = {topic: 0 for topic in table_topics(app)}
         self._held = {processor.name: set(range(self.partitions(processor.sources[0]))) for processor in app.processors}
         self.task.wall_clock_due(self.wall_clock_ms, self._held)  # wall-clock timers count from now
         self.formats_out = {}
@@ -176,20 +187,38 @@ class TestDriver:
     def pipe(self, topic: str, key, value, *, timestamp: int | None = None, headers=(), partition: int | None = None) -> None:
         """Produce one record to ``topic`` (serialized with the formats the
         app reads it with) and process everything it leads to."""
-        self._check_source(topic)
-        key_serde, value_serde = self.formats_in.get(topic, (BYTES, BYTES))
-        self.pipe_bytes(topic, key_serde.serialize(key), value_serde.serialize(value), timestamp=timestamp, headers=headers, partition=partition)
+        self._produce_input(topic, key, value, timestamp, headers, partition)
+        self._run()
 
     def pipe_bytes(self, topic: str, key: bytes | None, value: bytes | None, *, timestamp: int | None = None, headers=(), partition: int | None = None) -> None:
         """Produce one record as raw bytes (to test what bad input does)."""
-        self._check_source(topic)
-        stamp = self.wall_clock_ms if timestamp is None else int(timestamp)
-        self._append(topic, key, value, headers, stamp, partition, None, committed=True)
+        self._produce_input(topic, key, value, timestamp, headers, partition, raw=True)
         self._run()
 
+    def pipe_together(self, records: Iterable) -> None:
+        """Produce several records, to any topics, before processing any of
+        them, as if the runner's consumer had fetched them in one poll:
+        each is ``(topic, key, value)`` or ``(topic, key, value, timestamp)``.
+        Co-partitioned inputs (a table and a stream joined with it) are then
+        processed in timestamp order, whatever order they came in."""
+        for record in records:
+            topic, key, value, *rest = record
+            self._produce_input(topic, key, value, rest[0] if rest else None, (), None)
+        self._run()
+
+    def _produce_input(self, topic: str, key, value, timestamp, headers, partition, *, raw: bool = False) -> None:
+        self._check_source(topic)
+        if not raw:
+            key_serde, value_serde = self.formats_in.get(topic, (BYTES, BYTES))
+            key, value = key_serde.serialize(key), value_serde.serialize(value)
+        stamp = self.wall_clock_ms if timestamp is None else int(timestamp)
+        entry = self._append(topic, key, value, headers, stamp, partition, None, committed=True)
+        if topic in self.task.globals:  # read at once, outside any transaction, as the runner reads it between polls
+            self.task.globals[topic].apply(entry.raw)
+
     def _check_source(self, topic: str) -> None:
-        if topic not in self.task.by_topic:
-            raise ValueError(f"no processor of the app reads {topic!r} (it reads {', '.join(sorted(self.task.by_topic))})")
+        if topic not in self.task.by_topic and topic not in self.task.globals:
+            raise ValueError(f"no processor of the app reads {topic!r} (it reads {', '.join(sorted(set(self.task.by_topic) | set(self.task.globals)))})")
 
     def pipe_many(self, topic: str, records: Iterable) -> None:
         """``pipe`` each of ``records``: (key, value) or (key, value, timestamp)."""
@@ -200,18 +229,26 @@ class TestDriver:
     # -- processing ------------------------------------------------------------------------------
 
     def _next_record(self) -> RawRecord | None:
-        """The readable record that became readable first, among the partitions the app reads."""
-        best = None
+        """The next record to process among the readable ones: the one that
+        became readable first, except that the heads of co-partitioned inputs
+        (one task, ``streaming.picking``) go in timestamp order among
+        themselves, as the runner's picker takes what it has buffered."""
+        by_task: dict = {}
         for topic in self.task.by_topic:
+            group = self._group_of.get(topic)
             for partition, entries in enumerate(self._log(topic)):
                 offset = self.position.get((topic, partition), 0)
                 while offset < len(entries) and entries[offset].aborted:
                     offset = self.position[(topic, partition)] = offset + 1
                 if offset < len(entries) and entries[offset].committed:
-                    arrival = self._arrival[(topic, partition, offset)]
-                    if best is None or arrival < best[0]:
-                        best = (arrival, entries[offset].raw)
-        return best[1] if best else None
+                    raw = entries[offset].raw
+                    task = (topic, partition) if group is None else (group, partition)
+                    best = by_task.get(task)
+                    if best is None or order_key(raw, self._rank) < order_key(best, self._rank):
+                        by_task[task] = raw
+        if not by_task:
+            return None
+        return min(by_task.values(), key=lambda raw: self._arrival[(raw.topic, raw.partition, raw.offset)])
 
     def _run(self) -> None:
         while (raw := self._next_record()) is not None:
@@ -299,6 +336,11 @@ class TestDriver:
         self._abort()
         self.shards = {}
         self.position = dict(self.committed)
+        for topic, copy in self.task.globals.items():  # read again from the start, as a restarted runner does
+            copy.contents.clear()
+            for entries in self.logs.get(topic, []):
+                for entry in entries:
+                    copy.apply(entry.raw)
         self.task._first_wall_clock_fire.clear()
         self.task.wall_clock_due(self.wall_clock_ms, self._held)
         self._run()

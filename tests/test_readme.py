@@ -52,6 +52,7 @@ PYTHON_BLOCKS = {
     "def test_running_balances(tmp_path)": "test_first_processor_test_passes",
     "from streaming.testing import TestDriver": "test_runner_quickstart_test_passes_without_a_broker",
     "streaming.spark.register(spark)": "test_spark_quickstart_query",
+    'app.table("account-regions"': "test_joins_guide_example_runs_through_the_test_driver",
 }
 
 
@@ -392,6 +393,13 @@ def test_runner_quickstart_test_passes_without_a_broker(tmp_path):
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_balances.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and "1 passed" in result.stdout, result.stdout[-3000:] + result.stderr[-3000:]
     assert not (tmp_path / "balances-state").exists(), "the driver touches no state directory"
+
+
+def test_joins_guide_example_runs_through_the_test_driver(tmp_path):
+    (tmp_path / "joins_example.py").write_text(the_block("python", 'app.table("account-regions"'))
+    result = subprocess.run([sys.executable, "joins_example.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert not (tmp_path / "state").exists(), "the driver touches no state directory"
 
 
 def as_the_readme_runs_it(tmp_path) -> dict:

@@ -52,6 +52,8 @@ def test_a_module_without_the_convention_is_refused_by_name(tmp_path):
     ("enrichment.py", ("kill-client", "kill-broker", "pause-broker", "proxy-cut"), 2000),
     # Session windows and a stream-time timer (examples/sessions.py recomputes its output from the input).
     ("sessions.py", ("kill-client", "kill-broker"), 2000),
+    # A windowed stream-stream join (its expected pairs recomputed from the input).
+    ("click_attribution.py", ("kill-client", "kill-broker"), 1500),
 ])
 def test_each_example_is_exactly_once_while_instances_are_killed(tmp_path, example, faults, records):
     settings = ChaosSettings(workload="streaming", app=os.path.join(REPO, "examples", example), faults=faults, duration=16.0,
@@ -60,7 +62,7 @@ def test_each_example_is_exactly_once_while_instances_are_killed(tmp_path, examp
     assert verdict.valid, verdict.summary()
     injected = [json.loads(line) for line in (tmp_path / "report" / "faults.jsonl").read_text().splitlines()]
     assert sum(1 for fault in injected if fault["kind"] == "kill-client") >= 2 and len(injected) >= 4
-    assert verdict.counts["read"] >= {"word_count.py": 20, "sessions.py": 200}.get(example, records)
+    assert verdict.counts["read"] >= {"word_count.py": 20, "sessions.py": 200, "click_attribution.py": 300}.get(example, records)
 
 
 def test_the_command_line_wants_an_app_module_for_the_streaming_workload(capsys):
