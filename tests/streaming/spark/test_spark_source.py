@@ -11,6 +11,7 @@ import uuid
 import pytest
 
 from faults.process import BrokerProcess
+from tests.helpers import recreate_topics
 from txn import Admin, Producer, TopicPartition
 
 pytestmark = pytest.mark.slow
@@ -64,8 +65,7 @@ def broker(tmp_path_factory):
 
 
 def create(broker, topic: str, partitions: int = 1) -> None:
-    with Admin(bootstrap_servers=broker.bootstrap) as admin:
-        admin.create_topics({topic: partitions})
+    recreate_topics(broker.bootstrap, {topic: partitions})  # empty on a rerun too: the broker is the module's
 
 
 def stream(spark, broker, **options):
