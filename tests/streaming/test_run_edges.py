@@ -88,3 +88,25 @@ def test_an_app_modules_main_block_runs_the_app_it_built_once_with_onceflow_runs
     assert "onceflow run: stopped" in done.stderr
     assert builds.read_text() == "built\n", "the module was built once"
     assert os.path.isdir(tmp_path / "state"), "the state directory given on the command line"
+
+
+def test_peek_and_print_look_at_each_record_and_pass_it_on_unchanged(tmp_path):
+    import io
+
+    from streaming.testing import TestDriver
+
+    app = streaming.App("h:1", "peeking", str(tmp_path))
+    seen, printed = [], io.StringIO()
+    (app.stream("in", key_format="str", value_format="json")
+        .peek(seen.append)
+        .filter(lambda value: value["n"] > 1)
+        .print("kept", file=printed)
+        .peek(lambda key, value: seen.append((key, value["n"])), with_key=True)
+        .map(lambda value: value["n"] * 10)
+        .to("out", value_format="json"))
+    driver = TestDriver(app)
+    for n in (1, 2, 3):
+        driver.pipe("in", f"k{n}", {"n": n})
+    assert driver.read("out") == [("k2", 20), ("k3", 30)]
+    assert seen == [{"n": 1}, {"n": 2}, ("k2", 2), {"n": 3}, ("k3", 3)]
+    assert printed.getvalue() == "kept 'k2': {'n': 2}\nkept 'k3': {'n': 3}\n"
