@@ -14,8 +14,10 @@ from broker.offset_commit_watch import PendingOffsetCommits
 from protocol.errors import ErrorCode
 from protocol.framing import ClientConnection
 from protocol.messages import ApiKey
+from tests.conftest import module_broker as broker  # noqa: F401  (with MODULE_BROKER_CONFIG)
 
 STALL_MS = 200
+MODULE_BROKER_CONFIG = (f"transaction.offset.commit.stall.ms={STALL_MS}",)
 
 
 def test_waits_fall_due_in_order_and_progress_ends_them():
@@ -84,14 +86,6 @@ def commit_offsets(wire: Wire, transactional_id: str, producer_id: int, epoch: i
          "group_instance_id": None, "topics": [{"name": "t", "partitions": [{"partition_index": 0, "committed_offset": 5, "committed_leader_epoch": -1, "committed_metadata": ""}]}]},
     )
     assert committed["topics"][0]["partitions"][0]["error_code"] == ErrorCode.NONE
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory):
-    from broker.broker import EmbeddedBroker
-
-    with EmbeddedBroker(str(tmp_path_factory.mktemp("watch") / "data"), group_initial_rebalance_delay_ms=0, transaction_offset_commit_stall_ms=STALL_MS) as running:
-        yield running
 
 
 def test_a_producer_that_never_commits_its_offsets_loses_that_connection(broker):

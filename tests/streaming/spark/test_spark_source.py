@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from faults.process import BrokerProcess
+from tests.conftest import module_broker as broker  # noqa: F401  (one broker for the module; each test has its own topics)
 from tests.helpers import recreate_topics
 from txn import Admin, Producer, TopicPartition
 
@@ -54,14 +54,6 @@ class Writer:
 
 def values(prefix: str, count: int) -> list[bytes]:
     return [f"{prefix}{i}".encode() for i in range(count)]
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory):
-    """One broker process for the module (each test has its own topics)."""
-    process = BrokerProcess(str(tmp_path_factory.mktemp("spark-source") / "broker"), "group.initial.rebalance.delay.ms=0").start()
-    yield process
-    process.kill()
 
 
 def create(broker, topic: str, partitions: int = 1) -> None:
