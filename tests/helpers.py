@@ -1,10 +1,12 @@
 """What tests of several rooms share, one copy each: making a topic, reading
 one back with an independent client (``read_values``) or our own (``read_all``), waiting for a state, a raw request on
-the wire, a free port, a disk that fills under ``__consumer_offsets``, windowed sums by the plain definition, a SCRAM client. (Fixtures live in ``conftest.py``; import these with
+the wire, a free port, a disk that fills under ``__consumer_offsets``, windowed sums by the plain definition, a SCRAM client, a producer's
+connections cut. (Fixtures live in ``conftest.py``; import these with
 ``from tests.helpers import ...``.)"""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import socket
@@ -272,3 +274,49 @@ class ScramClient:
         auth_message = f"{self.first_bare},{server_first.decode()},{without_proof}".encode()
         self.expected_signature = scram.server_signature(self.mechanism, scram.server_key(self.mechanism, salted), auth_message)
         return f"{without_proof},p={scram.b64encode(scram.client_proof(self.mechanism, salted, auth_message))}".encode()
+
+
+def read_partition(bootstrap, topic, partition, expect, *, isolation="read_committed", timeout=30.0):
+    """Up to ``expect`` records of one partition, read by our own consumer
+    from its start, then whatever else comes in 0.3 s (that should be nothing)."""
+    from txn import Consumer, TopicPartition
+
+    consumer = Consumer(bootstrap_servers=bootstrap, isolation_level=isolation)
+    consumer.assign([TopicPartition(topic, partition)])
+    records, deadline = [], time.monotonic() + timeout
+    while len(records) < expect and time.monotonic() < deadline:
+        records.extend(consumer.poll(0.5))
+    time.sleep(0.3)
+    records.extend(consumer.poll(0.3))  # nothing more should come
+    consumer.close()
+    return records
+
+
+def cut_connections(producer) -> None:
+    """Abort every socket of the producer, on its loop (a network fault)."""
+
+    def cut():
+        for client in producer._async.cluster._clients.values():
+            if client._writer is not None:
+                client._writer.transport.abort()
+
+    producer._thread.loop.call_soon_threadsafe(cut)
+
+
+@contextlib.contextmanager
+def connections_cut_every(producer, seconds: float):
+    """While the block runs, abort every socket of ``producer`` (our sync
+    client) every ``seconds``: a network that keeps failing."""
+    stop = threading.Event()
+
+    def cutting():
+        while not stop.wait(seconds):
+            cut_connections(producer)
+
+    cutter = threading.Thread(target=cutting, name="connection-cutter", daemon=True)
+    cutter.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        cutter.join()
