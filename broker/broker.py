@@ -413,7 +413,7 @@ class Broker:
                     continue  # deleted meanwhile
                 partition_log.enforce_retention()
                 if partition_log.config.compact:
-                    Cleaner(partition_log).clean()
+                    Cleaner(partition_log, crash_point=self.seams.crash_point).clean()
                 partition_log.remove_expired_producers()
             except Exception:
                 log.exception("housekeeping of %s-%d failed", topic, partition)

@@ -110,8 +110,10 @@ class BrokerConfig:
     # onceflow's own: a producer whose AddOffsetsToTxn was answered and that
     # sends neither TxnOffsetCommit nor EndTxn within this long has that
     # connection closed, once, which wakes a librdkafka stuck on a stale
-    # group coordinator (broker.offset_commit_watch); 0: never.
-    transaction_offset_commit_stall_ms: int = attrs.field(default=200, validator=attrs.validators.ge(0))
+    # group coordinator (broker.offset_commit_watch); 0: never. Above the
+    # gap of a healthy client on a loaded machine (200 closed some), far
+    # below the stall it ends (the transaction's timeout).
+    transaction_offset_commit_stall_ms: int = attrs.field(default=1000, validator=attrs.validators.ge(0))
     offsets_topic_partitions: int = attrs.field(default=50, validator=attrs.validators.ge(1))
     group_initial_rebalance_delay_ms: int = attrs.field(default=3000, validator=attrs.validators.ge(0))
     group_min_session_timeout_ms: int = attrs.field(default=6000, validator=attrs.validators.ge(1))

@@ -42,8 +42,9 @@ import shutil
 import uuid
 
 from broker.metadata import MetadataStore, TopicInfo
-from storage.durable import fsync_directory
 from protocol.names import InvalidTopicError, validate_topic_name
+from storage.durable import fsync_directory
+from storage.names import parse_partition_dir, partition_dir_name
 from storage.recovery import log_summary
 
 log = logging.getLogger(__name__)
@@ -118,12 +119,12 @@ class ReplicaManager:
             fsync_directory(self.data_dir)
         for name in self.topics:
             validate_topic_name(name)  # once per topic: a registry edited by hand names no path outside
-        owned = {f"{info.name}-{partition}" for info in self.topics.values() for partition in range(info.partitions)}
+        owned = {partition_dir_name(info.name, partition) for info in self.topics.values() for partition in range(info.partitions)}
         with os.scandir(self.data_dir) as entries:
             for entry in entries:
                 if entry.name in owned or entry.name.startswith("__cluster_metadata") or not entry.is_dir(follow_symlinks=False):
                     continue
-                if _looks_like_partition_dir(entry.name) or entry.name.endswith("-delete"):
+                if parse_partition_dir(entry.name) is not None or entry.name.endswith("-delete"):
                     log.warning("removing %s: no registered topic owns it (an interrupted delete)", entry.path)
                     shutil.rmtree(entry.path, ignore_errors=True)
         self.recovered_at_start = []
@@ -405,9 +406,7 @@ class ReplicaManager:
         return [(info.name, partition) for info in self.topics.values() for partition in range(info.partitions)]
 
     def _partition_path(self, topic: str, partition: int) -> str:
-        # Only registered topics get here (their names validated when created
-        # or loaded), so the name is joined as storage.names.partition_dir_name would.
-        return os.path.join(self.data_dir, f"{topic}-{partition}")
+        return os.path.join(self.data_dir, partition_dir_name(topic, partition))
 
     def _open_partition(self, info: TopicInfo, partition: int):
         path = self._partition_path(info.name, partition)
@@ -462,11 +461,6 @@ class ReplicaManager:
                     waiters.discard(future)
                     if not waiters:
                         del self._waiters[key]
-
-
-def _looks_like_partition_dir(entry: str) -> bool:
-    topic, _, partition = entry.rpartition("-")
-    return bool(topic) and partition.isdigit()
 
 
 __all__ = [

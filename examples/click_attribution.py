@@ -2,7 +2,7 @@
 exactly once.
 
     onceflow topics create impressions --partitions 2      (and clicks, attributed: 2 each)
-    ONCEFLOW_BOOTSTRAP=127.0.0.1:9092 onceflow run examples/click_attribution.py
+    onceflow run examples/click_attribution.py --bootstrap-servers 127.0.0.1:9092
 
 Reads ``impressions`` (key: user; value: ``{"ad": ...}``) and ``clicks``
 (key: user; value: the page clicked, as text), both keyed by user and with
@@ -22,7 +22,6 @@ expected pairs are recomputed here from the input alone.
 
 from __future__ import annotations
 
-import os
 import random
 from datetime import timedelta
 
@@ -32,7 +31,7 @@ IMPRESSIONS, CLICKS, OUTPUT = "impressions", "clicks", "attributed"
 WITHIN = timedelta(seconds=10)
 
 
-def build_app(bootstrap_servers: str, state_dir: str, **options) -> streaming.App:
+def build_app(bootstrap_servers: str | None = None, state_dir: str | None = None, **options) -> streaming.App:
     options = {"session_timeout_ms": 6000, "heartbeat_interval_ms": 500, **options}
     app = streaming.App(bootstrap_servers=bootstrap_servers, application_id="click-attribution", state_dir=state_dir, **options)
     clicks = app.stream(CLICKS, key_format="str", value_format="str")
@@ -42,7 +41,9 @@ def build_app(bootstrap_servers: str, state_dir: str, **options) -> streaming.Ap
     return app
 
 
-app = build_app(os.environ.get("ONCEFLOW_BOOTSTRAP", "127.0.0.1:9092"), os.environ.get("ONCEFLOW_STATE_DIR", "./state/click-attribution"))
+# Where it runs: onceflow run's --bootstrap-servers and --state-dir, else
+# ONCEFLOW_BOOTSTRAP_SERVERS and ONCEFLOW_STATE_DIR (streaming.App).
+app = build_app()
 
 
 # -- what `onceflow chaos --workload streaming` feeds it and expects ----------------------------------
@@ -86,3 +87,9 @@ def expected(records: list[tuple]) -> list[tuple]:
     return [(key, {"ad": json.loads(value)["ad"], "page": page})
             for topic, key, value, timestamp, _partition in records if topic == IMPRESSIONS
             for at, page in clicks.get(key, ()) if abs(at - timestamp) <= within]
+
+
+if __name__ == "__main__":
+    from streaming.cli import main_of  # onceflow run's options, statuses and messages, for this app
+
+    raise SystemExit(main_of(app))

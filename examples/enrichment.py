@@ -2,8 +2,8 @@
 
     onceflow topics create account-regions --partitions 2 --config cleanup.policy=compact
     onceflow topics create payments --partitions 2
-    ONCEFLOW_BOOTSTRAP=127.0.0.1:9092 onceflow run examples/enrichment.py
-    python examples/enrichment.py --bootstrap 127.0.0.1:9092 [--state-dir ./state/enrichment]
+    onceflow run examples/enrichment.py --bootstrap-servers 127.0.0.1:9092   (or ONCEFLOW_BOOTSTRAP_SERVERS in the environment)
+    python examples/enrichment.py --bootstrap-servers 127.0.0.1:9092 [--state-dir ./state/enrichment]
 
 ``account-regions`` is a table (``app.table``: key: account; value: its
 region as text; a null value deletes the account); ``payments`` is the stream
@@ -28,8 +28,6 @@ module also says what input to feed it and what output that must give
 
 from __future__ import annotations
 
-import argparse
-import os
 import random
 
 import streaming
@@ -38,7 +36,7 @@ TABLE, EVENTS, OUTPUT = "account-regions", "payments", "enriched-payments"
 UNKNOWN = "unknown"
 
 
-def build_app(bootstrap_servers: str, state_dir: str, **options) -> streaming.App:
+def build_app(bootstrap_servers: str | None = None, state_dir: str | None = None, **options) -> streaming.App:
     # Static membership (the runner's default) gives a restarted instance its
     # partitions back at once; a short session lets the others take over
     # quickly from one that died for good.
@@ -51,7 +49,9 @@ def build_app(bootstrap_servers: str, state_dir: str, **options) -> streaming.Ap
     return app
 
 
-app = build_app(os.environ.get("ONCEFLOW_BOOTSTRAP", "127.0.0.1:9092"), os.environ.get("ONCEFLOW_STATE_DIR", "./state/enrichment"))
+# Where it runs: onceflow run's --bootstrap-servers and --state-dir, else
+# ONCEFLOW_BOOTSTRAP_SERVERS and ONCEFLOW_STATE_DIR (streaming.App).
+app = build_app()
 
 
 # -- what `onceflow chaos --workload streaming` feeds it and expects ----------------------------------
@@ -111,17 +111,7 @@ def expected(records: list[tuple]) -> list[tuple]:
     return out
 
 
-def main(argv=None) -> int:
-    from streaming.cli import run as run_app_module  # the same exit statuses and messages as `onceflow run`
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--bootstrap", required=True)
-    parser.add_argument("--state-dir", default="./state/enrichment")
-    parser.add_argument("--until-idle", type=float, default=None)
-    args = parser.parse_args(argv)
-    os.environ.update(ONCEFLOW_BOOTSTRAP=args.bootstrap, ONCEFLOW_STATE_DIR=args.state_dir)
-    return run_app_module(argparse.Namespace(path=os.path.abspath(__file__), app="app", until_idle=args.until_idle, progress_interval=5.0))
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from streaming.cli import main_of  # onceflow run's options, statuses and messages, for this app
+
+    raise SystemExit(main_of(app))

@@ -3,7 +3,7 @@ stream-time timer and event time taken from the payload, on onceflow's
 runner.
 
     onceflow topics create clicks --partitions 2      (and sessions, 2)
-    ONCEFLOW_BOOTSTRAP=127.0.0.1:9092 onceflow run examples/sessions.py
+    onceflow run examples/sessions.py --bootstrap-servers 127.0.0.1:9092   (or ONCEFLOW_BOOTSTRAP_SERVERS in the environment)
 
 Reads clicks (key: user; value: ``{"at": event time in ms, "page": ...}``;
 the event time is the payload's ``at``, not the record's CreateTime) and
@@ -27,7 +27,6 @@ alone, without the framework.
 
 from __future__ import annotations
 
-import os
 import random
 from datetime import timedelta
 
@@ -43,7 +42,7 @@ def event_time(record) -> int:
     return record.value["at"]
 
 
-def build_app(bootstrap_servers: str, state_dir: str, **options) -> streaming.App:
+def build_app(bootstrap_servers: str | None = None, state_dir: str | None = None, **options) -> streaming.App:
     options = {"session_timeout_ms": 6000, "heartbeat_interval_ms": 500, **options}
     app = streaming.App(bootstrap_servers=bootstrap_servers, application_id="click-sessions", state_dir=state_dir, **options)
     (app.stream(INPUT, key_format="str", value_format="json", timestamp_extractor=event_time)
@@ -67,7 +66,9 @@ def build_app(bootstrap_servers: str, state_dir: str, **options) -> streaming.Ap
     return app
 
 
-app = build_app(os.environ.get("ONCEFLOW_BOOTSTRAP", "127.0.0.1:9092"), os.environ.get("ONCEFLOW_STATE_DIR", "./state/click-sessions"))
+# Where it runs: onceflow run's --bootstrap-servers and --state-dir, else
+# ONCEFLOW_BOOTSTRAP_SERVERS and ONCEFLOW_STATE_DIR (streaming.App).
+app = build_app()
 
 
 # -- what `onceflow chaos --workload streaming` feeds it and expects ----------------------------------
@@ -147,3 +148,9 @@ def expected(records: list[tuple]) -> list[tuple]:
                 out += [(name, {"kind": "tick", "at": fired, "clicks": n}) for name, n in sorted(since.items())]
                 since = {}
     return out
+
+
+if __name__ == "__main__":
+    from streaming.cli import main_of  # onceflow run's options, statuses and messages, for this app
+
+    raise SystemExit(main_of(app))

@@ -2,8 +2,8 @@
 onceflow's dataflow layer.
 
     onceflow topics create lines --partitions 2      (or any Kafka admin tool)
-    ONCEFLOW_BOOTSTRAP=127.0.0.1:9092 onceflow run examples/word_count.py
-    python examples/word_count.py --bootstrap 127.0.0.1:9092 [--state-dir ./state/word-count]
+    onceflow run examples/word_count.py --bootstrap-servers 127.0.0.1:9092   (or ONCEFLOW_BOOTSTRAP_SERVERS in the environment)
+    python examples/word_count.py --bootstrap-servers 127.0.0.1:9092 [--state-dir ./state/word-count]
 
 Reads lines of text from ``lines`` (any key; the record's timestamp is the
 event time), splits them into lower-case words, and counts each word per
@@ -25,8 +25,6 @@ the module also says what input to feed it and what output that must give
 
 from __future__ import annotations
 
-import argparse
-import os
 import random
 import re
 from datetime import timedelta
@@ -48,7 +46,7 @@ def as_output(word: str, window: dict) -> dict:
     return {"word": word, "start": window["start"], "end": window["end"], "count": window["value"]}
 
 
-def build_app(bootstrap_servers: str, state_dir: str, **options) -> streaming.App:
+def build_app(bootstrap_servers: str | None = None, state_dir: str | None = None, **options) -> streaming.App:
     # Static membership (the runner's default) gives a restarted instance its
     # partitions back at once; a short session lets the others take over
     # quickly from one that died for good.
@@ -64,7 +62,9 @@ def build_app(bootstrap_servers: str, state_dir: str, **options) -> streaming.Ap
     return app
 
 
-app = build_app(os.environ.get("ONCEFLOW_BOOTSTRAP", "127.0.0.1:9092"), os.environ.get("ONCEFLOW_STATE_DIR", "./state/word-count"))
+# Where it runs: onceflow run's --bootstrap-servers and --state-dir, else
+# ONCEFLOW_BOOTSTRAP_SERVERS and ONCEFLOW_STATE_DIR (streaming.App).
+app = build_app()
 
 
 # -- what `onceflow chaos --workload streaming` feeds it and expects ----------------------------------
@@ -110,17 +110,7 @@ def expected(records: list[tuple]) -> list[tuple]:
     return [(word, {"word": word, "start": start, "end": start + window_ms, "count": n}) for (word, start), n in counts.items()]
 
 
-def main(argv=None) -> int:
-    from streaming.cli import run as run_app_module  # the same exit statuses and messages as `onceflow run`
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--bootstrap", required=True)
-    parser.add_argument("--state-dir", default="./state/word-count")
-    parser.add_argument("--until-idle", type=float, default=None)
-    args = parser.parse_args(argv)
-    os.environ.update(ONCEFLOW_BOOTSTRAP=args.bootstrap, ONCEFLOW_STATE_DIR=args.state_dir)
-    return run_app_module(argparse.Namespace(path=os.path.abspath(__file__), app="app", until_idle=args.until_idle, progress_interval=5.0))
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from streaming.cli import main_of  # onceflow run's options, statuses and messages, for this app
+
+    raise SystemExit(main_of(app))

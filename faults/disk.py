@@ -18,19 +18,22 @@ refuses appends until the broker restarts and recovers it, which is what
 Kafka does with a failed log directory.
 
 The ``storage.torn_write`` crash point (``faults.points``) makes the Nth
-segment write stop halfway and the process exit: a torn write made by the
-broker itself rather than by a tool.
+segment (``.log``) write stop halfway and the process exit: a torn write made
+by the broker itself rather than by a tool.
 
 A power cut, across processes: a broker started with
 ``ONCEFLOW_FSYNC_JOURNAL`` naming a file uses ``FsyncJournalIO``, which
 appends to that file, after each fsync returns, how long the file was when
-the fsync began (what the machine can no longer lose). After a SIGKILL,
-``cut_power(data_dir, journal, rng)`` cuts every segment file of every
-partition back to a length between that and what was written (torn
-anywhere, or at a batch boundary): what a machine crash may leave, where a
-SIGKILL alone leaves the page cache whole. Only segment (``.log``) files are
-cut; indexes, snapshots and checkpoints stay as written, and a lost
-directory entry (a new file or directory vanishing whole) is not modelled.
+the fsync began (what the machine can no longer lose), and each rename over
+a file (``replace_file``: the target's durable length becomes the renamed
+file's). After a SIGKILL, ``cut_power(data_dir, journal, rng)`` cuts every
+segment file and every index file (``.index``, ``.timeindex``,
+``.txnindex``: they go through the same ``DiskIO``) of every partition back
+to a length between that and what was written (torn anywhere, or at a batch
+or entry boundary): what a machine crash may leave, where a SIGKILL alone
+leaves the page cache whole. Snapshots and checkpoints stay as written, and
+a lost directory entry (a new file or directory vanishing whole) is not
+modelled.
 ``lose_unsynced(journal, paths)`` is the cut's worst case for the files
 named (every byte no fsync covered is gone) and keeps the others whole: the
 power cut a test needs to reach one exact state (a transactional batch kept,
@@ -53,6 +56,9 @@ import attrs
 
 from faults import points
 from storage.durable import DiskIO, replace_file
+from storage.index import OFFSET_ENTRY, TIME_ENTRY
+from storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX
+from storage.txn_index import ENTRY_SIZE as TXN_ENTRY_SIZE
 
 ENVIRONMENT_VARIABLE = "ONCEFLOW_DISK_FAULTS"
 FSYNC_JOURNAL_VARIABLE = "ONCEFLOW_FSYNC_JOURNAL"
@@ -60,6 +66,9 @@ KEEP_UNKNOWN_TRANSACTIONS_VARIABLE = "ONCEFLOW_KEEP_UNKNOWN_TRANSACTIONS"
 TORN_WRITE_POINT = "storage.torn_write"
 ERRNOS = {"EIO": errno.EIO, "ENOSPC": errno.ENOSPC, "EDQUOT": errno.EDQUOT}
 BATCH_LENGTH_OFFSET, BATCH_OVERHEAD = 8, 12  # a batch: base offset (8), length (4), then `length` bytes
+# The files a power cut may cut, and the size of one whole entry of each (a
+# segment's "entries" are its batches: see ``whole_entry_ends``).
+INDEX_ENTRY_SIZES = {INDEX_SUFFIX: OFFSET_ENTRY.size, TIME_INDEX_SUFFIX: TIME_ENTRY.size, TXN_INDEX_SUFFIX: TXN_ENTRY_SIZE}
 
 
 # -- offline damage -----------------------------------------------------------------------------
@@ -193,13 +202,14 @@ class ControlledDiskIO(DiskIO):
 
 
 class TornWriteIO(DiskIO):
-    """Dies halfway through a write at the armed hit of ``storage.torn_write``."""
+    """Dies halfway through a segment (``.log``) write at the armed hit of
+    ``storage.torn_write``; other files' writes are not counted."""
 
     def __init__(self, inner: DiskIO):
         self.inner = inner
 
     def write(self, fd: int, data) -> None:
-        action = points.reached(TORN_WRITE_POINT)
+        action = points.reached(TORN_WRITE_POINT) if os.readlink(f"/proc/self/fd/{fd}").endswith(LOG_SUFFIX) else None
         if action is not None:
             view = memoryview(data)
             os.write(fd, view[: max(1, len(view) // 2)])
@@ -246,6 +256,11 @@ class FsyncJournalIO(DiskIO):
     def close(self, fd: int) -> None:
         self.inner.close(fd)
 
+    def replace(self, source: str, target: str) -> None:
+        source, target = (os.path.join(os.path.realpath(os.path.dirname(path) or "."), os.path.basename(path)) for path in (source, target))
+        self.inner.replace(source, target)
+        self._note(f"R{source}\0{target}\n")
+
     def fsync(self, fd: int) -> None:
         size = os.fstat(fd).st_size
         self.inner.fsync(fd)
@@ -254,12 +269,17 @@ class FsyncJournalIO(DiskIO):
 
 def durable_sizes(journal_path: str) -> dict[str, int]:
     """Per file (its real path), the longest length an fsync covered since
-    its last truncation (from ``FsyncJournalIO``'s journal)."""
+    its last truncation, or what the file renamed over it had (from
+    ``FsyncJournalIO``'s journal)."""
     sizes: dict[str, int] = {}
     with open(journal_path, "rb") as journal:
         for line in journal:
             if not line.endswith(b"\n"):
                 continue  # the process died writing it: that fsync's caller never went on
+            if line.startswith(b"R"):
+                source, target = line[1:-1].decode().split("\0")
+                sizes[target] = sizes.pop(source, 0)
+                continue
             size, path = line[:-1].decode().split(" ", 1)
             if size.startswith("T"):
                 sizes[path] = min(int(size[1:]), sizes.get(path, 0))
@@ -268,23 +288,32 @@ def durable_sizes(journal_path: str) -> dict[str, int]:
     return sizes
 
 
+def whole_entry_ends(path: str) -> list[int]:
+    """The lengths at which a segment or index file ends on a whole batch or
+    entry (its start excluded for a segment, as ``batch_starts``)."""
+    if path.endswith(LOG_SUFFIX):
+        return batch_starts(path)
+    entry_size = INDEX_ENTRY_SIZES[os.path.splitext(path)[1]]
+    return list(range(0, os.path.getsize(path) + 1, entry_size))
+
+
 def cut_to_durable(durable_size: dict[str, int], directories, rng: random.Random) -> list[Damage]:
-    """Cut every segment file in ``directories`` back to a length between
-    its durable one (0 if never fsynced) and its written one: torn anywhere
-    past what is durable, and as often at a batch boundary (a page written
-    back whole), where recovery finds no torn batch at all. Returns the
-    files actually cut (a draw may keep a file whole)."""
+    """Cut every segment and index file in ``directories`` back to a length
+    between its durable one (0 if never fsynced) and its written one: torn
+    anywhere past what is durable, and as often at a batch or entry boundary
+    (a page written back whole), where recovery finds nothing torn at all.
+    Returns the files actually cut (a draw may keep a file whole)."""
     damage = []
     for directory in directories:
         for name in sorted(os.listdir(directory)):
-            if not name.endswith(".log"):
+            if not name.endswith(LOG_SUFFIX) and os.path.splitext(name)[1] not in INDEX_ENTRY_SIZES:
                 continue
             path = os.path.join(directory, name)
             written = os.path.getsize(path)
             durable = durable_size.get(os.path.realpath(path), durable_size.get(path, 0))
             if written <= durable:
                 continue
-            starts = [position for position in batch_starts(path) if position >= durable]
+            starts = [position for position in whole_entry_ends(path) if position >= durable]
             cut = rng.choice(starts + [written]) if rng.random() < 0.5 else rng.randint(durable, written)
             if cut < written:
                 os.truncate(path, cut)
@@ -294,15 +323,16 @@ def cut_to_durable(durable_size: dict[str, int], directories, rng: random.Random
 
 def cut_power(data_dir: str, journal_path: str, rng: random.Random) -> list[Damage]:
     """After a SIGKILL of a broker that ran with ``FsyncJournalIO``: lose or
-    tear what no fsync covered, in every partition directory of ``data_dir``."""
+    tear what no fsync covered of the segment and index files in every
+    partition directory of ``data_dir``."""
     directories = [os.path.join(data_dir, name) for name in sorted(os.listdir(data_dir)) if os.path.isdir(os.path.join(data_dir, name))]
     return cut_to_durable(durable_sizes(journal_path), directories, rng)
 
 
 def lose_unsynced(journal_path: str, paths) -> list[Damage]:
     """After a SIGKILL of a broker that ran with ``FsyncJournalIO``: cut
-    each segment file in ``paths`` back to exactly what an fsync covered (0
-    if none did); files not named stay as written."""
+    each segment or index file in ``paths`` back to exactly what an fsync
+    covered (0 if none did); files not named stay as written."""
     durable_size = durable_sizes(journal_path)
     damage = []
     for path in paths:

@@ -18,8 +18,8 @@ Points compiled in, by room:
   write, before the partition directories), ``groupcoord.after_pending_offsets``
   (a transactional offset commit is written, pending), ``storage.torn_write``
   (half of a batch reaches the segment, then the process dies: ``faults.disk``);
-- the log cleaner's swap (``storage.cleaner``, passed by its tests, not the
-  broker): ``cleaner.cleaned_written``, ``cleaner.note_written``,
+- the log cleaner's swap (``storage.cleaner``, given the broker's by its
+  housekeeping): ``cleaner.cleaned_written``, ``cleaner.note_written``,
   ``cleaner.swap_renamed.<suffix>`` and ``cleaner.swap_renamed``,
   ``cleaner.old_renamed.<suffix>``, ``cleaner.old_renamed_deleted``,
   ``cleaner.live_renamed.<suffix>``, ``cleaner.note_removed``;

@@ -204,7 +204,7 @@ class Cleaner:
             )
             cleaned.append(data, [(0, read_batch_header(data))])
         # Aborted transactions stay indexed while their markers remain.
-        cleaned_txn = TransactionIndex(cleaned.txn_index.path)
+        cleaned_txn = TransactionIndex(cleaned.txn_index.path, io=cleaned.io)
         # The swap note's directory fsync below covers its name.
         cleaned_txn.replace(segment.txn_index.entries, sync_directory=False)
         cleaned.fsync()

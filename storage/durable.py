@@ -74,6 +74,48 @@ class DiskIO:
     def close(self, fd: int) -> None:
         os.close(fd)
 
+    def replace(self, source: str, target: str) -> None:
+        os.replace(source, target)
+
+
+def read_file(path: str, *, io: DiskIO) -> bytes:
+    """The whole of ``path`` (FileNotFoundError if it is not there)."""
+    fd = io.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        chunks, position = [], 0
+        while position < size:
+            chunk = io.pread(fd, size - position, position)
+            if not chunk:
+                break  # cut meanwhile
+            chunks.append(chunk)
+            position += len(chunk)
+        return b"".join(chunks)
+    finally:
+        io.close(fd)
+
+
+def append_file(path: str, data: bytes | bytearray | memoryview, *, io: DiskIO, fsync: bool = False) -> None:
+    """Append ``data`` to ``path`` (created if missing), and fsync it if asked
+    (an fsync with nothing to append still makes earlier appends durable)."""
+    fd = io.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        if data:
+            io.write(fd, data)
+        if fsync:
+            io.fsync(fd)
+    finally:
+        io.close(fd)
+
+
+def empty_file(path: str, *, io: DiskIO) -> None:
+    """Cut ``path`` to nothing (created if missing), in place and not durably."""
+    fd = io.open(path, os.O_WRONLY | os.O_CREAT)
+    try:
+        io.truncate(fd, 0)
+    finally:
+        io.close(fd)
+
 
 def replace_file(path: str, data: bytes | bytearray | memoryview, *, io: DiskIO | None = None, sync_directory: bool = True) -> None:
     """Make ``data`` the contents of ``path``, atomically and durably (see the
@@ -93,7 +135,7 @@ def replace_file(path: str, data: bytes | bytearray | memoryview, *, io: DiskIO 
             io.fsync(fd)
         finally:
             io.close(fd)
-        os.replace(temporary, path)
+        io.replace(temporary, path)
     except BaseException:
         try:
             os.remove(temporary)

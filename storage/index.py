@@ -19,19 +19,21 @@ budget and passes it in: a broker gives one to all its logs; a log opened on
 its own gets one of its own. A budget is used from one thread (its broker's
 loop), so dropping an index never races with that index's own use.
 
-The files are never trusted after an unclean shutdown: recovery rebuilds
-them from the log, and a torn trailing entry is ignored.
+Every file operation goes through the segment's ``DiskIO``
+(``storage.durable``), so injected disk faults and the fsync journal of the
+power-cut model (``faults.disk``) see the indexes as they see the log. The
+files are never trusted after an unclean shutdown: recovery rebuilds them
+from the log, and a torn trailing entry is ignored.
 """
 
 from __future__ import annotations
 
 import bisect
-import os
 import struct
 from array import array
 from collections import OrderedDict
 
-from storage.durable import replace_file
+from storage.durable import DiskIO, append_file, empty_file, read_file, replace_file
 
 OFFSET_ENTRY = struct.Struct(">ii")
 TIME_ENTRY = struct.Struct(">qi")
@@ -98,8 +100,9 @@ class IndexBudget:
 class _IndexFile:
     entry: struct.Struct
 
-    def __init__(self, path: str, base_offset: int, *, budget: IndexBudget | None = None, load: bool = True):
+    def __init__(self, path: str, base_offset: int, *, io: DiskIO | None = None, budget: IndexBudget | None = None, load: bool = True):
         self.path = path
+        self.io = DiskIO() if io is None else io
         self.base_offset = base_offset
         self.budget = IndexBudget() if budget is None else budget
         self._pending = bytearray()
@@ -109,8 +112,7 @@ class _IndexFile:
         self.missing = False  # True when a file to load was not there
         if load:
             try:
-                with open(path, "rb") as file:
-                    data = file.read()
+                data = read_file(path, io=self.io)
             except FileNotFoundError:
                 self.missing = True
         size = self.entry.size
@@ -133,16 +135,14 @@ class _IndexFile:
         if self._loaded:
             self.budget.used(self)
             return
-        with open(self.path, "rb") as file:
-            data = file.read()
+        data = read_file(self.path, io=self.io)
         whole = len(data) - len(data) % self.entry.size
         self._set_entries(self.entry.iter_unpack(memoryview(data)[:whole]))
 
     def _drop(self) -> None:
         # Write out what is pending, creating the file if it has no entries
         # yet, so that reading it back always finds it.
-        with open(self.path, "ab") as file:
-            file.write(self._pending)
+        append_file(self.path, self._pending, io=self.io)
         self._pending.clear()
         self._unload()
         self._loaded = False  # _count stays: the entries are in the file
@@ -175,11 +175,7 @@ class _IndexFile:
 
     def flush(self, fsync: bool = False) -> None:
         if self._pending or fsync:
-            with open(self.path, "ab") as file:
-                file.write(self._pending)
-                file.flush()
-                if fsync:
-                    os.fsync(file.fileno())
+            append_file(self.path, self._pending, io=self.io, fsync=fsync)
             self._pending.clear()
 
     def close(self) -> None:
@@ -192,7 +188,7 @@ class _IndexFile:
         entries gone): atomically and durably, as every replaced file
         (``storage.durable``). Recovery only, never on the produce path."""
         self._ensure_loaded()
-        replace_file(self.path, self._entries_bytes())
+        replace_file(self.path, self._entries_bytes(), io=self.io)
         self._pending.clear()
 
     def _start_empty(self) -> None:
@@ -201,8 +197,7 @@ class _IndexFile:
         replace is needed: nothing trusts the index until the rebuilt
         entries are fsynced (``flush(fsync=True)``) and the directory with
         them, and a crash before that rebuilds it again."""
-        with open(self.path, "wb"):
-            pass
+        empty_file(self.path, io=self.io)
         self._pending.clear()
 
 

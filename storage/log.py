@@ -353,7 +353,12 @@ class PartitionLog:
         if completed is not None and completed.is_aborted:
             unstable = self.producer_state.first_unstable_offset()
             aborted = AbortedTxn(completed.producer_id, completed.first_offset, offset, unstable if unstable is not None else offset + 1)
-            segment.txn_index.append(aborted)
+            try:
+                segment.txn_index.append(aborted)
+            except OSError as error:
+                # The marker is in the log: recovery's replay indexes it again.
+                self.mark_failed(error)
+                raise LogFailedError(f"write to {segment.txn_index.path} failed: {error}") from error
         self.committer.wrote(segment, len(buffer))
         return AppendInfo(offset, offset, header.max_timestamp), aborted
 

@@ -4,13 +4,13 @@ Topic names come from users (CreateTopics, auto-creation on Metadata), and a
 partition's directory is ``<topic>-<partition>`` under the data directory, so
 a name is validated before it is ever joined to a path, by Kafka's rule
 (``protocol.names``: ``[a-zA-Z0-9._-]``, 1 to 249 characters, not ``.`` or
-``..``). With that alphabet no name can contain a path separator, and
-``partition_path()`` checks the result stays inside the data directory anyway.
+``..``): with that alphabet no name can contain a path separator
+(``partition_dir_name``). ``parse_partition_dir`` reads back only the names
+``partition_dir_name`` writes, so the broker, which removes at start the
+partition directories no topic owns, never takes another directory for one.
 """
 
 from __future__ import annotations
-
-import os
 
 from protocol.names import InvalidTopicError, validate_topic_name
 
@@ -20,14 +20,6 @@ def partition_dir_name(topic: str, partition: int) -> str:
     if not isinstance(partition, int) or isinstance(partition, bool) or partition < 0:
         raise ValueError(f"partition must be a non-negative integer, not {partition!r}")
     return f"{topic}-{partition}"
-
-
-def partition_path(data_dir: str, topic: str, partition: int) -> str:
-    root = os.path.realpath(data_dir)
-    path = os.path.realpath(os.path.join(root, partition_dir_name(topic, partition)))
-    if os.path.dirname(path) != root:
-        raise InvalidTopicError(f"topic {topic!r} resolves outside the data directory")
-    return path
 
 
 def parse_partition_dir(name: str) -> tuple[str, int] | None:

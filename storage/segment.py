@@ -3,11 +3,11 @@
 
 The ``.log`` file is a plain concatenation of RecordBatch v2 batches exactly
 as they travel on the wire (offsets already assigned). Every operation on
-it goes through a ``DiskIO`` object (``storage.durable``), the seam tests and
-the fault harness replace to make a write or an fsync fail. The index files
-(``storage.index``, ``storage.txn_index``) do not yet: they use plain file
-calls, so injected faults and the fsync journal do not see them (recovery
-rebuilds an index it cannot trust from the ``.log``).
+it, and on its index files (``storage.index``, ``storage.txn_index``), goes
+through one ``DiskIO`` object (``storage.durable``), the seam tests and the
+fault harness replace to make a write or an fsync fail and to journal what
+an fsync made durable (recovery rebuilds an index it cannot trust from the
+``.log``).
 """
 
 from __future__ import annotations
@@ -60,9 +60,9 @@ class LogSegment:
         # O_APPEND: every write lands at the end, also after a reopen or a truncation.
         self.fd = io.open(self.log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
         self.size = os.fstat(self.fd).st_size
-        self.offset_index = OffsetIndex(stem + INDEX_SUFFIX + suffix, base_offset, budget=self.index_budget, load=not rebuild_indexes)
-        self.time_index = TimeIndex(stem + TIME_INDEX_SUFFIX + suffix, base_offset, budget=self.index_budget, load=not rebuild_indexes)
-        self.txn_index = TransactionIndex(stem + TXN_INDEX_SUFFIX + suffix)
+        self.offset_index = OffsetIndex(stem + INDEX_SUFFIX + suffix, base_offset, io=io, budget=self.index_budget, load=not rebuild_indexes)
+        self.time_index = TimeIndex(stem + TIME_INDEX_SUFFIX + suffix, base_offset, io=io, budget=self.index_budget, load=not rebuild_indexes)
+        self.txn_index = TransactionIndex(stem + TXN_INDEX_SUFFIX + suffix, io=io)
         self.bytes_since_index_entry = 0
         self.next_offset = base_offset  # set by load()/recover()
         self.max_timestamp = -1

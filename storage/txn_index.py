@@ -10,8 +10,11 @@ the segment::
     last_stable_offset: int64 the LSO right after the marker
 
 A read_committed Fetch asks for the aborted transactions that overlap the
-range it returns; the consumer drops their records. The index is rebuilt
-from the log by recovery, so a torn tail entry is simply cut off.
+range it returns; the consumer drops their records. The file goes through
+the segment's ``DiskIO`` (``storage.durable``), as the log does. Recovery
+cuts a torn tail entry off and entries past the recovered log end, and the
+producer-state replay indexes again an ABORT marker whose entry was lost
+(``storage.recovery``).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import struct
 
 import attrs
 
-from storage.durable import replace_file
+from storage.durable import DiskIO, append_file, read_file, replace_file
 
 ENTRY = struct.Struct(">hqqqq")
 ENTRY_SIZE = ENTRY.size  # 34
@@ -53,11 +56,11 @@ def parse_entries(data: bytes) -> list[AbortedTxn]:
 class TransactionIndex:
     """The ``.txnindex`` file of one segment, cached in memory."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, *, io: DiskIO | None = None):
         self.path = path
+        self.io = DiskIO() if io is None else io
         try:
-            with open(path, "rb") as file:
-                data = file.read()
+            data = read_file(path, io=self.io)
         except FileNotFoundError:
             data = b""
         self.entries = parse_entries(data)
@@ -65,11 +68,7 @@ class TransactionIndex:
             self._rewrite()
 
     def append(self, entry: AbortedTxn, *, fsync: bool = False) -> None:
-        with open(self.path, "ab") as file:
-            file.write(entry.to_bytes())
-            file.flush()
-            if fsync:
-                os.fsync(file.fileno())
+        append_file(self.path, entry.to_bytes(), io=self.io, fsync=fsync)
         self.entries.append(entry)
 
     def overlapping(self, start_offset: int, end_offset: int) -> list[AbortedTxn]:
@@ -89,13 +88,13 @@ class TransactionIndex:
 
     def fsync(self) -> None:
         try:
-            fd = os.open(self.path, os.O_RDONLY)
+            fd = self.io.open(self.path, os.O_RDONLY)
         except FileNotFoundError:
             return  # no aborted transaction in this segment
         try:
-            os.fsync(fd)
+            self.io.fsync(fd)
         finally:
-            os.close(fd)
+            self.io.close(fd)
 
     def delete(self) -> None:
         try:
@@ -105,4 +104,4 @@ class TransactionIndex:
         self.entries = []
 
     def _rewrite(self, *, sync_directory: bool = True) -> None:
-        replace_file(self.path, b"".join(e.to_bytes() for e in self.entries), sync_directory=sync_directory)
+        replace_file(self.path, b"".join(e.to_bytes() for e in self.entries), io=self.io, sync_directory=sync_directory)

@@ -30,6 +30,13 @@ are in ``streaming.tables``; ``max_task_idle_ms`` (a timedelta or ms,
 default 100) bounds how long co-partitioned inputs wait for each other to
 be met in timestamp order (``streaming.picking``).
 
+Where it runs: ``bootstrap_servers`` and ``state_dir``, when not given,
+come from ``ONCEFLOW_BOOTSTRAP_SERVERS`` and ``ONCEFLOW_STATE_DIR`` (so one
+app module runs against any cluster and on any disk, under ``onceflow run``
+or a container's environment), else ``127.0.0.1:9092`` and
+``./state/{application_id}``; ``onceflow run --bootstrap-servers ...
+--state-dir ...`` overrides both (``App.place``).
+
 Identity: ``instance_id`` (unless given) is generated once and kept in
 ``state_dir/instance-id``, so a restarted process keeps its transactional id
 (``{application_id}-{instance_id}``, which fences its own previous
@@ -59,6 +66,9 @@ from txn.errors import ConfigError
 from txn.security import is_security_option
 
 ON_ERROR = ("stop", "dead-letter")
+BOOTSTRAP_SERVERS_VARIABLE = "ONCEFLOW_BOOTSTRAP_SERVERS"
+STATE_DIR_VARIABLE = "ONCEFLOW_STATE_DIR"
+DEFAULT_BOOTSTRAP_SERVERS = "127.0.0.1:9092"
 RUNNER_OWNED_OPTIONS = {"group_id", "group_instance_id", "transactional_id", "isolation_level", "enable_auto_commit", "enable_idempotence", "bootstrap_servers"}
 
 
@@ -205,9 +215,9 @@ class Metrics(dict):
 class App:
     def __init__(
         self,
-        bootstrap_servers,
-        application_id: str,
-        state_dir: str,
+        bootstrap_servers=None,
+        application_id: str = "",
+        state_dir: str | None = None,
         instance_id: str | None = None,
         commit_interval_ms: int = 100,
         commit_records: int | None = None,
@@ -221,6 +231,8 @@ class App:
     ):
         if not application_id:
             raise ConfigError("application_id is required: it names the app's group, transactional ids and internal topics")
+        bootstrap_servers = bootstrap_servers or os.environ.get(BOOTSTRAP_SERVERS_VARIABLE) or DEFAULT_BOOTSTRAP_SERVERS
+        state_dir = state_dir or os.environ.get(STATE_DIR_VARIABLE) or os.path.join("state", application_id)
         legal_topic_name(f"{application_id}-dead-letters", f"application_id {application_id!r} names the app's internal topics")
         if dead_letter_topic is not None:
             legal_topic_name(dead_letter_topic, "dead_letter_topic")
@@ -269,6 +281,17 @@ class App:
         self._instance_id = instance_id
         self._stop = threading.Event()
         self._runner = None
+
+    def place(self, *, bootstrap_servers: str | None = None, state_dir: str | None = None, instance_id: str | None = None) -> None:
+        """Where this app runs, over what it was built with (each when
+        given): ``onceflow run``'s ``--bootstrap-servers``, ``--state-dir``
+        and ``--instance-id``. Before ``run()``."""
+        if bootstrap_servers:
+            self.bootstrap_servers = bootstrap_servers
+        if state_dir:
+            self.state_dir = os.path.abspath(state_dir)
+        if instance_id:
+            self._instance_id = instance_id
 
     def add_client_options(self, options: dict) -> None:
         """More client options (as the constructor's keywords), over those

@@ -27,6 +27,7 @@ gets the record's **value** and returns
 | ``map(f)`` | the new value | the same key and timestamp |
 | ``flat_map(f)`` | an iterable of new values | one record per value, same key and timestamp |
 | ``key_by(f)`` | the new key | the same value and timestamp |
+| ``peek(f)`` | anything (ignored; ``print()`` prints) | unchanged (``f`` runs again for a record redone after an abort) |
 
 Pass ``with_key=True`` and the function gets ``(key, value)`` instead:
 
@@ -106,7 +107,9 @@ bytes, int, float, bool, None, tuples, lists, dicts with str keys).
 
 from __future__ import annotations
 
+import builtins
 import copy
+import sys
 from typing import Any, Callable
 
 import attrs
@@ -175,6 +178,25 @@ class FlatMap:
         def step(ctx, key, value, timestamp, headers):
             for item in expand(key, value):
                 downstream(ctx, key, item, timestamp, headers)
+
+        return step
+
+
+@attrs.frozen
+class Peek:
+    """Hands each record to ``fn`` and passes it on unchanged: debugging,
+    logging. ``fn``'s own effects are not in the transaction: a record
+    redone after an abort is peeked again."""
+
+    fn: Callable
+    with_key: bool = False
+
+    def compile(self, downstream: Next, store: str | None) -> Next:
+        look = _call(self.fn, self.with_key)
+
+        def step(ctx, key, value, timestamp, headers):
+            look(key, value)
+            downstream(ctx, key, value, timestamp, headers)
 
         return step
 
@@ -467,6 +489,18 @@ class Stream:
 
     def key_by(self, new_key: Callable, *, with_key: bool = False) -> "Stream":
         return self._then(KeyBy(new_key, with_key))
+
+    def peek(self, look: Callable, *, with_key: bool = False) -> "Stream":
+        """Call ``look`` on each record (its value, or key and value), and go
+        on with the record unchanged. Not exactly once: a record redone
+        after an abort is looked at again."""
+        return self._then(Peek(look, with_key))
+
+    def print(self, label: str = "", *, file=None) -> "Stream":
+        """Print each record as ``label key: value`` (to ``file``, default
+        stdout) and go on with it unchanged: ``peek`` for a quick look."""
+        prefix = f"{label} " if label else ""
+        return self.peek(lambda key, value: builtins.print(f"{prefix}{key!r}: {value!r}", file=file or sys.stdout, flush=True), with_key=True)
 
     def aggregate(self, initial, add: Callable, *, store: str | None = None) -> "Stream":
         return self._then(Aggregate("aggregate", add, initial, store))

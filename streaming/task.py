@@ -56,20 +56,6 @@ def _aligned(time_ms: int, every_ms: int) -> int:
     return time_ms - time_ms % every_ms
 
 
-@attrs.frozen
-class RawRecord:
-    """A record as it comes off a topic: key and value still bytes (the
-    consumer's records have the same fields)."""
-
-    topic: str
-    partition: int
-    offset: int
-    timestamp: int
-    key: bytes | None
-    value: bytes | None
-    headers: tuple = ()
-
-
 def dead_letter_headers(raw, processor: Processor, error: BaseException, stage: str) -> tuple:
     """The raw record's headers plus where and why it failed."""
     return tuple(raw.headers) + (

@@ -66,7 +66,8 @@ from streaming.errors import ProcessingError
 from streaming.serde import Serde, resolve
 from streaming.store import Store, decode_key, decode_value
 from streaming.picking import copartition_groups, order_key, table_topics
-from streaming.task import RawRecord, Task
+from streaming.task import Task
+from txn.types import ConsumerRecord
 
 __all__ = ["DeadLetter", "TestDriver", "TestRecord"]
 
@@ -105,7 +106,7 @@ class DeadLetter:
 
 @attrs.define
 class _Entry:
-    raw: RawRecord
+    raw: ConsumerRecord
     committed: bool  # visible to read_committed readers
     formats: tuple[Serde, Serde] | None  # what the writer serialized with (None: bytes)
     aborted: bool = False  # never visible (its transaction was aborted)
@@ -176,7 +177,7 @@ class TestDriver:
         elif not 0 <= partition < len(log):
             raise ValueError(f"{topic} has {len(log)} partition(s), not a partition {partition}")
         offset = len(log[partition])
-        entry = _Entry(RawRecord(topic, partition, offset, int(timestamp), key, value, tuple(headers or ())), committed, formats)
+        entry = _Entry(ConsumerRecord(topic, partition, offset, int(timestamp), key, value, tuple(headers or ())), committed, formats)
         log[partition].append(entry)
         if committed:
             self._arrival[(topic, partition, offset)] = next(self._sequence)
@@ -228,7 +229,7 @@ class TestDriver:
 
     # -- processing ------------------------------------------------------------------------------
 
-    def _next_record(self) -> RawRecord | None:
+    def _next_record(self) -> ConsumerRecord | None:
         """The next record to process among the readable ones: the one that
         became readable first, except that the heads of co-partitioned inputs
         (one task, ``streaming.picking``) go in timestamp order among
@@ -256,7 +257,7 @@ class TestDriver:
             if self.commit_every is not None and self.open_records >= self.commit_every:
                 self.commit()
 
-    def _process(self, raw: RawRecord) -> None:
+    def _process(self, raw: ConsumerRecord) -> None:
         try:
             outputs = self.task.process(raw)
         except ProcessingError:

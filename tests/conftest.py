@@ -178,6 +178,20 @@ def broker_process(tmp_path):
         broker.kill()
 
 
+@pytest.fixture(scope="module")
+def module_broker(request, tmp_path_factory):
+    """One broker process shared by the tests of a module: the one way to
+    share a broker (each test makes its own topics, with
+    ``tests.helpers.recreate_topics`` where a rerun may meet its first
+    attempt's). A module adds settings with ``MODULE_BROKER_CONFIG =
+    ("name=value", ...)``; a module that wants data in it first wraps it
+    in a module fixture of its own that fills it."""
+    config = getattr(request.module, "MODULE_BROKER_CONFIG", ())
+    broker = BrokerProcess(str(tmp_path_factory.mktemp("module-broker") / "broker"), "group.initial.rebalance.delay.ms=0", *config).start()
+    yield broker
+    broker.kill()
+
+
 @pytest.fixture
 def embedded_broker(tmp_path):
     from broker.broker import EmbeddedBroker

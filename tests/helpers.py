@@ -1,17 +1,21 @@
 """What tests of several rooms share, one copy each: making a topic, reading
 one back with an independent client (``read_values``) or our own (``read_all``), waiting for a state, a raw request on
-the wire, a free port, a disk that fills under ``__consumer_offsets``. (Fixtures live in ``conftest.py``; import these with
+the wire, a free port, a disk that fills under ``__consumer_offsets``, windowed sums by the plain definition, a SCRAM client, a producer's
+connections cut. (Fixtures live in ``conftest.py``; import these with
 ``from tests.helpers import ...``.)"""
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import os
 import socket
 import threading
 import time
 import uuid
 
 from faults.certificates import TestCA  # noqa: F401  (tests import it from here)
+from protocol import scram
 from storage.durable import DiskIO
 
 # Once a reader has what it expected, it waits this long for anything more
@@ -24,6 +28,20 @@ def create_topic(bootstrap: str, topic: str, partitions: int = 3, *, timeout: fl
 
     admin = AdminClient({"bootstrap.servers": bootstrap})  # must outlive the future
     admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(timeout)
+
+
+def recreate_topics(bootstrap: str, topics: dict[str, int], *, configs: dict[str, dict[str, str]] | None = None) -> None:
+    """Create ``topics`` ({name: partitions}) empty, deleting first any of
+    them an earlier attempt of the same test left on the same broker: a test
+    rerun by pytest-rerunfailures on a module's broker starts as the first
+    attempt did instead of failing with TOPIC_ALREADY_EXISTS."""
+    from txn import Admin
+
+    with Admin(bootstrap_servers=bootstrap) as admin:
+        left = [name for name in topics if name in admin.list_topics()]
+        if left:
+            admin.delete_topics(left)
+        admin.create_topics(topics, configs=configs)
 
 
 def seed_input(bootstrap: str, topic: str, count: int) -> None:
@@ -203,3 +221,102 @@ class FullDiskUnderOffsets(PathTrackingIO):
             self.refused += 1
             raise OSError(errno.ENOSPC, "No space left on device")
         super().write(fd, data)
+
+
+def recompute_windowed_sums(records, size: int, advance: int, grace: int):
+    """Windowed sums of ``(key, timestamp, value)`` records by the plain
+    definition, independent of ``streaming.windows`` (what its tests and the
+    dataflow's broker test check it against): stream time is the
+    running maximum; a record joins each window [s, s+size) (s a multiple of
+    advance, s >= 0) holding it whose end + grace is above the stream time
+    at the record; a window is emitted at the first record that brings
+    stream time to its end + grace."""
+    stream_time = None
+    sums: dict = {}
+    emitted_at: dict = {}
+    late = 0
+    for index, (key, ts, value) in enumerate(records):
+        stream_time = ts if stream_time is None else max(stream_time, ts)
+        for window in list(sums):
+            if window not in emitted_at and stream_time >= window[1] + size + grace:
+                emitted_at[window] = index
+        missed = False
+        for start in range(0, ts + 1):
+            if start % advance or not (start <= ts < start + size):
+                continue
+            if stream_time >= start + size + grace:
+                missed = True
+                continue
+            sums[(key, start)] = sums.get((key, start), 0) + value
+        late += missed
+    finals = {w: (sums[w], emitted_at[w]) for w in emitted_at}
+    still_open = {w: s for w, s in sums.items() if w not in emitted_at}
+    return finals, still_open, late
+
+
+class ScramClient:
+    """A SCRAM client's half of the exchange, from ``protocol.scram``, for driving
+    the broker's SASL server (in memory or over a socket)."""
+
+    def __init__(self, mechanism: str, username: str, password: str):
+        self.mechanism = scram.MECHANISMS[mechanism]
+        self.username, self.password = username, password
+        self.nonce = scram.b64encode(os.urandom(18))
+        self.first_bare = f"n={scram.escape_username(username)},r={self.nonce}"
+
+    def first(self) -> bytes:
+        return f"n,,{self.first_bare}".encode()
+
+    def final(self, server_first: bytes, *, nonce: str | None = None, binding: str = "biws") -> bytes:
+        attributes = scram.parse_attributes(server_first.decode())
+        salted = scram.salted_password(self.mechanism, self.password.encode(), scram.b64decode(attributes["s"]), int(attributes["i"]))
+        without_proof = f"c={binding},r={nonce or attributes['r']}"
+        auth_message = f"{self.first_bare},{server_first.decode()},{without_proof}".encode()
+        self.expected_signature = scram.server_signature(self.mechanism, scram.server_key(self.mechanism, salted), auth_message)
+        return f"{without_proof},p={scram.b64encode(scram.client_proof(self.mechanism, salted, auth_message))}".encode()
+
+
+def read_partition(bootstrap, topic, partition, expect, *, isolation="read_committed", timeout=30.0):
+    """Up to ``expect`` records of one partition, read by our own consumer
+    from its start, then whatever else comes in 0.3 s (that should be nothing)."""
+    from txn import Consumer, TopicPartition
+
+    consumer = Consumer(bootstrap_servers=bootstrap, isolation_level=isolation)
+    consumer.assign([TopicPartition(topic, partition)])
+    records, deadline = [], time.monotonic() + timeout
+    while len(records) < expect and time.monotonic() < deadline:
+        records.extend(consumer.poll(0.5))
+    time.sleep(0.3)
+    records.extend(consumer.poll(0.3))  # nothing more should come
+    consumer.close()
+    return records
+
+
+def cut_connections(producer) -> None:
+    """Abort every socket of the producer, on its loop (a network fault)."""
+
+    def cut():
+        for client in producer._async.cluster._clients.values():
+            if client._writer is not None:
+                client._writer.transport.abort()
+
+    producer._thread.loop.call_soon_threadsafe(cut)
+
+
+@contextlib.contextmanager
+def connections_cut_every(producer, seconds: float):
+    """While the block runs, abort every socket of ``producer`` (our sync
+    client) every ``seconds``: a network that keeps failing."""
+    stop = threading.Event()
+
+    def cutting():
+        while not stop.wait(seconds):
+            cut_connections(producer)
+
+    cutter = threading.Thread(target=cutting, name="connection-cutter", daemon=True)
+    cutter.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        cutter.join()

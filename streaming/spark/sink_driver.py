@@ -153,6 +153,13 @@ class DecisionLog:
         )
         _ENSURED_DECISION_TOPICS.add(key)
 
+    async def topic_missing(self) -> bool:
+        """Whether the broker says the decision topic does not exist (not
+        created, never auto-created); any other answer, a refusal included,
+        is False."""
+        body = await self.clients.admin.cluster.refresh([self.topic], allow_auto_create=False)
+        return any(t["name"] == self.topic and t["error_code"] == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION for t in body["topics"])
+
     async def latest(self) -> Decision | None:
         """This prefix's last committed decision (or None when it has none)."""
         consumer, tp = self.clients.decision_reader, self.partition
@@ -345,14 +352,18 @@ class DriverCommit:
         (a live driver is not fenced), reads only committed decisions, and
         commits only what a decision names, which the driver would commit
         too; a transaction the broker aborted stays for the driver to judge
-        (re-decide, or the loud failure)."""
+        (re-decide, or the loud failure). No decision topic means nothing
+        was decided; any other failure to read it raises ``SinkError``
+        (never "no decision recorded")."""
         async with self._clients() as clients:
             decisions = DecisionLog(self.options, clients)
             try:
                 latest = await decisions.latest()
-            except KafkaError as error:  # no decision topic yet: nothing was ever decided
-                log.info("finish decided: no decisions to read (%s)", error)
-                return Finished(None, (), ())
+            except KafkaError as error:
+                if await decisions.topic_missing():
+                    log.info("finish decided: no decision topic %s yet, so nothing was ever decided", decisions.topic)
+                    return Finished(None, (), ())
+                raise SinkError(f"could not read the decisions at {decisions.topic}-0: {error}") from error
             if latest is None:
                 return Finished(None, (), ())
             states = await self._states(latest.transactions)

@@ -15,6 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.conftest import module_broker as shared_broker  # noqa: F401  (one broker process for the module)
+
 
 def api_versions_v0(correlation_id: int = 7) -> bytes:
     client_id = b"probe"
@@ -67,14 +69,6 @@ def send_and_drain(port: int, payload: bytes, wait: float = 0.2) -> None:
                 pass
         except (socket.timeout, OSError):
             pass
-
-
-@pytest.fixture(scope="module")
-def shared_broker(tmp_path_factory):
-    from broker.broker import EmbeddedBroker
-
-    with EmbeddedBroker(str(tmp_path_factory.mktemp("robust"))) as broker:
-        yield broker
 
 
 def test_api_versions_answered(shared_broker):

@@ -340,7 +340,7 @@ class RawTokens(RawClient):
 
 @pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256"])
 def test_a_v0_handshake_takes_raw_tokens(sasl_broker, mechanism):
-    from tests.broker.test_security_sasl import ScramClient
+    from tests.helpers import ScramClient
 
     broker = sasl_broker()
     client = RawTokens(broker.bootstrap_for("SASL_PLAINTEXT"))

@@ -18,6 +18,7 @@ from broker.security.session import KafkaPrincipal
 from protocol import scram
 from protocol.errors import ErrorCode
 from protocol.messages import ApiKey
+from tests.helpers import ScramClient
 
 PASSWORD = "correct horse"
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
@@ -42,27 +43,6 @@ def handshake(server, mechanism, now=0):
 
 def token(server, data: bytes, now=0, version=1):
     return server.receive(ApiKey.SASL_AUTHENTICATE, version, {"auth_bytes": data}, now)
-
-
-class ScramClient:
-    """The client's half, from ``protocol.scram``, for driving the server."""
-
-    def __init__(self, mechanism: str, username: str, password: str):
-        self.mechanism = scram.MECHANISMS[mechanism]
-        self.username, self.password = username, password
-        self.nonce = scram.b64encode(os.urandom(18))
-        self.first_bare = f"n={scram.escape_username(username)},r={self.nonce}"
-
-    def first(self) -> bytes:
-        return f"n,,{self.first_bare}".encode()
-
-    def final(self, server_first: bytes, *, nonce: str | None = None, binding: str = "biws") -> bytes:
-        attributes = scram.parse_attributes(server_first.decode())
-        salted = scram.salted_password(self.mechanism, self.password.encode(), scram.b64decode(attributes["s"]), int(attributes["i"]))
-        without_proof = f"c={binding},r={nonce or attributes['r']}"
-        auth_message = f"{self.first_bare},{server_first.decode()},{without_proof}".encode()
-        self.expected_signature = scram.server_signature(self.mechanism, scram.server_key(self.mechanism, salted), auth_message)
-        return f"{without_proof},p={scram.b64encode(scram.client_proof(self.mechanism, salted, auth_message))}".encode()
 
 
 def login(server, mechanism, username, password, now=0):

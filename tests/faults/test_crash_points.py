@@ -139,3 +139,30 @@ def test_the_producer_fires_only_the_crash_point_it_was_given(embedded_broker):
     finally:
         points.disarm_all()
     assert read_values(embedded_broker.bootstrap, "given-point", partitions=1, idle=0.5) == [b"committed"]
+
+
+@pytest.mark.slow
+def test_the_broker_arms_the_cleaners_crash_points_and_a_swap_cut_short_keeps_every_key(broker_process):
+    """The broker's housekeeping gives the cleaner its crash point: armed
+    through the environment, the compaction swap stops at
+    ``cleaner.swap_renamed`` (the cleaned files renamed in, the old ones
+    not yet out) with the process's exit; the restarted broker finishes or
+    undoes the swap, and every key still reads its latest value."""
+    broker = broker_process()  # housekeeping every 5 minutes: nothing is cleaned while we write
+    with Admin(bootstrap_servers=broker.bootstrap) as admin:
+        admin.create_topics({"compacted": 1}, configs={"compacted": {"cleanup.policy": "compact", "segment.bytes": "1024", "min.cleanable.dirty.ratio": "0"}})
+    latest = {}
+    with Producer(bootstrap_servers=broker.bootstrap, linger_ms=0, batch_size=256) as producer:  # small batches: many segments
+        for i in range(100):
+            key = b"k%d" % (i % 7)
+            producer.send("compacted", key + b"=%d" % i, key=key, partition=0)
+            latest[key] = key + b"=%d" % i
+        producer.flush(30)
+    broker.config += ("log.retention.check.interval.ms=200",)
+    broker.restart(clean=True, env={ENVIRONMENT_VARIABLE: "cleaner.swap_renamed@1:exit"})
+    assert broker.wait_exit(20) == CRASH_EXIT_CODE, "the cleaner's crash point ended the broker"
+    broker.env = {}  # restart disarmed
+    broker.start()
+    values = read_values(broker.bootstrap, "compacted", partitions=1, idle=1.0)
+    assert {value.split(b"=")[0]: value for value in values} == latest, "every key keeps its latest value through the interrupted swap"
+    assert len(values) < 100, "the restarted broker compacted"

@@ -148,3 +148,40 @@ def test_a_power_cut_keeps_what_an_fsync_covered_and_may_tear_or_lose_the_rest(t
             assert file.read(1000) == b"a" * 1000, "what the fsync covered is untouched"
         sizes.add((os.path.getsize(synced), os.path.getsize(unsynced)))
     assert len(sizes) > 5, "the cut lands in different places"
+
+
+def test_a_power_cut_cuts_index_files_too_and_a_replaced_file_keeps_what_its_rename_made_durable(tmp_path):
+    """The indexes go through the segment's ``DiskIO``, so the journal sees
+    their fsyncs and ``cut_power`` cuts them as it cuts segments: back to
+    between what an fsync covered and what was written, torn or at an entry
+    boundary. A file replaced whole (``replace_file``: written, fsynced,
+    renamed) is durable as the renamed file was; other files (snapshots,
+    checkpoints) are not cut."""
+    from faults.disk import FsyncJournalIO, cut_power, durable_sizes
+    from storage.durable import DiskIO, append_file, replace_file
+    from storage.index import OFFSET_ENTRY
+
+    partition = tmp_path / "data" / "t-0"
+    partition.mkdir(parents=True)
+    journal = str(tmp_path / "journal")
+    io = FsyncJournalIO(DiskIO(), journal)
+    index, txnindex, snapshot = (str(partition / ("00000000000000000000" + suffix)) for suffix in (".index", ".txnindex", ".snapshot"))
+    append_file(index, OFFSET_ENTRY.pack(0, 0) * 10, io=io, fsync=True)
+    append_file(index, OFFSET_ENTRY.pack(0, 0) * 10, io=io)  # not fsynced: may be lost
+    replace_file(txnindex, b"x" * 68, io=io)  # durable through its rename
+    append_file(txnindex, b"y" * 34, io=io)
+    with open(snapshot, "wb") as file:
+        file.write(b"never fsynced, never cut")
+    durable = durable_sizes(journal)
+    assert (durable[os.path.realpath(index)], durable[os.path.realpath(txnindex)]) == (80, 68)
+    cuts = set()
+    for seed in range(30):
+        for path, content in ((index, OFFSET_ENTRY.pack(0, 0) * 20), (txnindex, b"x" * 68 + b"y" * 34)):
+            with open(path, "wb") as file:
+                file.write(content)
+        damage = cut_power(str(tmp_path / "data"), journal, random.Random(seed))
+        assert {d.path for d in damage} <= {index, txnindex}
+        assert 80 <= os.path.getsize(index) <= 160 and 68 <= os.path.getsize(txnindex) <= 102
+        assert os.path.getsize(snapshot) == 24
+        cuts.add(os.path.getsize(index))
+    assert any(size % OFFSET_ENTRY.size for size in cuts) and any(size % OFFSET_ENTRY.size == 0 and size < 160 for size in cuts), f"torn and whole-entry cuts: {cuts}"

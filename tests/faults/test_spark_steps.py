@@ -23,6 +23,7 @@ from faults.spark import (
 )
 from streaming.spark import crashpoints
 from tests.conftest import REPO
+from tests.helpers import wait_for
 
 
 def test_the_step_names_are_the_sinks_crash_points():
@@ -52,13 +53,6 @@ def hook_process(steps_path: str, name: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, text=True)
 
 
-def wait_for(condition, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
-
-
 def test_the_hook_notes_steps_and_holds_after_a_decision_only_when_asked(tmp_path):
     """The hook runs in another process (as in Spark's Python workers): it
     appends each step with its time; asked to hold, it stops right after the
@@ -76,7 +70,7 @@ def test_the_hook_notes_steps_and_holds_after_a_decision_only_when_asked(tmp_pat
     assert hook_process(steps_path, AFTER_COMMIT).wait(60) == 0, "only a decision holds"
     assert os.path.exists(request)
     held = hook_process(steps_path, AFTER_DECISION)
-    wait_for(lambda: os.path.exists(holding))
+    wait_for(lambda: os.path.exists(holding), 20, "the hook to hold", interval=0.02)
     assert not os.path.exists(request), "one decision claims one request"
     time.sleep(0.3)
     assert held.poll() is None, "held while the holding file is there"
@@ -84,7 +78,7 @@ def test_the_hook_notes_steps_and_holds_after_a_decision_only_when_asked(tmp_pat
     os.rename(holding, request)  # let it go, hold the next one
     assert held.wait(20) == 0 and held.stdout.read() == "passed\n"
     second = hook_process(steps_path, AFTER_DECISION)
-    wait_for(lambda: os.path.exists(holding))
+    wait_for(lambda: os.path.exists(holding), 20, "the hook to hold", interval=0.02)
     second.kill()  # what the demo does: SIGKILL while held
     assert second.wait(20) != 0
 

@@ -4,7 +4,7 @@ rule of legal names, ``protocol.names``, is tested here too)."""
 import pytest
 
 from protocol.names import InvalidTopicError, is_legal_topic_name, validate_topic_name
-from storage.names import parse_partition_dir, partition_dir_name, partition_path
+from storage.names import parse_partition_dir, partition_dir_name
 
 
 @pytest.mark.parametrize("name", ["orders", "a", "A.b_c-9", "x" * 249, "__consumer_offsets"])
@@ -26,26 +26,30 @@ def test_illegal_names(name):
     assert not is_legal_topic_name(name)
 
 
-def test_partition_path_stays_inside(tmp_path):
-    assert partition_path(str(tmp_path), "orders", 3) == str(tmp_path.resolve() / "orders-3")
+def test_partition_dir_name_refuses_what_no_topic_is():
+    assert partition_dir_name("orders", 3) == "orders-3"
     with pytest.raises(InvalidTopicError):
-        partition_path(str(tmp_path), "../../etc", 0)
+        partition_dir_name("../../etc", 0)
+    with pytest.raises(InvalidTopicError):
+        partition_dir_name("..", 0)
     with pytest.raises(ValueError):
         partition_dir_name("orders", -1)
     with pytest.raises(ValueError):
         partition_dir_name("orders", True)
-    with pytest.raises(InvalidTopicError):
-        partition_path(str(tmp_path), "..", 0)
 
 
-def test_a_symlinked_partition_dir_pointing_outside_is_refused(tmp_path):
+def test_the_broker_removes_at_start_only_the_partition_directories_it_could_have_made(tmp_path):
+    """An unowned ``<topic>-<partition>`` directory is an interrupted delete
+    and goes; a directory that only looks like one (a leading zero, a space,
+    a character no topic has) is someone else's and stays."""
+    from broker.broker import EmbeddedBroker
+
     data = tmp_path / "data"
-    outside = tmp_path / "outside"
-    data.mkdir()
-    outside.mkdir()
-    (data / "orders-0").symlink_to(outside)
-    with pytest.raises(InvalidTopicError, match="outside"):
-        partition_path(str(data), "orders", 0)
+    for name in ("gone-3", "backup-007", "old topic-1", "notes\u00e9-2"):
+        (data / name).mkdir(parents=True)
+    with EmbeddedBroker(str(data)):
+        pass
+    assert sorted(path.name for path in data.iterdir() if not path.name.startswith((".", "__")) and path.is_dir()) == ["backup-007", "notes\u00e9-2", "old topic-1"]
 
 
 def test_parse_partition_dir():

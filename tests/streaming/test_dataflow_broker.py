@@ -14,8 +14,7 @@ import pytest
 import streaming
 from streaming.dataflow import LATE_METRIC
 from streaming.windows import hopping, tumbling
-from tests.helpers import read_all
-from test_windows import recompute
+from tests.helpers import read_all, recompute_windowed_sums
 
 pytestmark = pytest.mark.slow
 
@@ -81,7 +80,7 @@ def test_window_results_and_late_counts_equal_a_recomputation_across_restarts(br
         assert key not in got, f"window {key} emitted twice"
         assert value["end"] - value["start"] == windows.size_ms
         got[key] = value["value"]
-    finals, _still_open, late = recompute([(user, ts, json.loads(v)["n"]) for user, v, ts in records], windows.size_ms, windows.advance_ms, 1000)
+    finals, _still_open, late = recompute_windowed_sums([(user, ts, json.loads(v)["n"]) for user, v, ts in records], windows.size_ms, windows.advance_ms, 1000)
     assert got == {key: total for key, (total, _at) in finals.items()}
     assert late_seen == late > 0  # late records were there, dropped and counted
     assert len(got) > 100

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 import pytest
 
 import streaming
 from streaming.cli import load_app
-from tests.helpers import read_all
+from tests.helpers import read_all, wait_for
 from tests.streaming.runner_support import BROKER_CONFIG
 from txn import Admin, ConfigError, Producer
 
@@ -48,10 +47,19 @@ def test_two_sources_named_sinks_formats_counters_and_items(broker_process, tmp_
             ctx.emit(record.key, "the end", topic="audit", headers=[("why", b"the last one")], timestamp=42)
             snapshots.append(list(totals.items()))
 
-    stopper = threading.Thread(target=lambda: (wait_until(lambda: app.metrics.get("records_in", 0) >= 60), app.stop()))
+    all_in = []
+
+    def stop_once_all_are_in():
+        try:
+            all_in.append(wait_for(lambda: app.metrics.get("records_in", 0) >= 60, 60, "the app to take in 60 records"))
+        finally:
+            app.stop()  # also after the wait failed: app.run() returns and the test fails below
+
+    stopper = threading.Thread(target=stop_once_all_are_in)
     stopper.start()
     app.run()
     stopper.join(10)
+    assert all_in, "the app never took in the 60 records within 60 s"
     assert app.metrics["records_in"] == 60 and app.metrics["clicks_seen"] == 40 and app.metrics["views_seen"] == 20
     assert len(set(seen_positions)) == 60
     totals = read_all(broker.bootstrap, "totals", 2, expect=60)
@@ -72,12 +80,6 @@ def test_two_sources_named_sinks_formats_counters_and_items(broker_process, tmp_
     (snapshot,) = snapshots
     keys = [key for key, _value in snapshot]
     assert keys == sorted(keys) and all(isinstance(k, tuple) for k in keys)
-
-
-def wait_until(condition, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.05)
 
 
 def test_the_app_refuses_settings_it_cannot_honour(tmp_path):

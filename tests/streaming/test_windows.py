@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streaming.windows import NEXT_CLOSE, STREAM_TIME, WindowedAggregation, Windows, close_time, hopping, tumbling
+from tests.helpers import recompute_windowed_sums as recompute
 
 
 class DictState:
@@ -96,35 +97,6 @@ def test_tuple_and_bytes_free_keys_survive_the_json_state():
     counting.update(state, 7, 3, 10)
     results = counting.advance(state, 1_000)
     assert {r.key: r.aggregate for r in results} == {("a", 1): 2, 7: 3}
-
-
-def recompute(records, size, advance, grace):
-    """The plain definition, independent of the module: stream time is the
-    running maximum; a record joins each window [s, s+size) (s a multiple of
-    advance, s >= 0) holding it whose end + grace is above the stream time
-    at the record; a window is emitted at the first record that brings
-    stream time to its end + grace."""
-    stream_time = None
-    sums: dict = {}
-    emitted_at: dict = {}
-    late = 0
-    for index, (key, ts, value) in enumerate(records):
-        stream_time = ts if stream_time is None else max(stream_time, ts)
-        for window in list(sums):
-            if window not in emitted_at and stream_time >= window[1] + size + grace:
-                emitted_at[window] = index
-        missed = False
-        for start in range(0, ts + 1):
-            if start % advance or not (start <= ts < start + size):
-                continue
-            if stream_time >= start + size + grace:
-                missed = True
-                continue
-            sums[(key, start)] = sums.get((key, start), 0) + value
-        late += missed
-    finals = {w: (sums[w], emitted_at[w]) for w in emitted_at}
-    still_open = {w: s for w, s in sums.items() if w not in emitted_at}
-    return finals, still_open, late
 
 
 @settings(max_examples=150, deadline=None)

@@ -17,10 +17,9 @@ import uuid
 
 import pytest
 
-from tests.helpers import create_topic
+from tests.helpers import connections_cut_every, create_topic, read_partition
 from txn import (
     ConfigError,
-    Consumer,
     Producer,
     ProducerConfig,
     TopicPartition,
@@ -35,46 +34,13 @@ from txn.producer import AsyncProducer
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def read_partition(bootstrap, topic, partition, expect, *, isolation="read_committed", timeout=30.0):
-    consumer = Consumer(bootstrap_servers=bootstrap, isolation_level=isolation)
-    consumer.assign([TopicPartition(topic, partition)])
-    records, deadline = [], time.monotonic() + timeout
-    while len(records) < expect and time.monotonic() < deadline:
-        records.extend(consumer.poll(0.5))
-    time.sleep(0.3)
-    records.extend(consumer.poll(0.3))  # nothing more should come
-    consumer.close()
-    return records
-
-
-def cut_connections(producer: Producer) -> None:
-    """Abort every socket of the producer, on its loop (a network fault)."""
-
-    def cut():
-        for client in producer._async.cluster._clients.values():
-            if client._writer is not None:
-                client._writer.transport.abort()
-
-    producer._thread.loop.call_soon_threadsafe(cut)
-
-
 def test_five_in_flight_keep_order_and_exactly_once_through_connection_cuts(embedded_broker):
     create_topic(embedded_broker.bootstrap, "inflight", 1)
     producer = Producer(bootstrap_servers=embedded_broker.bootstrap, batch_size=400, linger_ms=0, retry_backoff_ms=10)
     assert producer.config.max_in_flight_requests_per_connection == 5
-    stop = threading.Event()
-
-    def chaos():
-        while not stop.is_set():
-            time.sleep(0.05)
-            cut_connections(producer)
-
-    cutter = threading.Thread(target=chaos)
-    cutter.start()
-    futures = [producer.send("inflight", b"%06d" % i, partition=0) for i in range(6000)]
-    producer.flush(120)
-    stop.set()
-    cutter.join()
+    with connections_cut_every(producer, 0.05):
+        futures = [producer.send("inflight", b"%06d" % i, partition=0) for i in range(6000)]
+        producer.flush(120)
     offsets = [f.result(10).offset for f in futures]
     producer.close()
     known = [o for o in offsets if o >= 0]

@@ -20,9 +20,8 @@ from hypothesis import strategies as st
 
 from protocol.columnar import HEADERS_TYPE
 from protocol.partitioning import murmur2
-from tests.helpers import create_topic
+from tests.helpers import connections_cut_every, create_topic, read_partition
 from tests.txn.test_interop import as_comparable, expected_records, read_with_confluent, read_with_kafka_python
-from tests.txn.test_producer_delivery import cut_connections, read_partition
 from txn import Consumer, Producer, TopicPartition
 from txn.column_batches import murmur2_partitions, plan_batches
 from txn.errors import BufferExhaustedError
@@ -122,25 +121,15 @@ def test_keys_land_where_the_per_record_api_puts_them_in_order(embedded_broker):
 def test_columns_and_single_records_keep_call_order_and_sequences_through_connection_cuts(embedded_broker):
     create_topic(embedded_broker.bootstrap, "columns-cuts", 1)
     producer = Producer(bootstrap_servers=embedded_broker.bootstrap, batch_size=600, linger_ms=0, retry_backoff_ms=10)
-    stop = threading.Event()
-
-    def chaos():
-        while not stop.is_set():
-            time.sleep(0.05)
-            cut_connections(producer)
-
-    cutter = threading.Thread(target=chaos)
-    cutter.start()
     expected, outcomes = [], []
-    for round_ in range(30):
-        values = [b"c%03d-%04d" % (round_, i) for i in range(200)]
-        outcomes.append(producer.send_columns("columns-cuts", pa.array(values), partition=0))
-        single = b"s%03d" % round_
-        outcomes.append(producer.send("columns-cuts", single, partition=0))
-        expected += values + [single]
-    producer.flush(120)
-    stop.set()
-    cutter.join()
+    with connections_cut_every(producer, 0.05):
+        for round_ in range(30):
+            values = [b"c%03d-%04d" % (round_, i) for i in range(200)]
+            outcomes.append(producer.send_columns("columns-cuts", pa.array(values), partition=0))
+            single = b"s%03d" % round_
+            outcomes.append(producer.send("columns-cuts", single, partition=0))
+            expected += values + [single]
+        producer.flush(120)
     for outcome in outcomes:
         outcome.result(10)
     producer.close()

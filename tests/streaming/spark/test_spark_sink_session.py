@@ -12,7 +12,6 @@ import time
 
 import pytest
 
-from faults.process import BrokerProcess
 from tests.helpers import read_all
 from txn import Admin, Consumer, Producer, TopicPartition
 
@@ -20,16 +19,15 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory):
-    process = BrokerProcess(str(tmp_path_factory.mktemp("spark-sink") / "broker"), "group.initial.rebalance.delay.ms=0").start()
+def broker(module_broker):
+    process = module_broker
     with Admin(process.bootstrap) as admin:
         admin.create_topics({"in": 2, "routed": 3, "plain": 1, "batch": 2, "versions": 1})
     with Producer(process.bootstrap, linger_ms=0) as producer:
         for i in range(10):
             producer.send("in", f"v{i}".encode(), key=f"k{i}".encode(), partition=i % 2, headers=[("h", f"x{i}".encode())])
         producer.flush()
-    yield process
-    process.kill()
+    return process
 
 
 def source(spark, broker):

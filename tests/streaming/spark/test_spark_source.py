@@ -10,7 +10,8 @@ import uuid
 
 import pytest
 
-from faults.process import BrokerProcess
+from tests.conftest import module_broker as broker  # noqa: F401  (one broker for the module; each test has its own topics)
+from tests.helpers import recreate_topics
 from txn import Admin, Producer, TopicPartition
 
 pytestmark = pytest.mark.slow
@@ -55,17 +56,8 @@ def values(prefix: str, count: int) -> list[bytes]:
     return [f"{prefix}{i}".encode() for i in range(count)]
 
 
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory):
-    """One broker process for the module (each test has its own topics)."""
-    process = BrokerProcess(str(tmp_path_factory.mktemp("spark-source") / "broker"), "group.initial.rebalance.delay.ms=0").start()
-    yield process
-    process.kill()
-
-
 def create(broker, topic: str, partitions: int = 1) -> None:
-    with Admin(bootstrap_servers=broker.bootstrap) as admin:
-        admin.create_topics({topic: partitions})
+    recreate_topics(broker.bootstrap, {topic: partitions})  # empty on a rerun too: the broker is the module's
 
 
 def stream(spark, broker, **options):
