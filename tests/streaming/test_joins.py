@@ -12,7 +12,7 @@ import pytest
 
 import streaming
 from streaming.picking import RecordPicker, copartition_groups
-from streaming.task import RawRecord
+from txn.types import ConsumerRecord
 from streaming.testing import TestDriver
 from txn.errors import ConfigError
 
@@ -124,7 +124,7 @@ def test_table_records_without_a_key_are_skipped_and_counted(tmp_path):
 
 
 def raw(topic, partition, offset, timestamp):
-    return RawRecord(topic, partition, offset, timestamp, b"k", b"v")
+    return ConsumerRecord(topic, partition, offset, timestamp, b"k", b"v")
 
 
 def test_the_picker_waits_for_an_empty_input_up_to_the_bound_then_goes_on():
