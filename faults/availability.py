@@ -30,6 +30,14 @@ Definitions (the report, verdict.json and the README use these words):
   last output and the end of the faulted run). ``stall_outside_faults`` is
   the longest part of any stall while no fault was in progress (outside
   every ``[at, cleared]``): what the pipeline loses on its own.
+- **per instance** (a client fault on a group of instances whose committed
+  input positions are sampled per partition, the streaming workload's):
+  ``survivors_stall_s`` is the longest stretch, from the survivors' last
+  commit before the fault to their first after the next fault (or the end
+  of the faulted run), in which no partition the victim did not hold
+  advanced: what the fault cost the others; ``victim_back_s`` is from the
+  fault cleared (the victim started again) to the first advance of a
+  partition it held, beyond where they stood once it was dead.
 - **in flight**: at the fault, input was arriving (records acknowledged
   into the input within ``ARRIVING_WINDOW`` = 1 s either side of it) or
   waiting (more acknowledged than the workload had consumed and committed).
@@ -43,7 +51,7 @@ from __future__ import annotations
 
 import bisect
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import attrs
 
@@ -60,6 +68,7 @@ class FaultEvent:
     detail: str = ""
     cleared: float | None = None  # when it stopped acting (None: at once)
     victim: str = ""  # the process hit (a client fault's), "" for the broker or the network
+    victim_partitions: tuple = ()  # the input partitions the victim held at the fault, when known ("topic-N")
 
     def to_json(self) -> dict:
         return attrs.asdict(self)
@@ -163,6 +172,65 @@ class Availability:
             lines.append(f"  longest of it while no fault was in progress: {self.longest_stall_outside_faults.seconds:.1f} s "
                          f"(t={self.longest_stall_outside_faults.start:.1f}..{self.longest_stall_outside_faults.end:.1f} s)")
         return lines
+
+
+@attrs.frozen
+class InstanceRecovery:
+    """A client fault seen per partition (see "per instance" above)."""
+
+    at: float
+    kind: str
+    victim: str
+    cleared: float
+    victim_partitions: tuple
+    survivors_stall_s: float | None  # None: every partition was the victim's
+    victim_back_s: float | None  # None: none of its partitions advanced again in the run
+    restore_s: float | None = None  # the victim's store restore after the restart, as its log says
+
+    def to_json(self) -> dict:
+        return {key: (round(value, 3) if isinstance(value, float) else value) for key, value in attrs.asdict(self).items()}
+
+
+def instance_recoveries(samples: Sequence[tuple[float, Mapping[str, int]]], faults: Sequence[FaultEvent], *, end: float) -> list[InstanceRecovery]:
+    """Per client fault that names its victim's partitions: the survivors'
+    longest stall and the victim's time back. ``samples``: (when asked, {partition: committed offset})."""
+    samples = sorted(samples, key=lambda sample: sample[0])
+    ordered = sorted(faults, key=lambda f: f.at)
+    out = []
+    for index, fault in enumerate(ordered):
+        if not fault.victim_partitions:
+            continue
+        cleared = fault.at if fault.cleared is None else max(fault.at, fault.cleared)
+        held = set(fault.victim_partitions)
+        every = {partition for _at, offsets in samples for partition in offsets}
+        others = every - held
+        window_end = ordered[index + 1].at if index + 1 < len(ordered) else end
+        survivors_stall = None
+        if others:
+            moves = _moves(samples, others)
+            before = [at for at in moves if at <= fault.at]
+            after = [at for at in moves if at > fault.at]
+            past_window = [at for at in after if at >= window_end]
+            span = ([before[-1]] if before else [fault.at]) + [at for at in after if at < window_end] + [past_window[0] if past_window else window_end]
+            survivors_stall = max(later - earlier for earlier, later in zip(span, span[1:]))
+        victim_back = None
+        baseline = next((offsets for at, offsets in samples if at > cleared), None)
+        if baseline is not None:
+            dead_at = sum(baseline.get(partition, 0) for partition in held)
+            victim_back = next((at - cleared for at, offsets in samples if at > cleared and sum(offsets.get(partition, 0) for partition in held) > dead_at), None)
+        out.append(InstanceRecovery(fault.at, fault.kind, fault.victim, cleared, tuple(sorted(held)), survivors_stall, victim_back))
+    return out
+
+
+def _moves(samples: Sequence[tuple[float, Mapping[str, int]]], partitions: set[str]) -> list[float]:
+    """When the committed positions of ``partitions`` (together) were seen to advance."""
+    moves, last = [], None
+    for at, offsets in samples:
+        total = sum(offsets.get(partition, 0) for partition in partitions)
+        if last is not None and total > last:
+            moves.append(at)
+        last = total if last is None else max(last, total)
+    return moves
 
 
 class _Series:
