@@ -2,7 +2,8 @@
 (Kafka Streams' exactly_once_v2, on asyncio with ``txn.aio`` clients).
 
 One ``Runner`` is one app instance: one consumer-group member (group id =
-application id, static member ``{application_id}-{instance_id}``) and one
+application id, static member ``{application_id}-{instance_id}``, the
+cooperative ``copartitioned-sticky`` assignor of ``txn.assignors``) and one
 transactional producer (transactional id the same string). The loop:
 
     poll -> for each record: deserialize, run the processor(s) (their store
@@ -74,7 +75,11 @@ __all__ = ["Runner", "abort_cause"]
 
 log = logging.getLogger("streaming.runner")
 
-DEFAULTS_CONSUMER = {"max_poll_records": 500}
+# The group's assignor: cooperative (KIP-429: a rebalance moves only the
+# partitions that change hands, and the others are processed through it, a
+# round held up by a dead member's session included) and co-partitioned
+# (partition N of every source on one instance, with its store shards).
+DEFAULTS_CONSUMER = {"max_poll_records": 500, "partition_assignment_strategy": ("copartitioned-sticky",)}
 LAG_REFRESH_SECONDS = 1.0  # how often the lag is asked for while metrics are served
 
 E = RunnerEvent
