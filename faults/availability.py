@@ -32,10 +32,12 @@ Definitions (the report, verdict.json and the README use these words):
   every ``[at, cleared]``): what the pipeline loses on its own.
 - **per instance** (a client fault on a group of instances whose committed
   input positions are sampled per partition, the streaming workload's):
-  ``survivors_stall_s`` is the longest stretch, from the survivors' last
-  commit before the fault to their first after the next fault (or the end
-  of the faulted run), in which no partition the victim did not hold
-  advanced: what the fault cost the others; ``victim_back_s`` is from the
+  ``survivors_stall_s`` is the longest stretch, overlapping the time from
+  the fault to the next one (or the end of the faulted run), in which no
+  partition the victim did not hold advanced while one of them had input
+  waiting (its end beyond its committed offset): what the fault cost the
+  others (a workload fed in phases may leave them nothing to do while the
+  victim is away, which is not a stall); ``victim_back_s`` is from the
   fault cleared (the victim started again) to the first advance of a
   partition it held, beyond where they stood once it was dead.
 - **in flight**: at the fault, input was arriving (records acknowledged
@@ -191,10 +193,19 @@ class InstanceRecovery:
         return {key: (round(value, 3) if isinstance(value, float) else value) for key, value in attrs.asdict(self).items()}
 
 
-def instance_recoveries(samples: Sequence[tuple[float, Mapping[str, int]]], faults: Sequence[FaultEvent], *, end: float) -> list[InstanceRecovery]:
+@attrs.frozen
+class PartitionSample:
+    """A group's input partitions at one moment: committed offsets and ends."""
+
+    at: float  # when it was asked for
+    committed: Mapping[str, int]  # {"topic-N": committed offset}
+    ends: Mapping[str, int]  # {"topic-N": end offset}
+
+
+def instance_recoveries(samples: Sequence[PartitionSample], faults: Sequence[FaultEvent], *, end: float) -> list[InstanceRecovery]:
     """Per client fault that names its victim's partitions: the survivors'
-    longest stall and the victim's time back. ``samples``: (when asked, {partition: committed offset})."""
-    samples = sorted(samples, key=lambda sample: sample[0])
+    longest stall and the victim's time back."""
+    samples = sorted(samples, key=lambda sample: sample.at)
     ordered = sorted(faults, key=lambda f: f.at)
     out = []
     for index, fault in enumerate(ordered):
@@ -202,35 +213,41 @@ def instance_recoveries(samples: Sequence[tuple[float, Mapping[str, int]]], faul
             continue
         cleared = fault.at if fault.cleared is None else max(fault.at, fault.cleared)
         held = set(fault.victim_partitions)
-        every = {partition for _at, offsets in samples for partition in offsets}
-        others = every - held
+        others = {partition for sample in samples for partition in sample.committed} - held
         window_end = ordered[index + 1].at if index + 1 < len(ordered) else end
         survivors_stall = None
         if others:
-            moves = _moves(samples, others)
-            before = [at for at in moves if at <= fault.at]
-            after = [at for at in moves if at > fault.at]
-            past_window = [at for at in after if at >= window_end]
-            span = ([before[-1]] if before else [fault.at]) + [at for at in after if at < window_end] + [past_window[0] if past_window else window_end]
-            survivors_stall = max(later - earlier for earlier, later in zip(span, span[1:]))
+            stretches = [(start, stop) for start, stop in _stalls(samples, others) if stop > fault.at and start < window_end]
+            survivors_stall = max((stop - start for start, stop in stretches), default=0.0)
         victim_back = None
-        baseline = next((offsets for at, offsets in samples if at > cleared), None)
+        baseline = next((sample.committed for sample in samples if sample.at > cleared), None)
         if baseline is not None:
             dead_at = sum(baseline.get(partition, 0) for partition in held)
-            victim_back = next((at - cleared for at, offsets in samples if at > cleared and sum(offsets.get(partition, 0) for partition in held) > dead_at), None)
+            victim_back = next((sample.at - cleared for sample in samples
+                                if sample.at > cleared and sum(sample.committed.get(partition, 0) for partition in held) > dead_at), None)
         out.append(InstanceRecovery(fault.at, fault.kind, fault.victim, cleared, tuple(sorted(held)), survivors_stall, victim_back))
     return out
 
 
-def _moves(samples: Sequence[tuple[float, Mapping[str, int]]], partitions: set[str]) -> list[float]:
-    """When the committed positions of ``partitions`` (together) were seen to advance."""
-    moves, last = [], None
-    for at, offsets in samples:
-        total = sum(offsets.get(partition, 0) for partition in partitions)
-        if last is not None and total > last:
-            moves.append(at)
+def _stalls(samples: Sequence[PartitionSample], partitions: set[str]) -> list[tuple[float, float]]:
+    """(start, end) of each stretch in which ``partitions`` had input
+    waiting and none of them advanced: from the last advance (or the first
+    sample with input waiting) to the next advance (or the first sample with
+    none waiting, or the last sample)."""
+    stretches, since, last = [], None, None
+    for sample in samples:
+        total = sum(sample.committed.get(partition, 0) for partition in partitions)
+        waiting = any(sample.ends.get(partition, 0) > sample.committed.get(partition, 0) for partition in partitions)
+        advanced = last is not None and total > last
         last = total if last is None else max(last, total)
-    return moves
+        if since is not None and (advanced or not waiting):
+            stretches.append((since, sample.at))
+            since = None
+        if waiting and since is None:
+            since = sample.at
+    if since is not None and samples:
+        stretches.append((since, samples[-1].at))
+    return stretches
 
 
 class _Series:

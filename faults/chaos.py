@@ -74,7 +74,7 @@ import time
 import attrs
 
 from faults import checker as checker_module
-from faults.availability import Output, instance_recoveries, measure
+from faults.availability import Output, PartitionSample, instance_recoveries, measure
 from faults.disk import ENVIRONMENT_VARIABLE as DISK_FAULTS_VARIABLE
 from faults.disk import TORN_WRITE_POINT, DiskFaultControl
 from faults.history import polls, read_history, sends
@@ -259,7 +259,7 @@ class ChaosRun:
         self._set_up_feed([list(phase) for phase in self.app_module.chaos_input(settings.records, settings.seed)], op="seed")
         self.probe = ProgressProbe(self._group_position, self._elapsed, interval=0.25)
         self.state_dirs = []
-        self.partition_samples: list[tuple[float, dict[str, int]]] = []  # (when asked, {"topic-N": committed offset}): per-instance recovery
+        self.partition_samples: list[PartitionSample] = []  # the input's committed offsets and ends: per-instance recovery
         for index in range(settings.clients):
             state_dir = os.path.join(self.work, f"state-{index}")  # kept across restarts (but not a lose-disk): its SQLite files and instance id
             self.state_dirs.append(state_dir)
@@ -392,13 +392,15 @@ class ChaosRun:
         """Input records the streaming app has consumed and committed: its
         group's committed offsets on the input topics (the input is not
         transactional, so an offset counts records)."""
-        from txn import Admin
+        from txn import Admin, TopicPartition
 
         asked = self._elapsed()
         with Admin(bootstrap_servers=self.bootstrap, request_timeout_ms=2000) as admin:
             committed = admin.list_group_offsets(self.application_id)
-        if self.settings.workload == "streaming":
-            self.partition_samples.append((asked, {f"{tp.topic}-{tp.partition}": offset.offset for tp, offset in committed.items() if offset is not None and tp.topic in self.input_topics}))
+            if self.settings.workload == "streaming":
+                ends = admin.list_offsets({TopicPartition(topic, p): "latest" for topic in self.input_topics for p in range(self.app_module.CHAOS_TOPICS[topic])})
+                self.partition_samples.append(PartitionSample(asked, {f"{tp.topic}-{tp.partition}": offset.offset for tp, offset in committed.items() if offset is not None and tp.topic in self.input_topics},
+                                                              {f"{tp.topic}-{tp.partition}": listed.offset for tp, listed in ends.items()}))
         return sum(offset.offset for tp, offset in committed.items() if offset is not None and tp.topic in self.input_topics)
 
     def _spark_position(self) -> int | None:
