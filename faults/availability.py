@@ -30,6 +30,16 @@ Definitions (the report, verdict.json and the README use these words):
   last output and the end of the faulted run). ``stall_outside_faults`` is
   the longest part of any stall while no fault was in progress (outside
   every ``[at, cleared]``): what the pipeline loses on its own.
+- **per instance** (a client fault on a group of instances whose committed
+  input positions are sampled per partition, the streaming workload's):
+  ``survivors_stall_s`` is the longest stretch, overlapping the time from
+  the fault to the next one (or the end of the faulted run), in which no
+  partition the victim did not hold advanced while one of them had input
+  waiting (its end beyond its committed offset): what the fault cost the
+  others (a workload fed in phases may leave them nothing to do while the
+  victim is away, which is not a stall); ``victim_back_s`` is from the
+  fault cleared (the victim started again) to the first advance of a
+  partition it held, beyond where they stood once it was dead.
 - **in flight**: at the fault, input was arriving (records acknowledged
   into the input within ``ARRIVING_WINDOW`` = 1 s either side of it) or
   waiting (more acknowledged than the workload had consumed and committed).
@@ -43,7 +53,7 @@ from __future__ import annotations
 
 import bisect
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import attrs
 
@@ -60,6 +70,7 @@ class FaultEvent:
     detail: str = ""
     cleared: float | None = None  # when it stopped acting (None: at once)
     victim: str = ""  # the process hit (a client fault's), "" for the broker or the network
+    victim_partitions: tuple = ()  # the input partitions the victim held at the fault, when known ("topic-N")
 
     def to_json(self) -> dict:
         return attrs.asdict(self)
@@ -163,6 +174,80 @@ class Availability:
             lines.append(f"  longest of it while no fault was in progress: {self.longest_stall_outside_faults.seconds:.1f} s "
                          f"(t={self.longest_stall_outside_faults.start:.1f}..{self.longest_stall_outside_faults.end:.1f} s)")
         return lines
+
+
+@attrs.frozen
+class InstanceRecovery:
+    """A client fault seen per partition (see "per instance" above)."""
+
+    at: float
+    kind: str
+    victim: str
+    cleared: float
+    victim_partitions: tuple
+    survivors_stall_s: float | None  # None: every partition was the victim's
+    victim_back_s: float | None  # None: none of its partitions advanced again in the run
+    restore_s: float | None = None  # the victim's store restore after the restart, as its log says
+
+    def to_json(self) -> dict:
+        return {key: (round(value, 3) if isinstance(value, float) else value) for key, value in attrs.asdict(self).items()}
+
+
+@attrs.frozen
+class PartitionSample:
+    """A group's input partitions at one moment: committed offsets and ends."""
+
+    at: float  # when it was asked for
+    committed: Mapping[str, int]  # {"topic-N": committed offset}
+    ends: Mapping[str, int]  # {"topic-N": end offset}
+
+
+def instance_recoveries(samples: Sequence[PartitionSample], faults: Sequence[FaultEvent], *, end: float) -> list[InstanceRecovery]:
+    """Per client fault that names its victim's partitions: the survivors'
+    longest stall and the victim's time back."""
+    samples = sorted(samples, key=lambda sample: sample.at)
+    ordered = sorted(faults, key=lambda f: f.at)
+    out = []
+    for index, fault in enumerate(ordered):
+        if not fault.victim_partitions:
+            continue
+        cleared = fault.at if fault.cleared is None else max(fault.at, fault.cleared)
+        held = set(fault.victim_partitions)
+        others = {partition for sample in samples for partition in sample.committed} - held
+        window_end = ordered[index + 1].at if index + 1 < len(ordered) else end
+        survivors_stall = None
+        if others:
+            stretches = [(start, stop) for start, stop in _stalls(samples, others) if stop > fault.at and start < window_end]
+            survivors_stall = max((stop - start for start, stop in stretches), default=0.0)
+        victim_back = None
+        baseline = next((sample.committed for sample in samples if sample.at > cleared), None)
+        if baseline is not None:
+            dead_at = sum(baseline.get(partition, 0) for partition in held)
+            victim_back = next((sample.at - cleared for sample in samples
+                                if sample.at > cleared and sum(sample.committed.get(partition, 0) for partition in held) > dead_at), None)
+        out.append(InstanceRecovery(fault.at, fault.kind, fault.victim, cleared, tuple(sorted(held)), survivors_stall, victim_back))
+    return out
+
+
+def _stalls(samples: Sequence[PartitionSample], partitions: set[str]) -> list[tuple[float, float]]:
+    """(start, end) of each stretch in which ``partitions`` had input
+    waiting and none of them advanced: from the last advance (or the first
+    sample with input waiting) to the next advance (or the first sample with
+    none waiting, or the last sample)."""
+    stretches, since, last = [], None, None
+    for sample in samples:
+        total = sum(sample.committed.get(partition, 0) for partition in partitions)
+        waiting = any(sample.ends.get(partition, 0) > sample.committed.get(partition, 0) for partition in partitions)
+        advanced = last is not None and total > last
+        last = total if last is None else max(last, total)
+        if since is not None and (advanced or not waiting):
+            stretches.append((since, sample.at))
+            since = None
+        if waiting and since is None:
+            since = sample.at
+    if since is not None and samples:
+        stretches.append((since, samples[-1].at))
+    return stretches
 
 
 class _Series:

@@ -47,6 +47,7 @@ The same seed gives the same fault schedule (kinds, times, victims). Faults:
 | --- | --- |
 | kill-broker | SIGKILL the broker, restart it on the same data directory |
 | kill-client | SIGKILL one workload process, start it again |
+| lose-disk | (streaming) SIGKILL one app instance, delete its state directory, start it again: a container rescheduled onto a fresh disk |
 | kill-driver | (spark) SIGKILL the Spark driver's process groups (JVM, Python workers), restart it from its checkpoint |
 | kill-executor | (spark, on a cluster started for the run) SIGKILL one worker's executor JVM with its Python daemons and workers; Spark reruns the lost tasks on a new executor |
 | pause-client | SIGSTOP one workload process for 2 s, then SIGCONT |
@@ -64,6 +65,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import sys
 import tempfile
@@ -72,7 +74,7 @@ import time
 import attrs
 
 from faults import checker as checker_module
-from faults.availability import Output, measure
+from faults.availability import Output, PartitionSample, instance_recoveries, measure
 from faults.disk import ENVIRONMENT_VARIABLE as DISK_FAULTS_VARIABLE
 from faults.disk import TORN_WRITE_POINT, DiskFaultControl
 from faults.history import polls, read_history, sends
@@ -85,8 +87,9 @@ from faults.watcher import ProgressProbe, TopicWatcher, deltas
 from protocol.messages import ApiKey
 
 EXECUTOR_WAIT_SECONDS = 300.0
-FAULT_KINDS = ("kill-broker", "kill-client", "kill-driver", "kill-executor", "pause-client", "pause-broker", "proxy-cut", "proxy-delay-endtxn", "torn-tail", "disk-fsync")
+FAULT_KINDS = ("kill-broker", "kill-client", "lose-disk", "kill-driver", "kill-executor", "pause-client", "pause-broker", "proxy-cut", "proxy-delay-endtxn", "torn-tail", "disk-fsync")
 WORKLOAD_KINDS = ("copier", "copier-confluent", "copier-librdkafka", "producer", "bank", "processor", "streaming", "spark")
+RESTORED_LINE = re.compile(r"restored \d+ changelog records up to offset -?\d+ in ([\d.]+) s")  # streaming.restore's INFO line
 BROKER_CONFIG = ("group.initial.rebalance.delay.ms=0", "group.min.session.timeout.ms=1000", "transaction.abort.timed.out.transaction.cleanup.interval.ms=500")
 
 
@@ -112,6 +115,10 @@ class ChaosSettings:
     # workload "spark": a module that builds a Spark query, and its chaos
     # convention (faults.spark), as a .py path or a module name.
     query: str = ""
+    # workload "streaming": where each instance's identity comes from: "given"
+    # (ONCEFLOW_INSTANCE_ID=app-N, as an orchestrator names its replicas) or
+    # "state-dir" (generated and kept in its state directory, lost with it).
+    instance_ids: str = attrs.field(default="given", validator=attrs.validators.in_(("given", "state-dir")))
 
     def __attrs_post_init__(self) -> None:
         unknown = set(self.faults) - set(FAULT_KINDS)
@@ -125,6 +132,8 @@ class ChaosSettings:
             raise ValueError("the spark workload needs a query module (--query), and only it takes one")
         if "kill-driver" in self.faults and self.workload != "spark":
             raise ValueError("kill-driver needs the spark workload (a Spark driver to kill)")
+        if "lose-disk" in self.faults and self.workload != "streaming":
+            raise ValueError("lose-disk needs the streaming workload (app instances with state directories)")
         if "kill-executor" in self.faults and self.workload != "spark":
             raise ValueError("kill-executor needs the spark workload (it runs the query on a cluster, whose executors it kills)")
 
@@ -160,6 +169,8 @@ class ChaosRun:
         os.makedirs(self.history_dir)
         self.disk = DiskFaultControl(os.path.join(self.work, "disk-faults.json"))
         self.faults: list[FaultEvent] = []
+        self.victim_logs: dict[int, tuple[str, int]] = {}  # fault index -> (the killed instance's log, its size then)
+        self.instance_recoveries: list = []  # faults.availability.InstanceRecovery (the streaming workload's client faults)
         self.clients: list[ClientProcess] = []
         self.started = time.monotonic()
         self.pending_clears: list[tuple[float, str, object, int]] = []  # (due, action, target, index of the fault)
@@ -185,8 +196,8 @@ class ChaosRun:
     def _workload_command(self, name: str, process: str, *extra: str) -> list[str]:
         return [sys.executable, "-m", "faults.workloads", name, "--bootstrap", self.bootstrap, "--history", os.path.join(self.history_dir, f"{process}.jsonl"), "--process", process, *extra]
 
-    def _client(self, name: str, process: str, *extra: str) -> ClientProcess:
-        client = ClientProcess(process, self._workload_command(name, process, *extra), os.path.join(self.work, f"{process}.log"))
+    def _client(self, name: str, process: str, *extra: str, env: dict | None = None) -> ClientProcess:
+        client = ClientProcess(process, self._workload_command(name, process, *extra), os.path.join(self.work, f"{process}.log"), env=env)
         return client.start()
 
     def _set_up_workload(self) -> None:
@@ -235,6 +246,7 @@ class ChaosRun:
 
     def _set_up_streaming(self) -> None:
         from faults.workloads import load_app_module
+        from streaming.app import INSTANCE_ID_VARIABLE
         from txn import Admin
 
         settings = self.settings
@@ -246,9 +258,13 @@ class ChaosRun:
             admin.create_topics(dict(self.app_module.CHAOS_TOPICS), exist_ok=True)
         self._set_up_feed([list(phase) for phase in self.app_module.chaos_input(settings.records, settings.seed)], op="seed")
         self.probe = ProgressProbe(self._group_position, self._elapsed, interval=0.25)
+        self.state_dirs = []
+        self.partition_samples: list[PartitionSample] = []  # the input's committed offsets and ends: per-instance recovery
         for index in range(settings.clients):
-            state_dir = os.path.join(self.work, f"state-{index}")  # kept across restarts: its SQLite files and instance id
-            self.clients.append(self._client("streaming", f"app-{index}", "--app", self.app_path, "--state-dir", state_dir))
+            state_dir = os.path.join(self.work, f"state-{index}")  # kept across restarts (but not a lose-disk): its SQLite files and instance id
+            self.state_dirs.append(state_dir)
+            env = {INSTANCE_ID_VARIABLE: f"app-{index}"} if settings.instance_ids == "given" else {INSTANCE_ID_VARIABLE: ""}
+            self.clients.append(self._client("streaming", f"app-{index}", "--app", self.app_path, "--state-dir", state_dir, env=env))
 
     def _set_up_spark(self) -> None:
         from faults.spark import DriverProcess, java_missing, load_query_module
@@ -376,10 +392,15 @@ class ChaosRun:
         """Input records the streaming app has consumed and committed: its
         group's committed offsets on the input topics (the input is not
         transactional, so an offset counts records)."""
-        from txn import Admin
+        from txn import Admin, TopicPartition
 
+        asked = self._elapsed()
         with Admin(bootstrap_servers=self.bootstrap, request_timeout_ms=2000) as admin:
             committed = admin.list_group_offsets(self.application_id)
+            if self.settings.workload == "streaming":
+                ends = admin.list_offsets({TopicPartition(topic, p): "latest" for topic in self.input_topics for p in range(self.app_module.CHAOS_TOPICS[topic])})
+                self.partition_samples.append(PartitionSample(asked, {f"{tp.topic}-{tp.partition}": offset.offset for tp, offset in committed.items() if offset is not None and tp.topic in self.input_topics},
+                                                              {f"{tp.topic}-{tp.partition}": listed.offset for tp, listed in ends.items()}))
         return sum(offset.offset for tp, offset in committed.items() if offset is not None and tp.topic in self.input_topics)
 
     def _spark_position(self) -> int | None:
@@ -450,9 +471,16 @@ class ChaosRun:
                 return f"{role} ran no executor at that moment: nothing killed", role, False
             return f"{role}'s executor killed ({len(killed)} processes: its JVM, Python daemon and workers)", role, False
         if fault.kind == "kill-client":
+            self._note_victim(fault.victim, victim)
             victim.kill()
             victim.start()
             return f"{victim.name} killed and restarted", victim.name, False
+        if fault.kind == "lose-disk":
+            self._note_victim(fault.victim, victim)
+            victim.kill()
+            shutil.rmtree(self.state_dirs[fault.victim % len(self.state_dirs)], ignore_errors=True)
+            victim.start()
+            return f"{victim.name} killed, its state directory deleted, restarted", victim.name, False
         if fault.kind == "pause-client":
             victim.pause()
             self.pending_clears.append((now + 2.0, "resume", victim, len(self.faults) - 1))
@@ -490,6 +518,45 @@ class ChaosRun:
             self.pending_clears.append((now + 1.5, "restart-broker", None, len(self.faults) - 1))
             return "fsync fails with EIO for 1 s, then the broker restarts", "", True
         raise ValueError(fault.kind)
+
+    def _note_victim(self, index: int, victim: ClientProcess) -> None:
+        """Before a streaming instance is killed: which input partitions it
+        holds (on the fault being applied, for the per-instance recovery) and
+        where its log ends (what follows is its restart's)."""
+        if self.settings.workload != "streaming":
+            return
+        from txn import Admin
+
+        state_dir = self.state_dirs[index % len(self.state_dirs)]
+        instance = f"app-{index % len(self.state_dirs)}"
+        if self.settings.instance_ids == "state-dir":
+            try:
+                with open(os.path.join(state_dir, "instance-id"), encoding="utf-8") as file:
+                    instance = file.read().strip()
+            except OSError:
+                return  # it never started: it holds nothing
+        held: tuple = ()
+        try:
+            with Admin(bootstrap_servers=self.bootstrap, request_timeout_ms=2000) as admin:
+                (group,) = admin.describe_groups([self.application_id])
+            held = tuple(sorted(f"{tp.topic}-{tp.partition}" for member in group.members if member.group_instance_id == f"{self.application_id}-{instance}"
+                                for tp in member.assignment if tp.topic in self.input_topics))
+        except Exception:  # noqa: BLE001 - the broker is restarting: this fault is not measured per instance
+            pass
+        self.faults[-1] = attrs.evolve(self.faults[-1], victim_partitions=held)
+        self.victim_logs[len(self.faults) - 1] = (victim.log_path, os.path.getsize(victim.log_path) if os.path.exists(victim.log_path) else 0)
+
+    def _restore_seconds(self, index: int) -> float | None:
+        """The store restores of fault ``index``'s victim after its restart,
+        in seconds as its log says (the sum over its shards), up to its first assignment."""
+        path, offset = self.victim_logs.get(index, (None, 0))
+        if path is None or not os.path.exists(path):
+            return None
+        with open(path, encoding="utf-8", errors="replace") as file:
+            file.seek(offset)
+            text = file.read()
+        text = text.split("streaming.runner: assigned ", 1)[0]
+        return sum(float(seconds) for seconds in RESTORED_LINE.findall(text))
 
     def _cleared(self, index: int) -> None:
         """Fault ``index`` stopped acting now (the availability measure counts from here)."""
@@ -684,6 +751,10 @@ class ChaosRun:
             for _send in sends(e)
         ]
         availability = self.availability = self._availability(history)
+        if self.settings.workload == "streaming":
+            index_at = {fault.at: index for index, fault in enumerate(self.faults)}
+            self.instance_recoveries = [attrs.evolve(recovery, restore_s=self._restore_seconds(index_at[recovery.at]))
+                                        for recovery in instance_recoveries(self.partition_samples, self.faults, end=getattr(self, "faulted_until", self._elapsed()))]
         for recovery in availability.recoveries:
             if recovery.in_flight is False:
                 verdict.add("idle-fault", {"at": recovery.at, "kind": recovery.kind, "why": "no input was waiting: the workload had finished or not begun"})

@@ -35,8 +35,10 @@ Workloads:
   recorded as ``output_text(key, value)`` (the streaming workload's check).
 - ``streaming``: one instance of a user's ``streaming.App``, from the module
   given with ``--app`` (a file path or a module name), on its own
-  ``--state-dir``; it records nothing itself: the harness seeds the input,
-  reads the output and checks it against what the module says it must be.
+  ``--state-dir``, its identity ``ONCEFLOW_INSTANCE_ID`` when the harness
+  gives one; it records nothing itself: the harness seeds the input,
+  reads the output and checks it against what the module says it must be
+  (and reads the runner's INFO lines in its log for the restores' times).
 
 The streaming workload's module convention (``onceflow chaos --workload
 streaming --app my_app.py``; ``examples/word_count.py`` and
@@ -60,6 +62,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import logging
 import os
 import random
 import signal
@@ -417,6 +420,9 @@ def output_text(key, value) -> str:
 def run_streaming(args, recorder: HistoryWriter) -> int:
     from streaming.errors import StreamingError
 
+    # The runner's INFO lines (its assignments, each store's restore and how
+    # long it took) go to this process's log: the harness reads the restores.
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     module = load_app_module(args.app)
     app = module.build_app(args.bootstrap, args.state_dir)
     recorder.event("ok", "start", {"instance": app.instance_id, "application": app.application_id})

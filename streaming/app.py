@@ -37,12 +37,19 @@ or a container's environment), else ``127.0.0.1:9092`` and
 ``./state/{application_id}``; ``onceflow run --bootstrap-servers ...
 --state-dir ...`` overrides both (``App.place``).
 
-Identity: ``instance_id`` (unless given) is generated once and kept in
-``state_dir/instance-id``, so a restarted process keeps its transactional id
+Identity: ``instance_id`` is the one given, else the environment's
+``ONCEFLOW_INSTANCE_ID`` (what an orchestrator hands each replica: a
+StatefulSet's pod name), else generated once and kept in
+``state_dir/instance-id``. A restarted process keeps its transactional id
 (``{application_id}-{instance_id}``, which fences its own previous
-incarnation) and its static group membership (``group.instance.id``, the same
-string), while processes with their own state directories never clash. A
-lock file keeps two processes off one state directory.
+incarnation) and its static group membership (``group.instance.id``, the
+same string), while processes with their own state directories never clash.
+Only an id from outside the state directory survives the loss of that
+directory: an instance back on an empty disk under the same id takes its
+old place in the group at once (KIP-345) and restores its stores from their
+changelogs, where one with a new id waits, and makes the group wait, until
+the old place's session times out. A lock file keeps two processes off one
+state directory.
 """
 
 from __future__ import annotations
@@ -69,6 +76,7 @@ ON_ERROR = ("stop", "dead-letter")
 BOOTSTRAP_SERVERS_VARIABLE = "ONCEFLOW_BOOTSTRAP_SERVERS"
 STATE_DIR_VARIABLE = "ONCEFLOW_STATE_DIR"
 DEFAULT_BOOTSTRAP_SERVERS = "127.0.0.1:9092"
+INSTANCE_ID_VARIABLE = "ONCEFLOW_INSTANCE_ID"  # an identity given from outside the state directory
 RUNNER_OWNED_OPTIONS = {"group_id", "group_instance_id", "transactional_id", "isolation_level", "enable_auto_commit", "enable_idempotence", "bootstrap_servers"}
 
 
@@ -122,6 +130,16 @@ def legal_topic_name(name: str, what: str) -> str:
         return validate_topic_name(name)
     except InvalidTopicError as error:
         raise ConfigError(f"{what}: {error}") from None
+
+
+def legal_instance_id(instance_id, application_id: str, what: str) -> str:
+    """``instance_id`` if ``{application_id}-{instance_id}`` is a legal
+    transactional id and ``group.instance.id`` (the topic names' rule, as
+    Kafka's for a group instance id), else a ``ConfigError`` naming ``what``."""
+    if not isinstance(instance_id, str) or not instance_id.strip():
+        raise ConfigError(f"{what} must be a non-empty string, not {instance_id!r}")
+    legal_topic_name(f"{application_id}-{instance_id}", f"{what} {instance_id!r} names the instance's transactional id and group.instance.id")
+    return instance_id
 
 
 def timer_store(processor: str) -> str:
@@ -278,7 +296,7 @@ class App:
         self.internal_topics: dict[str, str] = {}
         self.metrics = Metrics()
         self.metrics_url: str | None = None  # where a running app serves its Prometheus metrics (run(metrics_address=...))
-        self._instance_id = instance_id
+        self._instance_id = None if instance_id is None else legal_instance_id(instance_id, application_id, "instance_id")
         self._stop = threading.Event()
         self._runner = None
 
@@ -418,7 +436,10 @@ class App:
 
     @property
     def instance_id(self) -> str:
-        """This instance's id: given, or read from (else written to) ``state_dir/instance-id``."""
+        """This instance's id: given, else ``ONCEFLOW_INSTANCE_ID``, else read
+        from (or, the first time, written to) ``state_dir/instance-id``."""
+        if self._instance_id is None and os.environ.get(INSTANCE_ID_VARIABLE):
+            self._instance_id = legal_instance_id(os.environ[INSTANCE_ID_VARIABLE], self.application_id, INSTANCE_ID_VARIABLE)
         if self._instance_id is None:
             path = os.path.join(self.state_dir, "instance-id")
             os.makedirs(self.state_dir, exist_ok=True)

@@ -1,10 +1,11 @@
 """The runner's lifecycle: every state an app instance can be in, every event
 that moves it, one table.
 
-As in ``coordinator.state``: everything that decides whether the runner may
-move from one state to another lives in ``TRANSITIONS``; a (state, event)
-pair missing from it is a bug in the runner, and ``transition()`` raises
-``InvalidTransition`` rather than let the instance carry on in a state
+As in ``coordinator.state``, through the same ``protocol.state_machine``:
+everything that decides whether the runner may move from one state to
+another lives in ``TRANSITIONS``; a (state, event) pair missing from it is a
+bug in the runner, and ``transition()`` raises ``InvalidTransition`` (an
+``IllegalTransition``) rather than let the instance carry on in a state
 nobody thought about. This module knows nothing of clients, stores or
 clocks; ``streaming.runner`` feeds it the events as they happen.
 
@@ -28,6 +29,9 @@ revocations that closing the consumer reports there change nothing.
 from __future__ import annotations
 
 import enum
+
+from protocol import state_machine
+from protocol.state_machine import IllegalTransition
 
 
 class RunnerState(enum.Enum):
@@ -105,19 +109,13 @@ TRANSITIONS: dict[tuple[RunnerState, RunnerEvent], RunnerState] = {
 }
 
 
-class InvalidTransition(Exception):
-    def __init__(self, state: RunnerState, event: RunnerEvent):
-        self.state = state
-        self.event = event
-        super().__init__(f"runner event {event.value!r} is not allowed in state {state.value!r}")
+class InvalidTransition(IllegalTransition):
+    """A runner move the table does not allow: a bug in the runner."""
 
 
 def transition(state: RunnerState, event: RunnerEvent) -> RunnerState:
     """The state after ``event`` in ``state``; raises InvalidTransition if illegal."""
-    try:
-        return TRANSITIONS[(state, event)]
-    except KeyError:
-        raise InvalidTransition(state, event) from None
+    return state_machine.transition(TRANSITIONS, state, event, InvalidTransition)
 
 
 def allowed_events(state: RunnerState) -> set[RunnerEvent]:

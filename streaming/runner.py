@@ -2,7 +2,8 @@
 (Kafka Streams' exactly_once_v2, on asyncio with ``txn.aio`` clients).
 
 One ``Runner`` is one app instance: one consumer-group member (group id =
-application id, static member ``{application_id}-{instance_id}``) and one
+application id, static member ``{application_id}-{instance_id}``, the
+cooperative ``copartitioned-sticky`` assignor of ``txn.assignors``) and one
 transactional producer (transactional id the same string). The loop:
 
     poll -> for each record: deserialize, run the processor(s) (their store
@@ -76,7 +77,12 @@ __all__ = ["Runner", "abort_cause"]
 
 log = logging.getLogger("streaming.runner")
 
-DEFAULTS_CONSUMER = {"max_poll_records": 500}
+# The group's assignor: cooperative (KIP-429: a rebalance moves only the
+# partitions that change hands, and the others are processed through it, a
+# round held up by a dead member's session included) and co-partitioned
+# (partition N of every source on one instance, with its store shards).
+DEFAULTS_CONSUMER = {"max_poll_records": 500, "partition_assignment_strategy": ("copartitioned-sticky",)}
+COPARTITIONING_ASSIGNORS = {"copartitioned-sticky", "range"}  # the assignors that keep partition N of every source on one member
 LAG_REFRESH_SECONDS = 1.0  # how often the lag is asked for while metrics are served
 
 E = RunnerEvent
@@ -215,18 +221,22 @@ class Runner:
             self._enter(E.CLOSED)
 
     def _consumer_options(self) -> dict:
-        """The app's consumer options, with the ``range`` assignor pinned
-        when inputs are co-partitioned: it alone gives partition N of every
-        topic the members subscribe to one member (a sticky assignor may
-        split them, and two instances would then write one store shard)."""
+        """The app's consumer options, with a co-partitioning assignor kept
+        when inputs are co-partitioned: ``copartitioned-sticky`` (the
+        default) or ``range`` give partition N of every topic the members
+        subscribe to one member; another (plain ``cooperative-sticky`` may
+        split them, and two instances would then write one store shard) is
+        replaced by the default, with a warning."""
         options = dict(self.app.consumer_options)
         if self.copartitioned:
-            chosen = options.get("partition_assignment_strategy") or ("range",)
+            chosen = options.get("partition_assignment_strategy") or DEFAULTS_CONSUMER["partition_assignment_strategy"]
             chosen = tuple(name.strip() for name in (chosen.split(",") if isinstance(chosen, str) else chosen))
-            if chosen != ("range",):
-                log.warning("partition_assignment_strategy %s replaced by range: co-partitioned inputs (%s) need partition N of each on one instance",
-                            ",".join(chosen), "; ".join(" + ".join(group) for group in self.copartitioned))
-            options["partition_assignment_strategy"] = ("range",)
+            if not set(chosen) <= COPARTITIONING_ASSIGNORS:
+                log.warning("partition_assignment_strategy %s replaced by %s: co-partitioned inputs (%s) need partition N of each on one instance",
+                            ",".join(chosen), ",".join(DEFAULTS_CONSUMER["partition_assignment_strategy"]),
+                            "; ".join(" + ".join(group) for group in self.copartitioned))
+                chosen = DEFAULTS_CONSUMER["partition_assignment_strategy"]
+            options["partition_assignment_strategy"] = chosen
         return options
 
     async def _prepare_topics(self) -> None:

@@ -34,6 +34,16 @@ skipped and every member gets an entry, possibly empty.
   last, cycles of handovers that return more partitions to their owners
   than they take are applied until none is left (negative cycles, found
   with Bellman-Ford). Unlike Kafka's heuristic, both optima are exact.
+- ``copartitioned-sticky`` (ours; the streaming runner's): cooperative-sticky
+  over partition numbers rather than partitions, so partition N of every
+  subscribed topic stays on one member (co-partitioned inputs meet in one
+  store shard, as Kafka Streams' tasks do). Partition number N is one unit
+  ("task"): a member owns it if it owns any partition N; the units are
+  assigned by the cooperative-sticky rules (balanced, sticky, held back
+  while another member still owns them), then each member gets partition N
+  of every topic it subscribes to that has one. Meant for members with one
+  subscription (every instance of one app): a topic only some members
+  subscribe to may leave a partition unassigned.
 """
 
 from __future__ import annotations
@@ -555,7 +565,31 @@ class CooperativeStickyAssignor:
         return struct.pack(">i", generation)
 
 
-ASSIGNORS: dict[str, PartitionAssignor] = {assignor.name: assignor for assignor in (RangeAssignor(), CooperativeStickyAssignor())}
+TASKS_TOPIC = ""  # the one "topic" partition numbers are assigned as (no real topic has an empty name)
+
+
+class CopartitionedStickyAssignor:
+    """Cooperative-sticky over partition numbers (see the module docstring)."""
+
+    name = "copartitioned-sticky"
+    rebalance_protocols = (RebalanceProtocol.COOPERATIVE, RebalanceProtocol.EAGER)
+
+    def assign(self, partition_counts: Mapping[str, int], subscriptions: Mapping[str, Subscription]) -> dict[str, Assignment]:
+        tasks = max((partition_counts[topic] for subscription in subscriptions.values() for topic in subscription.topics if topic in partition_counts), default=0)
+        as_tasks = {
+            member: attrs.evolve(subscription, topics=(TASKS_TOPIC,) if any(t in partition_counts for t in subscription.topics) else (),
+                                 owned_partitions={(TASKS_TOPIC, partition) for _topic, partition in subscription.owned_partitions if partition < tasks})
+            for member, subscription in subscriptions.items()
+        }
+        by_task = CooperativeStickyAssignor().assign({TASKS_TOPIC: tasks}, as_tasks)
+        return {
+            member: Assignment((topic, task) for _tasks, task in by_task[member].partitions
+                               for topic in sorted(set(subscriptions[member].topics)) if task < partition_counts.get(topic, 0))
+            for member in subscriptions
+        }
+
+
+ASSIGNORS: dict[str, PartitionAssignor] = {assignor.name: assignor for assignor in (RangeAssignor(), CooperativeStickyAssignor(), CopartitionedStickyAssignor())}
 
 
 def assignor_for(name: str) -> PartitionAssignor:

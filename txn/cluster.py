@@ -64,10 +64,13 @@ class Cluster:
 
     # -- connections --------------------------------------------------------------------
 
-    async def connection(self, address: tuple[str, int]) -> BrokerClient:
-        client = self._clients.get(address)
+    async def connection(self, address: tuple[str, int], *, lane: str = "") -> BrokerClient:
+        """The connection to ``address``; a ``lane`` names a second one of
+        its own, for requests that must not wait behind the others (or hold them up)."""
+        key = (address, lane) if lane else address
+        client = self._clients.get(key)
         if client is None:
-            client = self._clients[address] = BrokerClient(*address, client_id=self.config.client_id, request_timeout=self.config.request_timeout_ms / 1000, security=self.config.security)
+            client = self._clients[key] = BrokerClient(*address, client_id=self.config.client_id, request_timeout=self.config.request_timeout_ms / 1000, security=self.config.security)
         if not client.connected:
             await client.connect()
         return client
@@ -146,7 +149,7 @@ class Cluster:
 
     # -- coordinators ----------------------------------------------------------------------
 
-    async def coordinator(self, key: str, key_type: int) -> BrokerClient:
+    async def coordinator(self, key: str, key_type: int, *, lane: str = "") -> BrokerClient:
         address = self._coordinators.get((key_type, key))
         if address is None:
             client = await self.any_broker()
@@ -156,19 +159,25 @@ class Cluster:
             if entry["error_code"]:
                 raise classify(entry["error_code"], f"FindCoordinator({key})")
             address = self._coordinators[(key_type, key)] = (entry["host"], entry["port"])
-        return await self.connection(address)
+        return await self.connection(address, lane=lane)
 
     def forget_coordinator(self, key: str, key_type: int) -> None:
         self._coordinators.pop((key_type, key), None)
 
-    async def coordinator_request(self, key: str, key_type: int, api_key: int, body: dict, *, max_version: int | None = None, timeout: float | None = None) -> dict:
+    async def coordinator_request(self, key: str, key_type: int, api_key: int, body: dict, *, max_version: int | None = None, timeout: float | None = None,
+                                  held: bool = False) -> dict:
         """Send to the coordinator of ``key``; a coordinator that moved is looked up again.
 
         Returns the response; error codes in it are the caller's to judge,
         except NOT_COORDINATOR / COORDINATOR_NOT_AVAILABLE at the top level,
-        which raise (retriable) after forgetting the cached coordinator."""
+        which raise (retriable) after forgetting the cached coordinator.
+        ``held``: a request the coordinator may hold for long (JoinGroup until
+        every member rejoined, SyncGroup until the leader's assignment) goes
+        over a connection of its own, as Kafka's consumer keeps its
+        coordinator's apart: a broker answers a connection's requests in
+        order, so it would hold up this client's fetches meanwhile."""
         try:
-            client = await self.coordinator(key, key_type)
+            client = await self.coordinator(key, key_type, lane="held" if held else "")
             version = client.version_for(api_key)
             if max_version is not None:
                 version = min(version, max_version)

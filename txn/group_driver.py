@@ -52,7 +52,11 @@ class GroupDriver:
 
         JoinGroup and SyncGroup run in a background task (the broker holds
         JoinGroup until every member rejoins, which may outlast this poll);
-        listener callbacks run here, in the poll, before and after it."""
+        listener callbacks run here, in the poll, before and after it. A
+        cooperative member keeps what it owns through the round (KIP-429),
+        so while the round is out it goes on fetching that (True) rather
+        than wait: a round held up, by a dead static member's session or a
+        slow member, does not stop it."""
         member = self._member
         if self._fenced_code is not None:
             code, self._fenced_code = self._fenced_code, None
@@ -71,6 +75,10 @@ class GroupDriver:
                     await self._tell_listener(member.start_join())
                     self._sync_positions_with(member.owned)
                 self._join_task = asyncio.get_running_loop().create_task(self._join_and_sync())
+            if member.cooperative and member.owned and not self._join_task.done():
+                await asyncio.sleep(0)  # the round's requests go out first
+                if not self._join_task.done():
+                    return True
             remaining = deadline - time.monotonic()
             done, _pending = await asyncio.wait({self._join_task}, timeout=max(0.0, remaining))
             if not done:
@@ -154,7 +162,7 @@ class GroupDriver:
         }
         async for attempt in self.cluster.retrying(join_timeout):
             with attempt:
-                response = await self.cluster.coordinator_request(self.group_id, CoordinatorType.GROUP, ApiKey.JOIN_GROUP, body, timeout=join_timeout)
+                response = await self.cluster.coordinator_request(self.group_id, CoordinatorType.GROUP, ApiKey.JOIN_GROUP, body, timeout=join_timeout, held=True)
                 code = response["error_code"]
                 if code == ErrorCode.MEMBER_ID_REQUIRED:
                     member.member_id = body["member_id"] = response["member_id"]
@@ -181,7 +189,7 @@ class GroupDriver:
             "assignments": assignments,
         }
         try:
-            response = await self.cluster.coordinator_request(self.group_id, CoordinatorType.GROUP, ApiKey.SYNC_GROUP, sync, timeout=join_timeout)
+            response = await self.cluster.coordinator_request(self.group_id, CoordinatorType.GROUP, ApiKey.SYNC_GROUP, sync, timeout=join_timeout, held=True)
             code = response["error_code"]
             if code and code != ErrorCode.REBALANCE_IN_PROGRESS and code not in GROUP_FENCING:
                 raise classify(code, "SyncGroup")

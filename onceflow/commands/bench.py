@@ -54,6 +54,8 @@ def add_arguments(parser) -> None:
     recovery.add_argument("--recovery-workload", default="copier", choices=["copier", "copier-confluent", "copier-librdkafka", "streaming"],
                           help="the pipeline: the copier (our client; copier-confluent, copier-librdkafka: on confluent-kafka, see faults.workloads), or examples/enrichment.py on the streaming runner (default copier)")
     recovery.add_argument("--recovery-rate", type=int, default=300, metavar="N", help="input records/s (default 300)")
+    recovery.add_argument("--recovery-identity", default="given", choices=["given", "state-dir"],
+                          help="(streaming) each instance's identity: ONCEFLOW_INSTANCE_ID given by the harness, or kept in its state directory and lost with it (default given)")
     runner.add_argument("--commit-interval-ms", type=int, default=100, metavar="MS", help="both frameworks' commit interval (default 100, the runner's)")
 
 

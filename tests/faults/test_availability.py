@@ -3,9 +3,10 @@ committed outputs at known times, known numbers out (faults.availability)."""
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
-from faults.availability import FaultEvent, Output, measure
+from faults.availability import FaultEvent, Output, PartitionSample, instance_recoveries, measure
 
 
 def steady(start: float, end: float, *, per_tenth: int = 10, process: str = "copier-0/1", skip=()) -> list[Output]:
@@ -116,3 +117,49 @@ def test_no_output_at_all_is_one_stall_over_the_run():
     assert recovery.first_output_s is None and recovery.rate_back_s is None
     json_form = result.to_json()
     assert json_form["per_kind"]["kill-broker"]["never"] == 1 and json_form["longest_stall"]["seconds"] == 10
+
+
+def sampled(start: float, end: float, stopped: dict[str, tuple[float, float]], *, fed_until: float = 99) -> list[PartitionSample]:
+    """in-0, in-1, in-2 sampled every 0.25 s: 10 records arrive on each per
+    sample until ``fed_until``, and each partition's committed offset
+    follows its end except inside its ``stopped`` (low, high) range, where
+    it stands (then catches up at once)."""
+    ends = {"in-0": 0, "in-1": 0, "in-2": 0}
+    committed = dict(ends)
+    samples = []
+    for quarter in range(round(start * 4), round(end * 4)):
+        at = quarter / 4
+        for partition in ends:
+            if at < fed_until:
+                ends[partition] += 10
+            low, high = stopped.get(partition, (-1, -1))
+            if not low <= at < high:
+                committed[partition] = ends[partition] - (10 if at < fed_until else 0)  # a commit a sample behind
+        samples.append(PartitionSample(at, dict(committed), dict(ends)))
+    return samples
+
+
+def test_per_instance_the_survivors_stall_and_the_victims_time_back():
+    # The victim held in-0 and in-1 (killed at 10, restarted at once, first
+    # commit at 12.5); the survivor's in-2 stopped from 10.5 to 13.0.
+    samples = sampled(0, 30, {"in-0": (10, 12.5), "in-1": (10, 12.5), "in-2": (10.5, 13.0)})
+    fault = FaultEvent(10.0, "lose-disk", cleared=10.1, victim="app-0", victim_partitions=("in-0", "in-1"))
+    (recovery,) = instance_recoveries(samples, [fault, FaultEvent(20.0, "kill-broker")], end=30)
+    assert recovery.survivors_stall_s == pytest.approx(13.0 - 10.25)  # its last advance before the stop, to its first after
+    assert recovery.victim_back_s == pytest.approx(12.5 - 10.1)
+    assert recovery.victim_partitions == ("in-0", "in-1")
+    # A fault whose victim's partitions are unknown is not measured per instance;
+    # a victim that never commits again has no time back.
+    assert instance_recoveries(samples, [FaultEvent(10.0, "kill-client")], end=30) == []
+    (never,) = instance_recoveries(sampled(0, 30, {"in-0": (10, 99)}), [attrs.evolve(fault, victim_partitions=("in-0",))], end=30)
+    assert never.victim_back_s is None and never.survivors_stall_s == pytest.approx(0.25)
+
+
+def test_per_instance_survivors_with_nothing_to_do_are_not_stalled():
+    # The input stops at 11 (a workload fed in phases waits for the victim):
+    # the survivor's in-2, caught up, has nothing waiting, and no stall.
+    samples = sampled(0, 30, {"in-0": (10, 20)}, fed_until=11)
+    fault = FaultEvent(10.0, "lose-disk", victim="app-0", victim_partitions=("in-0",))
+    (recovery,) = instance_recoveries(samples, [fault], end=30)
+    assert recovery.survivors_stall_s == pytest.approx(0.25)
+    assert recovery.victim_back_s == pytest.approx(20.0 - 10.0)

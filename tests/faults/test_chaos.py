@@ -17,7 +17,7 @@ from tests.conftest import REPO
 
 
 def test_the_same_seed_gives_the_same_schedule():
-    copier_faults = tuple(kind for kind in FAULT_KINDS if kind not in ("kill-driver", "kill-executor"))  # Spark's processes only the spark workload has
+    copier_faults = tuple(kind for kind in FAULT_KINDS if kind not in ("kill-driver", "kill-executor", "lose-disk"))  # Spark's processes, app instances' state: only their workloads have them
     settings = ChaosSettings(workload="copier", faults=copier_faults, duration=120, seed=7)
     first = fault_schedule(settings)
     assert first == fault_schedule(ChaosSettings(workload="copier", faults=tuple(reversed(copier_faults)), duration=120, seed=7))
@@ -31,6 +31,8 @@ def test_bad_settings_are_refused():
         ChaosSettings(workload="copier", faults=("meteor",))
     with pytest.raises(ValueError, match="processor"):
         ChaosSettings(workload="processor")
+    with pytest.raises(ValueError, match="lose-disk needs the streaming workload"):
+        ChaosSettings(workload="copier", faults=("lose-disk",))
 
 
 def run(tmp_path, **options):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from protocol.state_machine import IllegalTransition
 from streaming.lifecycle import LIVE, TRANSITIONS, InvalidTransition, RunnerEvent, RunnerState, allowed_events, transition
 
 S, E = RunnerState, RunnerEvent
@@ -53,8 +54,9 @@ def test_fencing_and_failure_end_every_live_state_for_good(state):
     (S.FAILED, E.ASSIGNED),
 ])
 def test_what_the_table_lacks_is_refused(state, event):
-    with pytest.raises(InvalidTransition, match=f"{event.value!r} is not allowed in state {state.value!r}"):
+    with pytest.raises(InvalidTransition, match=f"^{event.value} is not allowed in state {state.value}$") as raised:
         transition(state, event)
+    assert isinstance(raised.value, IllegalTransition) and (raised.value.state, raised.value.event) == (state, event)
 
 
 def test_every_state_but_stopped_can_be_reached_and_every_live_state_left():

@@ -120,7 +120,8 @@ def test_names_that_compose_an_illegal_topic_name_are_refused(tmp_path):
     assert app.changelog_topic("totals") == "a-totals-changelog"
 
 
-def test_instance_id_is_kept_and_the_state_dir_is_locked(tmp_path):
+def test_instance_id_is_kept_and_the_state_dir_is_locked(tmp_path, monkeypatch):
+    monkeypatch.delenv("ONCEFLOW_INSTANCE_ID", raising=False)
     first = streaming.App("h:1", "a", str(tmp_path))
     assert streaming.App("h:1", "a", str(tmp_path)).instance_id == first.instance_id
     assert streaming.App("h:1", "a", str(tmp_path / "other")).instance_id != first.instance_id
@@ -130,6 +131,24 @@ def test_instance_id_is_kept_and_the_state_dir_is_locked(tmp_path):
         streaming.App("h:1", "a", str(tmp_path)).lock_state_dir()
     lock.close()
     streaming.App("h:1", "a", str(tmp_path)).lock_state_dir().close()
+
+
+def test_an_instance_id_from_outside_survives_the_state_dir(tmp_path, monkeypatch):
+    # An orchestrator's name for the replica (ONCEFLOW_INSTANCE_ID) outlives
+    # its disk; one given to App outranks it; neither is written to the disk.
+    monkeypatch.setenv("ONCEFLOW_INSTANCE_ID", "pod-2")
+    app = streaming.App("h:1", "a", str(tmp_path / "state"))
+    assert (app.instance_id, app.transactional_id) == ("pod-2", "a-pod-2")
+    assert not (tmp_path / "state" / "instance-id").exists()
+    assert streaming.App("h:1", "a", str(tmp_path / "fresh")).instance_id == "pod-2"
+    assert streaming.App("h:1", "a", str(tmp_path / "state"), instance_id="given").instance_id == "given"
+    monkeypatch.setenv("ONCEFLOW_INSTANCE_ID", "pod 2")
+    with pytest.raises(ConfigError, match="ONCEFLOW_INSTANCE_ID 'pod 2'.*illegal characters ' '"):
+        streaming.App("h:1", "a", str(tmp_path / "state")).instance_id
+    with pytest.raises(ConfigError, match="instance_id must be a non-empty string"):
+        streaming.App("h:1", "a", str(tmp_path / "state"), instance_id="")
+    monkeypatch.setenv("ONCEFLOW_INSTANCE_ID", "")  # empty: as if unset, the state directory's
+    assert streaming.App("h:1", "a", str(tmp_path / "state")).instance_id not in ("", "pod-2")
 
 
 def test_onceflow_run_finds_the_app_of_a_module(tmp_path):

@@ -16,6 +16,7 @@ from txn.assignors import (
     ASSIGNORS,
     Assignment,
     CooperativeStickyAssignor,
+    CopartitionedStickyAssignor,
     MalformedConsumerProtocolError,
     RangeAssignor,
     RebalanceProtocol,
@@ -32,6 +33,7 @@ from txn.types import TopicPartition
 
 RANGE = RangeAssignor()
 STICKY = CooperativeStickyAssignor()
+COPARTITIONED = CopartitionedStickyAssignor()
 
 
 # ---------------------------------------------------------------------------
@@ -267,11 +269,12 @@ def test_bytes_agree_with_kafka_pythons_generated_classes(version):
 
 
 def test_registry_and_rebalance_protocols():
-    assert set(ASSIGNORS) == {"range", "cooperative-sticky"}
+    assert set(ASSIGNORS) == {"range", "cooperative-sticky", "copartitioned-sticky"}
     assert assignor_for("range") is ASSIGNORS["range"]
     assert assignor_for("range").rebalance_protocols == (RebalanceProtocol.EAGER,)
     assert set(assignor_for("cooperative-sticky").rebalance_protocols) == {RebalanceProtocol.EAGER, RebalanceProtocol.COOPERATIVE}
-    with pytest.raises(UnknownAssignorError, match="'roundrobin'.*cooperative-sticky, range"):
+    assert set(assignor_for("copartitioned-sticky").rebalance_protocols) == {RebalanceProtocol.EAGER, RebalanceProtocol.COOPERATIVE}
+    with pytest.raises(UnknownAssignorError, match="'roundrobin'.*cooperative-sticky, copartitioned-sticky, range"):
         assignor_for("roundrobin")
     assert issubclass(UnknownAssignorError, ValueError)
 
@@ -753,3 +756,71 @@ def test_sticky_equal_subscriptions_keep_as_many_owned_partitions_as_balance_all
     owned_counts = sorted((len(s.owned_partitions) for s in subscriptions.values()), reverse=True)
     best = sum(min(owned, share + (1 if rank < larger_shares else 0)) for rank, owned in enumerate(owned_counts))
     assert kept == best
+
+
+# ---------------------------------------------------------------------------
+# copartitioned-sticky
+
+
+def check_copartitioned(counts, subscriptions, result):
+    """Partition N of every topic a member subscribes to (that has one) is
+    with the member that has any partition N."""
+    for member, assignment in result.items():
+        numbers = {partition for _topic, partition in assignment.partitions}
+        wanted = {(topic, n) for n in numbers for topic in subscriptions[member].topics if n < counts.get(topic, 0)}
+        assert set(assignment.partitions) == wanted, member
+
+
+def test_copartitioned_keeps_partition_n_of_every_topic_together():
+    subscriptions = fresh({"a": ["payments", "regions"], "b": ["payments", "regions"], "c": ["payments", "regions"]})
+    result = COPARTITIONED.assign({"payments": 4, "regions": 4}, subscriptions)
+    check_complete({"payments": 4, "regions": 4}, subscriptions, result)
+    check_copartitioned({"payments": 4, "regions": 4}, subscriptions, result)
+    assert sorted(len(a.partitions) for a in result.values()) == [2, 2, 4]
+    # cooperative-sticky alone may split them: that is why the runner does not use it
+    split = STICKY.assign({"payments": 4, "regions": 4}, subscriptions)
+    assert sorted(len(a.partitions) for a in split.values()) == [2, 3, 3]
+
+
+def test_copartitioned_a_dead_members_place_goes_to_the_new_one_and_the_others_keep_theirs():
+    owned = {"a": [("p", 0), ("r", 0)], "b": [("p", 1), ("r", 1)]}
+    rejoined = {m: Subscription(["p", "r"], owned_partitions=tps, generation_id=3) for m, tps in owned.items()}
+    rejoined["new"] = Subscription(["p", "r"])
+    result = COPARTITIONED.assign({"p": 3, "r": 3}, rejoined)  # the member that held partition 2 is gone
+    assert result["a"] == Assignment(owned["a"]) and result["b"] == Assignment(owned["b"])
+    assert result["new"] == Assignment([("p", 2), ("r", 2)])
+
+
+@st.composite
+def copartitioned_groups(draw):
+    """One subscription for every member (an app's instances), topics of
+    one partition count, each partition number owned by one member or none."""
+    topics = draw(st.sets(st.sampled_from(TOPICS), min_size=1))
+    count = draw(st.integers(0, 8))
+    members = draw(st.lists(MEMBER_IDS, min_size=1, max_size=6, unique=True))
+    owners = draw(st.lists(st.sampled_from(members + [None]), min_size=count, max_size=count))
+    subscriptions = {
+        member: Subscription(sorted(topics), owned_partitions=[(t, n) for n, owner in enumerate(owners) if owner == member for t in topics], generation_id=draw(st.integers(-1, 3)))
+        for member in members
+    }
+    return {topic: count for topic in topics}, subscriptions
+
+
+@settings(max_examples=200, deadline=None)
+@given(copartitioned_groups())
+def test_copartitioned_two_rounds_hand_everything_over_safely_and_keep_it_together(group):
+    counts, subscriptions = group
+    first = COPARTITIONED.assign(counts, subscriptions)
+    check_exclusive_and_subscribed(counts, subscriptions, first)
+    check_copartitioned(counts, subscriptions, first)
+    check_no_partition_taken_from_a_current_owner(subscriptions, first)
+    rejoined = next_round(subscriptions, first, 4)
+    second = COPARTITIONED.assign(counts, rejoined)
+    check_complete(counts, rejoined, second)
+    check_copartitioned(counts, rejoined, second)
+    check_no_partition_taken_from_a_current_owner(rejoined, second)
+    numbers = [len({n for _t, n in a.partitions}) for a in second.values()]
+    assert max(numbers) - min(numbers) <= 1, "partition numbers as even as can be"
+    for member in subscriptions:
+        assert set(first[member].partitions) <= set(second[member].partitions), "nothing is revoked twice"
+    assert COPARTITIONED.assign(counts, next_round(subscriptions, second, 5)) == second
