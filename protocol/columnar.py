@@ -21,10 +21,16 @@ by numpy comparisons, the rest by a Python loop that reads only the length
 varint of each record and stores integer positions; every other field is read by
 numpy at all the record positions at once, and the binary columns are cut
 out of one buffer by Arrow's ``take`` over offsets that point into it.
-Encoding builds each record's varints as rows of a byte matrix, squeezes
-out the unused bytes with one mask, and lets Arrow's ``binary_join_element_wise`` lay out
-prefix, key, value length, value and headers of every record as one buffer,
-which is the records section.
+Encoding builds each record's varints as rows of a byte matrix. Records
+without headers that come in a few runs of one size (fixed-size values:
+the size changes only where the offset delta's varint grows) are laid out
+as the rows of one byte matrix per run: the run's first record written to
+every row, then a numpy copy per field that differs (offset deltas, key and
+value bytes straight from their Arrow buffers). Any other records: the
+unused varint bytes are squeezed out with one mask, and Arrow's
+``binary_join_element_wise`` lays out prefix, key, value length, value and
+headers of every record as one buffer. Either way the buffer is the records
+section.
 
 Damage raises ``CorruptRecordError`` as ``records.py`` does: when the
 vectorised checks find something wrong, the damaged batch is decoded again
@@ -90,6 +96,11 @@ _PADDING = 64
 _RUN_MIN_RECORDS = 16
 _LOOP_RECORDS = 256
 _INT32_MAX = 2**31 - 1
+# The encoder lays records out run by run when a call's records come in at
+# most this many runs of one layout, or one run per this many records.
+_MOST_RUNS = 16
+_RECORDS_PER_RUN = 64
+_OFFSET_DELTAS: tuple[np.ndarray, np.ndarray] = (np.zeros((0, 1), dtype=np.uint8), np.zeros(0, dtype=np.int64))
 
 
 class _Damaged(Exception):
@@ -552,30 +563,130 @@ def encode_records(
     key_length = _lengths(key)
     value_length = _lengths(value)
     header_count, header_bytes = _encoded_headers(headers, count)
-    timestamp_delta = timestamps - first_timestamp
-    offset_delta = np.arange(count, dtype=np.int64)
+    timestamp_rows = _varint_rows(timestamps - first_timestamp)
+    offset_rows = _offset_delta_rows(count)
+    section = None
+    if header_bytes is None:
+        section = _section_by_runs(timestamp_rows, offset_rows, key, key_length, value, value_length)
+    if section is None:
+        section = _section_joined(timestamp_rows, offset_rows, key, key_length, value, value_length, header_count, header_bytes)
 
-    timestamp_rows, offset_rows, key_rows, value_rows, count_rows = (
-        _varint_rows(values) for values in (timestamp_delta, offset_delta, key_length, value_length, header_count)
-    )
+    codec = Compression(compression)
+    if codec != Compression.NONE:
+        section = compress(codec, bytes(section))
+    return EncodedRecords(section, count, first_timestamp, max_timestamp, codec, TimestampType(timestamp_type))
+
+
+def _section_joined(timestamp_rows, offset_rows, key: pa.Array, key_length: np.ndarray, value: pa.Array, value_length: np.ndarray,
+                    header_count: np.ndarray, header_bytes: pa.Array | None) -> memoryview:
+    """The records section of any records: every record's varints as one
+    binary value before the key, one before the value and one after it (the
+    header count and headers), joined by Arrow."""
+    key_rows, value_rows, count_rows = (_varint_rows(values) for values in (key_length, value_length, header_count))
     body_length = (1 + timestamp_rows[1] + offset_rows[1] + key_rows[1] + np.maximum(key_length, 0)
                    + value_rows[1] + np.maximum(value_length, 0) + count_rows[1])
     if header_bytes is not None:
         body_length += _lengths(header_bytes)
-    attributes = _varint_rows(np.zeros(count, dtype=np.int64))  # always 0, and a varint of 0 is the byte 0
+    attributes = _varint_rows(np.zeros(len(key_length), dtype=np.int64))  # always 0, and a varint of 0 is the byte 0
     prefix = _varint_binary([_varint_rows(body_length), attributes, timestamp_rows, offset_rows, key_rows])
     middle = _varint_binary([value_rows])
     suffix = _varint_binary([count_rows])
     if header_bytes is not None:
         suffix = pc.binary_join_element_wise(suffix, header_bytes, b"")
     joined = pc.binary_join_element_wise(prefix, _without_nulls(key), middle, _without_nulls(value), suffix, b"")
-    offsets = np.frombuffer(joined.buffers()[1], dtype=np.int32, count=count + 1, offset=joined.offset * 4)
-    section = memoryview(joined.buffers()[2])[int(offsets[0]) : int(offsets[-1])]
+    offsets = np.frombuffer(joined.buffers()[1], dtype=np.int32, count=len(key_length) + 1, offset=joined.offset * 4)
+    return memoryview(joined.buffers()[2])[int(offsets[0]) : int(offsets[-1])]
 
-    codec = Compression(compression)
-    if codec != Compression.NONE:
-        section = compress(codec, bytes(section))
-    return EncodedRecords(section, count, first_timestamp, max_timestamp, codec, TimestampType(timestamp_type))
+
+def _section_by_runs(timestamp_rows, offset_rows, key: pa.Array, key_length: np.ndarray, value: pa.Array, value_length: np.ndarray) -> memoryview | None:
+    """The records section of records without headers, laid out run by run,
+    or None when the records do not come in a few runs of one layout.
+
+    Within a run of records whose key and value lengths are the same and
+    whose timestamp and offset deltas take the same bytes (a batch of
+    fixed-size values changes only where the offset delta's varint grows,
+    at 64 and 8192 records), every record has the same size and the same
+    bytes but for its deltas, key and value: records are the rows of one
+    byte matrix. The run's first record is written to every row at once,
+    then the fields that differ from record to record are copied into their
+    columns, a numpy copy each: the offset delta's varints (the timestamp
+    delta's too unless all are equal), and the key and value bytes straight
+    from their Arrow buffers (a run's values lie end to end there). Null
+    keys and values take no bytes; a column whose null slots hold bytes
+    (Arrow allows it) is left to the general path."""
+    count = len(key_length)
+    key_data, key_starts = _data_and_starts(key, key_length)
+    value_data, value_starts = _data_and_starts(value, value_length)
+    if key_starts is None or value_starts is None:
+        return None
+    varying_timestamps = timestamp_rows[0].strides[0] != 0 and count > 1  # not one row repeated
+    changes = np.zeros(max(count - 1, 0), dtype=bool)
+    for values in (offset_rows[1], key_length, value_length) + ((timestamp_rows[1],) if varying_timestamps else ()):
+        changes |= values[1:] != values[:-1]
+    bounds = np.concatenate([[0], np.flatnonzero(changes) + 1, [count]]).tolist()
+    if len(bounds) - 1 > max(_MOST_RUNS, count // _RECORDS_PER_RUN):
+        return None
+    runs = []  # (records, the first one's bytes, the copies of what differs: (column, its bytes of every record))
+    for first, stop in zip(bounds[:-1], bounds[1:]):
+        timestamp_width, offset_width = int(timestamp_rows[1][first]), int(offset_rows[1][first])
+        key_bytes, value_bytes = max(int(key_length[first]), 0), max(int(value_length[first]), 0)
+        key_length_varint, value_length_varint = bytearray(), bytearray()
+        records.write_varint(key_length_varint, int(key_length[first]))
+        records.write_varint(value_length_varint, int(value_length[first]))
+        head = bytearray()
+        # the record's length counts from the attributes byte to the header count (0: no headers) at its end
+        records.write_varint(head, 1 + timestamp_width + offset_width + len(key_length_varint) + key_bytes + len(value_length_varint) + value_bytes + 1)
+        head.append(0)  # attributes
+        deltas_at = len(head)
+        head += timestamp_rows[0][first, :timestamp_width].tobytes() + offset_rows[0][first, :offset_width].tobytes() + key_length_varint
+        key_at = len(head)
+        value_at = key_at + key_bytes + len(value_length_varint)
+        template = np.zeros(value_at + value_bytes + 1, dtype=np.uint8)
+        template[:key_at] = np.frombuffer(head, dtype=np.uint8)
+        template[key_at + key_bytes : value_at] = np.frombuffer(value_length_varint, dtype=np.uint8)
+        copies = []
+        if stop - first > 1:
+            copies.append((deltas_at + timestamp_width, offset_rows[0][first:stop, :offset_width]))
+            if varying_timestamps:
+                copies.append((deltas_at, timestamp_rows[0][first:stop, :timestamp_width]))
+        for at, size, data, starts in ((key_at, key_bytes, key_data, key_starts), (value_at, value_bytes, value_data, value_starts)):
+            if size:
+                start = int(starts[first])
+                copies.append((at, data[start : start + (stop - first) * size].reshape(stop - first, size)))
+        runs.append((stop - first, template, copies))
+    out = np.empty(sum(rows * len(template) for rows, template, _ in runs), dtype=np.uint8)
+    position = 0
+    for rows, template, copies in runs:
+        matrix = out[position : position + rows * len(template)].reshape(rows, len(template))
+        position += rows * len(template)
+        matrix[:] = template
+        for column, source in copies:
+            matrix[:, column : column + source.shape[1]] = source
+    return memoryview(out)
+
+
+def _offset_delta_rows(count: int) -> tuple[np.ndarray, np.ndarray]:
+    """``_varint_rows`` of the offset deltas 0..count-1: the same for every
+    batch of a size, so built once for the largest batch yet and sliced."""
+    global _OFFSET_DELTAS
+    rows, sizes = _OFFSET_DELTAS
+    if len(sizes) < count:
+        rows, sizes = _OFFSET_DELTAS = _varint_rows(np.arange(1 << max(count - 1, 1).bit_length(), dtype=np.int64))
+    return rows[:count, : int(sizes[count - 1])], sizes[:count]
+
+
+def _data_and_starts(column: pa.Array, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """A binary column's data buffer as bytes and where each value starts in
+    it (``lengths`` as ``_lengths`` gives them); starts None when some null
+    slot holds bytes (the values are then not end to end)."""
+    buffers = column.buffers()
+    data = np.frombuffer(buffers[2], dtype=np.uint8) if len(buffers) > 2 and buffers[2] is not None else np.zeros(0, dtype=np.uint8)
+    if buffers[1] is None:  # an array of nulls
+        return data, np.zeros(len(column), dtype=np.int64)
+    offsets = np.frombuffer(buffers[1], dtype=np.int32, count=len(column) + 1, offset=column.offset * 4)
+    if column.null_count and not np.array_equal(np.diff(offsets), np.maximum(lengths, 0)):
+        return data, None
+    return data, offsets[:-1].astype(np.int64)
 
 
 def _column(values, kind: pa.DataType) -> pa.Array:
@@ -628,6 +739,9 @@ def _varint_rows(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each value's zigzag varint as a row of bytes (padded on the right) and its size."""
     zigzag = _zigzag(values)
     largest = int(zigzag.max()) if len(zigzag) else 0
+    if len(zigzag) > 1 and int(zigzag.min()) == largest:  # one value: its row, repeated as a view (no bytes per record)
+        row, size = _varint_rows(values[:1])
+        return np.broadcast_to(row, (len(zigzag), row.shape[1])), np.broadcast_to(size, len(zigzag))
     if largest < 0x80:  # one byte each: the common case of small counts and deltas
         return zigzag.astype(np.uint8).reshape(-1, 1), np.ones(len(zigzag), dtype=np.int64)
     sizes = np.ones(len(zigzag), dtype=np.int64)
