@@ -482,7 +482,10 @@ class EncodedRecords:
     records section (compressed by ``compression``) and what the header
     says of it. ``frame_records`` puts a header in front, so a producer
     encodes once and frames again only what a retry or an epoch bump
-    changes (producer id, epoch, sequence)."""
+    changes (producer id, epoch, sequence). When the section was laid out
+    behind room for the header (``batch``: header room and section, one
+    buffer), the header is written into that room, in place, and the batch
+    is that buffer: no copy of the section per attempt."""
 
     section: bytes | memoryview
     count: int
@@ -490,6 +493,7 @@ class EncodedRecords:
     max_timestamp: int
     compression: Compression = Compression.NONE
     timestamp_type: TimestampType = TimestampType.CREATE_TIME
+    batch: np.ndarray | None = attrs.field(default=None, eq=False, repr=False)
 
 
 def encode_columns(
@@ -515,10 +519,10 @@ def encode_columns(
     ``records.encode_batch`` for the same ``(key, value, headers, timestamp)``
     records and the same keyword arguments."""
     encoded = encode_records(key=key, value=value, timestamp=timestamp, headers=headers, compression=compression, timestamp_type=timestamp_type)
-    return frame_records(
+    return bytes(frame_records(
         encoded, base_offset=base_offset, producer_id=producer_id, producer_epoch=producer_epoch, base_sequence=base_sequence,
         is_transactional=is_transactional, partition_leader_epoch=partition_leader_epoch,
-    )
+    ))
 
 
 def frame_records(
@@ -530,16 +534,22 @@ def frame_records(
     base_sequence: int = NO_SEQUENCE,
     is_transactional: bool = False,
     partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
-) -> bytes:
-    """The batch of ``encoded``'s records: header, CRC (computed once, here), section."""
+) -> bytes | memoryview:
+    """The batch of ``encoded``'s records: header, CRC (computed once, here),
+    section. A view of ``encoded.batch`` when it has one (its header
+    rewritten: valid until the next framing of the same records)."""
     attributes_field = encoded.compression | (encoded.timestamp_type << 3)
     if is_transactional:
         attributes_field |= TRANSACTIONAL_MASK
-    return records.frame_batch(
-        encoded.section, base_offset=base_offset, partition_leader_epoch=partition_leader_epoch, attributes=attributes_field,
+    header = dict(
+        base_offset=base_offset, partition_leader_epoch=partition_leader_epoch, attributes=attributes_field,
         last_offset_delta=encoded.count - 1, first_timestamp=encoded.first_timestamp, max_timestamp=encoded.max_timestamp,
         producer_id=producer_id, producer_epoch=producer_epoch, base_sequence=base_sequence, count=encoded.count,
     )
+    if encoded.batch is None:
+        return records.frame_batch(encoded.section, **header)
+    records.write_batch_header(encoded.batch, **header)
+    return memoryview(encoded.batch)
 
 
 def encode_records(
@@ -565,16 +575,17 @@ def encode_records(
     header_count, header_bytes = _encoded_headers(headers, count)
     timestamp_rows = _varint_rows(timestamps - first_timestamp)
     offset_rows = _offset_delta_rows(count)
-    section = None
-    if header_bytes is None:
-        section = _section_by_runs(timestamp_rows, offset_rows, key, key_length, value, value_length)
-    if section is None:
-        section = _section_joined(timestamp_rows, offset_rows, key, key_length, value, value_length, header_count, header_bytes)
-
     codec = Compression(compression)
+    batch = None
+    if header_bytes is None:
+        batch = _section_by_runs(timestamp_rows, offset_rows, key, key_length, value, value_length)
+    if batch is not None:
+        section = memoryview(batch)[BATCH_HEADER_SIZE:]
+    else:
+        section = _section_joined(timestamp_rows, offset_rows, key, key_length, value, value_length, header_count, header_bytes)
     if codec != Compression.NONE:
-        section = compress(codec, bytes(section))
-    return EncodedRecords(section, count, first_timestamp, max_timestamp, codec, TimestampType(timestamp_type))
+        section, batch = compress(codec, bytes(section)), None
+    return EncodedRecords(section, count, first_timestamp, max_timestamp, codec, TimestampType(timestamp_type), batch)
 
 
 def _section_joined(timestamp_rows, offset_rows, key: pa.Array, key_length: np.ndarray, value: pa.Array, value_length: np.ndarray,
@@ -598,9 +609,10 @@ def _section_joined(timestamp_rows, offset_rows, key: pa.Array, key_length: np.n
     return memoryview(joined.buffers()[2])[int(offsets[0]) : int(offsets[-1])]
 
 
-def _section_by_runs(timestamp_rows, offset_rows, key: pa.Array, key_length: np.ndarray, value: pa.Array, value_length: np.ndarray) -> memoryview | None:
-    """The records section of records without headers, laid out run by run,
-    or None when the records do not come in a few runs of one layout.
+def _section_by_runs(timestamp_rows, offset_rows, key: pa.Array, key_length: np.ndarray, value: pa.Array, value_length: np.ndarray) -> np.ndarray | None:
+    """The records section of records without headers, laid out run by run
+    behind ``BATCH_HEADER_SIZE`` bytes of room for the batch's header, or
+    None when the records do not come in a few runs of one layout.
 
     Within a run of records whose key and value lengths are the same and
     whose timestamp and offset deltas take the same bytes (a batch of
@@ -654,15 +666,15 @@ def _section_by_runs(timestamp_rows, offset_rows, key: pa.Array, key_length: np.
                 start = int(starts[first])
                 copies.append((at, data[start : start + (stop - first) * size].reshape(stop - first, size)))
         runs.append((stop - first, template, copies))
-    out = np.empty(sum(rows * len(template) for rows, template, _ in runs), dtype=np.uint8)
-    position = 0
+    out = np.empty(BATCH_HEADER_SIZE + sum(rows * len(template) for rows, template, _ in runs), dtype=np.uint8)
+    position = BATCH_HEADER_SIZE
     for rows, template, copies in runs:
         matrix = out[position : position + rows * len(template)].reshape(rows, len(template))
         position += rows * len(template)
         matrix[:] = template
         for column, source in copies:
             matrix[:, column : column + source.shape[1]] = source
-    return memoryview(out)
+    return out
 
 
 def _offset_delta_rows(count: int) -> tuple[np.ndarray, np.ndarray]:

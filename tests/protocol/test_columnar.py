@@ -161,6 +161,13 @@ def test_records_of_one_size_laid_out_run_by_run_give_the_bytes_of_the_record_co
                 given = dict(key=None if key_column is None else key_column[rows], value=pa.array(values)[rows], timestamp=pa.array(stamps)[rows])
                 assert encode_columns(**given) == expected, (first, size)
                 assert laid_out.pop() is not None, "laid out run by run"
+    # framed again in place (a retry, an epoch bump): each framing is the record codec's batch
+    batch = [(None, values[i], [], 1_700_000_000_000) for i in range(100)]
+    encoded = columnar.encode_records(value=pa.array(values[:100]), timestamp=[1_700_000_000_000] * 100)
+    assert laid_out.pop() is not None
+    for producer_epoch, base_sequence in ((0, 0), (1, 100), (0, 0)):
+        framing = dict(producer_id=7, producer_epoch=producer_epoch, base_sequence=base_sequence, is_transactional=True)
+        assert bytes(columnar.frame_records(encoded, **framing)) == encode_batch(batch, **framing)
     # a null whose slot holds bytes (Arrow's offsets give the middle value 3 bytes)
     offsets = pa.array([0, 3, 6, 9], pa.int32())
     holding = pa.Array.from_buffers(pa.binary(), 3, [pa.array([True, False, True]).buffers()[1], offsets.buffers()[1], pa.py_buffer(b"abcXYZghi")], null_count=1)
