@@ -1,7 +1,8 @@
 """The exactly-once Spark sink's own path, without a Spark session: one
 task's ``write_task`` of ``rows`` rows of 100 B (Arrow batches of 10,000
 rows, as Spark hands them over; null keys, as the Spark bench's source
-gives) into a topic of two partitions, then the driver's commit of the
+gives) into a topic of two partitions made as the Spark bench makes its
+output topic, then the driver's commit of the
 handle; rows/s over both, the output counted by a read_committed reader.
 What Spark adds around it is in ``benchmarks.spark_source``.
 
@@ -25,13 +26,11 @@ def measure(bootstrap: str, rows: int) -> tuple[float, float]:
     import pyarrow as pa
     from pyspark.sql.types import BinaryType, StructField, StructType
 
+    from benchmarks.spark_source import committed_records, create_topic
     from streaming.spark.sink import make_stream_writer, validate_schema
     from streaming.spark.sink_task import TaskIdentity, write_task
-    from txn import Admin, Consumer, TopicPartition
 
-    topic = f"sink-write-{uuid.uuid4().hex[:6]}"
-    with Admin(bootstrap) as admin:
-        admin.create_topics({topic: 2})
+    topic = create_topic(bootstrap)
     schema = StructType([StructField("key", BinaryType()), StructField("value", BinaryType())])
     writer = make_stream_writer({"kafka.bootstrap.servers": bootstrap, "topic": topic, "transactionalIdPrefix": f"bench-{uuid.uuid4().hex[:6]}"}, schema)
     columns = validate_schema(schema, topic)
@@ -44,13 +43,7 @@ def measure(bootstrap: str, rows: int) -> tuple[float, float]:
     written = time.perf_counter()
     writer.commit([message], 1)
     committed = time.perf_counter()
-    partitions = [TopicPartition(topic, p) for p in range(2)]
-    with Consumer(bootstrap_servers=bootstrap, max_poll_records=50_000) as reader:
-        reader.assign(partitions)
-        ends = reader.end_offsets(partitions)
-        count = 0
-        while any(reader.position(tp) < ends[tp] for tp in partitions):
-            count += len(reader.poll(1.0))
+    count = committed_records(bootstrap, topic)
     expected = ARROW_ROWS + rows // ARROW_ROWS * ARROW_ROWS
     if count != expected:
         raise RuntimeError(f"{count} committed records, not {expected}")

@@ -21,10 +21,16 @@ by numpy comparisons, the rest by a Python loop that reads only the length
 varint of each record and stores integer positions; every other field is read by
 numpy at all the record positions at once, and the binary columns are cut
 out of one buffer by Arrow's ``take`` over offsets that point into it.
-Encoding builds each record's varints as rows of a byte matrix, squeezes
-out the unused bytes with one mask, and lets Arrow's ``binary_join_element_wise`` lay out
-prefix, key, value length, value and headers of every record as one buffer,
-which is the records section.
+Encoding builds each record's varints as rows of a byte matrix. Records
+without headers that come in a few runs of one size (fixed-size values:
+the size changes only where the offset delta's varint grows) are laid out
+as the rows of one byte matrix per run: the run's first record written to
+every row, then a numpy copy per field that differs (offset deltas, key and
+value bytes straight from their Arrow buffers). Any other records: the
+unused varint bytes are squeezed out with one mask, and Arrow's
+``binary_join_element_wise`` lays out prefix, key, value length, value and
+headers of every record as one buffer. Either way the buffer is the records
+section.
 
 Damage raises ``CorruptRecordError`` as ``records.py`` does: when the
 vectorised checks find something wrong, the damaged batch is decoded again
@@ -90,6 +96,11 @@ _PADDING = 64
 _RUN_MIN_RECORDS = 16
 _LOOP_RECORDS = 256
 _INT32_MAX = 2**31 - 1
+# The encoder lays records out run by run when a call's records come in at
+# most this many runs of one layout, or one run per this many records.
+_MOST_RUNS = 16
+_RECORDS_PER_RUN = 64
+_OFFSET_DELTAS: tuple[np.ndarray, np.ndarray] = (np.zeros((0, 1), dtype=np.uint8), np.zeros(0, dtype=np.int64))
 
 
 class _Damaged(Exception):
@@ -471,7 +482,10 @@ class EncodedRecords:
     records section (compressed by ``compression``) and what the header
     says of it. ``frame_records`` puts a header in front, so a producer
     encodes once and frames again only what a retry or an epoch bump
-    changes (producer id, epoch, sequence)."""
+    changes (producer id, epoch, sequence). When the section was laid out
+    behind room for the header (``batch``: header room and section, one
+    buffer), the header is written into that room, in place, and the batch
+    is that buffer: no copy of the section per attempt."""
 
     section: bytes | memoryview
     count: int
@@ -479,6 +493,7 @@ class EncodedRecords:
     max_timestamp: int
     compression: Compression = Compression.NONE
     timestamp_type: TimestampType = TimestampType.CREATE_TIME
+    batch: np.ndarray | None = attrs.field(default=None, eq=False, repr=False)
 
 
 def encode_columns(
@@ -504,10 +519,10 @@ def encode_columns(
     ``records.encode_batch`` for the same ``(key, value, headers, timestamp)``
     records and the same keyword arguments."""
     encoded = encode_records(key=key, value=value, timestamp=timestamp, headers=headers, compression=compression, timestamp_type=timestamp_type)
-    return frame_records(
+    return bytes(frame_records(
         encoded, base_offset=base_offset, producer_id=producer_id, producer_epoch=producer_epoch, base_sequence=base_sequence,
         is_transactional=is_transactional, partition_leader_epoch=partition_leader_epoch,
-    )
+    ))
 
 
 def frame_records(
@@ -519,16 +534,22 @@ def frame_records(
     base_sequence: int = NO_SEQUENCE,
     is_transactional: bool = False,
     partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
-) -> bytes:
-    """The batch of ``encoded``'s records: header, CRC (computed once, here), section."""
+) -> bytes | memoryview:
+    """The batch of ``encoded``'s records: header, CRC (computed once, here),
+    section. A view of ``encoded.batch`` when it has one (its header
+    rewritten: valid until the next framing of the same records)."""
     attributes_field = encoded.compression | (encoded.timestamp_type << 3)
     if is_transactional:
         attributes_field |= TRANSACTIONAL_MASK
-    return records.frame_batch(
-        encoded.section, base_offset=base_offset, partition_leader_epoch=partition_leader_epoch, attributes=attributes_field,
+    header = dict(
+        base_offset=base_offset, partition_leader_epoch=partition_leader_epoch, attributes=attributes_field,
         last_offset_delta=encoded.count - 1, first_timestamp=encoded.first_timestamp, max_timestamp=encoded.max_timestamp,
         producer_id=producer_id, producer_epoch=producer_epoch, base_sequence=base_sequence, count=encoded.count,
     )
+    if encoded.batch is None:
+        return records.frame_batch(encoded.section, **header)
+    records.write_batch_header(encoded.batch, **header)
+    return memoryview(encoded.batch)
 
 
 def encode_records(
@@ -552,30 +573,132 @@ def encode_records(
     key_length = _lengths(key)
     value_length = _lengths(value)
     header_count, header_bytes = _encoded_headers(headers, count)
-    timestamp_delta = timestamps - first_timestamp
-    offset_delta = np.arange(count, dtype=np.int64)
+    timestamp_rows = _varint_rows(timestamps - first_timestamp)
+    offset_rows = _offset_delta_rows(count)
+    codec = Compression(compression)
+    batch = None
+    if header_bytes is None:
+        batch = _section_by_runs(timestamp_rows, offset_rows, key, key_length, value, value_length)
+    if batch is not None:
+        section = memoryview(batch)[BATCH_HEADER_SIZE:]
+    else:
+        section = _section_joined(timestamp_rows, offset_rows, key, key_length, value, value_length, header_count, header_bytes)
+    if codec != Compression.NONE:
+        section, batch = compress(codec, bytes(section)), None
+    return EncodedRecords(section, count, first_timestamp, max_timestamp, codec, TimestampType(timestamp_type), batch)
 
-    timestamp_rows, offset_rows, key_rows, value_rows, count_rows = (
-        _varint_rows(values) for values in (timestamp_delta, offset_delta, key_length, value_length, header_count)
-    )
+
+def _section_joined(timestamp_rows, offset_rows, key: pa.Array, key_length: np.ndarray, value: pa.Array, value_length: np.ndarray,
+                    header_count: np.ndarray, header_bytes: pa.Array | None) -> memoryview:
+    """The records section of any records: every record's varints as one
+    binary value before the key, one before the value and one after it (the
+    header count and headers), joined by Arrow."""
+    key_rows, value_rows, count_rows = (_varint_rows(values) for values in (key_length, value_length, header_count))
     body_length = (1 + timestamp_rows[1] + offset_rows[1] + key_rows[1] + np.maximum(key_length, 0)
                    + value_rows[1] + np.maximum(value_length, 0) + count_rows[1])
     if header_bytes is not None:
         body_length += _lengths(header_bytes)
-    attributes = _varint_rows(np.zeros(count, dtype=np.int64))  # always 0, and a varint of 0 is the byte 0
+    attributes = _varint_rows(np.zeros(len(key_length), dtype=np.int64))  # always 0, and a varint of 0 is the byte 0
     prefix = _varint_binary([_varint_rows(body_length), attributes, timestamp_rows, offset_rows, key_rows])
     middle = _varint_binary([value_rows])
     suffix = _varint_binary([count_rows])
     if header_bytes is not None:
         suffix = pc.binary_join_element_wise(suffix, header_bytes, b"")
     joined = pc.binary_join_element_wise(prefix, _without_nulls(key), middle, _without_nulls(value), suffix, b"")
-    offsets = np.frombuffer(joined.buffers()[1], dtype=np.int32, count=count + 1, offset=joined.offset * 4)
-    section = memoryview(joined.buffers()[2])[int(offsets[0]) : int(offsets[-1])]
+    offsets = np.frombuffer(joined.buffers()[1], dtype=np.int32, count=len(key_length) + 1, offset=joined.offset * 4)
+    return memoryview(joined.buffers()[2])[int(offsets[0]) : int(offsets[-1])]
 
-    codec = Compression(compression)
-    if codec != Compression.NONE:
-        section = compress(codec, bytes(section))
-    return EncodedRecords(section, count, first_timestamp, max_timestamp, codec, TimestampType(timestamp_type))
+
+def _section_by_runs(timestamp_rows, offset_rows, key: pa.Array, key_length: np.ndarray, value: pa.Array, value_length: np.ndarray) -> np.ndarray | None:
+    """The records section of records without headers, laid out run by run
+    behind ``BATCH_HEADER_SIZE`` bytes of room for the batch's header, or
+    None when the records do not come in a few runs of one layout.
+
+    Within a run of records whose key and value lengths are the same and
+    whose timestamp and offset deltas take the same bytes (a batch of
+    fixed-size values changes only where the offset delta's varint grows,
+    at 64 and 8192 records), every record has the same size and the same
+    bytes but for its deltas, key and value: records are the rows of one
+    byte matrix. The run's first record is written to every row at once,
+    then the fields that differ from record to record are copied into their
+    columns, a numpy copy each: the offset delta's varints (the timestamp
+    delta's too unless all are equal), and the key and value bytes straight
+    from their Arrow buffers (a run's values lie end to end there). Null
+    keys and values take no bytes; a column whose null slots hold bytes
+    (Arrow allows it) is left to the general path."""
+    count = len(key_length)
+    key_data, key_starts = _data_and_starts(key, key_length)
+    value_data, value_starts = _data_and_starts(value, value_length)
+    if key_starts is None or value_starts is None:
+        return None
+    varying_timestamps = timestamp_rows[0].strides[0] != 0 and count > 1  # not one row repeated
+    changes = np.zeros(max(count - 1, 0), dtype=bool)
+    for values in (offset_rows[1], key_length, value_length) + ((timestamp_rows[1],) if varying_timestamps else ()):
+        changes |= values[1:] != values[:-1]
+    bounds = np.concatenate([[0], np.flatnonzero(changes) + 1, [count]]).tolist()
+    if len(bounds) - 1 > max(_MOST_RUNS, count // _RECORDS_PER_RUN):
+        return None
+    runs = []  # (records, the first one's bytes, the copies of what differs: (column, its bytes of every record))
+    for first, stop in zip(bounds[:-1], bounds[1:]):
+        timestamp_width, offset_width = int(timestamp_rows[1][first]), int(offset_rows[1][first])
+        key_bytes, value_bytes = max(int(key_length[first]), 0), max(int(value_length[first]), 0)
+        key_length_varint, value_length_varint = bytearray(), bytearray()
+        records.write_varint(key_length_varint, int(key_length[first]))
+        records.write_varint(value_length_varint, int(value_length[first]))
+        head = bytearray()
+        # the record's length counts from the attributes byte to the header count (0: no headers) at its end
+        records.write_varint(head, 1 + timestamp_width + offset_width + len(key_length_varint) + key_bytes + len(value_length_varint) + value_bytes + 1)
+        head.append(0)  # attributes
+        deltas_at = len(head)
+        head += timestamp_rows[0][first, :timestamp_width].tobytes() + offset_rows[0][first, :offset_width].tobytes() + key_length_varint
+        key_at = len(head)
+        value_at = key_at + key_bytes + len(value_length_varint)
+        template = np.zeros(value_at + value_bytes + 1, dtype=np.uint8)
+        template[:key_at] = np.frombuffer(head, dtype=np.uint8)
+        template[key_at + key_bytes : value_at] = np.frombuffer(value_length_varint, dtype=np.uint8)
+        copies = []
+        if stop - first > 1:
+            copies.append((deltas_at + timestamp_width, offset_rows[0][first:stop, :offset_width]))
+            if varying_timestamps:
+                copies.append((deltas_at, timestamp_rows[0][first:stop, :timestamp_width]))
+        for at, size, data, starts in ((key_at, key_bytes, key_data, key_starts), (value_at, value_bytes, value_data, value_starts)):
+            if size:
+                start = int(starts[first])
+                copies.append((at, data[start : start + (stop - first) * size].reshape(stop - first, size)))
+        runs.append((stop - first, template, copies))
+    out = np.empty(BATCH_HEADER_SIZE + sum(rows * len(template) for rows, template, _ in runs), dtype=np.uint8)
+    position = BATCH_HEADER_SIZE
+    for rows, template, copies in runs:
+        matrix = out[position : position + rows * len(template)].reshape(rows, len(template))
+        position += rows * len(template)
+        matrix[:] = template
+        for column, source in copies:
+            matrix[:, column : column + source.shape[1]] = source
+    return out
+
+
+def _offset_delta_rows(count: int) -> tuple[np.ndarray, np.ndarray]:
+    """``_varint_rows`` of the offset deltas 0..count-1: the same for every
+    batch of a size, so built once for the largest batch yet and sliced."""
+    global _OFFSET_DELTAS
+    rows, sizes = _OFFSET_DELTAS
+    if len(sizes) < count:
+        rows, sizes = _OFFSET_DELTAS = _varint_rows(np.arange(1 << max(count - 1, 1).bit_length(), dtype=np.int64))
+    return rows[:count, : int(sizes[count - 1])], sizes[:count]
+
+
+def _data_and_starts(column: pa.Array, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """A binary column's data buffer as bytes and where each value starts in
+    it (``lengths`` as ``_lengths`` gives them); starts None when some null
+    slot holds bytes (the values are then not end to end)."""
+    buffers = column.buffers()
+    data = np.frombuffer(buffers[2], dtype=np.uint8) if len(buffers) > 2 and buffers[2] is not None else np.zeros(0, dtype=np.uint8)
+    if buffers[1] is None:  # an array of nulls
+        return data, np.zeros(len(column), dtype=np.int64)
+    offsets = np.frombuffer(buffers[1], dtype=np.int32, count=len(column) + 1, offset=column.offset * 4)
+    if column.null_count and not np.array_equal(np.diff(offsets), np.maximum(lengths, 0)):
+        return data, None
+    return data, offsets[:-1].astype(np.int64)
 
 
 def _column(values, kind: pa.DataType) -> pa.Array:
@@ -628,6 +751,9 @@ def _varint_rows(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each value's zigzag varint as a row of bytes (padded on the right) and its size."""
     zigzag = _zigzag(values)
     largest = int(zigzag.max()) if len(zigzag) else 0
+    if len(zigzag) > 1 and int(zigzag.min()) == largest:  # one value: its row, repeated as a view (no bytes per record)
+        row, size = _varint_rows(values[:1])
+        return np.broadcast_to(row, (len(zigzag), row.shape[1])), np.broadcast_to(size, len(zigzag))
     if largest < 0x80:  # one byte each: the common case of small counts and deltas
         return zigzag.astype(np.uint8).reshape(-1, 1), np.ones(len(zigzag), dtype=np.int64)
     sizes = np.ones(len(zigzag), dtype=np.int64)

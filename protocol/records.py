@@ -615,9 +615,25 @@ def frame_batch(
     max_timestamp: int, producer_id: int, producer_epoch: int, base_sequence: int, count: int,
 ) -> bytes:
     """A batch's header in front of its (compressed) records section, the
-    CRC-32C written last over attributes..end (also the columnar encoder's)."""
+    CRC-32C written last over attributes..end."""
     out = bytearray(BATCH_HEADER_SIZE)
     out += body
+    write_batch_header(
+        out, base_offset=base_offset, partition_leader_epoch=partition_leader_epoch, attributes=attributes,
+        last_offset_delta=last_offset_delta, first_timestamp=first_timestamp, max_timestamp=max_timestamp,
+        producer_id=producer_id, producer_epoch=producer_epoch, base_sequence=base_sequence, count=count,
+    )
+    return bytes(out)
+
+
+def write_batch_header(
+    out, *, base_offset: int, partition_leader_epoch: int, attributes: int, last_offset_delta: int, first_timestamp: int,
+    max_timestamp: int, producer_id: int, producer_epoch: int, base_sequence: int, count: int,
+) -> None:
+    """Write a batch's header into the first ``BATCH_HEADER_SIZE`` bytes of
+    ``out`` (a writable buffer whose other bytes are the records section),
+    the CRC-32C last over attributes..end (``frame_batch``'s, and the
+    columnar encoder's, which encodes records behind room for it)."""
     BATCH_HEADER.pack_into(
         out,
         0,
@@ -636,7 +652,6 @@ def frame_batch(
         count,
     )
     struct.pack_into(">I", out, CRC_OFFSET, crc32c(memoryview(out)[ATTRIBUTES_OFFSET:]))
-    return bytes(out)
 
 
 def encode_control_batch(

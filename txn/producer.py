@@ -64,7 +64,7 @@ from txn.errors import (
     TransactionAbortableError,
     classify,
 )
-from txn.sender import PartitionQueue, Sender, fail_quietly
+from txn.sender import RECORD_OVERHEAD, PartitionQueue, Sender, fail_quietly
 from txn.sync_client import SyncClient, properties_first, rebuild
 from txn.types import GroupMetadata, RecordMetadata, TopicPartition, as_topic_partition
 
@@ -444,6 +444,7 @@ class AsyncProducer(Sender):
             await self.start()
         if partition is None:
             partition = default_partition(key, await self.cluster.partitions_for(topic), self._round_robin)
+        await self.wait_for_room(len(value or b"") + len(key or b"") + RECORD_OVERHEAD)
         return self.append(topic, partition, value, key, headers, timestamp, on_delivery)
 
     async def send_columns(self, topic: str, value, key=None, *, partition=None, headers=None, timestamp=None) -> asyncio.Future:
@@ -732,6 +733,10 @@ class Producer(SyncClient):
         bootstrap_servers, config = properties_first(bootstrap_servers, config)
         super().__init__(lambda: AsyncProducer(bootstrap_servers, transactional_id, config, crash_point=crash_point, **options))
         self._handoff: collections.deque = collections.deque()  # sends on their way to the loop, in call order
+        # Bytes of them put in (by senders) and taken out (by the loop), each
+        # written by one side, so buffer_memory counts what is on its way too.
+        self._handed_bytes = 0
+        self._taken_bytes = 0
         self._handoff_scheduled = False
         if self._async.transactional_id is None:
             try:
@@ -760,13 +765,21 @@ class Producer(SyncClient):
 
         Records are handed to the loop in call order, ahead of any later call
         (flush, commit), so a commit covers every send made before it. The
-        first send to a topic waits for its metadata; later ones do not wait."""
+        first send to a topic waits for its metadata; later ones do not wait,
+        unless what waits to be sent fills ``buffer_memory``: then this
+        waits for room, at most ``max_block_ms`` (``BufferExhaustedError``).
+        Records on their way to the loop count as well."""
         self._async.check_can_send()
+        size = len(value or b"") + len(key or b"") + RECORD_OVERHEAD
+        waiting = self._async._buffered + self._handed_bytes - self._taken_bytes
+        if waiting and waiting + size > self._async.config.buffer_memory:
+            self._thread.call(self._async.wait_for_room(size))  # runs after the loop took what is on its way
         result = DeliveryFuture(self._thread)
         if not self._async.can_append_now(topic, partition):
             result.inner = self._thread.call(self._async.send(topic, value, key=key, partition=partition, headers=headers, timestamp=timestamp, on_delivery=on_delivery))
             return result
-        self._handoff.append((result, topic, partition, value, key, headers, timestamp, on_delivery))
+        self._handed_bytes += size
+        self._handoff.append((result, size, (topic, partition, value, key, headers, timestamp, on_delivery)))
         if not self._handoff_scheduled:
             # One wake-up of the loop per burst of sends, not one per record.
             self._handoff_scheduled = True
@@ -776,7 +789,8 @@ class Producer(SyncClient):
     def _take_handoff(self) -> None:
         self._handoff_scheduled = False
         while self._handoff:
-            result, *args = self._handoff.popleft()
+            result, size, args = self._handoff.popleft()
+            self._taken_bytes += size
             try:
                 result.inner = self._async.append(*args)
             except Exception as error:

@@ -20,9 +20,9 @@ records (``append``, cut into batches here) and runs of records encoded
 ahead from columns (``append_encoded``, from ``AsyncProducer.send_columns``:
 each is one batch, framed again per attempt with the producer id, epoch and
 sequence of the moment, with one future for the whole run). The encoded
-runs count against ``buffer_memory`` until their batch has its outcome;
-``reserve_buffer`` makes a column sender wait for room (at most
-``max_block_ms``).
+runs and the single records both count against ``buffer_memory`` until
+their batch has its outcome; ``wait_for_room`` makes a sender wait for
+room (at most ``max_block_ms``), ``reserve_buffer`` counts a run ahead.
 
 ``Sender`` is a base class of ``AsyncProducer``, whose ``__init__`` sets
 the state it works on (``_queues``, ``_topic_partitions``, ``_tasks``, ``_round_robin``,
@@ -73,6 +73,7 @@ class Batch:
     failed_attempt: bool = False  # some attempt failed: batches behind it see OUT_OF_ORDER
     error: BaseException | None = None
     encoded: object = None  # protocol.columnar.EncodedRecords: the batch's records, encoded ahead
+    size: int = 0  # bytes it holds of buffer_memory, given back when it has its outcome
 
     @property
     def count(self) -> int:
@@ -122,7 +123,9 @@ class Sender:
             tp = self._topic_partitions[(topic, partition)] = TopicPartition(topic, partition)
         queue = self._queues[tp]
         queue.records.append(((key, value, tuple(headers) if headers else (), int(time.time() * 1000) if timestamp is None else timestamp), future))
-        queue.size += len(value or b"") + len(key or b"") + RECORD_OVERHEAD
+        size = len(value or b"") + len(key or b"") + RECORD_OVERHEAD
+        queue.size += size
+        self._buffered += size  # never waits here: ``AsyncProducer.send`` and ``Producer.send`` wait for room before
         if queue.size >= self.config.records_batch_size:
             self._drain(tp)
         elif queue.timer is None:
@@ -144,8 +147,15 @@ class Sender:
 
     async def reserve_buffer(self, size: int) -> None:
         """Wait until ``size`` more bytes of encoded records fit in
-        ``buffer_memory`` (a run alone is always let in), at most
-        ``max_block_ms``; then count them."""
+        ``buffer_memory`` (``wait_for_room``); then count them."""
+        await self.wait_for_room(size)
+        self._buffered += size
+
+    async def wait_for_room(self, size: int) -> None:
+        """Wait until ``size`` more bytes fit in ``buffer_memory`` (what is
+        queued or in flight, records and encoded runs alike; anything fits
+        an empty buffer), at most ``max_block_ms``: then
+        ``BufferExhaustedError``."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.max_block_ms / 1000
         while self._buffered and self._buffered + size > self.config.buffer_memory:
@@ -158,7 +168,6 @@ class Sender:
             except TimeoutError:
                 raise BufferExhaustedError(message=f"{self._buffered} bytes waiting to be sent fill buffer_memory ({self.config.buffer_memory}) after max_block_ms ({self.config.max_block_ms})") from None
             self.check_can_send()
-        self._buffered += size
 
     def _release_buffer(self, size: int) -> None:
         self._buffered -= size
@@ -167,8 +176,7 @@ class Sender:
     def _drop_queued(self, queue: PartitionQueue, error: BaseException) -> None:
         """Fail and forget what a queue holds (nothing of it can be sent any more)."""
         for record, future in queue.records:
-            if type(record) is not tuple:
-                self._release_buffer(len(record.section))
+            self._release_buffer(len(record.section) if type(record) is not tuple else len(record[1] or b"") + len(record[0] or b"") + RECORD_OVERHEAD)
             if future is not None and not future.done():
                 fail_quietly(future, error)
         queue.records.clear()
@@ -184,7 +192,7 @@ class Sender:
             if type(queue.records[0][0]) is not tuple:  # encoded ahead: a batch of its own
                 encoded, future = queue.records.popleft()
                 queue.size = max(0, queue.size - len(encoded.section))
-                batch = Batch(tp, [], [future], time.monotonic(), predecessor=queue.last_batch, encoded=encoded)
+                batch = Batch(tp, [], [future], time.monotonic(), predecessor=queue.last_batch, encoded=encoded, size=len(encoded.section))
             else:
                 records, futures, size = [], [], 0
                 while queue.records and type(queue.records[0][0]) is tuple and (size < self.config.records_batch_size or not records):
@@ -193,7 +201,7 @@ class Sender:
                     records.append(record)
                     futures.append(future)
                 queue.size = max(0, queue.size - size)
-                batch = Batch(tp, records, futures, time.monotonic(), predecessor=queue.last_batch)
+                batch = Batch(tp, records, futures, time.monotonic(), predecessor=queue.last_batch, size=size)
             if self.idempotent:
                 batch.base_sequence = queue.next_sequence
                 queue.next_sequence = (queue.next_sequence + batch.count) % (2**31)
@@ -230,8 +238,7 @@ class Sender:
         try:
             result = await self._deliver_with_retries(batch)
         except BaseException as error:
-            if batch.encoded is not None:
-                self._release_buffer(len(batch.encoded.section))
+            self._release_buffer(batch.size)
             batch.error = error if isinstance(error, Exception) else FatalError(message="cancelled")
             if self.idempotent and not isinstance(error, ProducerFencedError):
                 self._needs_epoch_bump = True  # the sequence has a hole now
@@ -247,8 +254,8 @@ class Sender:
             batch.written.set()
             batch.finished.set()
         base, log_append_time = result
+        self._release_buffer(batch.size)
         if batch.encoded is not None:
-            self._release_buffer(len(batch.encoded.section))
             future = batch.futures[0]
             if not future.done():
                 future.set_result(BatchMetadata(batch.partition.topic, batch.partition.partition, base, batch.encoded.count))

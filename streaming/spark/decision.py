@@ -19,7 +19,7 @@ a partition the same rows when it re-runs a batch (SPARK-28650).
 
 | latest decision found | batch N | what happens |
 | --- | --- | --- |
-| none, or an older batch of this query | decide | every new handle verified open (``dead_handles``), then write (query, N, new handles), commit them |
+| none, or an older batch of this query | decide | every new handle verified open (``dead_handles``), then write (query, N, new handles), commit them; with no handle at all (no task wrote a row) the driver writes nothing |
 | batch N of this query | recommit | commit the decided handles; the new ones are leftovers |
 | batch N, every decided handle verified aborted, none committed | redecide | the re-run recomputed the whole batch: decide its handles instead |
 | a later batch of this query | done | N was committed before the later one was decided; nothing to commit |

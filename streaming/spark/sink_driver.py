@@ -5,8 +5,9 @@ run against the brokers for one microbatch (``DriverCommit``).
 other driver), read this prefix's latest decision read_committed, plan;
 before deciding, verify every handle is open at the epoch its task
 reported; write the decision in the writer's transaction (the commit
-point), commit every decided handle, then abort this run's leftovers (every
-run's at a run's first commit). ``abort(messages, N)`` never undoes a
+point; none when no task wrote a row: nothing to decide), commit every
+decided handle, then abort this run's leftovers (every run's at a run's
+first commit). ``abort(messages, N)`` never undoes a
 decision. The commit runner (a long-lived Python worker) keeps its clients
 from batch to batch (``DriverClients``, ``on_kept_clients``).
 """
@@ -305,9 +306,14 @@ class DriverCommit:
             # Every decided transaction of this batch is verified aborted, none committed: the re-run recomputed the whole batch.
             log.warning("batch %s: its decided transactions were all aborted (none committed); deciding the re-run's instead", batch_id)
             decision = Decision(query_id, batch_id, run_id, tuple(transactions))
+        if decision is not None and self.options.commit_offsets_to_group:
+            decision = await self._with_offsets_transaction(decision)
+        if decision is not None and not decision.transactions:
+            # Nothing to decide: no task wrote a row. A re-run of this batch
+            # with rows decides them then; the latest decision stays the one
+            # a recommit or the completer needs.
+            decision = None
         if decision is not None:
-            if self.options.commit_offsets_to_group:
-                decision = await self._with_offsets_transaction(decision)
             await self._verify_open(decision, batch_id)
             decided = decision.transactions
             self.crash_point(BEFORE_DECISION)

@@ -2,9 +2,10 @@
 Kafka transaction left open for the driver (exactly_once), or sent and
 acknowledged by an idempotent producer (at_least_once).
 
-``write_task`` initialises the task's transactional producer first, on an id
-of this task attempt's alone (``decision.transactional_id``: run, batch,
-stage attempt, partition and task attempt), hands the task's Arrow batches
+``write_task`` initialises the task's transactional producer at its first
+row (a task without rows hands back no transaction and talks to no broker),
+on an id of this task attempt's alone (``decision.transactional_id``: run,
+batch, stage attempt, partition and task attempt), hands the task's Arrow batches
 to the producer as columns (``Producer.send_columns``: partitioned, encoded
 and cut into record batches without Python per row, waiting for room in the
 producer's ``buffer_memory``), flushes, and returns the transaction's
@@ -169,11 +170,9 @@ def write_task(options: SinkOptions, columns: Columns, batches, task: TaskIdenti
     records = 0
     outcomes: list = []  # one delivery future per send_columns call
     try:
-        if options.exactly_once:
-            producer = _task_producer(options, task)  # at task start: its id is this attempt's alone, fenced before any row
         for batch in gathered(batches):
-            if producer is None:
-                producer = _task_producer(options, task)
+            if producer is None:  # at the first row: a task without rows costs no producer, no InitProducerId, no transaction
+                producer = _task_producer(options, task)  # its id is this attempt's alone, fenced before any row
             outcomes += send_batch(producer, batch, columns, options.topic)
             records += batch.num_rows
         if records == 0:

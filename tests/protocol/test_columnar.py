@@ -139,6 +139,41 @@ def test_encoding_takes_string_keys_chunked_columns_and_no_keys_or_headers():
     assert encode_columns(value=[b"v"], timestamp=stamps) == encode_batch([(None, b"v", [], 1_700_000_000_123)])
 
 
+def test_records_of_one_size_laid_out_run_by_run_give_the_bytes_of_the_record_codec(monkeypatch):
+    """The encoder's run-by-run layout (records of one size: rows of a byte
+    matrix) against the record codec where its runs change: the offset
+    delta's varint growing at 64 and 8192 records, timestamps equal or
+    rising, keys all null or of one size, values of one size; from slices
+    of longer columns (Arrow offsets that do not start at 0), after a
+    bigger batch (the offset deltas built once and sliced); and a value
+    column whose null slots hold bytes, which the general path takes."""
+    laid_out = []
+    by_runs = columnar._section_by_runs
+    monkeypatch.setattr(columnar, "_section_by_runs", lambda *arguments: laid_out.append(by_runs(*arguments)) or laid_out[-1])
+    count = 9000
+    values = [b"%05d" % i + b"v" * 95 for i in range(count + 10)]
+    keys = [b"key-%04d" % (i % 10_000) for i in range(count + 10)]
+    for stamps in ([1_700_000_000_000] * (count + 10), [1_700_000_000_000 + i // 7 for i in range(count + 10)]):
+        for key_column in (None, pa.array(keys)):
+            for first, size in ((0, count), (10, 100), (3, 1), (5, 64), (1, 65)):
+                rows = slice(first, first + size)
+                expected = encode_batch([(None if key_column is None else keys[i], values[i], [], stamps[i]) for i in range(first, first + size)])
+                given = dict(key=None if key_column is None else key_column[rows], value=pa.array(values)[rows], timestamp=pa.array(stamps)[rows])
+                assert encode_columns(**given) == expected, (first, size)
+                assert laid_out.pop() is not None, "laid out run by run"
+    # framed again in place (a retry, an epoch bump): each framing is the record codec's batch
+    batch = [(None, values[i], [], 1_700_000_000_000) for i in range(100)]
+    encoded = columnar.encode_records(value=pa.array(values[:100]), timestamp=[1_700_000_000_000] * 100)
+    assert laid_out.pop() is not None
+    for producer_epoch, base_sequence in ((0, 0), (1, 100), (0, 0)):
+        framing = dict(producer_id=7, producer_epoch=producer_epoch, base_sequence=base_sequence, is_transactional=True)
+        assert bytes(columnar.frame_records(encoded, **framing)) == encode_batch(batch, **framing)
+    # a null whose slot holds bytes (Arrow's offsets give the middle value 3 bytes)
+    offsets = pa.array([0, 3, 6, 9], pa.int32())
+    holding = pa.Array.from_buffers(pa.binary(), 3, [pa.array([True, False, True]).buffers()[1], offsets.buffers()[1], pa.py_buffer(b"abcXYZghi")], null_count=1)
+    assert encode_columns(value=holding, timestamp=[1, 1, 1]) == encode_batch([(None, b"abc", [], 1), (None, None, [], 1), (None, b"ghi", [], 1)])
+    assert laid_out.pop() is None, "left to the general path"
+
 def test_encoding_refuses_what_the_record_codec_cannot_carry():
     with pytest.raises(ValueError, match="at least one record"):
         encode_columns(value=pa.array([], pa.binary()), timestamp=pa.array([], pa.int64()))

@@ -156,11 +156,22 @@ def test_bad_columns_are_refused_before_anything_is_queued(embedded_broker):
 
 
 @pytest.mark.slow
-def test_a_full_buffer_makes_send_columns_wait_and_then_time_out(broker_process):
+@pytest.mark.parametrize("send", ["columns", "records"])
+def test_a_full_buffer_makes_a_sender_wait_and_then_time_out(broker_process, send):
+    """Columns and single records alike count against ``buffer_memory``
+    until acknowledged: sends wait for room, and when the broker stops
+    answering, fail after ``max_block_ms`` with BufferExhaustedError. (Single
+    records were not counted at all before: they piled up without bound.)"""
     broker = broker_process()
     create_topic(broker.bootstrap, "buffered", 1)
     producer = Producer(bootstrap_servers=broker.bootstrap, batch_size=16_384, buffer_memory=65_536, max_block_ms=1500)
     values = pa.array([b"v" * 1000] * 2000)  # about 2 MB: 32 times the buffer
+
+    def send_all():
+        if send == "columns":
+            return [producer.send_columns("buffered", values, partition=0)]
+        return [producer.send("buffered", b"v" * 1000, partition=0) for _ in range(2000)]
+
     peak = 0
     done = threading.Event()
 
@@ -172,7 +183,8 @@ def test_a_full_buffer_makes_send_columns_wait_and_then_time_out(broker_process)
 
     watcher = threading.Thread(target=watch)
     watcher.start()
-    producer.send_columns("buffered", values, partition=0).result(60)
+    for outcome in send_all():
+        outcome.result(60)
     done.set()
     watcher.join()
     assert 0 < peak <= 65_536, "what waits to be sent stays within buffer_memory"
@@ -181,7 +193,7 @@ def test_a_full_buffer_makes_send_columns_wait_and_then_time_out(broker_process)
     try:
         began = time.monotonic()
         with pytest.raises(BufferExhaustedError, match="buffer_memory"):
-            producer.send_columns("buffered", values, partition=0)
+            send_all()
         assert 1.4 < time.monotonic() - began < 30
     finally:
         os.kill(broker.process.pid, signal.SIGCONT)

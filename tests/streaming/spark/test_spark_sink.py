@@ -263,6 +263,43 @@ def test_driver_crash_then_restart_with_other_partitioning(broker, point, hit, v
     assert sorted(map(int, read_committed(broker.bootstrap))) == list(range(20))
 
 @pytest.mark.slow
+def test_a_batch_without_rows_opens_no_transaction_and_decides_nothing(broker):
+    """Tasks without rows start no producer (the coordinator never hears of
+    their ids: no InitProducerId) and a batch of them writes no decision.
+    The restart path still decides right: a batch decided before a crash
+    whose re-run has no rows at all commits its decided transactions, and
+    the batches after decide as before."""
+    writer = make_stream_writer(options(broker.bootstrap), KV)
+    query, run = new_query()
+    writer.commit(run_tasks(writer.options, [1, 2], 2, query, run, 0), 0)
+    decisions = TopicPartition("onceflow.decisions.job", 0)
+
+    def decisions_end():
+        with Admin(broker.bootstrap) as admin:
+            return admin.list_offsets({decisions: "latest"}, isolation_level="read_uncommitted")[decisions].offset
+
+    before = decisions_end()
+    empty = run_tasks(writer.options, [], 2, query, run, 1)
+    assert [(m.transaction, m.records) for m in empty] == [(None, 0), (None, 0)]
+    with Admin(broker.bootstrap) as admin:
+        known = [t.transactional_id for t in admin.list_transactions()]
+    batch_ids = decision.run_prefix("job", query, run) + "1-"
+    assert not [name for name in known if name.startswith(batch_ids)], f"tasks without rows initialised producers: {known}"
+    writer.commit(empty, 1)
+    assert decisions_end() == before, "a batch without rows wrote a decision"
+
+    decided = run_tasks(writer.options, [3, 4, 5], 2, query, run, 2)
+    with pytest.raises(CrashPointReached):
+        asyncio.run(DriverCommit(writer.options, Crash(AFTER_DECISION)).commit(decided, 2))
+    run2 = str(uuid.uuid4())
+    writer.commit(run_tasks(writer.options, [], 3, query, run2, 2), 2)  # the re-run has no rows: the decided ones commit
+    assert open_transactions(broker.bootstrap) == []
+    assert sorted(map(int, read_committed(broker.bootstrap))) == [1, 2, 3, 4, 5]
+    writer.commit(run_tasks(writer.options, [6, 7], 2, query, run2, 3), 3)
+    assert sorted(map(int, read_committed(broker.bootstrap))) == [1, 2, 3, 4, 5, 6, 7]
+
+
+@pytest.mark.slow
 def test_failed_task_attempt_and_crashed_run_leftovers_are_aborted(broker):
     writer = make_stream_writer(options(broker.bootstrap), KV)
     query, run = new_query()
