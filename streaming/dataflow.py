@@ -52,12 +52,16 @@ values. A record whose key is ``None`` cannot be aggregated: that is an
 error (routed by the app's ``on_error``), never a silent skip.
 
 Windows (``streaming.windows``): ``.window(tumbling(size) | hopping(size,
-advance) | session(gap), grace=0, emit="close" | "update", on_late=None)``
-then ``aggregate``/``count``/``reduce``; every duration is a ``timedelta``
-or milliseconds. Session windows merge a key's sessions that a record
-bridges (``aggregate`` then needs ``merge=fn(earlier, later)``; ``count``
-adds, ``reduce`` combines), and a session ``[start, end]`` (``end`` its last
-record's time) closes at ``end + gap + grace``. Each result is a record with the key and the value
+advance) | session(gap) | sliding(difference), grace=0, emit="close" |
+"update", on_late=None)`` then ``aggregate``/``count``/``reduce``; every
+duration is a ``timedelta`` or milliseconds. Session windows merge a key's
+sessions that a record bridges (``aggregate`` then needs ``merge=fn(earlier,
+later)``; ``count`` adds, ``reduce`` combines), and a session ``[start,
+end]`` (``end`` its last record's time) closes at ``end + gap + grace``.
+Sliding windows are Kafka Streams' ``SlidingWindows``: ``[t - difference,
+t]`` for each record ``t``, and ``[t + 1, t + 1 + difference]`` once a
+record falls there (both ends inclusive), closing when stream time passes
+``end + grace``. Each result is a record with the key and the value
 ``{"start": ms, "end": ms, "value": aggregate}``, stamped with the highest
 event time among the window's records. ``emit="close"`` (the default)
 emits each window once, when stream time (the highest event time seen on
@@ -100,7 +104,7 @@ import attrs
 
 from streaming.durations import milliseconds
 from streaming.serde import INTERNAL_FORMAT
-from streaming.windows import FIRST_VALUE, SessionAggregation, SessionWindows, WindowedAggregation, Windows
+from streaming.windows import FIRST_VALUE, SessionAggregation, SessionWindows, SlidingAggregation, SlidingWindows, WindowedAggregation, Windows
 
 EMIT_MODES = ("close", "update")
 LATE_METRIC = "late_records_dropped"
@@ -221,7 +225,7 @@ class Aggregate:
 @attrs.frozen
 class WindowedAggregate:
     kind: str
-    windows: Windows | SessionWindows
+    windows: Windows | SessionWindows | SlidingWindows
     grace_ms: int
     emit: str
     add: Callable[[Any, Any], Any]
@@ -231,10 +235,12 @@ class WindowedAggregate:
     on_late: Any = None  # a topic name, or fn(key, value, timestamp), for records later than grace
     stateful = True
 
-    def aggregation(self) -> WindowedAggregation | SessionAggregation:
+    def aggregation(self) -> WindowedAggregation | SessionAggregation | SlidingAggregation:
         initial = FIRST_VALUE if self.initial is FIRST_VALUE else _initial_factory(self.initial)
         if isinstance(self.windows, SessionWindows):
             return SessionAggregation(self.windows, self.grace_ms, self.add, self.merge, initial)
+        if isinstance(self.windows, SlidingWindows):
+            return SlidingAggregation(self.windows, self.grace_ms, self.add, initial)
         return WindowedAggregation(self.windows, self.grace_ms, self.add, initial)
 
     def compile(self, downstream: Next, store: str) -> Next:
@@ -358,8 +364,8 @@ class Stream:
         a later record is counted (``late_records_dropped``) and, with
         ``on_late``, sent to that topic (as it came, with the sink's
         formats) or given to ``on_late(key, value, timestamp)``."""
-        if not isinstance(windows, (Windows, SessionWindows)):
-            raise TypeError("window() takes tumbling(size), hopping(size, advance) or session(gap) from streaming.windows")
+        if not isinstance(windows, (Windows, SessionWindows, SlidingWindows)):
+            raise TypeError("window() takes tumbling(size), hopping(size, advance), session(gap) or sliding(difference) from streaming.windows")
         if emit not in EMIT_MODES:
             raise ValueError(f"emit must be one of {', '.join(EMIT_MODES)}, not {emit!r}")
         if on_late is not None and not isinstance(on_late, str) and not callable(on_late):
@@ -437,7 +443,7 @@ class WindowedStream:
     """A stream cut into event-time windows; aggregate it to get a Stream back."""
 
     stream: Stream
-    windows: Windows | SessionWindows
+    windows: Windows | SessionWindows | SlidingWindows
     grace_ms: int
     emit: str
     on_late: Any = None

@@ -396,3 +396,37 @@ def test_run_async_runs_inside_a_running_event_loop(embedded_broker, tmp_path):
 
     assert asyncio.run(main()) == "ran alongside"
     assert app.metrics["records_in"] == 1 and app.metrics["commits"] >= 1
+
+
+def test_sliding_windows_emit_on_close_or_on_update_and_route_late_records(tmp_path):
+    from streaming.windows import sliding
+
+    app = streaming.App("127.0.0.1:1", application_id="bursts", state_dir=str(tmp_path / "state"))
+    (app.stream("clicks", key_format="str", value_format="json")
+        .window(sliding(datetime.timedelta(seconds=10)), grace=15_000, on_late="late-clicks")
+        .count(store="bursts")
+        .to("bursts", value_format="json"))
+    (app.stream("clicks", key_format="str", value_format="json")
+        .window(sliding(10_000), emit="update")
+        .aggregate(0, lambda total, click: total + click["n"], store="totals")
+        .to("totals", value_format="json"))
+    driver = TestDriver(app)
+    for t in (10_000, 15_000, 30_000):
+        driver.pipe("clicks", "ann", {"n": 1}, timestamp=t)
+    assert driver.read("bursts") == [("ann", {"start": 0, "end": 10_000, "value": 1})], "10 s + 15 s of grace is past; 15 s + 15 s is not"
+    assert driver.read("totals") == [
+        ("ann", {"start": 0, "end": 10_000, "value": 1}),
+        ("ann", {"start": 5_000, "end": 15_000, "value": 2}), ("ann", {"start": 10_001, "end": 20_001, "value": 1}),  # 15 s fell in 10 s's right window
+        ("ann", {"start": 20_000, "end": 30_000, "value": 1}),
+    ]
+    driver.pipe("clicks", "ann", {"n": 1}, timestamp=20_000)  # in time for grace 15 s, late for grace 0
+    driver.pipe("clicks", "ann", {"n": 1}, timestamp=14_000)  # late for both
+    assert driver.read("late-clicks") == [("ann", {"n": 1})]
+    assert driver.app.metrics["late_records_dropped"] == 3
+    driver.pipe("clicks", "ann", {"n": 1}, timestamp=100_000)
+    assert driver.read("bursts") == [
+        ("ann", {"start": 5_000, "end": 15_000, "value": 2}), ("ann", {"start": 10_000, "end": 20_000, "value": 3}),
+        ("ann", {"start": 10_001, "end": 20_001, "value": 2}), ("ann", {"start": 15_001, "end": 25_001, "value": 1}),
+        ("ann", {"start": 20_000, "end": 30_000, "value": 2}), ("ann", {"start": 20_001, "end": 30_001, "value": 1}),
+    ]
+    assert driver.read("totals") == [("ann", {"start": 90_000, "end": 100_000, "value": 1})]
