@@ -74,7 +74,10 @@ with ``on_late`` sent to a side topic (``on_late="late-clicks"``: key and
 value as they came, in the sink's formats, in the same transaction) or
 handed to ``on_late(key, value, timestamp)``. A
 partition that stops receiving records stops its stream time too: its last
-windows close when a later record arrives, as in Kafka Streams.
+windows close when a later record arrives, as in Kafka Streams, unless the
+window says ``close_when_idle=duration``: then a partition without records
+for that long (by the wall clock) takes the wall clock for its stream time,
+and the windows it has passed the end + grace of close and are emitted.
 
 Keys and partitions. State is per input partition (a store per partition,
 changelogged like it), so an aggregation is correct only if all records of
@@ -108,6 +111,7 @@ from streaming.windows import FIRST_VALUE, SessionAggregation, SessionWindows, S
 
 EMIT_MODES = ("close", "update")
 LATE_METRIC = "late_records_dropped"
+IDLE_TIMER = "close-idle-windows"  # the wall-clock timer of close_when_idle
 _MISSING = object()
 
 # A compiled step: (ctx, key, value, timestamp, headers) -> None, calling the next step.
@@ -233,6 +237,7 @@ class WindowedAggregate:
     store: str | None = None
     merge: Callable[[Any, Any], Any] | None = None  # session windows: two sessions' aggregates into one
     on_late: Any = None  # a topic name, or fn(key, value, timestamp), for records later than grace
+    close_when_idle_ms: int | None = None  # a partition this long without a record has the wall clock for stream time
     stateful = True
 
     def aggregation(self) -> WindowedAggregation | SessionAggregation | SlidingAggregation:
@@ -296,30 +301,52 @@ class Segment:
     sink_value_format: Any
     timestamp_extractor: Callable | None = None
 
-    def build(self) -> Callable:
-        """The processor ``fn(record, ctx)``."""
+    def build(self) -> tuple[Callable, Callable | None]:
+        """The processor ``fn(record, ctx)``, and the wall-clock timer
+        ``fn(ctx)`` that closes the windows of an idle partition (None
+        unless a window step asks for it: ``close_when_idle``)."""
         downstream: Next = _emit_to_sink
-        observers = []
+        observers, idle_observers = [], []
         store_of = dict(zip([i for i, s in enumerate(self.steps) if getattr(s, "stateful", False)], self.stores))
         for index in range(len(self.steps) - 1, -1, -1):
             step = self.steps[index]
             if isinstance(step, WindowedAggregate):
                 observers.append(step.observer(downstream, store_of[index]))
+                if step.close_when_idle_ms is not None:
+                    idle_observers.append(observers[-1])
             downstream = step.compile(downstream, store_of.get(index))
         head = downstream
         observers.reverse()  # upstream windows close (and flow down) first
+        idle_observers.reverse()
+        # Whether a partition had a record since the idle check before (in
+        # memory: after a restart every partition starts as busy).
+        busy: dict[int, bool] = {}
 
         if not observers:
             def process(record, ctx):
                 head(ctx, record.key, record.value, record.timestamp, record.headers)
         else:
             def process(record, ctx):
+                if idle_observers:
+                    busy[ctx.partition] = True
                 for observe in observers:
                     observe(ctx, record.timestamp)
                 head(ctx, record.key, record.value, record.timestamp, record.headers)
 
+        def close_idle_windows(ctx):
+            if busy.get(ctx.partition, True):
+                busy[ctx.partition] = False
+                return
+            for observe in idle_observers:
+                observe(ctx, ctx.timestamp)  # the wall clock stands in for stream time
+
         process.__name__ = process.__qualname__ = self.name.replace("-", "_")
-        return process
+        return process, (close_idle_windows if idle_observers else None)
+
+    def idle_check_ms(self) -> int | None:
+        """How often the idle check runs: the shortest ``close_when_idle`` of the segment's windows."""
+        idles = [step.close_when_idle_ms for step in self.steps if isinstance(step, WindowedAggregate) and step.close_when_idle_ms is not None]
+        return min(idles) if idles else None
 
 
 @attrs.frozen
@@ -358,19 +385,29 @@ class Stream:
     def reduce(self, combine: Callable, *, store: str | None = None) -> "Stream":
         return self._then(Aggregate("reduce", combine, FIRST_VALUE, store))
 
-    def window(self, windows, *, grace=0, emit: str = "close", on_late=None) -> "WindowedStream":
+    def window(self, windows, *, grace=0, emit: str = "close", on_late=None, close_when_idle=None) -> "WindowedStream":
         """Cut the stream into ``windows``; ``grace`` (a timedelta or
         milliseconds) is how late a record may come after its window's end;
         a later record is counted (``late_records_dropped``) and, with
         ``on_late``, sent to that topic (as it came, with the sink's
-        formats) or given to ``on_late(key, value, timestamp)``."""
+        formats) or given to ``on_late(key, value, timestamp)``.
+
+        ``close_when_idle`` (a timedelta or milliseconds; off by default):
+        a partition that has had no record for that long (one to two times
+        it, by the wall clock) has the wall clock stand in for its stream
+        time, so its windows whose end + grace the clock has passed close
+        and are emitted, in a transaction like the records'. Stream time
+        then is the clock's: a record older than it minus grace is late.
+        A wall-clock timer of the processor runs the check (its store is
+        ``{processor}-timers``)."""
         if not isinstance(windows, (Windows, SessionWindows, SlidingWindows)):
             raise TypeError("window() takes tumbling(size), hopping(size, advance), session(gap) or sliding(difference) from streaming.windows")
         if emit not in EMIT_MODES:
             raise ValueError(f"emit must be one of {', '.join(EMIT_MODES)}, not {emit!r}")
         if on_late is not None and not isinstance(on_late, str) and not callable(on_late):
             raise TypeError(f"on_late is a topic name or a function (key, value, timestamp), not {on_late!r}")
-        return WindowedStream(self, windows, milliseconds(grace, "grace"), emit, on_late)
+        idle_ms = None if close_when_idle is None else milliseconds(close_when_idle, "close_when_idle", positive=True)
+        return WindowedStream(self, windows, milliseconds(grace, "grace"), emit, on_late, idle_ms)
 
     def segments(self, topic: str, *, key_format=None, value_format=None, name: str | None = None) -> list[Segment]:
         """The processors ``.to(topic)`` registers (see the module's docstring)."""
@@ -415,11 +452,14 @@ class Stream:
         for upstream, downstream in zip(segments, segments[1:]):
             declare_internal_topic(self.app, upstream.sink, like=self.topic)
         for segment in segments:
+            process, close_idle_windows = segment.build()
             self.app.processor(
                 source=segment.source, sink=segment.sink, stores=list(segment.stores), key_format=segment.key_format,
                 value_format=segment.value_format, sink_key_format=segment.sink_key_format, sink_value_format=segment.sink_value_format,
                 name=segment.name, **({"timestamp_extractor": segment.timestamp_extractor} if segment.timestamp_extractor is not None else {}),
-            )(segment.build())
+            )(process)
+            if close_idle_windows is not None:
+                self.app.schedule(segment.name, every=segment.idle_check_ms(), kind="wall_clock", name=IDLE_TIMER)(close_idle_windows)
         return self
 
     def processor_names(self, topic: str, *, name: str | None = None) -> list[str]:
@@ -447,11 +487,12 @@ class WindowedStream:
     grace_ms: int
     emit: str
     on_late: Any = None
+    close_when_idle_ms: int | None = None
 
     def _aggregate(self, kind: str, add: Callable, initial, store: str | None, merge: Callable | None) -> Stream:
         if isinstance(self.windows, SessionWindows) and merge is None:
             raise ValueError("session windows merge sessions: aggregate(initial, add, merge=fn(earlier, later)) says how")
-        return self.stream._then(WindowedAggregate(kind, self.windows, self.grace_ms, self.emit, add, initial, store, merge, self.on_late))
+        return self.stream._then(WindowedAggregate(kind, self.windows, self.grace_ms, self.emit, add, initial, store, merge, self.on_late, self.close_when_idle_ms))
 
     def aggregate(self, initial, add: Callable, *, store: str | None = None, merge: Callable | None = None) -> Stream:
         """``merge(earlier, later)`` combines two sessions' aggregates (session windows only)."""

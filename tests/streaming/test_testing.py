@@ -430,3 +430,37 @@ def test_sliding_windows_emit_on_close_or_on_update_and_route_late_records(tmp_p
         ("ann", {"start": 20_000, "end": 30_000, "value": 2}), ("ann", {"start": 20_001, "end": 30_001, "value": 1}),
     ]
     assert driver.read("totals") == [("ann", {"start": 90_000, "end": 100_000, "value": 1})]
+
+
+@pytest.mark.parametrize("windows", ["tumbling", "session", "sliding"])
+def test_windows_of_an_idle_partition_close_by_the_wall_clock_when_asked(tmp_path, windows):
+    from streaming.windows import session, sliding
+
+    definition = {"tumbling": tumbling(10_000), "session": session(5_000), "sliding": sliding(5_000)}[windows]
+    app = streaming.App("127.0.0.1:1", application_id="idle-windows", state_dir=str(tmp_path / "state"))
+    (app.stream("clicks", key_format="str", value_format="json")
+        .window(definition, grace=1_000, close_when_idle=datetime.timedelta(seconds=3))
+        .count(store="idle-closed")
+        .to("idle-closed", value_format="json"))
+    (app.stream("clicks", key_format="str", value_format="json")
+        .window(definition, grace=1_000)
+        .count(store="by-records")
+        .to("by-records", value_format="json"))
+    driver = TestDriver(app, partitions=2, commit_every=None)
+    driver.pipe("clicks", "ann", {}, timestamp=4_000, partition=0)
+    driver.pipe("clicks", "bob", {}, timestamp=4_000, partition=1)
+    driver.commit()
+    driver.advance_wall_clock(3_000)  # the first check: both partitions had a record since the start
+    driver.pipe("clicks", "bob", {}, timestamp=4_500, partition=1)  # partition 1 stays busy
+    driver.advance_wall_clock(9_000)  # 12 s: partition 0 was idle for a whole check, its clock is past every window's end + grace
+    assert driver.read("idle-closed") == [], "emitted in the open transaction"
+    driver.commit()
+    (closed,) = driver.read("idle-closed")
+    assert closed[0] == "ann" and closed[1]["value"] == 1
+    assert driver.read("by-records") == [], "without the option only records move stream time"
+    driver.pipe("clicks", "ann", {}, timestamp=4_000, partition=0)  # stream time is the clock's 12 s now: late
+    driver.commit()
+    assert driver.app.metrics["late_records_dropped"] == 1
+    driver.advance_wall_clock(3_000)
+    driver.commit()
+    assert {key for key, _value in driver.read("idle-closed")} == {"bob"}, "partition 1 idle since its last record"
