@@ -105,6 +105,7 @@ from typing import Any, Callable
 
 import attrs
 
+from streaming.app import legal_topic_name
 from streaming.durations import milliseconds
 from streaming.serde import INTERNAL_FORMAT
 from streaming.windows import FIRST_VALUE, SessionAggregation, SessionWindows, SlidingAggregation, SlidingWindows, WindowedAggregation, Windows
@@ -451,6 +452,9 @@ class Stream:
         segments = self.segments(topic, key_format=key_format, value_format=value_format, name=name)
         for upstream, downstream in zip(segments, segments[1:]):
             declare_internal_topic(self.app, upstream.sink, like=self.topic)
+        for step in self.steps:
+            if isinstance(step, WindowedAggregate) and isinstance(step.on_late, str):
+                self.app.sink_topics.setdefault(step.on_late, self.topic)
         for segment in segments:
             process, close_idle_windows = segment.build()
             self.app.processor(
@@ -470,7 +474,9 @@ class Stream:
 def declare_internal_topic(app, topic: str, *, like: str) -> None:
     """Note that ``topic`` (a repartition topic) must exist, with as many
     partitions as ``like``, before the app runs: the runner creates what
-    ``app.internal_topics`` ({topic: like}) lists when it is missing."""
+    ``app.internal_topics`` ({topic: like}) lists when it is missing. A name
+    the broker would refuse (too long, a bad character) is refused here."""
+    legal_topic_name(topic, f"the repartition topic of a chain from {like!r} (name the chain shorter: .to(..., name=...))")
     app.internal_topics[topic] = like
 
 
