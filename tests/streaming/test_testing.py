@@ -318,7 +318,7 @@ def test_session_aggregates_need_a_merge(tmp_path):
 
 @pytest.mark.parametrize("crashes", [False, True])
 def test_the_sessions_example_gives_its_recomputed_output_crashes_or_not(tmp_path, crashes):
-    """examples/sessions.py (session windows, a stream-time timer, event time
+    """examples/sessions.py (session and sliding windows, a stream-time timer, event time
     from the payload) against the output its module recomputes from the
     input alone; with crashes every few records (the open transaction lost,
     stores rebuilt from their changelogs, input read again from the commit)."""
@@ -346,7 +346,7 @@ def test_the_sessions_example_gives_its_recomputed_output_crashes_or_not(tmp_pat
     want = Counter(output_text(key, json.dumps(value)) for key, value in module.expected(fed))
     assert got == want
     kinds = Counter(value["kind"] for _key, value in module.expected(fed))
-    assert kinds["session"] > 20 and kinds["tick"] > 20
+    assert kinds["session"] > 20 and kinds["tick"] > 20 and kinds["burst"] > 20, kinds
 
 
 # -- friendlier edges -------------------------------------------------------------------------------
