@@ -69,7 +69,7 @@ from streaming.task import Task
 from streaming.transaction import Outcome, Transaction, abort_cause
 from txn.admin import AsyncAdmin
 from txn.consumer import AsyncConsumer
-from txn.errors import GROUP_FENCING, TRANSIENT_ERRORS, KafkaError
+from txn.errors import GROUP_FENCING, TRANSIENT_ERRORS, InvalidConfigurationError, KafkaError
 from txn.types import TopicPartition
 
 __all__ = ["Runner", "abort_cause"]
@@ -212,12 +212,23 @@ class Runner:
         this application (``TopicsMismatchError``)."""
         app = self.app
         existing = await self.admin.list_topics()
-        orphans = topics.orphaned(app, existing, [group.group_id for group in await self.admin.list_groups()])
-        if orphans:
-            raise TopicsMismatchError(topics.orphaned_message(app, orphans))
+        try:
+            groups = [group.group_id for group in await self.admin.list_groups()]
+        except InvalidConfigurationError as error:  # not authorized to list groups
+            log.warning("not checking for state the topology no longer names: %s", error)
+        else:
+            orphans = topics.orphaned(app, existing, groups)
+            if orphans:
+                raise TopicsMismatchError(topics.orphaned_message(app, orphans))
         wanted = topics.needs(app, existing)
         compacted = [need.topic for need in wanted if need.compacted and need.topic in existing]
-        wrong = topics.problems(wanted, existing, await self.admin.describe_configs(compacted) if compacted else {})
+        configs = {}
+        if compacted:
+            try:
+                configs = await self.admin.describe_configs(compacted)
+            except InvalidConfigurationError as error:  # not authorized to describe them
+                log.warning("not checking the changelogs' cleanup.policy: %s", error)
+        wrong = topics.problems(wanted, existing, configs)
         if wrong:
             raise TopicsMismatchError("; ".join(wrong))
         to_create = {need.topic: need.partitions for need in wanted if need.topic not in existing}
