@@ -108,7 +108,7 @@ import attrs
 from streaming.app import legal_topic_name
 from streaming.durations import milliseconds
 from streaming.serde import INTERNAL_FORMAT
-from streaming.windows import FIRST_VALUE, SessionAggregation, SessionWindows, SlidingAggregation, SlidingWindows, WindowedAggregation, Windows
+from streaming.windows import FIRST_VALUE, NEXT_CLOSE, SessionAggregation, SessionWindows, SlidingAggregation, SlidingWindows, WindowedAggregation, Windows
 
 EMIT_MODES = ("close", "update")
 LATE_METRIC = "late_records_dropped"
@@ -314,7 +314,7 @@ class Segment:
             if isinstance(step, WindowedAggregate):
                 observers.append(step.observer(downstream, store_of[index]))
                 if step.close_when_idle_ms is not None:
-                    idle_observers.append(observers[-1])
+                    idle_observers.append((observers[-1], store_of[index]))
             downstream = step.compile(downstream, store_of.get(index))
         head = downstream
         observers.reverse()  # upstream windows close (and flow down) first
@@ -338,8 +338,12 @@ class Segment:
             if busy.get(ctx.partition, True):
                 busy[ctx.partition] = False
                 return
-            for observe in idle_observers:
-                observe(ctx, ctx.timestamp)  # the wall clock stands in for stream time
+            for observe, store in idle_observers:
+                # The wall clock stands in for stream time, when that closes
+                # a window (else nothing is written: an idle app stays quiet).
+                next_close = ctx.store(store).get(NEXT_CLOSE)
+                if next_close is not None and next_close <= ctx.timestamp:
+                    observe(ctx, ctx.timestamp)
 
         process.__name__ = process.__qualname__ = self.name.replace("-", "_")
         return process, (close_idle_windows if idle_observers else None)
@@ -396,9 +400,10 @@ class Stream:
         ``close_when_idle`` (a timedelta or milliseconds; off by default):
         a partition that has had no record for that long (one to two times
         it, by the wall clock) has the wall clock stand in for its stream
-        time, so its windows whose end + grace the clock has passed close
-        and are emitted, in a transaction like the records'. Stream time
-        then is the clock's: a record older than it minus grace is late.
+        time once that closes a window, so its windows whose end + grace
+        the clock has passed close and are emitted, in a transaction like
+        the records'. Stream time then is the clock's: a record older than
+        it minus grace is late.
         A wall-clock timer of the processor runs the check (its store is
         ``{processor}-timers``)."""
         if not isinstance(windows, (Windows, SessionWindows, SlidingWindows)):
