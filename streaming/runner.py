@@ -222,13 +222,13 @@ class Runner:
                 raise TopicsMismatchError(topics.orphaned_message(app, orphans))
         wanted = topics.needs(app, existing)
         compacted = [need.topic for need in wanted if need.compacted and need.topic in existing]
-        configs = {}
+        present_configs = {}
         if compacted:
             try:
-                configs = await self.admin.describe_configs(compacted)
+                present_configs = await self.admin.describe_configs(compacted)
             except InvalidConfigurationError as error:  # not authorized to describe them
                 log.warning("not checking the changelogs' cleanup.policy: %s", error)
-        wrong = topics.problems(wanted, existing, configs)
+        wrong = topics.problems(wanted, existing, present_configs)
         if wrong:
             raise TopicsMismatchError("; ".join(wrong))
         to_create = {need.topic: need.partitions for need in wanted if need.topic not in existing}
