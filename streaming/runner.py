@@ -218,6 +218,9 @@ class Runner:
             log.warning("not checking for state the topology no longer names: %s", error)
         else:
             orphans = topics.orphaned(app, existing, groups)
+            changelogs = [orphan.topic for orphan in orphans if orphan.kind == "changelog"]
+            if changelogs:
+                orphans = topics.compacted_only(orphans, await self.admin.describe_configs(changelogs))
             if orphans:
                 raise TopicsMismatchError(topics.orphaned_message(app, orphans))
         wanted = topics.needs(app, existing)

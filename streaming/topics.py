@@ -20,7 +20,8 @@ that the topology no longer names holds state (or records in flight) that
 a renamed chain, processor or store would silently leave behind, so the
 app refuses to start and names it (``orphaned``). A topic is the app's when
 its name is ``{application_id}-...-changelog`` or
-``{application_id}-...-repartition-{n}``, unless it starts with the
+``{application_id}-...-repartition-{n}`` (and, for a changelog, it is
+compacted, as every changelog the runner makes), unless it starts with the
 application id of another app the cluster knows (a group whose id
 extends ours: ``words`` does not claim ``words-v2``'s topics).
 """
@@ -109,28 +110,49 @@ def named_by(app) -> set[str]:
     return {app.changelog_topic(store) for store in stores} | set(app.internal_topics)
 
 
-def orphaned(app, existing: Iterable[str], group_ids: Iterable[str]) -> list[str]:
-    """What of this application's state the topology no longer names, one
-    line per topic (empty when nothing is orphaned)."""
+@attrs.frozen
+class Orphan:
+    """A topic of this application's state that the topology does not name."""
+
+    topic: str
+    kind: str  # "changelog" or "repartition"
+    name: str  # the store's, or the chain's
+
+    def describe(self) -> str:
+        if self.kind == "changelog":
+            return f"store {self.name!r} (changelog {self.topic})"
+        return f"the records in flight of chain {self.name!r} (repartition topic {self.topic})"
+
+
+def orphaned(app, existing: Iterable[str], group_ids: Iterable[str]) -> list[Orphan]:
+    """The topics of this application's state its topology no longer names
+    (by name alone: ``compacted_only`` then drops the changelog-named
+    topics that are no store's)."""
     prefix = f"{app.application_id}-"
     others = [f"{group}-" for group in group_ids if group.startswith(prefix)]
     named = named_by(app)
-    lines = []
+    found = []
     for topic in sorted(existing):
         if not topic.startswith(prefix) or topic in named or any(topic.startswith(other) for other in others):
             continue
         middle = topic[len(prefix):]
         if middle.endswith(CHANGELOG_SUFFIX) and len(middle) > len(CHANGELOG_SUFFIX):
-            store = middle[: -len(CHANGELOG_SUFFIX)]
-            lines.append(f"store {store!r} (changelog {topic})")
+            found.append(Orphan(topic, "changelog", middle[: -len(CHANGELOG_SUFFIX)]))
         elif (match := REPARTITION.search(middle)) is not None and match.end() == len(middle) and match.start() > 0:
-            lines.append(f"the records in flight of chain {middle[:match.start()]!r} (repartition topic {topic})")
-    return lines
+            found.append(Orphan(topic, "repartition", middle[:match.start()]))
+    return found
 
 
-def orphaned_message(app, lines: list[str]) -> str:
+def compacted_only(orphans: list[Orphan], configs: dict[str, dict[str, str]]) -> list[Orphan]:
+    """``orphans`` without the changelog-named topics that are not compacted
+    (``configs``: their topic configs): the runner makes every changelog
+    compacted, so such a topic is a user's own, not a store's."""
+    return [orphan for orphan in orphans if orphan.kind != "changelog" or "compact" in configs.get(orphan.topic, {}).get("cleanup.policy", "compact").split(",")]
+
+
+def orphaned_message(app, orphans: list[Orphan]) -> str:
     return (
-        f"application {app.application_id!r} has state its topology no longer names: {'; '.join(lines)}. "
+        f"application {app.application_id!r} has state its topology no longer names: {'; '.join(orphan.describe() for orphan in orphans)}. "
         "A renamed output topic, processor, chain or store would leave it behind. To keep it, give the "
         "chain its old name (.to(..., name=...)) or the store (store=...); to drop it, delete the topic"
     )

@@ -49,11 +49,15 @@ def test_orphaned_state_is_this_applications_topics_the_topology_does_not_name(t
         "words-v2-store-changelog",  # another app's, whose group the cluster knows
         "words-notes", "wordsmith-store-changelog", "words--changelog",  # not state of this app's shape
     ]
-    assert topics.orphaned(app, existing, ["words", "words-v2"]) == [
+    orphans = topics.orphaned(app, existing, ["words", "words-v2"])
+    assert [orphan.describe() for orphan in orphans] == [
         "store 'lines-to-counts-count-0' (changelog words-lines-to-counts-count-0-changelog)",
         "the records in flight of chain 'lines-to-counts' (repartition topic words-lines-to-counts-repartition-0)",
     ]
     assert topics.orphaned(words_app(tmp_path), existing[:5], ["words"]) == []
+    # A changelog-named topic that is not compacted is no store's (the runner compacts every changelog).
+    assert topics.compacted_only(orphans, {"words-lines-to-counts-count-0-changelog": {"cleanup.policy": "delete"}}) == orphans[1:]
+    assert topics.compacted_only(orphans, {"words-lines-to-counts-count-0-changelog": {"cleanup.policy": "compact,delete"}}) == orphans
 
 
 def test_a_repartition_topic_name_the_broker_would_refuse_is_refused_when_the_chain_is_declared(tmp_path):
