@@ -35,6 +35,7 @@ it is the state scanned for the windows to close.
 
 from __future__ import annotations
 
+import bisect
 from typing import Any, Callable, Iterable, Protocol
 
 import attrs
@@ -329,6 +330,13 @@ class SessionAggregation:
 # -- sliding windows -----------------------------------------------------------------------------------
 
 RECORDS_TAG = "r"
+SLIDING_SCHEDULE = "sliding-schedule"
+_CLOSE_WINDOW, _EXPIRE_RECORDS = 0, 1  # what a schedule entry does when due
+
+
+def _schedule_order(entry: list) -> tuple[int, int, int]:
+    """[due time, what, window start, key]: by time, then what, then start (never by key, whose types may not compare)."""
+    return entry[0], entry[1], entry[2]
 
 
 @attrs.frozen
@@ -369,9 +377,13 @@ class SlidingAggregation:
     changes nothing.
 
     State: ``("w", start, key)`` -> ``[aggregate, highest timestamp]`` as
-    for time windows, and ``("r", key)`` -> the key's records still able to
+    for time windows; ``("r", key)`` -> the key's records still able to
     fall in a window not yet made, ``[[timestamp, value], ...]`` in arrival
-    order (a record is kept until stream time passes ``t + d + grace``)."""
+    order (a record is kept until stream time passes ``t + d + grace``);
+    and ``"sliding-schedule"`` -> what falls due when, ``[[time, 0, start,
+    key]`` (close that window) or ``[time, 1, 0, key]`` (forget that key's
+    expired records)``, ...]`` in time order, with ``next-close`` its
+    first time."""
 
     windows: SlidingWindows
     grace_ms: int = attrs.field(validator=attrs.validators.ge(0))
@@ -387,17 +399,34 @@ class SlidingAggregation:
     def advance(self, state: StateLike, timestamp: int) -> list[WindowResult]:
         """Stream time moves to ``timestamp`` if later; returns the windows
         this closes (in start order), whose state is deleted, and forgets
-        the records no window to come can hold."""
+        the records no window to come can hold. Reads only the schedule's
+        due entries, never the whole state: sliding windows close at almost
+        every record of a busy stream."""
         if not _reaches_next_close(state, timestamp):
             return []
-        closed = _close_windows(state, timestamp, self.close_time, self.windows.end)
-        for key, kept in list(state.items()):
-            if isinstance(key, (tuple, list)) and len(key) == 2 and key[0] == RECORDS_TAG:
-                still = [record for record in kept if self._still_needed(record[0], timestamp)]
-                if not still:
-                    state.delete(key)
-                elif len(still) != len(kept):
-                    state.put(key, still)
+        schedule = state.get(SLIDING_SCHEDULE) or []
+        cut = bisect.bisect_right(schedule, timestamp, key=lambda entry: entry[0])
+        closed: list[WindowResult] = []
+        for _closes_at, kind, start, key in schedule[:cut]:
+            key = tuple(key) if isinstance(key, list) else key
+            if kind == _CLOSE_WINDOW:
+                entry_key = (WINDOW_TAG, start, key)
+                entry = state.get(entry_key)
+                state.delete(entry_key)
+                closed.append(WindowResult(key, start, self.windows.end(start), entry[0], entry[1]))
+            else:
+                records_key = (RECORDS_TAG, key)
+                kept = [record for record in state.get(records_key) or [] if self._still_needed(record[0], timestamp)]
+                if kept:
+                    state.put(records_key, kept)
+                else:
+                    state.delete(records_key)
+        rest = schedule[cut:]
+        if rest:
+            state.put(SLIDING_SCHEDULE, rest)
+        else:
+            state.delete(SLIDING_SCHEDULE)
+        _keep_next_close(state, rest[0][0] if rest else None)
         return closed
 
     def update(self, state: StateLike, key, value, timestamp: int) -> Update:
@@ -409,6 +438,9 @@ class SlidingAggregation:
             return Update((), True)
         records_key = (RECORDS_TAG, key)
         kept = [record for record in state.get(records_key) or [] if self._still_needed(record[0], stream_time)]
+        schedule = state.get(SLIDING_SCHEDULE) or []
+        if all(record[0] < timestamp for record in kept):  # the key's newest: its records expire after it
+            bisect.insort(schedule, [timestamp + d + self.grace_ms + 1, _EXPIRE_RECORDS, 0, key], key=_schedule_order)
         kept.append([timestamp, value])
         state.put(records_key, kept)
         times = {record[0] for record in kept}
@@ -419,7 +451,6 @@ class SlidingAggregation:
         if any(timestamp < u <= timestamp + d + 1 for u in times):
             starts.add(timestamp + 1)
         changed: list[WindowResult] = []
-        next_close = state.get(NEXT_CLOSE)
         for start in sorted(starts):
             end = self.windows.end(start)
             entry_key = (WINDOW_TAG, start, key)
@@ -430,13 +461,13 @@ class SlidingAggregation:
                 for _t, later in inside[1:]:
                     aggregate = self.add(aggregate, later)
                 entry = [aggregate, max(record[0] for record in inside)]
-                if next_close is None or self.close_time(start) < next_close:
-                    next_close = self.close_time(start)
-                    state.put(NEXT_CLOSE, next_close)
+                bisect.insort(schedule, [self.close_time(start), _CLOSE_WINDOW, start, key], key=_schedule_order)
             elif start <= timestamp <= end:
                 entry = [self.add(entry[0], value), max(entry[1], timestamp)]
             else:
                 continue  # an existing window the record is not in
             state.put(entry_key, entry)
             changed.append(WindowResult(key, start, end, entry[0], entry[1]))
+        state.put(SLIDING_SCHEDULE, schedule)
+        _keep_next_close(state, schedule[0][0])
         return Update(tuple(changed), False)
