@@ -330,7 +330,7 @@ class SessionAggregation:
 # -- sliding windows -----------------------------------------------------------------------------------
 
 RECORDS_TAG = "r"
-SLIDING_SCHEDULE = "sliding-schedule"
+SCHEDULE_TAG = "due"
 _CLOSE_WINDOW, _EXPIRE_RECORDS = 0, 1  # what a schedule entry does when due
 
 
@@ -380,10 +380,11 @@ class SlidingAggregation:
     for time windows; ``("r", key)`` -> the key's records still able to
     fall in a window not yet made, ``[[timestamp, value], ...]`` in arrival
     order (a record is kept until stream time passes ``t + d + grace``);
-    and ``"sliding-schedule"`` -> what falls due when, ``[[time, 0, start,
-    key]`` (close that window) or ``[time, 1, 0, key]`` (forget that key's
-    expired records)``, ...]`` in time order, with ``next-close`` its
-    first time."""
+    and ``("due", n)`` -> what falls due in the n-th stretch of
+    ``(d + grace + 1) // 16`` ms, ``[[time, 0, start, key]`` (close that
+    window) or ``[time, 1, 0, key]`` (forget that key's expired
+    records)``, ...]`` in time order, with ``next-close`` the first time
+    of all: closing reads the due stretches, never the whole state."""
 
     windows: SlidingWindows
     grace_ms: int = attrs.field(validator=attrs.validators.ge(0))
@@ -402,32 +403,68 @@ class SlidingAggregation:
         the records no window to come can hold. Reads only the schedule's
         due entries, never the whole state: sliding windows close at almost
         every record of a busy stream."""
+        before = state.get(STREAM_TIME)
         if not _reaches_next_close(state, timestamp):
             return []
-        schedule = state.get(SLIDING_SCHEDULE) or []
-        cut = bisect.bisect_right(schedule, timestamp, key=lambda entry: entry[0])
+        size = self._bucket_ms()
+        # Every entry was scheduled at a stream time <= before, hence falls due by this.
+        latest_due = before + self.windows.difference_ms + self.grace_ms + 2
         closed: list[WindowResult] = []
-        for _closes_at, kind, start, key in schedule[:cut]:
-            key = tuple(key) if isinstance(key, list) else key
-            if kind == _CLOSE_WINDOW:
-                entry_key = (WINDOW_TAG, start, key)
-                entry = state.get(entry_key)
-                state.delete(entry_key)
-                closed.append(WindowResult(key, start, self.windows.end(start), entry[0], entry[1]))
-            else:
-                records_key = (RECORDS_TAG, key)
-                kept = [record for record in state.get(records_key) or [] if self._still_needed(record[0], timestamp)]
-                if kept:
-                    state.put(records_key, kept)
-                else:
-                    state.delete(records_key)
-        rest = schedule[cut:]
-        if rest:
-            state.put(SLIDING_SCHEDULE, rest)
-        else:
-            state.delete(SLIDING_SCHEDULE)
-        _keep_next_close(state, rest[0][0] if rest else None)
+        next_close = None
+        for bucket in range(state.get(NEXT_CLOSE) // size, latest_due // size + 1):
+            if next_close is not None:
+                break
+            bucket_key = (SCHEDULE_TAG, bucket)
+            entries = state.get(bucket_key)
+            if not entries:
+                continue
+            cut = bisect.bisect_right(entries, timestamp, key=lambda entry: entry[0])
+            for _due, kind, start, key in entries[:cut]:
+                self._fall_due(state, timestamp, kind, start, tuple(key) if isinstance(key, list) else key, closed)
+            if cut == len(entries):
+                state.delete(bucket_key)
+            elif cut:
+                state.put(bucket_key, entries[cut:])
+            if cut < len(entries):
+                next_close = entries[cut][0]
+        _keep_next_close(state, next_close)
         return closed
+
+    def _bucket_ms(self) -> int:
+        """The schedule's entries are kept in buckets of this many ms (about
+        16 buckets over a window's life), so a record reads and writes a
+        sixteenth of it, not all."""
+        return max(1, (self.windows.difference_ms + self.grace_ms + 1) // 16)
+
+    def _fall_due(self, state: StateLike, stream_time: int, kind: int, start: int, key, closed: list[WindowResult]) -> None:
+        if kind == _CLOSE_WINDOW:
+            entry_key = (WINDOW_TAG, start, key)
+            entry = state.get(entry_key)
+            state.delete(entry_key)
+            closed.append(WindowResult(key, start, self.windows.end(start), entry[0], entry[1]))
+        else:
+            records_key = (RECORDS_TAG, key)
+            kept = [record for record in state.get(records_key) or [] if self._still_needed(record[0], stream_time)]
+            if kept:
+                state.put(records_key, kept)
+            else:
+                state.delete(records_key)
+
+    def _schedule(self, state: StateLike, entries: list[list]) -> None:
+        """Add [due time, what, start, key] entries to the schedule."""
+        size = self._bucket_ms()
+        buckets: dict[int, list] = {}
+        for entry in entries:
+            bucket = entry[0] // size
+            if bucket not in buckets:
+                buckets[bucket] = state.get((SCHEDULE_TAG, bucket)) or []
+            bisect.insort(buckets[bucket], entry, key=_schedule_order)
+        for bucket, listed in buckets.items():
+            state.put((SCHEDULE_TAG, bucket), listed)
+        next_close = state.get(NEXT_CLOSE)
+        earliest = min(entry[0] for entry in entries)
+        if next_close is None or earliest < next_close:
+            state.put(NEXT_CLOSE, earliest)
 
     def update(self, state: StateLike, key, value, timestamp: int) -> Update:
         """Fold one record into the windows it is in, making those it
@@ -438,9 +475,9 @@ class SlidingAggregation:
             return Update((), True)
         records_key = (RECORDS_TAG, key)
         kept = [record for record in state.get(records_key) or [] if self._still_needed(record[0], stream_time)]
-        schedule = state.get(SLIDING_SCHEDULE) or []
+        due: list[list] = []
         if all(record[0] < timestamp for record in kept):  # the key's newest: its records expire after it
-            bisect.insort(schedule, [timestamp + d + self.grace_ms + 1, _EXPIRE_RECORDS, 0, key], key=_schedule_order)
+            due.append([timestamp + d + self.grace_ms + 1, _EXPIRE_RECORDS, 0, key])
         kept.append([timestamp, value])
         state.put(records_key, kept)
         times = {record[0] for record in kept}
@@ -461,13 +498,13 @@ class SlidingAggregation:
                 for _t, later in inside[1:]:
                     aggregate = self.add(aggregate, later)
                 entry = [aggregate, max(record[0] for record in inside)]
-                bisect.insort(schedule, [self.close_time(start), _CLOSE_WINDOW, start, key], key=_schedule_order)
+                due.append([self.close_time(start), _CLOSE_WINDOW, start, key])
             elif start <= timestamp <= end:
                 entry = [self.add(entry[0], value), max(entry[1], timestamp)]
             else:
                 continue  # an existing window the record is not in
             state.put(entry_key, entry)
             changed.append(WindowResult(key, start, end, entry[0], entry[1]))
-        state.put(SLIDING_SCHEDULE, schedule)
-        _keep_next_close(state, schedule[0][0])
+        if due:
+            self._schedule(state, due)
         return Update(tuple(changed), False)

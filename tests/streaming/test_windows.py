@@ -332,3 +332,5 @@ def test_sliding_windows_equal_a_plain_recomputation(difference, grace, records)
     assert late == expected_late
     still_open = {(entry_key[2], entry_key[1]): entry[0] for entry_key, entry in state.items() if isinstance(entry_key, tuple) and entry_key[0] == "w"}
     assert still_open == expected_open
+    collecting.advance(state, 10**6)
+    assert set(state.data) == {STREAM_TIME}, "every window closed, every record and schedule entry forgotten"
