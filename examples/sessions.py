@@ -1,6 +1,6 @@
-"""Click sessions and a per-minute tick, exactly once: session windows, a
-stream-time timer and event time taken from the payload, on onceflow's
-runner.
+"""Click sessions, bursts and a per-minute tick, exactly once: session and
+sliding windows, a stream-time timer and event time taken from the payload,
+on onceflow's runner.
 
     onceflow topics create clicks --partitions 2      (and sessions, 2)
     onceflow run examples/sessions.py --bootstrap-servers 127.0.0.1:9092   (or ONCEFLOW_BOOTSTRAP_SERVERS in the environment)
@@ -12,11 +12,14 @@ writes to ``sessions``, per user:
 - each session of activity (clicks less than 30 s apart), once, when it is
   over (its last click + 30 s of stream time): ``{"kind": "session",
   "start", "end", "clicks"}``;
+- each burst (a sliding window of 10 s holding at least two clicks),
+  once, when stream time has passed its end: ``{"kind": "burst", "start",
+  "end", "clicks"}``;
 - every minute of stream time on the partition, a stream-time timer emits
   ``{"kind": "tick", "at", "clicks"}`` for each user who clicked since the
   last tick, and forgets them.
 
-Both are exactly once through crashes: the sessions, the timer's store and
+All are exactly once through crashes: the windows, the timer's store and
 its next fire time are changelogged and committed with the output and the
 input offsets. For ``onceflow chaos --workload streaming --app
 examples/sessions.py`` the module says what to feed and what must come out
@@ -31,11 +34,12 @@ import random
 from datetime import timedelta
 
 import streaming
-from streaming.windows import session
+from streaming.windows import session, sliding
 
 INPUT, OUTPUT = "clicks", "sessions"
 GAP = timedelta(seconds=30)
 TICK = timedelta(minutes=1)
+BURST = timedelta(seconds=10)
 
 
 def event_time(record) -> int:
@@ -50,6 +54,12 @@ def build_app(bootstrap_servers: str | None = None, state_dir: str | None = None
         .count(store="sessions")
         .map(lambda window: {"kind": "session", "start": window["start"], "end": window["end"], "clicks": window["value"]})
         .to(OUTPUT, key_format="str", value_format="json", name="sessions"))
+    (app.stream(INPUT, key_format="str", value_format="json", timestamp_extractor=event_time)
+        .window(sliding(BURST))
+        .count(store="bursts")
+        .filter(lambda window: window["value"] >= 2)
+        .map(lambda window: {"kind": "burst", "start": window["start"], "end": window["end"], "clicks": window["value"]})
+        .to(OUTPUT, key_format="str", value_format="json", name="bursts"))
 
     @app.processor(source=INPUT, sink=OUTPUT, stores=["since-tick"], key_format="str", value_format="json", timestamp_extractor=event_time)
     def count_clicks(record, ctx):
@@ -107,7 +117,11 @@ def expected(records: list[tuple]) -> list[tuple]:
     sessions by sorting each user's click times and cutting at gaps of
     more than 30 s (the closers' sessions never end); ticks by walking each
     partition in order, firing whenever the partition's highest event time
-    reaches the next whole minute after the one its first click was in."""
+    reaches the next whole minute after the one its first click was in;
+    bursts as the windows of 10 s ending at each click, and starting just
+    after each click that another follows within 10 s + 1 ms, that hold
+    two clicks or more (a partition's clicks come in event-time order, so
+    none is late)."""
     import json
 
     gap_ms, tick_ms = GAP // timedelta(milliseconds=1), TICK // timedelta(milliseconds=1)
@@ -131,6 +145,12 @@ def expected(records: list[tuple]) -> list[tuple]:
             end = at
             clicks += 1
         out.append((user, {"kind": "session", "start": start, "end": end, "clicks": clicks}))
+        burst_ms = BURST // timedelta(milliseconds=1)
+        starts = {t - burst_ms for t in stamps} | {t + 1 for t in stamps if any(t < u <= t + burst_ms + 1 for u in stamps)}
+        for start in sorted(starts):
+            clicks = sum(1 for t in stamps if start <= t <= start + burst_ms)
+            if clicks >= 2:
+                out.append((user, {"kind": "burst", "start": start, "end": start + burst_ms, "clicks": clicks}))
     for partition, clicks_in_order in by_partition.items():
         highest = next_tick = None
         since: dict[str, int] = {}

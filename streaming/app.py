@@ -24,6 +24,10 @@ by the runner with ``replication_factor`` (-1: the broker's
 ``default.replication.factor``) and, when given, ``min_insync_replicas`` as
 their ``min.insync.replicas``: on a Kafka cluster a store's changelog is its
 only durable copy, so it wants the replication of the app's own outputs.
+Sink topics missing at start are created the same way (``streaming.topics``
+has the whole table, and the checks of topics already there), and the
+repartition topics are purged up to the committed offsets every
+``repartition_purge_interval_ms``.
 
 Tables and joins (``app.table``, ``app.global_table``, ``stream.join``)
 are in ``streaming.tables``; ``max_task_idle_ms`` (a timedelta or ms,
@@ -245,6 +249,7 @@ class App:
         replication_factor: int = -1,
         min_insync_replicas: int | None = None,
         max_task_idle_ms=100,
+        repartition_purge_interval_ms: int = 30_000,
         **client_options,
     ):
         if not application_id:
@@ -275,6 +280,11 @@ class App:
         self.min_insync_replicas = min_insync_replicas
         # How long co-partitioned inputs wait for each other (streaming.picking).
         self.max_task_idle_ms = milliseconds(max_task_idle_ms, "max_task_idle_ms")
+        if isinstance(repartition_purge_interval_ms, bool) or not isinstance(repartition_purge_interval_ms, int) or repartition_purge_interval_ms <= 0:
+            raise ConfigError(f"repartition_purge_interval_ms is a positive number of milliseconds, not {repartition_purge_interval_ms!r}")
+        # How often the runner deletes the repartition records it has read
+        # and committed (DeleteRecords), as Kafka Streams' repartition.purge.interval.ms.
+        self.repartition_purge_interval_ms = repartition_purge_interval_ms
         # A seam for the fault harness: called with a point's name where a
         # crash matters ("streaming.after_commit_before_store_apply"); the
         # composing process passes faults.points.point, or nothing.
@@ -294,6 +304,10 @@ class App:
         # count it takes}), created by the runner before it starts: the
         # dataflow layer's repartition topics.
         self.internal_topics: dict[str, str] = {}
+        # Topics written other than as a processor's sink ({topic: the topic
+        # whose partition count it takes}): windows' on_late topics. The
+        # runner creates every sink missing (streaming.topics).
+        self.sink_topics: dict[str, str] = {}
         self.metrics = Metrics()
         self.metrics_url: str | None = None  # where a running app serves its Prometheus metrics (run(metrics_address=...))
         self._instance_id = None if instance_id is None else legal_instance_id(instance_id, application_id, "instance_id")
@@ -335,6 +349,8 @@ class App:
             raise ConfigError("a processor needs at least one source topic")
         for store in stores:
             legal_topic_name(self.changelog_topic(store), f"store {store!r} names its changelog topic")
+        for topic in sources + ((sink,) if sink is not None else ()):
+            legal_topic_name(topic, "a processor's source or sink")
 
         def register(function: Callable) -> Callable:
             processor_name = name or getattr(function, "__name__", f"processor-{len(self.processors)}")

@@ -53,12 +53,16 @@ values. A record whose key is ``None`` cannot be aggregated: that is an
 error (routed by the app's ``on_error``), never a silent skip.
 
 Windows (``streaming.windows``): ``.window(tumbling(size) | hopping(size,
-advance) | session(gap), grace=0, emit="close" | "update", on_late=None)``
-then ``aggregate``/``count``/``reduce``; every duration is a ``timedelta``
-or milliseconds. Session windows merge a key's sessions that a record
-bridges (``aggregate`` then needs ``merge=fn(earlier, later)``; ``count``
-adds, ``reduce`` combines), and a session ``[start, end]`` (``end`` its last
-record's time) closes at ``end + gap + grace``. Each result is a record with the key and the value
+advance) | session(gap) | sliding(difference), grace=0, emit="close" |
+"update", on_late=None)`` then ``aggregate``/``count``/``reduce``; every
+duration is a ``timedelta`` or milliseconds. Session windows merge a key's
+sessions that a record bridges (``aggregate`` then needs ``merge=fn(earlier,
+later)``; ``count`` adds, ``reduce`` combines), and a session ``[start,
+end]`` (``end`` its last record's time) closes at ``end + gap + grace``.
+Sliding windows are Kafka Streams' ``SlidingWindows``: ``[t - difference,
+t]`` for each record ``t``, and ``[t + 1, t + 1 + difference]`` once a
+record falls there (both ends inclusive), closing when stream time passes
+``end + grace``. Each result is a record with the key and the value
 ``{"start": ms, "end": ms, "value": aggregate}``, stamped with the highest
 event time among the window's records. ``emit="close"`` (the default)
 emits each window once, when stream time (the highest event time seen on
@@ -71,7 +75,10 @@ with ``on_late`` sent to a side topic (``on_late="late-clicks"``: key and
 value as they came, in the sink's formats, in the same transaction) or
 handed to ``on_late(key, value, timestamp)``. A
 partition that stops receiving records stops its stream time too: its last
-windows close when a later record arrives, as in Kafka Streams.
+windows close when a later record arrives, as in Kafka Streams, unless the
+window says ``close_when_idle=duration``: then a partition without records
+for that long (by the wall clock) takes the wall clock for its stream time,
+and the windows it has passed the end + grace of close and are emitted.
 
 Joins with a table (``streaming.tables``): ``join(table, joiner)`` keeps
 the records whose key ``app.table(topic)`` holds, with the value
@@ -114,14 +121,16 @@ from typing import Any, Callable
 
 import attrs
 
+from streaming.app import legal_topic_name
 from streaming.durations import milliseconds
 from streaming.serde import INTERNAL_FORMAT, resolve
 from streaming.stream_join import LEFT, RIGHT, WindowedJoin
 from streaming.tables import Table
-from streaming.windows import FIRST_VALUE, SessionAggregation, SessionWindows, WindowedAggregation, Windows
+from streaming.windows import FIRST_VALUE, NEXT_CLOSE, SessionAggregation, SessionWindows, SlidingAggregation, SlidingWindows, WindowedAggregation, Windows
 
 EMIT_MODES = ("close", "update")
 LATE_METRIC = "late_records_dropped"
+IDLE_TIMER = "close-idle-windows"  # the wall-clock timer of close_when_idle
 _MISSING = object()
 
 # A compiled step: (ctx, key, value, timestamp, headers) -> None, calling the next step.
@@ -258,7 +267,7 @@ class Aggregate:
 @attrs.frozen
 class WindowedAggregate:
     kind: str
-    windows: Windows | SessionWindows
+    windows: Windows | SessionWindows | SlidingWindows
     grace_ms: int
     emit: str
     add: Callable[[Any, Any], Any]
@@ -266,12 +275,15 @@ class WindowedAggregate:
     store: str | None = None
     merge: Callable[[Any, Any], Any] | None = None  # session windows: two sessions' aggregates into one
     on_late: Any = None  # a topic name, or fn(key, value, timestamp), for records later than grace
+    close_when_idle_ms: int | None = None  # a partition this long without a record has the wall clock for stream time
     stateful = True
 
-    def aggregation(self) -> WindowedAggregation | SessionAggregation:
+    def aggregation(self) -> WindowedAggregation | SessionAggregation | SlidingAggregation:
         initial = FIRST_VALUE if self.initial is FIRST_VALUE else _initial_factory(self.initial)
         if isinstance(self.windows, SessionWindows):
             return SessionAggregation(self.windows, self.grace_ms, self.add, self.merge, initial)
+        if isinstance(self.windows, SlidingWindows):
+            return SlidingAggregation(self.windows, self.grace_ms, self.add, initial)
         return WindowedAggregation(self.windows, self.grace_ms, self.add, initial)
 
     def compile(self, downstream: Next, store: str) -> Next:
@@ -420,16 +432,20 @@ class Segment:
     other_steps: tuple = ()
     other_formats: tuple = ()
 
-    def build(self) -> Callable:
-        """The processor ``fn(record, ctx)``."""
+    def build(self) -> tuple[Callable, Callable | None]:
+        """The processor ``fn(record, ctx)``, and the wall-clock timer
+        ``fn(ctx)`` that closes the windows of an idle partition (None
+        unless a window step asks for it: ``close_when_idle``)."""
         downstream: Next = _emit_to_sink
-        observers = []
+        observers, idle_observers = [], []
         other_head = None
         store_of = dict(zip([i for i, s in enumerate(self.steps) if getattr(s, "stateful", False)], self.stores))
         for index in range(len(self.steps) - 1, -1, -1):
             step = self.steps[index]
             if isinstance(step, (WindowedAggregate, StreamJoin)):
                 observers.append(step.observer(downstream, store_of[index]))
+                if getattr(step, "close_when_idle_ms", None) is not None:
+                    idle_observers.append((observers[-1], store_of[index]))
             if isinstance(step, StreamJoin):
                 other_head = step.compile_other(downstream, store_of[index])
                 for other_step in reversed(self.other_steps):
@@ -437,6 +453,10 @@ class Segment:
             downstream = step.compile(downstream, store_of.get(index))
         head = downstream
         observers.reverse()  # upstream windows close (and flow down) first
+        idle_observers.reverse()
+        # Whether a partition had a record since the idle check before (in
+        # memory: after a restart every partition starts as busy).
+        busy: dict[int, bool] = {}
 
         if other_head is not None:
             other_source = self.other_source
@@ -444,6 +464,8 @@ class Segment:
             other_key, other_value = (resolve(fmt) for fmt in self.other_formats)
 
             def process(record, ctx):
+                if idle_observers:
+                    busy[ctx.partition] = True
                 for observe in observers:
                     observe(ctx, record.timestamp)
                 if record.topic == other_source:
@@ -455,12 +477,30 @@ class Segment:
                 head(ctx, record.key, record.value, record.timestamp, record.headers)
         else:
             def process(record, ctx):
+                if idle_observers:
+                    busy[ctx.partition] = True
                 for observe in observers:
                     observe(ctx, record.timestamp)
                 head(ctx, record.key, record.value, record.timestamp, record.headers)
 
+        def close_idle_windows(ctx):
+            if busy.get(ctx.partition, True):
+                busy[ctx.partition] = False
+                return
+            for observe, store in idle_observers:
+                # The wall clock stands in for stream time, when that closes
+                # a window (else nothing is written: an idle app stays quiet).
+                next_close = ctx.store(store).get(NEXT_CLOSE)
+                if next_close is not None and next_close <= ctx.timestamp:
+                    observe(ctx, ctx.timestamp)
+
         process.__name__ = process.__qualname__ = self.name.replace("-", "_")
-        return process
+        return process, (close_idle_windows if idle_observers else None)
+
+    def idle_check_ms(self) -> int | None:
+        """How often the idle check runs: the shortest ``close_when_idle`` of the segment's windows."""
+        idles = [step.close_when_idle_ms for step in self.steps if isinstance(step, WindowedAggregate) and step.close_when_idle_ms is not None]
+        return min(idles) if idles else None
 
 
 @attrs.frozen
@@ -534,19 +574,30 @@ class Stream:
             return self._then(_stream_join(self, table, joiner, within, grace, True, store))
         return self._then(_table_join(table, joiner, True, on))
 
-    def window(self, windows, *, grace=0, emit: str = "close", on_late=None) -> "WindowedStream":
+    def window(self, windows, *, grace=0, emit: str = "close", on_late=None, close_when_idle=None) -> "WindowedStream":
         """Cut the stream into ``windows``; ``grace`` (a timedelta or
         milliseconds) is how late a record may come after its window's end;
         a later record is counted (``late_records_dropped``) and, with
         ``on_late``, sent to that topic (as it came, with the sink's
-        formats) or given to ``on_late(key, value, timestamp)``."""
-        if not isinstance(windows, (Windows, SessionWindows)):
-            raise TypeError("window() takes tumbling(size), hopping(size, advance) or session(gap) from streaming.windows")
+        formats) or given to ``on_late(key, value, timestamp)``.
+
+        ``close_when_idle`` (a timedelta or milliseconds; off by default):
+        a partition that has had no record for that long (one to two times
+        it, by the wall clock) has the wall clock stand in for its stream
+        time once that closes a window, so its windows whose end + grace
+        the clock has passed close and are emitted, in a transaction like
+        the records'. Stream time then is the clock's: a record older than
+        it minus grace is late.
+        A wall-clock timer of the processor runs the check (its store is
+        ``{processor}-timers``)."""
+        if not isinstance(windows, (Windows, SessionWindows, SlidingWindows)):
+            raise TypeError("window() takes tumbling(size), hopping(size, advance), session(gap) or sliding(difference) from streaming.windows")
         if emit not in EMIT_MODES:
             raise ValueError(f"emit must be one of {', '.join(EMIT_MODES)}, not {emit!r}")
         if on_late is not None and not isinstance(on_late, str) and not callable(on_late):
             raise TypeError(f"on_late is a topic name or a function (key, value, timestamp), not {on_late!r}")
-        return WindowedStream(self, windows, milliseconds(grace, "grace"), emit, on_late)
+        idle_ms = None if close_when_idle is None else milliseconds(close_when_idle, "close_when_idle", positive=True)
+        return WindowedStream(self, windows, milliseconds(grace, "grace"), emit, on_late, idle_ms)
 
     def segments(self, topic: str, *, key_format=None, value_format=None, name: str | None = None) -> list[Segment]:
         """The processors ``.to(topic)`` registers (see the module's docstring)."""
@@ -596,17 +647,23 @@ class Stream:
         segments = self.segments(topic, key_format=key_format, value_format=value_format, name=name)
         for upstream, downstream in zip(segments, segments[1:]):
             declare_internal_topic(self.app, upstream.sink, like=self.topic)
+        for step in self.steps:
+            if isinstance(step, WindowedAggregate) and isinstance(step.on_late, str):
+                self.app.sink_topics.setdefault(step.on_late, self.topic)
         for segment in segments:
             joined = segment.other_source is not None  # reads two topics as bytes, deserializes each as its stream says
             if joined:
                 self.app.declared_formats.setdefault(segment.source, (resolve(segment.key_format), resolve(segment.value_format)))
                 self.app.declared_formats.setdefault(segment.other_source, tuple(map(resolve, segment.other_formats)))
+            process, close_idle_windows = segment.build()
             self.app.processor(
                 source=[segment.source, segment.other_source] if joined else segment.source, sink=segment.sink, stores=list(segment.stores),
                 key_format="bytes" if joined else segment.key_format, value_format="bytes" if joined else segment.value_format,
                 sink_key_format=segment.sink_key_format, sink_value_format=segment.sink_value_format,
                 name=segment.name, **({"timestamp_extractor": segment.timestamp_extractor} if segment.timestamp_extractor is not None else {}),
-            )(segment.build())
+            )(process)
+            if close_idle_windows is not None:
+                self.app.schedule(segment.name, every=segment.idle_check_ms(), kind="wall_clock", name=IDLE_TIMER)(close_idle_windows)
         return self
 
     def processor_names(self, topic: str, *, name: str | None = None) -> list[str]:
@@ -647,7 +704,9 @@ def _table_join(table, joiner, left: bool, on) -> TableJoin:
 def declare_internal_topic(app, topic: str, *, like: str) -> None:
     """Note that ``topic`` (a repartition topic) must exist, with as many
     partitions as ``like``, before the app runs: the runner creates what
-    ``app.internal_topics`` ({topic: like}) lists when it is missing."""
+    ``app.internal_topics`` ({topic: like}) lists when it is missing. A name
+    the broker would refuse (too long, a bad character) is refused here."""
+    legal_topic_name(topic, f"the repartition topic of a chain from {like!r} (name the chain shorter: .to(..., name=...))")
     app.internal_topics[topic] = like
 
 
@@ -660,15 +719,16 @@ class WindowedStream:
     """A stream cut into event-time windows; aggregate it to get a Stream back."""
 
     stream: Stream
-    windows: Windows | SessionWindows
+    windows: Windows | SessionWindows | SlidingWindows
     grace_ms: int
     emit: str
     on_late: Any = None
+    close_when_idle_ms: int | None = None
 
     def _aggregate(self, kind: str, add: Callable, initial, store: str | None, merge: Callable | None) -> Stream:
         if isinstance(self.windows, SessionWindows) and merge is None:
             raise ValueError("session windows merge sessions: aggregate(initial, add, merge=fn(earlier, later)) says how")
-        return self.stream._then(WindowedAggregate(kind, self.windows, self.grace_ms, self.emit, add, initial, store, merge, self.on_late))
+        return self.stream._then(WindowedAggregate(kind, self.windows, self.grace_ms, self.emit, add, initial, store, merge, self.on_late, self.close_when_idle_ms))
 
     def aggregate(self, initial, add: Callable, *, store: str | None = None, merge: Callable | None = None) -> Stream:
         """``merge(earlier, later)`` combines two sessions' aggregates (session windows only)."""

@@ -31,3 +31,12 @@ class StateDirInUseError(StreamingError):
     """Another process holds the state directory's lock."""
 
     exit_code = 4
+
+
+class TopicsMismatchError(StreamingError):
+    """The cluster's topics do not fit the app (``streaming.topics``): a
+    source missing, an internal topic with the wrong partition count or
+    cleanup policy, or state the topology no longer names. Nothing was
+    created or written."""
+
+    exit_code = 5

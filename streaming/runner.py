@@ -60,8 +60,10 @@ import sys
 import threading
 import time
 
+from streaming import topics
 from streaming.app import App
 from streaming.backoff import RetryDelay, retry
+from streaming.errors import TopicsMismatchError
 from streaming.global_tables import GlobalTableReader
 from streaming.lifecycle import RunnerEvent, RunnerState, transition
 from streaming.picking import RecordPicker, copartition_groups, table_topics
@@ -70,7 +72,7 @@ from streaming.task import Task
 from streaming.transaction import Outcome, Transaction, abort_cause
 from txn.admin import AsyncAdmin
 from txn.consumer import AsyncConsumer
-from txn.errors import GROUP_FENCING, TRANSIENT_ERRORS, FatalError, KafkaError
+from txn.errors import GROUP_FENCING, TRANSIENT_ERRORS, InvalidConfigurationError, KafkaError
 from txn.types import TopicPartition
 
 __all__ = ["Runner", "abort_cause"]
@@ -114,6 +116,7 @@ class Runner:
         self.processed: dict[TopicPartition, int] = {}  # next offset per partition, as far as processed
         self.topic_partitions: dict[tuple[str, int], TopicPartition] = {}  # made once, not per record
         self.last_activity = time.monotonic()
+        self.next_purge = time.monotonic() + app.repartition_purge_interval_ms / 1000
         # What the metrics read besides app.metrics: the lag per assigned
         # partition (as last asked for) and the restores' progress.
         self.lag: dict[TopicPartition, int] = {}
@@ -240,44 +243,46 @@ class Runner:
         return options
 
     async def _prepare_topics(self) -> None:
-        """Check the sources and create the changelogs (compacted, partitioned
-        like their sources), the internal topics the app declared (the
-        dataflow layer's repartition topics, partitioned like the topic each
-        names) and the dead-letter topic when missing, all with the app's
-        ``replication_factor`` and ``min_insync_replicas``."""
+        """Check the cluster's topics against what the app needs and create
+        what is missing (``streaming.topics``: sources must exist; the
+        repartition topics, changelogs, dead-letter topic and sinks are
+        created with the app's ``replication_factor`` and
+        ``min_insync_replicas``); refuse to start, creating nothing, when a
+        present one does not fit or the topology no longer names state of
+        this application (``TopicsMismatchError``)."""
         app = self.app
         existing = await self.admin.list_topics()
-        internal = {topic: existing[like] for topic, like in app.internal_topics.items() if topic not in existing and like in existing}
-        if internal:
-            configs = {topic: app.internal_topic_config() for topic in internal}
-            await self.admin.create_topics(internal, replication_factor=app.replication_factor, configs=configs, exist_ok=True)
-            log.info("created %s", ", ".join(sorted(internal)))
-            existing = {**existing, **internal}
-        missing = sorted(t for t in self.task.by_topic if t not in existing)
-        if missing:
-            raise FatalError(message=f"source topic(s) {', '.join(missing)} do not exist: create them first")
+        try:
+            groups = [group.group_id for group in await self.admin.list_groups()]
+        except InvalidConfigurationError as error:  # not authorized to list groups
+            log.warning("not checking for state the topology no longer names: %s", error)
+        else:
+            orphans = topics.orphaned(app, existing, groups)
+            changelogs = [orphan.topic for orphan in orphans if orphan.kind == "changelog"]
+            if changelogs:
+                orphans = topics.compacted_only(orphans, await self.admin.describe_configs(changelogs))
+            if orphans:
+                raise TopicsMismatchError(topics.orphaned_message(app, orphans))
+        wanted = topics.needs(app, existing)
+        compacted = [need.topic for need in wanted if need.compacted and need.topic in existing]
+        present_configs = {}
+        if compacted:
+            try:
+                present_configs = await self.admin.describe_configs(compacted)
+            except InvalidConfigurationError as error:  # not authorized to describe them
+                log.warning("not checking the changelogs' cleanup.policy: %s", error)
+        wrong = topics.problems(wanted, existing, present_configs)
+        counts = {**existing, **{need.topic: need.partitions for need in wanted if need.kind == "repartition"}}
         for group in self.copartitioned:
-            counts = {topic: existing[topic] for topic in group}
-            if len(set(counts.values())) > 1:
-                raise FatalError(message=f"topics {' and '.join(f'{topic} ({count} partitions)' for topic, count in counts.items())} must be co-partitioned "
-                                         f"(they meet in one store: a table and a stream joined with it, or one processor's sources): "
-                                         f"give them one partition count")
-        wanted: dict[str, int] = {}
-        for processor in app.processors:
-            counts = {existing[t] for t in processor.sources}
-            if processor.stores and len(counts) > 1:
-                raise FatalError(message=f"processor {processor.name} has stores, so its sources must have one partition count (co-partitioned), not {sorted(counts)}")
-            for store in processor.stores:
-                wanted[app.changelog_topic(store)] = max(wanted.get(app.changelog_topic(store), 0), max(counts))
-        for topic, count in wanted.items():
-            if topic in existing and existing[topic] < count:
-                raise FatalError(message=f"changelog {topic} has {existing[topic]} partitions, fewer than its sources' {count}")
-        to_create = {t: c for t, c in wanted.items() if t not in existing}
-        configs = {t: app.internal_topic_config(**{"cleanup.policy": "compact"}) for t in to_create}
-        if app.on_error == "dead-letter" and app.dead_letter_topic not in existing:
-            to_create[app.dead_letter_topic] = 1
-            configs[app.dead_letter_topic] = app.internal_topic_config()
+            by_topic = {topic: counts[topic] for topic in group if topic in counts}
+            if len(set(by_topic.values())) > 1:
+                wrong.append(f"topics {' and '.join(f'{topic} ({count} partitions)' for topic, count in by_topic.items())} must be co-partitioned "
+                             f"(they meet in one store: a table and a stream joined with it, or one processor's sources): give them one partition count")
+        if wrong:
+            raise TopicsMismatchError("; ".join(wrong))
+        to_create = {need.topic: need.partitions for need in wanted if need.topic not in existing}
         if to_create:
+            configs = {need.topic: app.internal_topic_config(**({"cleanup.policy": "compact"} if need.compacted else {})) for need in wanted if need.topic in to_create}
             await self.admin.create_topics(to_create, replication_factor=app.replication_factor, configs=configs, exist_ok=True)
             log.info("created %s", ", ".join(sorted(to_create)))
 
@@ -334,6 +339,8 @@ class Runner:
             if txn.open and time.monotonic() - txn.started >= interval:
                 await self._commit_or_abort()
                 self.last_activity = time.monotonic()  # a slow commit is not idleness
+            if app.internal_topics and time.monotonic() >= self.next_purge:
+                await self._purge_repartition_topics()
             now = time.monotonic()
             if self.metrics_address is not None and now >= next_lag:
                 self.lag = await self._lag() or self.lag
@@ -382,6 +389,22 @@ class Runner:
         for topic, key, value, headers, timestamp, _processor in outputs:
             await txn.send(topic, key, value, headers, timestamp)
         txn.outputs += len(outputs)
+
+    async def _purge_repartition_topics(self) -> None:
+        """Delete the records of the repartition partitions held up to the
+        group's committed offsets (DeleteRecords): they were read, and what
+        they did is committed. A failure waits for the next interval."""
+        self.next_purge = time.monotonic() + self.app.repartition_purge_interval_ms / 1000
+        held = sorted(tp for tp in self.assigned if tp.topic in self.app.internal_topics)
+        if not held:
+            return
+        try:
+            committed = await self.consumer.committed(held)
+            before = {tp: meta.offset for tp, meta in committed.items() if meta is not None and meta.offset > 0}
+            if before:
+                await self.admin.delete_records(before)
+        except (KafkaError, OSError) as error:
+            log.warning("purging the repartition topics: %s (tried again in %d ms)", error, self.app.repartition_purge_interval_ms)
 
     # -- commit ----------------------------------------------------------------------------------
 

@@ -1,7 +1,8 @@
 """The dataflow layer on the runner against a real broker process: event-time
 windows (out of order within grace counted, later dropped and counted),
 results equal to a plain recomputation, across a restart and a lost state
-directory (stream time and window state come back from the changelog)."""
+directory (stream time and window state come back from the changelog), and
+windows of an idle partition closed by the wall clock (close_when_idle)."""
 
 from __future__ import annotations
 
@@ -104,3 +105,32 @@ def test_out_of_order_within_grace_counts_and_later_is_dropped(broker_process, t
         ("u", {"start": 10_000, "end": 20_000, "value": 2}, 12_000),
     ]
     assert app.metrics[LATE_METRIC] == 1
+
+
+def test_an_idle_partitions_windows_close_by_the_wall_clock_in_the_runner(broker_process, tmp_path):
+    """close_when_idle on the runner: records stamped now, then nothing; the
+    window is emitted once the wall clock passes its end + grace, with no
+    record to move stream time (the twin window without the option is not)."""
+    import threading
+    import time
+
+    from txn import Admin
+
+    broker = broker_process()
+    with Admin(bootstrap_servers=broker.bootstrap) as admin:
+        admin.create_topics({"clicks": 1, "idle-closed": 1, "by-records": 1})
+    app = streaming.App(bootstrap_servers=broker.bootstrap, application_id="idle-clicks", state_dir=str(tmp_path / "state"))
+    app.stream("clicks", key_format="str").window(tumbling(1_000), grace=200, close_when_idle=300).count().to("idle-closed", value_format="json")
+    app.stream("clicks", key_format="str").window(tumbling(1_000), grace=200).count(store="by-records").to("by-records", value_format="json")
+    now = int(time.time() * 1000)
+    produce(broker.bootstrap, "clicks", [("u", "", now), ("u", "", now)])
+    runner = threading.Thread(target=app.run)
+    runner.start()
+    try:
+        (closed,) = read_all(broker.bootstrap, "idle-closed", 1, expect=1, timeout=30.0, idle=1.0)
+    finally:
+        app.stop()
+        runner.join(30)
+    assert json.loads(closed.value) == {"start": now - now % 1_000, "end": now - now % 1_000 + 1_000, "value": 2}
+    assert read_all(broker.bootstrap, "by-records", 1, idle=0.5) == []
+    assert not runner.is_alive()

@@ -50,7 +50,7 @@ def test_a_module_without_the_convention_is_refused_by_name(tmp_path):
 @pytest.mark.parametrize("example, faults, records", [
     ("word_count.py", ("kill-client", "kill-broker"), 2500),
     ("enrichment.py", ("kill-client", "kill-broker", "pause-broker", "proxy-cut"), 2000),
-    # Session windows and a stream-time timer (examples/sessions.py recomputes its output from the input).
+    # Session and sliding windows and a stream-time timer (examples/sessions.py recomputes its output from the input).
     ("sessions.py", ("kill-client", "kill-broker"), 2000),
     # A windowed stream-stream join (its expected pairs recomputed from the input).
     ("click_attribution.py", ("kill-client", "kill-broker"), 1500),

@@ -18,7 +18,7 @@ import streaming
 from faults.process import BrokerProcess
 from tests.helpers import read_all
 from txn import Admin, Producer
-from txn.errors import FatalError
+from streaming.errors import TopicsMismatchError
 
 pytestmark = pytest.mark.slow
 
@@ -82,7 +82,7 @@ def test_inputs_of_different_partition_counts_are_refused_by_name(bootstrap, tmp
     with Admin(bootstrap_servers=bootstrap) as admin:
         admin.create_topics({"mismatch-regions": 2, "mismatch-owners": 1, "mismatch-payments": 3})
     app = joining_app(bootstrap, str(tmp_path / "state"), "mismatch")
-    with pytest.raises(FatalError, match=r"topics mismatch-regions \(2 partitions\) and mismatch-payments \(3 partitions\) must be co-partitioned"):
+    with pytest.raises(TopicsMismatchError, match=r"topics mismatch-regions \(2 partitions\) and mismatch-payments \(3 partitions\) must be co-partitioned"):
         app.run()
 
 

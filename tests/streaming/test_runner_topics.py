@@ -1,14 +1,22 @@
 """The internal topics the runner creates (changelogs, repartition topics,
-dead letters) carry the app's replication settings: by default the broker's
-``default.replication.factor`` (-1 on the wire), with ``min.insync.replicas``
-when the app sets it; a factor the cluster cannot give stops the app with
-the broker's reason."""
+dead letters) and the sinks carry the app's replication settings: by
+default the broker's ``default.replication.factor`` (-1 on the wire), with
+``min.insync.replicas`` when the app sets it; a factor the cluster cannot
+give stops the app with the broker's reason. Topics already there are
+checked against what the app needs (streaming.topics), state the topology
+no longer names stops the app, and the repartition topics are purged up to
+what is committed."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
 import streaming
+from streaming.errors import TopicsMismatchError
+from streaming.windows import tumbling
+from tests.helpers import read_values
 from txn import Admin, ConfigError, KafkaError
 
 
@@ -59,7 +67,9 @@ def test_a_replication_factor_the_cluster_cannot_give_stops_the_app_with_the_bro
     app = counting_app(recording_broker.bootstrap, str(tmp_path / "state"), replication_factor=3)
     with pytest.raises(KafkaError, match=r"create topic topics-words-to-counts-repartition-0 \(replication factor 3 is larger than the 1 available broker\)"):
         app.run(until_idle=0.5)
-    assert [(topic, factor) for topic, factor, _configs in recording_broker.asked] == [("topics-words-to-counts-repartition-0", 3)]
+    assert {factor for _topic, factor, _configs in recording_broker.asked} == {3}
+    with Admin(bootstrap_servers=recording_broker.bootstrap) as admin:
+        assert {t for t in admin.list_topics() if not t.startswith("__")} == {"words", "counts"}, "nothing was created"
 
 
 def test_replication_settings_are_checked(tmp_path):
@@ -72,3 +82,78 @@ def test_replication_settings_are_checked(tmp_path):
         with pytest.raises(ConfigError, match=message):
             streaming.App("h:1", "a", str(tmp_path), **settings)
     assert streaming.App("h:1", "a", str(tmp_path), replication_factor=3, min_insync_replicas=2).internal_topic_config(**{"cleanup.policy": "compact"}) == {"cleanup.policy": "compact", "min.insync.replicas": "2"}
+
+
+def test_sinks_missing_at_start_are_created_like_their_source_not_left_to_auto_creation(recording_broker, tmp_path):
+    app = streaming.App(recording_broker.bootstrap, "sinks", str(tmp_path / "state"), session_timeout_ms=3000, heartbeat_interval_ms=300)
+    (app.stream("words", value_format="str").window(tumbling(1_000), on_late="late-words").count().to("per-second"))
+    app.run(until_idle=0.5)
+    by_topic = {topic: (factor, configs) for topic, factor, configs in recording_broker.asked}
+    assert by_topic["per-second"] == (-1, {}) and by_topic["late-words"] == (-1, {})
+    with Admin(bootstrap_servers=recording_broker.bootstrap) as admin:
+        topics = admin.list_topics()
+    assert topics["per-second"] == topics["late-words"] == 2, "partitioned like the source, not by the broker's num.partitions"
+
+
+def test_internal_topics_already_there_are_checked_and_a_misfit_stops_the_app_creating_nothing(recording_broker, tmp_path):
+    with Admin(bootstrap_servers=recording_broker.bootstrap) as admin:
+        admin.create_topics({"topics-words-to-counts-count-0-changelog": 2}, configs={"topics-words-to-counts-count-0-changelog": {"cleanup.policy": "delete"}})
+    with pytest.raises(TopicsMismatchError, match="changelog topics-words-to-counts-count-0-changelog has cleanup.policy=delete"):
+        counting_app(recording_broker.bootstrap, str(tmp_path / "state")).run(until_idle=0.5)
+    with Admin(bootstrap_servers=recording_broker.bootstrap) as admin:
+        admin.delete_topics(["topics-words-to-counts-count-0-changelog"])
+        admin.create_topics({"topics-words-to-counts-repartition-0": 3})
+    with pytest.raises(TopicsMismatchError, match="repartition topic topics-words-to-counts-repartition-0 has 3 partitions, not its source's 2"):
+        counting_app(recording_broker.bootstrap, str(tmp_path / "state")).run(until_idle=0.5)
+    assert [topic for topic, _factor, _configs in recording_broker.asked] == ["topics-words-to-counts-count-0-changelog", "topics-words-to-counts-repartition-0"], "only the test's own"
+
+
+def words_app(bootstrap: str, state_dir: str, sink: str, **options) -> streaming.App:
+    app = streaming.App(bootstrap, "renamed", state_dir, instance_id="only", session_timeout_ms=3000, heartbeat_interval_ms=300, **options)
+    app.stream("words", value_format="str").key_by(lambda word: word).count().to(sink, key_format="str", value_format="json", **({"name": "words-to-counts"} if sink != "counts" else {}))
+    return app
+
+
+def test_a_renamed_output_that_would_orphan_state_stops_the_app_naming_it_and_the_old_name_keeps_it(recording_broker, tmp_path):
+    from txn import Producer
+
+    def produce(*words):
+        with Producer(bootstrap_servers=recording_broker.bootstrap) as producer:
+            for word in words:
+                producer.send("words", key=word.encode(), value=word.encode())
+
+    produce("ann", "ann")
+    words_app(recording_broker.bootstrap, str(tmp_path / "state"), "counts").run(until_idle=0.5)
+    assert sorted(json.loads(v) for v in read_values(recording_broker.bootstrap, "counts", partitions=2, idle=0.5)) == [1, 2]
+    renamed = streaming.App(recording_broker.bootstrap, "renamed", str(tmp_path / "state"), instance_id="only", session_timeout_ms=3000, heartbeat_interval_ms=300)
+    renamed.stream("words", value_format="str").key_by(lambda word: word).count().to("totals", key_format="str", value_format="json")
+    with pytest.raises(TopicsMismatchError) as stopped:
+        renamed.run(until_idle=0.5)
+    message = str(stopped.value)
+    assert "store 'words-to-counts-count-0' (changelog renamed-words-to-counts-count-0-changelog)" in message
+    assert "repartition topic renamed-words-to-counts-repartition-0" in message and "name=" in message
+    with Admin(bootstrap_servers=recording_broker.bootstrap) as admin:
+        assert "totals" not in admin.list_topics() and "renamed-words-to-totals-count-0-changelog" not in admin.list_topics(), "nothing created"
+    # The chain named as before: its store and repartition topic are the old ones, and the count goes on.
+    produce("ann")
+    words_app(recording_broker.bootstrap, str(tmp_path / "state"), "totals").run(until_idle=0.5)
+    assert [json.loads(v) for v in read_values(recording_broker.bootstrap, "totals", partitions=2, idle=0.5)] == [3]
+
+
+def test_repartition_topics_are_purged_up_to_the_committed_offsets(recording_broker, tmp_path):
+    from txn import Producer
+    from txn.types import TopicPartition
+
+    with Producer(bootstrap_servers=recording_broker.bootstrap) as producer:
+        for n in range(200):
+            producer.send("words", key=b"k%d" % n, value=b"w%d" % (n % 7))
+    app = words_app(recording_broker.bootstrap, str(tmp_path / "state"), "counts", repartition_purge_interval_ms=100)
+    app.run(until_idle=1.0)
+    repartition = [TopicPartition("renamed-words-to-counts-repartition-0", p) for p in range(2)]
+    with Admin(bootstrap_servers=recording_broker.bootstrap) as admin:
+        starts = admin.list_offsets({tp: "earliest" for tp in repartition})
+        ends = admin.list_offsets({tp: "latest" for tp in repartition})
+        committed = admin.list_group_offsets("renamed", repartition)
+    assert sum(ends[tp].offset for tp in repartition) > 200, "every word went through it, with the commit markers"
+    for tp in repartition:
+        assert 0 < starts[tp].offset <= committed[tp].offset, (tp, starts[tp], committed[tp])

@@ -318,7 +318,7 @@ def test_session_aggregates_need_a_merge(tmp_path):
 
 @pytest.mark.parametrize("crashes", [False, True])
 def test_the_sessions_example_gives_its_recomputed_output_crashes_or_not(tmp_path, crashes):
-    """examples/sessions.py (session windows, a stream-time timer, event time
+    """examples/sessions.py (session and sliding windows, a stream-time timer, event time
     from the payload) against the output its module recomputes from the
     input alone; with crashes every few records (the open transaction lost,
     stores rebuilt from their changelogs, input read again from the commit)."""
@@ -346,7 +346,7 @@ def test_the_sessions_example_gives_its_recomputed_output_crashes_or_not(tmp_pat
     want = Counter(output_text(key, json.dumps(value)) for key, value in module.expected(fed))
     assert got == want
     kinds = Counter(value["kind"] for _key, value in module.expected(fed))
-    assert kinds["session"] > 20 and kinds["tick"] > 20
+    assert kinds["session"] > 20 and kinds["tick"] > 20 and kinds["burst"] > 20, kinds
 
 
 # -- friendlier edges -------------------------------------------------------------------------------
@@ -396,3 +396,71 @@ def test_run_async_runs_inside_a_running_event_loop(embedded_broker, tmp_path):
 
     assert asyncio.run(main()) == "ran alongside"
     assert app.metrics["records_in"] == 1 and app.metrics["commits"] >= 1
+
+
+def test_sliding_windows_emit_on_close_or_on_update_and_route_late_records(tmp_path):
+    from streaming.windows import sliding
+
+    app = streaming.App("127.0.0.1:1", application_id="bursts", state_dir=str(tmp_path / "state"))
+    (app.stream("clicks", key_format="str", value_format="json")
+        .window(sliding(datetime.timedelta(seconds=10)), grace=15_000, on_late="late-clicks")
+        .count(store="bursts")
+        .to("bursts", value_format="json"))
+    (app.stream("clicks", key_format="str", value_format="json")
+        .window(sliding(10_000), emit="update")
+        .aggregate(0, lambda total, click: total + click["n"], store="totals")
+        .to("totals", value_format="json"))
+    driver = TestDriver(app)
+    for t in (10_000, 15_000, 30_000):
+        driver.pipe("clicks", "ann", {"n": 1}, timestamp=t)
+    assert driver.read("bursts") == [("ann", {"start": 0, "end": 10_000, "value": 1})], "10 s + 15 s of grace is past; 15 s + 15 s is not"
+    assert driver.read("totals") == [
+        ("ann", {"start": 0, "end": 10_000, "value": 1}),
+        ("ann", {"start": 5_000, "end": 15_000, "value": 2}), ("ann", {"start": 10_001, "end": 20_001, "value": 1}),  # 15 s fell in 10 s's right window
+        ("ann", {"start": 20_000, "end": 30_000, "value": 1}),
+    ]
+    driver.pipe("clicks", "ann", {"n": 1}, timestamp=20_000)  # in time for grace 15 s, late for grace 0
+    driver.pipe("clicks", "ann", {"n": 1}, timestamp=14_000)  # late for both
+    assert driver.read("late-clicks") == [("ann", {"n": 1})]
+    assert driver.app.metrics["late_records_dropped"] == 3
+    driver.pipe("clicks", "ann", {"n": 1}, timestamp=100_000)
+    assert driver.read("bursts") == [
+        ("ann", {"start": 5_000, "end": 15_000, "value": 2}), ("ann", {"start": 10_000, "end": 20_000, "value": 3}),
+        ("ann", {"start": 10_001, "end": 20_001, "value": 2}), ("ann", {"start": 15_001, "end": 25_001, "value": 1}),
+        ("ann", {"start": 20_000, "end": 30_000, "value": 2}), ("ann", {"start": 20_001, "end": 30_001, "value": 1}),
+    ]
+    assert driver.read("totals") == [("ann", {"start": 90_000, "end": 100_000, "value": 1})]
+
+
+@pytest.mark.parametrize("windows", ["tumbling", "session", "sliding"])
+def test_windows_of_an_idle_partition_close_by_the_wall_clock_when_asked(tmp_path, windows):
+    from streaming.windows import session, sliding
+
+    definition = {"tumbling": tumbling(10_000), "session": session(5_000), "sliding": sliding(5_000)}[windows]
+    app = streaming.App("127.0.0.1:1", application_id="idle-windows", state_dir=str(tmp_path / "state"))
+    (app.stream("clicks", key_format="str", value_format="json")
+        .window(definition, grace=1_000, close_when_idle=datetime.timedelta(seconds=3))
+        .count(store="idle-closed")
+        .to("idle-closed", value_format="json"))
+    (app.stream("clicks", key_format="str", value_format="json")
+        .window(definition, grace=1_000)
+        .count(store="by-records")
+        .to("by-records", value_format="json"))
+    driver = TestDriver(app, partitions=2, commit_every=None)
+    driver.pipe("clicks", "ann", {}, timestamp=4_000, partition=0)
+    driver.pipe("clicks", "bob", {}, timestamp=4_000, partition=1)
+    driver.commit()
+    driver.advance_wall_clock(3_000)  # the first check: both partitions had a record since the start
+    driver.pipe("clicks", "bob", {}, timestamp=4_500, partition=1)  # partition 1 stays busy
+    driver.advance_wall_clock(9_000)  # 12 s: partition 0 was idle for a whole check, its clock is past every window's end + grace
+    assert driver.read("idle-closed") == [], "emitted in the open transaction"
+    driver.commit()
+    (closed,) = driver.read("idle-closed")
+    assert closed[0] == "ann" and closed[1]["value"] == 1
+    assert driver.read("by-records") == [], "without the option only records move stream time"
+    driver.pipe("clicks", "ann", {}, timestamp=4_000, partition=0)  # stream time is the clock's 12 s now: late
+    driver.commit()
+    assert driver.app.metrics["late_records_dropped"] == 1
+    driver.advance_wall_clock(3_000)
+    driver.commit()
+    assert {key for key, _value in driver.read("idle-closed")} == {"bob"}, "partition 1 idle since its last record"

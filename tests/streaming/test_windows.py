@@ -203,3 +203,106 @@ def test_sessions_equal_a_plain_recomputation_when_nothing_is_late(gap, records)
     for key in "ab":
         got = sorted((r.start, r.end, r.aggregate) for r in closed if r.key == key)
         assert got == sessions_of([t for k, t in records if k == key], gap)
+
+
+# -- sliding windows ------------------------------------------------------------------------------
+
+
+def collecting_sliding(difference: int, grace: int):
+    """Sliding windows whose aggregate is the list of their values in arrival order."""
+    from streaming.windows import SlidingAggregation, SlidingWindows
+
+    return SlidingAggregation(SlidingWindows(difference), grace_ms=grace, add=lambda values, v: values + [v], initial=list)
+
+
+def test_sliding_windows_are_the_distinct_sets_of_records_within_the_difference():
+    from streaming.windows import sliding
+
+    assert sliding(10) == collecting_sliding(10, 0).windows
+    collecting = collecting_sliding(10, grace=100)
+    state = DictState()
+    for t in (10, 15, 30):
+        collecting.advance(state, t)
+        collecting.update(state, "k", t, t)
+    # Left windows [0, 10], [5, 15], [20, 30]; 15 falls in 10's right window [11, 21]; nothing falls in 15's or 30's.
+    closed = collecting.advance(state, 1_000)
+    assert [(r.start, r.end, r.aggregate, r.timestamp) for r in closed] == [(0, 10, [10], 10), (5, 15, [10, 15], 15), (11, 21, [15], 15), (20, 30, [30], 30)]
+    assert set(state.data) == {STREAM_TIME}, "windows, kept records and next-close all gone"
+
+
+def test_a_sliding_window_closes_after_its_end_plus_grace_and_a_record_past_it_is_late():
+    collecting = collecting_sliding(10, grace=5)
+    state = DictState()
+    collecting.advance(state, 100)
+    (own,) = collecting.update(state, "k", "a", 100).changed
+    assert (own.start, own.end) == (90, 100)
+    assert collecting.advance(state, 103) == []
+    update = collecting.update(state, "k", "b", 98)  # within grace: joins [90, 100], makes [88, 98] and its right window [99, 109]
+    assert [(r.start, r.aggregate) for r in update.changed] == [(88, ["b"]), (90, ["a", "b"]), (99, ["a"])]
+    assert collecting.advance(state, 103) == [], "98's window [88, 98] is open up to its end + grace"
+    assert [(r.start, r.end, r.aggregate) for r in collecting.advance(state, 104)] == [(88, 98, ["b"])]
+    assert collecting.update(state, "k", "c", 98).late, "stream time 104 is past 98 + grace"
+    assert collecting.update(state, "k", "d", 100).late is False
+    assert [r.start for r in collecting.advance(state, 106)] == [90]
+    update = collecting.update(state, "k", "late", 100)
+    assert update.late and update.changed == ()
+
+
+def recompute_sliding(records, difference, grace):
+    """The plain definition, independent of the module: stream time is the
+    running maximum; a record counts unless stream time (with it) is past
+    its time + grace; a key's windows are [t - d, t] for each of its
+    records and [t + 1, t + 1 + d] for each record t with another of the
+    key in (t, t + d + 1]; a window holds the key's counted records in it,
+    in arrival order, and is emitted at the first record that brings stream
+    time past its end + grace."""
+    stream_time = None
+    counted = []  # (index, key, t, value)
+    times_at = []
+    late = 0
+    for index, (key, t, value) in enumerate(records):
+        stream_time = t if stream_time is None else max(stream_time, t)
+        times_at.append(stream_time)
+        if stream_time > t + grace:
+            late += 1
+        else:
+            counted.append((index, key, t, value))
+    windows = set()
+    for _i, key, t, _v in counted:
+        windows.add((key, t - difference))
+        if any(k == key and t < u <= t + difference + 1 for _j, k, u, _w in counted):
+            windows.add((key, t + 1))
+    finals, still_open = {}, {}
+    for key, start in windows:
+        values = [v for _i, k, t, v in counted if k == key and start <= t <= start + difference]
+        emitted = next((i for i, st in enumerate(times_at) if st > start + difference + grace), None)
+        if emitted is None:
+            still_open[(key, start)] = values
+        else:
+            finals[(key, start)] = (values, emitted)
+    return finals, still_open, late
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    difference=st.integers(1, 30),
+    grace=st.integers(0, 30),
+    records=st.lists(st.tuples(st.sampled_from(["a", "b"]), st.integers(0, 150), st.integers(1, 9)), max_size=50),
+)
+def test_sliding_windows_equal_a_plain_recomputation(difference, grace, records):
+    collecting = collecting_sliding(difference, grace)
+    state = DictState()
+    finals, late = {}, 0
+    for index, (key, t, value) in enumerate(records):
+        for result in collecting.advance(state, t):
+            assert (result.key, result.start) not in finals, "a window emitted twice"
+            assert result.end == result.start + difference
+            finals[(result.key, result.start)] = (result.aggregate, index)
+        late += collecting.update(state, key, value, t).late
+    expected_finals, expected_open, expected_late = recompute_sliding(records, difference, grace)
+    assert finals == expected_finals
+    assert late == expected_late
+    still_open = {(entry_key[2], entry_key[1]): entry[0] for entry_key, entry in state.items() if isinstance(entry_key, tuple) and entry_key[0] == "w"}
+    assert still_open == expected_open
+    collecting.advance(state, 10**6)
+    assert set(state.data) == {STREAM_TIME}, "every window closed, every record and schedule entry forgotten"
