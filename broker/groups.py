@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from typing import Awaitable, Callable
 
+from coordinator.metadata import TRANSACTION_VERSION_2
 from coordinator.metadata import TopicPartition as TxnPartition
 from groupcoord.coordinator import GroupCoordinator, GroupSettings
 from groupcoord.records import OFFSETS_TOPIC, OffsetAndMetadata
@@ -260,7 +261,15 @@ class GroupApis:
                     partition["committed_offset"], partition.get("committed_leader_epoch", -1), partition.get("committed_metadata") or "", now
                 )
         offsets_partition = TxnPartition(OFFSETS_TOPIC, partition_for(group_id, self.groups.partitions))
-        error = self.transactions.coordinator.verify_transactional_produce(producer_id, producer_epoch, offsets_partition)
+        error = ErrorCode.NONE
+        if version >= 5:
+            # KIP-890 part 2: the commit adds the group's offsets partition to
+            # the transaction itself (the client sent no AddOffsetsToTxn).
+            error = await self.transactions.coordinator.add_partitions(
+                body.get("transactional_id"), producer_id, producer_epoch, [offsets_partition], transaction_version=TRANSACTION_VERSION_2
+            )
+        if error == ErrorCode.NONE:
+            error = self.transactions.coordinator.verify_transactional_produce(producer_id, producer_epoch, offsets_partition)
         if error == ErrorCode.INVALID_PRODUCER_EPOCH and version >= 2:
             error = ErrorCode.PRODUCER_FENCED
         if error == ErrorCode.NONE:
