@@ -25,6 +25,7 @@ from broker.replica import (
     ReplicaManager,
     TopicExistsError,
 )
+from broker.client_rounds import note_durability_wait
 from broker.security.listeners import advertised_address
 from protocol.constants import IsolationLevel, OffsetSpec
 from protocol.errors import ErrorCode
@@ -308,6 +309,9 @@ class KafkaApis:
         for result in durable_waits:
             waiter = result.pop("_durable")
             also = result.pop("_durable_transaction", None)
+            note_durability_wait(waiter)
+            if also is not None:
+                note_durability_wait(also)
             try:
                 await waiter
                 if also is not None:

@@ -25,6 +25,7 @@ from protocol.errors import ErrorCode
 from protocol.messages import ApiKey
 from protocol.partitioning import partition_for
 from broker.apis import REQUEST_ORIGIN
+from broker.client_rounds import note_durability_wait
 from broker.replay import replay
 from protocol.records import ControlType, decode_control_record, encode_batch
 from protocol.tasks import every
@@ -58,6 +59,9 @@ class OffsetsLogWriter:
         durable = partition_log.wait_durable(info.last_offset)
         # Asked after our own append, so that one fsync round covers both logs.
         also = self.transaction_durability(producer_id) if producer_id >= 0 else None
+        note_durability_wait(durable)
+        if also is not None:
+            note_durability_wait(also)
         await durable
         if also is not None:
             await also
