@@ -546,7 +546,10 @@ SCENARIOS = (
     # answered once appended) and PrepareCommit's (the answer). The markers'
     # and CompleteCommit's rounds follow the answer (4.0 rounds per
     # transaction in all, counted in one probe of 300 one-record
-    # transactions; 5.0 when AddPartitionsToTxn waited for its own).
+    # transactions; 5.0 when AddPartitionsToTxn waited for its own). The
+    # broker counts the rounds on the client's path live ("fsync rounds per
+    # transaction" in the table: ``ROUNDS``); the steps here are what the
+    # note falls back on without them.
     Scenario("transactions of 100 records", transactions_scenario(100), limit="commit", chains=(FsyncChain("transactions/s", 2),)),
     Scenario("transactions of 1 record", transactions_scenario(1), limit="commit", chains=(FsyncChain("transactions/s", 2),)),
     Scenario("consume read_uncommitted", consume_scenario("read_uncommitted"), limit="consume"),
