@@ -23,11 +23,6 @@ import time
 import uuid
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * q / 100))]
-
-
 def measure(bootstrap: str, rate: int, seconds: float, state_dir: str, **options) -> list[float]:
     """Commit times (s) of an app fed ``rate`` records/s for ``seconds``."""
     import streaming
@@ -60,6 +55,7 @@ def measure(bootstrap: str, rate: int, seconds: float, state_dir: str, **options
 
 
 def main() -> None:
+    from benchmarks.suite import percentile
     from faults.process import BrokerProcess
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

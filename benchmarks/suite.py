@@ -829,7 +829,7 @@ def report(ours: dict, peer: dict | None, limits: dict[str, float], scenarios, s
     say("")
     say(f"{'scenario: metric':<{width}}{'onceflow':>14}{'Tansu':>14}{'ours/Tansu':>12}   of the machine's limit")
     for row in rows:
-        decimals = 2 if row["metric"] in CPU_METRICS else 1
+        decimals = 2 if row["metric"] in CPU_METRICS or row["metric"].startswith("fsync rounds per") else 1
         theirs = "n/a" if row["peer"] is None else f"{row['peer']:,.{decimals}f}"
         ratio = "" if row["ours_over_peer"] is None else f"{row['ours_over_peer']:.2f}"
         say(f"{row['scenario'] + ': ' + row['metric']:<{width}}{row['onceflow']:>14,.{decimals}f}{theirs:>14}{ratio:>12}   {row['of_limit']}")
@@ -839,7 +839,8 @@ def report(ours: dict, peer: dict | None, limits: dict[str, float], scenarios, s
             say(f"{'':<{width}}  held by {row['holds']}")
     say("(ratio > 1 favours onceflow; for latencies (ms) and broker CPU (cores: CPU seconds per second of the timed part)"
         " the ratio is Tansu's / ours; client CPU: the client process (its Python loop and librdkafka's threads);"
-        " client loop: the share of a core its Python loop used, near 1.0 when it is the limit)")
+        " client loop: the share of a core its Python loop used, near 1.0 when it is the limit;"
+        " fsync rounds per transaction (or per Produce request): requests that waited for an fsync, counted by our broker)")
     return rows
 
 
