@@ -137,10 +137,15 @@ def concurrency_scenario(point):
     """A bench scenario (``benchmarks.suite.Scenario.run``): ``point`` at every N."""
 
     def run(bootstrap: str, settings) -> dict:
-        from benchmarks.suite import Metric
+        from benchmarks.suite import ROUNDS, Metric, rounds_metrics
 
         seconds = min(settings.seconds, POINT_SECONDS)
-        return {f"records/s, N={n}": Metric(point(bootstrap, n, seconds), "records/s") for n in CONCURRENCY}
+        figures, counts = {}, {}
+        for n in CONCURRENCY:
+            with ROUNDS.window() as counted:
+                figures[f"records/s, N={n}"] = Metric(point(bootstrap, n, seconds), "records/s")
+            counts.update(rounds_metrics(counted, f", N={n}"))
+        return {**figures, **counts}
 
     return run
 

@@ -45,7 +45,7 @@ from typing import Callable
 import attrs
 
 from benchmarks.concurrency import concurrency_scenario, idempotent_producers, transactional_copiers
-from faults.process import BrokerProcess
+from faults.process import BrokerProcess, restartable_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL, LARGE = 100, 1024
@@ -105,6 +105,9 @@ class Metric:
 
 
 class OnceflowTarget:
+    """Our broker, with ``--metrics`` (``metrics_url``), from which ``ROUNDS``
+    counts the fsync rounds on the client's path."""
+
     def __init__(self, work: str, settings: tuple[str, ...] = (), name: str = "onceflow"):
         self.work = work
         self.settings = settings  # broker/topic settings, e.g. ("flush.policy=os",)
@@ -112,7 +115,10 @@ class OnceflowTarget:
 
     def __enter__(self) -> "OnceflowTarget":
         self.data = os.path.join(self.work, f"onceflow-{uuid.uuid4().hex[:6]}")
-        self.process = BrokerProcess(self.data, "group.initial.rebalance.delay.ms=0", *self.settings, log_path=self.data + ".log").start()
+        metrics_port = restartable_port()
+        self.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+        self.process = BrokerProcess(self.data, "group.initial.rebalance.delay.ms=0", *self.settings, log_path=self.data + ".log",
+                                     args=("--metrics", f"127.0.0.1:{metrics_port}")).start()
         self.bootstrap = self.process.bootstrap
         self.pid = self.process.process.pid
         return self
@@ -195,6 +201,76 @@ def process_cpu_seconds(pid: int) -> float:
 
 
 @attrs.define
+class RoundCount:
+    """The fsync rounds on the client's path per operation in a window
+    (``per_operation`` None when the broker has no metrics, or nothing ran)."""
+
+    per_operation: float | None = None
+    operation: str = "transaction"
+
+
+def read_counters(url: str) -> dict[str, float]:
+    """The counters ``RoundsProbe`` needs from a broker's /metrics."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    counters = {"waited": 0.0, "end_txn": 0.0, "produce": 0.0, "waited_produce": 0.0}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            api = sample.labels.get("api")
+            if sample.name == "onceflow_requests_waited_fsync_total":
+                counters["waited"] += sample.value
+                if api == "Produce":
+                    counters["waited_produce"] += sample.value
+            elif sample.name == "onceflow_requests_total" and api in ("EndTxn", "Produce"):
+                counters["end_txn" if api == "EndTxn" else "produce"] += sample.value
+    return counters
+
+
+class RoundsProbe:
+    """Counts, live in our broker, the fsync rounds a scenario's client waits
+    for one after another: requests whose answer waited for an fsync
+    (``onceflow_requests_waited_fsync_total``, ``broker.client_rounds``) per
+    transaction (per EndTxn) where transactions ran, else per Produce
+    request. ``run_rounds`` names the broker's metrics (``metrics_url``;
+    None for Tansu); ``CPU.window()`` opens one, and scenarios without a CPU
+    window (a client in another process, a point of many) open their own."""
+
+    def __init__(self):
+        self.metrics_url: str | None = None
+        self.last: RoundCount | None = None
+
+    @contextlib.contextmanager
+    def window(self):
+        counted = RoundCount()
+        url = self.metrics_url
+        before = read_counters(url) if url else None
+        yield counted
+        if before is None:
+            return
+        after = read_counters(url)
+        delta = {key: after[key] - before[key] for key in after}
+        if delta["end_txn"]:
+            counted.per_operation, counted.operation = delta["waited"] / delta["end_txn"], "transaction"
+        elif delta["produce"]:
+            counted.per_operation, counted.operation = delta["waited_produce"] / delta["produce"], "request"
+        self.last = counted
+
+
+ROUNDS = RoundsProbe()
+
+
+def rounds_metrics(counted: RoundCount | None, suffix: str = "") -> dict[str, "Metric"]:
+    """The figure a window counted, as a table row (none if nothing was counted)."""
+    if counted is None or counted.per_operation is None:
+        return {}
+    return {f"fsync rounds per {counted.operation}{suffix}": Metric(counted.per_operation, "rounds")}
+
+
+@attrs.define
 class CpuUse:
     """Where the CPU went in a scenario's timed part, in cores (CPU seconds
     per second of it): the broker process; the client's Python loop (this
@@ -221,10 +297,11 @@ class CpuProbe:
     @contextlib.contextmanager
     def window(self):
         pid = self.broker_pid
-        usage = resource.getrusage(resource.RUSAGE_SELF)
-        started = (process_cpu_seconds(pid) if pid else 0.0, time.thread_time(), usage.ru_utime + usage.ru_stime, time.perf_counter())
-        yield
-        usage = resource.getrusage(resource.RUSAGE_SELF)
+        with ROUNDS.window():
+            usage = resource.getrusage(resource.RUSAGE_SELF)
+            started = (process_cpu_seconds(pid) if pid else 0.0, time.thread_time(), usage.ru_utime + usage.ru_stime, time.perf_counter())
+            yield
+            usage = resource.getrusage(resource.RUSAGE_SELF)
         ended = (process_cpu_seconds(pid) if pid else 0.0, time.thread_time(), usage.ru_utime + usage.ru_stime, time.perf_counter())
         wall = max(ended[3] - started[3], 1e-9)
         self.last = CpuUse(broker=(ended[0] - started[0]) / wall if pid else float("nan"),
@@ -366,24 +443,25 @@ def copier_scenario(bootstrap: str, settings: ScenarioSettings) -> dict[str, Met
     reader.assign([TopicPartition(sink, 0, 0)])
     started = time.perf_counter()
     seen, first, last = 0, None, None
-    try:
-        while seen < settings.copier_records and time.perf_counter() - started < 300:
-            batch = [m for m in reader.consume(10_000, 0.05) if m.error() is None]
-            if batch:
-                now = time.perf_counter()
-                first = first if first is not None else now
-                last = now
-                seen += len(batch)
-    finally:
-        copier.terminate()
-        copier.wait(30)
-        reader.close()
+    with ROUNDS.window() as counted:  # the copier's transactions, while they run
+        try:
+            while seen < settings.copier_records and time.perf_counter() - started < 300:
+                batch = [m for m in reader.consume(10_000, 0.05) if m.error() is None]
+                if batch:
+                    now = time.perf_counter()
+                    first = first if first is not None else now
+                    last = now
+                    seen += len(batch)
+        finally:
+            copier.terminate()
+            copier.wait(30)
+            reader.close()
     if seen < settings.copier_records or first is None:
         raise RuntimeError(f"the copier delivered {seen} of {settings.copier_records} records")
     from_start = seen / (last - started)
     # Steady: from the first output read to the last (all in one read: no span to time).
     return {"records/s": Metric(from_start, "records/s"),
-            "steady records/s": Metric(seen / (last - first) if last > first else from_start, "records/s")}
+            "steady records/s": Metric(seen / (last - first) if last > first else from_start, "records/s"), **rounds_metrics(counted)}
 
 
 def latency_scenario(bootstrap: str, settings: ScenarioSettings) -> dict[str, Metric]:
@@ -468,7 +546,10 @@ SCENARIOS = (
     # answered once appended) and PrepareCommit's (the answer). The markers'
     # and CompleteCommit's rounds follow the answer (4.0 rounds per
     # transaction in all, counted in one probe of 300 one-record
-    # transactions; 5.0 when AddPartitionsToTxn waited for its own).
+    # transactions; 5.0 when AddPartitionsToTxn waited for its own). The
+    # broker counts the rounds on the client's path live ("fsync rounds per
+    # transaction" in the table: ``ROUNDS``); the steps here are what the
+    # note falls back on without them.
     Scenario("transactions of 100 records", transactions_scenario(100), limit="commit", chains=(FsyncChain("transactions/s", 2),)),
     Scenario("transactions of 1 record", transactions_scenario(1), limit="commit", chains=(FsyncChain("transactions/s", 2),)),
     Scenario("consume read_uncommitted", consume_scenario("read_uncommitted"), limit="consume"),
@@ -589,6 +670,7 @@ def _run_round(contender: Contender, results: dict, settings: ScenarioSettings, 
         for scenario in contender.scenarios:
             began = time.perf_counter()
             CPU.broker_pid, CPU.last = target.pid, None
+            ROUNDS.metrics_url, ROUNDS.last = getattr(target, "metrics_url", None), None
             try:
                 metrics = scenario.run(target.bootstrap, settings)
             except Exception as error:  # noqa: BLE001 - reported in the table
@@ -598,6 +680,8 @@ def _run_round(contender: Contender, results: dict, settings: ScenarioSettings, 
             if CPU.last is not None:
                 metrics = {**metrics, "broker CPU": Metric(CPU.last.broker, "cores"), "client CPU": Metric(CPU.last.client, "cores"),
                            "client loop": Metric(CPU.last.client_loop, "of a core")}
+            if not any(key.startswith("fsync rounds per") for key in metrics):
+                metrics = {**metrics, **rounds_metrics(ROUNDS.last)}
             for key, metric in metrics.items():
                 values = results.setdefault(scenario.name, {}).setdefault(key, [])
                 values.extend([None] * (round_number - 1 - len(values)))  # a failed round keeps its place
@@ -644,6 +728,23 @@ def fraction_of_limit(scenario: Scenario, metrics: dict[str, float], limits: dic
     return ""
 
 
+def chain_steps(chain: FsyncChain, ours: dict[str, float]) -> tuple[float, bool]:
+    """How many fsync rounds one operation of ``chain`` waits for one after
+    another, and whether that was counted live by our broker in this run
+    (``ROUNDS``) rather than declared by the scenario."""
+    n = chain.metric.partition(", N=")[2]
+    measured = ours.get(f"fsync rounds per {chain.operation}" + (f", N={n}" if n else ""))
+    return (chain.steps, False) if measured is None else (measured, True)
+
+
+def chain_rounds(chain: FsyncChain, ours: dict[str, float]) -> str:
+    """``chain_steps`` as the table says it."""
+    steps, counted = chain_steps(chain, ours)
+    if counted:
+        return f"{steps:.2f} rounds (counted) in a row"
+    return f"{steps} round{'s' if steps > 1 else ''} in a row"
+
+
 def what_holds(scenario: Scenario, metric: str, ours: dict[str, float], theirs: dict[str, float], limits: dict[str, float],
                unsynced: dict[str, float] | None = None, rounds: list[float] | None = None) -> str:
     """For a row below the peer: which limit of this run's machine holds it,
@@ -671,14 +772,14 @@ def what_holds(scenario: Scenario, metric: str, ours: dict[str, float], theirs: 
                     f" {ours_ms:.2f} ms with it (Tansu {theirs_ms:.2f} ms)")
         return (f"fsync: {ours_ms:.2f} ms per {chain.operation} against Tansu's {theirs_ms:.2f} (in memory); with no fsync"
                 f" (flush.policy=os, same run) {unsynced_ms:.2f} ms, {theirs[metric] and unsynced[metric] / theirs[metric]:.2f}x Tansu:"
-                f" {chain.steps} round{'s' if chain.steps > 1 else ''} in a row cost {ours_ms - unsynced_ms:.2f} ms"
+                f" {chain_rounds(chain, ours)} cost {ours_ms - unsynced_ms:.2f} ms"
                 + (f" (the machine: {1000 / limits['fsyncs_per_s']:.2f} ms per fsync)" if limits.get("fsyncs_per_s") else ""))
     if chain is not None and ours.get(metric) and theirs.get(metric) and limits.get("fsyncs_per_s"):
         ours_ms = 1000 * chain.per / ours[metric]
         theirs_ms = 1000 * chain.per / theirs[metric]
-        fsyncs_ms = 1000 * chain.steps / limits["fsyncs_per_s"]
+        fsyncs_ms = 1000 * chain_steps(chain, ours)[0] / limits["fsyncs_per_s"]
         share = "at least all" if fsyncs_ms >= ours_ms - theirs_ms else "of"
-        return (f"fsync latency: {chain.steps} round{'s' if chain.steps > 1 else ''} in a row x {1000 / limits['fsyncs_per_s']:.2f} ms"
+        return (f"fsync latency: {chain_rounds(chain, ours)} x {1000 / limits['fsyncs_per_s']:.2f} ms"
                 f" = {fsyncs_ms:.2f} ms, {share} the {ours_ms - theirs_ms:.2f} ms a {chain.operation} takes longer than on Tansu"
                 f" ({ours_ms:.2f} vs {theirs_ms:.2f} ms), which keeps it in memory")
     loop, broker, client = ours.get("client loop"), ours.get("broker CPU"), ours.get("client CPU")
@@ -728,7 +829,7 @@ def report(ours: dict, peer: dict | None, limits: dict[str, float], scenarios, s
     say("")
     say(f"{'scenario: metric':<{width}}{'onceflow':>14}{'Tansu':>14}{'ours/Tansu':>12}   of the machine's limit")
     for row in rows:
-        decimals = 2 if row["metric"] in CPU_METRICS else 1
+        decimals = 2 if row["metric"] in CPU_METRICS or row["metric"].startswith("fsync rounds per") else 1
         theirs = "n/a" if row["peer"] is None else f"{row['peer']:,.{decimals}f}"
         ratio = "" if row["ours_over_peer"] is None else f"{row['ours_over_peer']:.2f}"
         say(f"{row['scenario'] + ': ' + row['metric']:<{width}}{row['onceflow']:>14,.{decimals}f}{theirs:>14}{ratio:>12}   {row['of_limit']}")
@@ -738,7 +839,8 @@ def report(ours: dict, peer: dict | None, limits: dict[str, float], scenarios, s
             say(f"{'':<{width}}  held by {row['holds']}")
     say("(ratio > 1 favours onceflow; for latencies (ms) and broker CPU (cores: CPU seconds per second of the timed part)"
         " the ratio is Tansu's / ours; client CPU: the client process (its Python loop and librdkafka's threads);"
-        " client loop: the share of a core its Python loop used, near 1.0 when it is the limit)")
+        " client loop: the share of a core its Python loop used, near 1.0 when it is the limit;"
+        " fsync rounds per transaction (or per Produce request): requests that waited for an fsync, counted by our broker)")
     return rows
 
 

@@ -25,6 +25,7 @@ from broker.replica import (
     ReplicaManager,
     TopicExistsError,
 )
+from broker.client_rounds import note_durability_wait
 from broker.security.listeners import advertised_address
 from protocol.constants import IsolationLevel, OffsetSpec
 from protocol.errors import ErrorCode
@@ -55,7 +56,7 @@ def log_or_error(replicas: ReplicaManager, topic: str | None, partition: int) ->
 # and Fetch at 4 because older versions carry the pre-v2 message formats,
 # which onceflow does not store.
 SUPPORTED_APIS: dict[ApiKey, tuple[int, int]] = {
-    ApiKey.PRODUCE: (3, 11),
+    ApiKey.PRODUCE: (3, 12),
     ApiKey.FETCH: (4, 17),
     ApiKey.LIST_OFFSETS: (0, 10),
     ApiKey.METADATA: (0, 12),
@@ -87,7 +88,7 @@ SUPPORTED_APIS: dict[ApiKey, tuple[int, int]] = {
     ApiKey.SYNC_GROUP: (0, 5),
     ApiKey.DESCRIBE_GROUPS: (0, 5),
     ApiKey.LIST_GROUPS: (0, 5),
-    ApiKey.TXN_OFFSET_COMMIT: (0, 4),
+    ApiKey.TXN_OFFSET_COMMIT: (0, 5),
     ApiKey.DELETE_GROUPS: (0, 2),
     ApiKey.OFFSET_DELETE: (0, 0),
     ApiKey.SASL_HANDSHAKE: (0, 1),
@@ -98,6 +99,20 @@ SUPPORTED_APIS: dict[ApiKey, tuple[int, int]] = {
     ApiKey.CREATE_ACLS: (0, 3),
     ApiKey.DELETE_ACLS: (0, 3),
 }
+
+# The versions that mean KIP-890 part 2 (a Produce or TxnOffsetCommit that
+# adds its partition, an EndTxn that bumps the epoch): offered only while the
+# ``transaction.version`` feature is finalized at 2, as Kafka does.
+TRANSACTION_VERSION_2_APIS: dict[ApiKey, int] = {ApiKey.PRODUCE: 12, ApiKey.TXN_OFFSET_COMMIT: 5, ApiKey.END_TXN: 5}
+TRANSACTION_VERSION_FEATURE = "transaction.version"
+
+
+def advertised_versions(transaction_version: int) -> dict[ApiKey, tuple[int, int]]:
+    """SUPPORTED_APIS as ApiVersions offers them at this transaction version."""
+    if transaction_version >= 2:
+        return dict(SUPPORTED_APIS)
+    return {key: (low, min(high, TRANSACTION_VERSION_2_APIS[key] - 1) if key in TRANSACTION_VERSION_2_APIS else high) for key, (low, high) in SUPPORTED_APIS.items()}
+
 
 # Who sent the request being handled: its header's client id and its
 # connection's host, as Kafka shows them ("/127.0.0.1"). Set by dispatch for
@@ -121,6 +136,7 @@ class KafkaApis:
         extra_handlers: dict | None = None,
         partition_in_transaction=None,
         transaction_durability=None,
+        add_to_transaction=None,
     ):
         self.config = config
         self.replicas = replicas
@@ -147,6 +163,10 @@ class KafkaApis:
         # producer id -> what its transactional Produce waits for besides its
         # own data (the coordinator's records answered once appended), or None.
         self.transaction_durability = transaction_durability
+        # KIP-890 part 2 (Produce v12): (transactional id, producer id, epoch,
+        # [(topic, partition)]) -> the error code of adding them to its
+        # transaction (NONE: added, or already in it).
+        self.add_to_transaction = add_to_transaction
 
     async def dispatch(self, request, session=None) -> dict | None:
         """Answer one request. ``session`` (``broker.security.session``) is the
@@ -175,13 +195,17 @@ class KafkaApis:
     # -- ApiVersions --------------------------------------------------------
 
     def api_versions_body(self, error_code: int = ErrorCode.NONE) -> dict:
+        level = self.config.transaction_version
         return {
             "error_code": int(error_code),
             "api_keys": [
                 {"api_key": key, "min_version": low, "max_version": high}
-                for key, (low, high) in sorted(SUPPORTED_APIS.items())
+                for key, (low, high) in sorted(advertised_versions(level).items())
             ],
             "throttle_time_ms": 0,
+            "supported_features": [{"name": TRANSACTION_VERSION_FEATURE, "min_version": 0, "max_version": 2}],
+            "finalized_features_epoch": 1,
+            "finalized_features": [{"name": TRANSACTION_VERSION_FEATURE, "max_version_level": level, "min_version_level": level}],
         }
 
     async def handle_api_versions(self, version: int, body: dict) -> dict:
@@ -263,11 +287,19 @@ class KafkaApis:
         acks = body.get("acks", 1)
         responses = []
         durable_waits = []
+        refused = {}
+        if version >= 12 and self.add_to_transaction is not None:
+            refused = await self._add_to_transaction(body)
         for topic_data in body.get("topic_data", []):
             name = topic_data.get("name")
             partitions = []
             for partition_data in topic_data.get("partition_data", []):
-                result = self._append(name, partition_data.get("index", -1), partition_data.get("records"), acks)
+                index = partition_data.get("index", -1)
+                if (name, index) in refused:
+                    code, message = refused[(name, index)]
+                    partitions.append({"index": index, "error_code": code, "error_message": message, "base_offset": -1, "log_append_time_ms": -1, "log_start_offset": -1})
+                    continue
+                result = self._append(name, index, partition_data.get("records"), acks)
                 partitions.append(result)
                 if "_durable" in result:
                     durable_waits.append(result)
@@ -277,6 +309,9 @@ class KafkaApis:
         for result in durable_waits:
             waiter = result.pop("_durable")
             also = result.pop("_durable_transaction", None)
+            note_durability_wait(waiter)
+            if also is not None:
+                note_durability_wait(also)
             try:
                 await waiter
                 if also is not None:
@@ -294,6 +329,31 @@ class KafkaApis:
         if acks == 0:
             return None
         return {"responses": responses, "throttle_time_ms": 0}
+
+    async def _add_to_transaction(self, body: dict) -> dict[tuple[str, int], tuple[ErrorCode, str]]:
+        """KIP-890 part 2: a transactional Produce v12 adds its partitions to
+        its producer's transaction before it appends (the client sent no
+        AddPartitionsToTxn), all of one request in one change. Returns the
+        partitions refused, with the error code and message to answer them."""
+        wanted = []
+        producer = None
+        for topic_data in body.get("topic_data", []):
+            for partition_data in topic_data.get("partition_data", []):
+                header = _first_header(partition_data.get("records"))
+                if header is not None and header.is_transactional and header.producer_id >= 0:
+                    wanted.append((topic_data.get("name"), partition_data.get("index", -1)))
+                    producer = producer or (header.producer_id, header.producer_epoch)
+        if not wanted:
+            return {}
+        transactional_id = body.get("transactional_id")
+        if not transactional_id:
+            error, message = ErrorCode.INVALID_TXN_STATE, "a transactional batch needs the request's transactional id"
+        else:
+            error = await self.add_to_transaction(transactional_id, producer[0], producer[1], wanted)
+            if error == ErrorCode.PRODUCER_FENCED:
+                error = ErrorCode.INVALID_PRODUCER_EPOCH  # as a Produce names a stale epoch
+            message = f"could not add the partitions to the transaction of {transactional_id}: {error.name}" if error else None
+        return {} if error == ErrorCode.NONE else {partition: (error, message) for partition in wanted}
 
     def _append(self, topic: str, partition: int, records, acks: int) -> dict:
         result = {"index": partition, "error_code": ErrorCode.NONE, "base_offset": -1, "log_append_time_ms": -1, "log_start_offset": -1}
@@ -523,6 +583,20 @@ class KafkaApis:
         if found_offset >= end:
             return None
         return (found_timestamp, found_offset)
+
+
+def _first_header(records):
+    """The first batch header of a partition's records, or None (missing or
+    unreadable records: ``_append`` answers those)."""
+    if not records:
+        return None
+    data = records if isinstance(records, (bytes, bytearray, memoryview)) else bytes(records)
+    try:
+        for _position, header in iter_batches(data, verify_crc=False):
+            return header
+    except CorruptRecordError:
+        return None
+    return None
 
 
 def as_uuid(value) -> uuid.UUID | None:

@@ -289,6 +289,13 @@ class Broker:
 
             return coordinator.verify_transactional_produce(producer_id, producer_epoch, TopicPartition(topic, partition))
 
+        async def add_to_transaction(transactional_id, producer_id, producer_epoch, partitions):
+            from coordinator.metadata import TRANSACTION_VERSION_2, TopicPartition
+
+            return await coordinator.add_partitions(
+                transactional_id, producer_id, producer_epoch, [TopicPartition(topic, index) for topic, index in partitions], transaction_version=TRANSACTION_VERSION_2
+            )
+
         group_apis = GroupApis(groups=self.groups, transactions=self.transactions, replicas=self.replicas, crash_point=crash_point)
         admin_apis = AdminApis(config=self.config, replicas=self.replicas, cluster_id=cluster_id, advertised=advertised, log_config_defaults=log_config_defaults())
         from broker.security.acl_apis import AclApis
@@ -311,6 +318,7 @@ class Broker:
             },
             partition_in_transaction=partition_in_transaction,
             transaction_durability=coordinator.pending_durability,
+            add_to_transaction=add_to_transaction,
         )
         # Inside the ACL check (a denied request is not metered): Produce and
         # Fetch are metered per user and throttled (KIP-13, KIP-219).

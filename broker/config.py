@@ -31,6 +31,7 @@ _INT_SETTINGS = {
     "transactional.id.expiration.ms": "transactional_id_expiration_ms",
     "transaction.abort.timed.out.transaction.cleanup.interval.ms": "transaction_abort_interval_ms",
     "transaction.offset.commit.stall.ms": "transaction_offset_commit_stall_ms",
+    "transaction.version": "transaction_version",
     "offsets.topic.num.partitions": "offsets_topic_partitions",
     "group.initial.rebalance.delay.ms": "group_initial_rebalance_delay_ms",
     "group.min.session.timeout.ms": "group_min_session_timeout_ms",
@@ -114,6 +115,11 @@ class BrokerConfig:
     # gap of a healthy client on a loaded machine (200 closed some), far
     # below the stall it ends (the transaction's timeout).
     transaction_offset_commit_stall_ms: int = attrs.field(default=1000, validator=attrs.validators.ge(0))
+    # The finalized level of Kafka's ``transaction.version`` feature (ApiVersions):
+    # 2 offers KIP-890 part 2 (Produce v12, TxnOffsetCommit v5, EndTxn v5 with
+    # its epoch bump) to clients that know it; 0 or 1 offers only the classic
+    # protocol (Produce up to v11, EndTxn and TxnOffsetCommit up to v4).
+    transaction_version: int = attrs.field(default=2, validator=[attrs.validators.ge(0), attrs.validators.le(2)])
     offsets_topic_partitions: int = attrs.field(default=50, validator=attrs.validators.ge(1))
     group_initial_rebalance_delay_ms: int = attrs.field(default=3000, validator=attrs.validators.ge(0))
     group_min_session_timeout_ms: int = attrs.field(default=6000, validator=attrs.validators.ge(1))

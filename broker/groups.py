@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from typing import Awaitable, Callable
 
+from coordinator.metadata import TRANSACTION_VERSION_2
 from coordinator.metadata import TopicPartition as TxnPartition
 from groupcoord.coordinator import GroupCoordinator, GroupSettings
 from groupcoord.records import OFFSETS_TOPIC, OffsetAndMetadata
@@ -24,6 +25,7 @@ from protocol.errors import ErrorCode
 from protocol.messages import ApiKey
 from protocol.partitioning import partition_for
 from broker.apis import REQUEST_ORIGIN
+from broker.client_rounds import note_durability_wait
 from broker.replay import replay
 from protocol.records import ControlType, decode_control_record, encode_batch
 from protocol.tasks import every
@@ -57,6 +59,9 @@ class OffsetsLogWriter:
         durable = partition_log.wait_durable(info.last_offset)
         # Asked after our own append, so that one fsync round covers both logs.
         also = self.transaction_durability(producer_id) if producer_id >= 0 else None
+        note_durability_wait(durable)
+        if also is not None:
+            note_durability_wait(also)
         await durable
         if also is not None:
             await also
@@ -260,7 +265,15 @@ class GroupApis:
                     partition["committed_offset"], partition.get("committed_leader_epoch", -1), partition.get("committed_metadata") or "", now
                 )
         offsets_partition = TxnPartition(OFFSETS_TOPIC, partition_for(group_id, self.groups.partitions))
-        error = self.transactions.coordinator.verify_transactional_produce(producer_id, producer_epoch, offsets_partition)
+        error = ErrorCode.NONE
+        if version >= 5:
+            # KIP-890 part 2: the commit adds the group's offsets partition to
+            # the transaction itself (the client sent no AddOffsetsToTxn).
+            error = await self.transactions.coordinator.add_partitions(
+                body.get("transactional_id"), producer_id, producer_epoch, [offsets_partition], transaction_version=TRANSACTION_VERSION_2
+            )
+        if error == ErrorCode.NONE:
+            error = self.transactions.coordinator.verify_transactional_produce(producer_id, producer_epoch, offsets_partition)
         if error == ErrorCode.INVALID_PRODUCER_EPOCH and version >= 2:
             error = ErrorCode.PRODUCER_FENCED
         if error == ErrorCode.NONE:

@@ -6,7 +6,7 @@ and two kinds of metric:
 
 - counted where things happen: requests per API and version, their error
   codes and latency (``MeasuredDispatch``, a layer around the broker's
-  dispatcher), bytes in and out per topic, transaction outcomes (each
+  dispatcher), the requests that waited for an fsync (``broker.client_rounds``), bytes in and out per topic, transaction outcomes (each
   CompleteCommit/CompleteAbort once durable in ``__transaction_state``),
   fsync time and group-commit round size (storage's ``FlushObserver`` seam:
   storage hands over plain numbers and never imports this), connections
@@ -52,6 +52,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from broker import client_rounds
 from broker.security.session import ANONYMOUS, Session
 from coordinator.state import STATE_NAMES, TxnState
 from coordinator.txn_log import partition_for
@@ -95,6 +96,11 @@ class BrokerMetrics:
         self.request_seconds = Histogram(
             "onceflow_request_duration_seconds", "Time from a request's dispatch to its response body, by API and version",
             ["api", "version"], buckets=REQUEST_SECONDS_BUCKETS, registry=registry,
+        )
+        self.requests_waited_fsync = Counter(
+            "onceflow_requests_waited_fsync_total",
+            "Requests whose answer waited for an fsync (a round on the client's path: broker.client_rounds), by API",
+            ["api"], registry=registry,
         )
         self.bytes_in = Counter("onceflow_topic_bytes_in_total", "Record batch bytes appended by Produce requests, by topic", ["topic"], registry=registry)
         self.bytes_out = Counter("onceflow_topic_bytes_out_total", "Record batch bytes sent in Fetch responses, by topic", ["topic"], registry=registry)
@@ -207,6 +213,7 @@ class MeasuredDispatch:
             children = self._children[key] = self._labels(*key)
         count, latency, api = children
         started = time.perf_counter()
+        wait, token = client_rounds.measure()
         try:
             response = await self._dispatch(request, session)
         except asyncio.CancelledError:
@@ -215,8 +222,12 @@ class MeasuredDispatch:
             count.inc()
             self._error(api, ErrorCode.UNKNOWN_SERVER_ERROR)
             raise
+        finally:
+            client_rounds.finish(token)
         latency.observe(time.perf_counter() - started)
         count.inc()
+        if wait.waited:
+            self._metrics.requests_waited_fsync.labels(api=api).inc()
         if response is None:  # Produce with acks=0
             if request.api_key == ApiKey.PRODUCE:
                 self._count_produced_unanswered(request.body)

@@ -43,6 +43,7 @@ from coordinator.txn_log import (
     encode_value,
     partition_for,
 )
+from broker.client_rounds import note_durability_wait
 from broker.replay import replay
 from protocol.clock import Clock
 from protocol.records import ControlType, encode_batch, encode_control_batch
@@ -70,7 +71,12 @@ class StateLogWriter:
         return partition_log
 
     async def write(self, metadata: TxnMetadata) -> None:
-        await self.append(metadata)
+        """Append and wait until durable: the coordinator's changes a client
+        waits for (InitProducerId, an EndTxn's decision), each a round on
+        its path (``broker.client_rounds``)."""
+        durable = self._append(metadata.transactional_id, encode_value(metadata))
+        note_durability_wait(durable)
+        await self._told_when_durable(durable, metadata)
 
     def append(self, metadata: TxnMetadata) -> Awaitable[None]:
         """Append now (raises what the log refuses); the result is done once

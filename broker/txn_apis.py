@@ -143,6 +143,12 @@ class TransactionApis:
     # -- EndTxn ----------------------------------------------------------------------
 
     async def handle_end_txn(self, version: int, body: dict) -> dict:
+        if version >= 5:
+            # KIP-890 part 2: the epoch is bumped at every EndTxn and the answer names it.
+            result = await self.coordinator.end_transaction_bumped(
+                body.get("transactional_id"), body.get("producer_id", -1), body.get("producer_epoch", -1), body.get("committed", False)
+            )
+            return {"throttle_time_ms": 0, "error_code": result.error, "producer_id": result.producer_id, "producer_epoch": result.producer_epoch}
         error = await self.coordinator.end_transaction(
             body.get("transactional_id"), body.get("producer_id", -1), body.get("producer_epoch", -1), body.get("committed", False)
         )

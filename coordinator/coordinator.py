@@ -36,6 +36,16 @@ transactional batch whose AddPartitions record was lost: the broker aborts
 such a batch at start, before it serves, as no transaction of the
 recovered state names it (``is_known_open_transaction``).
 
+Transaction version 2 (KIP-890 part 2) changes three things, chosen per
+request by the client's version of it: the first transactional Produce
+(v12) or TxnOffsetCommit (v5) adds its partition itself (the broker calls
+``add_partitions`` with ``transaction_version=2``: no AddPartitionsToTxn
+round trip, and the same once-appended record as above);
+``end_transaction_bumped`` (EndTxn v5) writes the decision with the next
+epoch, so its markers fence whatever of the transaction arrives late and
+the client goes on at the epoch the answer names; and an abort with no
+partition added is still a decision (it bumps the epoch too).
+
 Only one state change per transactional id is in flight at a time; a request
 that arrives meanwhile gets CONCURRENT_TRANSACTIONS (retriable), as in Kafka.
 A state change, once started, runs to its end as the coordinator's own task
@@ -54,7 +64,14 @@ from typing import Awaitable, Callable, Iterable, Protocol
 
 import attrs
 
-from coordinator.metadata import MAX_PRODUCER_EPOCH, NO_PRODUCER_EPOCH, NO_PRODUCER_ID, TopicPartition, TxnMetadata
+from coordinator.metadata import (
+    MAX_PRODUCER_EPOCH,
+    NO_PRODUCER_EPOCH,
+    NO_PRODUCER_ID,
+    TRANSACTION_VERSION_2,
+    TopicPartition,
+    TxnMetadata,
+)
 from coordinator.state import STATE_NAMES, InvalidTransition, TxnState
 from protocol.clock import Clock
 from protocol.errors import ErrorCode
@@ -95,6 +112,16 @@ class ProducerIdSource(Protocol):
 
 @attrs.frozen
 class InitResult:
+    error: ErrorCode
+    producer_id: int = NO_PRODUCER_ID
+    producer_epoch: int = NO_PRODUCER_EPOCH
+
+
+@attrs.frozen
+class EndResult:
+    """EndTxn's answer; with transaction version 2 also the producer id and
+    epoch the client goes on with."""
+
     error: ErrorCode
     producer_id: int = NO_PRODUCER_ID
     producer_epoch: int = NO_PRODUCER_EPOCH
@@ -330,8 +357,17 @@ class TransactionCoordinator:
             quiet.set()
 
     async def add_partitions(
-        self, transactional_id: str, producer_id: int, producer_epoch: int, partitions: Iterable[TopicPartition], *, verify_only: bool = False
+        self,
+        transactional_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        partitions: Iterable[TopicPartition],
+        *,
+        verify_only: bool = False,
+        transaction_version: int | None = None,
     ) -> ErrorCode:
+        """AddPartitionsToTxn, AddOffsetsToTxn, and (``transaction_version=2``)
+        what a Produce or TxnOffsetCommit of KIP-890 part 2 adds itself."""
         await self._await_quiet(transactional_id)
         error, current = self._check_producer(transactional_id, producer_id, producer_epoch)
         if error:
@@ -345,7 +381,7 @@ class TransactionCoordinator:
         if current.state == TxnState.ONGOING and partitions <= current.partitions:
             return ErrorCode.NONE  # already part of the transaction: nothing to write
         try:
-            metadata = current.add_partitions(partitions, self.clock.wall_ms())
+            metadata = current.add_partitions(partitions, self.clock.wall_ms(), transaction_version)
         except InvalidTransition:
             return ErrorCode.INVALID_TXN_STATE
         # Answered once appended (see the module's docstring): no await
@@ -441,6 +477,48 @@ class TransactionCoordinator:
         prepared = current.prepare_commit(now) if commit else current.prepare_abort(now)
         # Once the decision is durable the client may go on; markers follow.
         return (await self._change(prepared, InitResult(ErrorCode.NONE))).error
+
+    async def end_transaction_bumped(self, transactional_id: str, producer_id: int, producer_epoch: int, commit: bool) -> EndResult:
+        """EndTxn of transaction version 2 (v5): the decision is written with
+        the next epoch (``TxnMetadata.prepare_end_bumped``) and the answer
+        names the producer id and epoch to go on with. An abort is a
+        decision even when no partition was added (the client cannot know
+        whether a Produce it gave up on reached us). A retry from the epoch
+        the decision bumped away gets the same answer."""
+        if self.loading:
+            return EndResult(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
+        await self._await_quiet(transactional_id)
+        current = self.txns.get(transactional_id)
+        if current is None or current.state == TxnState.DEAD:
+            return EndResult(ErrorCode.INVALID_PRODUCER_ID_MAPPING)
+        wanted_complete = TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT
+        wanted_prepare = TxnState.PREPARE_COMMIT if commit else TxnState.PREPARE_ABORT
+        if producer_id != current.producer_id:
+            if producer_id == current.previous_producer_id and current.state == wanted_complete and current.transaction_version >= TRANSACTION_VERSION_2:
+                # A retry across the move to the next producer id (the epoch range was used up).
+                return EndResult(ErrorCode.NONE, current.producer_id, current.producer_epoch)
+            return EndResult(ErrorCode.INVALID_PRODUCER_ID_MAPPING)
+        if transactional_id in self._busy:
+            return EndResult(ErrorCode.CONCURRENT_TRANSACTIONS)
+        if producer_epoch != current.producer_epoch:
+            if producer_epoch == current.last_producer_epoch and current.state in (wanted_complete, wanted_prepare):
+                if current.state == wanted_complete:
+                    return EndResult(ErrorCode.NONE, *current.epoch_after_end)
+                return EndResult(ErrorCode.CONCURRENT_TRANSACTIONS)
+            return EndResult(ErrorCode.PRODUCER_FENCED)
+        if current.state == TxnState.PREPARE_EPOCH_FENCE:
+            return EndResult(ErrorCode.PRODUCER_FENCED)
+        if current.state.is_prepare:
+            return EndResult(ErrorCode.CONCURRENT_TRANSACTIONS)
+        ended = current.state in (TxnState.EMPTY, TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT)
+        if current.state != TxnState.ONGOING and not (ended and not commit):
+            return EndResult(ErrorCode.INVALID_TXN_STATE)
+        next_producer_id = self.producer_ids.allocate() if current.producer_epoch + 1 >= MAX_PRODUCER_EPOCH else NO_PRODUCER_ID
+        prepared = current.prepare_end_bumped(commit, self.clock.wall_ms(), next_producer_id)
+        result = await self._change(prepared, InitResult(ErrorCode.NONE))
+        if result.error:
+            return EndResult(result.error)
+        return EndResult(ErrorCode.NONE, *prepared.epoch_after_end)
 
     # -- timeouts and expiry --------------------------------------------------------
 
@@ -630,4 +708,4 @@ def _log_change(metadata: TxnMetadata, old: TxnState | None, new: TxnState | str
     )
 
 
-__all__ = ["CoordinatorSettings", "InitResult", "TransactionCoordinator"]
+__all__ = ["CoordinatorSettings", "EndResult", "InitResult", "TransactionCoordinator"]

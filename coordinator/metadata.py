@@ -16,6 +16,9 @@ from coordinator.state import TxnEvent, TxnState, transition
 NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1
 MAX_PRODUCER_EPOCH = 32767  # int16; an epoch this high forces a new producer id
+# Kafka's ClientTransactionVersion: 2 is KIP-890 part 2 (the partition added by
+# the first Produce, the epoch bumped at every EndTxn); below 2, the classic protocol.
+TRANSACTION_VERSION_2 = 2
 
 
 @attrs.frozen
@@ -42,18 +45,49 @@ class TxnMetadata:
     last_producer_epoch: int = NO_PRODUCER_EPOCH
     previous_producer_id: int = NO_PRODUCER_ID
     next_producer_id: int = NO_PRODUCER_ID
+    # The client's transaction version (Kafka's ClientTransactionVersion):
+    # TRANSACTION_VERSION_2 once a client of KIP-890 part 2 began the transaction.
+    transaction_version: int = 0
 
     # -- transitions: each returns the next value; the caller persists it first --
 
     def _next(self, event: TxnEvent, now_ms: int, **changes) -> "TxnMetadata":
         return attrs.evolve(self, state=transition(self.state, event), last_update_ms=now_ms, **changes)
 
-    def add_partitions(self, partitions, now_ms: int) -> "TxnMetadata":
+    def add_partitions(self, partitions, now_ms: int, transaction_version: int | None = None) -> "TxnMetadata":
         start = self.start_ms if self.state == TxnState.ONGOING else now_ms
-        return self._next(TxnEvent.ADD_PARTITIONS, now_ms, partitions=self.partitions | frozenset(partitions), start_ms=start)
+        version = self.transaction_version if transaction_version is None else transaction_version
+        return self._next(TxnEvent.ADD_PARTITIONS, now_ms, partitions=self.partitions | frozenset(partitions), start_ms=start, transaction_version=version)
 
     def prepare_commit(self, now_ms: int) -> "TxnMetadata":
         return self._next(TxnEvent.COMMIT, now_ms)
+
+    def prepare_end_bumped(self, commit: bool, now_ms: int, next_producer_id: int = NO_PRODUCER_ID) -> "TxnMetadata":
+        """KIP-890 part 2's EndTxn: the decision carries the next epoch, so
+        its markers fence every request of the transaction that arrives
+        late, and the next transaction begins at that epoch. At the top of
+        the epoch range the markers keep the last epoch and Complete moves
+        the id to ``next_producer_id`` (epoch 0)."""
+        if self.state == TxnState.ONGOING:
+            event = TxnEvent.COMMIT if commit else TxnEvent.ABORT
+        else:
+            event = TxnEvent.COMMIT if commit else TxnEvent.ABORT_NOTHING_ADDED
+        return self._next(
+            event,
+            now_ms,
+            producer_epoch=min(self.producer_epoch + 1, MAX_PRODUCER_EPOCH),
+            last_producer_epoch=self.producer_epoch,
+            next_producer_id=next_producer_id,
+            transaction_version=TRANSACTION_VERSION_2,
+        )
+
+    @property
+    def epoch_after_end(self) -> tuple[int, int]:
+        """(producer id, epoch) a client of transaction version 2 goes on
+        with once this decision is complete (the EndTxn answer)."""
+        if self.next_producer_id != NO_PRODUCER_ID:
+            return self.next_producer_id, 0
+        return self.producer_id, self.producer_epoch
 
     def prepare_abort(self, now_ms: int, *, bump_epoch: bool = False) -> "TxnMetadata":
         if bump_epoch:
@@ -69,6 +103,19 @@ class TxnMetadata:
         return self._next(TxnEvent.FENCE, now_ms)
 
     def complete(self, now_ms: int) -> "TxnMetadata":
+        if self.next_producer_id != NO_PRODUCER_ID:
+            # The epoch range is used up: the id goes on with the next producer id.
+            return self._next(
+                TxnEvent.MARKERS_WRITTEN,
+                now_ms,
+                partitions=frozenset(),
+                start_ms=-1,
+                previous_producer_id=self.producer_id,
+                producer_id=self.next_producer_id,
+                producer_epoch=0,
+                last_producer_epoch=NO_PRODUCER_EPOCH,
+                next_producer_id=NO_PRODUCER_ID,
+            )
         return self._next(TxnEvent.MARKERS_WRITTEN, now_ms, partitions=frozenset(), start_ms=-1)
 
     def init_producer(self, producer_id: int, producer_epoch: int, timeout_ms: int, now_ms: int) -> "TxnMetadata":

@@ -59,6 +59,7 @@ class TxnEvent(enum.Enum):
     MARKERS_WRITTEN = "markers written"  # every partition has its COMMIT/ABORT marker
     FENCE = "fence"  # InitProducerId or timeout finds the transaction Ongoing
     EXPIRE = "expire"  # transactional.id.expiration.ms without use
+    ABORT_NOTHING_ADDED = "EndTxn(abort) with no partition added"  # KIP-890 part 2 only
 
 
 S, E = TxnState, TxnEvent
@@ -75,6 +76,12 @@ TRANSITIONS: dict[tuple[TxnState, TxnEvent], TxnState] = {
     (S.ONGOING, E.COMMIT): S.PREPARE_COMMIT,
     (S.ONGOING, E.ABORT): S.PREPARE_ABORT,
     (S.PREPARE_EPOCH_FENCE, E.ABORT): S.PREPARE_ABORT,
+    # KIP-890 part 2 only (the coordinator refuses it to older clients): an
+    # abort with no partition added still bumps the epoch, fencing a Produce
+    # of the transaction still on its way (a new decision, not the last one reversed).
+    (S.EMPTY, E.ABORT_NOTHING_ADDED): S.PREPARE_ABORT,
+    (S.COMPLETE_COMMIT, E.ABORT_NOTHING_ADDED): S.PREPARE_ABORT,
+    (S.COMPLETE_ABORT, E.ABORT_NOTHING_ADDED): S.PREPARE_ABORT,
     (S.ONGOING, E.FENCE): S.PREPARE_EPOCH_FENCE,
     (S.PREPARE_COMMIT, E.MARKERS_WRITTEN): S.COMPLETE_COMMIT,
     (S.PREPARE_ABORT, E.MARKERS_WRITTEN): S.COMPLETE_ABORT,

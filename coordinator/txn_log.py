@@ -7,6 +7,13 @@ timestamps), or null (a tombstone: the transactional id expired). The topic
 is compacted, so the latest record per id is the id's state; replaying the
 log in order rebuilds every id's metadata.
 
+A transaction of KIP-890 part 2 is written as value version 1 with its
+tagged fields (``ClientTransactionVersion`` 2, ``PreviousProducerId``,
+``NextProducerId``), as Kafka writes it; every other record stays version 0,
+byte for byte what it was. Reloaded, a version-2 decision (Prepare or
+Complete) knows the epoch it bumped from (``last_producer_epoch``): one
+below its own, so a retried EndTxn is recognized after a restart too.
+
 A transactional id lives in partition ``abs(java_hash(id)) % partitions``,
 Kafka's choice, so tools that know Kafka's layout find it where they expect.
 """
@@ -15,7 +22,7 @@ from __future__ import annotations
 
 import struct
 
-from coordinator.metadata import TopicPartition, TxnMetadata
+from coordinator.metadata import NO_PRODUCER_EPOCH, TRANSACTION_VERSION_2, TopicPartition, TxnMetadata
 from coordinator.state import TxnState
 from protocol import schema
 from protocol.partitioning import java_string_hash, partition_for  # noqa: F401 (re-exported)
@@ -25,6 +32,7 @@ TRANSACTION_STATE_TOPIC = "__transaction_state"
 DEFAULT_PARTITIONS = 50
 KEY_VERSION = 0
 VALUE_VERSION = 0
+VALUE_VERSION_TAGGED = 1  # for transactions of KIP-890 part 2
 _VERSION = struct.Struct(">h")
 
 
@@ -45,7 +53,14 @@ def encode_value(metadata: TxnMetadata) -> bytes:
         "transaction_last_update_timestamp_ms": metadata.last_update_ms,
         "transaction_start_timestamp_ms": metadata.start_ms,
     }
-    return _VERSION.pack(VALUE_VERSION) + schema.encode(TRANSACTION_LOG_VALUE, VALUE_VERSION, body)
+    if metadata.transaction_version < TRANSACTION_VERSION_2:
+        return _VERSION.pack(VALUE_VERSION) + schema.encode(TRANSACTION_LOG_VALUE, VALUE_VERSION, body)
+    body.update(
+        client_transaction_version=metadata.transaction_version,
+        previous_producer_id=metadata.previous_producer_id,
+        next_producer_id=metadata.next_producer_id,
+    )
+    return _VERSION.pack(VALUE_VERSION_TAGGED) + schema.encode(TRANSACTION_LOG_VALUE, VALUE_VERSION_TAGGED, body)
 
 
 def decode_key(data: bytes) -> str:
@@ -68,13 +83,23 @@ def decode_value(transactional_id: str, data: bytes | None) -> TxnMetadata | Non
         for entry in body["transaction_partitions"] or []
         for partition in entry["partition_ids"]
     )
+    state = TxnState(body["transaction_status"])
+    transaction_version = body.get("client_transaction_version") or 0
+    last_epoch = NO_PRODUCER_EPOCH
+    ended = (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT, TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT)
+    if transaction_version >= TRANSACTION_VERSION_2 and state in ended and body["producer_epoch"] > 0:
+        last_epoch = body["producer_epoch"] - 1  # the decision bumped it
     return TxnMetadata(
         transactional_id=transactional_id,
         producer_id=body["producer_id"],
         producer_epoch=body["producer_epoch"],
         timeout_ms=body["transaction_timeout_ms"],
-        state=TxnState(body["transaction_status"]),
+        state=state,
         partitions=partitions,
         last_update_ms=body["transaction_last_update_timestamp_ms"],
         start_ms=body["transaction_start_timestamp_ms"],
+        last_producer_epoch=last_epoch,
+        previous_producer_id=body.get("previous_producer_id", -1),
+        next_producer_id=body.get("next_producer_id", -1),
+        transaction_version=transaction_version,
     )

@@ -65,7 +65,7 @@ class ApiKey(IntEnum):
     LIST_TRANSACTIONS = 66
 
 
-PRODUCE_REQUEST = Message("ProduceRequest", valid=(0, 11), flexible=(9, None), body=Struct("ProduceRequest", (
+PRODUCE_REQUEST = Message("ProduceRequest", valid=(0, 12), flexible=(9, None), body=Struct("ProduceRequest", (
     Field("transactional_id", STRING, (3, None), nullable=(3, None), default=None),
     Field("acks", INT16, (0, None)),
     Field("timeout_ms", INT32, (0, None)),
@@ -78,7 +78,7 @@ PRODUCE_REQUEST = Message("ProduceRequest", valid=(0, 11), flexible=(9, None), b
     ))), (0, None)),
 )))
 
-PRODUCE_RESPONSE = Message("ProduceResponse", valid=(0, 11), flexible=(9, None), body=Struct("ProduceResponse", (
+PRODUCE_RESPONSE = Message("ProduceResponse", valid=(0, 12), flexible=(9, None), body=Struct("ProduceResponse", (
     Field("responses", ArrayOf(Struct("TopicProduceResponse", (
         Field("name", STRING, (0, None)),
         Field("partition_responses", ArrayOf(Struct("PartitionProduceResponse", (
@@ -720,7 +720,7 @@ WRITE_TXN_MARKERS_RESPONSE = Message("WriteTxnMarkersResponse", valid=(0, 1), fl
     ))), (0, None)),
 )))
 
-TXN_OFFSET_COMMIT_REQUEST = Message("TxnOffsetCommitRequest", valid=(0, 4), flexible=(3, None), body=Struct("TxnOffsetCommitRequest", (
+TXN_OFFSET_COMMIT_REQUEST = Message("TxnOffsetCommitRequest", valid=(0, 5), flexible=(3, None), body=Struct("TxnOffsetCommitRequest", (
     Field("transactional_id", STRING, (0, None)),
     Field("group_id", STRING, (0, None)),
     Field("producer_id", INT64, (0, None)),
@@ -739,7 +739,7 @@ TXN_OFFSET_COMMIT_REQUEST = Message("TxnOffsetCommitRequest", valid=(0, 4), flex
     ))), (0, None)),
 )))
 
-TXN_OFFSET_COMMIT_RESPONSE = Message("TxnOffsetCommitResponse", valid=(0, 4), flexible=(3, None), body=Struct("TxnOffsetCommitResponse", (
+TXN_OFFSET_COMMIT_RESPONSE = Message("TxnOffsetCommitResponse", valid=(0, 5), flexible=(3, None), body=Struct("TxnOffsetCommitResponse", (
     Field("throttle_time_ms", INT32, (0, None)),
     Field("topics", ArrayOf(Struct("TxnOffsetCommitResponseTopic", (
         Field("name", STRING, (0, None)),

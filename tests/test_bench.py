@@ -160,3 +160,35 @@ def test_a_stream_row_without_a_chain_says_whether_its_bytes_waiting_for_the_dis
     assert held.startswith("not fsync: with no fsync (flush.policy=os, same run) 95,000 records/s, no more than 100,000")
     idle = {"records/s": 100_000.0, "client loop": 0.3, "broker CPU": 0.2, "client CPU": 0.4}
     assert what_holds(stream, "records/s", idle, {"records/s": 150_000.0}, {"fsyncs_per_s": 4000.0}).startswith("not the client's loop")
+
+
+def test_a_chain_counted_live_is_said_with_the_count_not_the_declared_steps():
+    from benchmarks.suite import what_holds
+
+    one_record = next(s for s in SCENARIOS if s.name == "transactions of 1 record")
+    ours = {"transactions/s": 250.0, "fsync rounds per transaction": 3.0}
+    held = what_holds(one_record, "transactions/s", ours, {"transactions/s": 400.0}, {"fsyncs_per_s": 4000.0})
+    assert held.startswith("fsync latency: 3.00 rounds (counted) in a row x 0.25 ms = 0.75 ms, of the 1.50 ms")
+    copiers = next(s for s in SCENARIOS if s.name.startswith("concurrency: transactional copiers"))
+    ours = {"records/s, N=4": 4000.0, "fsync rounds per transaction, N=4": 2.5}
+    held = what_holds(copiers, "records/s, N=4", ours, {"records/s, N=4": 8000.0}, {"fsyncs_per_s": 4000.0})
+    assert "2.50 rounds (counted) in a row" in held
+
+
+@pytest.mark.slow
+def test_the_bench_counts_the_fsync_rounds_of_a_transaction_in_our_broker(tmp_path):
+    """The bench reads our broker's ``onceflow_requests_waited_fsync_total``
+    around a scenario's timed part: librdkafka's one-record transactions
+    wait for two rounds each (Produce, EndTxn's decision); with no fsync
+    (flush.policy=os) for none."""
+    from benchmarks.suite import CPU, ROUNDS, OnceflowTarget, ScenarioSettings, transactions_scenario
+
+    counted = {}
+    for name, settings in (("fsync", ()), ("no fsync", ("flush.policy=os",))):
+        with OnceflowTarget(str(tmp_path), settings) as target:
+            CPU.broker_pid, ROUNDS.metrics_url = target.pid, target.metrics_url
+            transactions_scenario(1)(target.bootstrap, ScenarioSettings(seconds=1.0))
+            counted[name] = ROUNDS.last.per_operation, ROUNDS.last.operation
+    ROUNDS.metrics_url = None
+    assert counted["fsync"][1] == "transaction" and 1.9 <= counted["fsync"][0] <= 2.1, counted
+    assert counted["no fsync"] == (0.0, "transaction"), counted

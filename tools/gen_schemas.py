@@ -33,6 +33,11 @@ RECORDS = [
     "TransactionLogKey", "TransactionLogValue", "OffsetCommitKey", "OffsetCommitValue",
     "GroupMetadataKey", "GroupMetadataValue",
 ]
+# Versions Kafka 4.0 added after the reference specifications beside this
+# repository were taken, each the same on the wire as the version before it:
+# KIP-890 part 2 gave them a meaning (the request adds its partition to the
+# producer's transaction itself; transaction.version 2).
+LATER_VERSIONS = {"Produce": 12, "TxnOffsetCommit": 5}
 PRIMITIVES = {
     "bool": "BOOL", "int8": "INT8", "int16": "INT16", "uint16": "UINT16", "int32": "INT32",
     "int64": "INT64", "float64": "FLOAT64", "string": "STRING", "bytes": "BYTES",
@@ -60,6 +65,14 @@ def parse_versions(text: str | None) -> str:
         low, high = text.split("-")
         return f"({int(low)}, {int(high)})"
     return f"({int(text)}, {int(text)})"
+
+
+def valid_versions(api: str, text: str) -> str:
+    """``parse_versions`` of an API's validVersions, extended to LATER_VERSIONS."""
+    if api not in LATER_VERSIONS:
+        return parse_versions(text)
+    low, high = text.strip().split("-")
+    return f"({int(low)}, {max(int(high), LATER_VERSIONS[api])})"
 
 
 def load(path: str) -> dict:
@@ -191,7 +204,7 @@ def main() -> None:
             common = emit_common_structs(emitter, spec, api + side, out)
             const = constant(api + side)
             out.append(
-                f"{const} = Message(\"{api}{side}\", valid={parse_versions(spec['validVersions'])}, "
+                f"{const} = Message(\"{api}{side}\", valid={valid_versions(api, spec['validVersions'])}, "
                 f"flexible={parse_versions(spec['flexibleVersions'])}, body={emitter.struct(api + side, spec['fields'], common, 0)})"
             )
             out.append("")

@@ -110,6 +110,11 @@ class ProducerConfig(CommonConfig):
     max_in_flight_requests_per_connection: int = attrs.field(default=5, converter=int, validator=_positive)
     delivery_timeout_ms: int = attrs.field(default=120_000, converter=int, validator=_positive)
     transaction_timeout_ms: int = attrs.field(default=60_000, converter=int, validator=_positive)
+    # The newest transaction protocol to use: 2 is KIP-890 part 2 (no
+    # AddPartitionsToTxn/AddOffsetsToTxn, a new epoch from every EndTxn), used
+    # where the broker finalizes the transaction.version feature at 2; 1 keeps
+    # the classic protocol everywhere.
+    transaction_version: int = attrs.field(default=2, converter=int, validator=_one_of(1, 2))
     max_request_size: int = attrs.field(default=1_048_576, converter=int, validator=_positive)
     buffer_memory: int = attrs.field(default=33_554_432, converter=int, validator=_positive)  # records sent as columns, not yet acknowledged
     max_block_ms: int = attrs.field(default=60_000, converter=int, validator=_not_negative)  # how long send_columns waits for buffer_memory

@@ -54,6 +54,8 @@ class BrokerClient:
         self._pending: dict[int, asyncio.Future] = {}
         self._read_task: asyncio.Task | None = None
         self.versions: dict[int, tuple[int, int]] = {}
+        # Finalized feature levels the broker announced (ApiVersions v3+): name -> max level.
+        self.features: dict[str, int] = {}
         self._lock = asyncio.Lock()
         self._connect_lock = asyncio.Lock()
         self._ready = False  # connected and the broker's API versions known
@@ -86,6 +88,8 @@ class BrokerClient:
             if body["error_code"]:
                 body = await self._send(ApiKey.API_VERSIONS, 0, {})
             self.versions = {entry["api_key"]: (entry["min_version"], entry["max_version"]) for entry in body["api_keys"]}
+            finalized = body.get("finalized_features") if body.get("finalized_features_epoch", -1) >= 0 else None
+            self.features = {entry["name"]: entry["max_version_level"] for entry in finalized or []}
             if self.security.uses_sasl:
                 await self._authenticate()
         except (AuthenticationError, TimeoutError, ConnectionError):

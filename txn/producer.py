@@ -30,8 +30,16 @@ What it does, in Kafka's terms:
   later ``begin_after_detached()``, which begins only once the coordinator
   says the other process ended the detached transaction.
 
+- Transaction version 2 (KIP-890 part 2), where the transaction
+  coordinator's broker finalizes the ``transaction.version`` feature at 2
+  (and ``transaction_version`` is left at 2): no AddPartitionsToTxn or
+  AddOffsetsToTxn (the first Produce v12 or TxnOffsetCommit v5 to a
+  partition adds it), and every EndTxn v5 answers with the epoch of the
+  next transaction, whose sequences start again at 0. Elsewhere (Tansu,
+  older Kafka) the classic protocol.
+
 This module owns the producer id, the transaction protocol (AddPartitionsToTxn,
-AddOffsetsToTxn, TxnOffsetCommit, EndTxn) and the two facades.
+AddOffsetsToTxn, TxnOffsetCommit, EndTxn, the transaction version) and the two facades.
 """
 
 from __future__ import annotations
@@ -67,6 +75,20 @@ from txn.errors import (
 from txn.sender import RECORD_OVERHEAD, PartitionQueue, Sender, fail_quietly
 from txn.sync_client import SyncClient, properties_first, rebuild
 from txn.types import GroupMetadata, RecordMetadata, TopicPartition, as_topic_partition
+
+
+# The versions of KIP-890 part 2 (transaction version 2); a broker that
+# offers them all and finalizes transaction.version 2 gets them.
+TRANSACTION_V2_VERSIONS = {ApiKey.PRODUCE: 12, ApiKey.TXN_OFFSET_COMMIT: 5, ApiKey.END_TXN: 5}
+TRANSACTION_VERSION_FEATURE = "transaction.version"
+
+
+def offers_transaction_v2(client) -> bool:
+    """Whether a broker connection (``txn.connection.BrokerClient``) offers
+    transaction version 2."""
+    if client.features.get(TRANSACTION_VERSION_FEATURE, 0) < 2:
+        return False
+    return all(client.versions.get(key, (0, -1))[1] >= version for key, version in TRANSACTION_V2_VERSIONS.items())
 
 
 @attrs.frozen
@@ -130,6 +152,10 @@ class AsyncProducer(Sender):
         self._buffer_freed = asyncio.Event()
         self._resumed = False
         self._detached: TransactionHandle | None = None  # handed to another process, not yet seen ended
+        # KIP-890 part 2 with this coordinator (chosen at init_transactions, or
+        # at a resumed producer's end); the sender caps its Produce at v11 without it.
+        self._transaction_v2 = False
+        self.produce_max_version = TRANSACTION_V2_VERSIONS[ApiKey.PRODUCE] - 1
 
     def __reduce__(self):
         return (rebuild, (type(self), self.config))
@@ -174,11 +200,28 @@ class AsyncProducer(Sender):
                     response = await (await self.cluster.any_broker()).request(ApiKey.INIT_PRODUCER_ID, body)
                 if response["error_code"]:
                     raise classify(response["error_code"], "InitProducerId")
-        self.producer_id, self.producer_epoch = response["producer_id"], response["producer_epoch"]
+        if self.transactional_id is not None:
+            await self._choose_transaction_version()
+        self._new_epoch(response["producer_id"], response["producer_epoch"])
+
+    def _new_epoch(self, producer_id: int, producer_epoch: int) -> None:
+        """Go on as this producer id and epoch: every partition's sequences start at 0."""
+        self.producer_id, self.producer_epoch = producer_id, producer_epoch
         for queue in self._queues.values():
             queue.next_sequence = 0
             queue.last_batch = None
         self._needs_epoch_bump = False
+
+    async def _choose_transaction_version(self) -> None:
+        """Transaction version 2 if configured and the coordinator offers it."""
+        coordinator = await self.cluster.coordinator(self.transactional_id, CoordinatorType.TRANSACTION)
+        self._transaction_v2 = self.config.transaction_version >= 2 and offers_transaction_v2(coordinator)
+        self.produce_max_version = TRANSACTION_V2_VERSIONS[ApiKey.PRODUCE] - (0 if self._transaction_v2 else 1)
+
+    def _max_version(self, api_key: int) -> int | None:
+        """The cap on a transaction request's version: none with transaction
+        version 2, else below the version that would mean it."""
+        return None if self._transaction_v2 else TRANSACTION_V2_VERSIONS[api_key] - 1
 
     async def _bump_epoch(self) -> None:
         """Restart sequences after a batch failed for good (KIP-360)."""
@@ -265,7 +308,11 @@ class AsyncProducer(Sender):
                 state = response["transaction_states"][0]
                 if state["error_code"]:
                     raise classify(state["error_code"], f"DescribeTransactions({self.transactional_id})")
-        if (state["producer_id"], state["producer_epoch"]) != (handle.producer_id, handle.producer_epoch):
+        bumped = (handle.producer_id, handle.producer_epoch + 1)
+        if self._transaction_v2 and state["transaction_state"] in _ENDED_STATES and (state["producer_id"], state["producer_epoch"]) == bumped:
+            # Transaction version 2: the EndTxn that ended it bumped the epoch; go on with that one.
+            self._new_epoch(*bumped)
+        elif (state["producer_id"], state["producer_epoch"]) != (handle.producer_id, handle.producer_epoch):
             raise ProducerFencedError(
                 ErrorCode.PRODUCER_FENCED, f"transactional id {self.transactional_id}",
                 message=f"now producer {state['producer_id']} epoch {state['producer_epoch']}, was {handle.producer_id} epoch {handle.producer_epoch}",
@@ -315,6 +362,12 @@ class AsyncProducer(Sender):
         made every transaction with N new partitions pay N-1 rounds of
         CONCURRENT_TRANSACTIONS and backoff (100 ms, 200 ms, ...)."""
         added = self._added.get(partition)
+        if added is None and self._transaction_v2:
+            # The Produce adds the partition itself (KIP-890 part 2): in the
+            # transaction from now on, as far as this producer can know.
+            added = self._added[partition] = asyncio.get_running_loop().create_future()
+            added.set_result(None)
+            return
         if added is None:
             loop = asyncio.get_running_loop()
             added = self._added[partition] = loop.create_future()
@@ -362,14 +415,14 @@ class AsyncProducer(Sender):
         if not self._in_transaction:
             raise FatalError(message="send_offsets_to_transaction outside a transaction")
         group = GroupMetadata.of(group_metadata)
-        if group.group_id not in self._offsets_added:
+        if group.group_id not in self._offsets_added and not self._transaction_v2:
             async with self._coordinator_turn:
                 await self._txn_request(
                     ApiKey.ADD_OFFSETS_TO_TXN,
                     {"transactional_id": self.transactional_id, "producer_id": self.producer_id, "producer_epoch": self.producer_epoch, "group_id": group.group_id},
                     "AddOffsetsToTxn",
                 )
-            self._offsets_added.add(group.group_id)
+        self._offsets_added.add(group.group_id)  # with version 2, TxnOffsetCommit adds it
         by_topic: dict[str, list] = defaultdict(list)
         for partition, offset in offsets.items():
             partition = as_topic_partition(partition)
@@ -387,7 +440,7 @@ class AsyncProducer(Sender):
         }
         async for attempt in self.cluster.retrying(self.config.delivery_timeout_ms / 1000):
             with attempt:
-                response = await self.cluster.coordinator_request(group.group_id, CoordinatorType.GROUP, ApiKey.TXN_OFFSET_COMMIT, body)
+                response = await self.cluster.coordinator_request(group.group_id, CoordinatorType.GROUP, ApiKey.TXN_OFFSET_COMMIT, body, max_version=self._max_version(ApiKey.TXN_OFFSET_COMMIT))
                 code = _first_error(response)
                 if code in (ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE):
                     self.cluster.forget_coordinator(group.group_id, 0)
@@ -418,14 +471,18 @@ class AsyncProducer(Sender):
             if commit:
                 self.crash_point("txn.before_commit")
             body = {"transactional_id": self.transactional_id, "producer_id": self.producer_id, "producer_epoch": self.producer_epoch, "committed": commit}
+            if self._resumed:
+                await self._choose_transaction_version()
             try:
-                await self._txn_request(ApiKey.END_TXN, body, "EndTxn")
+                response = await self._txn_request(ApiKey.END_TXN, body, "EndTxn", max_version=self._max_version(ApiKey.END_TXN))
             except (RetriableError, ConnectionError, TimeoutError) as error:
                 if commit:
                     # The commit may have happened: never follow it with an abort.
                     self._fatal = CommitOutcomeUnknownError(message=f"commit outcome unknown ({error}); call init_transactions() to resolve it")
                     raise self._fatal from error
                 raise
+            if self._transaction_v2 and response.get("producer_epoch", -1) >= 0:
+                self._new_epoch(response["producer_id"], response["producer_epoch"])  # also what a failed send needed
         self._in_transaction = False
         self._added = {}
         self._offsets_added = set()

@@ -27,7 +27,7 @@ room (at most ``max_block_ms``), ``reserve_buffer`` counts a run ahead.
 ``Sender`` is a base class of ``AsyncProducer``, whose ``__init__`` sets
 the state it works on (``_queues``, ``_topic_partitions``, ``_tasks``, ``_round_robin``,
 ``_needs_epoch_bump``, ``_txn_error``, ``_fatal``, ``_buffered``, ``_buffer_freed``,
-the producer id and epoch)
+the producer id and epoch, ``produce_max_version``)
 and which provides what it calls back (``check_can_send``,
 ``_add_partition``, ``_bump_epoch``).
 """
@@ -333,7 +333,8 @@ class Sender:
             )
         client = await self.cluster.leader(tp.topic, tp.partition)
         body = {"transactional_id": self.transactional_id, "acks": self.config.acks, "timeout_ms": self.config.request_timeout_ms, "topic_data": [{"name": tp.topic, "partition_data": [{"index": tp.partition, "records": data}]}]}
-        response_awaitable = await client.submit(ApiKey.PRODUCE, body, expect_response=self.config.acks != 0)
+        version = min(client.version_for(ApiKey.PRODUCE), self.produce_max_version)
+        response_awaitable = await client.submit(ApiKey.PRODUCE, body, version=version, expect_response=self.config.acks != 0)
         batch.written.set()
         response = await response_awaitable
         if response is None:

@@ -128,6 +128,51 @@ def test_transaction_outcomes_are_counted_exactly_and_the_lso_holds_while_one_is
     assert moved.value("onceflow_producer_ids") >= 1
 
 
+def test_the_fsync_rounds_on_a_clients_path_are_counted_per_request(broker):
+    """``onceflow_requests_waited_fsync_total`` counts a request once if its
+    answer waited for an fsync: a one-record transaction of librdkafka
+    (classic protocol) waits for two (its Produce, standing also for the
+    once-appended AddPartitionsToTxn, and EndTxn's decision); a copier's
+    for three (plus its TxnOffsetCommit); AddPartitionsToTxn/AddOffsetsToTxn
+    and the markers and Complete after the answer wait for none; our own
+    client on transaction version 2 waits for the same rounds with no
+    AddPartitionsToTxn request at all."""
+    from confluent_kafka import Producer as Rdkafka
+
+    from txn import Producer
+
+    topic = f"rounds-{uuid.uuid4().hex[:6]}"
+    create_topic(broker.bootstrap, topic, partitions=1)
+
+    def waited(before, after, api):
+        return after.value("onceflow_requests_waited_fsync_total", 0.0, api=api) - before.value("onceflow_requests_waited_fsync_total", 0.0, api=api)
+
+    producer = Rdkafka({"bootstrap.servers": broker.bootstrap, "transactional.id": f"rounds-{uuid.uuid4().hex[:6]}", "linger.ms": 1})
+    producer.init_transactions(30)
+    before = scrape(broker)
+    for index in range(5):
+        producer.begin_transaction()
+        producer.produce(topic, b"%d" % index)
+        producer.flush(30)
+        producer.commit_transaction(30)
+    after = scrape(broker)
+    assert (waited(before, after, "Produce"), waited(before, after, "EndTxn"), waited(before, after, "AddPartitionsToTxn")) == (5, 5, 0)
+    assert after.total("onceflow_requests_waited_fsync_total") - before.total("onceflow_requests_waited_fsync_total") == 10, "two rounds per transaction"
+
+    ours = Producer(broker.bootstrap, transactional_id=f"rounds-v2-{uuid.uuid4().hex[:6]}", linger_ms=0)
+    ours.init_transactions()
+    before = scrape(broker)
+    for index in range(5):
+        with ours.transaction():
+            ours.send(topic, b"v2-%d" % index)
+            ours.flush()
+            ours.send_offsets_to_transaction({(topic, 0): index + 1}, "rounds-group")
+    ours.close()
+    after = scrape(broker)
+    assert after.total("onceflow_requests_total", api="AddPartitionsToTxn") == before.total("onceflow_requests_total", api="AddPartitionsToTxn")
+    assert (waited(before, after, "Produce"), waited(before, after, "TxnOffsetCommit"), waited(before, after, "EndTxn")) == (5, 5, 5), "three rounds per copier transaction"
+
+
 # --------------------------------------------------------------------------- groups and lag (kafka-python)
 
 

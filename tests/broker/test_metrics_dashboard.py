@@ -19,6 +19,7 @@ METRIC_NAME = re.compile(r"\b((?:onceflow|process)_[a-z0-9_]+)\b")
 NOT_CHARTED = {
     "onceflow_group_generation", "onceflow_runner_app_counter", "onceflow_runner_restore_position",
     "onceflow_metrics_scrapes", "onceflow_metrics_scrape_seconds",  # the endpoint's own cost (the bench reads them)
+    "onceflow_requests_waited_fsync",  # the fsync rounds on a client's path (the bench reads them)
 }
 
 

@@ -418,3 +418,69 @@ def test_endtxn_is_answered_before_the_markers_fsync_runs_on_the_loop(tmp_path):
             answered.set()
             wait_for(lambda: not armed.is_set(), 10, "the markers' fsync")
         assert seen == [True, True, True], "EndTxn's answer waited for the markers' fsync"
+
+
+# ----------------------------------------------------------------- transaction version 2 (KIP-890 part 2)
+
+
+def _api_versions(port: int) -> tuple[dict, dict]:
+    answer = raw_request(port, ApiKey.API_VERSIONS, 3, {"client_software_name": "test", "client_software_version": "0"})
+    versions = {entry["api_key"]: entry["max_version"] for entry in answer["api_keys"]}
+    features = {entry["name"]: entry["max_version_level"] for entry in answer["finalized_features"] or []}
+    return versions, features
+
+
+def test_transaction_version_is_a_finalized_feature_and_below_2_its_versions_are_not_offered(tmp_path):
+    """ApiVersions finalizes ``transaction.version`` (2 by default) and offers
+    Produce v12, TxnOffsetCommit v5 and EndTxn v5 only at 2; our producer
+    then follows the broker: at 1, the classic protocol (the epoch stays
+    from one transaction to the next), at 2 an epoch per transaction."""
+    from broker.broker import EmbeddedBroker
+    from txn import Producer
+
+    epochs = {}
+    for level in (2, 1):
+        with EmbeddedBroker(str(tmp_path / f"level-{level}"), group_initial_rebalance_delay_ms=0, transaction_version=level) as broker:
+            versions, features = _api_versions(broker.port)
+            assert features == {"transaction.version": level}
+            expected = (12, 5, 5) if level == 2 else (11, 4, 4)
+            assert (versions[ApiKey.PRODUCE], versions[ApiKey.TXN_OFFSET_COMMIT], versions[ApiKey.END_TXN]) == expected
+            create_topic(broker.bootstrap, "levels", 1)
+            producer = Producer(broker.bootstrap, transactional_id="levels", linger_ms=0)
+            producer.init_transactions()
+            seen = [producer.producer_epoch]
+            for n in range(2):
+                with producer.transaction():
+                    producer.send("levels", b"%d" % n)
+                seen.append(producer.producer_epoch)
+            producer.close()
+            assert read_values(broker.bootstrap, "levels", isolation="read_committed", partitions=1, expect=2) == [b"0", b"1"]
+            epochs[level] = seen
+    assert epochs[2] == [0, 1, 2] and epochs[1] == [0, 0, 0]
+
+
+def test_a_produce_v12_of_an_ended_transaction_arriving_late_is_fenced(embedded_broker):
+    """With version 2 the EndTxn's new epoch fences what of the transaction
+    is still on its way: a Produce v12 of the old epoch is refused and
+    appends nothing, where the classic protocol (same epoch) would have
+    opened a new transaction with it."""
+    from protocol.records import encode_batch
+
+    create_topic(embedded_broker.bootstrap, "late-v2", 2)
+    init = raw_request(embedded_broker.port, ApiKey.INIT_PRODUCER_ID, 4, {"transactional_id": "late-v2", "transaction_timeout_ms": 60000})
+    pid, epoch = init["producer_id"], init["producer_epoch"]
+
+    def produce(partition, sequence, producer_epoch):
+        batch = encode_batch([(None, b"x", (), 1)], producer_id=pid, producer_epoch=producer_epoch, base_sequence=sequence, is_transactional=True)
+        body = {"transactional_id": "late-v2", "acks": -1, "timeout_ms": 5000, "topic_data": [{"name": "late-v2", "partition_data": [{"index": partition, "records": batch}]}]}
+        return raw_request(embedded_broker.port, ApiKey.PRODUCE, 12, body)["responses"][0]["partition_responses"][0]["error_code"]
+
+    assert produce(0, 0, epoch) == ErrorCode.NONE
+    described = raw_request(embedded_broker.port, ApiKey.DESCRIBE_TRANSACTIONS, 0, {"transactional_ids": ["late-v2"]})["transaction_states"][0]
+    assert described["transaction_state"] == "Ongoing" and described["topics"] == [{"topic": "late-v2", "partitions": [0]}], "the Produce added its partition"
+    ended = raw_request(embedded_broker.port, ApiKey.END_TXN, 5, {"transactional_id": "late-v2", "producer_id": pid, "producer_epoch": epoch, "committed": True})
+    assert (ended["error_code"], ended["producer_id"], ended["producer_epoch"]) == (ErrorCode.NONE, pid, epoch + 1)
+    assert produce(1, 0, epoch) == ErrorCode.INVALID_PRODUCER_EPOCH
+    offsets = raw_request(embedded_broker.port, ApiKey.LIST_OFFSETS, 4, {"replica_id": -1, "isolation_level": 0, "topics": [{"name": "late-v2", "partitions": [{"partition_index": 1, "timestamp": -1}]}]})
+    assert offsets["topics"][0]["partitions"][0]["offset"] == 0, "nothing of the late Produce was appended"
+    assert produce(1, 0, epoch + 1) == ErrorCode.NONE, "the next transaction runs at the new epoch"

@@ -14,6 +14,14 @@ every byte no fsync covered lost):
   producer's next transaction. With that check switched off
   (``ONCEFLOW_KEEP_UNKNOWN_TRANSACTIONS=1``) the same cut shows both.
 
+The same holds with transaction version 2 (KIP-890 part 2), where the
+first Produce v12 or TxnOffsetCommit v5 adds its partition itself (the
+same record, answered once appended): each test runs with both versions.
+Version 2's other new point, the EndTxn v5 decision that carries the next
+epoch, is killed at (SIGKILL at the crash point after the decision, and a
+power cut after its answer): recovery writes the markers at the new epoch,
+a retried EndTxn gets the same new epoch, and the next transaction runs at it.
+
 Each step is a raw request (``tests.helpers.raw_request``), so the test
 chooses exactly which request was answered before the cut.
 """
@@ -40,31 +48,44 @@ def init(port: int) -> tuple[int, int]:
     return answer["producer_id"], answer["producer_epoch"]
 
 
-def add_partition(port: int, pid: int, epoch: int) -> None:
+def add_partition(port: int, pid: int, epoch: int, version: int = 1) -> None:
+    """AddPartitionsToTxn; with transaction version 2 none is sent (the Produce adds it)."""
+    if version == 2:
+        return
     body = {"v3_and_below_transactional_id": TRANSACTIONAL_ID, "v3_and_below_producer_id": pid, "v3_and_below_producer_epoch": epoch,
             "v3_and_below_topics": [{"name": TOPIC, "partitions": [0]}]}
     answer = raw_request(port, ApiKey.ADD_PARTITIONS_TO_TXN, 3, body)
     assert answer["results_by_topic_v3_and_below"][0]["results_by_partition"][0]["partition_error_code"] == ErrorCode.NONE, answer
 
 
-def produce(port: int, pid: int, epoch: int, sequence: int, value: bytes, acks: int) -> None:
+def produce(port: int, pid: int, epoch: int, sequence: int, value: bytes, acks: int, version: int = 1) -> int:
+    """A transactional Produce (v12 with transaction version 2); its error code."""
     records = encode_batch([(None, value, (), 1_000)], producer_id=pid, producer_epoch=epoch, base_sequence=sequence, is_transactional=True)
     body = {"transactional_id": TRANSACTIONAL_ID, "acks": acks, "timeout_ms": 10_000, "topic_data": [{"name": TOPIC, "partition_data": [{"index": 0, "records": records}]}]}
-    answer = raw_request(port, ApiKey.PRODUCE, 8, body)
-    assert answer["responses"][0]["partition_responses"][0]["error_code"] == ErrorCode.NONE, answer
+    answer = raw_request(port, ApiKey.PRODUCE, 12 if version == 2 else 8, body)
+    return answer["responses"][0]["partition_responses"][0]["error_code"]
 
 
-def add_offsets_and_commit_them(port: int, pid: int, epoch: int, offset: int) -> None:
-    added = raw_request(port, ApiKey.ADD_OFFSETS_TO_TXN, 3, {"transactional_id": TRANSACTIONAL_ID, "producer_id": pid, "producer_epoch": epoch, "group_id": GROUP})
+def add_offsets_and_commit_them(port: int, pid: int, epoch: int, offset: int, version: int = 1) -> None:
+    if version == 2:
+        added = {"error_code": ErrorCode.NONE}  # TxnOffsetCommit v5 adds the offsets partition itself
+    else:
+        added = raw_request(port, ApiKey.ADD_OFFSETS_TO_TXN, 3, {"transactional_id": TRANSACTIONAL_ID, "producer_id": pid, "producer_epoch": epoch, "group_id": GROUP})
     assert added["error_code"] == ErrorCode.NONE, added
     body = {"transactional_id": TRANSACTIONAL_ID, "group_id": GROUP, "producer_id": pid, "producer_epoch": epoch, "generation_id": -1, "member_id": "",
             "group_instance_id": None, "topics": [{"name": TOPIC, "partitions": [{"partition_index": 0, "committed_offset": offset, "committed_leader_epoch": -1, "committed_metadata": ""}]}]}
-    answer = raw_request(port, ApiKey.TXN_OFFSET_COMMIT, 3, body)
+    answer = raw_request(port, ApiKey.TXN_OFFSET_COMMIT, 5 if version == 2 else 3, body)
     assert answer["topics"][0]["partitions"][0]["error_code"] == ErrorCode.NONE, answer
 
 
-def end(port: int, pid: int, epoch: int, commit: bool) -> int:
-    return raw_request(port, ApiKey.END_TXN, 3, {"transactional_id": TRANSACTIONAL_ID, "producer_id": pid, "producer_epoch": epoch, "committed": commit})["error_code"]
+def end(port: int, pid: int, epoch: int, commit: bool, version: int = 1) -> int:
+    return end_answer(port, pid, epoch, commit, version)["error_code"]
+
+
+def end_answer(port: int, pid: int, epoch: int, commit: bool, version: int = 1) -> dict:
+    """EndTxn (v5 with transaction version 2: the answer names the next epoch)."""
+    body = {"transactional_id": TRANSACTIONAL_ID, "producer_id": pid, "producer_epoch": epoch, "committed": commit}
+    return raw_request(port, ApiKey.END_TXN, 5 if version == 2 else 3, body)
 
 
 def committed_offset(port: int) -> int:
@@ -94,8 +115,9 @@ def cut_power(broker, journal: str, topic: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("version", [1, 2])
 @pytest.mark.parametrize("answered", ["produce", "txn_offset_commit"])
-def test_an_answered_produce_or_offset_commit_keeps_its_partition_in_the_transaction_through_a_power_cut(broker_process, tmp_path, answered):
+def test_an_answered_produce_or_offset_commit_keeps_its_partition_in_the_transaction_through_a_power_cut(broker_process, tmp_path, answered, version):
     """AddPartitions/AddOffsets answered, then the Produce (or TxnOffsetCommit)
     answered: a power cut that loses every byte no fsync covered, of every
     file, still leaves the transaction holding the partition, and its
@@ -105,16 +127,16 @@ def test_an_answered_produce_or_offset_commit_keeps_its_partition_in_the_transac
     create_topic(broker.bootstrap, TOPIC, 1)
     pid, epoch = init(broker.port)
     if answered == "produce":
-        add_partition(broker.port, pid, epoch)
-        produce(broker.port, pid, epoch, 0, b"answered", acks=-1)
+        add_partition(broker.port, pid, epoch, version)
+        assert produce(broker.port, pid, epoch, 0, b"answered", acks=-1, version=version) == ErrorCode.NONE
     else:
-        add_offsets_and_commit_them(broker.port, pid, epoch, 42)
+        add_offsets_and_commit_them(broker.port, pid, epoch, 42, version)
     broker.kill()
     lose_unsynced(journal, glob.glob(os.path.join(broker.data_dir, "*", "*.log")))
     broker.env = None
     broker.start()
 
-    assert end(broker.port, pid, epoch, commit=True) == ErrorCode.NONE, "the transaction still holds what it was answered for"
+    assert end(broker.port, pid, epoch, commit=True, version=version) == ErrorCode.NONE, "the transaction still holds what it was answered for"
     if answered == "produce":
         assert read_values(broker.bootstrap, TOPIC, partitions=1, expect=1) == [b"answered"]
     else:
@@ -122,8 +144,9 @@ def test_an_answered_produce_or_offset_commit_keeps_its_partition_in_the_transac
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("version", [1, 2])
 @pytest.mark.parametrize("check", ["on", "off", "sigkill only"])
-def test_a_batch_whose_add_partitions_record_a_power_cut_lost_is_aborted_at_start_never_committed_later(broker_process, tmp_path, check):
+def test_a_batch_whose_add_partitions_record_a_power_cut_lost_is_aborted_at_start_never_committed_later(broker_process, tmp_path, check, version):
     """AddPartitions answered (its record appended, not fsynced), then a
     transactional batch appended and fsynced (acks=1: answered without
     waiting for the transaction's record), then a power cut that loses
@@ -134,13 +157,17 @@ def test_a_batch_whose_add_partitions_record_a_power_cut_lost_is_aborted_at_star
     check off, the batch holds the last stable offset until that next
     transaction commits it with its own: the hazard the check closes.
     After a SIGKILL alone (the page cache keeps the record) the check finds
-    the transaction known and leaves it to its producer, who commits it."""
+    the transaction known and leaves it to its producer, who commits it.
+    With transaction version 2 the Produce v12 added the partition (the
+    same record, lost the same way); the next transaction is still at the
+    same epoch (no EndTxn came between), so the epoch bump alone would not
+    keep the stray batch out of it: the check at start does."""
     journal = str(tmp_path / "fsyncs.journal")
     broker = broker_process(env={FSYNC_JOURNAL_VARIABLE: journal})
     create_topic(broker.bootstrap, TOPIC, 1)
     pid, epoch = init(broker.port)
-    add_partition(broker.port, pid, epoch)
-    produce(broker.port, pid, epoch, 0, b"stray", acks=1)
+    add_partition(broker.port, pid, epoch, version)
+    assert produce(broker.port, pid, epoch, 0, b"stray", acks=1, version=version) == ErrorCode.NONE
     [data] = segments(broker.data_dir, TOPIC)
     wait_for(lambda: durable_sizes(journal).get(os.path.realpath(data), 0) == os.path.getsize(data), 10, "the batch's fsync")
     state = [path for path in segments(broker.data_dir, "__transaction_state") if os.path.getsize(path) > durable_sizes(journal).get(os.path.realpath(path), 0)]
@@ -158,9 +185,9 @@ def test_a_batch_whose_add_partitions_record_a_power_cut_lost_is_aborted_at_star
     else:
         assert log_end == 1 and stable == 0, "the batch's transaction is still open"
     # The same producer's next transaction, as a client that lived through the restart sends it.
-    add_partition(broker.port, pid, epoch)
-    produce(broker.port, pid, epoch, 1, b"next", acks=-1)
-    assert end(broker.port, pid, epoch, commit=True) == ErrorCode.NONE
+    add_partition(broker.port, pid, epoch, version)
+    assert produce(broker.port, pid, epoch, 1, b"next", acks=-1, version=version) == ErrorCode.NONE
+    assert end(broker.port, pid, epoch, commit=True, version=version) == ErrorCode.NONE
     visible = read_values(broker.bootstrap, TOPIC, partitions=1, expect=1 if check == "on" else 2)
     if check == "on":
         assert visible == [b"next"], "the stray batch is never committed"
@@ -168,3 +195,48 @@ def test_a_batch_whose_add_partitions_record_a_power_cut_lost_is_aborted_at_star
         assert visible == [b"stray", b"next"], "without the check the next transaction commits the stray batch"
     else:
         assert visible == [b"stray", b"next"], "a transaction the state still names is its producer's to end"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("crash", ["sigkill after the decision", "power cut after the answer"])
+def test_an_end_txn_v5_decision_survives_a_crash_at_its_new_epoch(broker_process, tmp_path, crash):
+    """Transaction version 2's EndTxn writes the decision with the next
+    epoch. Killed right after that record is durable (SIGKILL at the crash
+    point, no answer sent), or cut after the answer (power-cut model: every
+    byte no fsync covered lost): at start recovery writes the markers at the
+    new epoch, so the record is committed; the client's retry of EndTxn from
+    the old epoch is answered with the same new epoch (recognized from the
+    reloaded record); the next transaction runs at it, and a late Produce
+    of the old epoch is refused."""
+    journal = str(tmp_path / "fsyncs.journal")
+    env = {FSYNC_JOURNAL_VARIABLE: journal}
+    if crash == "sigkill after the decision":
+        env["ONCEFLOW_CRASH_POINTS"] = "coordinator.after_prepare_commit@1:exit"
+    broker = broker_process(env=env)
+    create_topic(broker.bootstrap, TOPIC, 1)
+    pid, epoch = init(broker.port)
+    assert produce(broker.port, pid, epoch, 0, b"decided", acks=-1, version=2) == ErrorCode.NONE
+    if crash == "sigkill after the decision":
+        with pytest.raises(OSError):
+            end_answer(broker.port, pid, epoch, commit=True, version=2)
+        assert broker.wait_exit(30) == 86, "the crash point fired"
+    else:
+        answer = end_answer(broker.port, pid, epoch, commit=True, version=2)
+        assert (answer["error_code"], answer["producer_id"], answer["producer_epoch"]) == (ErrorCode.NONE, pid, epoch + 1)
+        broker.kill()
+        lose_unsynced(journal, glob.glob(os.path.join(broker.data_dir, "*", "*.log")))
+    broker.env = None
+    broker.start()
+
+    assert read_values(broker.bootstrap, TOPIC, isolation="read_committed", partitions=1, expect=1) == [b"decided"]
+    retried = wait_for(lambda: _settled(end_answer(broker.port, pid, epoch, commit=True, version=2)), 10, "the retried EndTxn's answer")
+    assert (retried["error_code"], retried["producer_id"], retried["producer_epoch"]) == (ErrorCode.NONE, pid, epoch + 1)
+    assert produce(broker.port, pid, epoch, 1, b"late", acks=-1, version=2) == ErrorCode.INVALID_PRODUCER_EPOCH, "the old epoch is fenced"
+    assert produce(broker.port, pid, epoch + 1, 0, b"next", acks=-1, version=2) == ErrorCode.NONE
+    assert end(broker.port, pid, epoch + 1, commit=True, version=2) == ErrorCode.NONE
+    assert read_values(broker.bootstrap, TOPIC, isolation="read_committed", partitions=1, expect=2) == [b"decided", b"next"]
+
+
+def _settled(answer: dict) -> dict | None:
+    """An EndTxn answer once the recovery's completion is over (else None: retry)."""
+    return None if answer["error_code"] == ErrorCode.CONCURRENT_TRANSACTIONS else answer

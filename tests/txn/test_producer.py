@@ -99,6 +99,47 @@ def test_a_second_instance_fences_the_first(embedded_broker):
     assert read_values(embedded_broker.bootstrap, "own-fence", isolation="read_committed", partitions=1, expect=1) == [b"successor"]
 
 
+def test_transaction_version_2_adds_partitions_by_produce_and_bumps_the_epoch_at_each_end(embedded_broker):
+    """KIP-890 part 2 against our broker: no AddPartitionsToTxn or
+    AddOffsetsToTxn is sent (Produce v12 and TxnOffsetCommit v5 add their
+    partitions), every EndTxn v5 answers with the next epoch, which the next
+    transaction uses (its sequences from 0), and records and offsets commit
+    or abort as before."""
+    create_topic(embedded_broker.bootstrap, "v2-wide", 6)
+    requests = []
+    epochs = []
+
+    async def main():
+        producer = AsyncProducer(embedded_broker.bootstrap, transactional_id=f"v2-{uuid.uuid4()}", linger_ms=0)
+        original = producer.cluster.coordinator_request
+
+        async def recording(key, key_type, api_key, body, **options):
+            response = await original(key, key_type, api_key, body, **options)
+            requests.append(api_key)
+            return response
+
+        producer.cluster.coordinator_request = recording
+        await producer.init_transactions()
+        epochs.append(producer.producer_epoch)
+        for round_number in range(3):
+            producer.begin_transaction()
+            for i in range(30):
+                await producer.send("v2-wide", b"%d-%d" % (round_number, i), partition=i % 6)
+            await asyncio.gather(producer.flush(), producer.send_offsets_to_transaction({("v2-wide-in", 0): 5 + round_number}, "v2-wide-group"))
+            await (producer.abort_transaction() if round_number == 1 else producer.commit_transaction())
+            epochs.append(producer.producer_epoch)
+        await producer.close()
+
+    asyncio.run(main())
+    assert ApiKey.ADD_PARTITIONS_TO_TXN not in requests and ApiKey.ADD_OFFSETS_TO_TXN not in requests
+    assert requests.count(ApiKey.END_TXN) == 3
+    assert epochs == [epochs[0] + n for n in range(4)], f"one epoch per transaction: {epochs}"
+    values = read_values(embedded_broker.bootstrap, "v2-wide", isolation="read_committed", partitions=6, expect=60)
+    assert sorted(values) == sorted(b"%d-%d" % (r, i) for r in (0, 2) for i in range(30))
+    committed = raw_request(embedded_broker.port, ApiKey.OFFSET_FETCH, 7, {"group_id": "v2-wide-group", "topics": None, "require_stable": True})
+    assert committed["topics"][0]["partitions"][0]["committed_offset"] == 7
+
+
 def test_a_transactions_partitions_and_offsets_take_turns_at_the_coordinator(embedded_broker):
     """The coordinator takes one change of a transactional id at a time and
     answers another meanwhile CONCURRENT_TRANSACTIONS (a retry after a
@@ -110,7 +151,8 @@ def test_a_transactions_partitions_and_offsets_take_turns_at_the_coordinator(emb
     answers = []
 
     async def main():
-        producer = AsyncProducer(embedded_broker.bootstrap, transactional_id=f"own-{uuid.uuid4()}", linger_ms=0)
+        # The classic protocol (transaction version 1), as with Tansu or an older Kafka.
+        producer = AsyncProducer(embedded_broker.bootstrap, transactional_id=f"own-{uuid.uuid4()}", linger_ms=0, transaction_version=1)
         original = producer.cluster.coordinator_request
 
         async def recording(key, key_type, api_key, body, **options):
@@ -142,11 +184,12 @@ def test_a_transactions_partitions_and_offsets_take_turns_at_the_coordinator(emb
 def test_a_partition_the_broker_does_not_know_fails_its_transaction_with_its_own_error(embedded_broker):
     """Partitions added together fail together (as Kafka answers: the unknown
     one UNKNOWN_TOPIC_OR_PARTITION, the rest OPERATION_NOT_ATTEMPTED); the
-    error the records carry is the one that says why."""
+    error the records carry is the one that says why. (The classic protocol:
+    with transaction version 2 no AddPartitionsToTxn joins them.)"""
     create_topic(embedded_broker.bootstrap, "own-narrow", 1)
 
     async def main():
-        producer = AsyncProducer(embedded_broker.bootstrap, transactional_id=f"own-{uuid.uuid4()}", linger_ms=0, delivery_timeout_ms=2000)
+        producer = AsyncProducer(embedded_broker.bootstrap, transactional_id=f"own-{uuid.uuid4()}", linger_ms=0, delivery_timeout_ms=2000, transaction_version=1)
         await producer.init_transactions()
         producer.begin_transaction()
         known = producer.append("own-narrow", 0, b"fine")
