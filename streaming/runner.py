@@ -5,7 +5,7 @@ One ``Runner`` is one app instance: one consumer-group member (group id =
 application id, static member ``{application_id}-{instance_id}``) and one
 transactional producer (transactional id the same string). The loop:
 
-    poll -> for each record: deserialize, run the processor(s) (their store
+    poll (columns) -> for each record: deserialize, run the processor(s) (their store
             writes go to the transaction's pending layer, their emits to
             the producer, inside the open transaction)
          -> every commit_interval_ms or commit_records, whichever first:
@@ -59,11 +59,16 @@ import sys
 import threading
 import time
 
+# The consumer decodes its fetches with protocol.columnar (numpy, pyarrow):
+# imported with the runner, before the group is joined, not in the first
+# fetch, where a second of imports would hold the event loop (and the
+# heartbeats) past a short session timeout.
+import protocol.columnar  # noqa: F401
 from streaming.app import App
 from streaming.backoff import RetryDelay, retry
 from streaming.lifecycle import RunnerEvent, RunnerState, transition
 from streaming.restore import RESTORE_CHUNK, Shards
-from streaming.task import Task
+from streaming.task import Task, fetched_records
 from streaming.transaction import Outcome, Transaction, abort_cause
 from txn.admin import AsyncAdmin
 from txn.consumer import AsyncConsumer
@@ -245,14 +250,16 @@ class Runner:
         progress_mark = (time.monotonic(), 0, 0)
         self.last_activity = time.monotonic()
         poll_delay = RetryDelay()
+        max_records = consumer.config.max_poll_records
         while not app.stopping:
             timeout = max(0.0, txn.started + interval - time.monotonic()) if txn.open else 0.5
             try:
                 # One try per turn of this loop (stopping=True after the
                 # wait): commits, progress and idleness are looked at between tries.
-                records = await retry(lambda: consumer.poll(min(timeout, 0.5)), what="poll", stopping=lambda: True, log=log, delay=poll_delay)
+                polled = await retry(lambda: consumer.poll_columns(min(timeout, 0.5), max_records), what="poll", stopping=lambda: True, log=log, delay=poll_delay)
             except TRANSIENT_ERRORS:
                 continue
+            records = [record for tp, columns in polled.items() for record in fetched_records(tp.topic, tp.partition, columns)]
             if records:
                 self.last_activity = time.monotonic()
                 processed = 0
