@@ -59,11 +59,8 @@ import sys
 import threading
 import time
 
-# The consumer decodes its fetches with protocol.columnar (numpy, pyarrow):
-# imported with the runner, before the group is joined, not in the first
-# fetch, where a second of imports would hold the event loop (and the
-# heartbeats) past a short session timeout.
-import protocol.columnar  # noqa: F401
+import pyarrow as pa
+
 from streaming.app import App
 from streaming.backoff import RetryDelay, retry
 from streaming.lifecycle import RunnerEvent, RunnerState, transition
@@ -80,9 +77,21 @@ __all__ = ["Runner", "abort_cause"]
 log = logging.getLogger("streaming.runner")
 
 DEFAULTS_CONSUMER = {"max_poll_records": 500}
+SEND_RECORDS = 2000  # emits gathered before they go to the producer as column batches, unless a commit comes first
 LAG_REFRESH_SECONDS = 1.0  # how often the lag is asked for while metrics are served
 
 E = RunnerEvent
+
+
+def load_columnar() -> None:
+    """Load what the columnar fetch and produce load on first use
+    (``protocol.columnar``, numpy, and pandas, which ``pyarrow.array``
+    looks for): before the group is joined, not in the first fetch, where a
+    second of imports would hold the event loop, and the heartbeats, past a
+    short session timeout."""
+    import protocol.columnar  # noqa: F401
+
+    pa.array([b""], pa.binary()).take(pa.array([0]))
 
 
 class Runner:
@@ -141,6 +150,7 @@ class Runner:
     # -- the whole run -------------------------------------------------------------------------
 
     async def run(self) -> None:
+        load_columnar()
         app = self.app
         lock = app.lock_state_dir()
         loop = asyncio.get_running_loop()
@@ -272,10 +282,12 @@ class Runner:
                                 break  # rewound: the rest of this poll is read again
                 finally:
                     self.metrics.add("records_in", processed)
-                # Processing never awaits anything that waits, so the batches
-                # it filled would go out only at the commit's flush: let them
-                # go now, to be written while the next records are processed.
-                await asyncio.sleep(0)
+                # Enough emits go to the producer as column batches, to be
+                # written while the next records are processed (the rest with the commit).
+                if len(txn.pending) >= SEND_RECORDS:
+                    await txn.send_pending()
+                else:
+                    await asyncio.sleep(0)  # a turn for the consumer's heartbeats and the producer's sends
             if self.task.wall_clock_timers and self.state is RunnerState.RUNNING:
                 await self._fire_wall_clock_timers()
             if txn.open and time.monotonic() - txn.started >= interval:
@@ -302,9 +314,7 @@ class Runner:
         except Exception:
             self._enter(E.FAIL)  # on_error="stop": ProcessingError
             raise
-        for topic, key, value, headers, timestamp, _processor in outputs:
-            await txn.send(topic, key, value, headers, timestamp)
-        txn.outputs += len(outputs)
+        txn.add(outputs)
         tp = self.topic_partitions.get((raw.topic, raw.partition))
         if tp is None:
             tp = self.topic_partitions[(raw.topic, raw.partition)] = TopicPartition(raw.topic, raw.partition)
@@ -326,9 +336,7 @@ class Runner:
         except Exception:
             self._enter(E.FAIL)  # a timer raised: ProcessingError
             raise
-        for topic, key, value, headers, timestamp, _processor in outputs:
-            await txn.send(topic, key, value, headers, timestamp)
-        txn.outputs += len(outputs)
+        txn.add(outputs)
 
     # -- commit ----------------------------------------------------------------------------------
 
