@@ -150,7 +150,6 @@ class Runner:
     # -- the whole run -------------------------------------------------------------------------
 
     async def run(self) -> None:
-        load_columnar()
         app = self.app
         lock = app.lock_state_dir()
         loop = asyncio.get_running_loop()
@@ -159,6 +158,7 @@ class Runner:
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(signum, app.stop)
                 installed.append(signum)
+        load_columnar()  # after the handlers: a SIGTERM meanwhile stops the run as it would later
         common = {k: v for k, v in app.consumer_options.items() if k in app.producer_options}
         endpoint = exported = None
         try:
