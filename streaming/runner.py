@@ -59,7 +59,7 @@ import sys
 import threading
 import time
 
-import pyarrow as pa
+import numpy as np
 
 from streaming.app import App
 from streaming.backoff import RetryDelay, retry
@@ -68,6 +68,7 @@ from streaming.restore import RESTORE_CHUNK, Shards
 from streaming.task import Task, fetched_records
 from streaming.transaction import Outcome, Transaction, abort_cause
 from txn.admin import AsyncAdmin
+from txn.column_batches import binary_array, numpy_array
 from txn.consumer import AsyncConsumer
 from txn.errors import GROUP_FENCING, TRANSIENT_ERRORS, FatalError, KafkaError
 from txn.types import TopicPartition
@@ -85,13 +86,12 @@ E = RunnerEvent
 
 def load_columnar() -> None:
     """Load what the columnar fetch and produce load on first use
-    (``protocol.columnar``, numpy, and pandas, which ``pyarrow.array``
-    looks for): before the group is joined, not in the first fetch, where a
-    second of imports would hold the event loop, and the heartbeats, past a
-    short session timeout."""
+    (``protocol.columnar``, numpy, pyarrow's compute functions): before the
+    group is joined, not in the first fetch, where a second of imports would
+    hold the event loop, and the heartbeats, past a short session timeout."""
     import protocol.columnar  # noqa: F401
 
-    pa.array([b""], pa.binary()).take(pa.array([0]))
+    binary_array([b""]).take(numpy_array(np.zeros(1, dtype=np.int64)))
 
 
 class Runner:

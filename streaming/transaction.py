@@ -49,6 +49,7 @@ from streaming.app import App
 from streaming.errors import InstanceFencedError
 from streaming.store import Store, StoreFile
 from txn.errors import GROUP_FENCING, TRANSIENT_ERRORS, ApplicationRecoverableError, CommitFailedError, CommitOutcomeUnknownError, KafkaError, RetriableError, TransactionAbortableError
+from txn.column_batches import binary_array, int64_array
 from txn.producer import AsyncProducer
 from txn.types import OffsetAndMetadata, TopicPartition
 
@@ -177,8 +178,7 @@ class Transaction:
                 by_topic.setdefault(output[0], []).append(output)
         for topic, outputs in by_topic.items():
             _topics, keys, values, headers, timestamps, _processors = zip(*outputs)
-            await self.producer.send_columns(topic, pa.array(values, pa.binary()), pa.array(keys, pa.binary()), headers=_headers_column(headers),
-                                             timestamp=pa.array(timestamps, pa.int64()))
+            await self.producer.send_columns(topic, binary_array(values), binary_array(keys), headers=_headers_column(headers), timestamp=int64_array(timestamps))
 
     def processed(self, tp: TopicPartition, next_offset: int) -> None:
         """One more input record is in the transaction; ``tp`` reaches ``next_offset``."""
@@ -266,8 +266,7 @@ class Transaction:
             if not changes:
                 continue
             topic = self.app.changelog_topic(store.name)
-            outcome = await producer.send_columns(topic, pa.array(list(changes.values()), pa.binary()), pa.array(list(changes.keys()), pa.binary()),
-                                                  partition=store.partition)
+            outcome = await producer.send_columns(topic, binary_array(list(changes.values())), binary_array(list(changes.keys())), partition=store.partition)
             written.append((store, changes, outcome))
         # The offsets' round trips (AddOffsetsToTxn, TxnOffsetCommit) overlap
         # the records' flush; both finish (no orphan task) before any error counts.

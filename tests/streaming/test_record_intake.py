@@ -8,7 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 
+import pytest
+
+from faults.process import REPO
 from streaming import App
 from streaming.task import FetchedRecord, Task, fetched_records
 from txn import Admin, Producer, TopicPartition
@@ -81,3 +87,30 @@ def test_fetched_records_hold_what_the_consumer_handed_out(embedded_broker, tmp_
     assert seen_after == seen_before and outputs_after == outputs_before
     assert len(seen_before) > 3 * 60  # bytes, str and auto saw every record, json those of JSON (or null) values
     assert any(output[0] == app.dead_letter_topic for outputs in outputs_after for output in outputs)
+
+
+PANDAS_FREE = """
+import sys
+import numpy as np
+from protocol.columnar import decode_fetched, encode_columns, encode_records
+from streaming.runner import load_columnar
+from streaming.task import fetched_records
+from txn.column_batches import binary_array, int64_array, murmur2_partitions, present_mask
+load_columnar()
+key, value = binary_array([None, b"k", b""]), binary_array([b"v", None, b"w"])
+encode_records(key=key, value=value, timestamp=int64_array([1, 2, 3]))
+section = encode_columns(key=key, value=value, timestamp=np.array([1, 2, 3]), base_offset=0)
+records = fetched_records("t", 0, decode_fetched(section, [], start_offset=0).columns)
+assert [(r.key, r.value) for r in records] == [(None, b"v"), (b"k", None), (b"", b"w")]
+murmur2_partitions(key, 4)[~present_mask(key)]
+assert "pandas" not in sys.modules, "pandas was imported"
+"""
+
+
+def test_the_runners_columns_never_import_pandas():
+    """``pyarrow.array`` and ``to_numpy`` import pandas (when installed) on
+    their first call, a second of every instance's start-up: the runner's
+    columnar path (decode, records, emits' columns, encode, partitions)
+    builds its arrays from buffers instead."""
+    pytest.importorskip("pandas")
+    subprocess.run([sys.executable, "-c", PANDAS_FREE], check=True, cwd=REPO, env={**os.environ, "PYTHONPATH": REPO}, timeout=120)
