@@ -1,6 +1,6 @@
 """Records/s per core of the record codecs alone: the columnar one against ``protocol/records.py``.
 
-    .venv/bin/python -m benchmarks.bench_codec [--seconds 1] [--rounds 3]
+    .venv/bin/python -m benchmarks.bench_codec [--seconds 1] [--rounds 3] [--runner]
 
 Decoding: one partition's fetched section of 1 MiB (batches of 16 KiB or
 1 MiB, as producers with those batch sizes write them), CRCs checked once
@@ -10,6 +10,17 @@ consumer does before its own objects). Encoding: the same records, given as
 Arrow columns (``protocol.columnar.encode_columns``) or as (key, value,
 headers, timestamp) tuples (``records.encode_batch``), into batches of that
 size. Inputs are built before the clock starts.
+
+``--runner``: the streaming runner's paths around the codecs instead, for
+the first scenario's fetch. Intake: the fetch decoded into columns and the
+columns into one ``streaming.task.FetchedRecord`` per record, against
+``records.decode_batch`` and a ``ConsumerRecord`` per record (the
+per-record consumer the runner read through before). Emits: (topic, key,
+value, headers, timestamp) tuples as the processors leave them, gathered
+into columns and encoded (``streaming.transaction``'s way, through
+``binary_array``/``int64_array`` and ``encode_records``, in runs of 2,000
+as the runner sends them), against ``records.encode_batch`` of the same
+tuples in 16 KiB batches (the per-record producer's default).
 
 Each figure is records over the CPU time of this process (one thread: one
 core), the best of ``--rounds`` rounds, ours and theirs alternating within
@@ -26,7 +37,7 @@ import time
 import pyarrow as pa
 
 from protocol import records
-from protocol.columnar import HEADERS_TYPE, decode_fetched, encode_columns
+from protocol.columnar import HEADERS_TYPE, decode_fetched, encode_columns, encode_records
 from protocol.compression import Compression
 from protocol.records import decode_batch, encode_batch, iter_batches
 
@@ -108,6 +119,49 @@ def measure(section, count, batches_tuples, batches_columns, compression, second
     return best
 
 
+def runner_paths(seconds: float, rounds: int) -> dict:
+    from streaming.task import fetched_records
+    from txn.column_batches import binary_array, int64_array
+    from txn.types import ConsumerRecord
+
+    section, count, batches_tuples, _columns, _codec = scenario("fixed", False, 16 << 10, Compression.NONE)
+    emits = [("out", key, value, (), timestamp, None) for _base, chunk in batches_tuples for key, value, _headers, timestamp in chunk]
+
+    def intake_columnar():
+        records_out = fetched_records("in", 0, decode_fetched(section, [], start_offset=0).columns)
+        assert len(records_out) == count
+
+    def intake_records():
+        got = []
+        for position, _header in iter_batches(section):
+            got += [ConsumerRecord("in", 0, r.offset, r.timestamp, r.key, r.value, ()) for r in decode_batch(section, position, verify_crc=False).records]
+        assert len(got) == count
+
+    def emits_columnar():
+        for start in range(0, count, 2000):
+            _topics, keys, values, _headers, timestamps, _processors = zip(*emits[start : start + 2000])
+            encode_records(key=binary_array(keys), value=binary_array(values), timestamp=int64_array(timestamps))
+
+    def emits_records():
+        chunk, size = [], 0
+        for _topic, key, value, headers, timestamp, _processor in emits:
+            chunk.append((key, value, headers, timestamp))
+            size += len(key) + len(value) + 20
+            if size >= 16 << 10:
+                encode_batch(chunk, base_offset=0)
+                chunk, size = [], 0
+        if chunk:
+            encode_batch(chunk, base_offset=0)
+
+    best = {"intake columnar": 0.0, "intake records.py": 0.0, "emits columnar": 0.0, "emits records.py": 0.0}
+    for _round in range(rounds):
+        best["intake columnar"] = max(best["intake columnar"], rate(intake_columnar, count, seconds))
+        best["intake records.py"] = max(best["intake records.py"], rate(intake_records, count, seconds))
+        best["emits columnar"] = max(best["emits columnar"], rate(emits_columnar, count, seconds))
+        best["emits records.py"] = max(best["emits records.py"], rate(emits_records, count, seconds))
+    return {"records": count, **{key: round(value) for key, value in best.items()}}
+
+
 SCENARIOS = [
     # (name, values, headers, batch bytes, compression)
     ("100 B values, 16 KiB batches", "fixed", False, 16 << 10, Compression.NONE),
@@ -125,7 +179,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--only", default=None, help="scenarios whose name contains this")
     parser.add_argument("--json", default=None, help="also write the figures here")
+    parser.add_argument("--runner", action="store_true", help="the streaming runner's intake and emit paths instead (see above)")
     args = parser.parse_args()
+    if args.runner:
+        row = runner_paths(args.seconds, args.rounds)
+        print(f"records/s per core (CPU time of one thread), {row['records']:,} records of 100 B from one fetch of {FETCH_BYTES >> 20} MiB, best of {args.rounds} rounds")
+        print(f"{'path':<10}{'columnar':>12}{'records.py':>12}{'ratio':>7}")
+        for path in ("intake", "emits"):
+            print(f"{path:<10}{row[path + ' columnar']:>12,}{row[path + ' records.py']:>12,}{row[path + ' columnar'] / row[path + ' records.py']:>7.1f}")
+        if args.json:
+            with open(args.json, "w") as file:
+                json.dump(row, file, indent=1)
+        return
     rows = []
     for name, values, headers, batch_bytes, compression in SCENARIOS:
         if args.only and args.only not in name:

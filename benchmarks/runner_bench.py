@@ -1,11 +1,13 @@
 """`onceflow bench --runner`: onceflow's streaming runner beside Quix Streams 3,
 both exactly once, the same apps on the same broker (ours) in one run.
 
-    onceflow bench --runner [--runner-records 30000] [--runner-latency-rate 500] [--restore-keys 1000000] [--json FILE]
+    onceflow bench --runner [--runner-records 30000] [--runner-partitions 2] [--runner-only map] [--runner-latency-rate 500]
+                            [--restore-keys 1000000] [--json FILE]
     python -m benchmarks.runner_bench ...        (the same)
 
 Scenarios (apps in ``benchmarks.runner_apps``, each instance its own process
-and state directory; input 2 partitions, keyed by 1,000 accounts):
+and state directory; input and output of ``--runner-partitions`` partitions (2),
+keyed by 1,000 accounts; ``--runner-only`` runs the scenarios whose name contains it):
 
 - throughput: a prepared input of ``--runner-records`` payments through the
   stateless map and through the stateful balances app, with 1 and with 2
@@ -54,6 +56,8 @@ ACCOUNTS = 1000
 @attrs.frozen
 class RunnerSettings:
     records: int = 30_000
+    partitions: int = 2
+    only: str | None = None  # run only the scenarios whose name contains this
     latency_rate: int = 500
     latency_seconds: float = 5.0
     restore_keys: int = 1_000_000
@@ -137,24 +141,24 @@ class Instances:
             return f"an instance exited with {dead[0]}: {log.read()[-1500:]}"
 
 
-def output_reader(bootstrap: str, topic: str):
+def output_reader(bootstrap: str, topic: str, partitions: int):
     from confluent_kafka import Consumer, TopicPartition
 
     # fetch.wait.max.ms: the reader must not add its own 500 ms fetch wait to the latencies.
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{uuid.uuid4().hex[:6]}", "isolation.level": "read_committed",
                          "fetch.wait.max.ms": 10, **CONSUMER_SETTINGS})
-    consumer.assign([TopicPartition(topic, p, 0) for p in range(2)])
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
     return consumer
 
 
 def throughput(bootstrap: str, framework: str, app: str, instances: int, settings: RunnerSettings, work: str) -> dict[str, float]:
     source, sink = f"in-{uuid.uuid4().hex[:8]}", f"out-{uuid.uuid4().hex[:8]}"
     table = f"accounts-{uuid.uuid4().hex[:8]}" if app == "join" else None
-    create_topics(bootstrap, {source: 2, sink: 2, **({table: 2} if table else {})})
+    create_topics(bootstrap, {source: settings.partitions, sink: settings.partitions, **({table: settings.partitions} if table else {})})
     if table:
         fill_accounts(bootstrap, table)  # before the payments: every payment's account is in the table at its timestamp
     fill_payments(bootstrap, source, settings.records)
-    reader = output_reader(bootstrap, sink)
+    reader = output_reader(bootstrap, sink, settings.partitions)
     apps = Instances(framework, app, bootstrap, source, sink, work, settings, table)
     started = time.perf_counter()
     apps.start(instances)
@@ -182,8 +186,8 @@ def latency(bootstrap: str, framework: str, settings: RunnerSettings, work: str)
     from confluent_kafka import Producer
 
     source, sink = f"in-{uuid.uuid4().hex[:8]}", f"out-{uuid.uuid4().hex[:8]}"
-    create_topics(bootstrap, {source: 2, sink: 2})
-    reader = output_reader(bootstrap, sink)
+    create_topics(bootstrap, {source: settings.partitions, sink: settings.partitions})
+    reader = output_reader(bootstrap, sink, settings.partitions)
     apps = Instances(framework, "map", bootstrap, source, sink, work, settings)
     apps.start(1)
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 0})
@@ -313,6 +317,8 @@ def run(settings: RunnerSettings, say, *, work_dir: str | None = None, restore_t
                 for instances in (1, 2):
                     for framework in FRAMEWORKS:
                         name = f"{app}, {instances} instance{'s' if instances > 1 else ''}"
+                        if not wanted(settings, name):
+                            continue
                         began = time.perf_counter()
                         try:
                             results[(name, framework)] = throughput(broker.bootstrap, framework, app, instances, settings, work)
@@ -321,13 +327,15 @@ def run(settings: RunnerSettings, say, *, work_dir: str | None = None, restore_t
                         say(f"  [{framework}] {name}: {_head(results[(name, framework)])} ({time.perf_counter() - began:.1f} s)")
             for framework in FRAMEWORKS:
                 name = f"latency at {settings.latency_rate}/s (map)"
+                if not wanted(settings, name):
+                    continue
                 try:
                     results[(name, framework)] = latency(broker.bootstrap, framework, settings, work)
                 except Exception as error:  # noqa: BLE001
                     results[(name, framework)] = {"error": f"{type(error).__name__}: {error}"}
                 say(f"  [{framework}] {name}: {_head(results[(name, framework)])}")
-            if restore_too:
-                name = f"restore {settings.restore_keys:,} keys"
+            name = f"restore {settings.restore_keys:,} keys"
+            if restore_too and wanted(settings, name):
                 try:
                     results[(name, "onceflow")] = restore(broker.bootstrap, settings, work, say)
                 except Exception as error:  # noqa: BLE001
@@ -335,6 +343,10 @@ def run(settings: RunnerSettings, say, *, work_dir: str | None = None, restore_t
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return table(results, say)
+
+
+def wanted(settings: RunnerSettings, scenario: str) -> bool:
+    return settings.only is None or settings.only in scenario
 
 
 def _head(metrics: dict) -> str:
@@ -376,7 +388,7 @@ def table(results: dict, say) -> list[dict]:
 
 
 def settings_from(args) -> RunnerSettings:
-    return RunnerSettings(records=args.runner_records, latency_rate=args.runner_latency_rate, latency_seconds=args.runner_latency_seconds,
+    return RunnerSettings(records=args.runner_records, partitions=args.runner_partitions, only=args.runner_only, latency_rate=args.runner_latency_rate, latency_seconds=args.runner_latency_seconds,
                           restore_keys=args.restore_keys, commit_interval_ms=args.commit_interval_ms)
 
 

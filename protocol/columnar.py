@@ -101,6 +101,10 @@ _INT32_MAX = 2**31 - 1
 _MOST_RUNS = 16
 _RECORDS_PER_RUN = 64
 _OFFSET_DELTAS: tuple[np.ndarray, np.ndarray] = (np.zeros((0, 1), dtype=np.uint8), np.zeros(0, dtype=np.int64))
+# The empty byte string as an Arrow scalar, for the separators and fills of
+# the compute functions: a Python b"" is turned into one by pyarrow.scalar,
+# which imports pandas (when installed) on its first call.
+_NOTHING = pa.Array.from_buffers(pa.binary(), 1, [None, pa.py_buffer(np.zeros(2, dtype=np.int32)), pa.py_buffer(b"")])[0]
 
 
 class _Damaged(Exception):
@@ -190,7 +194,7 @@ def _raise_precise_error(view, kept: list[_KeptBatch]):
 
 
 def _empty_columns() -> pa.RecordBatch:
-    return pa.RecordBatch.from_arrays([pa.array([], field.type) for field in FETCHED_SCHEMA], schema=FETCHED_SCHEMA)
+    return pa.RecordBatch.from_arrays([pa.nulls(0, field.type) for field in FETCHED_SCHEMA], schema=FETCHED_SCHEMA)
 
 
 def _record_starts(buf: bytes, bytes_view: np.ndarray, kept: list[_KeptBatch]) -> np.ndarray:
@@ -374,7 +378,7 @@ def _decode_columns(buf: bytes, kept: list[_KeptBatch], start_offset: int) -> pa
     value = _binary_column(data, value_start, value_length, pa.binary())
     headers = _headers_column(data, header_count, header_entries)
     return pa.RecordBatch.from_arrays(
-        [key, value, pa.array(offset, pa.int64()), pa.array(timestamp, pa.int64()), pa.array(timestamp_type, pa.int32()), headers],
+        [key, value, _numpy_array(offset, np.int64), _numpy_array(timestamp, np.int64), _numpy_array(timestamp_type, np.int32), headers],
         schema=FETCHED_SCHEMA,
     )
 
@@ -439,11 +443,11 @@ def _binary_column(data: pa.Buffer, starts: np.ndarray, lengths: np.ndarray, kin
     bounds[1::2] = ends
     bounds[-1] = ends[-1] if count else 0
     if count == 0:
-        return pa.array([], kind)
+        return pa.nulls(0, kind)
     large = bounds[-1] > _INT32_MAX
     scaffold_type = pa.large_binary() if large else pa.binary()
     scaffold = pa.Array.from_buffers(scaffold_type, 2 * count, [None, pa.py_buffer(bounds if large else bounds.astype(np.int32)), data])
-    taken = scaffold.take(pa.array(np.arange(0, 2 * count, 2, dtype=np.int64)))
+    taken = scaffold.take(_numpy_array(np.arange(0, 2 * count, 2), np.int64))
     if large:
         total = int(np.maximum(lengths, 0).sum())
         if total > _INT32_MAX:
@@ -458,8 +462,8 @@ def _headers_column(data: pa.Buffer, header_count: np.ndarray, entries) -> pa.Ar
     list_offsets = np.zeros(len(header_count) + 1, dtype=np.int32)
     np.cumsum(header_count, out=list_offsets[1:])
     if entries is None or len(entries[0]) == 0:
-        keys = pa.array([], pa.string())
-        values = pa.array([], pa.binary())
+        keys = pa.nulls(0, pa.string())
+        values = pa.nulls(0, pa.binary())
     else:
         _owners, key_starts, key_lengths, value_starts, value_lengths = entries
         keys = _binary_column(data, key_starts, key_lengths, pa.string())
@@ -469,7 +473,7 @@ def _headers_column(data: pa.Buffer, header_count: np.ndarray, entries) -> pa.Ar
             raise _Damaged from None
         values = _binary_column(data, value_starts, value_lengths, pa.binary())
     pairs = pa.StructArray.from_arrays([keys, values], fields=list(HEADER_STRUCT_TYPE))
-    return pa.ListArray.from_arrays(pa.array(list_offsets, pa.int32()), pairs, type=HEADERS_TYPE)
+    return pa.ListArray.from_arrays(_numpy_array(list_offsets, np.int32), pairs, type=HEADERS_TYPE)
 
 
 # ---------------------------------------------------------------------------
@@ -603,8 +607,8 @@ def _section_joined(timestamp_rows, offset_rows, key: pa.Array, key_length: np.n
     middle = _varint_binary([value_rows])
     suffix = _varint_binary([count_rows])
     if header_bytes is not None:
-        suffix = pc.binary_join_element_wise(suffix, header_bytes, b"")
-    joined = pc.binary_join_element_wise(prefix, _without_nulls(key), middle, _without_nulls(value), suffix, b"")
+        suffix = pc.binary_join_element_wise(suffix, header_bytes, _NOTHING)
+    joined = pc.binary_join_element_wise(prefix, _without_nulls(key), middle, _without_nulls(value), suffix, _NOTHING)
     offsets = np.frombuffer(joined.buffers()[1], dtype=np.int32, count=len(key_length) + 1, offset=joined.offset * 4)
     return memoryview(joined.buffers()[2])[int(offsets[0]) : int(offsets[-1])]
 
@@ -701,6 +705,14 @@ def _data_and_starts(column: pa.Array, lengths: np.ndarray) -> tuple[np.ndarray,
     return data, offsets[:-1].astype(np.int64)
 
 
+def _numpy_array(values: np.ndarray, dtype) -> pa.Array:
+    """A numpy array of numbers as an Arrow array, through its buffer:
+    ``pyarrow.array`` would import pandas (when installed) on its first call,
+    a second of a streaming app's start-up."""
+    values = np.ascontiguousarray(values, dtype=dtype)
+    return pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), len(values), [None, pa.py_buffer(values)])
+
+
 def _column(values, kind: pa.DataType) -> pa.Array:
     if isinstance(values, pa.ChunkedArray):
         return values.combine_chunks() if values.num_chunks != 1 else values.chunk(0)
@@ -721,12 +733,15 @@ def _as_binary(values, name: str) -> pa.Array:
 
 
 def _as_timestamps(values) -> np.ndarray:
+    if isinstance(values, np.ndarray) and values.dtype.kind in "iu" and values.ndim == 1:
+        return values.astype(np.int64, copy=False)
     column = _column(values, pa.int64())
     if pa.types.is_timestamp(column.type):
         column = column.cast(pa.timestamp("ms")).cast(pa.int64())
     if column.null_count:
         raise ValueError("the timestamp column has nulls; every record needs its timestamp")
-    return column.cast(pa.int64()).to_numpy(zero_copy_only=False)
+    column = column.cast(pa.int64())
+    return np.frombuffer(column.buffers()[1], dtype=np.int64, count=len(column), offset=column.offset * 8)  # (to_numpy would import pandas)
 
 
 def _lengths(column: pa.Array) -> np.ndarray:
@@ -734,12 +749,20 @@ def _lengths(column: pa.Array) -> np.ndarray:
     offsets = np.frombuffer(column.buffers()[1], dtype=np.int32, count=len(column) + 1, offset=column.offset * 4)
     lengths = np.diff(offsets).astype(np.int64)
     if column.null_count:
-        lengths[column.is_null().to_numpy(zero_copy_only=False)] = -1
+        lengths[~_present(column)] = -1
     return lengths
 
 
+def _present(column: pa.Array) -> np.ndarray:
+    """Which values are not null, from the validity bitmap (``is_null().to_numpy()`` would import pandas)."""
+    if column.null_count == 0:
+        return np.ones(len(column), dtype=bool)
+    bits = np.unpackbits(np.frombuffer(column.buffers()[0], dtype=np.uint8), bitorder="little")
+    return bits[column.offset : column.offset + len(column)].astype(bool)
+
+
 def _without_nulls(column: pa.Array) -> pa.Array:
-    return column.fill_null(b"") if column.null_count else column
+    return column.fill_null(_NOTHING) if column.null_count else column
 
 
 def _zigzag(values: np.ndarray) -> np.ndarray:
@@ -804,9 +827,9 @@ def _encoded_headers(headers, count: int) -> tuple[np.ndarray, pa.Array | None]:
     key_length = _lengths(header_key)
     value_length = _lengths(header_value)
     entries = pc.binary_join_element_wise(
-        _varint_binary([_varint_rows(key_length)]), header_key, _varint_binary([_varint_rows(value_length)]), _without_nulls(header_value), b""
+        _varint_binary([_varint_rows(key_length)]), header_key, _varint_binary([_varint_rows(value_length)]), _without_nulls(header_value), _NOTHING
     )
     list_offsets = np.zeros(count + 1, dtype=np.int32)
     np.cumsum(header_count, out=list_offsets[1:])
-    per_record = pa.ListArray.from_arrays(pa.array(list_offsets), entries)
-    return header_count, pc.binary_join(per_record, b"")
+    per_record = pa.ListArray.from_arrays(_numpy_array(list_offsets, np.int32), entries)
+    return header_count, pc.binary_join(per_record, _NOTHING)

@@ -6,7 +6,7 @@ application id, static member ``{application_id}-{instance_id}``, the
 cooperative ``copartitioned-sticky`` assignor of ``txn.assignors``) and one
 transactional producer (transactional id the same string). The loop:
 
-    poll -> for each record: deserialize, run the processor(s) (their store
+    poll (columns) -> for each record: deserialize, run the processor(s) (their store
             writes go to the transaction's pending layer, their emits to
             the producer, inside the open transaction)
          -> every commit_interval_ms or commit_records, whichever first:
@@ -54,11 +54,14 @@ its assigned partitions and the progress of restores as state; with
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import signal
 import sys
 import threading
 import time
+
+import numpy as np
 
 from streaming import topics
 from streaming.app import App
@@ -68,9 +71,10 @@ from streaming.global_tables import GlobalTableReader
 from streaming.lifecycle import RunnerEvent, RunnerState, transition
 from streaming.picking import RecordPicker, copartition_groups, table_topics
 from streaming.restore import RESTORE_CHUNK, Shards
-from streaming.task import Task
+from streaming.task import Task, fetched_records
 from streaming.transaction import Outcome, Transaction, abort_cause
 from txn.admin import AsyncAdmin
+from txn.column_batches import binary_array, numpy_array
 from txn.consumer import AsyncConsumer
 from txn.errors import GROUP_FENCING, TRANSIENT_ERRORS, InvalidConfigurationError, KafkaError
 from txn.types import TopicPartition
@@ -85,9 +89,20 @@ log = logging.getLogger("streaming.runner")
 # (partition N of every source on one instance, with its store shards).
 DEFAULTS_CONSUMER = {"max_poll_records": 500, "partition_assignment_strategy": ("copartitioned-sticky",)}
 COPARTITIONING_ASSIGNORS = {"copartitioned-sticky", "range"}  # the assignors that keep partition N of every source on one member
+SEND_RECORDS = 2000  # emits gathered before they go to the producer as column batches, unless a commit comes first
 LAG_REFRESH_SECONDS = 1.0  # how often the lag is asked for while metrics are served
 
 E = RunnerEvent
+
+
+def load_columnar() -> None:
+    """Load what the columnar fetch and produce load on first use
+    (``protocol.columnar``, numpy, pyarrow's compute functions): before the
+    group is joined, not in the first fetch, where a second of imports would
+    hold the event loop, and the heartbeats, past a short session timeout."""
+    importlib.import_module("protocol.columnar")
+
+    binary_array([b""]).take(numpy_array(np.zeros(1, dtype=np.int64)))
 
 
 class Runner:
@@ -160,6 +175,7 @@ class Runner:
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(signum, app.stop)
                 installed.append(signum)
+        load_columnar()  # after the handlers: a SIGTERM meanwhile stops the run as it would later
         common = {k: v for k, v in app.consumer_options.items() if k in app.producer_options}
         endpoint = exported = None
         try:
@@ -296,6 +312,7 @@ class Runner:
         progress_mark = (time.monotonic(), 0, 0)
         self.last_activity = time.monotonic()
         poll_delay = RetryDelay()
+        max_records = consumer.config.max_poll_records
         while not app.stopping:
             timeout = max(0.0, txn.started + interval - time.monotonic()) if txn.open else 0.5
             picker = self.picker
@@ -305,14 +322,15 @@ class Runner:
                 # One try per turn of this loop (stopping=True after the
                 # wait): commits, progress and idleness are looked at between tries.
                 # While the picker holds records ready to go, fetch nothing more (its memory stays bounded).
-                records = [] if picker is not None and picker.backlog else await retry(
-                    lambda: consumer.poll(min(timeout, 0.5)), what="poll", stopping=lambda: True, log=log, delay=poll_delay)
+                polled = {} if picker is not None and picker.backlog else await retry(
+                    lambda: consumer.poll_columns(min(timeout, 0.5), max_records), what="poll", stopping=lambda: True, log=log, delay=poll_delay)
             except TRANSIENT_ERRORS:
                 continue
+            records = [record for tp, columns in polled.items() for record in fetched_records(tp.topic, tp.partition, columns)]
             if picker is not None:
                 picker.add(records)
                 # At most a poll's worth per turn, so commits and rebalances come between.
-                records = picker.take(int(time.time() * 1000), limit=self.consumer.config.max_poll_records)
+                records = picker.take(int(time.time() * 1000), limit=max_records)
             if self.global_reader is not None:
                 try:
                     await self.global_reader.catch_up()
@@ -330,10 +348,12 @@ class Runner:
                                 break  # rewound: the rest of this poll is read again
                 finally:
                     self.metrics.add("records_in", processed)
-                # Processing never awaits anything that waits, so the batches
-                # it filled would go out only at the commit's flush: let them
-                # go now, to be written while the next records are processed.
-                await asyncio.sleep(0)
+                # Enough emits go to the producer as column batches, to be
+                # written while the next records are processed (the rest with the commit).
+                if len(txn.pending) >= SEND_RECORDS:
+                    await txn.send_pending()
+                else:
+                    await asyncio.sleep(0)  # a turn for the consumer's heartbeats and the producer's sends
             if self.task.wall_clock_timers and self.state is RunnerState.RUNNING:
                 await self._fire_wall_clock_timers()
             if txn.open and time.monotonic() - txn.started >= interval:
@@ -362,9 +382,7 @@ class Runner:
         except Exception:
             self._enter(E.FAIL)  # on_error="stop": ProcessingError
             raise
-        for topic, key, value, headers, timestamp, _processor in outputs:
-            await txn.send(topic, key, value, headers, timestamp)
-        txn.outputs += len(outputs)
+        txn.add(outputs)
         tp = self.topic_partitions.get((raw.topic, raw.partition))
         if tp is None:
             tp = self.topic_partitions[(raw.topic, raw.partition)] = TopicPartition(raw.topic, raw.partition)
@@ -386,9 +404,7 @@ class Runner:
         except Exception:
             self._enter(E.FAIL)  # a timer raised: ProcessingError
             raise
-        for topic, key, value, headers, timestamp, _processor in outputs:
-            await txn.send(topic, key, value, headers, timestamp)
-        txn.outputs += len(outputs)
+        txn.add(outputs)
 
     async def _purge_repartition_topics(self) -> None:
         """Delete the records of the repartition partitions held up to the

@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import base64
 import json
+import json.encoder
+import json.scanner
 from typing import Any, Callable
 
 import attrs
@@ -82,10 +84,35 @@ def _str_out(value) -> bytes:
 # One encoder for every value: json.dumps with options builds a new
 # JSONEncoder per call, which was half the cost of a small value.
 COMPACT_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+# And its C encoding function made once (JSONEncoder.encode makes one per
+# call, with a dict for circular references: a circular value fails here by
+# recursion instead, a SerializationError all the same). None where the C
+# accelerator is missing.
+_ENCODE_C = (json.encoder.c_make_encoder(None, COMPACT_JSON.default, json.encoder.encode_basestring, None, ":", ",", False, False, False)
+             if json.encoder.c_make_encoder is not None else None)
+# The C scanner json.loads ends in, without its detection of the encoding and its whitespace look-ups.
+_SCAN = json.scanner.make_scanner(json.JSONDecoder())
 
 
 def _json_out(value) -> bytes:
-    return COMPACT_JSON.encode(value).encode("utf-8")
+    if _ENCODE_C is None or isinstance(value, str):
+        return COMPACT_JSON.encode(value).encode("utf-8")
+    return "".join(_ENCODE_C(value, 0)).encode("utf-8")
+
+
+def _json_in(data):
+    """``json.loads(data)``: the scanner straight on the UTF-8 text when that
+    is one JSON value from its first byte to its last (what compact JSON
+    writers write); anything else (whitespace around it, a BOM, UTF-16 or 32,
+    damage) goes through ``json.loads`` itself, so values and errors are its own."""
+    try:
+        text = data if isinstance(data, str) else bytes(data).decode("utf-8")
+        value, end = _SCAN(text, 0)
+        if end == len(text):
+            return value
+    except (ValueError, StopIteration):
+        pass
+    return json.loads(data)
 
 
 def _auto_out(value) -> bytes:
@@ -99,7 +126,7 @@ def _auto_out(value) -> bytes:
 def _auto_in(data: bytes):
     data = bytes(data)
     try:
-        return json.loads(data)
+        return _json_in(data)
     except ValueError:
         pass
     try:
@@ -111,7 +138,7 @@ def _auto_in(data: bytes):
 FORMATS: dict[str, Serde] = {
     "bytes": Serde("bytes", _bytes_out, bytes),
     "str": Serde("str", _str_out, lambda data: bytes(data).decode("utf-8")),
-    "json": Serde("json", _json_out, json.loads),
+    "json": Serde("json", _json_out, _json_in),
     "auto": Serde("auto", _auto_out, _auto_in),
 }
 

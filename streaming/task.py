@@ -16,6 +16,10 @@ dead-letter topic, with headers naming the error, the stage, the processor
 and the position, and counts it (``dead_letters``) into the transaction's
 counters; the other processors of the record run as usual.
 
+The runner's input records are ``FetchedRecord``s (``fetched_records``
+makes them from the column batches its consumer polls); the test driver's
+are ``txn.types.ConsumerRecord``s; both have the same fields.
+
 What the caller provides: the shard of a (store, partition) (the runner's
 restored shards, the driver's in-memory ones) and the open transaction's
 counters (``counts``, a dict it resets when a transaction ends).
@@ -32,6 +36,7 @@ there is no record to dead-letter.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from typing import Any, Callable
 
@@ -54,6 +59,44 @@ def _next_fire(timer: Timer) -> tuple:
 def _aligned(time_ms: int, every_ms: int) -> int:
     """The latest multiple of ``every_ms`` at or before ``time_ms``."""
     return time_ms - time_ms % every_ms
+
+
+class FetchedRecord:
+    """A record of a fetched column batch (``fetched_records``), with
+    ``txn.types.ConsumerRecord``'s first fields: the one object the runner makes per input record.
+    Its fields are plain slots filled from lists the columns give at once
+    (a property reading the columns on touch cost more: the task reads every
+    field of every record)."""
+
+    __slots__ = ("topic", "partition", "offset", "timestamp", "key", "value", "headers")
+
+    def __init__(self, topic: str, partition: int, offset: int, timestamp: int, key: bytes | None, value: bytes | None, headers: tuple):
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        self.timestamp = timestamp
+        self.key = key
+        self.value = value
+        self.headers = headers
+
+    def __repr__(self) -> str:
+        return (f"FetchedRecord(topic={self.topic!r}, partition={self.partition}, offset={self.offset}, timestamp={self.timestamp}, "
+                f"key={self.key!r}, value={self.value!r}, headers={self.headers!r})")
+
+
+def fetched_records(topic: str, partition: int, columns) -> list[FetchedRecord]:
+    """The records of one partition's fetched columns
+    (``protocol.columnar.FETCHED_SCHEMA``, what ``poll_columns`` hands out):
+    each column turned into Python values by Arrow at once, headers only in
+    a batch that carries some."""
+    count = columns.num_rows
+    headers_column = columns.column(5)
+    if headers_column.offsets[count].as_py() == headers_column.offsets[0].as_py():  # no record has headers
+        headers = itertools.repeat((), count)
+    else:
+        headers = [tuple([(entry["key"], entry["value"]) for entry in entries]) if entries else () for entries in headers_column.to_pylist()]
+    return list(map(FetchedRecord, itertools.repeat(topic, count), itertools.repeat(partition, count), columns.column(2).to_pylist(),
+                    columns.column(3).to_pylist(), columns.column(0).to_pylist(), columns.column(1).to_pylist(), headers))
 
 
 def dead_letter_headers(raw, processor: Processor, error: BaseException, stage: str) -> tuple:

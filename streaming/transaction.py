@@ -3,9 +3,16 @@ processors emitted, their stores' changes (to the changelogs) and the input
 offsets they reach, and what becomes of it (``Outcome``).
 
 ``Transaction`` owns the instance's transactional producer and the open
-transaction's bookkeeping (records in, records out, next offsets). Its
-``commit`` does, in order:
+transaction's bookkeeping (records in, records out, next offsets, the
+emitted records not yet handed to the producer). Emits are gathered
+(``add``) and go to the producer as column batches (``send_columns``: one
+encoding, one future per topic and call, not one per record) when the
+runner has processed a poll's records (``send_pending``) and before the
+commit; the changelog writes go the same way. The idempotent and
+transactional sequencing is the producer's, unchanged: a failed batch fails
+the commit as a failed record did. Its ``commit`` does, in order:
 
+    the emits not yet sent -> the producer
     the dirty stores' pending writes -> their changelogs (one record per key)
     flush, and send_offsets_to_transaction(next offsets, group metadata)   (together)
     commit_transaction
@@ -35,11 +42,14 @@ import time
 from typing import Callable
 
 import attrs
+import pyarrow as pa
 
+from protocol.columnar import HEADERS_TYPE
 from streaming.app import App
 from streaming.errors import InstanceFencedError
 from streaming.store import Store, StoreFile
 from txn.errors import GROUP_FENCING, TRANSIENT_ERRORS, ApplicationRecoverableError, CommitFailedError, CommitOutcomeUnknownError, KafkaError, RetriableError, TransactionAbortableError
+from txn.column_batches import binary_array, int64_array
 from txn.producer import AsyncProducer
 from txn.types import OffsetAndMetadata, TopicPartition
 
@@ -98,6 +108,8 @@ class Transaction:
         self.records = 0
         self.outputs = 0
         self.offsets: dict[TopicPartition, int] = {}
+        # Emitted, not yet handed to the producer: (topic, key, value, headers, timestamp, processor).
+        self.pending: list[tuple] = []
 
     # -- the producer ------------------------------------------------------------------------------
 
@@ -114,6 +126,7 @@ class Transaction:
         as the coordinator decided) whatever the old one left open."""
         self.open = False
         self._discard_pending()
+        self.pending = []
         old, self.producer = self.producer, self._new_producer()
         await old.cluster.abandon()
         try:
@@ -146,13 +159,26 @@ class Transaction:
             self.open = True
             self.started = time.monotonic()
 
-    async def send(self, topic: str, key, value, headers, timestamp, partition: int | None = None, *, report: bool = False):
-        """Send in the open transaction; the record's future only if
-        ``report`` (a failed record fails the commit either way)."""
-        producer = self.producer
-        if producer.can_append_now(topic, partition):
-            return producer.append(topic, partition, value, key, headers, timestamp, report=report)
-        return await producer.send(topic, value, key=key, partition=partition, headers=headers, timestamp=timestamp)
+    def add(self, outputs: list[tuple]) -> None:
+        """Records the processors emitted in the open transaction, to send with
+        the next ``send_pending``: (topic, key, value, headers, timestamp, processor)."""
+        self.pending += outputs
+        self.outputs += len(outputs)
+
+    async def send_pending(self) -> None:
+        """Hand the emits gathered so far to the producer, a column batch per topic."""
+        if not self.pending:
+            return
+        pending, self.pending = self.pending, []
+        by_topic: dict[str, list[tuple]] = {}
+        if all(output[0] == pending[0][0] for output in pending):
+            by_topic[pending[0][0]] = pending
+        else:
+            for output in pending:
+                by_topic.setdefault(output[0], []).append(output)
+        for topic, outputs in by_topic.items():
+            _topics, keys, values, headers, timestamps, _processors = zip(*outputs)
+            await self.producer.send_columns(topic, binary_array(values), binary_array(keys), headers=_headers_column(headers), timestamp=int64_array(timestamps))
 
     def processed(self, tp: TopicPartition, next_offset: int) -> None:
         """One more input record is in the transaction; ``tp`` reaches ``next_offset``."""
@@ -162,6 +188,7 @@ class Transaction:
     def _forget(self) -> None:
         self.records = self.outputs = 0
         self.offsets = {}
+        self.pending = []
         self.task.forget()
 
     def _discard_pending(self) -> None:
@@ -232,16 +259,14 @@ class Transaction:
     async def _commit(self, group_metadata) -> None:
         producer = self.producer
         began = time.monotonic()
+        await self.send_pending()
         written: list[tuple[Store, dict, object]] = []
         for store in self.task.take_dirty():
             changes = store.take_pending()
             if not changes:
                 continue
             topic = self.app.changelog_topic(store.name)
-            last = len(changes) - 1
-            for index, (key, value) in enumerate(changes.items()):
-                # Only the shard's last record's offset is needed: where its SQLite file stands after this commit.
-                outcome = await self.send(topic, key, value, (), None, partition=store.partition, report=index == last)
+            outcome = await producer.send_columns(topic, binary_array(list(changes.values())), binary_array(list(changes.keys())), partition=store.partition)
             written.append((store, changes, outcome))
         # The offsets' round trips (AddOffsetsToTxn, TxnOffsetCommit) overlap
         # the records' flush; both finish (no orphan task) before any error counts.
@@ -260,12 +285,20 @@ class Transaction:
         self.app.crash_point(CRASH_AFTER_COMMIT)
         for store, changes, last in written:
             # The changelog offset after this transaction's last record of the
-            # shard. An offset the broker did not report (a retried duplicate)
-            # leaves the shard's position where it was: re-reading from there
-            # replays writes it already has, which changes nothing.
-            reached = last.result().offset + 1
+            # shard (its last batch's). An offset the broker did not report (a
+            # retried duplicate) leaves the shard's position where it was:
+            # re-reading from there replays writes it already has, which changes nothing.
+            batch = last.result()[-1]
+            reached = batch.offset + batch.count if batch.offset >= 0 else 0
             next_offset = max(store.next_offset, reached)
             store.apply_committed(changes, next_offset)
             file = self.shard_file(store)
             if file is not None:
                 await file.apply(changes, next_offset)
+
+
+def _headers_column(headers: tuple):
+    """The emits' headers ((key, value) pairs each) as an Arrow column; None when no emit has any."""
+    if not any(headers):
+        return None
+    return pa.array([[{"key": key, "value": value} for key, value in pairs] for pairs in headers], HEADERS_TYPE)

@@ -9,6 +9,12 @@ batches. Pure functions over numpy and Arrow arrays (no I/O), used by
   at once: keys are grouped by length, and each group's 4-byte blocks are
   mixed as uint32 columns (numpy's uint32 arithmetic wraps as Java's int
   does). Equal, key for key, to ``protocol.partitioning.murmur2``.
+- ``binary_array``, ``int64_array``, ``numpy_array``, ``present_mask``: Arrow arrays built
+  from Python lists and numpy arrays through their buffers, and a column's
+  validity as numpy. ``pyarrow.array`` (and ``to_numpy``) import pandas,
+  when installed, on their first call (they look whether their argument is
+  a pandas object): a second of start-up, for a streaming app that never
+  uses pandas.
 - ``plan_batches``: rows grouped by partition (a stable sort: a partition's
   rows keep their order) and cut into runs whose estimated size stays under
   a byte limit, at least one row each.
@@ -39,6 +45,44 @@ def binary_offsets(column: pa.Array) -> np.ndarray:
     width = np.int64 if pa.types.is_large_binary(column.type) or pa.types.is_large_string(column.type) else np.int32
     offsets = np.frombuffer(column.buffers()[1], dtype=width, count=len(column) + 1, offset=column.offset * np.dtype(width).itemsize)
     return offsets.astype(np.int64) - int(offsets[0])
+
+
+def binary_array(values: list) -> pa.Array:
+    """A binary column of ``values`` (bytes, or None for a null)."""
+    count = len(values)
+    validity = None
+    if None in values:
+        present = np.fromiter((value is not None for value in values), dtype=bool, count=count)
+        validity = pa.py_buffer(np.packbits(present, bitorder="little"))
+        values = [b"" if value is None else value for value in values]
+    offsets = np.zeros(count + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, values), dtype=np.int64, count=count), out=offsets[1:])
+    if offsets[-1] > 2**31 - 1:
+        raise ValueError(f"{int(offsets[-1])} bytes do not fit one Arrow binary column (2 GiB)")
+    return pa.Array.from_buffers(pa.binary(), count, [validity, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(values))])
+
+
+def int64_array(values: list) -> pa.Array:
+    """An int64 column of ``values`` (ints, or None for a null)."""
+    if None in values:
+        present = [value is not None for value in values]
+        column = numpy_array(np.array([0 if value is None else value for value in values], dtype=np.int64))
+        return pa.Array.from_buffers(pa.int64(), len(values), [pa.py_buffer(np.packbits(present, bitorder="little")), column.buffers()[1]])
+    return numpy_array(np.array(values, dtype=np.int64))
+
+
+def numpy_array(values: np.ndarray) -> pa.Array:
+    """A one-dimensional numpy array of fixed-width numbers as an Arrow array (no nulls)."""
+    values = np.ascontiguousarray(values)
+    return pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), len(values), [None, pa.py_buffer(values)])
+
+
+def present_mask(column: pa.Array) -> np.ndarray:
+    """Which values of ``column`` are not null, read from its validity bitmap."""
+    if column.null_count == 0:
+        return np.ones(len(column), dtype=bool)
+    bits = np.unpackbits(np.frombuffer(column.buffers()[0], dtype=np.uint8), bitorder="little")
+    return bits[column.offset : column.offset + len(column)].astype(bool)
 
 
 def murmur2_partitions(key: pa.Array, partition_count: int) -> np.ndarray:

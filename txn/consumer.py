@@ -63,6 +63,7 @@ class AsyncConsumer(Fetcher, GroupDriver):
         self._positions: dict[TopicPartition, int | None] = {}
         self._buffers: dict[TopicPartition, collections.deque] = {}
         self._buffer_ends: dict[TopicPartition, int] = {}
+        self._column_buffers: dict = {}  # TopicPartition -> (rows not yet handed out, the fetch's end): poll_columns(max_records=...)
         self._subscription: tuple[str, ...] = ()
         self._listener = None
         self._member: GroupMember | None = None
@@ -94,7 +95,7 @@ class AsyncConsumer(Fetcher, GroupDriver):
             raise FatalError(message="assign() after subscribe(): call unsubscribe() first")
         partitions = [as_topic_partition(p) for p in partitions]
         self._positions = {tp: self._positions.get(tp) for tp in partitions}
-        self._drop_buffers(set(self._buffers) - set(partitions))
+        self._drop_buffers(self._buffered() - set(partitions))
 
     def assignment(self) -> list[TopicPartition]:
         return sorted(self._positions)
@@ -127,7 +128,7 @@ class AsyncConsumer(Fetcher, GroupDriver):
             await self._leave_group()
         self._subscription = ()
         self._positions = {}
-        self._drop_buffers(set(self._buffers))
+        self._drop_buffers(self._buffered())
 
     def seek(self, partition, offset: int) -> None:
         tp = as_topic_partition(partition)
@@ -381,10 +382,10 @@ class Consumer(SyncClient):
     def poll(self, timeout: float = 1.0) -> list[ConsumerRecord]:
         return self._call(self._async.poll(timeout))
 
-    def poll_columns(self, timeout: float = 1.0) -> dict:
+    def poll_columns(self, timeout: float = 1.0, max_records: int | None = None) -> dict:
         """``{TopicPartition: pyarrow.RecordBatch}`` of visible records
         (``AsyncConsumer.poll_columns``, ``txn.fetcher``)."""
-        return self._call(self._async.poll_columns(timeout))
+        return self._call(self._async.poll_columns(timeout, max_records))
 
     def seek(self, partition, offset: int) -> None:
         self._thread.run(self._async.seek, partition, offset)

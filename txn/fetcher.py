@@ -31,13 +31,18 @@ partition's visible records as one Arrow record batch
 (``protocol.columnar.FETCHED_SCHEMA``), decoded by ``protocol.columnar``
 under the same rules, with no Python object per record. It hands out a
 whole fetched partition at a time, so the position moves to the fetch's
-end at once, as it does when ``poll`` has handed out a fetch's last record.
-Partitions that still hold records fetched by ``poll`` are left to ``poll``.
+end at once, as it does when ``poll`` has handed out a fetch's last record;
+with ``max_records`` it hands out at most that many rows (slices of the
+fetched batches, no copy), keeps the rest for the next call, and moves the
+positions as ``poll`` does: past the last row handed out, to the fetch's
+end with its last. A seek, a revocation or a new assignment drops what is
+kept, as it drops ``poll``'s buffers. Partitions that still hold records
+fetched by ``poll`` are left to ``poll``.
 
 ``Fetcher`` is a base class of ``AsyncConsumer``, whose ``__init__`` sets
 the state it works on: ``_positions`` (partition -> next offset, None until
 initialized), ``_buffers`` and ``_buffer_ends`` (fetched, not yet handed
-out), ``cluster`` and ``config``.
+out), ``_column_buffers`` (the same for ``poll_columns``), ``cluster`` and ``config``.
 """
 
 from __future__ import annotations
@@ -153,6 +158,11 @@ class Fetcher:
         for tp in partitions:
             self._buffers.pop(tp, None)
             self._buffer_ends.pop(tp, None)
+            self._column_buffers.pop(tp, None)
+
+    def _buffered(self) -> set[TopicPartition]:
+        """The partitions holding fetched records not yet handed out (by ``poll`` or ``poll_columns``)."""
+        return set(self._buffers) | set(self._column_buffers)
 
     async def _list_offset(self, tp: TopicPartition, timestamp: int) -> int:
         body = {
@@ -196,16 +206,19 @@ class Fetcher:
                 del self._buffers[tp]
         return out
 
-    async def poll_columns(self, timeout: float = 1.0) -> dict:
+    async def poll_columns(self, timeout: float = 1.0, max_records: int | None = None) -> dict:
         """Each fetched partition's visible records as a ``pyarrow.RecordBatch``
         (``{TopicPartition: batch}``, only partitions with records), waiting up to
-        ``timeout`` seconds for some (see the module doc)."""
+        ``timeout`` seconds for some; at most ``max_records`` rows in all when
+        given, the rest kept for the next call (see the module doc)."""
         self._last_poll = time.monotonic()
         deadline = self._last_poll + timeout
         while True:
             if self._subscription and not await self._ensure_membership(deadline):
                 return {}
             await self._maybe_auto_commit()
+            if self._column_buffers:
+                return self._hand_out_columns(max_records)
             await self._initialize_positions()
             remaining = deadline - time.monotonic()
             if not self._positions:
@@ -215,11 +228,34 @@ class Fetcher:
                 continue
             columns: dict = {}
             await self._fetch(max(0.0, min(self.config.fetch_max_wait_ms / 1000, remaining)), columns=columns)
+            self._column_buffers.update(columns)
             if columns or time.monotonic() >= deadline:
-                return columns
+                return self._hand_out_columns(max_records)
+
+    def _hand_out_columns(self, max_records: int | None) -> dict:
+        """Up to ``max_records`` rows (all when None) of the kept fetched
+        columns, the positions moved past them."""
+        out: dict = {}
+        room = max_records
+        for tp in list(self._column_buffers):
+            if room is not None and room <= 0:
+                break
+            batch, end = self._column_buffers[tp]
+            if room is not None and batch.num_rows > room:
+                out[tp] = batch.slice(0, room)
+                self._column_buffers[tp] = (batch.slice(room), end)
+                self._positions[tp] = out[tp].column(2)[room - 1].as_py() + 1  # the offset column
+                room = 0
+                continue
+            out[tp] = batch
+            del self._column_buffers[tp]
+            self._positions[tp] = max(self._positions.get(tp) or 0, end)
+            if room is not None:
+                room -= batch.num_rows
+        return out
 
     async def _fetch(self, max_wait: float, columns: dict | None = None) -> None:
-        wanted = [tp for tp, offset in self._positions.items() if offset is not None and tp not in self._buffers]
+        wanted = [tp for tp, offset in self._positions.items() if offset is not None and tp not in self._buffers and tp not in self._column_buffers]
         by_leader: dict[int, list[TopicPartition]] = collections.defaultdict(list)
         for tp in wanted:
             if (tp.topic, tp.partition) not in self.cluster.leaders:
@@ -260,7 +296,7 @@ class Fetcher:
         for topic in response["responses"]:
             for answer in topic["partitions"]:
                 tp = TopicPartition(topic["topic"], answer["partition_index"])
-                if tp not in self._positions or self._positions[tp] != requested.get(tp) or tp in self._buffers:
+                if tp not in self._positions or self._positions[tp] != requested.get(tp) or tp in self._buffers or tp in self._column_buffers:
                     continue  # reassigned or sought while the fetch was out
                 code = answer["error_code"]
                 if code == ErrorCode.OFFSET_OUT_OF_RANGE:
@@ -279,9 +315,11 @@ class Fetcher:
                 start = requested[tp]
                 if columns is not None:
                     fetched_columns = fetched_partition_columns(data, answer.get("aborted_transactions"), tp=tp, fetch_offset=start, config=self.config)
-                    self._positions[tp] = max(start, fetched_columns.end)
                     if fetched_columns.columns.num_rows:
-                        columns[tp] = fetched_columns.columns
+                        # The position moves when the rows are handed out (_hand_out_columns).
+                        columns[tp] = (fetched_columns.columns, max(start, fetched_columns.end))
+                    else:
+                        self._positions[tp] = max(start, fetched_columns.end)
                     continue
                 fetched = fetched_partition(data, answer.get("aborted_transactions"), tp=tp, fetch_offset=start, config=self.config)
                 visible, end, log_append_offsets = fetched.records, fetched.end, fetched.log_append_offsets

@@ -115,7 +115,7 @@ class GroupDriver:
         for tp in list(self._positions):
             if tp not in owned:
                 del self._positions[tp]
-        self._drop_buffers(set(self._buffers) - owned)
+        self._drop_buffers(self._buffered() - owned)
         for tp in owned:
             self._positions.setdefault(tp, None)
 

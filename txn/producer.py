@@ -521,10 +521,9 @@ class AsyncProducer(Sender):
         when it is full this waits for room, at most ``max_block_ms``
         (``BufferExhaustedError``). Bad columns raise before anything is queued."""
         import numpy as np
-        import pyarrow as pa
 
         from protocol.columnar import HEADERS_TYPE, encode_records
-        from txn.column_batches import plan_batches, record_sizes
+        from txn.column_batches import numpy_array, plan_batches, record_sizes
 
         self.check_can_send()
         if not self._started:
@@ -548,7 +547,7 @@ class AsyncProducer(Sender):
         if len(partitions) > 1 and (partitions[1:] < partitions[:-1]).any():
             order = np.argsort(partitions, kind="stable")
             partitions = partitions[order]
-            indices = pa.array(order)
+            indices = numpy_array(order)
             value = value.take(indices)
             key = None if key is None else key.take(indices)
             headers = None if headers is None else headers.take(indices)
@@ -604,13 +603,15 @@ class AsyncProducer(Sender):
             column = column.cast(pa.timestamp("ms")).cast(pa.int64())
         elif not pa.types.is_integer(column.type):
             raise TypeError(f"the timestamp column must be int64 ms or an Arrow timestamp, not {column.type}")
-        return column.cast(pa.int64()).fill_null(now).to_numpy(zero_copy_only=False)
+        column = column.cast(pa.int64())
+        if column.null_count:
+            column = column.fill_null(now)
+        # Read from the buffer: to_numpy and fill_null's scalar have pyarrow import pandas (when installed).
+        return np.frombuffer(column.buffers()[1], dtype=np.int64, count=len(column), offset=column.offset * 8)
 
     def _partitions_of(self, partition, key, count: int, partition_count: int):
         import numpy as np
         import pyarrow as pa
-
-        from txn.column_batches import murmur2_partitions
 
         if partition is not None and not isinstance(partition, (pa.Array, pa.ChunkedArray, np.ndarray, list, tuple)):
             partitions = np.full(count, int(partition), dtype=np.int32)
@@ -632,14 +633,14 @@ class AsyncProducer(Sender):
     def _default_partitions(self, key, count: int, partition_count: int):
         import numpy as np
 
-        from txn.column_batches import murmur2_partitions
+        from txn.column_batches import murmur2_partitions, present_mask
 
         keyless = next(self._round_robin) % partition_count  # sticky for the call
         if key is None:
             return np.full(count, keyless, dtype=np.int32)
         partitions = murmur2_partitions(key, partition_count)
         if key.null_count:
-            partitions[key.is_null().to_numpy(zero_copy_only=False)] = keyless
+            partitions[~present_mask(key)] = keyless
         return partitions
 
     def check_can_send(self) -> None:

@@ -43,6 +43,8 @@ def add_arguments(parser) -> None:
     runner = parser.add_argument_group("the streaming runner beside Quix Streams 3 (benchmarks.runner_bench)")
     runner.add_argument("--runner", action="store_true", help="instead of the broker scenarios: onceflow's runner and Quix Streams, exactly once, the same apps on our broker")
     runner.add_argument("--runner-records", type=int, default=30_000, metavar="N", help="payments per throughput scenario (default 30000)")
+    runner.add_argument("--runner-partitions", type=int, default=2, metavar="N", help="partitions of the throughput and latency scenarios' topics (default 2)")
+    runner.add_argument("--runner-only", default=None, metavar="TEXT", help="only the scenarios whose name contains TEXT, e.g. '1 instance' (default all)")
     runner.add_argument("--runner-latency-rate", type=int, default=500, metavar="N", help="records/s fed in the latency scenario (default 500)")
     runner.add_argument("--runner-latency-seconds", type=float, default=5.0, metavar="S", help="length of the latency scenario (default 5)")
     runner.add_argument("--restore-keys", type=int, default=1_000_000, metavar="N", help="keys of the store restored from its changelog, 0 to skip (default 1000000)")

@@ -70,7 +70,7 @@ def as_row(record) -> dict:
     }
 
 
-async def read_all(bootstrap: str, isolation: str, columnar: bool, start: dict, **options) -> tuple[dict, dict]:
+async def read_all(bootstrap: str, isolation: str, columnar: bool, start: dict, max_records: int | None = None, **options) -> tuple[dict, dict]:
     """Every visible row of every partition from ``start`` on, and the positions at the end."""
     consumer = AsyncConsumer(bootstrap_servers=bootstrap, isolation_level=isolation, **options)
     partitions = [TopicPartition(topic, index) for topic, count in TOPICS.items() for index in range(count)]
@@ -83,7 +83,9 @@ async def read_all(bootstrap: str, isolation: str, columnar: bool, start: dict, 
     try:
         while any([await consumer.position(tp) < ends[tp] for tp in partitions]) and time.monotonic() < deadline:
             if columnar:
-                for tp, batch in (await consumer.poll_columns(0.5)).items():
+                polled = await consumer.poll_columns(0.5, max_records)
+                assert max_records is None or sum(batch.num_rows for batch in polled.values()) <= max_records
+                for tp, batch in polled.items():
                     assert batch.schema == FETCHED_SCHEMA
                     rows[tp] += batch.to_pylist()
             else:
@@ -110,6 +112,36 @@ def test_columns_hold_what_poll_hands_out(broker, isolation):
     appended = records[TopicPartition("appended", 0)]
     assert [row["offset"] for row in appended] == list(range(3, 50))
     assert all(row["timestamp_type"] == 1 and row["timestamp"] != 5 for row in appended)
+
+
+def test_columns_a_few_rows_at_a_time(broker):
+    """``poll_columns(max_records=7)``: the same rows, never more than 7 a
+    call (the rest kept for the next), the position just past the last row
+    handed out, and a seek drops the rows kept (the streaming runner polls so)."""
+    records, record_positions = asyncio.run(read_all(broker.bootstrap, "read_committed", False, {}))
+    columns, column_positions = asyncio.run(read_all(broker.bootstrap, "read_committed", True, {}, max_records=7))
+    assert columns == records and column_positions == record_positions
+
+    async def positions_and_seek():
+        appended = TopicPartition("appended", 0)
+        consumer = AsyncConsumer(bootstrap_servers=broker.bootstrap, isolation_level="read_uncommitted")
+        consumer.assign([appended])
+        consumer.seek(appended, 0)
+        offsets = []
+        try:
+            while len(offsets) < 20:
+                for batch in (await consumer.poll_columns(0.5, 7)).values():
+                    offsets += batch.column("offset").to_pylist()
+                    assert await consumer.position(appended) == offsets[-1] + 1  # not the fetch's end: 50 records came in one
+            consumer.seek(appended, 3)
+            again = (await consumer.poll_columns(0.5, 7))[appended].column("offset").to_pylist()
+        finally:
+            await consumer.close()
+        return offsets, again
+
+    offsets, again = asyncio.run(positions_and_seek())
+    assert offsets == list(range(len(offsets))) and len(offsets) == 21
+    assert again == list(range(3, 10))
 
 
 def test_the_synchronous_consumer_polls_the_same_columns(broker):
