@@ -194,8 +194,13 @@ class KafkaApis:
 
     # -- ApiVersions --------------------------------------------------------
 
-    def api_versions_body(self, error_code: int = ErrorCode.NONE) -> dict:
+    def api_versions_body(self, error_code: int = ErrorCode.NONE, version: int = 0) -> dict:
+        """ApiVersions' answer to a request of ``version``, features as Kafka
+        (KIP-584, KAFKA-17492) sends them: a supported feature whose range
+        starts at 0 only from v4 (clients before v4 may fail to parse it),
+        and a feature finalized at level 0 not at all (0 means off)."""
         level = self.config.transaction_version
+        supported = [(TRANSACTION_VERSION_FEATURE, 0, 2)]
         return {
             "error_code": int(error_code),
             "api_keys": [
@@ -203,13 +208,13 @@ class KafkaApis:
                 for key, (low, high) in sorted(advertised_versions(level).items())
             ],
             "throttle_time_ms": 0,
-            "supported_features": [{"name": TRANSACTION_VERSION_FEATURE, "min_version": 0, "max_version": 2}],
+            "supported_features": [{"name": name, "min_version": low, "max_version": high} for name, low, high in supported if low > 0 or version >= 4],
             "finalized_features_epoch": 1,
-            "finalized_features": [{"name": TRANSACTION_VERSION_FEATURE, "max_version_level": level, "min_version_level": level}],
+            "finalized_features": [{"name": TRANSACTION_VERSION_FEATURE, "max_version_level": level, "min_version_level": level}] if level > 0 else [],
         }
 
     async def handle_api_versions(self, version: int, body: dict) -> dict:
-        return self.api_versions_body()
+        return self.api_versions_body(version=version)
 
     # -- Metadata -------------------------------------------------------------
 

@@ -94,7 +94,33 @@ def load_app(path: str, name: str | None = None):
     return apps[0]
 
 
+class EarlyStop:
+    """SIGTERM from the start of ``run`` until the app's own run installs
+    its handlers (``Runner.run``): the app module's imports (pyarrow,
+    numpy, the app's own) can take a while, and a stop asked meanwhile is a
+    clean stop, not a death by the signal. Before the app is loaded it is
+    remembered (``asked``: the run does not start); after, it stops the app."""
+
+    def __init__(self):
+        self.asked = False
+        self.app = None
+
+    def install(self) -> None:
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_signal)
+
+    def _on_signal(self, signum, frame) -> None:
+        self.asked = True
+        if self.app is not None:
+            self.app.stop()
+
+
 def run(args) -> int:
+    early_stop = EarlyStop()
+    early_stop.install()
     # onceflow's command line configures logging first (--log-level); alone, INFO.
     logging.basicConfig(level=getattr(logging, str(getattr(args, "log_level", "INFO")).upper(), logging.INFO), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:
@@ -102,6 +128,10 @@ def run(args) -> int:
     except (OSError, LookupError) as error:
         print(f"onceflow run: {error}", file=sys.stderr)
         return 1
+    if early_stop.asked:
+        print("onceflow run: stopped before it started (SIGTERM while loading the app)", file=sys.stderr)
+        return 0
+    early_stop.app = app
     return run_app(app, args)
 
 

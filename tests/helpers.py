@@ -1,17 +1,20 @@
 """What tests of several rooms share, one copy each: making a topic, reading
 one back with an independent client (``read_values``) or our own (``read_all``), waiting for a state, a raw request on
 the wire, a free port, a disk that fills under ``__consumer_offsets``, windowed sums by the plain definition, a SCRAM client, a producer's
-connections cut. (Fixtures live in ``conftest.py``; import these with
+connections cut; the interop records every client writes and reads, a scrape of the metrics endpoint, the Spark sink's tasks and
+driver without Spark, and both coordinators on in-memory I/O. (Fixtures live in ``conftest.py``; import these with
 ``from tests.helpers import ...``.)"""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import os
 import socket
 import threading
 import time
+import urllib.request
 import uuid
 
 from faults.certificates import TestCA  # noqa: F401  (tests import it from here)
@@ -320,3 +323,363 @@ def connections_cut_every(producer, seconds: float):
     finally:
         stop.set()
         cutter.join()
+
+
+# ----------------------------------------------------------------- interop: records every client writes and reads
+
+
+# The records the interop tests write and read with every client.
+INTEROP_COUNT = 200
+
+
+def interop_records():
+    return [
+        (b"key-%d" % i if i % 3 else None, b"value-%d" % i * (1 + i % 5), [("h", b"%d" % i), ("empty", b"")] if i % 2 else [], 1_700_000_000_000 + i)
+        for i in range(INTEROP_COUNT)
+    ]
+
+
+def as_comparable(records):
+    return [(k, v, [(hk, bytes(hv) if hv is not None else None) for hk, hv in h], t) for k, v, h, t in records]
+
+
+def read_with_confluent(bootstrap, topic):
+    from confluent_kafka import Consumer as ConfluentConsumer
+    from confluent_kafka import TopicPartition as ConfluentPartition
+
+    consumer = ConfluentConsumer({"bootstrap.servers": bootstrap, "group.id": "interop", "enable.auto.commit": False, "isolation.level": "read_committed"})
+    consumer.assign([ConfluentPartition(topic, 0, 0)])
+    out, deadline = [], time.monotonic() + 20
+    while len(out) < INTEROP_COUNT and time.monotonic() < deadline:
+        for message in consumer.consume(500, 0.2):
+            if message.error() is None:
+                out.append((message.key(), message.value(), list(message.headers() or []), message.timestamp()[1]))
+    consumer.close()
+    return out
+
+
+def read_with_kafka_python(bootstrap, topic):
+    from kafka import KafkaConsumer
+    from kafka import TopicPartition as KafkaPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, isolation_level="read_committed", auto_offset_reset="earliest")
+    consumer.assign([KafkaPartition(topic, 0)])
+    out, deadline = [], time.monotonic() + 20
+    while len(out) < INTEROP_COUNT and time.monotonic() < deadline:
+        for records in consumer.poll(200).values():
+            out += [(r.key, r.value, list(r.headers or []), r.timestamp) for r in records]
+    consumer.close()
+    return out
+
+
+def read_with_aiokafka(bootstrap, topic):
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka import TopicPartition as AioPartition
+
+    async def read():
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, isolation_level="read_committed", auto_offset_reset="earliest")
+        await consumer.start()
+        try:
+            consumer.assign([AioPartition(topic, 0)])
+            out, deadline = [], time.monotonic() + 20
+            while len(out) < INTEROP_COUNT and time.monotonic() < deadline:
+                for records in (await consumer.getmany(timeout_ms=200)).values():
+                    out += [(r.key, r.value, list(r.headers or []), r.timestamp) for r in records]
+            return out
+        finally:
+            await consumer.stop()
+
+    return asyncio.run(read())
+
+
+INTEROP_READERS = {"confluent-kafka": read_with_confluent, "kafka-python": read_with_kafka_python, "aiokafka": read_with_aiokafka}
+
+
+def write_with_confluent(bootstrap, topic, codec):
+    from confluent_kafka import Producer as ConfluentProducer
+
+    producer = ConfluentProducer({"bootstrap.servers": bootstrap, "compression.type": codec, "linger.ms": 20, "enable.idempotence": True})
+    for key, value, headers, timestamp in interop_records():
+        producer.produce(topic, value=value, key=key, headers=headers, timestamp=timestamp, partition=0)
+    assert producer.flush(20) == 0
+
+
+def write_with_kafka_python(bootstrap, topic, codec):
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=bootstrap, compression_type=None if codec == "none" else codec, linger_ms=20)
+    for key, value, headers, timestamp in interop_records():
+        producer.send(topic, value=value, key=key, headers=headers, timestamp_ms=timestamp, partition=0)
+    producer.flush(20)
+    producer.close()
+
+
+def write_with_aiokafka(bootstrap, topic, codec):
+    from aiokafka import AIOKafkaProducer
+
+    async def write():
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, compression_type=None if codec == "none" else codec, linger_ms=20, enable_idempotence=True)
+        await producer.start()
+        try:
+            for key, value, headers, timestamp in interop_records():
+                await producer.send(topic, value=value, key=key, headers=headers, timestamp_ms=timestamp, partition=0)
+            await producer.flush()
+        finally:
+            await producer.stop()
+
+    asyncio.run(write())
+
+
+INTEROP_WRITERS = {"confluent-kafka": write_with_confluent, "kafka-python": write_with_kafka_python, "aiokafka": write_with_aiokafka}
+
+
+# ----------------------------------------------------------------- the broker's metrics endpoint
+
+
+class Scrape:
+    """One scrape of a broker's Prometheus endpoint, read with
+    ``prometheus_client``'s parser: sample values by name and labels."""
+
+    def __init__(self, url: str):
+        from prometheus_client.parser import text_string_to_metric_families
+
+        with urllib.request.urlopen(url, timeout=10) as response:
+            assert response.status == 200
+            assert response.headers["Content-Type"].startswith("text/plain")
+            text = response.read().decode()
+        self.families = {family.name: family for family in text_string_to_metric_families(text)}
+        self.samples: dict[tuple[str, frozenset], float] = {}
+        for family in self.families.values():
+            for sample in family.samples:
+                self.samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
+
+    def value(self, name: str, default: float | None = None, **labels) -> float:
+        key = (name, frozenset((k, str(v)) for k, v in labels.items()))
+        if key not in self.samples:
+            if default is not None:
+                return default
+            raise KeyError(f"no sample {name}{labels}")
+        return self.samples[key]
+
+    def matching(self, name: str, **labels) -> dict[frozenset, float]:
+        wanted = {(k, str(v)) for k, v in labels.items()}
+        return {key[1]: value for key, value in self.samples.items() if key[0] == name and wanted <= key[1]}
+
+    def total(self, name: str, **labels) -> float:
+        return sum(self.matching(name, **labels).values())
+
+
+def scrape(broker) -> Scrape:
+    return Scrape(broker.metrics_url)
+
+
+# ----------------------------------------------------------------- the Spark sink without Spark (its driver and tasks called directly)
+
+
+def spark_sink_options(bootstrap: str = "127.0.0.1:9", **extra) -> dict:
+    """The sink's options as a query gives them: topic "out", prefix "job"."""
+    return {"kafka.bootstrap.servers": bootstrap, "topic": "out", "transactionalIdPrefix": "job", **extra}
+
+
+def sink_kv_schema():
+    """The key and value string columns the sink tests write (imported when
+    asked: pyspark is not every test's)."""
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    return StructType([StructField("key", StringType()), StructField("value", StringType())])
+
+
+def sink_rows(values, key: bool = True):
+    """One Arrow batch of ``values`` as the sink's task gets them."""
+    import pyarrow as pa
+
+    data = {"key": [f"k{v}" for v in values], "value": [str(v) for v in values]} if key else {"value": [str(v) for v in values]}
+    return pa.RecordBatch.from_pydict(data)
+
+
+def run_sink_tasks(parsed, values, partitions, query_id, run_id, batch, crash=None):
+    """One batch's tasks: ``values`` split over ``partitions`` tasks (round
+    robin), each writing its open transaction; returns their commit messages."""
+    from streaming.spark.crashpoints import no_crash
+    from streaming.spark.sink import validate_schema
+    from streaming.spark.sink_task import TaskIdentity, write_task
+
+    columns = validate_schema(sink_kv_schema(), parsed.topic)
+    messages = []
+    for p in range(partitions):
+        mine = values[p::partitions]
+        messages.append(write_task(parsed, columns, iter([sink_rows(mine)] if mine else []), TaskIdentity(query_id, run_id, batch, p, 0), crash or no_crash))
+    return messages
+
+
+def read_committed_values(bootstrap, topic="out", partitions=3, timeout=30.0):
+    """Every committed value in ``topic``, read to the end (which needs the LSO
+    to be at the end: no open transaction left)."""
+    from txn import Admin, Consumer, TopicPartition
+
+    with Admin(bootstrap) as admin:
+        ends = {tp: o.offset for tp, o in admin.list_offsets({TopicPartition(topic, p): "latest" for p in range(partitions)}, isolation_level="read_uncommitted").items()}
+    values = []
+    with Consumer(bootstrap, isolation_level="read_committed") as consumer:
+        consumer.assign(list(ends))
+        for tp in ends:
+            consumer.seek(tp, 0)
+        deadline = time.monotonic() + timeout
+        while any(consumer.position(tp) < end for tp, end in ends.items()):
+            assert time.monotonic() < deadline, f"read_committed readers stalled: positions {[consumer.position(tp) for tp in ends]} of {list(ends.values())}"
+            values += [r.value.decode() for r in consumer.poll(0.5)]
+    return values
+
+
+def open_sink_transactions(bootstrap, prefix="job"):
+    """The transactional ids of ``prefix`` with a transaction Ongoing."""
+    from txn import Admin
+
+    with Admin(bootstrap) as admin:
+        return [t.transactional_id for t in admin.list_transactions(states=["Ongoing"]) if t.transactional_id.startswith(prefix)]
+
+
+def new_query():
+    """A fresh (query id, run id) pair."""
+    return str(uuid.uuid4()), str(uuid.uuid4())
+
+
+# ----------------------------------------------------------------- the coordinators on in-memory I/O
+
+
+class MemoryTxnLog:
+    """The transaction state log in memory: records kept in order, writes
+    that fail while ``fail`` is set."""
+
+    def __init__(self):
+        self.records = []
+        self.fail = False
+
+    async def write(self, metadata):
+        await self.append(metadata)
+
+    def append(self, metadata):
+        if self.fail:
+            raise OSError("disk gone")
+        self.records.append(metadata)
+        return self._durable()
+
+    async def _durable(self):
+        pass
+
+    def append_unflushed(self, metadata):
+        """Appended now; durable when asked, at once (or once ``flushed`` is
+        set, if a test holds it)."""
+        if self.fail:
+            raise OSError("disk gone")
+        self.records.append(metadata)
+        self.asked_durable = getattr(self, "asked_durable", 0)
+
+        def wait_durable():
+            self.asked_durable += 1
+            future = asyncio.get_running_loop().create_future()
+            held = getattr(self, "flushed", None)
+            if held is None:
+                future.set_result(None)
+            else:
+                held.add_done_callback(lambda _f: future.done() or future.set_result(None))
+            return future
+
+        return wait_durable
+
+    async def tombstone(self, transactional_id):
+        self.records.append((transactional_id, None))
+
+
+class MemoryMarkers:
+    """Markers written in memory; the next ``fail_times`` writes fail."""
+
+    def __init__(self):
+        self.written = []
+        self.fail_times = 0
+
+    async def write(self, metadata, commit):
+        if self.fail_times:
+            self.fail_times -= 1
+            raise OSError("partition unavailable")
+        self.written.append((metadata.producer_id, metadata.producer_epoch, commit, sorted(metadata.partitions, key=str)))
+
+
+class MemoryProducerIds:
+    """Producer ids counted up from 1001."""
+
+    def __init__(self):
+        self.next = 1000
+
+    def allocate(self):
+        self.next += 1
+        return self.next
+
+
+def make_txn_coordinator(**settings):
+    """A transaction coordinator on in-memory I/O and a manual clock."""
+    from coordinator.coordinator import CoordinatorSettings, TransactionCoordinator
+    from protocol.clock import ManualClock
+
+    clock = ManualClock()
+    coordinator = TransactionCoordinator(
+        txn_log=MemoryTxnLog(), markers=MemoryMarkers(), producer_ids=MemoryProducerIds(), settings=CoordinatorSettings(**settings), clock=clock
+    )
+    return coordinator, clock
+
+
+class MemoryOffsetsLog:
+    """The offsets log in memory: the batches appended, in order."""
+
+    def __init__(self):
+        self.batches = []
+
+    async def append(self, group_id, records, *, producer_id=-1, producer_epoch=-1):
+        self.batches.append((group_id, records, producer_id))
+
+
+def make_group_coordinator(**settings):
+    """A coordinator on a manual clock: time passes only when a test says so
+    (``clock.advance``), and timers fire when it calls ``check_timeouts``."""
+    from groupcoord.coordinator import GroupCoordinator, GroupSettings
+    from protocol.clock import ManualClock
+
+    clock = ManualClock()
+    settings.setdefault("initial_rebalance_delay_ms", 200)
+    settings.setdefault("min_session_timeout_ms", 100)
+    coordinator = GroupCoordinator(offsets_log=MemoryOffsetsLog(), settings=GroupSettings(**settings), clock=clock)
+    return coordinator, clock
+
+
+def join_group(coordinator, member_id="", session=1000, group="g", instance=None, protocols=(("range", b"meta"),), skip_assignment_supported=False):
+    """A consumer JoinGroup request (a coroutine) with the usual fields."""
+    return coordinator.join_group(
+        group_id=group, member_id=member_id, group_instance_id=instance, client_id="c", client_host="h",
+        session_timeout_ms=session, rebalance_timeout_ms=session, protocol_type="consumer", protocols=list(protocols), require_known_member_id=True,
+        skip_assignment_supported=skip_assignment_supported,
+    )
+
+
+async def joined_together(coordinator, *joins, group="g"):
+    """Run JoinGroup requests until all of them wait, then let the initial
+    rebalance delay pass: they complete as one generation."""
+    tasks = [asyncio.ensure_future(j) for j in joins]
+    for _ in range(100):
+        members = coordinator.groups[group].members.values() if group in coordinator.groups else ()
+        if sum(1 for m in members if m.join_future is not None and not m.join_future.done()) == len(tasks):
+            break
+        await asyncio.sleep(0)
+    coordinator.clock.advance(coordinator.settings.initial_rebalance_delay_ms / 1000)
+    await coordinator.check_timeouts()
+    return await asyncio.wait_for(asyncio.gather(*tasks), 5)
+
+
+async def join_two(coordinator):
+    """Two members joined as generation 1 of group "g"."""
+    from protocol.errors import ErrorCode
+
+    first = await join_group(coordinator)
+    second = await join_group(coordinator)
+    assert first["error_code"] == second["error_code"] == ErrorCode.MEMBER_ID_REQUIRED
+    a, b = await joined_together(coordinator, join_group(coordinator, first["member_id"]), join_group(coordinator, second["member_id"]))
+    return a, b

@@ -93,12 +93,15 @@ def _changes(caplog, event: str) -> list[dict]:
 def test_a_timed_out_transaction_its_fence_and_its_expiry_are_logged_once_each(caplog):
     import asyncio
 
-    from tests.coordinator.test_coordinator import P0, make
+    from coordinator.metadata import TopicPartition
+    from tests.helpers import make_txn_coordinator
+
+    partition = TopicPartition("t", 0)
 
     async def scenario():
-        coordinator, clock = make(transactional_id_expiration_ms=1000)
+        coordinator, clock = make_txn_coordinator(transactional_id_expiration_ms=1000)
         init = await coordinator.init_producer_id("tx", 5000)
-        await coordinator.add_partitions("tx", init.producer_id, 0, [P0])
+        await coordinator.add_partitions("tx", init.producer_id, 0, [partition])
         coordinator.txn_log.fail = True
         assert await coordinator.end_transaction("tx", init.producer_id, 0, True) != 0, "a failed write changes nothing"
         coordinator.txn_log.fail = False
@@ -123,10 +126,10 @@ def test_a_timed_out_transaction_its_fence_and_its_expiry_are_logged_once_each(c
 def test_a_silent_members_removal_and_a_delete_are_logged_with_the_member(caplog):
     import asyncio
 
-    from tests.groupcoord.test_group_coordinator import join, join_two, make
+    from tests.helpers import join_group, join_two, make_group_coordinator
 
     async def scenario():
-        coordinator, clock = make()
+        coordinator, clock = make_group_coordinator()
         a, b = await join_two(coordinator)
         leader = a if a["members"] else b
         await asyncio.gather(*(
@@ -137,7 +140,7 @@ def test_a_silent_members_removal_and_a_delete_are_logged_with_the_member(caplog
         await coordinator.heartbeat(group_id="g", generation_id=1, member_id=a["member_id"], group_instance_id=None)
         clock.advance(0.6)  # b has been silent longer than its session
         await coordinator.check_timeouts()
-        rejoined = await asyncio.wait_for(join(coordinator, a["member_id"]), 5)
+        rejoined = await asyncio.wait_for(join_group(coordinator, a["member_id"]), 5)
         await coordinator.leave_group(group_id="g", members=[(rejoined["member_id"], None)])
         assert await coordinator.delete_group("g") == 0
         await coordinator.stop()

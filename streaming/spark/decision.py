@@ -161,6 +161,26 @@ def all_aborted(transactions, states: dict) -> bool:
     return bool(transactions)
 
 
+def still_to_commit(transactions, states: dict, transaction_v2: bool) -> tuple[SinkTransaction, ...]:
+    """The decided transactions the completer commits now: those still open
+    at the producer id and epoch their task reported, or already being
+    committed (PrepareCommit, which the commit's EndTxn settles). With
+    transaction version 2 (KIP-890 part 2) the EndTxn that decides a commit
+    writes PrepareCommit at the next epoch, so a handle of epoch e shows
+    there at e + 1; with version 1 the epoch stays, and e + 1 would be a
+    later transaction of another producer of that id."""
+    pending = []
+    for transaction in transactions:
+        now = states.get(transaction.transactional_id, HandleState("Unknown"))
+        if now.producer_id != transaction.producer_id:
+            continue
+        if now.state in OPEN_STATES and now.producer_epoch == transaction.producer_epoch:
+            pending.append(transaction)
+        elif now.state == "PrepareCommit" and now.producer_epoch == transaction.producer_epoch + (1 if transaction_v2 else 0):
+            pending.append(transaction)
+    return tuple(pending)
+
+
 def not_open_message(batch_id: int, dead: list[tuple[SinkTransaction, str]], total: int, timeout_ms: int) -> str:
     return (
         f"batch {batch_id}: {len(dead)} of its {total} transactions were no longer open when the driver came to decide "

@@ -21,6 +21,7 @@ import threading
 
 import attrs
 
+from protocol.constants import CoordinatorType
 from protocol.errors import ErrorCode
 from protocol.loop_thread import LoopThread
 from protocol.messages import ApiKey
@@ -44,6 +45,7 @@ from streaming.spark.decision import (
     plan_abort,
     plan_commit,
     query_prefix,
+    still_to_commit,
 )
 from streaming.spark.options import DEFAULT_TRANSACTION_TIMEOUT_MS, SinkOptions
 from streaming.spark.sink_task import SinkCommitMessage
@@ -51,7 +53,7 @@ from txn.admin import AsyncAdmin
 from txn.config import ProducerConfig
 from txn.consumer import AsyncConsumer
 from txn.errors import InvalidProducerEpochError, KafkaError, ProducerFencedError
-from txn.producer import AsyncProducer, TransactionHandle
+from txn.producer import AsyncProducer, TransactionHandle, offers_transaction_v2
 from txn.types import TopicPartition
 
 log = logging.getLogger(__name__)
@@ -373,13 +375,19 @@ class DriverCommit:
             if latest is None:
                 return Finished(None, (), ())
             states = await self._states(latest.transactions)
-            open_now = tuple(
-                t for t in latest.transactions
-                if states[t.transactional_id].state in ("Ongoing", "PrepareCommit")
-                and (states[t.transactional_id].producer_id, states[t.transactional_id].producer_epoch) == (t.producer_id, t.producer_epoch)
-            )
+            open_now = still_to_commit(latest.transactions, states, await self._transaction_v2(latest.transactions))
             lost = await self._commit_each(open_now, latest.batch_id)
             return Finished(latest, tuple(t for t in open_now if t not in {x for x, _ in lost}), tuple(lost))
+
+    async def _transaction_v2(self, transactions) -> bool:
+        """Whether the handles' transactions end with an epoch bump: as the
+        resumed producer that commits them judges it (its configured
+        transaction version, the coordinator's finalized one)."""
+        if not transactions:
+            return False
+        name = transactions[0].transactional_id
+        coordinator = await self.clients.admin.cluster.coordinator(name, CoordinatorType.TRANSACTION)
+        return self.options.producer_config(transactional_id=name).transaction_version >= 2 and offers_transaction_v2(coordinator)
 
     async def _verify_open(self, decision: Decision, batch_id: int) -> None:
         """Right before the decision: every handle must be open with the

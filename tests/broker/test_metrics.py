@@ -21,7 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from broker.broker import EmbeddedBroker
-from tests.helpers import create_topic, wait_for
+from tests.helpers import Scrape, create_topic, scrape, wait_for
 
 SMALL_INTERNAL = {"offsets.topic.num.partitions": "3", "transaction.state.log.num.partitions": "3"}
 
@@ -30,40 +30,6 @@ SMALL_INTERNAL = {"offsets.topic.num.partitions": "3", "transaction.state.log.nu
 def broker(tmp_path):
     with EmbeddedBroker(str(tmp_path / "data"), group_initial_rebalance_delay_ms=0, metrics_address=("127.0.0.1", 0), properties=SMALL_INTERNAL) as running:
         yield running
-
-
-class Scrape:
-    """One scrape, parsed: sample values by name and labels."""
-
-    def __init__(self, url: str):
-        with urllib.request.urlopen(url, timeout=10) as response:
-            assert response.status == 200
-            assert response.headers["Content-Type"].startswith("text/plain")
-            text = response.read().decode()
-        self.families = {family.name: family for family in text_string_to_metric_families(text)}
-        self.samples: dict[tuple[str, frozenset], float] = {}
-        for family in self.families.values():
-            for sample in family.samples:
-                self.samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
-
-    def value(self, name: str, default: float | None = None, **labels) -> float:
-        key = (name, frozenset((k, str(v)) for k, v in labels.items()))
-        if key not in self.samples:
-            if default is not None:
-                return default
-            raise KeyError(f"no sample {name}{labels}")
-        return self.samples[key]
-
-    def matching(self, name: str, **labels) -> dict[frozenset, float]:
-        wanted = {(k, str(v)) for k, v in labels.items()}
-        return {key[1]: value for key, value in self.samples.items() if key[0] == name and wanted <= key[1]}
-
-    def total(self, name: str, **labels) -> float:
-        return sum(self.matching(name, **labels).values())
-
-
-def scrape(broker) -> Scrape:
-    return Scrape(broker.metrics_url)
 
 
 # --------------------------------------------------------------------------- transactions (confluent-kafka)

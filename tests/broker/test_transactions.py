@@ -459,6 +459,37 @@ def test_transaction_version_is_a_finalized_feature_and_below_2_its_versions_are
     assert epochs[2] == [0, 1, 2] and epochs[1] == [0, 0, 0]
 
 
+def test_features_are_answered_as_kafka_does_for_each_api_versions_version(tmp_path):
+    """As Kafka (KAFKA-17492): ``transaction.version``'s supported range
+    starts at 0, so it is left out below ApiVersions v4 (clients before v4
+    may fail to parse it) and sent from v4 on; a level finalized at 0 is not
+    sent at all. Before, both were always sent. kafka-python's
+    ``describe_features`` (it asks v4) sees what it would of Kafka."""
+    from kafka.admin import KafkaAdminClient
+
+    from broker.broker import EmbeddedBroker
+
+    def features(port: int, version: int) -> tuple[list, list]:
+        answer = raw_request(port, ApiKey.API_VERSIONS, version, {"client_software_name": "test", "client_software_version": "0"})
+        return answer["supported_features"], answer["finalized_features"]
+
+    seen = {}
+    for level in (2, 0):
+        with EmbeddedBroker(str(tmp_path / f"level-{level}"), group_initial_rebalance_delay_ms=0, transaction_version=level) as broker:
+            supported_v3, finalized_v3 = features(broker.port, 3)
+            supported_v4, finalized_v4 = features(broker.port, 4)
+            assert supported_v3 == []
+            assert supported_v4 == [{"name": "transaction.version", "min_version": 0, "max_version": 2}]
+            assert finalized_v3 == finalized_v4
+            admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+            try:
+                seen[level] = admin.describe_features()
+            finally:
+                admin.close()
+    assert seen[2] == {"transaction.version": {"supported": (0, 2), "finalized": (2, 2), "finalized_epoch": 1}}
+    assert seen[0] == {"transaction.version": {"supported": (0, 2)}}
+
+
 def test_a_produce_v12_of_an_ended_transaction_arriving_late_is_fenced(embedded_broker):
     """With version 2 the EndTxn's new epoch fences what of the transaction
     is still on its way: a Produce v12 of the old epoch is refused and

@@ -13,70 +13,9 @@ from coordinator.state import TxnState
 from coordinator.txn_log import decode_key, decode_value, encode_key, encode_value, java_string_hash, partition_for
 from protocol.clock import ManualClock
 from protocol.errors import ErrorCode
+from tests.helpers import MemoryMarkers, MemoryProducerIds, MemoryTxnLog, make_txn_coordinator
 
 P0, P1 = TopicPartition("t", 0), TopicPartition("t", 1)
-
-
-class FakeLog:
-    def __init__(self):
-        self.records = []
-        self.fail = False
-
-    async def write(self, metadata):
-        await self.append(metadata)
-
-    def append(self, metadata):
-        if self.fail:
-            raise OSError("disk gone")
-        self.records.append(metadata)
-        return self._durable()
-
-    async def _durable(self):
-        pass
-
-    def append_unflushed(self, metadata):
-        """Appended now; durable when asked, at once (or once ``flushed`` is
-        set, if a test holds it)."""
-        if self.fail:
-            raise OSError("disk gone")
-        self.records.append(metadata)
-        self.asked_durable = getattr(self, "asked_durable", 0)
-
-        def wait_durable():
-            self.asked_durable += 1
-            future = asyncio.get_running_loop().create_future()
-            held = getattr(self, "flushed", None)
-            if held is None:
-                future.set_result(None)
-            else:
-                held.add_done_callback(lambda _f: future.done() or future.set_result(None))
-            return future
-
-        return wait_durable
-
-    async def tombstone(self, transactional_id):
-        self.records.append((transactional_id, None))
-
-
-class FakeMarkers:
-    def __init__(self):
-        self.written = []
-        self.fail_times = 0
-
-    async def write(self, metadata, commit):
-        if self.fail_times:
-            self.fail_times -= 1
-            raise OSError("partition unavailable")
-        self.written.append((metadata.producer_id, metadata.producer_epoch, commit, sorted(metadata.partitions, key=str)))
-
-
-class FakeIds:
-    def __init__(self):
-        self.next = 1000
-
-    def allocate(self):
-        self.next += 1
-        return self.next
 
 
 def hold_writes(fake) -> asyncio.Event:
@@ -93,21 +32,13 @@ def hold_writes(fake) -> asyncio.Event:
     return gate
 
 
-def make(**settings):
-    clock = ManualClock()
-    coordinator = TransactionCoordinator(
-        txn_log=FakeLog(), markers=FakeMarkers(), producer_ids=FakeIds(), settings=CoordinatorSettings(**settings), clock=clock
-    )
-    return coordinator, clock
-
-
 def run(coroutine):
     return asyncio.run(coroutine)
 
 
 def test_commit_writes_prepare_then_markers_then_complete():
     async def scenario():
-        coordinator, _ = make()
+        coordinator, _ = make_txn_coordinator()
         init = await coordinator.init_producer_id("tx", 60_000)
         assert init.error == ErrorCode.NONE and init.producer_epoch == 0
         assert await coordinator.add_partitions("tx", init.producer_id, 0, [P0, P1]) == ErrorCode.NONE
@@ -128,7 +59,7 @@ def test_end_txn_is_answered_once_prepare_is_durable_and_markers_and_complete_fo
     """Kafka's order: EndTxn waits for PrepareCommit to be durable and no
     more; the markers and CompleteCommit are written after the answer."""
 
-    class HeldLog(FakeLog):
+    class HeldLog(MemoryTxnLog):
         def __init__(self):
             super().__init__()
             self.durable = asyncio.Event()  # the PrepareCommit write "fsyncs" when set
@@ -138,7 +69,7 @@ def test_end_txn_is_answered_once_prepare_is_durable_and_markers_and_complete_fo
                 await self.durable.wait()
             await super().write(metadata)
 
-    class HeldMarkers(FakeMarkers):
+    class HeldMarkers(MemoryMarkers):
         def __init__(self):
             super().__init__()
             self.release = asyncio.Event()
@@ -148,7 +79,7 @@ def test_end_txn_is_answered_once_prepare_is_durable_and_markers_and_complete_fo
             await super().write(metadata, commit)
 
     async def scenario():
-        coordinator = TransactionCoordinator(txn_log=HeldLog(), markers=HeldMarkers(), producer_ids=FakeIds(), settings=CoordinatorSettings(), clock=ManualClock())
+        coordinator = TransactionCoordinator(txn_log=HeldLog(), markers=HeldMarkers(), producer_ids=MemoryProducerIds(), settings=CoordinatorSettings(), clock=ManualClock())
         init = await coordinator.init_producer_id("tx", 60_000)
         await coordinator.add_partitions("tx", init.producer_id, 0, [P0])
         ending = asyncio.create_task(coordinator.end_transaction("tx", init.producer_id, 0, True))
@@ -168,7 +99,7 @@ def test_end_txn_is_answered_once_prepare_is_durable_and_markers_and_complete_fo
 
 def test_end_txn_while_markers_are_being_written_is_concurrent():
     async def scenario():
-        coordinator, _ = make()
+        coordinator, _ = make_txn_coordinator()
         init = await coordinator.init_producer_id("tx", 60_000)
         await coordinator.add_partitions("tx", init.producer_id, 0, [P0])
         coordinator.markers.fail_times = 2  # markers keep failing for a while
@@ -182,7 +113,7 @@ def test_end_txn_while_markers_are_being_written_is_concurrent():
 
 def test_new_instance_fences_the_old_and_aborts_its_transaction():
     async def scenario():
-        coordinator, _ = make()
+        coordinator, _ = make_txn_coordinator()
         old = await coordinator.init_producer_id("tx", 60_000)
         await coordinator.add_partitions("tx", old.producer_id, 0, [P0])
         first_try = await coordinator.init_producer_id("tx", 60_000)
@@ -200,7 +131,7 @@ def test_new_instance_fences_the_old_and_aborts_its_transaction():
 
 def test_timed_out_transaction_is_aborted_and_its_producer_fenced():
     async def scenario():
-        coordinator, clock = make()
+        coordinator, clock = make_txn_coordinator()
         init = await coordinator.init_producer_id("tx", 5_000)
         await coordinator.add_partitions("tx", init.producer_id, 0, [P0])
         clock.advance(4.0)
@@ -219,7 +150,7 @@ def test_timed_out_transaction_is_aborted_and_its_producer_fenced():
 
 def test_failed_state_write_changes_nothing():
     async def scenario():
-        coordinator, _ = make()
+        coordinator, _ = make_txn_coordinator()
         init = await coordinator.init_producer_id("tx", 60_000)
         await coordinator.add_partitions("tx", init.producer_id, 0, [P0])
         coordinator.txn_log.fail = True
@@ -232,11 +163,11 @@ def test_failed_state_write_changes_nothing():
 
 def test_recovery_completes_prepared_transactions():
     async def scenario():
-        coordinator, _ = make()
+        coordinator, _ = make_txn_coordinator()
         init = await coordinator.init_producer_id("tx", 60_000)
         await coordinator.add_partitions("tx", init.producer_id, 0, [P0, P1])
         prepared = coordinator.txns["tx"].prepare_commit(1)
-        restarted, _ = make()
+        restarted, _ = make_txn_coordinator()
         restarted.load([("tx", prepared), ("gone", None)])
         await asyncio.gather(*restarted.recover())
         assert restarted.markers.written == [(init.producer_id, 0, True, [P0, P1])]
@@ -247,7 +178,7 @@ def test_recovery_completes_prepared_transactions():
 
 def test_timeouts_are_validated_and_idempotent_producers_get_fresh_ids():
     async def scenario():
-        coordinator, _ = make(transaction_max_timeout_ms=10_000)
+        coordinator, _ = make_txn_coordinator(transaction_max_timeout_ms=10_000)
         assert (await coordinator.init_producer_id("tx", 20_000)).error == ErrorCode.INVALID_TRANSACTION_TIMEOUT
         a = await coordinator.init_producer_id(None, 0)
         b = await coordinator.init_producer_id(None, 0)
@@ -258,7 +189,7 @@ def test_timeouts_are_validated_and_idempotent_producers_get_fresh_ids():
 
 def test_expired_transactional_ids_are_tombstoned():
     async def scenario():
-        coordinator, clock = make(transactional_id_expiration_ms=1000)
+        coordinator, clock = make_txn_coordinator(transactional_id_expiration_ms=1000)
         await coordinator.init_producer_id("tx", 500)
         clock.advance(1.5)
         assert await coordinator.expire_transactional_ids() == ["tx"]
@@ -268,7 +199,7 @@ def test_expired_transactional_ids_are_tombstoned():
 
 
 def test_state_log_records_round_trip_and_partitioning():
-    coordinator, _ = make()
+    coordinator, _ = make_txn_coordinator()
 
     async def scenario():
         init = await coordinator.init_producer_id("payments-copier", 60_000)
@@ -294,7 +225,7 @@ def test_producer_ids_are_never_reused_across_restarts(tmp_path):
 
 def test_kip360_epoch_bump_from_a_known_producer():
     async def scenario():
-        coordinator, _ = make()
+        coordinator, _ = make_txn_coordinator()
         first = await coordinator.init_producer_id("tx", 60_000)
         bumped = await coordinator.init_producer_id("tx", 60_000, first.producer_id, first.producer_epoch)
         assert (bumped.error, bumped.producer_id, bumped.producer_epoch) == (ErrorCode.NONE, first.producer_id, first.producer_epoch + 1)
@@ -315,7 +246,7 @@ def test_a_cancelled_request_loses_only_its_answer_the_change_is_applied():
     not left busy."""
 
     async def scenario():
-        coordinator, _ = make()
+        coordinator, _ = make_txn_coordinator()
         init = await coordinator.init_producer_id("tx", 60_000)
         pid = init.producer_id
         assert await coordinator.add_partitions("tx", pid, 0, [P0]) == ErrorCode.NONE
@@ -341,7 +272,7 @@ def test_a_cancelled_request_loses_only_its_answer_the_change_is_applied():
 
 def test_close_stops_a_change_in_flight_and_waits_for_it():
     async def scenario():
-        coordinator, _ = make()
+        coordinator, _ = make_txn_coordinator()
         stopped = asyncio.Event()
 
         async def never_durable(metadata):
@@ -368,7 +299,7 @@ def test_transactional_produce_finds_its_producer_without_scanning_every_id():
     from coordinator.coordinator import TxnTable
 
     async def scenario():
-        coordinator, _ = make()
+        coordinator, _ = make_txn_coordinator()
         ids = [await coordinator.init_producer_id(f"tx{i}", 60_000) for i in range(3)]
         await coordinator.add_partitions("tx1", ids[1].producer_id, 0, [P0])
         assert coordinator.verify_transactional_produce(ids[1].producer_id, 0, P0) == ErrorCode.NONE
@@ -378,7 +309,7 @@ def test_transactional_produce_finds_its_producer_without_scanning_every_id():
 
     run(scenario())
     table = TxnTable()
-    coordinator, _ = make()
+    coordinator, _ = make_txn_coordinator()
 
     async def one():
         return await coordinator.init_producer_id("a", 60_000)
@@ -403,7 +334,7 @@ def test_sibling_add_requests_are_answered_at_once_and_a_request_during_a_comple
     once the wait runs out."""
 
     async def scenario():
-        coordinator, _ = make()
+        coordinator, _ = make_txn_coordinator()
         pid = (await coordinator.init_producer_id("tx", 60_000)).producer_id
         partitions = asyncio.create_task(coordinator.add_partitions("tx", pid, 0, [P0]))
         offsets = asyncio.create_task(coordinator.add_partitions("tx", pid, 0, [P1]))
@@ -431,7 +362,7 @@ def test_sibling_add_requests_are_answered_at_once_and_a_request_during_a_comple
     run(scenario())
 
 
-class RoundLog(FakeLog):
+class RoundLog(MemoryTxnLog):
     """A state log whose appends become durable only when ``fsync()`` runs a
     round (every record appended so far, as one file's fsync covers all its
     bytes); ``durable`` is what a power cut would leave."""
@@ -506,7 +437,7 @@ async def settle(log, until):
 
 
 def round_coordinator(log):
-    return TransactionCoordinator(txn_log=log, markers=FakeMarkers(), producer_ids=FakeIds(), settings=CoordinatorSettings(), clock=ManualClock())
+    return TransactionCoordinator(txn_log=log, markers=MemoryMarkers(), producer_ids=MemoryProducerIds(), settings=CoordinatorSettings(), clock=ManualClock())
 
 
 async def ongoing_on_rounds(log):

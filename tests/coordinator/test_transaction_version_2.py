@@ -7,11 +7,13 @@ carry all of it through a reload."""
 
 from __future__ import annotations
 
+import asyncio
+
 from coordinator.metadata import MAX_PRODUCER_EPOCH, TRANSACTION_VERSION_2, TopicPartition
 from coordinator.state import TxnState
 from coordinator.txn_log import decode_value, encode_value
 from protocol.errors import ErrorCode
-from tests.coordinator.test_coordinator import make, run
+from tests.helpers import make_txn_coordinator
 
 P0, P1 = TopicPartition("t", 0), TopicPartition("t", 1)
 
@@ -24,7 +26,7 @@ async def started(coordinator, transactional_id="tx"):
 
 def test_each_end_bumps_the_epoch_and_the_markers_carry_the_new_one():
     async def scenario():
-        coordinator, _ = make()
+        coordinator, _ = make_txn_coordinator()
         pid, epoch = await started(coordinator)
         for n, commit in enumerate((True, False, True)):
             assert await coordinator.add_partitions("tx", pid, epoch + n, [P0], transaction_version=TRANSACTION_VERSION_2) == ErrorCode.NONE
@@ -36,12 +38,12 @@ def test_each_end_bumps_the_epoch_and_the_markers_carry_the_new_one():
         # The old epoch is fenced for the next transaction's requests.
         assert await coordinator.add_partitions("tx", pid, epoch + 2, [P1], transaction_version=TRANSACTION_VERSION_2) == ErrorCode.PRODUCER_FENCED
 
-    run(scenario())
+    asyncio.run(scenario())
 
 
 def test_a_retried_end_from_the_old_epoch_gets_the_same_answer_even_after_a_reload():
     async def scenario():
-        coordinator, _ = make()
+        coordinator, _ = make_txn_coordinator()
         pid, epoch = await started(coordinator)
         await coordinator.add_partitions("tx", pid, epoch, [P0, P1], transaction_version=TRANSACTION_VERSION_2)
         first = await coordinator.end_transaction_bumped("tx", pid, epoch, True)
@@ -50,16 +52,16 @@ def test_a_retried_end_from_the_old_epoch_gets_the_same_answer_even_after_a_relo
         # The opposite decision from the old epoch is fenced, not re-decided.
         assert (await coordinator.end_transaction_bumped("tx", pid, epoch, False)).error == ErrorCode.PRODUCER_FENCED
         # What the log holds says the same after a restart.
-        reloaded, _ = make()
+        reloaded, _ = make_txn_coordinator()
         reloaded.load(("tx", decode_value("tx", encode_value(m))) for m in coordinator.txn_log.records if not isinstance(m, tuple))
         assert await reloaded.end_transaction_bumped("tx", pid, epoch, True) == first
 
-    run(scenario())
+    asyncio.run(scenario())
 
 
 def test_an_abort_with_nothing_added_still_bumps_the_epoch_but_a_commit_is_refused():
     async def scenario():
-        coordinator, _ = make()
+        coordinator, _ = make_txn_coordinator()
         pid, epoch = await started(coordinator)
         assert (await coordinator.end_transaction_bumped("tx", pid, epoch, True)).error == ErrorCode.INVALID_TXN_STATE
         aborted = await coordinator.end_transaction_bumped("tx", pid, epoch, False)
@@ -70,12 +72,12 @@ def test_an_abort_with_nothing_added_still_bumps_the_epoch_but_a_commit_is_refus
         other_pid, other_epoch = await started(coordinator, "classic")
         assert await coordinator.end_transaction("classic", other_pid, other_epoch, False) == ErrorCode.INVALID_TXN_STATE
 
-    run(scenario())
+    asyncio.run(scenario())
 
 
 def test_at_the_top_of_the_epoch_range_the_id_moves_to_a_new_producer_id():
     async def scenario():
-        coordinator, _ = make()
+        coordinator, _ = make_txn_coordinator()
         pid, _epoch = await started(coordinator)
         top = MAX_PRODUCER_EPOCH - 1
         coordinator.txns["tx"] = _at_epoch(coordinator.txns["tx"], top)
@@ -94,7 +96,7 @@ def test_at_the_top_of_the_epoch_range_the_id_moves_to_a_new_producer_id():
         prepare = [m for m in coordinator.txn_log.records if m.state == TxnState.PREPARE_COMMIT][-1]
         assert decode_value("tx", encode_value(prepare)).next_producer_id == ended.producer_id
 
-    run(scenario())
+    asyncio.run(scenario())
 
 
 def _at_epoch(metadata, epoch):
@@ -107,7 +109,7 @@ def test_classic_records_are_written_as_before():
     """Below version 2 a record is TransactionLogValue version 0, as it was."""
 
     async def scenario():
-        coordinator, _ = make()
+        coordinator, _ = make_txn_coordinator()
         pid, epoch = await started(coordinator)
         await coordinator.add_partitions("tx", pid, epoch, [P0])
         await coordinator.end_transaction("tx", pid, epoch, True)
@@ -116,4 +118,4 @@ def test_classic_records_are_written_as_before():
             assert encode_value(metadata)[:2] == b"\x00\x00"
         assert coordinator.txns["tx"].producer_epoch == epoch
 
-    run(scenario())
+    asyncio.run(scenario())

@@ -5,64 +5,15 @@ from __future__ import annotations
 import asyncio
 
 
-from groupcoord.coordinator import GroupCoordinator, GroupSettings
 from groupcoord.records import OffsetAndMetadata, decode_group_value, decode_key, decode_offset_value, group_key, offset_key, offset_value
 from groupcoord.state import GroupState
-from protocol.clock import ManualClock
 from protocol.errors import ErrorCode
-
-
-class MemoryOffsetsLog:
-    def __init__(self):
-        self.batches = []
-
-    async def append(self, group_id, records, *, producer_id=-1, producer_epoch=-1):
-        self.batches.append((group_id, records, producer_id))
-
-
-def make(**settings):
-    """A coordinator on a manual clock: time passes only when a test says so
-    (``clock.advance``), and timers fire when it calls ``check_timeouts``."""
-    clock = ManualClock()
-    settings.setdefault("initial_rebalance_delay_ms", 200)
-    settings.setdefault("min_session_timeout_ms", 100)
-    coordinator = GroupCoordinator(offsets_log=MemoryOffsetsLog(), settings=GroupSettings(**settings), clock=clock)
-    return coordinator, clock
-
-
-def join(coordinator, member_id="", session=1000, group="g", instance=None, protocols=(("range", b"meta"),), skip_assignment_supported=False):
-    return coordinator.join_group(
-        group_id=group, member_id=member_id, group_instance_id=instance, client_id="c", client_host="h",
-        session_timeout_ms=session, rebalance_timeout_ms=session, protocol_type="consumer", protocols=list(protocols), require_known_member_id=True,
-        skip_assignment_supported=skip_assignment_supported,
-    )
-
-
-async def joined_together(coordinator, *joins, group="g"):
-    """Run JoinGroup requests until all of them wait, then let the initial
-    rebalance delay pass: they complete as one generation."""
-    tasks = [asyncio.ensure_future(j) for j in joins]
-    for _ in range(100):
-        members = coordinator.groups[group].members.values() if group in coordinator.groups else ()
-        if sum(1 for m in members if m.join_future is not None and not m.join_future.done()) == len(tasks):
-            break
-        await asyncio.sleep(0)
-    coordinator.clock.advance(coordinator.settings.initial_rebalance_delay_ms / 1000)
-    await coordinator.check_timeouts()
-    return await asyncio.wait_for(asyncio.gather(*tasks), 5)
-
-
-async def join_two(coordinator):
-    first = await join(coordinator)
-    second = await join(coordinator)
-    assert first["error_code"] == second["error_code"] == ErrorCode.MEMBER_ID_REQUIRED
-    a, b = await joined_together(coordinator, join(coordinator, first["member_id"]), join(coordinator, second["member_id"]))
-    return a, b
+from tests.helpers import MemoryOffsetsLog, join_group, join_two, joined_together, make_group_coordinator
 
 
 def test_two_members_join_sync_and_become_stable():
     async def scenario():
-        coordinator, _ = make()
+        coordinator, _ = make_group_coordinator()
         a, b = await join_two(coordinator)
         assert a["generation_id"] == b["generation_id"] == 1
         leader = a if a["members"] else b
@@ -83,7 +34,7 @@ def test_two_members_join_sync_and_become_stable():
 
 def test_stale_generation_and_unknown_member_are_refused():
     async def scenario():
-        coordinator, _ = make()
+        coordinator, _ = make_group_coordinator()
         a, _b = await join_two(coordinator)
         await coordinator.stop()
         assert await coordinator.heartbeat(group_id="g", generation_id=0, member_id=a["member_id"], group_instance_id=None) == ErrorCode.ILLEGAL_GENERATION
@@ -98,7 +49,7 @@ def test_stale_generation_and_unknown_member_are_refused():
 
 def test_a_silent_member_is_removed_and_the_group_rebalances():
     async def scenario():
-        coordinator, clock = make()
+        coordinator, clock = make_group_coordinator()
         a, b = await join_two(coordinator)
         leader = a if a["members"] else b
         await asyncio.gather(*(
@@ -113,7 +64,7 @@ def test_a_silent_member_is_removed_and_the_group_rebalances():
         assert set(group.members) == {a["member_id"]}
         assert group.state == GroupState.PREPARING_REBALANCE
         assert await coordinator.heartbeat(group_id="g", generation_id=1, member_id=a["member_id"], group_instance_id=None) == ErrorCode.REBALANCE_IN_PROGRESS
-        rejoined = await asyncio.wait_for(join(coordinator, a["member_id"]), 5)
+        rejoined = await asyncio.wait_for(join_group(coordinator, a["member_id"]), 5)
         assert rejoined["generation_id"] == 2 and rejoined["leader"] == a["member_id"]
         await coordinator.stop()
 
@@ -122,9 +73,9 @@ def test_a_silent_member_is_removed_and_the_group_rebalances():
 
 def test_leave_group_empties_the_group():
     async def scenario():
-        coordinator, _ = make()
-        first = await join(coordinator)
-        [joined] = await joined_together(coordinator, join(coordinator, first["member_id"]))
+        coordinator, _ = make_group_coordinator()
+        first = await join_group(coordinator)
+        [joined] = await joined_together(coordinator, join_group(coordinator, first["member_id"]))
         error, results = await coordinator.leave_group(group_id="g", members=[(joined["member_id"], None)])
         assert error == ErrorCode.NONE and results[0]["error_code"] == ErrorCode.NONE
         assert coordinator.groups["g"].state == GroupState.EMPTY
@@ -137,7 +88,7 @@ def test_leave_group_empties_the_group():
 
 def test_transactional_offsets_count_only_after_commit_marker():
     async def scenario():
-        coordinator, _ = make()
+        coordinator, _ = make_group_coordinator()
         offsets = {("t", 0): OffsetAndMetadata(10)}
         assert await coordinator.txn_commit_offsets(group_id="g", producer_id=7, producer_epoch=0, generation_id=-1, member_id="", group_instance_id=None, offsets=offsets) == ErrorCode.NONE
         assert coordinator.fetch_offsets("g", [("t", 0)], False)[("t", 0)] == (None, ErrorCode.NONE)
@@ -153,7 +104,7 @@ def test_transactional_offsets_count_only_after_commit_marker():
 
 
 def test_replay_rebuilds_offsets_and_pending_transactions():
-    coordinator, _ = make()
+    coordinator, _ = make_group_coordinator()
     coordinator.load_record(offset_key("g", "t", 0), offset_value(OffsetAndMetadata(3, metadata="m", commit_timestamp=1)))
     coordinator.load_record(offset_key("g", "t", 1), offset_value(OffsetAndMetadata(4)))
     coordinator.load_record(offset_key("g", "t", 1), None)
@@ -170,11 +121,11 @@ def test_replay_rebuilds_offsets_and_pending_transactions():
 
 def test_join_validates_session_timeout_and_protocols():
     async def scenario():
-        coordinator, _ = make(min_session_timeout_ms=1000)
-        assert (await join(coordinator, session=10))["error_code"] == ErrorCode.INVALID_SESSION_TIMEOUT
-        first = await join(coordinator)
-        await joined_together(coordinator, join(coordinator, first["member_id"]))
-        other = await join(coordinator, protocols=(("roundrobin-only", b""),))
+        coordinator, _ = make_group_coordinator(min_session_timeout_ms=1000)
+        assert (await join_group(coordinator, session=10))["error_code"] == ErrorCode.INVALID_SESSION_TIMEOUT
+        first = await join_group(coordinator)
+        await joined_together(coordinator, join_group(coordinator, first["member_id"]))
+        other = await join_group(coordinator, protocols=(("roundrobin-only", b""),))
         assert other["error_code"] == ErrorCode.INCONSISTENT_GROUP_PROTOCOL
 
     asyncio.run(scenario())
@@ -182,12 +133,12 @@ def test_join_validates_session_timeout_and_protocols():
 
 def test_static_member_keeps_its_member_id_and_fences_impostors():
     async def scenario():
-        coordinator, _ = make(initial_rebalance_delay_ms=0)
-        first = await asyncio.wait_for(join(coordinator, instance="worker-1"), 5)
+        coordinator, _ = make_group_coordinator(initial_rebalance_delay_ms=0)
+        first = await asyncio.wait_for(join_group(coordinator, instance="worker-1"), 5)
         assert first["error_code"] == ErrorCode.NONE, "static members need no MEMBER_ID_REQUIRED round trip"
-        again = await asyncio.wait_for(join(coordinator, instance="worker-1"), 5)
+        again = await asyncio.wait_for(join_group(coordinator, instance="worker-1"), 5)
         assert again["member_id"] == first["member_id"], "a restarted static member keeps its id"
-        impostor = await join(coordinator, member_id="someone-else", instance="worker-1")
+        impostor = await join_group(coordinator, member_id="someone-else", instance="worker-1")
         assert impostor["error_code"] == ErrorCode.FENCED_INSTANCE_ID
         await coordinator.stop()
 
@@ -198,8 +149,8 @@ def test_a_restarted_static_follower_gets_its_assignment_back_without_a_rebalanc
     """KIP-345: the follower's restart costs the group nothing (no member has
     to hear of a rebalance and rejoin); the leader's restart still rebalances."""
     async def scenario():
-        coordinator, _ = make()
-        a, b = await joined_together(coordinator, join(coordinator, instance="w-1"), join(coordinator, instance="w-2"))
+        coordinator, _ = make_group_coordinator()
+        a, b = await joined_together(coordinator, join_group(coordinator, instance="w-1"), join_group(coordinator, instance="w-2"))
         leader = a if a["members"] else b
         follower = b if leader is a else a
         follower_instance = "w-2" if follower is b else "w-1"
@@ -210,7 +161,7 @@ def test_a_restarted_static_follower_gets_its_assignment_back_without_a_rebalanc
             coordinator.sync_group(group_id="g", generation_id=1, member_id=leader["member_id"], group_instance_id=leader_instance, assignments=assignments),
         )
         # The follower's process dies and a new one starts: an empty member id, the same instance id.
-        again = await asyncio.wait_for(join(coordinator, instance=follower_instance), 5)
+        again = await asyncio.wait_for(join_group(coordinator, instance=follower_instance), 5)
         assert again["error_code"] == ErrorCode.NONE and again["generation_id"] == 1
         assert again["leader"] == leader["member_id"] and again["members"] == []
         assert coordinator.groups["g"].state == GroupState.STABLE
@@ -227,7 +178,7 @@ def test_a_restarted_static_follower_gets_its_assignment_back_without_a_rebalanc
         assert synced["error_code"] == ErrorCode.NONE and synced["assignment"] == b"F"
         assert await coordinator.heartbeat(group_id="g", generation_id=1, member_id=leader["member_id"], group_instance_id=leader_instance) == ErrorCode.NONE
         # Different protocols would change the group's choice: that rebalances.
-        changed = asyncio.ensure_future(join(coordinator, member_id=again["member_id"], instance=follower_instance, protocols=(("roundrobin", b"meta"), ("range", b"meta"))))
+        changed = asyncio.ensure_future(join_group(coordinator, member_id=again["member_id"], instance=follower_instance, protocols=(("roundrobin", b"meta"), ("range", b"meta"))))
         for _ in range(100):
             await asyncio.sleep(0)
         assert coordinator.groups["g"].state == GroupState.PREPARING_REBALANCE
@@ -235,8 +186,8 @@ def test_a_restarted_static_follower_gets_its_assignment_back_without_a_rebalanc
         await coordinator.stop()
 
     async def leader_restarts():
-        coordinator, _ = make()
-        a, b = await joined_together(coordinator, join(coordinator, instance="w-1"), join(coordinator, instance="w-2"))
+        coordinator, _ = make_group_coordinator()
+        a, b = await joined_together(coordinator, join_group(coordinator, instance="w-1"), join_group(coordinator, instance="w-2"))
         leader = a if a["members"] else b
         leader_instance = "w-1" if leader is a else "w-2"
         follower = b if leader is a else a
@@ -245,14 +196,14 @@ def test_a_restarted_static_follower_gets_its_assignment_back_without_a_rebalanc
             coordinator.sync_group(group_id="g", generation_id=1, member_id=leader["member_id"], group_instance_id=None, assignments=[(leader["member_id"], b"L"), (follower["member_id"], b"F")]),
         )
         # A client with JoinGroup v9 is told to skip the assignment (KIP-814): no rebalance.
-        skipping = await asyncio.wait_for(join(coordinator, instance=leader_instance, skip_assignment_supported=True), 5)
+        skipping = await asyncio.wait_for(join_group(coordinator, instance=leader_instance, skip_assignment_supported=True), 5)
         assert skipping["skip_assignment"] is True and skipping["generation_id"] == 1
         assert {m["member_id"] for m in skipping["members"]} == {skipping["member_id"], follower["member_id"]}
         assert coordinator.groups["g"].state == GroupState.STABLE
         synced = await coordinator.sync_group(group_id="g", generation_id=1, member_id=skipping["member_id"], group_instance_id=None, assignments=[])
         assert synced["assignment"] == b"L" and skipping["leader"] == skipping["member_id"]
         # An older client cannot be: the leader's restart rebalances.
-        rejoin = asyncio.ensure_future(join(coordinator, instance=leader_instance))
+        rejoin = asyncio.ensure_future(join_group(coordinator, instance=leader_instance))
         for _ in range(100):
             await asyncio.sleep(0)
         assert coordinator.groups["g"].state == GroupState.PREPARING_REBALANCE, "the leader's restart rebalances"
@@ -265,7 +216,7 @@ def test_a_restarted_static_follower_gets_its_assignment_back_without_a_rebalanc
 
 def test_offsets_of_empty_groups_expire_after_retention():
     async def scenario():
-        coordinator, clock = make(offsets_retention_ms=1000)
+        coordinator, clock = make_group_coordinator(offsets_retention_ms=1000)
         now = clock.wall_ms()
         await coordinator.commit_offsets(group_id="idle", generation_id=-1, member_id="", group_instance_id=None, offsets={("t", 0): OffsetAndMetadata(5, commit_timestamp=now - 5000)})
         await coordinator.commit_offsets(group_id="idle", generation_id=-1, member_id="", group_instance_id=None, offsets={("t", 1): OffsetAndMetadata(6, commit_timestamp=now)})
@@ -291,7 +242,7 @@ class FailingOffsetsLog(MemoryOffsetsLog):
 
 
 def make_failing(**settings):
-    coordinator, clock = make(**settings)
+    coordinator, clock = make_group_coordinator(**settings)
     coordinator.offsets_log = FailingOffsetsLog()
     return coordinator, clock
 
@@ -299,8 +250,8 @@ def make_failing(**settings):
 async def stable_group(coordinator, members=2):
     """``members`` members joined and synced (generation 1); returns their ids, leader first."""
     if members == 1:
-        first = await join(coordinator)
-        joined = await joined_together(coordinator, join(coordinator, first["member_id"]))
+        first = await join_group(coordinator)
+        joined = await joined_together(coordinator, join_group(coordinator, first["member_id"]))
     else:
         joined = list(await join_two(coordinator))
     joined.sort(key=lambda j: j["member_id"] != j["leader"])
@@ -376,7 +327,7 @@ def test_a_failed_write_when_nobody_rejoins_leaves_the_rebalance_waiting():
         clock.advance(1.5)  # both sessions (1 s) are over
         await coordinator.check_timeouts()
         # The first removal needs no write (a rebalance starts in memory); the
-        # second would empty the group, and so would completing the join
+        # second would empty the group, and so would completing the join_group
         # nobody came to: both are writes, both failed, nothing moved.
         assert group.state == GroupState.PREPARING_REBALANCE and group.generation == 1
         assert len(group.members) == 1
@@ -400,7 +351,7 @@ def test_cancelled_commit_and_leave_requests_are_applied_all_the_same():
     last member's leave empties the group, as the log says."""
 
     async def scenario():
-        coordinator, _clock = make(initial_rebalance_delay_ms=0)
+        coordinator, _clock = make_group_coordinator(initial_rebalance_delay_ms=0)
         gate = asyncio.Event()
         appended = coordinator.offsets_log.append
 
@@ -418,8 +369,8 @@ def test_cancelled_commit_and_leave_requests_are_applied_all_the_same():
         assert coordinator.fetch_offsets("simple", [("t", 0)], False) == {("t", 0): (offsets[("t", 0)], ErrorCode.NONE)}
 
         gate.clear()
-        first = await join(coordinator)
-        joined = await join(coordinator, first["member_id"])
+        first = await join_group(coordinator)
+        joined = await join_group(coordinator, first["member_id"])
         member = joined["member_id"]
         coordinator.offsets_log.append = appended
         sync = await coordinator.sync_group(group_id="g", generation_id=joined["generation_id"], member_id=member, group_instance_id=None, assignments=[(member, b"a")])

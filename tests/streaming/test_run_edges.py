@@ -110,3 +110,43 @@ def test_peek_and_print_look_at_each_record_and_pass_it_on_unchanged(tmp_path):
     assert driver.read("out") == [("k2", 20), ("k3", 30)]
     assert seen == [{"n": 1}, {"n": 2}, ("k2", 2), {"n": 3}, ("k3", 3)]
     assert printed.getvalue() == "kept 'k2': {'n': 2}\nkept 'k3': {'n': 3}\n"
+
+
+def test_a_sigterm_while_the_app_module_loads_is_a_clean_stop(tmp_path):
+    """``onceflow run`` takes SIGTERM as a stop from its start, not only once
+    the app's run installs its handlers: a stop asked while the app module
+    is still importing (here: held until the test lets it go) ends the
+    command with status 0 before anything runs. Before, it died of the
+    signal (-15)."""
+    import signal
+    import time
+
+    loading, go = tmp_path / "loading", tmp_path / "go"
+    module = tmp_path / "slow_app.py"
+    module.write_text(
+        "import os, time\n"
+        "import streaming\n"
+        f"open({str(loading)!r}, 'w').close()\n"
+        f"while not os.path.exists({str(go)!r}):\n"
+        "    time.sleep(0.01)\n"
+        "app = streaming.App(application_id='slow', bootstrap_servers='127.0.0.1:9')\n"
+        "app.stream('slow-in').to('slow-out')\n"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-m", "onceflow", "run", str(module), "--state-dir", str(tmp_path / "state")],
+        env=dict(os.environ, PYTHONPATH=REPO), cwd=str(tmp_path), stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not loading.exists():
+            assert process.poll() is None and time.monotonic() < deadline, "the app module never started loading"
+            time.sleep(0.01)
+        process.send_signal(signal.SIGTERM)
+        time.sleep(0.2)  # the signal is taken while the module still loads
+        go.touch()
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 0, stderr[-2000:]
+    assert "stopped before it started" in stderr
+    assert not (tmp_path / "state").exists(), "nothing ran"

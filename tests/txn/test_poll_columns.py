@@ -14,49 +14,45 @@ import pytest
 
 from protocol.columnar import FETCHED_SCHEMA
 from protocol.records import encode_batch
+from tests.helpers import INTEROP_COUNT, INTEROP_WRITERS, as_comparable, interop_records
 from txn import Admin, Consumer, Producer, RecordBatchTooLargeError, TopicPartition
 from txn.aio import Consumer as AsyncConsumer
 from txn.config import ConsumerConfig
 from txn.fetcher import fetched_partition, fetched_partition_columns
 
-from tests.txn.test_interop import COUNT, WRITERS, as_comparable, expected_records
 
 TOPICS = {"mixed": 2, "appended": 1}
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory):
-    """One broker process; "mixed" holds transactions (every third aborted)
-    from a gzip and an lz4 producer, with headers and null keys; "appended"
-    stamps LogAppendTime."""
-    from tests.conftest import BrokerProcess
-
-    process = BrokerProcess(str(tmp_path_factory.mktemp("poll-columns")), "group.initial.rebalance.delay.ms=0").start()
-    try:
-        with Admin(bootstrap_servers=process.bootstrap) as admin:
-            admin.create_topics(TOPICS, configs={"appended": {"message.timestamp.type": "LogAppendTime"}})
-        for number, codec in enumerate(["gzip", "lz4"]):
-            producer = Producer(bootstrap_servers=process.bootstrap, transactional_id=f"columns-{number}", compression_type=codec, linger_ms=5)
-            producer.init_transactions()
-            for transaction in range(9):
-                producer.begin_transaction()
-                for n in range(30):
-                    key = None if n % 4 == 0 else b"k%d" % n
-                    headers = [("n", b"%d" % n), ("empty", None)] if n % 3 == 0 else None
-                    value = None if n == 7 else b"%d-%d-%d-" % (number, transaction, n) + b"x" * (n * 5)
-                    producer.send("mixed", value, key=key, partition=n % 2, headers=headers, timestamp=1_700_000_000_000 + n)
-                producer.flush()  # in the log before the marker, aborted or not
-                if transaction % 3 == 2:
-                    producer.abort_transaction()
-                else:
-                    producer.commit_transaction()
-            producer.close()
-        with Producer(bootstrap_servers=process.bootstrap) as producer:
-            for n in range(50):
-                producer.send("appended", b"a%d" % n, partition=0, timestamp=5)
-        yield process
-    finally:
-        process.kill()
+def broker(module_broker):
+    """The module's broker process (``tests.conftest.module_broker``),
+    filled: "mixed" holds transactions (every third aborted) from a gzip
+    and an lz4 producer, with headers and null keys; "appended" stamps
+    LogAppendTime."""
+    process = module_broker
+    with Admin(bootstrap_servers=process.bootstrap) as admin:
+        admin.create_topics(TOPICS, configs={"appended": {"message.timestamp.type": "LogAppendTime"}})
+    for number, codec in enumerate(["gzip", "lz4"]):
+        producer = Producer(bootstrap_servers=process.bootstrap, transactional_id=f"columns-{number}", compression_type=codec, linger_ms=5)
+        producer.init_transactions()
+        for transaction in range(9):
+            producer.begin_transaction()
+            for n in range(30):
+                key = None if n % 4 == 0 else b"k%d" % n
+                headers = [("n", b"%d" % n), ("empty", None)] if n % 3 == 0 else None
+                value = None if n == 7 else b"%d-%d-%d-" % (number, transaction, n) + b"x" * (n * 5)
+                producer.send("mixed", value, key=key, partition=n % 2, headers=headers, timestamp=1_700_000_000_000 + n)
+            producer.flush()  # in the log before the marker, aborted or not
+            if transaction % 3 == 2:
+                producer.abort_transaction()
+            else:
+                producer.commit_transaction()
+        producer.close()
+    with Producer(bootstrap_servers=process.bootstrap) as producer:
+        for n in range(50):
+            producer.send("appended", b"a%d" % n, partition=0, timestamp=5)
+    return process
 
 
 def as_row(record) -> dict:
@@ -192,7 +188,7 @@ async def read_columns(bootstrap: str, topic: str, count: int) -> list[dict]:
     return rows
 
 
-@pytest.mark.parametrize("writer", sorted(WRITERS))
+@pytest.mark.parametrize("writer", sorted(INTEROP_WRITERS))
 @pytest.mark.parametrize("codec", ["none", "gzip", "lz4", "zstd", "snappy"])
 def test_columns_of_what_other_clients_write(broker, writer, codec):
     """librdkafka, kafka-python and aiokafka encode batches their own ways
@@ -200,8 +196,8 @@ def test_columns_of_what_other_clients_write(broker, writer, codec):
     topic = f"theirs-{writer}-{codec}"
     with Admin(bootstrap_servers=broker.bootstrap) as admin:
         admin.create_topics({topic: 1})
-    WRITERS[writer](broker.bootstrap, topic, codec)
-    rows = asyncio.run(read_columns(broker.bootstrap, topic, COUNT))
+    INTEROP_WRITERS[writer](broker.bootstrap, topic, codec)
+    rows = asyncio.run(read_columns(broker.bootstrap, topic, INTEROP_COUNT))
     got = [(row["key"], row["value"], [(h["key"], h["value"]) for h in row["headers"]], row["timestamp"]) for row in rows]
-    assert as_comparable(got) == as_comparable(expected_records())
-    assert [row["offset"] for row in rows] == list(range(COUNT))
+    assert as_comparable(got) == as_comparable(interop_records())
+    assert [row["offset"] for row in rows] == list(range(INTEROP_COUNT))

@@ -20,8 +20,7 @@ from hypothesis import strategies as st
 
 from protocol.columnar import HEADERS_TYPE
 from protocol.partitioning import murmur2
-from tests.helpers import connections_cut_every, create_topic, read_partition
-from tests.txn.test_interop import as_comparable, expected_records, read_with_confluent, read_with_kafka_python
+from tests.helpers import as_comparable, connections_cut_every, create_topic, interop_records, read_partition, read_with_confluent, read_with_kafka_python
 from txn import Consumer, Producer, TopicPartition
 from txn.column_batches import murmur2_partitions, plan_batches
 from txn.errors import BufferExhaustedError
@@ -85,7 +84,7 @@ def read_all(bootstrap, topic, partitions):
 def test_columns_written_by_us_are_read_back_exactly_by_confluent_and_kafka_python(embedded_broker, codec):
     topic = f"columns-{codec}"
     create_topic(embedded_broker.bootstrap, topic, 1)
-    key, value, headers, timestamp = as_columns(expected_records())
+    key, value, headers, timestamp = as_columns(interop_records())
     producer = Producer(bootstrap_servers=embedded_broker.bootstrap, transactional_id=f"columns-{codec}-{uuid.uuid4()}", compression_type=codec, batch_size=1500)
     producer.init_transactions()
     with producer.transaction():
@@ -94,10 +93,10 @@ def test_columns_written_by_us_are_read_back_exactly_by_confluent_and_kafka_pyth
     batches = outcome.result(10) + rest.result(10)
     producer.close()
     assert len(batches) > 4, "batch_size cut the columns into several batches"
-    assert sum(b.count for b in batches) == len(expected_records())
+    assert sum(b.count for b in batches) == len(interop_records())
     assert [b.offset for b in batches] == sorted(b.offset for b in batches)
     for name, read in {"confluent-kafka": read_with_confluent, "kafka-python": read_with_kafka_python}.items():
-        assert as_comparable(read(embedded_broker.bootstrap, topic)) == as_comparable(expected_records()), name
+        assert as_comparable(read(embedded_broker.bootstrap, topic)) == as_comparable(interop_records()), name
 
 
 def test_keys_land_where_the_per_record_api_puts_them_in_order(embedded_broker):

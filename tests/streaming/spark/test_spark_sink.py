@@ -12,7 +12,6 @@ import threading
 import time
 import uuid
 
-import pyarrow as pa
 import pytest
 from pyspark.sql.types import ArrayType, BinaryType, IntegerType, LongType, StringType, StructField, StructType
 
@@ -25,33 +24,31 @@ from streaming.spark.options import DEFAULT_TRANSACTION_TIMEOUT_MS, OptionError,
 from streaming.spark.sink import make_stream_writer, validate_schema
 from streaming.spark.sink_driver import DriverCommit
 from streaming.spark.sink_task import TaskIdentity, write_task
-from txn import Admin, Consumer, Producer, TopicPartition
+from tests.helpers import new_query, open_sink_transactions, read_committed_values, run_sink_tasks, sink_kv_schema, sink_rows, spark_sink_options
+from txn import Admin, Producer, TopicPartition
 from txn.errors import KafkaError
 
-KV = StructType([StructField("key", StringType()), StructField("value", StringType())])
+KV = sink_kv_schema()
 
 # -- options and columns -----------------------------------------------------------------
-
-def options(bootstrap="127.0.0.1:9", **extra):
-    return {"kafka.bootstrap.servers": bootstrap, "topic": "out", "transactionalIdPrefix": "job", **extra}
 
 @pytest.mark.parametrize(
     "given, message",
     [
         ({"topic": "t"}, "'kafka.bootstrap.servers' must be specified for configuring Kafka producer"),
         ({"kafka.bootstrap.servers": "h:1"}, "needs option 'transactionalIdPrefix' .* or a checkpointLocation option to derive one from; deliveryGuarantee=at_least_once needs neither"),
-        (options(deliveryGuarantee="twice"), "deliveryGuarantee must be exactly_once or at_least_once"),
-        (options(**{"kafka.key.serializer": "x"}), "'key.serializer' is not supported as keys are serialized with ByteArraySerializer"),
-        (options(**{"kafka.transactional.id": "x"}), "set transactionalIdPrefix"),
-        (options(**{"kafka.no.such.setting": "1"}), "kafka.no.such.setting not supported by onceflow's ProducerConfig"),
-        (options(**{"kafka.linger.ms": "-1"}), "invalid Kafka option: linger_ms"),
-        (options(transactionalIdPrefix="a/b"), "not a legal topic name"),
-        (options(commitOffsetsToGroup="g"), "needs .option\\('checkpointLocation'"),
-        (options(decisionTopicReplicationFactor="0"), "decisionTopicReplicationFactor must be -1 \\(the broker's default\\) or positive, not 0"),
-        (options(decisionTopicReplicationFactor="2", decisionTopicMinInsyncReplicas="3"), "cannot exceed decisionTopicReplicationFactor"),
-        (options(txnAppId="a"), "txnAppId and txnVersion go together"),
-        (options(txnAppId="a", txnVersion="1"), "are options of batch writes"),
-        (options(commitOffsetsToGroup="g", deliveryGuarantee="at_least_once", checkpointLocation="/c"), "needs deliveryGuarantee=exactly_once"),
+        (spark_sink_options(deliveryGuarantee="twice"), "deliveryGuarantee must be exactly_once or at_least_once"),
+        (spark_sink_options(**{"kafka.key.serializer": "x"}), "'key.serializer' is not supported as keys are serialized with ByteArraySerializer"),
+        (spark_sink_options(**{"kafka.transactional.id": "x"}), "set transactionalIdPrefix"),
+        (spark_sink_options(**{"kafka.no.such.setting": "1"}), "kafka.no.such.setting not supported by onceflow's ProducerConfig"),
+        (spark_sink_options(**{"kafka.linger.ms": "-1"}), "invalid Kafka option: linger_ms"),
+        (spark_sink_options(transactionalIdPrefix="a/b"), "not a legal topic name"),
+        (spark_sink_options(commitOffsetsToGroup="g"), "needs .option\\('checkpointLocation'"),
+        (spark_sink_options(decisionTopicReplicationFactor="0"), "decisionTopicReplicationFactor must be -1 \\(the broker's default\\) or positive, not 0"),
+        (spark_sink_options(decisionTopicReplicationFactor="2", decisionTopicMinInsyncReplicas="3"), "cannot exceed decisionTopicReplicationFactor"),
+        (spark_sink_options(txnAppId="a"), "txnAppId and txnVersion go together"),
+        (spark_sink_options(txnAppId="a", txnVersion="1"), "are options of batch writes"),
+        (spark_sink_options(commitOffsetsToGroup="g", deliveryGuarantee="at_least_once", checkpointLocation="/c"), "needs deliveryGuarantee=exactly_once"),
     ],
 )
 def test_bad_options_are_refused_with_a_reason(given, message):
@@ -105,7 +102,7 @@ def test_accepted_columns():
     assert not validate_schema(schema, "t").topic  # the option overrides the column, as in Spark
 
 def test_writer_and_messages_pickle():
-    writer = make_stream_writer(options(), KV, False)
+    writer = make_stream_writer(spark_sink_options(), KV, False)
     again = pickle.loads(pickle.dumps(writer))
     assert again.options == writer.options and again.columns == writer.columns
     message = sink_task.SinkCommitMessage(TaskIdentity("q", "r", 1, 0, 0), None, 0)
@@ -132,42 +129,6 @@ def broker(broker_process):
         admin.create_topics({"out": 3})
     return broker
 
-def arrow_rows(values, key=True):
-    data = {"key": [f"k{v}" for v in values], "value": [str(v) for v in values]} if key else {"value": [str(v) for v in values]}
-    return pa.RecordBatch.from_pydict(data)
-
-def run_tasks(parsed, values, partitions, query_id, run_id, batch, crash=None):
-    """One batch's tasks: ``values`` split over ``partitions`` tasks (round robin)."""
-    columns = validate_schema(KV, parsed.topic)
-    messages = []
-    for p in range(partitions):
-        mine = values[p::partitions]
-        messages.append(write_task(parsed, columns, iter([arrow_rows(mine)] if mine else []), TaskIdentity(query_id, run_id, batch, p, 0), crash or Crash()))
-    return messages
-
-def read_committed(bootstrap, topic="out", partitions=3, timeout=30.0):
-    """Every committed value in ``topic``, read to the end (which needs the LSO
-    to be at the end: no open transaction left)."""
-    with Admin(bootstrap) as admin:
-        ends = {tp: o.offset for tp, o in admin.list_offsets({TopicPartition(topic, p): "latest" for p in range(partitions)}, isolation_level="read_uncommitted").items()}
-    values = []
-    with Consumer(bootstrap, isolation_level="read_committed") as consumer:
-        consumer.assign(list(ends))
-        for tp in ends:
-            consumer.seek(tp, 0)
-        deadline = time.monotonic() + timeout
-        while any(consumer.position(tp) < end for tp, end in ends.items()):
-            assert time.monotonic() < deadline, f"read_committed readers stalled: positions {[consumer.position(tp) for tp in ends]} of {list(ends.values())}"
-            values += [r.value.decode() for r in consumer.poll(0.5)]
-    return values
-
-def open_transactions(bootstrap, prefix="job"):
-    with Admin(bootstrap) as admin:
-        return [t.transactional_id for t in admin.list_transactions(states=["Ongoing"]) if t.transactional_id.startswith(prefix)]
-
-def new_query():
-    return str(uuid.uuid4()), str(uuid.uuid4())
-
 @pytest.mark.slow
 def test_the_decision_topic_is_created_with_the_replication_asked_for(broker):
     """Issue 27, item 6: the decision topic gets the broker's default
@@ -175,25 +136,25 @@ def test_the_decision_topic_is_created_with_the_replication_asked_for(broker):
     a single broker refuses 3 with its own reason, which shows the request
     carried it."""
     query, run = new_query()
-    writer = make_stream_writer(options(broker.bootstrap, transactionalIdPrefix="replicated", decisionTopicReplicationFactor="3"), KV)
+    writer = make_stream_writer(spark_sink_options(broker.bootstrap, transactionalIdPrefix="replicated", decisionTopicReplicationFactor="3"), KV)
     with pytest.raises(KafkaError, match="INVALID_REPLICATION_FACTOR"):
-        writer.commit(run_tasks(writer.options, [1], 1, query, run, 0), 0)
-    writer = make_stream_writer(options(broker.bootstrap, transactionalIdPrefix="replicated", decisionTopicMinInsyncReplicas="1"), KV)
-    writer.commit(run_tasks(writer.options, [1], 1, query, run, 0), 0)
-    assert sorted(map(int, read_committed(broker.bootstrap))) == [1]
+        writer.commit(run_sink_tasks(writer.options, [1], 1, query, run, 0), 0)
+    writer = make_stream_writer(spark_sink_options(broker.bootstrap, transactionalIdPrefix="replicated", decisionTopicMinInsyncReplicas="1"), KV)
+    writer.commit(run_sink_tasks(writer.options, [1], 1, query, run, 0), 0)
+    assert sorted(map(int, read_committed_values(broker.bootstrap))) == [1]
 
 
 @pytest.mark.slow
 def test_batches_commit_exactly_once(broker):
-    parsed = SinkOptions.parse(options(broker.bootstrap))
+    parsed = SinkOptions.parse(spark_sink_options(broker.bootstrap))
     query, run = new_query()
     for batch in range(3):
         values = list(range(batch * 10, batch * 10 + 10))
-        messages = run_tasks(parsed, values, 2, query, run, batch)
+        messages = run_sink_tasks(parsed, values, 2, query, run, batch)
         assert all(m.transaction is not None and m.records == 5 for m in messages)
-        make_stream_writer(options(broker.bootstrap), KV).commit(messages, batch)
-    assert sorted(map(int, read_committed(broker.bootstrap))) == list(range(30))
-    assert open_transactions(broker.bootstrap) == []
+        make_stream_writer(spark_sink_options(broker.bootstrap), KV).commit(messages, batch)
+    assert sorted(map(int, read_committed_values(broker.bootstrap))) == list(range(30))
+    assert open_sink_transactions(broker.bootstrap) == []
     with Admin(broker.bootstrap) as admin:
         writers = admin.describe_producers(TopicPartition("onceflow.decisions.job", 0))
     assert len(writers) == 1, f"the driver keeps one decision producer across commits, not one per batch: {writers}"
@@ -204,14 +165,14 @@ def test_a_task_never_writes_into_a_transaction_the_driver_left_open(broker):
     """Batch 0's transaction is still open (its driver never committed) when
     the task of batch 1 starts: batch 1's rows go to a transaction of their
     own (ids are unique per batch), and commit(1) aborts batch 0's."""
-    writer = make_stream_writer(options(broker.bootstrap), KV)
+    writer = make_stream_writer(spark_sink_options(broker.bootstrap), KV)
     query, run = new_query()
-    first = run_tasks(writer.options, [1, 2], 1, query, run, 0)
-    second = run_tasks(writer.options, [3, 4], 1, query, run, 1)
+    first = run_sink_tasks(writer.options, [1, 2], 1, query, run, 0)
+    second = run_sink_tasks(writer.options, [3, 4], 1, query, run, 1)
     assert second[0].transaction.transactional_id != first[0].transaction.transactional_id
     writer.commit(second, 1)
-    assert sorted(map(int, read_committed(broker.bootstrap))) == [3, 4]
-    assert open_transactions(broker.bootstrap) == []
+    assert sorted(map(int, read_committed_values(broker.bootstrap))) == [3, 4]
+    assert open_sink_transactions(broker.bootstrap) == []
 
 
 @pytest.mark.slow
@@ -225,17 +186,17 @@ def test_zombie_task_attempts_cannot_touch_a_handed_over_transaction(broker):
     id (ids were per run, partition and attempt number): their
     InitProducerId aborted it and the driver's commit failed with
     DecidedTransactionsLostError on every restart."""
-    writer = make_stream_writer(options(broker.bootstrap), KV)
+    writer = make_stream_writer(spark_sink_options(broker.bootstrap), KV)
     query, run = new_query()
     columns = validate_schema(KV, "out")
-    writer.commit(run_tasks(writer.options, [1, 2], 1, query, run, 0), 0)
-    handed = [write_task(writer.options, columns, iter([arrow_rows([3, 4])]), TaskIdentity(query, run, 1, 0, 0, task_attempt_id=12))]
+    writer.commit(run_sink_tasks(writer.options, [1, 2], 1, query, run, 0), 0)
+    handed = [write_task(writer.options, columns, iter([sink_rows([3, 4])]), TaskIdentity(query, run, 1, 0, 0, task_attempt_id=12))]
     for zombie in (TaskIdentity(query, run, 0, 0, 0, task_attempt_id=5), TaskIdentity(query, run, 1, 0, 0, task_attempt_id=9), TaskIdentity(query, run, 1, 0, 1, task_attempt_id=11)):
-        write_task(writer.options, columns, iter([arrow_rows([90 + zombie.batch_id])]), zombie)
-    assert len(open_transactions(broker.bootstrap)) == 4
+        write_task(writer.options, columns, iter([sink_rows([90 + zombie.batch_id])]), zombie)
+    assert len(open_sink_transactions(broker.bootstrap)) == 4
     writer.commit(handed, 1)
-    assert sorted(map(int, read_committed(broker.bootstrap))) == [1, 2, 3, 4]
-    assert open_transactions(broker.bootstrap) == []  # the zombies' transactions were aborted by the commit's cleanup
+    assert sorted(map(int, read_committed_values(broker.bootstrap))) == [1, 2, 3, 4]
+    assert open_sink_transactions(broker.bootstrap) == []  # the zombies' transactions were aborted by the commit's cleanup
 
 
 @pytest.mark.slow
@@ -243,24 +204,24 @@ def test_zombie_task_attempts_cannot_touch_a_handed_over_transaction(broker):
 def test_driver_crash_then_restart_with_other_partitioning(broker, point, hit, visible_before_restart):
     """Crash in commit(1) at ``point``; the restarted run re-runs batch 1 with
     two tasks instead of three and commits it: every value once."""
-    writer = make_stream_writer(options(broker.bootstrap), KV)
+    writer = make_stream_writer(spark_sink_options(broker.bootstrap), KV)
     query, run1 = new_query()
-    writer.commit(run_tasks(writer.options, list(range(0, 9)), 3, query, run1, 0), 0)
-    first = run_tasks(writer.options, list(range(9, 18)), 3, query, run1, 1)
+    writer.commit(run_sink_tasks(writer.options, list(range(0, 9)), 3, query, run1, 0), 0)
+    first = run_sink_tasks(writer.options, list(range(9, 18)), 3, query, run1, 1)
 
     with pytest.raises(CrashPointReached):
         asyncio.run(DriverCommit(writer.options, Crash(point, hit)).commit(first, 1))
     by_task = [m.records for m in first]
-    before = open_transactions(broker.bootstrap)
+    before = open_sink_transactions(broker.bootstrap)
     assert len(before) == 3 - min(visible_before_restart, 3)  # what was not committed is still open
     run2 = str(uuid.uuid4())
-    again = run_tasks(writer.options, list(range(9, 18)), 2, query, run2, 1)  # the re-run: other partitioning, other rows per task
+    again = run_sink_tasks(writer.options, list(range(9, 18)), 2, query, run2, 1)  # the re-run: other partitioning, other rows per task
     writer.commit(again, 1)
-    assert open_transactions(broker.bootstrap) == []
-    values = sorted(map(int, read_committed(broker.bootstrap)))
+    assert open_sink_transactions(broker.bootstrap) == []
+    values = sorted(map(int, read_committed_values(broker.bootstrap)))
     assert values == list(range(18)), f"not exactly once after a crash at {point}@{hit} (tasks had {by_task})"
-    writer.commit(run_tasks(writer.options, list(range(18, 20)), 2, query, run2, 2), 2)
-    assert sorted(map(int, read_committed(broker.bootstrap))) == list(range(20))
+    writer.commit(run_sink_tasks(writer.options, list(range(18, 20)), 2, query, run2, 2), 2)
+    assert sorted(map(int, read_committed_values(broker.bootstrap))) == list(range(20))
 
 @pytest.mark.slow
 def test_a_batch_without_rows_opens_no_transaction_and_decides_nothing(broker):
@@ -269,9 +230,9 @@ def test_a_batch_without_rows_opens_no_transaction_and_decides_nothing(broker):
     The restart path still decides right: a batch decided before a crash
     whose re-run has no rows at all commits its decided transactions, and
     the batches after decide as before."""
-    writer = make_stream_writer(options(broker.bootstrap), KV)
+    writer = make_stream_writer(spark_sink_options(broker.bootstrap), KV)
     query, run = new_query()
-    writer.commit(run_tasks(writer.options, [1, 2], 2, query, run, 0), 0)
+    writer.commit(run_sink_tasks(writer.options, [1, 2], 2, query, run, 0), 0)
     decisions = TopicPartition("onceflow.decisions.job", 0)
 
     def decisions_end():
@@ -279,7 +240,7 @@ def test_a_batch_without_rows_opens_no_transaction_and_decides_nothing(broker):
             return admin.list_offsets({decisions: "latest"}, isolation_level="read_uncommitted")[decisions].offset
 
     before = decisions_end()
-    empty = run_tasks(writer.options, [], 2, query, run, 1)
+    empty = run_sink_tasks(writer.options, [], 2, query, run, 1)
     assert [(m.transaction, m.records) for m in empty] == [(None, 0), (None, 0)]
     with Admin(broker.bootstrap) as admin:
         known = [t.transactional_id for t in admin.list_transactions()]
@@ -288,24 +249,24 @@ def test_a_batch_without_rows_opens_no_transaction_and_decides_nothing(broker):
     writer.commit(empty, 1)
     assert decisions_end() == before, "a batch without rows wrote a decision"
 
-    decided = run_tasks(writer.options, [3, 4, 5], 2, query, run, 2)
+    decided = run_sink_tasks(writer.options, [3, 4, 5], 2, query, run, 2)
     with pytest.raises(CrashPointReached):
         asyncio.run(DriverCommit(writer.options, Crash(AFTER_DECISION)).commit(decided, 2))
     run2 = str(uuid.uuid4())
-    writer.commit(run_tasks(writer.options, [], 3, query, run2, 2), 2)  # the re-run has no rows: the decided ones commit
-    assert open_transactions(broker.bootstrap) == []
-    assert sorted(map(int, read_committed(broker.bootstrap))) == [1, 2, 3, 4, 5]
-    writer.commit(run_tasks(writer.options, [6, 7], 2, query, run2, 3), 3)
-    assert sorted(map(int, read_committed(broker.bootstrap))) == [1, 2, 3, 4, 5, 6, 7]
+    writer.commit(run_sink_tasks(writer.options, [], 3, query, run2, 2), 2)  # the re-run has no rows: the decided ones commit
+    assert open_sink_transactions(broker.bootstrap) == []
+    assert sorted(map(int, read_committed_values(broker.bootstrap))) == [1, 2, 3, 4, 5]
+    writer.commit(run_sink_tasks(writer.options, [6, 7], 2, query, run2, 3), 3)
+    assert sorted(map(int, read_committed_values(broker.bootstrap))) == [1, 2, 3, 4, 5, 6, 7]
 
 
 @pytest.mark.slow
 def test_failed_task_attempt_and_crashed_run_leftovers_are_aborted(broker):
-    writer = make_stream_writer(options(broker.bootstrap), KV)
+    writer = make_stream_writer(spark_sink_options(broker.bootstrap), KV)
     query, run = new_query()
     # A task attempt that failed after sending (its transaction is aborted by the task itself) ...
     with pytest.raises(CrashPointReached):
-        run_tasks(writer.options, [100, 101], 1, query, run, 0, crash=Crash(TASK_BEFORE_HANDLE))
+        run_sink_tasks(writer.options, [100, 101], 1, query, run, 0, crash=Crash(TASK_BEFORE_HANDLE))
     # ... and one whose process died: its transaction stays open and holds the LSO.
     zombie = Producer(broker.bootstrap, transactional_id=decision.transactional_id("job", query, "deadbeef", 0, 1))
     zombie.init_transactions()
@@ -313,29 +274,29 @@ def test_failed_task_attempt_and_crashed_run_leftovers_are_aborted(broker):
     zombie.send("out", b"200", partition=0)
     zombie.flush()
     zombie.close()
-    assert open_transactions(broker.bootstrap) == [zombie.config.transactional_id]
-    writer.commit(run_tasks(writer.options, [0, 1, 2], 2, query, run, 0), 0)
-    assert open_transactions(broker.bootstrap) == []
-    assert sorted(map(int, read_committed(broker.bootstrap))) == [0, 1, 2]
+    assert open_sink_transactions(broker.bootstrap) == [zombie.config.transactional_id]
+    writer.commit(run_sink_tasks(writer.options, [0, 1, 2], 2, query, run, 0), 0)
+    assert open_sink_transactions(broker.bootstrap) == []
+    assert sorted(map(int, read_committed_values(broker.bootstrap))) == [0, 1, 2]
 
 @pytest.mark.slow
 def test_abort_after_a_decision_finishes_the_batch(broker):
-    writer = make_stream_writer(options(broker.bootstrap), KV)
+    writer = make_stream_writer(spark_sink_options(broker.bootstrap), KV)
     query, run = new_query()
-    messages = run_tasks(writer.options, list(range(6)), 2, query, run, 0)
+    messages = run_sink_tasks(writer.options, list(range(6)), 2, query, run, 0)
 
     with pytest.raises(CrashPointReached):
         asyncio.run(DriverCommit(writer.options, Crash(AFTER_DECISION)).commit(messages, 0))
     writer.abort(messages, 0)  # what Spark does after commit() raised
-    assert sorted(map(int, read_committed(broker.bootstrap))) == list(range(6))
-    undecided = run_tasks(writer.options, [50, 51], 2, query, run, 1)
+    assert sorted(map(int, read_committed_values(broker.bootstrap))) == list(range(6))
+    undecided = run_sink_tasks(writer.options, [50, 51], 2, query, run, 1)
     writer.abort(undecided, 1)  # a batch whose task failed: never decided, aborted
-    assert open_transactions(broker.bootstrap) == []
-    assert sorted(map(int, read_committed(broker.bootstrap))) == list(range(6))
+    assert open_sink_transactions(broker.bootstrap) == []
+    assert sorted(map(int, read_committed_values(broker.bootstrap))) == list(range(6))
 
 def wait_until_no_open_transactions(bootstrap, timeout=30):
     deadline = time.monotonic() + timeout
-    while open_transactions(bootstrap):  # the broker aborts them after their timeout
+    while open_sink_transactions(bootstrap):  # the broker aborts them after their timeout
         assert time.monotonic() < deadline
         time.sleep(0.2)
 
@@ -353,9 +314,9 @@ def test_a_batch_whose_transactions_timed_out_is_not_decided_and_reruns(broker):
     with DecidedTransactionsLostError and every restart failed again. Now the
     driver verifies every handle is open before deciding, decides nothing,
     aborts the rest and says why; the re-run commits."""
-    writer = make_stream_writer(options(broker.bootstrap, **{"kafka.transaction.timeout.ms": "1000"}), KV)
+    writer = make_stream_writer(spark_sink_options(broker.bootstrap, **{"kafka.transaction.timeout.ms": "1000"}), KV)
     query, run = new_query()
-    messages = run_tasks(writer.options, list(range(6)), 2, query, run, 0)
+    messages = run_sink_tasks(writer.options, list(range(6)), 2, query, run, 0)
     wait_until_no_open_transactions(broker.bootstrap)
     with pytest.raises(decision.BatchTransactionsNotOpenError) as failed:
         writer.commit(messages, 0)
@@ -364,17 +325,17 @@ def test_a_batch_whose_transactions_timed_out_is_not_decided_and_reruns(broker):
     assert "kafka.transaction.timeout.ms (1000 ms)" in text and "maxOffsetsPerTrigger" in text
     # One handle dead, one open: the open one is aborted, nothing decided. These
     # tasks get a timeout no loaded machine outlives, so only the fence kills one.
-    writer = make_stream_writer(options(broker.bootstrap, **{"kafka.transaction.timeout.ms": "60000"}), KV)
-    late = run_tasks(writer.options, list(range(6)), 2, query, run, 0)
+    writer = make_stream_writer(spark_sink_options(broker.bootstrap, **{"kafka.transaction.timeout.ms": "60000"}), KV)
+    late = run_sink_tasks(writer.options, list(range(6)), 2, query, run, 0)
     fence = Producer(broker.bootstrap, transactional_id=late[0].transaction.transactional_id)
     fence.init_transactions()  # aborts late[0]'s transaction, as a timeout would
     fence.close()
     with pytest.raises(decision.BatchTransactionsNotOpenError, match="1 of its 2 transactions"):
         writer.commit(late, 0)
-    assert open_transactions(broker.bootstrap) == []
-    rerun = run_tasks(writer.options, list(range(6)), 2, query, str(uuid.uuid4()), 0)
+    assert open_sink_transactions(broker.bootstrap) == []
+    rerun = run_sink_tasks(writer.options, list(range(6)), 2, query, str(uuid.uuid4()), 0)
     writer.commit(rerun, 0)
-    assert sorted(map(int, read_committed(broker.bootstrap))) == list(range(6))
+    assert sorted(map(int, read_committed_values(broker.bootstrap))) == list(range(6))
 
 
 @pytest.mark.slow
@@ -383,33 +344,33 @@ def test_a_decided_batch_whose_transactions_all_timed_out_is_decided_again(broke
     the broker aborted every decided transaction before the restart. None
     committed, and the re-run recomputed the whole batch: its handles are
     decided instead (before, the query stayed wedged)."""
-    writer = make_stream_writer(options(broker.bootstrap, **{"kafka.transaction.timeout.ms": DECIDE_THEN_TIME_OUT_MS}), KV)
+    writer = make_stream_writer(spark_sink_options(broker.bootstrap, **{"kafka.transaction.timeout.ms": DECIDE_THEN_TIME_OUT_MS}), KV)
     query, run = new_query()
-    messages = run_tasks(writer.options, list(range(6)), 2, query, run, 0)
+    messages = run_sink_tasks(writer.options, list(range(6)), 2, query, run, 0)
     with pytest.raises(CrashPointReached):
         asyncio.run(DriverCommit(writer.options, Crash(AFTER_DECISION)).commit(messages, 0))
     wait_until_no_open_transactions(broker.bootstrap)
-    writer.commit(run_tasks(writer.options, list(range(6)), 1, query, str(uuid.uuid4()), 0), 0)
-    assert sorted(map(int, read_committed(broker.bootstrap))) == list(range(6))
-    assert open_transactions(broker.bootstrap) == []
+    writer.commit(run_sink_tasks(writer.options, list(range(6)), 1, query, str(uuid.uuid4()), 0), 0)
+    assert sorted(map(int, read_committed_values(broker.bootstrap))) == list(range(6))
+    assert open_sink_transactions(broker.bootstrap) == []
 
 
 @pytest.mark.slow
 def test_a_decided_batch_partly_committed_then_timed_out_fails_loudly(broker):
-    writer = make_stream_writer(options(broker.bootstrap, **{"kafka.transaction.timeout.ms": DECIDE_THEN_TIME_OUT_MS}), KV)
+    writer = make_stream_writer(spark_sink_options(broker.bootstrap, **{"kafka.transaction.timeout.ms": DECIDE_THEN_TIME_OUT_MS}), KV)
     query, run = new_query()
-    messages = run_tasks(writer.options, list(range(6)), 2, query, run, 0)
+    messages = run_sink_tasks(writer.options, list(range(6)), 2, query, run, 0)
     with pytest.raises(CrashPointReached):
         asyncio.run(DriverCommit(writer.options, Crash(AFTER_COMMIT, 1)).commit(messages, 0))
     wait_until_no_open_transactions(broker.bootstrap)
-    rerun = run_tasks(writer.options, list(range(6)), 1, query, str(uuid.uuid4()), 0)
+    rerun = run_sink_tasks(writer.options, list(range(6)), 1, query, str(uuid.uuid4()), 0)
     with pytest.raises(DecidedTransactionsLostError) as lost:
         writer.commit(rerun, 0)
     text = str(lost.value)
     assert "batch 0 was decided but 1 of its 2 transactions" in text and "(1 committed)" in text and "3 records" in text
     assert messages[1].transaction.transactional_id in text
-    assert sorted(map(int, read_committed(broker.bootstrap))) == [0, 2, 4]  # the committed task's rows; the re-run's were aborted
-    assert open_transactions(broker.bootstrap) == []
+    assert sorted(map(int, read_committed_values(broker.bootstrap))) == [0, 2, 4]  # the committed task's rows; the re-run's were aborted
+    assert open_sink_transactions(broker.bootstrap) == []
 
 
 @pytest.mark.slow
@@ -420,12 +381,12 @@ def test_a_second_driver_on_the_same_query_fences_the_first(broker):
     B's (duplicates, or A's handles already aborted by B's cleanup: a wedge).
     Now B's commit fenced A's decision writer: A stops with a clear error,
     B's decision stands, every value once."""
-    writer = make_stream_writer(options(broker.bootstrap), KV)
+    writer = make_stream_writer(spark_sink_options(broker.bootstrap), KV)
     query, run_a = new_query()
-    writer.commit(run_tasks(writer.options, [0, 1], 2, query, run_a, 0), 0)
+    writer.commit(run_sink_tasks(writer.options, [0, 1], 2, query, run_a, 0), 0)
     run_b = str(uuid.uuid4())
-    mine = run_tasks(writer.options, [2, 3], 2, query, run_a, 1)
-    theirs = run_tasks(writer.options, [2, 3], 1, query, run_b, 1)
+    mine = run_sink_tasks(writer.options, [2, 3], 2, query, run_a, 1)
+    theirs = run_sink_tasks(writer.options, [2, 3], 1, query, run_b, 1)
 
     def second_driver_commits(name):
         if name == BEFORE_DECISION:
@@ -435,10 +396,10 @@ def test_a_second_driver_on_the_same_query_fences_the_first(broker):
 
     with pytest.raises(decision.DriverFencedError, match="another driver took over query .* a second driver runs the same checkpoint"):
         asyncio.run(DriverCommit(writer.options, second_driver_commits).commit(mine, 1))
-    assert sorted(map(int, read_committed(broker.bootstrap))) == [0, 1, 2, 3]
-    writer.commit(run_tasks(writer.options, [4], 1, query, run_b, 2), 2)  # B goes on
-    assert sorted(map(int, read_committed(broker.bootstrap))) == [0, 1, 2, 3, 4]
-    assert open_transactions(broker.bootstrap) == []
+    assert sorted(map(int, read_committed_values(broker.bootstrap))) == [0, 1, 2, 3]
+    writer.commit(run_sink_tasks(writer.options, [4], 1, query, run_b, 2), 2)  # B goes on
+    assert sorted(map(int, read_committed_values(broker.bootstrap))) == [0, 1, 2, 3, 4]
+    assert open_sink_transactions(broker.bootstrap) == []
 
 
 @pytest.mark.slow
@@ -448,9 +409,9 @@ def test_abort_after_an_in_doubt_decision_write(broker):
     abort first takes the decision writer over, which aborts the in-flight
     write, so aborting the batch's transactions is safe: the stale write can
     never land afterwards, and the re-run decides anew."""
-    writer = make_stream_writer(options(broker.bootstrap), KV)
+    writer = make_stream_writer(spark_sink_options(broker.bootstrap), KV)
     query, run = new_query()
-    messages = run_tasks(writer.options, list(range(4)), 2, query, run, 0)
+    messages = run_sink_tasks(writer.options, list(range(4)), 2, query, run, 0)
 
     async def sequence():
         stale = sink_driver.DriverClients(writer.options)
@@ -470,9 +431,9 @@ def test_abort_after_an_in_doubt_decision_write(broker):
             await stale.close()
 
     asyncio.run(sequence())
-    assert open_transactions(broker.bootstrap) == []
-    writer.commit(run_tasks(writer.options, list(range(4)), 1, query, str(uuid.uuid4()), 0), 0)
-    assert sorted(map(int, read_committed(broker.bootstrap))) == list(range(4))
+    assert open_sink_transactions(broker.bootstrap) == []
+    writer.commit(run_sink_tasks(writer.options, list(range(4)), 1, query, str(uuid.uuid4()), 0), 0)
+    assert sorted(map(int, read_committed_values(broker.bootstrap))) == list(range(4))
 
 
 @pytest.mark.slow
@@ -481,25 +442,25 @@ def test_the_completer_finishes_a_decided_batch_without_spark_and_fences_no_one(
     its three transactions. The completer commits the other two at once (the
     output's LSO moves without waiting for Spark); it leaves a live driver's
     decision writer alone, and the restarted run then finds nothing to redo."""
-    writer = make_stream_writer(options(broker.bootstrap), KV)
+    writer = make_stream_writer(spark_sink_options(broker.bootstrap), KV)
     query, run = new_query()
     assert str(sink_driver.finish_decided(writer.options)) == "no decision recorded"
-    writer.commit(run_tasks(writer.options, [0, 1, 2], 3, query, run, 0), 0)
-    decided = run_tasks(writer.options, [3, 4, 5], 3, query, run, 1)
+    writer.commit(run_sink_tasks(writer.options, [0, 1, 2], 3, query, run, 0), 0)
+    decided = run_sink_tasks(writer.options, [3, 4, 5], 3, query, run, 1)
     with pytest.raises(CrashPointReached):
         asyncio.run(DriverCommit(writer.options, Crash(AFTER_COMMIT, 1)).commit(decided, 1))
     with Admin(broker.bootstrap) as admin:
         writer_before = admin.describe_transactions([decision.driver_transactional_id("job", query)])[0]
     finished = sink_driver.finish_decided(writer.options)
     assert finished.decision.batch_id == 1 and len(finished.committed) == 2 and not finished.lost
-    assert open_transactions(broker.bootstrap) == []
-    assert sorted(map(int, read_committed(broker.bootstrap))) == [0, 1, 2, 3, 4, 5]
+    assert open_sink_transactions(broker.bootstrap) == []
+    assert sorted(map(int, read_committed_values(broker.bootstrap))) == [0, 1, 2, 3, 4, 5]
     with Admin(broker.bootstrap) as admin:
         writer_after = admin.describe_transactions([decision.driver_transactional_id("job", query)])[0]
     assert writer_after.producer_epoch == writer_before.producer_epoch  # no driver was fenced
     assert len(sink_driver.finish_decided(writer.options).committed) == 0  # idempotent
-    writer.commit(run_tasks(writer.options, [3, 4, 5], 2, query, str(uuid.uuid4()), 1), 1)  # the restarted run
-    assert sorted(map(int, read_committed(broker.bootstrap))) == [0, 1, 2, 3, 4, 5]
+    writer.commit(run_sink_tasks(writer.options, [3, 4, 5], 2, query, str(uuid.uuid4()), 1), 1)  # the restarted run
+    assert sorted(map(int, read_committed_values(broker.bootstrap))) == [0, 1, 2, 3, 4, 5]
 
 
 @pytest.mark.slow
@@ -508,40 +469,40 @@ def test_two_prefixes_share_a_decision_topic(broker):
     was read whatever its key: B's first commit was refused as a prefix in
     use, and A's abort after deciding aborted its decided batch (loss). Each
     prefix now reads its own key."""
-    a = make_stream_writer(options(broker.bootstrap, transactionalIdPrefix="a", decisionTopic="shared"), KV)
-    b = make_stream_writer(options(broker.bootstrap, transactionalIdPrefix="b", decisionTopic="shared"), KV)
+    a = make_stream_writer(spark_sink_options(broker.bootstrap, transactionalIdPrefix="a", decisionTopic="shared"), KV)
+    b = make_stream_writer(spark_sink_options(broker.bootstrap, transactionalIdPrefix="b", decisionTopic="shared"), KV)
     query_a, run_a = new_query()
     query_b, run_b = new_query()
-    a.commit(run_tasks(a.options, [0, 1], 2, query_a, run_a, 0), 0)
-    b.commit(run_tasks(b.options, [100, 101], 2, query_b, run_b, 0), 0)
-    decided = run_tasks(a.options, [2, 3], 2, query_a, run_a, 1)
+    a.commit(run_sink_tasks(a.options, [0, 1], 2, query_a, run_a, 0), 0)
+    b.commit(run_sink_tasks(b.options, [100, 101], 2, query_b, run_b, 0), 0)
+    decided = run_sink_tasks(a.options, [2, 3], 2, query_a, run_a, 1)
     with pytest.raises(CrashPointReached):
         asyncio.run(DriverCommit(a.options, Crash(AFTER_DECISION)).commit(decided, 1))
-    b.commit(run_tasks(b.options, [102], 1, query_b, run_b, 1), 1)  # B's decision is now the topic's last record
+    b.commit(run_sink_tasks(b.options, [102], 1, query_b, run_b, 1), 1)  # B's decision is now the topic's last record
     a.abort(decided, 1)  # must finish A's decided batch 1, not abort it
-    assert sorted(map(int, read_committed(broker.bootstrap))) == [0, 1, 2, 3, 100, 101, 102]
-    assert open_transactions(broker.bootstrap, "a") == [] and open_transactions(broker.bootstrap, "b") == []
+    assert sorted(map(int, read_committed_values(broker.bootstrap))) == [0, 1, 2, 3, 100, 101, 102]
+    assert open_sink_transactions(broker.bootstrap, "a") == [] and open_sink_transactions(broker.bootstrap, "b") == []
 
 
 @pytest.mark.slow
 def test_two_queries_on_one_prefix(broker):
-    writer = make_stream_writer(options(broker.bootstrap), KV)
+    writer = make_stream_writer(spark_sink_options(broker.bootstrap), KV)
     query_a, run_a = new_query()
-    writer.commit(run_tasks(writer.options, [1, 2], 2, query_a, run_a, 0), 0)
+    writer.commit(run_sink_tasks(writer.options, [1, 2], 2, query_a, run_a, 0), 0)
     query_b, run_b = new_query()
     with pytest.raises(PrefixInUseError, match=f"in use by query {query_a}"):
-        writer.commit(run_tasks(writer.options, [90, 91], 2, query_b, run_b, 0), 0)
-    assert open_transactions(broker.bootstrap) == []  # B aborted its own
-    writer.commit(run_tasks(writer.options, [3], 2, query_a, run_a, 1), 1)  # A goes on
-    assert sorted(map(int, read_committed(broker.bootstrap))) == [1, 2, 3]
+        writer.commit(run_sink_tasks(writer.options, [90, 91], 2, query_b, run_b, 0), 0)
+    assert open_sink_transactions(broker.bootstrap) == []  # B aborted its own
+    writer.commit(run_sink_tasks(writer.options, [3], 2, query_a, run_a, 1), 1)  # A goes on
+    assert sorted(map(int, read_committed_values(broker.bootstrap))) == [1, 2, 3]
 
 @pytest.mark.slow
 def test_at_least_once_writes_without_transactions(broker):
     writer = make_stream_writer({"kafka.bootstrap.servers": broker.bootstrap, "topic": "out", "deliveryGuarantee": "at_least_once"}, KV)
     query, run = new_query()
-    messages = run_tasks(writer.options, list(range(5)), 2, query, run, 0)
+    messages = run_sink_tasks(writer.options, list(range(5)), 2, query, run, 0)
     assert [m.transaction for m in messages] == [None, None] and sum(m.records for m in messages) == 5
-    assert sorted(map(int, read_committed(broker.bootstrap))) == list(range(5))  # visible before any commit
+    assert sorted(map(int, read_committed_values(broker.bootstrap))) == list(range(5))  # visible before any commit
     writer.commit(messages, 0)
 
 @pytest.mark.slow
@@ -549,20 +510,20 @@ def test_commit_offsets_to_group_with_the_batch(broker, tmp_path):
     checkpoint = tmp_path / "ckpt"
     (checkpoint / "offsets").mkdir(parents=True)
     (checkpoint / "offsets" / "0").write_text('v1\n{"batchWatermarkMs":0}\n{"in": {"0": 40, "1": 7}}\n')
-    writer = make_stream_writer(options(broker.bootstrap, commitOffsetsToGroup="lagtool", checkpointLocation=str(checkpoint)), KV)
+    writer = make_stream_writer(spark_sink_options(broker.bootstrap, commitOffsetsToGroup="lagtool", checkpointLocation=str(checkpoint)), KV)
     assert read_source_offsets(str(checkpoint), 0) == {("in", 0): 40, ("in", 1): 7}
     query, run = new_query()
-    messages = run_tasks(writer.options, [1, 2], 2, query, run, 0)
+    messages = run_sink_tasks(writer.options, [1, 2], 2, query, run, 0)
 
     with pytest.raises(CrashPointReached):
         asyncio.run(DriverCommit(writer.options, Crash(AFTER_DECISION)).commit(messages, 0))
     with Admin(broker.bootstrap) as admin:
         assert admin.list_group_offsets("lagtool") == {}  # decided, not committed
-        writer.commit(run_tasks(writer.options, [1, 2], 1, query, str(uuid.uuid4()), 0), 0)
+        writer.commit(run_sink_tasks(writer.options, [1, 2], 1, query, str(uuid.uuid4()), 0), 0)
         committed = admin.list_group_offsets("lagtool")
     assert {tp: o.offset for tp, o in committed.items()} == {TopicPartition("in", 0): 40, TopicPartition("in", 1): 7}
-    assert sorted(map(int, read_committed(broker.bootstrap))) == [1, 2]
-    assert open_transactions(broker.bootstrap) == []
+    assert sorted(map(int, read_committed_values(broker.bootstrap))) == [1, 2]
+    assert open_sink_transactions(broker.bootstrap) == []
 
 
 @pytest.mark.slow
@@ -576,9 +537,9 @@ def test_leftovers_without_list_transactions(broker, monkeypatch):
         return False
 
     monkeypatch.setattr(sink_driver, "lists_transactions", old_broker)
-    writer = make_stream_writer(options(broker.bootstrap), KV)
+    writer = make_stream_writer(spark_sink_options(broker.bootstrap), KV)
     query, run1 = new_query()
-    first = run_tasks(writer.options, list(range(6)), 2, query, run1, 0)
+    first = run_sink_tasks(writer.options, list(range(6)), 2, query, run1, 0)
     with pytest.raises(CrashPointReached):
         asyncio.run(DriverCommit(writer.options, Crash(AFTER_DECISION)).commit(first, 0))
     run2 = str(uuid.uuid4())
@@ -590,9 +551,9 @@ def test_leftovers_without_list_transactions(broker, monkeypatch):
     dead.flush()
     dead.close()
     columns = validate_schema(KV, "out")
-    again = [write_task(writer.options, columns, iter([arrow_rows(list(range(6)))]), TaskIdentity(query, run2, 0, 0, 1))]
-    assert len(open_transactions(broker.bootstrap)) == 4  # two decided, the dead attempt, the retry
+    again = [write_task(writer.options, columns, iter([sink_rows(list(range(6)))]), TaskIdentity(query, run2, 0, 0, 1))]
+    assert len(open_sink_transactions(broker.bootstrap)) == 4  # two decided, the dead attempt, the retry
     writer.commit(again, 0)
-    assert open_transactions(broker.bootstrap) == [dead.config.transactional_id]
+    assert open_sink_transactions(broker.bootstrap) == [dead.config.transactional_id]
     wait_until_no_open_transactions(broker.bootstrap)
-    assert sorted(map(int, read_committed(broker.bootstrap))) == list(range(6))
+    assert sorted(map(int, read_committed_values(broker.bootstrap))) == list(range(6))

@@ -22,6 +22,7 @@ from streaming.spark.decision import (
     plan_abort,
     plan_commit,
     query_prefix,
+    still_to_commit,
     transactional_id,
 )
 
@@ -111,6 +112,29 @@ def test_a_decided_batch_counts_as_all_aborted_only_when_every_transaction_is():
     assert not all_aborted(decided, {**aborted, "t1": HandleState("Ongoing", 8, 0)})
     assert not all_aborted(decided, {"t0": aborted["t0"]})  # an id the coordinator no longer knows: cannot tell
     assert not all_aborted((), {})
+
+
+def test_the_completer_commits_what_is_open_or_being_committed_at_the_epoch_of_its_transaction_version():
+    """A decided handle of epoch 4 is still to commit when Ongoing at 4, or
+    PrepareCommit: at 4 with transaction version 1, at 5 with version 2
+    (its EndTxn bumped the epoch; before, the completer missed it). A
+    PrepareCommit at 5 under version 1 is another producer's transaction."""
+    handle = SinkTransaction("t0", 7, 4, ("out-0",), 1)
+    cases = [
+        (HandleState("Ongoing", 7, 4), False, True),
+        (HandleState("Ongoing", 7, 4), True, True),
+        (HandleState("PrepareCommit", 7, 4), False, True),
+        (HandleState("PrepareCommit", 7, 5), True, True),
+        (HandleState("PrepareCommit", 7, 5), False, False),
+        (HandleState("PrepareCommit", 7, 4), True, False),
+        (HandleState("Ongoing", 7, 5), True, False),  # a later transaction
+        (HandleState("PrepareCommit", 8, 5), True, False),  # another producer id
+        (HandleState("CompleteCommit", 7, 5), True, False),  # done already
+        (HandleState("PrepareAbort", 7, 5), True, False),
+        (HandleState("Unknown"), True, False),
+    ]
+    for state, transaction_v2, pending in cases:
+        assert still_to_commit((handle,), {"t0": state}, transaction_v2) == ((handle,) if pending else ()), (state, transaction_v2)
 
 
 def test_decision_record_round_trip_and_format_check():

@@ -11,8 +11,7 @@ import pytest
 from broker.broker import EmbeddedBroker
 from streaming.spark.sink import make_stream_writer
 from streaming.spark.sink_driver import DriverCommit
-from tests.broker.test_metrics import scrape
-from tests.streaming.spark.test_spark_sink import KV, new_query, open_transactions, options, read_committed, run_tasks
+from tests.helpers import new_query, open_sink_transactions, read_committed_values, run_sink_tasks, scrape, sink_kv_schema, spark_sink_options
 from txn import Admin
 
 HANDLES = 16
@@ -27,14 +26,14 @@ def broker(tmp_path):
 
 
 def test_a_batch_of_handles_is_committed_over_kept_connections(broker):
-    writer = make_stream_writer(options(broker.bootstrap), KV)
+    writer = make_stream_writer(spark_sink_options(broker.bootstrap), sink_kv_schema())
     query, run = new_query()
-    messages = run_tasks(writer.options, list(range(HANDLES * 3)), HANDLES, query, run, 0)
-    assert len(open_transactions(broker.bootstrap)) == HANDLES
+    messages = run_sink_tasks(writer.options, list(range(HANDLES * 3)), HANDLES, query, run, 0)
+    assert len(open_sink_transactions(broker.bootstrap)) == HANDLES
     before = scrape(broker).value("onceflow_connections_opened_total", listener="PLAINTEXT")
     asyncio.run(DriverCommit(writer.options).commit(messages, 0))
     opened = scrape(broker).value("onceflow_connections_opened_total", listener="PLAINTEXT") - before
     # the driver's own clients (admin, decision reader and writer) and nothing per handle
     assert opened < HANDLES / 2, f"{opened} connections opened to commit {HANDLES} handles"
-    assert open_transactions(broker.bootstrap) == []
-    assert sorted(read_committed(broker.bootstrap), key=int) == [str(v) for v in range(HANDLES * 3)]
+    assert open_sink_transactions(broker.bootstrap) == []
+    assert sorted(read_committed_values(broker.bootstrap), key=int) == [str(v) for v in range(HANDLES * 3)]
