@@ -428,7 +428,13 @@ class Runner:
         """Commit the open transaction; on an abortable error (or an unknown
         outcome, settled) rewind (False). Fencing raises ``InstanceFencedError``."""
         self._enter(E.COMMIT)
-        result = await self.txn.commit(self.consumer.group_metadata)
+        sent = []  # the group metadata the offsets went with, read when they are sent
+
+        def group_metadata():
+            sent.append(self.consumer.group_metadata())
+            return sent[-1]
+
+        result = await self.txn.commit(group_metadata)
         if result.outcome is Outcome.COMMITTED:
             self._enter(E.COMMITTED)
             return True
@@ -444,8 +450,11 @@ class Runner:
                 # The group moved on without us (this member's session ended,
                 # e.g. the process was stopped): rejoin at the next poll, which
                 # reports the partitions lost, rather than wait for a heartbeat
-                # to find out.
-                self.consumer.enforce_rebalance(result.error.code)
+                # to find out. Unless the refused generation is one this
+                # member has left already: a round completed while the offsets
+                # were on their way, and what it owns now is its own (losing
+                # it would cost a restore and another round for nothing).
+                self.consumer.enforce_rebalance(result.error.code, sent[-1].generation_id if sent else None)
             await self._recover(catch_up_stores=False)
         self._enter(E.ABORTED)
         return False

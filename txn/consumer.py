@@ -274,7 +274,7 @@ class AsyncConsumer(Fetcher, GroupDriver):
         member = self._member if self._subscription else None
         return GroupMetadata(self.group_id, member.generation_id if member else -1, member.member_id if member else "", self.config.group_instance_id)
 
-    def enforce_rebalance(self, group_error: int | None = None) -> None:
+    def enforce_rebalance(self, group_error: int | None = None, generation_id: int | None = None) -> None:
         """Rejoin the group at the next ``poll`` (Kafka's ``enforceRebalance``).
 
         ``group_error``: the group's answer that showed this member's
@@ -283,15 +283,24 @@ class AsyncConsumer(Fetcher, GroupDriver):
         FENCED_INSTANCE_ID: the next poll then reports the partitions lost
         (``on_partitions_lost``: they may be someone else's already), not
         revoked. Without one (or with REBALANCE_IN_PROGRESS) the member
-        revokes and rejoins as itself."""
+        revokes and rejoins as itself.
+
+        ``generation_id``: the generation the refused request carried (from
+        the ``group_metadata()`` it was sent with). When the member has
+        joined another generation since (a round completed while the answer
+        was on its way), the answer is about a generation this member has
+        already left behind, and nothing happens: that round told the
+        listener what changed, and what the member owns now is its own."""
         if self._member is None:
             raise FatalError(message="enforce_rebalance() needs subscribe()")
+        if group_error is not None and group_error != ErrorCode.REBALANCE_IN_PROGRESS and group_error not in GROUP_FENCING:
+            raise FatalError(message=f"enforce_rebalance: {group_error!r} is not a group error that ends a generation ({', '.join(sorted(ErrorCode(c).name for c in GROUP_FENCING))} or REBALANCE_IN_PROGRESS)")
+        if generation_id is not None and generation_id != self._member.generation_id:
+            return
         if group_error is None or group_error == ErrorCode.REBALANCE_IN_PROGRESS:
             self._rejoin_needed = True
-        elif group_error in GROUP_FENCING:
-            self._note_group_error(group_error)
         else:
-            raise FatalError(message=f"enforce_rebalance: {group_error!r} is not a group error that ends a generation ({', '.join(sorted(ErrorCode(c).name for c in GROUP_FENCING))} or REBALANCE_IN_PROGRESS)")
+            self._note_group_error(group_error)
 
     async def close(self) -> None:
         """Leave the group (after revoking, with auto-commit's last commit) and disconnect."""
@@ -426,9 +435,9 @@ class Consumer(SyncClient):
     def group_metadata(self) -> GroupMetadata:
         return self._thread.run(self._async.group_metadata)
 
-    def enforce_rebalance(self, group_error: int | None = None) -> None:
+    def enforce_rebalance(self, group_error: int | None = None, generation_id: int | None = None) -> None:
         """Rejoin the group at the next ``poll`` (see ``AsyncConsumer.enforce_rebalance``)."""
-        self._thread.run(self._async.enforce_rebalance, group_error)
+        self._thread.run(self._async.enforce_rebalance, group_error, generation_id)
 
 
 def _settle_outcome(outcome: concurrent.futures.Future, task: asyncio.Task) -> None:

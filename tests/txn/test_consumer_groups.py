@@ -325,3 +325,51 @@ def test_async_api_copies_with_a_transaction(embedded_broker):
     copied, values = asyncio.run(copy())
     assert copied == 40
     assert values == sorted(b"%d-%d" % (p, i) for p in range(2) for i in range(20))
+
+
+@pytest.mark.slow
+def test_a_refusal_of_a_generation_the_member_has_left_changes_nothing(embedded_broker):
+    """The race behind a survivor's long stall (issue 31): a member's
+    TxnOffsetCommit goes out with its generation as a round completes, and
+    comes back ILLEGAL_GENERATION after the member has joined the next one.
+    Handed to enforce_rebalance with the generation it carried, it changes
+    nothing: the member keeps what it owns, in the same generation (no lost
+    partitions, hence no restore, and no further round). The same answer
+    about the member's current generation still reports them lost."""
+    create_topic(embedded_broker.bootstrap, "moved-on", 4)
+    group = f"moved-on-{uuid.uuid4()}"
+    first = make_consumer(embedded_broker.bootstrap, group, "cooperative-sticky")
+    recorder = Recorder()
+    first.subscribe(["moved-on"], listener=recorder)
+    poll_until([first], lambda s: len(first.assignment()) == 4)
+    stale = first.group_metadata()
+    second = make_consumer(embedded_broker.bootstrap, group, "cooperative-sticky")
+    second.subscribe(["moved-on"])
+    poll_until([first, second], lambda s: len(first.assignment()) == 2 and len(second.assignment()) == 2)
+    settled = time.monotonic() + 1.5  # the cooperative follow-up round (nothing moves in it) ends too
+    poll_until([first, second], lambda s: time.monotonic() > settled)
+    current = first.group_metadata()
+    assert current.generation_id > stale.generation_id
+
+    producer = Producer(bootstrap_servers=embedded_broker.bootstrap, transactional_id=f"moved-on-{uuid.uuid4()}")
+    producer.init_transactions()
+    producer.begin_transaction()
+    with pytest.raises(TransactionAbortableError) as refused:
+        producer.send_offsets_to_transaction({tp: 0 for tp in first.assignment()}, stale)
+    producer.abort_transaction()
+    producer.close()
+    assert refused.value.code == ErrorCode.ILLEGAL_GENERATION
+
+    owned = sorted(first.assignment())
+    recorder.events.clear()
+    first.enforce_rebalance(refused.value.code, stale.generation_id)
+    settled = time.monotonic() + 1.5  # a few polls each, time for a rejoin to show
+    poll_until([first, second], lambda s: time.monotonic() > settled)
+    assert recorder.events == [], "nothing was lost: the refusal was about a generation the member had left"
+    assert sorted(first.assignment()) == owned and first.group_metadata().generation_id == current.generation_id
+
+    first.enforce_rebalance(refused.value.code, current.generation_id)  # the same answer about today's generation
+    poll_until([first, second], lambda s: recorder.events, timeout=10)
+    assert recorder.events[0] == ("lost", owned)
+    second.close()
+    first.close()
