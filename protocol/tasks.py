@@ -137,7 +137,9 @@ def listening_socket(host: str, port: int) -> socket.socket | None:
     if len(addresses) != 1:
         return None
     [(family, address)] = addresses
-    listening = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP, not 0: asyncio turns Nagle off (TCP_NODELAY) only on
+    # accepted sockets whose protocol says TCP, as its own binds do.
+    listening = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         if family == socket.AF_INET6:

@@ -177,3 +177,33 @@ def test_every_runs_its_step_on_time_through_a_failure_until_cancelled(caplog):
         loop = asyncio.run(main())
     assert loop.cancelled() and steps[:4] == [0, 1, 2, 3]
     assert [record.getMessage() for record in caplog.records] == ["test timers failed"]
+
+
+@pytest.mark.parametrize("pre_bound", [False, True], ids=["bound by the server", "listening_socket"])
+def test_a_served_connection_has_nagle_off_however_the_listener_was_bound(pre_bound):
+    """Every accepted connection gets TCP_NODELAY, also on a socket from
+    ``listening_socket`` (``onceflow broker`` binds with it): asyncio sets
+    it only on sockets whose protocol is IPPROTO_TCP, and with Nagle on, a
+    reply written in pieces waits for the client's delayed ACK (the copier's
+    rate halved)."""
+    import socket
+
+    from protocol.tasks import ConnectionServer, listening_socket
+
+    async def scenario():
+        nodelay = asyncio.get_running_loop().create_future()
+
+        async def serve(reader, writer):
+            nodelay.set_result(writer.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+
+        sock = listening_socket("127.0.0.1", 0) if pre_bound else None
+        server = ConnectionServer(serve, host="127.0.0.1", port=0, limit=1024, name="test server", sock=sock)
+        port = await server.start()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            assert await asyncio.wait_for(nodelay, 10) != 0
+        finally:
+            writer.close()
+            await server.stop()
+
+    asyncio.run(scenario())
