@@ -2,7 +2,7 @@
 one back with an independent client (``read_values``) or our own (``read_all``), waiting for a state, a raw request on
 the wire, a free port, a disk that fills under ``__consumer_offsets``, windowed sums by the plain definition, a SCRAM client, a producer's
 connections cut; the interop records every client writes and reads, a scrape of the metrics endpoint, the Spark sink's tasks and
-driver without Spark, and both coordinators on in-memory I/O. (Fixtures live in ``conftest.py``; import these with
+driver without Spark, both coordinators on in-memory I/O, and a dict standing in for a store (``DictState``). (Fixtures live in ``conftest.py``; import these with
 ``from tests.helpers import ...``.)"""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import json
 import os
 import socket
 import threading
@@ -683,3 +684,24 @@ async def join_two(coordinator):
     assert first["error_code"] == second["error_code"] == ErrorCode.MEMBER_ID_REQUIRED
     a, b = await joined_together(coordinator, join_group(coordinator, first["member_id"]), join_group(coordinator, second["member_id"]))
     return a, b
+
+
+class DictState:
+    """A store stand-in for the sans-I/O core: values go through JSON, as a
+    real store's do, so a non-JSON aggregate or a tuple/list mix-up shows."""
+
+    def __init__(self):
+        self.data: dict = {}
+
+    def get(self, key, default=None):
+        raw = self.data.get(key)
+        return default if raw is None else json.loads(raw)
+
+    def put(self, key, value):
+        self.data[key] = json.dumps(value)
+
+    def delete(self, key):
+        self.data.pop(key, None)
+
+    def items(self):
+        return [(key, json.loads(raw)) for key, raw in sorted(self.data.items(), key=lambda item: repr(item[0]))]

@@ -17,7 +17,7 @@ from faults.history import HistoryWriter, read_histories
 from faults.process import REPO, ClientProcess
 from streaming.store import decode_key, decode_value
 from tests.helpers import read_all
-from txn import Admin, Producer
+from txn import Admin, Producer, TopicPartition
 
 APP_ID = "payments-pipeline"
 CHANGELOG = f"{APP_ID}-balances-changelog"
@@ -101,6 +101,35 @@ def changelog_state(bootstrap: str, partitions: int = 3) -> dict:
         else:
             state[key] = decode_value(record.value)
     return state
+
+
+def changelog_by_partition(bootstrap: str, partitions: int) -> dict[int, dict]:
+    """The store's contents per partition as its changelog says."""
+    state: dict[int, dict] = {p: {} for p in range(partitions)}
+    for record in read_all(bootstrap, CHANGELOG, partitions, idle=1.0):
+        if record.value is None:
+            state[record.partition].pop(decode_key(record.key), None)
+        else:
+            state[record.partition][decode_key(record.key)] = decode_value(record.value)
+    return state
+
+
+def check_state(bootstrap: str, partitions: int, balances: dict, state_dirs: list[str]) -> int:
+    """The changelog holds the final balances; every SQLite file at its
+    changelog's end holds exactly its partition's. Returns how many files were current."""
+    by_partition = changelog_by_partition(bootstrap, partitions)
+    merged = {k: v for contents in by_partition.values() for k, v in contents.items()}
+    assert merged == balances, "the changelog's last values are not the balances the input implies"
+    with Admin(bootstrap_servers=bootstrap) as admin:
+        ends = {tp.partition: listed.offset for tp, listed in admin.list_offsets({TopicPartition(CHANGELOG, p): "latest" for p in range(partitions)}).items()}
+    current = 0
+    for state_dir in state_dirs:
+        for partition, (offset, contents) in sqlite_state(state_dir).items():
+            assert offset <= ends[partition], f"{state_dir} file {partition} at {offset}, ahead of the changelog's end {ends[partition]}"
+            if offset >= ends[partition] - 1:  # only the last transaction's marker may follow
+                current += 1
+                assert contents == by_partition[partition], f"{state_dir} file {partition} is at the end but holds other balances"
+    return current
 
 
 def sqlite_state(state_dir: str, store: str = "balances") -> dict[int, tuple[int, dict]]:

@@ -16,7 +16,7 @@ from streaming.serde import INTERNAL_FORMAT
 from streaming.serde import decode_internal as _decode_internal
 from streaming.serde import encode_internal as _encode_internal
 from streaming.windows import hopping, tumbling
-from test_windows import DictState
+from tests.helpers import DictState
 
 
 @attrs.frozen

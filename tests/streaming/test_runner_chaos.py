@@ -23,10 +23,8 @@ import pytest
 
 from tests.helpers import read_all
 from tests.streaming.runner_support import (
-    BROKER_CONFIG, CHANGELOG, app_process, create_topics, expected, log_text, payments, read_into_history, send_payments, sqlite_state, verdict_of,
+    BROKER_CONFIG, app_process, check_state, create_topics, expected, log_text, payments, read_into_history, send_payments, verdict_of,
 )
-from streaming.store import decode_key, decode_value
-from txn import Admin, TopicPartition
 
 pytestmark = pytest.mark.slow
 
@@ -43,34 +41,6 @@ class Sender(threading.Thread):
             send_payments(*self.args, rate=self.rate)
         except BaseException as error:  # noqa: BLE001 - the test reports it
             self.error = error
-
-
-def changelog_by_partition(bootstrap: str, partitions: int) -> dict[int, dict]:
-    state: dict[int, dict] = {p: {} for p in range(partitions)}
-    for record in read_all(bootstrap, CHANGELOG, partitions, idle=1.0):
-        if record.value is None:
-            state[record.partition].pop(decode_key(record.key), None)
-        else:
-            state[record.partition][decode_key(record.key)] = decode_value(record.value)
-    return state
-
-
-def check_state(bootstrap: str, partitions: int, balances: dict, state_dirs: list[str]) -> int:
-    """The changelog holds the final balances; every SQLite file at its
-    changelog's end holds exactly its partition's. Returns how many files were current."""
-    by_partition = changelog_by_partition(bootstrap, partitions)
-    merged = {k: v for contents in by_partition.values() for k, v in contents.items()}
-    assert merged == balances, "the changelog's last values are not the balances the input implies"
-    with Admin(bootstrap_servers=bootstrap) as admin:
-        ends = {tp.partition: listed.offset for tp, listed in admin.list_offsets({TopicPartition(CHANGELOG, p): "latest" for p in range(partitions)}).items()}
-    current = 0
-    for state_dir in state_dirs:
-        for partition, (offset, contents) in sqlite_state(state_dir).items():
-            assert offset <= ends[partition], f"{state_dir} file {partition} at {offset}, ahead of the changelog's end {ends[partition]}"
-            if offset >= ends[partition] - 1:  # only the last transaction's marker may follow
-                current += 1
-                assert contents == by_partition[partition], f"{state_dir} file {partition} is at the end but holds other balances"
-    return current
 
 
 def run_scenario(broker_process, tmp_path, *, instances: int, partitions: int, records: int, seed: int, faults: list[tuple[float, str]], rate: float, extra: dict | None = None):

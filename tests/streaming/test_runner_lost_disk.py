@@ -29,9 +29,8 @@ import pytest
 
 from tests.helpers import read_all
 from tests.streaming.runner_support import (
-    APP_ID, BROKER_CONFIG, app_process, create_topics, expected, log_text, payments, read_into_history, send_payments, verdict_of,
+    APP_ID, BROKER_CONFIG, app_process, check_state, create_topics, expected, log_text, payments, read_into_history, send_payments, verdict_of,
 )
-from tests.streaming.test_runner_chaos import check_state
 from txn import Admin
 
 pytestmark = pytest.mark.slow

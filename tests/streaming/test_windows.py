@@ -3,35 +3,14 @@ against a dict-backed state and against a plain recomputation."""
 
 from __future__ import annotations
 
-import json
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streaming.windows import NEXT_CLOSE, STREAM_TIME, WindowedAggregation, Windows, close_time, hopping, tumbling
+from tests.helpers import DictState
 from tests.helpers import recompute_windowed_sums as recompute
-
-
-class DictState:
-    """A store stand-in for the sans-I/O core: values go through JSON, as a
-    real store's do, so a non-JSON aggregate or a tuple/list mix-up shows."""
-
-    def __init__(self):
-        self.data: dict = {}
-
-    def get(self, key, default=None):
-        raw = self.data.get(key)
-        return default if raw is None else json.loads(raw)
-
-    def put(self, key, value):
-        self.data[key] = json.dumps(value)
-
-    def delete(self, key):
-        self.data.pop(key, None)
-
-    def items(self):
-        return [(key, json.loads(raw)) for key, raw in sorted(self.data.items(), key=lambda item: repr(item[0]))]
 
 
 def test_tumbling_puts_each_timestamp_in_exactly_one_window():
