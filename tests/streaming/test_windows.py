@@ -3,7 +3,6 @@ against a dict-backed state and against a plain recomputation."""
 
 from __future__ import annotations
 
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
