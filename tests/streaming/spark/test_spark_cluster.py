@@ -24,7 +24,7 @@ import time
 
 import pytest
 
-from test_spark_sink_crash import OUTPUT_PARTITIONS, Reader, assert_exactly_once, open_transactions, produce_input
+from sink_crash_harness import OUTPUT_PARTITIONS, Reader, assert_exactly_once, open_transactions, produce_input
 from txn import Admin, TopicPartition
 
 pytestmark = pytest.mark.slow

@@ -23,7 +23,7 @@ import time
 
 import pytest
 
-from test_spark_sink_crash import Driver, Reader, assert_exactly_once, open_transactions, produce_input
+from sink_crash_harness import Driver, Reader, assert_exactly_once, open_transactions, produce_input
 
 pytestmark = pytest.mark.slow
 
