@@ -168,8 +168,11 @@ def test_copier_commits_again_soon_after_each_broker_restart(tmp_path):
         )
         assert len(recoveries) == RESTARTS_IN_FLIGHT
         assert copier.poll() is None, "the copier that lived through the restarts exited"
-        # The broker woke it: it closed the stuck producer's connection at least once.
-        assert "sent neither TxnOffsetCommit nor EndTxn" in broker.read_log()
+        # Whether the broker had to wake it (close a stuck producer's
+        # connection) depends on the run: librdkafka is left on a stale
+        # coordinator after some restarts, not all (CI once saw three
+        # restarts without it). test_the_stall_without_the_watch shows that
+        # with the watch off it does get stuck and never recovers in time.
         wait_for(lambda: commits.refresh().records >= RECORDS, 120, "the copier to copy everything")
         values = read_values(broker.bootstrap, "output", partitions=3, expect=RECORDS, timeout=60)
     finally:
