@@ -142,6 +142,10 @@ def sqlite_state(state_dir: str, store: str = "balances") -> dict[int, tuple[int
         partition = int(name[len(store) + 1 : -len(".sqlite")])
         db = sqlite3.connect(os.path.join(folder, name))
         try:
+            if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'position'").fetchone() is None:
+                # killed between creating the file and its schema: the runner opens it as empty at offset 0
+                out[partition] = (0, {})
+                continue
             (offset,) = db.execute("SELECT next_offset FROM position").fetchone()
             contents = {decode_key(k): decode_value(v) for k, v in db.execute("SELECT key, value FROM entries")}
         finally:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import sqlite3
 
 import pytest
 from hypothesis import given
@@ -170,5 +171,29 @@ def test_sqlite_file_of_another_changelog_or_unreadable_is_started_afresh(tmp_pa
         assert await broken.open() == ({}, 0)
         assert "unreadable" in broken.discarded_reason
         await broken.close()
+
+    asyncio.run(scenario())
+
+
+def test_sqlite_file_killed_before_its_schema_opens_empty_at_offset_zero(tmp_path):
+    """SIGKILL between creating the file and writing its tables leaves an
+    empty file (or one with only its journal mode): it opens as a new store."""
+
+    async def scenario():
+        empty = tmp_path / "s-0.sqlite"
+        empty.touch()
+        wal_only = tmp_path / "s-1.sqlite"
+        db = sqlite3.connect(wal_only)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.close()
+        for partition, path in enumerate((empty, wal_only)):
+            file = StoreFile(str(path), "app-s-changelog", partition)
+            assert await file.open() == ({}, 0)
+            assert file.discarded_reason is None
+            await file.apply({b"a": b"1"}, 3)
+            await file.close()
+            again = StoreFile(str(path), "app-s-changelog", partition)
+            assert await again.open() == ({b"a": b"1"}, 3)
+            await again.close()
 
     asyncio.run(scenario())
