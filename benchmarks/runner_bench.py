@@ -35,6 +35,7 @@ latencies the ratio is Quix's over ours).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -300,6 +301,13 @@ def restore(bootstrap: str, settings: RunnerSettings, work: str, say) -> dict[st
     return {"cold s": cold, "cold keys/s": restored / cold, "warm s": warm}
 
 
+def missing_peer() -> str | None:
+    """Why Quix Streams cannot run here (it is in the ``bench`` extra), or None."""
+    if importlib.util.find_spec("quixstreams") is None:
+        return "Quix Streams is not installed, so its runs are left out (pip install -e '.[bench]' installs it)"
+    return None
+
+
 def _run_capturing(app, failure: list) -> None:
     try:
         app.run()
@@ -309,13 +317,17 @@ def _run_capturing(app, failure: list) -> None:
 
 def run(settings: RunnerSettings, say, *, work_dir: str | None = None, restore_too: bool = True) -> list[dict]:
     """All scenarios on one broker; returns the table's rows."""
+    missing = missing_peer()
+    frameworks = FRAMEWORKS if missing is None else ("onceflow",)
+    if missing:
+        say(missing)
     work = tempfile.mkdtemp(prefix="onceflow-runner-bench-", dir=work_dir)
     results: dict[tuple[str, str], dict[str, float]] = {}
     try:
         with OnceflowTarget(work) as broker:
             for app in ("map", "balances", "join"):
                 for instances in (1, 2):
-                    for framework in FRAMEWORKS:
+                    for framework in frameworks:
                         name = f"{app}, {instances} instance{'s' if instances > 1 else ''}"
                         if not wanted(settings, name):
                             continue
@@ -325,7 +337,7 @@ def run(settings: RunnerSettings, say, *, work_dir: str | None = None, restore_t
                         except Exception as error:  # noqa: BLE001 - reported in the table
                             results[(name, framework)] = {"error": f"{type(error).__name__}: {error}"}
                         say(f"  [{framework}] {name}: {_head(results[(name, framework)])} ({time.perf_counter() - began:.1f} s)")
-            for framework in FRAMEWORKS:
+            for framework in frameworks:
                 name = f"latency at {settings.latency_rate}/s (map)"
                 if not wanted(settings, name):
                     continue
