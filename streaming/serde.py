@@ -94,13 +94,14 @@ _ENCODE_C = (json.encoder.c_make_encoder(None, COMPACT_JSON.default, json.encode
 _SCAN = json.scanner.make_scanner(json.JSONDecoder())
 
 
-def _json_out(value) -> bytes:
+def json_bytes(value) -> bytes:
+    """Compact UTF-8 JSON (``COMPACT_JSON``), through the C encoder when it is there."""
     if _ENCODE_C is None or isinstance(value, str):
         return COMPACT_JSON.encode(value).encode("utf-8")
     return "".join(_ENCODE_C(value, 0)).encode("utf-8")
 
 
-def _json_in(data):
+def json_value(data):
     """``json.loads(data)``: the scanner straight on the UTF-8 text when that
     is one JSON value from its first byte to its last (what compact JSON
     writers write); anything else (whitespace around it, a BOM, UTF-16 or 32,
@@ -120,13 +121,13 @@ def _auto_out(value) -> bytes:
         return bytes(value)
     if isinstance(value, str):
         return value.encode("utf-8")
-    return _json_out(value)
+    return json_bytes(value)
 
 
 def _auto_in(data: bytes):
     data = bytes(data)
     try:
-        return _json_in(data)
+        return json_value(data)
     except ValueError:
         pass
     try:
@@ -138,7 +139,7 @@ def _auto_in(data: bytes):
 FORMATS: dict[str, Serde] = {
     "bytes": Serde("bytes", _bytes_out, bytes),
     "str": Serde("str", _str_out, lambda data: bytes(data).decode("utf-8")),
-    "json": Serde("json", _json_out, _json_in),
+    "json": Serde("json", json_bytes, json_value),
     "auto": Serde("auto", _auto_out, _auto_in),
 }
 

@@ -52,7 +52,6 @@ newest commits of the file, which only puts it behind the changelog.)
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import struct
@@ -60,7 +59,7 @@ import struct
 import aiosqlite
 import attrs
 
-from streaming.serde import COMPACT_JSON
+from streaming.serde import json_bytes, json_value
 
 # -- keys -------------------------------------------------------------------------------------------
 
@@ -182,13 +181,13 @@ def decode_key(data: bytes):
 
 def encode_value(value) -> bytes:
     try:
-        return COMPACT_JSON.encode(value).encode("utf-8")
-    except (TypeError, ValueError) as error:
+        return json_bytes(value)
+    except (TypeError, ValueError, RecursionError) as error:
         raise StoreError(f"a store value must be JSON-able: {error}") from None
 
 
 def decode_value(data: bytes):
-    return json.loads(data)
+    return json_value(data)
 
 
 # -- the store a processor sees -----------------------------------------------------------------------
@@ -219,7 +218,7 @@ class Store:
             found = self.pending[encoded]
         else:
             found = self.committed.get(encoded)
-        return default if found is None else json.loads(found)
+        return default if found is None else json_value(found)
 
     def put(self, key, value) -> None:
         if value is None:
@@ -240,7 +239,7 @@ class Store:
         for encoded in sorted(merged):
             value = merged[encoded]
             if value is not None:
-                yield decode_key(encoded), json.loads(value)
+                yield decode_key(encoded), json_value(value)
 
     def __len__(self) -> int:
         return sum(1 for _ in self.items())
