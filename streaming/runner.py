@@ -357,8 +357,10 @@ class Runner:
             if self.task.wall_clock_timers and self.state is RunnerState.RUNNING:
                 await self._fire_wall_clock_timers()
             if txn.open and time.monotonic() - txn.started >= interval:
+                carried_records = txn.records > 0
                 await self._commit_or_abort()
-                self.last_activity = time.monotonic()  # a slow commit is not idleness
+                if carried_records:  # a slow commit is not idleness; a commit of timers' work alone is
+                    self.last_activity = time.monotonic()
             if app.internal_topics and time.monotonic() >= self.next_purge:
                 await self._purge_repartition_topics()
             now = time.monotonic()
@@ -488,6 +490,7 @@ class Runner:
     # -- rebalances (the consumer calls these inside poll) -------------------------------------
 
     async def on_partitions_revoked(self, partitions) -> None:
+        log.info("revoked %s", ", ".join(map(str, sorted(partitions))) or "nothing")
         if self.txn.open and not self.failed:
             await self._commit_or_abort()
         self._enter(E.REVOKED)

@@ -240,3 +240,33 @@ def test_stop_on_error_names_the_record_and_commits_nothing_of_its_transaction(b
         assert "payments-0@150" in str(failure.value) and "ValueError" in str(failure.value)
         outputs, _ = expected(events[:100])
         assert outputs_of(broker.bootstrap, partitions=1) == Counter(outputs.values()), "the first 100 committed, the next 50 aborted with the failure"
+
+
+def test_until_idle_stops_an_app_whose_wall_clock_timer_fires_more_often(broker_process, tmp_path):
+    """A wall-clock timer every 100 ms commits what it wrote, but it is not
+    input: ``until_idle`` still stops the app once no record has come for its
+    span (before, each timer's commit counted as activity and it never stopped)."""
+    import threading
+
+    broker = broker_process()
+    with Admin(bootstrap_servers=broker.bootstrap) as admin:
+        admin.create_topics({"beats-in": 1, "beats": 1})
+    app = streaming.App(bootstrap_servers=broker.bootstrap, application_id="beating", state_dir=str(tmp_path / "state"), commit_interval_ms=50)
+
+    @app.processor(source="beats-in", sink="beats", stores=["seen"], key_format="str", value_format="json")
+    def remember(record, ctx):
+        ctx.store("seen").put(record.key, record.value)
+
+    @app.schedule("remember", every=100, kind="wall_clock")
+    def beat(ctx):
+        ctx.emit("beat", {"at": ctx.timestamp})
+
+    runner = threading.Thread(target=app.run, kwargs={"until_idle": 1.5})
+    runner.start()
+    runner.join(40)
+    stopped = not runner.is_alive()
+    if not stopped:
+        app.stop()
+        runner.join(30)
+    assert stopped, "until_idle did not stop the app while its timer kept firing"
+    assert read_all(broker.bootstrap, "beats", 1, idle=0.5), "the timer never fired (the test would show nothing)"
