@@ -518,13 +518,16 @@ class App:
 
         if not self.processors:
             raise ConfigError("the app has no processors: register one with @app.processor(...)")
-        self._stop.clear()
         runner = self._runner = Runner(self, until_idle=until_idle, progress_interval=progress_interval, progress_out=progress_out, metrics_address=metrics_address,
                                        handle_signals=handle_signals)
-        await runner.run()
+        try:
+            await runner.run()
+        finally:
+            self._stop.clear()  # a stop asked before the run began ends it (cleared only once it is over)
 
     def stop(self) -> None:
-        """Ask a running app to finish its transaction and return (any thread)."""
+        """Ask a running app to finish its transaction and return (any
+        thread); asked before ``run`` starts, the run returns without processing."""
         self._stop.set()
 
     @property

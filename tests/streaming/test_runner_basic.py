@@ -270,3 +270,22 @@ def test_until_idle_stops_an_app_whose_wall_clock_timer_fires_more_often(broker_
         runner.join(30)
     assert stopped, "until_idle did not stop the app while its timer kept firing"
     assert read_all(broker.bootstrap, "beats", 1, idle=0.5), "the timer never fired (the test would show nothing)"
+
+
+def test_a_stop_asked_before_the_run_ends_it_without_processing_and_the_next_run_starts_afresh(broker_process, tmp_path):
+    """``stop()`` (SIGTERM through ``onceflow run``) between loading the app and
+    its run: the run returns without processing, and a later run processes."""
+    broker = broker_process()
+    with Admin(bootstrap_servers=broker.bootstrap) as admin:
+        admin.create_topics({"words": 1, "upper": 1})
+    app = streaming.App(bootstrap_servers=broker.bootstrap, application_id="shouting", state_dir=str(tmp_path / "state"))
+    app.stream("words", key_format="str", value_format="str").map(str.upper).to("upper", value_format="str")
+    from txn import Producer
+
+    with Producer(bootstrap_servers=broker.bootstrap) as producer:
+        producer.send("words", b"hello", key=b"w").result(30)
+    app.stop()
+    app.run()  # no until_idle: before, the stop was forgotten and this ran until the test's timeout
+    assert read_all(broker.bootstrap, "upper", 1, idle=0.5) == []
+    app.run(until_idle=1.5)
+    assert [r.value for r in read_all(broker.bootstrap, "upper", 1, expect=1)] == [b"HELLO"]
