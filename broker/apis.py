@@ -19,6 +19,7 @@ import contextvars
 import logging
 import time
 import uuid
+from collections.abc import Callable
 
 from broker.replica import (
     PartitionUnavailableError,
@@ -121,6 +122,17 @@ def advertised_versions(transaction_version: int) -> dict[ApiKey, tuple[int, int
 REQUEST_ORIGIN: contextvars.ContextVar[tuple[str, str]] = contextvars.ContextVar("request_origin", default=("", ""))
 
 
+def _never() -> bool:
+    return False
+
+
+# Whether the peer of the request being handled is gone (its connection
+# closed or reset) while the request is still in flight: the group
+# coordinator does not make a member whose JoinGroup nobody waits for any
+# more its round's leader. Set by dispatch for the request's own task.
+REQUEST_CONNECTION_GONE: contextvars.ContextVar[Callable[[], bool]] = contextvars.ContextVar("request_connection_gone", default=_never)
+
+
 class KafkaApis:
     """Dispatches decoded requests to handlers: its own (the data plane) and
     those the broker composes in (``extra_handlers``: admin, transactions,
@@ -176,6 +188,7 @@ class KafkaApis:
         if handler is None:  # framing only lets through what SUPPORTED_APIS lists
             raise RuntimeError(f"no handler for api key {request.api_key}")
         REQUEST_ORIGIN.set((request.client_id or "", f"/{session.client_host}" if session is not None else ""))
+        REQUEST_CONNECTION_GONE.set(session.connection_gone if session is not None else _never)
         if request.api_key in self._wants_session:
             return await handler(request.api_version, request.body, session=session)
         return await handler(request.api_version, request.body)

@@ -24,7 +24,7 @@ from protocol.clock import Clock
 from protocol.errors import ErrorCode
 from protocol.messages import ApiKey
 from protocol.partitioning import partition_for
-from broker.apis import REQUEST_ORIGIN
+from broker.apis import REQUEST_CONNECTION_GONE, REQUEST_ORIGIN
 from broker.client_rounds import note_durability_wait
 from broker.replay import replay
 from protocol.records import ControlType, decode_control_record, encode_batch
@@ -160,6 +160,7 @@ class GroupApis:
             protocols=[(p["name"], p["metadata"]) for p in body.get("protocols", [])],
             require_known_member_id=version >= 4,
             skip_assignment_supported=version >= 9,
+            requester_gone=REQUEST_CONNECTION_GONE.get(),
         )
         response = {"throttle_time_ms": 0, "generation_id": -1, "protocol_name": "" if version < 7 else None, "leader": "", "members": []}
         response.update(result)

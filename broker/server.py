@@ -106,6 +106,7 @@ class _Connection:
     authenticated: asyncio.Event = attrs.field(factory=asyncio.Event)
     session_update: Callable[[Session | None], None] | None = None  # the broker's on_connection hook
     raw_tokens: bool = False  # after a v0 SaslHandshake, until the login ends
+    peer_gone: asyncio.Event = attrs.field(factory=asyncio.Event)  # set when the peer closed or reset its end
 
 
 # How long a refused login's connection stays open for the peer to read the
@@ -205,11 +206,13 @@ class KafkaServer:
 
     async def _serve(self, reader, writer, peer) -> None:
         deadline = asyncio.get_running_loop().time() + self._authentication_timeout
+        gone = asyncio.Event()  # the peer closed or reset its end (requests may still be in flight)
         session = Session(
             client_host=peer[0] if isinstance(peer, tuple) and peer else "",
             listener=self.listener.name,
             security_protocol=self.listener.security_protocol,
             close_connection=lambda reason: self._close(writer, peer, reason),
+            connection_gone=gone.is_set,
         )
         if self._ssl_context is not None:
             try:
@@ -224,7 +227,7 @@ class KafkaServer:
             if self.listener.security_protocol == SSL:
                 certificate = writer.get_extra_info("peercert")
                 session = attrs.evolve(session, principal=principal_from_certificate(certificate))
-        state = _Connection(session, self._new_sasl_server() if self._new_sasl_server is not None else None)
+        state = _Connection(session, self._new_sasl_server() if self._new_sasl_server is not None else None, peer_gone=gone)
         max_frame_size = self._pre_authentication_max_frame_size if state.sasl is not None else self._max_frame_size
         connection = framing.ServerConnection(max_frame_size=max_frame_size, supported_versions=self._supported_versions)
         session_update = self._on_connection(session) if self._on_connection is not None else None
@@ -252,6 +255,7 @@ class KafkaServer:
         except* (ConnectionError, OSError):
             pass
         finally:
+            gone.set()
             if session_update is not None:
                 session_update(None)
 
@@ -278,8 +282,10 @@ class KafkaServer:
             try:
                 data = await reader.read(256 * 1024)
             except (ConnectionError, OSError):
+                state.peer_gone.set()
                 return
             if not data:
+                state.peer_gone.set()
                 return
             try:
                 connection.receive_data(data)

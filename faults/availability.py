@@ -32,12 +32,17 @@ Definitions (the report, verdict.json and the README use these words):
   every ``[at, cleared]``): what the pipeline loses on its own.
 - **per instance** (a client fault on a group of instances whose committed
   input positions are sampled per partition, the streaming workload's):
-  ``survivors_stall_s`` is the longest stretch, overlapping the time from
-  the fault to the next one (or the end of the faulted run), in which no
+  a fault's **window** is ``[at, next)``: from the fault's moment to the
+  next fault's moment (of any kind), or to the end of the faulted run for
+  the last one. ``survivors_stall_s`` is the longest stretch in which no
   partition the victim did not hold advanced while one of them had input
-  waiting (its end beyond its committed offset): what the fault cost the
-  others (a workload fed in phases may leave them nothing to do while the
-  victim is away, which is not a stall); ``victim_back_s`` is from the
+  waiting (its end beyond its committed offset), clipped to the fault's
+  window: only the part of a stretch at or after ``at`` and before
+  ``next`` counts, so a stall that the fault before caused (the previous
+  victim's recovery) or the next fault's outage is not charged to this
+  one. It is what the fault cost the others (a workload fed in phases may
+  leave them nothing to do while the victim is away, which is not a
+  stall); ``victim_back_s`` is from the
   fault cleared (the victim started again) to the first advance of a
   partition it held, beyond where they stood once it was dead.
 - **in flight**: at the fault, input was arriving (records acknowledged
@@ -217,8 +222,8 @@ def instance_recoveries(samples: Sequence[PartitionSample], faults: Sequence[Fau
         window_end = ordered[index + 1].at if index + 1 < len(ordered) else end
         survivors_stall = None
         if others:
-            stretches = [(start, stop) for start, stop in _stalls(samples, others) if stop > fault.at and start < window_end]
-            survivors_stall = max((stop - start for start, stop in stretches), default=0.0)
+            clipped = [min(stop, window_end) - max(start, fault.at) for start, stop in _stalls(samples, others)]
+            survivors_stall = max((seconds for seconds in clipped if seconds > 0), default=0.0)
         victim_back = None
         baseline = next((sample.committed for sample in samples if sample.at > cleared), None)
         if baseline is not None:

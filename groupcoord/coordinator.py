@@ -10,7 +10,11 @@ written to ``__consumer_offsets`` before anyone gets it. Heartbeats keep a
 member alive; a member silent past its session timeout is removed and the
 group rebalances. Member ids are handed out with MEMBER_ID_REQUIRED
 (KIP-394) so a retried JoinGroup cannot create ghosts; a static member
-(``group.instance.id``) that rejoins replaces its old member id.
+(``group.instance.id``) that rejoins replaces its old member id. A member
+whose JoinGroup is held while its connection goes away (the process died)
+still counts as joined, but does not lead the round: the caller says so
+(``requester_gone``), and a member still connected leads, so the round
+ends without waiting for the dead one's restart or session.
 
 Offsets: an OffsetCommit from the current generation (or a "simple" commit
 to a group with no members) is written, made durable, then cached. A
@@ -96,6 +100,11 @@ class Member:
     last_heartbeat: float = 0.0
     join_future: asyncio.Future | None = None
     sync_future: asyncio.Future | None = None
+    # Whether the process that sent the pending JoinGroup is gone (its
+    # connection closed or reset): it still counts as joined (its round need
+    # not wait for it) but does not lead the round, whose assignment it
+    # could never send.
+    join_requester_gone: Callable[[], bool] = lambda: False
 
     def metadata_for(self, protocol: str) -> bytes:
         for name, metadata in self.protocols:
@@ -322,7 +331,9 @@ class GroupCoordinator:
     # -- JoinGroup ----------------------------------------------------------------------
 
     async def join_group(self, *, group_id: str, member_id: str, group_instance_id: str | None, client_id: str, client_host: str, session_timeout_ms: int, rebalance_timeout_ms: int, protocol_type: str, protocols: list[tuple[str, bytes]], require_known_member_id: bool,
-                         skip_assignment_supported: bool = False) -> dict:
+                         skip_assignment_supported: bool = False, requester_gone: Callable[[], bool] | None = None) -> dict:
+        """KIP-394/345 JoinGroup; ``requester_gone()`` tells whether the
+        connection the request came on is gone while it waits for its round."""
         if not group_id:
             return {"error_code": ErrorCode.INVALID_GROUP_ID, "member_id": member_id}
         if not self.settings.min_session_timeout_ms <= session_timeout_ms <= self.settings.max_session_timeout_ms:
@@ -391,6 +402,7 @@ class GroupCoordinator:
         if member.join_future is not None and not member.join_future.done():
             member.join_future.set_result({"error_code": ErrorCode.UNKNOWN_MEMBER_ID, "member_id": member_id})
         member.join_future = asyncio.get_running_loop().create_future()
+        member.join_requester_gone = requester_gone or (lambda: False)
         group.protocol_type = protocol_type
         self._prepare_rebalance(group, member_id=member_id)
         await self._work.run(self._maybe_complete_join(group))
@@ -476,8 +488,13 @@ class GroupCoordinator:
         # written (SyncGroup), as in Kafka: a crash before that replays the old one.
         group.generation += 1
         members = list(group.members.values())
-        if group.leader not in group.members:
-            group.leader = members[0].member_id
+        leader = group.members.get(group.leader)
+        if leader is None or leader.join_requester_gone():
+            # A leader that died in the round would never send the
+            # assignment: the group would wait in CompletingRebalance for its
+            # restart or its session's end. A member still there leads.
+            alive = [m for m in members if not m.join_requester_gone()]
+            group.leader = (alive[0] if alive else leader or members[0]).member_id
         leader = group.members[group.leader]
         candidates = self._common_protocols(group, leader.protocols)
         group.protocol_name = candidates[0] if candidates else leader.protocols[0][0]

@@ -110,6 +110,13 @@ class Processor:
     sink_value_serde: Serde
     # fn(record) -> event time in ms, in place of the record's CreateTime.
     timestamp_extractor: Callable[[Record], int] | None = None
+    # Topics it may write with ctx.emit(topic=...) besides its sink, each
+    # with the partition count it must have (None: any; created with its
+    # sources' when missing).
+    outputs: tuple[tuple[str, int | None], ...] = ()
+
+    def may_write(self, topic: str) -> bool:
+        return topic == self.sink or any(name == topic for name, _partitions in self.outputs)
 
 
 TIMER_KINDS = ("stream_time", "wall_clock")
@@ -189,6 +196,10 @@ class Context:
         topic = topic or processor.sink
         if topic is None:
             raise ValueError(f"processor {processor.name} has no sink: emit(..., topic=...) names one")
+        if not processor.may_write(topic):
+            declared = [processor.sink] * (processor.sink is not None) + [name for name, _partitions in processor.outputs]
+            raise ValueError(f"processor {processor.name} did not declare {topic!r} (it writes {', '.join(map(repr, declared)) or 'nothing'}): "
+                             f"name it in app.processor(..., outputs=[{topic!r}]), so the runner creates or checks it at start")
         self._outputs.append((
             topic,
             processor.sink_key_serde.serialize(key),
@@ -232,6 +243,19 @@ class Metrics(dict):
     def observe(self, name: str, value: float) -> None:
         for observer in self.observers:
             observer(name, value)
+
+
+def _outputs(outputs) -> tuple[tuple[str, int | None], ...]:
+    """``app.processor``'s ``outputs`` (names, or ``{topic: partitions}``) as (topic, partitions or None) pairs."""
+    if isinstance(outputs, str):
+        outputs = (outputs,)
+    pairs = list(outputs.items()) if isinstance(outputs, dict) else [(topic, None) for topic in outputs]
+    for topic, partitions in pairs:
+        if not isinstance(topic, str):
+            raise ConfigError(f"outputs names topics (or maps them to partition counts), not {topic!r}")
+        if partitions is not None and (isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1):
+            raise ConfigError(f"output {topic!r}: a partition count is a positive int (or None), not {partitions!r}")
+    return tuple(pairs)
 
 
 class App:
@@ -335,22 +359,31 @@ class App:
     # -- building ----------------------------------------------------------------------------------
 
     def processor(self, source, sink: str | None = None, stores=(), key_format="bytes", value_format="bytes", sink_key_format=None, sink_value_format=None, name: str | None = None,
-                  timestamp_extractor: Callable[[Record], int] | None = None):
+                  timestamp_extractor: Callable[[Record], int] | None = None, outputs=()):
         """Register ``fn(record, ctx)`` for every record of ``source`` (a
         topic or a list of topics). The sink's key format, unless given, is
         the source's (the same key, the same bytes, the same partition); its
         value format is ``"auto"``: what the emitted values need (bytes,
         text, else JSON), not the source's. ``timestamp_extractor(record)`` gives a
         record's event time (ms) from its payload: the processor, its emits
-        and its stream-time timers see that instead of the CreateTime."""
+        and its stream-time timers see that instead of the CreateTime.
+
+        ``outputs``: the topics ``ctx.emit(..., topic=...)`` writes besides
+        the sink, as names or ``{topic: partitions}``. The runner creates the
+        missing ones at start (with the partitions given, else as many as
+        the processor's sources have) and, where a count is given, refuses
+        to start when the topic exists with another (``TopicsMismatchError``);
+        a count may be given for the sink too. Emitting to a topic not
+        declared fails the record, naming it."""
         sources = (source,) if isinstance(source, str) else tuple(source)
         stores = (stores,) if isinstance(stores, str) else tuple(stores)
         if not sources:
             raise ConfigError("a processor needs at least one source topic")
         for store in stores:
             legal_topic_name(self.changelog_topic(store), f"store {store!r} names its changelog topic")
-        for topic in sources + ((sink,) if sink is not None else ()):
-            legal_topic_name(topic, "a processor's source or sink")
+        declared_outputs = _outputs(outputs)
+        for topic in sources + ((sink,) if sink is not None else ()) + tuple(name for name, _partitions in declared_outputs):
+            legal_topic_name(topic, "a processor's source, sink or output")
 
         def register(function: Callable) -> Callable:
             processor_name = name or getattr(function, "__name__", f"processor-{len(self.processors)}")
@@ -363,6 +396,7 @@ class App:
                     resolve(sink_key_format if sink_key_format is not None else key_format),
                     resolve(sink_value_format if sink_value_format is not None else "auto"),
                     timestamp_extractor,
+                    declared_outputs,
                 )
             )
             return function

@@ -647,9 +647,9 @@ class Stream:
         segments = self.segments(topic, key_format=key_format, value_format=value_format, name=name)
         for upstream, downstream in zip(segments, segments[1:]):
             declare_internal_topic(self.app, upstream.sink, like=self.topic)
-        for step in self.steps:
-            if isinstance(step, WindowedAggregate) and isinstance(step.on_late, str):
-                self.app.sink_topics.setdefault(step.on_late, self.topic)
+        late_topics = tuple(step.on_late for step in self.steps if isinstance(step, WindowedAggregate) and isinstance(step.on_late, str))
+        for topic in late_topics:
+            self.app.sink_topics.setdefault(topic, self.topic)
         for segment in segments:
             joined = segment.other_source is not None  # reads two topics as bytes, deserializes each as its stream says
             if joined:
@@ -661,6 +661,7 @@ class Stream:
                 key_format="bytes" if joined else segment.key_format, value_format="bytes" if joined else segment.value_format,
                 sink_key_format=segment.sink_key_format, sink_value_format=segment.sink_value_format,
                 name=segment.name, **({"timestamp_extractor": segment.timestamp_extractor} if segment.timestamp_extractor is not None else {}),
+                outputs=late_topics,
             )(process)
             if close_idle_windows is not None:
                 self.app.schedule(segment.name, every=segment.idle_check_ms(), kind="wall_clock", name=IDLE_TIMER)(close_idle_windows)

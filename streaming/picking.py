@@ -14,7 +14,11 @@ assignor, which gives partition N of every subscribed topic to one member.
 one task. ``RecordPicker`` buffers what the consumer hands out and, for a
 task, takes the record with the lowest timestamp among the heads of its
 partitions (a table's record first at equal timestamps, so an update and a
-payment of the same millisecond meet in that order). While one of the
+payment of the same millisecond meet in that order). A record's timestamp
+here is the one its processors see: what the source's
+``timestamp_extractor`` gives from the payload when it has one (the caller
+passes that as ``timestamp_of``, ``streaming.task.Task.order_time``), else
+its CreateTime. While one of the
 task's partitions has nothing buffered, a record with a later timestamp may
 still be on its way there, so the task waits, up to ``max_idle_ms`` from
 when that partition was found empty; after that it goes on with what it
@@ -35,7 +39,7 @@ is fetched of its other partitions is held here.
 from __future__ import annotations
 
 import collections
-from typing import Iterable
+from typing import Callable, Iterable
 
 Partition = tuple[str, int]  # (topic, partition)
 
@@ -73,12 +77,14 @@ class RecordPicker:
     """Buffers records and hands them out in the order described in the
     module doc: ``add`` what was polled, ``take(now_ms)`` what may go now."""
 
-    def __init__(self, groups: Iterable[tuple[str, ...]], max_idle_ms: int, tables: set[str] = frozenset()):
+    def __init__(self, groups: Iterable[tuple[str, ...]], max_idle_ms: int, tables: set[str] = frozenset(),
+                 timestamp_of: Callable[[object], int] | None = None):
+        self.timestamp_of = timestamp_of or (lambda raw: raw.timestamp)
         self.groups = [tuple(group) for group in groups]
         self.group_of = {topic: index for index, group in enumerate(self.groups) for topic in group}
         self.rank = {topic: (0 if topic in tables else 1) for topic in self.group_of}
         self.max_idle_ms = max_idle_ms
-        self.queues: dict[Partition, collections.deque] = {}
+        self.queues: dict[Partition, collections.deque] = {}  # (its timestamp, the record), in arrival order
         self.assigned: set[Partition] = set()
         self.passing: list = []  # records of topics in no group, in arrival order
         self.backlog = False  # the last take stopped at its limit: more may go at once
@@ -110,14 +116,14 @@ class RecordPicker:
             self.empty_since.pop(where, None)
 
     def add(self, records: Iterable) -> None:
-        group_of, queues = self.group_of, self.queues
+        group_of, queues, timestamp_of = self.group_of, self.queues, self.timestamp_of
         for raw in records:
             if raw.topic in group_of:
                 where = (raw.topic, raw.partition)
                 queue = queues.get(where)
                 if queue is None:
                     queue = queues[where] = collections.deque()
-                queue.append(raw)
+                queue.append((timestamp_of(raw), raw))
             else:
                 self.passing.append(raw)
 
@@ -145,7 +151,7 @@ class RecordPicker:
             where = (topic, partition)
             queue = self.queues.get(where)
             if queue:
-                heads.append((queue[0].timestamp, self.rank[topic], topic, queue))
+                heads.append((queue[0][0], self.rank[topic], topic, queue))
                 if where in empty_since:
                     del empty_since[where]
             elif where in self.assigned:
@@ -154,7 +160,7 @@ class RecordPicker:
                     waiting = True
         if not heads or waiting:
             return None
-        return min(heads, key=lambda head: head[:3])[3].popleft()
+        return min(heads, key=lambda head: head[:3])[3].popleft()[1]
 
     def wait_ms(self, now_ms: int) -> int | None:
         """How long until a task waiting with records buffered may go on (None: none is)."""
@@ -163,6 +169,7 @@ class RecordPicker:
         return max(0, min(waits)) if waits else None
 
 
-def order_key(raw, rank: dict[str, int]) -> tuple:
-    """How heads of one task compare: timestamp, then a table's record first."""
-    return raw.timestamp, rank.get(raw.topic, 1), raw.topic
+def order_key(raw, rank: dict[str, int], timestamp_of: Callable[[object], int] | None = None) -> tuple:
+    """How heads of one task compare: timestamp (``timestamp_of(raw)``, the
+    CreateTime by default), then a table's record first."""
+    return (raw.timestamp if timestamp_of is None else timestamp_of(raw)), rank.get(raw.topic, 1), raw.topic

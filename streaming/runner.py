@@ -120,7 +120,7 @@ class Runner:
         # Co-partitioned inputs (a table and the streams joined with it) go
         # through the picker, in timestamp order; other apps straight through.
         self.copartitioned = copartition_groups(app)
-        self.picker = RecordPicker(self.copartitioned, app.max_task_idle_ms, table_topics(app)) if self.copartitioned else None
+        self.picker = RecordPicker(self.copartitioned, app.max_task_idle_ms, table_topics(app), self.task.order_time) if self.copartitioned else None
         self.global_reader: GlobalTableReader | None = None
         self.txn = Transaction(app, self.task, self._store_file, on_fenced=lambda: self._enter(E.FENCE))
         self.shards: Shards | None = None

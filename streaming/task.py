@@ -152,6 +152,21 @@ class Task:
     def _count(self, metric: str, n: int) -> None:
         self.counts[metric] = self.counts.get(metric, 0) + n
 
+    def order_time(self, raw) -> int:
+        """The timestamp ``raw``'s processors will see, for ordering
+        co-partitioned inputs (``streaming.picking``): what the first of its
+        topic's processors with a ``timestamp_extractor`` extracts, else its
+        CreateTime (also when extracting fails: processing it reports that)."""
+        for processor in self.by_topic.get(raw.topic, ()):
+            if processor.timestamp_extractor is not None:
+                try:
+                    record = Record(processor.key_serde.deserialize(raw.key), processor.value_serde.deserialize(raw.value),
+                                    raw.topic, raw.partition, raw.offset, raw.timestamp, raw.headers)
+                    return _event_time(processor.timestamp_extractor(record))
+                except Exception:  # noqa: BLE001 - the record fails again, and is reported, when processed
+                    return raw.timestamp
+        return raw.timestamp
+
     def stores_needed(self, partitions) -> set[tuple[str, int]]:
         """The (store, partition) shards that records of ``partitions`` (TopicPartitions) use."""
         return {(name, tp.partition) for tp in partitions for name in self.stores_by_topic.get(tp.topic, ())}

@@ -245,7 +245,7 @@ class TestDriver:
                     raw = entries[offset].raw
                     task = (topic, partition) if group is None else (group, partition)
                     best = by_task.get(task)
-                    if best is None or order_key(raw, self._rank) < order_key(best, self._rank):
+                    if best is None or order_key(raw, self._rank, self.task.order_time) < order_key(best, self._rank, self.task.order_time):
                         by_task[task] = raw
         if not by_task:
             return None

@@ -8,12 +8,15 @@ the groups) and creates what this module plans; nothing here opens a socket.
 | repartition ``{application_id}-{chain}-repartition-{n}`` | its chain's source's | created | must have exactly that many |
 | changelog ``{application_id}-{store}-changelog`` | the most of its processor's sources' | created, ``cleanup.policy=compact`` | at least that many, and compacted |
 | dead letters (``on_error="dead-letter"``) | 1 | created | |
-| a sink (a processor's ``sink``, a window's ``on_late`` topic) | the most of its processor's sources' | created | |
+| a sink (a processor's ``sink`` or ``outputs``, a window's ``on_late`` topic) | the most of its processor's sources' | created | |
+| an output given a count (``outputs={topic: n}``) | ``n`` | created | must have exactly ``n`` |
 
 Everything created gets the app's ``replication_factor`` and, when set,
 ``min_insync_replicas``: no topic the app writes to is left to the
-broker's auto-creation (and its defaults). Topics a processor names only
-at ``ctx.emit(topic=...)`` are not known before they are written.
+broker's auto-creation (and its defaults): a processor declares every
+topic it writes with ``ctx.emit(topic=...)`` (``outputs``), and emitting to
+one it did not declare fails. A sink the app also reads with a table or a
+store is checked with its co-partitioned group (the runner's check).
 
 Orphaned state: a changelog or repartition topic of this application id
 that the topology no longer names holds state (or records in flight) that
@@ -44,7 +47,7 @@ class Need:
     """One topic the app needs, with how many partitions."""
 
     topic: str
-    kind: str  # "repartition", "changelog", "dead-letter" or "sink"
+    kind: str  # "repartition", "changelog", "dead-letter", "sink" or "output" (a count the app asked for)
     partitions: int
     compacted: bool = False
 
@@ -66,6 +69,7 @@ def needs(app, existing: dict[str, int]) -> list[Need]:
         raise TopicsMismatchError(f"source topic(s) {', '.join(missing)} do not exist: create them first")
     changelogs: dict[str, int] = {}
     sinks: dict[str, int] = {}
+    exact: dict[str, int] = {}  # outputs given a partition count
     for processor in app.processors:
         source_counts = {counts[t] for t in processor.sources}
         if processor.stores and len(source_counts) > 1:
@@ -75,13 +79,21 @@ def needs(app, existing: dict[str, int]) -> list[Need]:
             changelogs[topic] = max(changelogs.get(topic, 0), max(source_counts))
         if processor.sink is not None and processor.sink not in app.internal_topics:
             sinks[processor.sink] = max(sinks.get(processor.sink, 0), max(source_counts))
+        for topic, partitions in processor.outputs:
+            if partitions is not None:
+                if exact.setdefault(topic, partitions) != partitions:
+                    raise TopicsMismatchError(f"output {topic} is declared with {exact[topic]} and {partitions} partitions")
+            elif topic not in app.internal_topics:
+                sinks[topic] = max(sinks.get(topic, 0), max(source_counts))
     for topic, like in app.sink_topics.items():
         if like in counts:
             sinks[topic] = max(sinks.get(topic, 0), counts[like])
     found += [Need(topic, "changelog", count, compacted=True) for topic, count in sorted(changelogs.items())]
     if app.on_error == "dead-letter":
         found.append(Need(app.dead_letter_topic, "dead-letter", 1))
-    found += [Need(topic, "sink", count) for topic, count in sorted(sinks.items()) if topic not in changelogs and topic != app.dead_letter_topic]
+    taken = set(changelogs) | {app.dead_letter_topic}
+    found += [Need(topic, "output", count) for topic, count in sorted(exact.items()) if topic not in taken]
+    found += [Need(topic, "sink", count) for topic, count in sorted(sinks.items()) if topic not in taken and topic not in exact]
     return found
 
 
@@ -97,6 +109,8 @@ def problems(wanted: list[Need], existing: dict[str, int], configs: dict[str, di
             found.append(f"repartition topic {need.topic} has {have} partitions, not its source's {need.partitions}")
         elif need.kind == "changelog" and have < need.partitions:
             found.append(f"changelog {need.topic} has {have} partitions, fewer than its sources' {need.partitions}")
+        elif need.kind == "output" and have != need.partitions:
+            found.append(f"output {need.topic} has {have} partitions, not the {need.partitions} the app declares (outputs=)")
         if need.compacted and need.topic in configs:
             policy = configs[need.topic].get("cleanup.policy", "delete")
             if "compact" not in policy.split(","):

@@ -51,3 +51,6 @@ class Session:
     # would: answers not yet written are lost and the client reconnects.
     # Not part of the identity (two connections of one user are equal).
     close_connection: Callable[[str], None] | None = attrs.field(default=None, eq=False, repr=False)
+    # True once the peer is gone (its end closed or reset), while requests it
+    # sent may still be in flight (a JoinGroup held for its round).
+    connection_gone: Callable[[], bool] = attrs.field(default=lambda: False, eq=False, repr=False)

@@ -240,3 +240,81 @@ def test_a_failed_assignment_write_leaves_the_group_as_it_was(tmp_path):
         after = described()
         assert after == before, "no assignment or state of an unwritten record is applied"
         assert after["members"][0]["member_assignment"] == b""
+
+
+class InFlight:
+    """One request sent on a connection of its own, its answer read later
+    (``answer``), or the connection dropped first as a killed process's is
+    (``vanish``: closed, or reset)."""
+
+    def __init__(self, port: int, api_key: int, version: int, body: dict):
+        import socket
+
+        from protocol.framing import ClientConnection
+
+        self.connection = ClientConnection(client_id="in-flight")
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        _correlation_id, frame = self.connection.send_request(api_key, version, body)
+        self.sock.sendall(frame)
+
+    def answer(self) -> dict:
+        with self.sock:
+            while (response := self.connection.next_response()) is None:
+                data = self.sock.recv(1 << 16)
+                if not data:
+                    raise ConnectionError("closed without an answer")
+                self.connection.receive_data(data)
+            return response.body
+
+    def vanish(self, *, reset: bool) -> None:
+        import socket
+        import struct
+
+        if reset:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.sock.close()
+
+
+@pytest.mark.parametrize("vanishing", ["closed", "reset"])
+def test_a_round_whose_leader_died_in_it_is_led_by_a_member_still_there(embedded_broker, vanishing):
+    """A cooperative leader gives a partition up and rejoins for the
+    follow-up round, then dies with its JoinGroup in flight. The round must
+    not wait for its restart (or its session): it completes when the others
+    rejoin, led by one of them, whose assignment makes the group Stable.
+    Before, a closed connection left the dead member leading (nobody sent
+    the assignment) and a reset one withdrew its join (the round waited)."""
+    port = embedded_broker.port
+
+    def join(instance, member_id=""):
+        return {"group_id": "handoff", "session_timeout_ms": 30000, "rebalance_timeout_ms": 30000, "member_id": member_id, "group_instance_id": instance,
+                "protocol_type": "consumer", "protocols": [{"name": "cooperative-sticky", "metadata": b""}]}
+
+    def sync(answer, assignments=()):
+        return {"group_id": "handoff", "generation_id": answer["generation_id"], "member_id": answer["member_id"], "group_instance_id": None,
+                "assignments": [{"member_id": m, "assignment": a} for m, a in assignments]}
+
+    def state():
+        return raw_request(port, ApiKey.DESCRIBE_GROUPS, 5, {"groups": ["handoff"], "include_authorized_operations": False})["groups"][0]["group_state"]
+
+    first = raw_request(port, ApiKey.JOIN_GROUP, 5, join("a"))
+    a = first["member_id"]
+    raw_request(port, ApiKey.SYNC_GROUP, 3, sync(first, [(a, b"p0,p1")]))
+    newcomer = InFlight(port, ApiKey.JOIN_GROUP, 5, join("b"))
+    wait_for(lambda: state() == "PreparingRebalance", 10, "b's JoinGroup to start a round")
+    leading = raw_request(port, ApiKey.JOIN_GROUP, 5, join("a", a))
+    joined = newcomer.answer()
+    b = joined["member_id"]
+    assert leading["leader"] == a and joined["generation_id"] == leading["generation_id"]
+    raw_request(port, ApiKey.SYNC_GROUP, 3, sync(leading, [(a, b"p1"), (b, b"")]))  # p0 is given up first
+    assert raw_request(port, ApiKey.SYNC_GROUP, 3, sync(joined))["error_code"] == 0 and state() == "Stable"
+    # a rejoins, so that p0 can go to b, and dies meanwhile.
+    follow_up = InFlight(port, ApiKey.JOIN_GROUP, 5, join("a", a))
+    wait_for(lambda: state() == "PreparingRebalance", 10, "a's follow-up JoinGroup to start a round")
+    follow_up.vanish(reset=vanishing == "reset")
+    time.sleep(0.3)  # the broker sees the connection go
+    assert raw_request(port, ApiKey.HEARTBEAT, 3, {"group_id": "handoff", "generation_id": joined["generation_id"], "member_id": b})["error_code"] == 27
+    rejoined = raw_request(port, ApiKey.JOIN_GROUP, 5, join("b", b))
+    assert rejoined["error_code"] == 0 and rejoined["generation_id"] == joined["generation_id"] + 1
+    assert rejoined["leader"] == b and {m["member_id"] for m in rejoined["members"]} == {a, b}, "b leads: a is gone"
+    synced = raw_request(port, ApiKey.SYNC_GROUP, 3, sync(rejoined, [(a, b"p1"), (b, b"p0")]))
+    assert (synced["error_code"], synced["assignment"]) == (0, b"p0") and state() == "Stable"

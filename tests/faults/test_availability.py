@@ -163,3 +163,41 @@ def test_per_instance_survivors_with_nothing_to_do_are_not_stalled():
     (recovery,) = instance_recoveries(samples, [fault], end=30)
     assert recovery.survivors_stall_s == pytest.approx(0.25)
     assert recovery.victim_back_s == pytest.approx(20.0 - 10.0)
+
+
+def stopping(end: float, stops: dict[str, list[tuple[float, float]]]) -> list[PartitionSample]:
+    """in-0, in-1, in-2 sampled every 0.25 s from 0 to ``end``, 10 records
+    arriving on each per sample; each partition's committed offset follows
+    its end a sample behind, except inside each of its ``stops`` (low,
+    high), where it stands."""
+    ends = {"in-0": 0, "in-1": 0, "in-2": 0}
+    committed = dict(ends)
+    samples = []
+    for quarter in range(round(end * 4)):
+        at = quarter / 4
+        for partition in ends:
+            ends[partition] += 10
+            if not any(low <= at < high for low, high in stops.get(partition, [])):
+                committed[partition] = ends[partition] - 10
+        samples.append(PartitionSample(at, dict(committed), dict(ends)))
+    return samples
+
+
+def test_per_instance_a_survivors_stall_is_clipped_to_its_faults_window():
+    # app-0 (in-0, in-1) is killed at 10, 16 and 22. The survivor's in-2
+    # stood from 8.5 (some earlier trouble) to 10.75, from 16 to 17, and
+    # from 21.5 to 23.5: its stretches with no advance run from the sample
+    # before each, 8.25..10.75, 15.75..17 and 21.25..23.5. Each fault is
+    # charged only the part inside its window [at, next fault): 0.75 s,
+    # 1.0 s and 1.5 s. The rule before charged each the longest stretch
+    # touching its window whole: 2.5, 2.25 and 2.25 s.
+    victim = [(10, 11), (16, 17), (22, 23)]
+    samples = stopping(30, {"in-0": victim, "in-1": victim, "in-2": [(8.5, 10.75), (16, 17), (21.5, 23.5)]})
+    faults = [FaultEvent(at, "kill-client", cleared=at + 0.1, victim="app-0", victim_partitions=("in-0", "in-1")) for at in (10.0, 16.0, 22.0)]
+    first, second, third = instance_recoveries(samples, faults, end=28)
+    assert first.survivors_stall_s == pytest.approx(10.75 - 10.0)
+    assert second.survivors_stall_s == pytest.approx(17.0 - 16.0)
+    assert third.survivors_stall_s == pytest.approx(23.5 - 22.0)
+    # The last fault's window ends with the faulted run.
+    (last,) = instance_recoveries(samples, faults[2:], end=22.5)
+    assert last.survivors_stall_s == pytest.approx(0.5)

@@ -69,6 +69,26 @@ def test_table_records_arriving_after_a_later_payment_in_one_poll_are_applied_fi
     assert seen == {((3, None), (1, "emea"), (2, "apac"))}
 
 
+def test_co_partitioned_inputs_go_in_the_order_of_the_sources_timestamp_extractor(tmp_path):
+    """A stream whose event time is in its payload (``timestamp_extractor``)
+    meets the table in that time's order, not its records' CreateTime's."""
+    app = streaming.App("127.0.0.1:1", application_id="enrich", state_dir=str(tmp_path / "state"))
+    regions = app.table("regions", key_format="str", value_format="str")
+    (app.stream("payments", key_format="str", value_format="json", timestamp_extractor=lambda record: record.value["at"])
+        .left_join(regions, lambda payment, region: {**payment, "region": region}).to("left-joined"))
+    driver = TestDriver(app)
+    # Stamped 1 and 2 by their producer, the payments happened at 20 and 12.
+    driver.pipe_together([("regions", "a", "emea", 10), ("payments", "a", {"id": 1, "at": 20}, 1), ("payments", "a", {"id": 2, "at": 12}, 2),
+                          ("regions", "a", "apac", 15)])
+    # A partition's own order stands (offsets): payment 2, at 12, comes
+    # after payment 1, at 20, so after the update at 15 as well.
+    assert [(value["id"], value["region"]) for _key, value in driver.read("left-joined")] == [(1, "apac"), (2, "apac")]
+    # Stamped 30, happened at 12: it meets the table as it was at 12.
+    driver = TestDriver(app)
+    driver.pipe_together([("payments", "a", {"id": 3, "at": 12}, 30), ("regions", "a", "emea", 10), ("regions", "a", "apac", 15)])
+    assert [(value["id"], value["region"]) for _key, value in driver.read("left-joined")] == [(3, "emea")]
+
+
 def test_a_crash_rebuilds_tables_from_their_changelog_and_global_tables_from_their_topic(tmp_path):
     driver = TestDriver(enrichment_app(tmp_path), commit_every=None)
     driver.pipe("regions", "a", "emea")
@@ -154,6 +174,16 @@ def test_the_picker_orders_by_timestamp_and_a_table_record_first_at_equal_ones()
     picker.assign([("table", 0), ("stream", 0)])
     picker.add([raw("stream", 0, 0, 5), raw("stream", 0, 1, 9), raw("table", 0, 0, 1), raw("table", 0, 1, 9)])
     assert [(r.topic, r.timestamp) for r in picker.take(now_ms=0)] == [("table", 1), ("stream", 5), ("table", 9), ("stream", 9)]
+
+
+def test_the_picker_orders_by_the_timestamp_it_is_given_for_a_record():
+    # The runner passes Task.order_time: a source's timestamp_extractor's time.
+    event_time = {("stream", 0): 30, ("stream", 1): 2}
+    picker = RecordPicker([("table", "stream")], max_idle_ms=0, tables={"table"},
+                          timestamp_of=lambda r: event_time.get((r.topic, r.offset), r.timestamp))
+    picker.assign([("table", 0), ("stream", 0)])
+    picker.add([raw("stream", 0, 0, 5), raw("stream", 0, 1, 6), raw("table", 0, 0, 20)])
+    assert [(r.topic, r.offset) for r in picker.take(now_ms=0)] == [("table", 0), ("stream", 0), ("stream", 1)]
 
 
 def test_the_enrichment_example_equals_its_recomputation_through_the_driver(tmp_path):

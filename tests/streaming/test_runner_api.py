@@ -34,7 +34,8 @@ def test_two_sources_named_sinks_formats_counters_and_items(broker_process, tmp_
     seen_positions = []
     snapshots = []
 
-    @app.processor(source=["clicks", "views"], sink="totals", stores=["totals"], key_format=upper, value_format="json", sink_value_format="str", name="tally")
+    @app.processor(source=["clicks", "views"], sink="totals", stores=["totals"], key_format=upper, value_format="json", sink_value_format="str", name="tally",
+                   outputs=["audit"])
     def tally(record, ctx):
         assert (ctx.topic, ctx.partition, ctx.offset, ctx.timestamp) == (record.topic, record.partition, record.offset, record.timestamp)
         seen_positions.append((record.topic, record.partition, record.offset))

@@ -84,15 +84,21 @@ def test_replication_settings_are_checked(tmp_path):
     assert streaming.App("h:1", "a", str(tmp_path), replication_factor=3, min_insync_replicas=2).internal_topic_config(**{"cleanup.policy": "compact"}) == {"cleanup.policy": "compact", "min.insync.replicas": "2"}
 
 
-def test_sinks_missing_at_start_are_created_like_their_source_not_left_to_auto_creation(recording_broker, tmp_path):
+def test_sinks_and_outputs_missing_at_start_are_created_like_their_source_not_left_to_auto_creation(recording_broker, tmp_path):
     app = streaming.App(recording_broker.bootstrap, "sinks", str(tmp_path / "state"), session_timeout_ms=3000, heartbeat_interval_ms=300)
     (app.stream("words", value_format="str").window(tumbling(1_000), on_late="late-words").count().to("per-second"))
+    app.processor(source="words", outputs=["audit"], name="audit")(lambda record, ctx: ctx.emit(record.key, record.value, topic="audit"))
     app.run(until_idle=0.5)
     by_topic = {topic: (factor, configs) for topic, factor, configs in recording_broker.asked}
-    assert by_topic["per-second"] == (-1, {}) and by_topic["late-words"] == (-1, {})
+    assert by_topic["per-second"] == (-1, {}) and by_topic["late-words"] == (-1, {}) and by_topic["audit"] == (-1, {})
     with Admin(bootstrap_servers=recording_broker.bootstrap) as admin:
         topics = admin.list_topics()
-    assert topics["per-second"] == topics["late-words"] == 2, "partitioned like the source, not by the broker's num.partitions"
+    assert topics["per-second"] == topics["late-words"] == topics["audit"] == 2, "partitioned like the source, not by the broker's num.partitions"
+    # An output whose partition count the app needs is checked when it is there.
+    strict = streaming.App(recording_broker.bootstrap, "strict", str(tmp_path / "strict"), session_timeout_ms=3000, heartbeat_interval_ms=300)
+    strict.processor(source="words", outputs={"audit": 3}, name="audit")(lambda record, ctx: None)
+    with pytest.raises(TopicsMismatchError, match="output audit has 2 partitions, not the 3 the app declares"):
+        strict.run(until_idle=0.5)
 
 
 def test_internal_topics_already_there_are_checked_and_a_misfit_stops_the_app_creating_nothing(recording_broker, tmp_path):

@@ -40,6 +40,38 @@ def test_problems_name_a_wrong_partition_count_and_a_changelog_not_compacted(tmp
     assert "cleanup.policy=delete" in problem
 
 
+def test_topics_written_by_name_are_declared_created_and_checked_where_a_count_is_given(tmp_path):
+    from streaming.testing import TestDriver
+
+    app = streaming.App("h:1", "audit", str(tmp_path))
+
+    @app.processor(source="payments", sink="balances", outputs={"audit": 1, "alerts": None}, value_format="json")
+    def track(record, ctx):
+        ctx.emit(record.key, record.value)
+        ctx.emit(record.key, "seen", topic="audit")
+        if record.value["amount"] > 100:
+            ctx.emit(record.key, "large", topic="alerts")
+        if record.value["amount"] < 0:
+            ctx.emit(record.key, "negative", topic="refunds")  # not declared
+
+    assert topics.needs(app, {"payments": 4}) == [topics.Need("audit", "output", 1), topics.Need("alerts", "sink", 4), topics.Need("balances", "sink", 4)]
+    wanted = topics.needs(app, {"payments": 4})
+    assert topics.problems(wanted, {"payments": 4, "audit": 1, "alerts": 2, "balances": 1}, {}) == [], "a count given is checked, the others keep theirs"
+    assert topics.problems(wanted, {"payments": 4, "audit": 3}, {}) == ["output audit has 3 partitions, not the 1 the app declares (outputs=)"]
+    driver = TestDriver(app)
+    driver.pipe("payments", b"a", {"amount": 500})
+    assert driver.read("audit") == [(b"a", "seen")] and driver.read("alerts") == [(b"a", "large")]
+    with pytest.raises(streaming.ProcessingError, match="did not declare 'refunds'.*outputs="):
+        driver.pipe("payments", b"a", {"amount": -1})
+    with pytest.raises(ConfigError, match="partition count"):
+        app.processor(source="payments", outputs={"x": 0}, name="bad")
+    other = streaming.App("h:1", "twice", str(tmp_path))
+    other.processor(source="a", outputs={"shared": 2}, name="one")(lambda record, ctx: None)
+    other.processor(source="a", outputs={"shared": 3}, name="two")(lambda record, ctx: None)
+    with pytest.raises(TopicsMismatchError, match="shared is declared with 2 and 3"):
+        topics.needs(other, {"a": 1})
+
+
 def test_orphaned_state_is_this_applications_topics_the_topology_does_not_name(tmp_path):
     app = words_app(tmp_path, sink="totals")  # the output was renamed from counts
     existing = [
