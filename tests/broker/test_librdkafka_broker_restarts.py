@@ -127,7 +127,14 @@ def run_restarts(tmp_path, *config: str) -> tuple[list[float], BrokerProcess, Co
             # Back in its stride first: a restart before the copier's first
             # TxnOffsetCommit since the last one can leave its request parked
             # across both, which the new broker cannot tell (see the README).
-            wait_for(lambda: sum(1 for t in commits.refresh().commits if t > ready) >= STRIDE, 30, f"{STRIDE} commits since the last restart")
+            try:
+                wait_for(lambda: sum(1 for t in commits.refresh().commits if t > ready) >= STRIDE, 30, f"{STRIDE} commits since the last restart")
+            except AssertionError:
+                if not ready:
+                    raise
+                # Stuck after a restart that found nothing open (skipped below): no recovery either.
+                recoveries.append(None)
+                break
             assert commits.records < RECORDS * 0.8, "the copier copied nearly everything before the restarts were done"
             wait_for(lambda: transaction_open(broker.bootstrap, "copier-0"), 30, "an open transaction of the copier")
             broker.kill()

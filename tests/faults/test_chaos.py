@@ -69,8 +69,10 @@ def test_copier_under_every_process_and_network_fault(tmp_path):
 @pytest.mark.slow
 def test_a_fault_on_a_finished_workload_is_reported(tmp_path):
     """The harness checks that the workload outlives its faults: one record
-    of input is copied at once, so the faults after it hit an idle copier."""
-    verdict, report = run(tmp_path, workload="copier", faults=("kill-client",), duration=8, seed=1, records=1, mean_fault_interval=3)
+    of input is copied at once, so the faults after it hit an idle copier (16 s:
+    on a loaded machine the copier can take 8 s to start and copy it, and
+    every fault before that finds the record still waiting)."""
+    verdict, report = run(tmp_path, workload="copier", faults=("kill-client",), duration=16, seed=1, records=1, mean_fault_interval=3)
     assert verdict.anomaly_counts.get("idle-fault", 0) >= 1, verdict.summary()
     assert set(verdict.anomaly_counts) == {"idle-fault"}, verdict.summary()  # exactly once still held
     assert json.load(open(os.path.join(report, "verdict.json")))["availability"]["faults_idle"] >= 1
