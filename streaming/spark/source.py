@@ -45,6 +45,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from pyspark.sql.types import ArrayType, BinaryType, IntegerType, LongType, StringType, StructField, StructType, TimestampType
 
 from protocol.errors import ErrorCode
+from protocol.retry import Backoff, retry_blocking, spark_offset_requests
 from streaming.spark import options as opts
 from streaming.spark.options import EARLIEST, LATEST, OptionError, SourceOptions
 from txn.errors import FatalError, KafkaError, RecordBatchTooLargeError
@@ -363,17 +364,17 @@ class OffsetPlanner:
                 log.info("closing the offset client: %s", error)
 
     def _retrying(self, call):
-        """Spark's fetchOffset.numRetries / fetchOffset.retryIntervalMs: a
-        failed offset or metadata request is tried again on a new connection."""
-        for attempt in range(self.source.fetch_offset_num_retries + 1):
-            try:
-                return call(self.admin)
-            except (KafkaError, ConnectionError, OSError, TimeoutError) as error:
-                if attempt == self.source.fetch_offset_num_retries:
-                    raise
-                log.warning("offset request failed (%s); retry %d of %d", error, attempt + 1, self.source.fetch_offset_num_retries)
-                self.close()
-                time.sleep(self.source.fetch_offset_retry_interval_ms / 1000)
+        """Spark's fetchOffset.numRetries / fetchOffset.retryIntervalMs
+        (``protocol.retry.spark_offset_requests``): a failed offset or
+        metadata request is tried again on a new connection."""
+        retries = self.source.fetch_offset_num_retries
+
+        def reconnecting(error: BaseException, backoff: Backoff) -> None:
+            log.warning("offset request failed (%s); retry %d of %d", error, backoff.tries, retries)
+            self.close()
+
+        return retry_blocking(lambda: call(self.admin), spark_offset_requests(retries, self.source.fetch_offset_retry_interval_ms),
+                              retriable=lambda error: isinstance(error, (KafkaError, OSError)), on_failure=reconnecting)
 
     def partitions(self) -> list[TopicPartition]:
         subscription = self.source.subscription
