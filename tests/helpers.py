@@ -296,17 +296,6 @@ def read_partition(bootstrap, topic, partition, expect, *, isolation="read_commi
     return records
 
 
-def cut_connections(producer) -> None:
-    """Abort every socket of the producer, on its loop (a network fault)."""
-
-    def cut():
-        for client in producer._async.cluster._clients.values():
-            if client._writer is not None:
-                client._writer.transport.abort()
-
-    producer._thread.loop.call_soon_threadsafe(cut)
-
-
 @contextlib.contextmanager
 def connections_cut_every(producer, seconds: float):
     """While the block runs, abort every socket of ``producer`` (our sync
@@ -315,7 +304,7 @@ def connections_cut_every(producer, seconds: float):
 
     def cutting():
         while not stop.wait(seconds):
-            cut_connections(producer)
+            producer.cut_connections()
 
     cutter = threading.Thread(target=cutting, name="connection-cutter", daemon=True)
     cutter.start()

@@ -95,6 +95,13 @@ class Cluster:
             await client.close()
         self._clients.clear()
 
+    def cut_connections(self) -> None:
+        """Cut every connection now, as a failed network would (a
+        fault-injection hook: ``BrokerClient.abort``); the client's retries
+        reconnect and carry on."""
+        for client in self._clients.values():
+            client.abort()
+
     async def abandon(self) -> None:
         """Drop every connection now, for a client given up on without a
         flush (a producer replaced after a failure: what it had not sent is
