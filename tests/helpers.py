@@ -1,7 +1,7 @@
 """What tests of several rooms share, one copy each: making a topic, reading
 one back with an independent client (``read_values``) or our own (``read_all``), waiting for a state, a raw request on
 the wire, a free port, a disk that fills under ``__consumer_offsets``, windowed sums by the plain definition, a SCRAM client, a producer's
-connections cut; the interop records every client writes and reads, a scrape of the metrics endpoint, the Spark sink's tasks and
+connections cut again and again, a broker behind a fault proxy; the interop records every client writes and reads, a scrape of the metrics endpoint, the Spark sink's tasks and
 driver without Spark, both coordinators on in-memory I/O, and a dict standing in for a store (``DictState``). (Fixtures live in ``conftest.py``; import these with
 ``from tests.helpers import ...``.)"""
 
@@ -313,6 +313,25 @@ def connections_cut_every(producer, seconds: float):
     finally:
         stop.set()
         cutter.join()
+
+
+@contextlib.contextmanager
+def broker_behind_proxy(directory: str, *, seed: int | None = None, **settings):
+    """An embedded broker (``settings`` as ``EmbeddedBroker`` takes them;
+    no initial rebalance delay unless given) that advertises a fault proxy
+    in front of it, so that every client, after bootstrapping, keeps going
+    through the proxy instead of following Metadata around it. The proxy
+    starts first (its port goes into the broker's metadata), then is pointed
+    at the broker. Yields ``(proxy, broker)``; ``proxy.address`` is the
+    bootstrap to give clients, ``broker.bootstrap`` the way around it."""
+    from broker.broker import EmbeddedBroker
+    from faults.proxy import ThreadedFaultProxy
+
+    settings.setdefault("group_initial_rebalance_delay_ms", 0)
+    with ThreadedFaultProxy("127.0.0.1", 0, **({} if seed is None else {"seed": seed})) as proxy:
+        with EmbeddedBroker(directory, advertised_host="127.0.0.1", advertised_port=proxy.port, **settings) as broker:
+            proxy.retarget("127.0.0.1", broker.port)
+            yield proxy, broker
 
 
 # ----------------------------------------------------------------- interop: records every client writes and reads
