@@ -1,7 +1,7 @@
 """What tests of several rooms share, one copy each: making a topic, reading
 one back with an independent client (``read_values``) or our own (``read_all``), waiting for a state, a raw request on
 the wire, a free port, a disk that fills under ``__consumer_offsets``, windowed sums by the plain definition, a SCRAM client, a producer's
-connections cut again and again, a broker behind a fault proxy; the interop records every client writes and reads, a scrape of the metrics endpoint, the Spark sink's tasks and
+connections cut again and again, a broker behind a fault proxy, a walk through a state table; the interop records every client writes and reads, a scrape of the metrics endpoint, the Spark sink's tasks and
 driver without Spark, both coordinators on in-memory I/O, and a dict standing in for a store (``DictState``). (Fixtures live in ``conftest.py``; import these with
 ``from tests.helpers import ...``.)"""
 
@@ -332,6 +332,17 @@ def broker_behind_proxy(directory: str, *, seed: int | None = None, **settings):
         with EmbeddedBroker(directory, advertised_host="127.0.0.1", advertised_port=proxy.port, **settings) as broker:
             proxy.retarget("127.0.0.1", broker.port)
             yield proxy, broker
+
+
+def walk(transition, state, moves):
+    """Take ``moves`` (``[(event, the state it must lead to)]``) through a
+    state machine's ``transition`` from ``state``, checking every step;
+    returns the last state."""
+    for event, expected in moves:
+        reached = transition(state, event)
+        assert reached == expected, f"{event} in {state} led to {reached}, not {expected}"
+        state = reached
+    return state
 
 
 # ----------------------------------------------------------------- interop: records every client writes and reads
