@@ -48,7 +48,7 @@ from protocol.errors import ErrorCode
 from protocol.retry import Backoff, retry_blocking, spark_offset_requests
 from streaming.spark import options as opts
 from streaming.spark.options import EARLIEST, LATEST, OptionError, SourceOptions
-from txn.errors import FatalError, KafkaError, RecordBatchTooLargeError
+from txn.errors import CLIENT_FAILURES, FatalError, RecordBatchTooLargeError
 from txn.types import TopicPartition
 
 log = logging.getLogger(__name__)
@@ -320,7 +320,7 @@ def stalled_message(source: SourceOptions, tp: TopicPartition, position: int, un
     try:
         with Admin(config=source.admin) as admin:
             end, why = explain_end(admin, tp, source.isolation_level)
-    except (KafkaError, ConnectionError, OSError, TimeoutError) as error:
+    except CLIENT_FAILURES as error:
         return f"{message} (the end of {tp} could not be listed: {error})"
     if end is not None and position >= end:
         return f"{message}: the range ends at {until}, beyond {why}. End the read at or below that offset (-1 is latest in endingOffsets)"
@@ -360,7 +360,7 @@ class OffsetPlanner:
             admin, self._admin = self._admin, None
             try:
                 admin.close()
-            except (KafkaError, ConnectionError, OSError, TimeoutError) as error:  # a broken connection is being dropped anyway
+            except CLIENT_FAILURES as error:  # a broken connection is being dropped anyway
                 log.info("closing the offset client: %s", error)
 
     def _retrying(self, call):
@@ -374,7 +374,7 @@ class OffsetPlanner:
             self.close()
 
         return retry_blocking(lambda: call(self.admin), spark_offset_requests(retries, self.source.fetch_offset_retry_interval_ms),
-                              retriable=lambda error: isinstance(error, (KafkaError, OSError)), on_failure=reconnecting)
+                              retriable=lambda error: isinstance(error, CLIENT_FAILURES), on_failure=reconnecting)
 
     def partitions(self) -> list[TopicPartition]:
         subscription = self.source.subscription
@@ -452,7 +452,7 @@ def explain_end(admin, tp: TopicPartition, isolation_level: str) -> tuple[int | 
     so what it cannot find out it says, and never raises."""
     try:
         ends = {level: admin.list_offsets({tp: "latest"}, isolation_level=level)[tp].offset for level in ("read_committed", "read_uncommitted")}
-    except (KafkaError, ConnectionError, OSError, TimeoutError) as error:
+    except CLIENT_FAILURES as error:
         return None, f"the end of {tp}, which could not be listed ({error})"
     stable, high_watermark = ends["read_committed"], ends["read_uncommitted"]
     if isolation_level != "read_committed":
@@ -468,7 +468,7 @@ def explain_end(admin, tp: TopicPartition, isolation_level: str) -> tuple[int | 
             named = [t.transactional_id for t in admin.list_transactions(producer_ids=[producer_id])]
             if named:
                 holder += f" (transactional id {named[0]!r})"
-    except (KafkaError, ConnectionError, OSError, TimeoutError) as error:
+    except CLIENT_FAILURES as error:
         log.info("could not find the transaction holding the last stable offset of %s: %s", tp, error)
     return stable, (
         f"the last stable offset of {tp}, {stable} (its high watermark is {high_watermark}): {holder} begins there and holds it, "
