@@ -75,6 +75,7 @@ from coordinator.metadata import (
 from coordinator.state import STATE_NAMES, InvalidTransition, TxnState
 from protocol.clock import Clock
 from protocol.errors import ErrorCode
+from protocol.retry import COORDINATOR_COMPLETION, Backoff, retry
 from protocol.tasks import OwnedWork
 
 log = logging.getLogger(__name__)
@@ -594,40 +595,36 @@ class TransactionCoordinator:
         saves a round only when the next request comes sooner.)"""
         transactional_id = prepared.transactional_id
         commit = prepared.state == TxnState.PREPARE_COMMIT
-        delay = 0.05
         released = False
+
+        async def markers_then_complete():
+            await self.markers.write(prepared, commit)
+            self.crash_point("coordinator.before_complete")
+            completed = prepared.complete(self.clock.wall_ms())
+            return completed, self.txn_log.append(completed)
+
+        def retrying(error: BaseException, _backoff: Backoff) -> None:
+            log.warning("completing %s of %s failed (%s); retrying", prepared.state.name, transactional_id, error)
+
         try:
             # Named crash point first: a test that dies here dies before the
             # client has EndTxn's answer, as it always has.
             self.crash_point("coordinator.after_prepare_commit" if commit else "coordinator.after_prepare_abort")
             for _ in range(ANSWER_TURNS):
                 await asyncio.sleep(0)  # EndTxn's answer goes out before the markers
-            while True:
-                try:
-                    await self.markers.write(prepared, commit)
-                    self.crash_point("coordinator.before_complete")
-                    completed = prepared.complete(self.clock.wall_ms())
-                    durable = self.txn_log.append(completed)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as error:
-                    # The decision stands; keep trying (a restart will too).
-                    log.warning("completing %s of %s failed (%s); retrying", prepared.state.name, transactional_id, error)
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, 2.0)
-                    continue
-                self._apply(completed)
-                self._release(transactional_id)
-                released = True
-                try:
-                    await durable
-                except asyncio.CancelledError:
-                    raise
-                except Exception as error:
-                    # The log has failed (its later writes fail too); a restart
-                    # finds PrepareCommit and completes the transaction again.
-                    log.error("%s of %s was not made durable (%s); a restart completes it again", completed.state.name, transactional_id, error)
-                return
+            # The decision stands; keep trying (a restart will too).
+            completed, durable = await retry(markers_then_complete, Backoff(COORDINATOR_COMPLETION), retriable=lambda error: isinstance(error, Exception), on_failure=retrying)
+            self._apply(completed)
+            self._release(transactional_id)
+            released = True
+            try:
+                await durable
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                # The log has failed (its later writes fail too); a restart
+                # finds PrepareCommit and completes the transaction again.
+                log.error("%s of %s was not made durable (%s); a restart completes it again", completed.state.name, transactional_id, error)
         finally:
             if not released:
                 self._release(transactional_id)

@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 
-from faults.chaos import ChaosSettings, run_chaos
+from faults.chaos import ChaosSettings, run_as_script, run_chaos
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MY_PROCESSOR = (
@@ -55,5 +54,4 @@ def test_my_processor_is_exactly_once_under_crashes(tmp_path):
 
 
 if __name__ == "__main__":
-    folder = sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="my-processor-chaos-")
-    sys.exit(0 if check_my_processor(folder).valid else 1)
+    sys.exit(run_as_script(check_my_processor, "my-processor-chaos-"))

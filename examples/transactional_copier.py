@@ -12,18 +12,20 @@ the work after seeking back to the committed positions, as Apache Kafka's
 transactions system test does. Kill it at any moment (SIGKILL included) and
 start it again: the output holds every input record exactly once.
 
-Copy it as a template: replace ``transform()`` with your processing.
+Copy it as a template (with ``copier_arguments.py``, its command line, which
+both copiers share): replace ``transform()`` with your processing.
 """
 
 from __future__ import annotations
 
-import argparse
 import random
 import signal
 import sys
 import time
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
+
+from copier_arguments import copier_arguments  # beside this file
 
 
 def transform(key: bytes | None, value: bytes | None) -> tuple[bytes | None, bytes | None]:
@@ -113,17 +115,7 @@ def run(args) -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--bootstrap", required=True)
-    parser.add_argument("--input", required=True)
-    parser.add_argument("--output", required=True)
-    parser.add_argument("--group", required=True)
-    parser.add_argument("--transactional-id", required=True)
-    parser.add_argument("--records-per-txn", type=int, default=750)
-    parser.add_argument("--abort-ratio", type=float, default=0.0)
-    parser.add_argument("--session-timeout-ms", type=int, default=10_000)
-    parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--client-debug", default=None, help="librdkafka debug contexts, e.g. eos,cgrp")
+    parser = copier_arguments(__doc__.splitlines()[0], client_debug_help="librdkafka debug contexts, e.g. eos,cgrp")
     return run(parser.parse_args(argv))
 
 

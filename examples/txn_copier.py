@@ -12,12 +12,12 @@ share of transactions on purpose and re-reads from the committed positions.
 Kill it at any moment (SIGKILL included) and start it again: the output holds
 every input record exactly once.
 
-Copy it as a template: replace ``transform()`` with your processing.
+Copy it as a template (with ``copier_arguments.py``, its command line, which
+both copiers share): replace ``transform()`` with your processing.
 """
 
 from __future__ import annotations
 
-import argparse
 import random
 import signal
 import sys
@@ -25,6 +25,8 @@ import time
 
 from txn import Consumer, KafkaError, Producer, ProducerFencedError, TransactionAbortableError
 from txn.errors import CommitFailedError, RetriableError
+
+from copier_arguments import copier_arguments  # beside this file
 
 
 def transform(key: bytes | None, value: bytes | None) -> tuple[bytes | None, bytes | None]:
@@ -108,17 +110,7 @@ def run(args) -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--bootstrap", required=True)
-    parser.add_argument("--input", required=True)
-    parser.add_argument("--output", required=True)
-    parser.add_argument("--group", required=True)
-    parser.add_argument("--transactional-id", required=True)
-    parser.add_argument("--records-per-txn", type=int, default=750)
-    parser.add_argument("--abort-ratio", type=float, default=0.0)
-    parser.add_argument("--session-timeout-ms", type=int, default=10_000)
-    parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--client-debug", default=None, help="accepted for symmetry with the confluent copier; unused")
+    parser = copier_arguments(__doc__.splitlines()[0], client_debug_help="accepted for symmetry with the confluent copier; unused")
     started = time.monotonic()
     try:
         return run(parser.parse_args(argv))

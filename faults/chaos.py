@@ -810,3 +810,14 @@ def _event_time(event: dict) -> float:
 def run_chaos(settings: ChaosSettings, report_dir: str, *, out=sys.stdout):
     """Run one chaos experiment; returns the checker's verdict (``.valid``)."""
     return ChaosRun(settings, report_dir, out=out).run()
+
+
+def run_as_script(check, prefix: str, argv: list[str] | None = None) -> int:
+    """The exit status of a user's chaos test file run as a script (``python
+    examples/chaos_test_of_my_processor.py [report-folder]``): ``check(folder)``
+    (its experiment, returning the verdict) on the folder given as the first
+    argument, else on a new temporary one named from ``prefix``; 0 when the
+    verdict is valid, 1 when not (the report says why)."""
+    argv = sys.argv[1:] if argv is None else argv
+    folder = argv[0] if argv else tempfile.mkdtemp(prefix=prefix)
+    return 0 if check(folder).valid else 1

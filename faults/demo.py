@@ -207,13 +207,7 @@ class InputStream(threading.Thread):
             if self.cuts_at and index == self.cuts_at[0]:
                 self.cuts_at.pop(0)
                 self.cuts += 1
-
-                def cut():
-                    for client in producer._async.cluster._clients.values():
-                        if client._writer is not None:
-                            client._writer.transport.abort()
-
-                producer._thread.loop.call_soon_threadsafe(cut)
+                producer.cut_connections()
         producer.flush()
         self.samples.append((time.monotonic() - self.started, self.sent))
         writer = HistoryWriter(self.history_path, "seeder")

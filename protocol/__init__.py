@@ -11,7 +11,8 @@ topic names (``names``) and for configuration text, booleans and properties
 files (``properties``).
 
 Runtime pieces shared by the broker, the clients and the runner: ``clock``
-(the one clock), ``tasks`` (``cancel_and_wait``, ``OwnedWork``),
+(the one clock), ``tasks`` (``cancel_and_wait``, ``OwnedWork``), ``retry``
+(the retry policies, one per kind of caller, and the loop that runs them),
 ``loop_thread`` (an event loop on a thread of its own: the sync clients, the
 embedded broker, the threaded fault proxy) and ``metrics_http`` (the small
 HTTP server of a Prometheus scrape endpoint).

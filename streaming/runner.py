@@ -63,9 +63,9 @@ import time
 
 import numpy as np
 
+from protocol.retry import RUNNER, Backoff, retry
 from streaming import topics
 from streaming.app import App
-from streaming.backoff import RetryDelay, retry
 from streaming.errors import TopicsMismatchError
 from streaming.global_tables import GlobalTableReader
 from streaming.lifecycle import RunnerEvent, RunnerState, transition
@@ -103,6 +103,20 @@ def load_columnar() -> None:
     importlib.import_module("protocol.columnar")
 
     binary_array([b""]).take(numpy_array(np.zeros(1, dtype=np.int64)))
+
+
+async def _retry(operation, what: str, *, stopping, backoff: Backoff | None = None):
+    """``await operation()`` under the runner's policy (``protocol.retry.RUNNER``)
+    until it returns, trying again after each ``TRANSIENT_ERRORS`` failure; if
+    ``stopping()`` after the wait, the error is raised instead (the poll passes
+    ``lambda: True``: its caller's loop checks commits, progress and idleness
+    between tries, keeping ``backoff`` across them). Logged at WARNING once
+    per outage, then DEBUG: a broker that stays down would otherwise fill the log."""
+
+    def logged(error: BaseException, tries: Backoff) -> None:
+        (log.warning if not tries.failures else log.debug)("%s failed (%s); trying again", what, error)
+
+    return await retry(operation, backoff or Backoff(RUNNER), retriable=lambda error: isinstance(error, TRANSIENT_ERRORS), on_failure=logged, stopping=stopping)
 
 
 class Runner:
@@ -311,7 +325,7 @@ class Runner:
         next_lag = time.monotonic()
         progress_mark = (time.monotonic(), 0, 0)
         self.last_activity = time.monotonic()
-        poll_delay = RetryDelay()
+        poll_backoff = Backoff(RUNNER)
         max_records = consumer.config.max_poll_records
         while not app.stopping:
             timeout = max(0.0, txn.started + interval - time.monotonic()) if txn.open else 0.5
@@ -322,8 +336,8 @@ class Runner:
                 # One try per turn of this loop (stopping=True after the
                 # wait): commits, progress and idleness are looked at between tries.
                 # While the picker holds records ready to go, fetch nothing more (its memory stays bounded).
-                polled = {} if picker is not None and picker.backlog else await retry(
-                    lambda: consumer.poll_columns(min(timeout, 0.5), max_records), what="poll", stopping=lambda: True, log=log, delay=poll_delay)
+                polled = {} if picker is not None and picker.backlog else await _retry(
+                    lambda: consumer.poll_columns(min(timeout, 0.5), max_records), "poll", stopping=lambda: True, backoff=poll_backoff)
             except TRANSIENT_ERRORS:
                 continue
             records = [record for tp, columns in polled.items() for record in fetched_records(tp.topic, tp.partition, columns)]
@@ -471,7 +485,7 @@ class Runner:
                 await self.shards.catch_up_all()
             await self._rewind(sorted(self.assigned))
 
-        await retry(rewind, what="rewinding", stopping=self._stopping, log=log)
+        await _retry(rewind, "rewinding", stopping=self._stopping)
 
     async def _rewind(self, partitions: list[TopicPartition]) -> None:
         consumer = self.consumer
@@ -521,7 +535,7 @@ class Runner:
 
         # No record of these partitions may be processed before their stores are restored.
         if self.task.stores_needed(partitions) - set(shards.held):
-            await retry(restore, what="restoring stores", stopping=self._stopping, log=log, delay=RetryDelay())
+            await _retry(restore, "restoring stores", stopping=self._stopping)
         for tp in partitions:
             self.processed.pop(tp, None)
         if self.picker is not None:

@@ -1,7 +1,7 @@
 """What tests of several rooms share, one copy each: making a topic, reading
 one back with an independent client (``read_values``) or our own (``read_all``), waiting for a state, a raw request on
 the wire, a free port, a disk that fills under ``__consumer_offsets``, windowed sums by the plain definition, a SCRAM client, a producer's
-connections cut; the interop records every client writes and reads, a scrape of the metrics endpoint, the Spark sink's tasks and
+connections cut again and again, a broker behind a fault proxy, a walk through a state table; the interop records every client writes and reads, a scrape of the metrics endpoint, the Spark sink's tasks and
 driver without Spark, both coordinators on in-memory I/O, and a dict standing in for a store (``DictState``). (Fixtures live in ``conftest.py``; import these with
 ``from tests.helpers import ...``.)"""
 
@@ -296,17 +296,6 @@ def read_partition(bootstrap, topic, partition, expect, *, isolation="read_commi
     return records
 
 
-def cut_connections(producer) -> None:
-    """Abort every socket of the producer, on its loop (a network fault)."""
-
-    def cut():
-        for client in producer._async.cluster._clients.values():
-            if client._writer is not None:
-                client._writer.transport.abort()
-
-    producer._thread.loop.call_soon_threadsafe(cut)
-
-
 @contextlib.contextmanager
 def connections_cut_every(producer, seconds: float):
     """While the block runs, abort every socket of ``producer`` (our sync
@@ -315,7 +304,7 @@ def connections_cut_every(producer, seconds: float):
 
     def cutting():
         while not stop.wait(seconds):
-            cut_connections(producer)
+            producer.cut_connections()
 
     cutter = threading.Thread(target=cutting, name="connection-cutter", daemon=True)
     cutter.start()
@@ -324,6 +313,36 @@ def connections_cut_every(producer, seconds: float):
     finally:
         stop.set()
         cutter.join()
+
+
+@contextlib.contextmanager
+def broker_behind_proxy(directory: str, *, seed: int | None = None, **settings):
+    """An embedded broker (``settings`` as ``EmbeddedBroker`` takes them;
+    no initial rebalance delay unless given) that advertises a fault proxy
+    in front of it, so that every client, after bootstrapping, keeps going
+    through the proxy instead of following Metadata around it. The proxy
+    starts first (its port goes into the broker's metadata), then is pointed
+    at the broker. Yields ``(proxy, broker)``; ``proxy.address`` is the
+    bootstrap to give clients, ``broker.bootstrap`` the way around it."""
+    from broker.broker import EmbeddedBroker
+    from faults.proxy import ThreadedFaultProxy
+
+    settings.setdefault("group_initial_rebalance_delay_ms", 0)
+    with ThreadedFaultProxy("127.0.0.1", 0, **({} if seed is None else {"seed": seed})) as proxy:
+        with EmbeddedBroker(directory, advertised_host="127.0.0.1", advertised_port=proxy.port, **settings) as broker:
+            proxy.retarget("127.0.0.1", broker.port)
+            yield proxy, broker
+
+
+def walk(transition, state, moves):
+    """Take ``moves`` (``[(event, the state it must lead to)]``) through a
+    state machine's ``transition`` from ``state``, checking every step;
+    returns the last state."""
+    for event, expected in moves:
+        reached = transition(state, event)
+        assert reached == expected, f"{event} in {state} led to {reached}, not {expected}"
+        state = reached
+    return state
 
 
 # ----------------------------------------------------------------- interop: records every client writes and reads

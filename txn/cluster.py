@@ -3,9 +3,11 @@
 ``Cluster`` owns one ``BrokerClient`` per broker (by node id, bootstrap
 servers before the first Metadata answer), the topic metadata (partition
 counts and leaders), coordinator lookups (FindCoordinator, cached per key
-until a request says NOT_COORDINATOR), and the retry policy every client
-shares: retriable errors and lost connections are retried with exponential
-backoff (tenacity) up to an overall deadline.
+until a request says NOT_COORDINATOR), and the retries every client
+shares: retriable errors and lost connections are tried again under
+``protocol.retry``'s client policies (``client_request``; ``coordinator_busy``
+and ``reconnect`` for the waits after those failures) up to the call's
+deadline.
 
 It talks only over the wire, so it works against any Kafka broker.
 """
@@ -17,13 +19,12 @@ import logging
 import random
 import time
 
-import tenacity
-
 from protocol.errors import ErrorCode
 from protocol.messages import ApiKey
+from protocol.retry import attempts, client_request, coordinator_busy, reconnect
 from txn.config import CommonConfig
 from txn.connection import BrokerClient
-from txn.errors import KafkaError, RetriableError, RetriesExhaustedError, classify, is_retriable
+from txn.errors import RetriableError, RetriesExhaustedError, classify, is_retriable
 
 log = logging.getLogger(__name__)
 
@@ -32,17 +33,9 @@ COORDINATOR_MOVED = {ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILA
 # previous transaction's markers (CONCURRENT_TRANSACTIONS, e.g. a restarted
 # instance's InitProducerId over the transaction its dead predecessor left
 # open) or loading its log after a restart. They clear in tens of
-# milliseconds, so their retries start at QUICK_RETRY_S (as Kafka's producer
-# retries AddPartitionsToTxn after 20 ms) and double from there; everything
-# else starts at retry_backoff_ms.
-QUICK_RETRY_CODES = {ErrorCode.CONCURRENT_TRANSACTIONS, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS}
-QUICK_RETRY_S = 0.02
-# A connection that failed (the broker is down or restarting) is tried again
-# at most this long after the last try: a refused connect costs the broker
-# nothing, and a longer wait is only time lost after it is back (a client
-# whose waits had grown to retry_backoff_max_ms came back up to a second
-# after the broker did).
-RECONNECT_BACKOFF_MAX_S = 0.25
+# milliseconds, so their retries wait ``protocol.retry.coordinator_busy``'s
+# short first wait instead of retry_backoff_ms.
+COORDINATOR_BUSY = {ErrorCode.CONCURRENT_TRANSACTIONS, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS}
 
 
 class Cluster:
@@ -101,6 +94,13 @@ class Cluster:
         for client in list(self._clients.values()):
             await client.close()
         self._clients.clear()
+
+    def cut_connections(self) -> None:
+        """Cut every connection now, as a failed network would (a
+        fault-injection hook: ``BrokerClient.abort``); the client's retries
+        reconnect and carry on."""
+        for client in self._clients.values():
+            client.abort()
 
     async def abandon(self) -> None:
         """Drop every connection now, for a client given up on without a
@@ -194,27 +194,24 @@ class Cluster:
     # -- retries ------------------------------------------------------------------------------
 
     def retrying(self, deadline_seconds: float):
-        """Retry retriable errors with exponential backoff until the deadline
-        (``QUICK_RETRY_CODES`` from a shorter first wait)."""
-        return tenacity.AsyncRetrying(
-            retry=tenacity.retry_if_exception(is_retriable),
-            wait=self._backoff,
-            stop=tenacity.stop_after_delay(deadline_seconds),
-            retry_error_callback=_exhausted,
-        )
+        """Tries of a request (``async for attempt in cluster.retrying(d):
+        with attempt: ...``): retriable errors and lost connections again
+        under the client's policy until ``deadline_seconds``, then
+        ``RetriesExhaustedError``; anything else at once."""
+        config = self.config
+        return attempts(client_request(config.retry_backoff_ms, config.retry_backoff_max_ms).within(deadline_seconds),
+                        retriable=is_retriable, wait_policy=self.wait_policy_after, give_up=_exhausted)
 
-
-    def _backoff(self, state: tenacity.RetryCallState) -> float:
-        error = state.outcome.exception() if state.outcome is not None else None
-        first = QUICK_RETRY_S if getattr(error, "code", None) in QUICK_RETRY_CODES else self.config.retry_backoff_ms / 1000
-        cap = self.config.retry_backoff_max_ms / 1000
+    def wait_policy_after(self, error: BaseException):
+        """The waits after ``error``: a busy coordinator's are shorter, a
+        lost connection's capped lower (``protocol.retry``'s table)."""
+        config = self.config
+        if getattr(error, "code", None) in COORDINATOR_BUSY:
+            return coordinator_busy(config.retry_backoff_max_ms)
         if isinstance(error, ConnectionError):
-            cap = min(cap, RECONNECT_BACKOFF_MAX_S)
-        return min(first * 2 ** (state.attempt_number - 1), cap)
+            return reconnect(config.retry_backoff_ms, config.retry_backoff_max_ms)
+        return client_request(config.retry_backoff_ms, config.retry_backoff_max_ms)
 
 
-def _exhausted(state: tenacity.RetryCallState):
-    error = state.outcome.exception()
-    if isinstance(error, KafkaError) and not is_retriable(error):
-        raise error
-    raise RetriesExhaustedError(getattr(error, "code", 0), f"gave up after {state.attempt_number} attempts", message=str(error)) from error
+def _exhausted(error: BaseException, tries: int) -> RetriesExhaustedError:
+    return RetriesExhaustedError(getattr(error, "code", 0), f"gave up after {tries} attempts", message=str(error))

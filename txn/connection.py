@@ -246,6 +246,14 @@ class BrokerClient:
             self._writer.close()
         self._writer = None
 
+    def abort(self) -> None:
+        """Cut the connection at once, as a failed network would (the socket
+        is reset, nothing more is sent): the requests waiting on it fail with
+        ``ConnectionError`` and the next request connects again. A
+        fault-injection hook (``Cluster.cut_connections``)."""
+        if self._writer is not None:
+            self._writer.transport.abort()
+
     async def close(self) -> None:
         await cancel_and_wait(self._read_task)  # it ends every failure itself; only cancellation reaches here
         self._read_task = None

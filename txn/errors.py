@@ -150,6 +150,12 @@ def classify(code: int, context: str = "", *, in_transaction: bool = False) -> K
 # caller backs off and tries again; anything else is not transient.
 TRANSIENT_ERRORS = (RetriableError, OSError)
 
+# Any failure of a request through a client: an error the broker answered or
+# the client found (``KafkaError``), or the network's (``OSError``). For a
+# caller that reports or works around every failure alike (an explanation
+# that must not raise, a request retried on a new connection whatever went wrong).
+CLIENT_FAILURES = (KafkaError, OSError)
+
 # The group codes that say this member was fenced out of the generation it
 # acted in: it rejoins (and its transaction, if any, aborts).
 GROUP_FENCING = frozenset({ErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.ILLEGAL_GENERATION, ErrorCode.FENCED_INSTANCE_ID})

@@ -58,8 +58,9 @@ from protocol.constants import IsolationLevel, OffsetSpec
 from protocol.errors import ErrorCode
 from protocol.messages import ApiKey
 from protocol.records import ControlType, TimestampType, decode_batch, decode_control_record, iter_batches, split_partial_tail
+from protocol.retry import client_request
 from txn.config import ConsumerConfig
-from txn.errors import FatalError, RecordBatchTooLargeError, RetriableError, classify
+from txn.errors import TRANSIENT_ERRORS, FatalError, RecordBatchTooLargeError, RetriableError, classify
 from txn.types import ConsumerRecord, TopicPartition
 
 LOG_APPEND_TIME = int(TimestampType.LOG_APPEND_TIME)
@@ -263,8 +264,9 @@ class Fetcher:
             by_leader[self.cluster.leaders.get((tp.topic, tp.partition), -1)].append(tp)
         results = await asyncio.gather(*(self._fetch_from(node, tps, max_wait, columns) for node, tps in by_leader.items()), return_exceptions=True)
         for result in results:
-            if isinstance(result, (ConnectionError, OSError, TimeoutError, RetriableError)):
-                await asyncio.sleep(self.config.retry_backoff_ms / 1000)
+            if isinstance(result, TRANSIENT_ERRORS):
+                # The poll's loop fetches again, after the client's first wait.
+                await asyncio.sleep(client_request(self.config.retry_backoff_ms, self.config.retry_backoff_max_ms).delay(1))
             elif isinstance(result, BaseException):
                 raise result
 

@@ -35,6 +35,7 @@ import attrs
 from protocol.constants import CoordinatorType
 from protocol.errors import ErrorCode
 from protocol.messages import ApiKey
+from protocol.retry import client_request
 from protocol.tasks import cancel_and_wait
 from txn import assignors
 from txn.errors import GROUP_FENCING, CommitFailedError, KafkaError, RetriableError, classify, is_retriable
@@ -200,7 +201,7 @@ class GroupDriver:
             # failed; a new round finds it again (SyncGroup alone cannot be
             # retried: the generation may be gone by then).
             self.cluster.forget_coordinator(self.group_id, CoordinatorType.GROUP)
-            await asyncio.sleep(self.config.retry_backoff_ms / 1000)
+            await asyncio.sleep(client_request(self.config.retry_backoff_ms, self.config.retry_backoff_max_ms).delay(1))
             return ("rebalance", None)
         if code == ErrorCode.REBALANCE_IN_PROGRESS:
             return ("rebalance", None)

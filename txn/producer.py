@@ -62,13 +62,13 @@ from protocol.tasks import cancel_and_wait
 from txn.cluster import Cluster
 from txn.config import ProducerConfig, build
 from txn.errors import (
+    TRANSIENT_ERRORS,
     ApplicationRecoverableError,
     CommitOutcomeUnknownError,
     FatalError,
     InvalidConfigurationError,
     KafkaError,
     ProducerFencedError,
-    RetriableError,
     TransactionAbortableError,
     classify,
 )
@@ -475,7 +475,7 @@ class AsyncProducer(Sender):
                 await self._choose_transaction_version()
             try:
                 response = await self._txn_request(ApiKey.END_TXN, body, "EndTxn", max_version=self._max_version(ApiKey.END_TXN))
-            except (RetriableError, ConnectionError, TimeoutError) as error:
+            except TRANSIENT_ERRORS as error:
                 if commit:
                     # The commit may have happened: never follow it with an abort.
                     self._fatal = CommitOutcomeUnknownError(message=f"commit outcome unknown ({error}); call init_transactions() to resolve it")

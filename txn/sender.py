@@ -44,6 +44,7 @@ from protocol.errors import ErrorCode
 from protocol.messages import ApiKey
 from protocol.partitioning import default_partition
 from protocol.records import encode_batch
+from protocol.retry import Backoff, client_request
 from txn.errors import (
     ApplicationRecoverableError,
     FatalError,
@@ -265,7 +266,6 @@ class Sender:
                 future.set_result(RecordMetadata(batch.partition.topic, batch.partition.partition, base + index if base >= 0 else -1, log_append_time if log_append_time >= 0 else batch.records[index][3]))
 
     async def _deliver_with_retries(self, batch: Batch):
-        deadline = batch.created + self.config.delivery_timeout_ms / 1000
         if self.transactional_id is not None:
             await self._add_partition(batch.partition)
         predecessor = batch.predecessor
@@ -276,16 +276,20 @@ class Sender:
         # written first, the broker could move more than five batches past the
         # retried one, out of its duplicate window.
         await queue.calm.wait()
-        delay = self.config.retry_backoff_ms / 1000
+        policy = client_request(self.config.retry_backoff_ms, self.config.retry_backoff_max_ms).within(self.config.delivery_timeout_ms / 1000)
         try:
-            return await self._attempts(batch, predecessor, deadline, delay)
+            return await self._attempts(batch, predecessor, Backoff(policy, started=batch.created))
         finally:
             if batch.failed_attempt:
                 queue.retrying -= 1
                 if queue.retrying == 0:
                     queue.calm.set()
 
-    async def _attempts(self, batch: Batch, predecessor: Batch | None, deadline: float, delay: float):
+    async def _attempts(self, batch: Batch, predecessor: Batch | None, backoff: Backoff):
+        """Produce ``batch`` until it is written, under ``backoff`` (the
+        client's request policy, within the delivery timeout from the batch's
+        creation). Not ``protocol.retry.retry``: between tries the batch lets
+        the ones behind it out and waits for the one before it."""
         queue = self._queues[batch.partition]
         while True:
             if predecessor is not None and predecessor.finished.is_set() and predecessor.error is not None:
@@ -300,7 +304,8 @@ class Sender:
                 collateral = _is_code(error, ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER) and predecessor is not None and (predecessor.failed_attempt or not predecessor.finished.is_set())
                 if not (is_retriable(error) or collateral):
                     raise
-                if time.monotonic() + delay > deadline:
+                delay = backoff.failed()
+                if delay is None:
                     raise RetriableError(getattr(error, "code", 0), f"delivery to {batch.partition} timed out", message=str(error)) from error
                 batch.written.set()  # let the batches behind go out and fail fast too
                 if predecessor is not None:
@@ -308,7 +313,6 @@ class Sender:
                 if isinstance(error, KafkaError) and error.code in (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.LEADER_NOT_AVAILABLE):
                     self.cluster.forget_leader(batch.partition.topic, batch.partition.partition)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, self.config.retry_backoff_max_ms / 1000)
 
     async def _produce(self, batch: Batch) -> tuple[int, int]:
         tp = batch.partition

@@ -68,6 +68,13 @@ class SyncClient:
         finally:
             self._thread.stop()
 
+    def cut_connections(self) -> None:
+        """Cut every connection of the client now, as a failed network would:
+        a fault-injection hook for chaos tests and demos (the client's own
+        retries reconnect; what was in flight is retried or fails as after a
+        real network fault). Returns once the connections are cut."""
+        self._thread.run(self._async.cluster.cut_connections)
+
     def _call(self, coroutine, timeout: float | None = None):
         """Run ``coroutine`` on the client's loop and wait for its result."""
         return self._thread.call(coroutine, timeout)

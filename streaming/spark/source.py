@@ -45,9 +45,10 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from pyspark.sql.types import ArrayType, BinaryType, IntegerType, LongType, StringType, StructField, StructType, TimestampType
 
 from protocol.errors import ErrorCode
+from protocol.retry import Backoff, retry_blocking, spark_offset_requests
 from streaming.spark import options as opts
 from streaming.spark.options import EARLIEST, LATEST, OptionError, SourceOptions
-from txn.errors import FatalError, KafkaError, RecordBatchTooLargeError
+from txn.errors import CLIENT_FAILURES, FatalError, RecordBatchTooLargeError
 from txn.types import TopicPartition
 
 log = logging.getLogger(__name__)
@@ -319,7 +320,7 @@ def stalled_message(source: SourceOptions, tp: TopicPartition, position: int, un
     try:
         with Admin(config=source.admin) as admin:
             end, why = explain_end(admin, tp, source.isolation_level)
-    except (KafkaError, ConnectionError, OSError, TimeoutError) as error:
+    except CLIENT_FAILURES as error:
         return f"{message} (the end of {tp} could not be listed: {error})"
     if end is not None and position >= end:
         return f"{message}: the range ends at {until}, beyond {why}. End the read at or below that offset (-1 is latest in endingOffsets)"
@@ -359,21 +360,21 @@ class OffsetPlanner:
             admin, self._admin = self._admin, None
             try:
                 admin.close()
-            except (KafkaError, ConnectionError, OSError, TimeoutError) as error:  # a broken connection is being dropped anyway
+            except CLIENT_FAILURES as error:  # a broken connection is being dropped anyway
                 log.info("closing the offset client: %s", error)
 
     def _retrying(self, call):
-        """Spark's fetchOffset.numRetries / fetchOffset.retryIntervalMs: a
-        failed offset or metadata request is tried again on a new connection."""
-        for attempt in range(self.source.fetch_offset_num_retries + 1):
-            try:
-                return call(self.admin)
-            except (KafkaError, ConnectionError, OSError, TimeoutError) as error:
-                if attempt == self.source.fetch_offset_num_retries:
-                    raise
-                log.warning("offset request failed (%s); retry %d of %d", error, attempt + 1, self.source.fetch_offset_num_retries)
-                self.close()
-                time.sleep(self.source.fetch_offset_retry_interval_ms / 1000)
+        """Spark's fetchOffset.numRetries / fetchOffset.retryIntervalMs
+        (``protocol.retry.spark_offset_requests``): a failed offset or
+        metadata request is tried again on a new connection."""
+        retries = self.source.fetch_offset_num_retries
+
+        def reconnecting(error: BaseException, backoff: Backoff) -> None:
+            log.warning("offset request failed (%s); retry %d of %d", error, backoff.tries, retries)
+            self.close()
+
+        return retry_blocking(lambda: call(self.admin), spark_offset_requests(retries, self.source.fetch_offset_retry_interval_ms),
+                              retriable=lambda error: isinstance(error, CLIENT_FAILURES), on_failure=reconnecting)
 
     def partitions(self) -> list[TopicPartition]:
         subscription = self.source.subscription
@@ -451,7 +452,7 @@ def explain_end(admin, tp: TopicPartition, isolation_level: str) -> tuple[int | 
     so what it cannot find out it says, and never raises."""
     try:
         ends = {level: admin.list_offsets({tp: "latest"}, isolation_level=level)[tp].offset for level in ("read_committed", "read_uncommitted")}
-    except (KafkaError, ConnectionError, OSError, TimeoutError) as error:
+    except CLIENT_FAILURES as error:
         return None, f"the end of {tp}, which could not be listed ({error})"
     stable, high_watermark = ends["read_committed"], ends["read_uncommitted"]
     if isolation_level != "read_committed":
@@ -467,7 +468,7 @@ def explain_end(admin, tp: TopicPartition, isolation_level: str) -> tuple[int | 
             named = [t.transactional_id for t in admin.list_transactions(producer_ids=[producer_id])]
             if named:
                 holder += f" (transactional id {named[0]!r})"
-    except (KafkaError, ConnectionError, OSError, TimeoutError) as error:
+    except CLIENT_FAILURES as error:
         log.info("could not find the transaction holding the last stable offset of %s: %s", tp, error)
     return stable, (
         f"the last stable offset of {tp}, {stable} (its high watermark is {high_watermark}): {holder} begins there and holds it, "

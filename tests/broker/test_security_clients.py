@@ -58,28 +58,39 @@ def log_end(broker, topic: str) -> int:
 # -- per client: produce ROWS and read them back --------------------------------------
 
 
-def confluent_config(broker, ca, protocol, mechanism, username=USER, password=PASSWORD, cafile=None):
-    config = {
-        "bootstrap.servers": broker.bootstrap_for(protocol),
-        "security.protocol": protocol,
-        "sasl.mechanism": mechanism,
-        "sasl.username": username,
-        "sasl.password": password,
-    }
+# What each client library calls the settings of a secured connection:
+# bootstrap, security protocol, SASL mechanism, user name, password.
+SETTING_NAMES = {
+    "confluent-kafka": ("bootstrap.servers", "security.protocol", "sasl.mechanism", "sasl.username", "sasl.password"),
+    "kafka-python": ("bootstrap_servers", "security_protocol", "sasl_mechanism", "sasl_plain_username", "sasl_plain_password"),
+    "aiokafka": ("bootstrap_servers", "security_protocol", "sasl_mechanism", "sasl_plain_username", "sasl_plain_password"),
+}
+
+
+def client_settings(library, broker, ca, protocol, mechanism, username=USER, password=PASSWORD, cafile=None) -> dict:
+    """``library``'s settings to reach ``broker``'s ``protocol`` listener as
+    ``username``; over SASL_SSL trusting ``cafile`` (default: the test CA's)."""
+    settings = dict(zip(SETTING_NAMES[library], (broker.bootstrap_for(protocol), protocol, mechanism, username, password)))
     if protocol == "SASL_SSL":
-        config["ssl.ca.location"] = cafile or ca.cafile
-    return config
+        cafile = cafile or ca.cafile
+        if library == "confluent-kafka":
+            settings["ssl.ca.location"] = cafile
+        elif library == "kafka-python":
+            settings["ssl_cafile"] = cafile
+        else:  # aiokafka takes a context
+            settings["ssl_context"] = ssl.create_default_context(cafile=cafile)
+    return settings
 
 
 def confluent_roundtrip(broker, ca, protocol, mechanism, topic):
     import confluent_kafka
 
-    producer = confluent_kafka.Producer({**confluent_config(broker, ca, protocol, mechanism), "acks": "all"})
+    producer = confluent_kafka.Producer({**client_settings("confluent-kafka", broker, ca, protocol, mechanism), "acks": "all"})
     for key, value in ROWS:
         producer.produce(topic, key=key, value=value)
     assert producer.flush(30) == 0
     consumer = confluent_kafka.Consumer(
-        {**confluent_config(broker, ca, protocol, mechanism), "group.id": f"g-{topic}", "auto.offset.reset": "earliest"}
+        {**client_settings("confluent-kafka", broker, ca, protocol, mechanism), "group.id": f"g-{topic}", "auto.offset.reset": "earliest"}
     )
     consumer.subscribe([topic])
     got = []
@@ -97,29 +108,16 @@ def _poll_into(consumer, got) -> int:
     return len(got)
 
 
-def kafka_python_kwargs(broker, ca, protocol, mechanism, username=USER, password=PASSWORD, cafile=None):
-    kwargs = {
-        "bootstrap_servers": broker.bootstrap_for(protocol),
-        "security_protocol": protocol,
-        "sasl_mechanism": mechanism,
-        "sasl_plain_username": username,
-        "sasl_plain_password": password,
-    }
-    if protocol == "SASL_SSL":
-        kwargs["ssl_cafile"] = cafile or ca.cafile
-    return kwargs
-
-
 def kafka_python_roundtrip(broker, ca, protocol, mechanism, topic):
     from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-    producer = KafkaProducer(acks="all", **kafka_python_kwargs(broker, ca, protocol, mechanism))
+    producer = KafkaProducer(acks="all", **client_settings("kafka-python", broker, ca, protocol, mechanism))
     futures = [producer.send(topic, key=key, value=value) for key, value in ROWS]
     producer.flush(30)
     for future in futures:
         future.get(30)
     producer.close()
-    consumer = KafkaConsumer(auto_offset_reset="earliest", consumer_timeout_ms=10_000, **kafka_python_kwargs(broker, ca, protocol, mechanism))
+    consumer = KafkaConsumer(auto_offset_reset="earliest", consumer_timeout_ms=10_000, **client_settings("kafka-python", broker, ca, protocol, mechanism))
     consumer.assign([TopicPartition(topic, 0)])
     got = []
     for message in consumer:
@@ -130,31 +128,18 @@ def kafka_python_roundtrip(broker, ca, protocol, mechanism, topic):
     return got
 
 
-def aiokafka_kwargs(broker, ca, protocol, mechanism, username=USER, password=PASSWORD, cafile=None):
-    kwargs = {
-        "bootstrap_servers": broker.bootstrap_for(protocol),
-        "security_protocol": protocol,
-        "sasl_mechanism": mechanism,
-        "sasl_plain_username": username,
-        "sasl_plain_password": password,
-    }
-    if protocol == "SASL_SSL":
-        kwargs["ssl_context"] = ssl.create_default_context(cafile=cafile or ca.cafile)
-    return kwargs
-
-
 def aiokafka_roundtrip(broker, ca, protocol, mechanism, topic):
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
     async def run():
-        producer = AIOKafkaProducer(acks="all", **aiokafka_kwargs(broker, ca, protocol, mechanism))
+        producer = AIOKafkaProducer(acks="all", **client_settings("aiokafka", broker, ca, protocol, mechanism))
         await producer.start()
         try:
             for key, value in ROWS:
                 await producer.send_and_wait(topic, key=key, value=value)
         finally:
             await producer.stop()
-        consumer = AIOKafkaConsumer(auto_offset_reset="earliest", enable_auto_commit=False, **aiokafka_kwargs(broker, ca, protocol, mechanism))
+        consumer = AIOKafkaConsumer(auto_offset_reset="earliest", enable_auto_commit=False, **client_settings("aiokafka", broker, ca, protocol, mechanism))
         await consumer.start()
         got = []
         try:
@@ -203,7 +188,7 @@ def test_metadata_advertises_the_listener_the_client_came_in_on(secured):
         if protocol == "PLAINTEXT":
             config = {"bootstrap.servers": broker.bootstrap_for(protocol)}
         else:
-            config = confluent_config(broker, ca, protocol, "SCRAM-SHA-512")
+            config = client_settings("confluent-kafka", broker, ca, protocol, "SCRAM-SHA-512")
         admin = confluent_kafka.admin.AdminClient(config)
         metadata = admin.list_topics(timeout=20)
         (only,) = metadata.brokers.values()
@@ -230,7 +215,7 @@ def confluent_refused(broker, ca, protocol, topic, **credentials):
     errors = []
     mechanism = credentials.pop("mechanism")
     producer = confluent_kafka.Producer(
-        {**confluent_config(broker, ca, protocol, mechanism, **credentials), "error_cb": errors.append, "message.timeout.ms": 3000}
+        {**client_settings("confluent-kafka", broker, ca, protocol, mechanism, **credentials), "error_cb": errors.append, "message.timeout.ms": 3000}
     )
     delivered = []
     producer.produce(topic, b"must not be written", on_delivery=lambda error, message: delivered.append(error))
@@ -284,7 +269,7 @@ def test_kafka_python_is_refused_and_nothing_is_written(secured, case, caplog):
     credentials = dict(REFUSALS[case])
     mechanism = credentials.pop("mechanism")
     # api_version given: no probing in the constructor; the send's metadata wait fails.
-    producer = KafkaProducer(api_version=(2, 6), max_block_ms=3000, **kafka_python_kwargs(broker, ca, "SASL_SSL", mechanism, **credentials))
+    producer = KafkaProducer(api_version=(2, 6), max_block_ms=3000, **client_settings("kafka-python", broker, ca, "SASL_SSL", mechanism, **credentials))
     try:
         with caplog.at_level(logging.INFO, logger="kafka"), pytest.raises(kafka.errors.KafkaTimeoutError):
             producer.send("kp-refused", b"must not be written").get(10)
@@ -305,7 +290,7 @@ def test_aiokafka_is_refused_and_nothing_is_written(secured, case):
     mechanism = credentials.pop("mechanism")
 
     async def run():
-        producer = AIOKafkaProducer(**aiokafka_kwargs(broker, ca, "SASL_SSL", mechanism, **credentials))
+        producer = AIOKafkaProducer(**client_settings("aiokafka", broker, ca, "SASL_SSL", mechanism, **credentials))
         try:
             await producer.start()
             await producer.send_and_wait("aio-refused", b"must not be written")
@@ -325,7 +310,7 @@ def test_kafka_python_and_aiokafka_refuse_an_untrusted_broker_certificate(secure
 
     broker, ca = secured
     stranger = TestCA(tmp_path / "other", name="some other CA")
-    producer = KafkaProducer(api_version=(2, 6), max_block_ms=3000, **kafka_python_kwargs(broker, ca, "SASL_SSL", "SCRAM-SHA-256", cafile=stranger.cafile))
+    producer = KafkaProducer(api_version=(2, 6), max_block_ms=3000, **client_settings("kafka-python", broker, ca, "SASL_SSL", "SCRAM-SHA-256", cafile=stranger.cafile))
     try:
         with caplog.at_level(logging.INFO, logger="kafka"), pytest.raises(kafka.errors.KafkaTimeoutError):
             producer.send("untrusted-kp", b"must not be written").get(10)
@@ -334,7 +319,7 @@ def test_kafka_python_and_aiokafka_refuse_an_untrusted_broker_certificate(secure
     assert any("CERTIFICATE_VERIFY_FAILED" in record.getMessage() or "certificate verify failed" in record.getMessage() for record in caplog.records)
 
     async def aiokafka_run():
-        aio = AIOKafkaProducer(**aiokafka_kwargs(broker, ca, "SASL_SSL", "SCRAM-SHA-256", cafile=stranger.cafile))
+        aio = AIOKafkaProducer(**client_settings("aiokafka", broker, ca, "SASL_SSL", "SCRAM-SHA-256", cafile=stranger.cafile))
         try:
             await aio.start()
             await aio.send_and_wait("untrusted-aio", b"must not be written")
@@ -358,7 +343,7 @@ def test_kafka_python_and_aiokafka_are_told_the_mechanism_is_not_enabled(tmp_pat
     data_dir = str(tmp_path / "data")
     CredentialStore(data_dir).load().upsert(USER, "SCRAM-SHA-512", make("SCRAM-SHA-512", PASSWORD))
     with EmbeddedBroker(data_dir, properties={"listeners": "SASL_PLAINTEXT://127.0.0.1:0", "sasl.enabled.mechanisms": "SCRAM-SHA-256"}) as broker:
-        producer = KafkaProducer(api_version=(2, 6), max_block_ms=3000, **kafka_python_kwargs(broker, None, "SASL_PLAINTEXT", "SCRAM-SHA-512"))
+        producer = KafkaProducer(api_version=(2, 6), max_block_ms=3000, **client_settings("kafka-python", broker, None, "SASL_PLAINTEXT", "SCRAM-SHA-512"))
         try:
             with caplog.at_level(logging.INFO, logger="kafka"), pytest.raises(kafka.errors.KafkaTimeoutError):
                 producer.send("t", b"must not be written").get(10)
@@ -367,7 +352,7 @@ def test_kafka_python_and_aiokafka_are_told_the_mechanism_is_not_enabled(tmp_pat
         assert any("UnsupportedSaslMechanismError" in record.getMessage() for record in caplog.records)
 
         async def aiokafka_run():
-            aio = AIOKafkaProducer(**aiokafka_kwargs(broker, None, "SASL_PLAINTEXT", "SCRAM-SHA-512"))
+            aio = AIOKafkaProducer(**client_settings("aiokafka", broker, None, "SASL_PLAINTEXT", "SCRAM-SHA-512"))
             try:
                 await aio.start()
             finally:

@@ -7,12 +7,14 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
+import types
 
 import pytest
 
-from faults.chaos import FAULT_KINDS, ChaosSettings, fault_schedule, run_chaos
+from faults.chaos import FAULT_KINDS, ChaosSettings, fault_schedule, run_as_script, run_chaos
 from tests.conftest import REPO
 
 
@@ -99,6 +101,23 @@ def test_a_reader_that_ignores_aborts_is_caught(tmp_path):
     assert not verdict.valid
     assert verdict.anomaly_counts.get("aborted-read", 0) > 0 and verdict.anomaly_counts.get("copy-duplicate", 0) > 0
     assert "INVALID" in open(os.path.join(report, "summary.txt")).read()
+
+
+def test_a_users_chaos_test_run_as_a_script_exits_with_its_verdict(tmp_path):
+    folders = []
+
+    def checking(valid: bool):
+        def check(folder: str):
+            folders.append(folder)
+            return types.SimpleNamespace(valid=valid)
+
+        return check
+
+    assert run_as_script(checking(True), "mine-", [str(tmp_path)]) == 0 and folders == [str(tmp_path)]
+    assert run_as_script(checking(False), "mine-", []) == 1
+    made = folders[1]
+    assert os.path.basename(made).startswith("mine-") and os.path.isdir(made)
+    shutil.rmtree(made)
 
 
 @pytest.mark.slow

@@ -36,7 +36,7 @@ from faults.proxy_state import FetchRequestSeen, ResponseFramer, cut_fetch_respo
 from protocol.framing import ClientConnection, ServerConnection, encode_response
 from protocol.messages import ApiKey
 from protocol.records import encode_batch, split_partial_tail
-from tests.helpers import create_topic, read_values, wait_for
+from tests.helpers import broker_behind_proxy, create_topic, read_values, wait_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 QUIET = 0.4  # how long "nothing arrives" is watched for
@@ -673,15 +673,10 @@ def test_run_schedule_async_on_a_fault_proxy(echo_server):
 
 @pytest.fixture
 def proxied_broker(tmp_path):
-    """An embedded broker that advertises the proxy, so clients never go around it.
-    The proxy starts first (its port goes into the broker's metadata), then is
-    pointed at the broker."""
-    from broker.broker import EmbeddedBroker
-
-    with ThreadedFaultProxy("127.0.0.1", 0) as proxy:
-        with EmbeddedBroker(str(tmp_path / "data"), group_initial_rebalance_delay_ms=0, advertised_host="127.0.0.1", advertised_port=proxy.port) as broker:
-            proxy.retarget("127.0.0.1", broker.port)
-            yield types.SimpleNamespace(proxy=proxy, broker=broker, bootstrap=proxy.address)
+    """An embedded broker that advertises the proxy, so clients never go around it
+    (``tests.helpers.broker_behind_proxy``)."""
+    with broker_behind_proxy(str(tmp_path / "data")) as (proxy, broker):
+        yield types.SimpleNamespace(proxy=proxy, broker=broker, bootstrap=proxy.address)
 
 
 def test_without_advertising_the_proxy_clients_go_around_it(embedded_broker):

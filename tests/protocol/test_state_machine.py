@@ -1,5 +1,7 @@
 """The one shape of the house's state machines: every machine's illegal move
-is an ``IllegalTransition`` carrying the state and the event."""
+is an ``IllegalTransition`` carrying the state and the event (each machine's
+own tests walk its legal paths; this one refuses, for all, every move their
+tables lack)."""
 
 import pytest
 
@@ -7,6 +9,7 @@ from broker.security import sasl
 from coordinator import state as txn_state
 from groupcoord import state as group_state
 from protocol.state_machine import IllegalTransition, transition
+from streaming import lifecycle
 from txn import membership
 
 
@@ -15,7 +18,8 @@ from txn import membership
     (group_state, group_state.GroupState, group_state.GroupEvent),
     (membership, membership.MemberState, membership.MemberEvent),
     (sasl, sasl.SaslState, sasl.SaslEvent),
-], ids=["transaction", "group", "member", "sasl"])
+    (lifecycle, lifecycle.RunnerState, lifecycle.RunnerEvent),
+], ids=["transaction", "group", "member", "sasl", "runner"])
 def test_every_machine_refuses_a_move_its_table_lacks_with_the_one_error(machine, states, events):
     refused = [(s, e) for s in states for e in events if (s, e) not in machine.TRANSITIONS]
     assert refused

@@ -52,9 +52,17 @@ def assert_store_files_match(state_dir: str, balances: dict, bootstrap: str) -> 
     assert in_files == balances
 
 
-def test_balances_exactly_once_across_restarts_and_a_lost_state_dir(broker_process, tmp_path):
+@pytest.fixture
+def payments_broker(broker_process):
+    """A broker of the test's own (each counts everything in its topics)
+    with the payments and balances topics."""
     broker = broker_process(*BROKER_CONFIG)
     create_topics(broker.bootstrap)
+    return broker
+
+
+def test_balances_exactly_once_across_restarts_and_a_lost_state_dir(payments_broker, tmp_path):
+    broker = payments_broker
     state_dir = str(tmp_path / "state")
     events = payments(900, seed=1)
     send_payments(broker.bootstrap, events)
@@ -90,9 +98,8 @@ def test_balances_exactly_once_across_restarts_and_a_lost_state_dir(broker_proce
     assert_store_files_match(state_dir, balances, broker.bootstrap)
 
 
-def test_a_sqlite_file_ahead_of_its_changelog_is_rebuilt_not_trusted(broker_process, tmp_path):
-    broker = broker_process(*BROKER_CONFIG)
-    create_topics(broker.bootstrap)
+def test_a_sqlite_file_ahead_of_its_changelog_is_rebuilt_not_trusted(payments_broker, tmp_path):
+    broker = payments_broker
     state_dir = str(tmp_path / "state")
     events = payments(300, seed=4)
     send_payments(broker.bootstrap, events)
@@ -118,12 +125,11 @@ def test_a_sqlite_file_ahead_of_its_changelog_is_rebuilt_not_trusted(broker_proc
     assert_store_files_match(state_dir, balances, broker.bootstrap)
 
 
-def test_a_sqlite_file_behind_the_changelogs_start_is_rebuilt(broker_process, tmp_path):
+def test_a_sqlite_file_behind_the_changelogs_start_is_rebuilt(payments_broker, tmp_path):
     """Records the file lacks were deleted from the changelog (DeleteRecords
     here; retention on a misconfigured topic alike): catching up from the file
     would miss them, so it is thrown away and rebuilt from what is left."""
-    broker = broker_process(*BROKER_CONFIG)
-    create_topics(broker.bootstrap)
+    broker = payments_broker
     state_dir, old_copy = str(tmp_path / "state"), str(tmp_path / "old-state")
     events = payments(200, seed=9)
     send_payments(broker.bootstrap, events[:100])
@@ -142,9 +148,8 @@ def test_a_sqlite_file_behind_the_changelogs_start_is_rebuilt(broker_process, tm
     assert all(contents == {} for _offset, contents in sqlite_state(state_dir).values()), "nothing is left to rebuild from"
 
 
-def test_crash_between_the_kafka_commit_and_the_sqlite_apply(broker_process, tmp_path):
-    broker = broker_process(*BROKER_CONFIG)
-    create_topics(broker.bootstrap)
+def test_crash_between_the_kafka_commit_and_the_sqlite_apply(payments_broker, tmp_path):
+    broker = payments_broker
     state_dir = str(tmp_path / "state")
     events = payments(600, seed=6)
     send_payments(broker.bootstrap, events)
@@ -188,8 +193,7 @@ def poison_app(bootstrap: str, state_dir: str, **options) -> streaming.App:
 
 def test_dead_letters_in_the_same_transaction_lose_nothing_else(broker_process, tmp_path):
     broker = broker_process(*BROKER_CONFIG)
-    with Admin(bootstrap_servers=broker.bootstrap) as admin:
-        admin.create_topics({"payments": 1, "balances": 1})
+    create_topics(broker.bootstrap, partitions=1)
     events = payments(300, seed=7)
     poison = [(events[100][0], f"p9000001:{events[100][0]}:BOOM"), (events[200][0], b"\xff\xfe not utf-8")]
     stream = events[:100] + [poison[0]] + events[100:200] + [poison[1]] + events[200:]
@@ -227,8 +231,7 @@ def changelog_state_of(bootstrap: str, topic: str) -> dict:
 
 def test_stop_on_error_names_the_record_and_commits_nothing_of_its_transaction(broker_process, tmp_path):
     broker = broker_process(*BROKER_CONFIG)
-    with Admin(bootstrap_servers=broker.bootstrap) as admin:
-        admin.create_topics({"payments": 1, "balances": 1})
+    create_topics(broker.bootstrap, partitions=1)
     events = payments(200, seed=8)
     stream = events[:150] + [(events[0][0], f"p9000001:{events[0][0]}:BOOM")] + events[150:]
     send_payments(broker.bootstrap, stream)

@@ -14,8 +14,7 @@ from collections import Counter
 import pytest
 
 from faults.process import REPO
-from faults.proxy import ThreadedFaultProxy
-from tests.helpers import read_all
+from tests.helpers import broker_behind_proxy, read_all
 from tests.streaming.runner_support import changelog_state, create_topics, expected, payments
 from txn import Producer
 
@@ -35,29 +34,25 @@ def send_in_small_batches(bootstrap: str, events) -> None:
 
 @pytest.mark.slow  # two app runs of a few seconds each
 def test_balances_exactly_once_through_cut_fetches_and_a_restore(tmp_path):
-    from broker.broker import EmbeddedBroker
-
-    with ThreadedFaultProxy("127.0.0.1", 0, seed=8) as proxy:
-        with EmbeddedBroker(str(tmp_path / "data"), group_initial_rebalance_delay_ms=0, group_min_session_timeout_ms=1000, advertised_host="127.0.0.1", advertised_port=proxy.port) as broker:
-            proxy.retarget("127.0.0.1", broker.port)
-            create_topics(broker.bootstrap, partitions=2)
-            events = payments(600, seed=3)
-            send_in_small_batches(broker.bootstrap, events[:400])
-            proxy.cut_fetches("tail")
-            state_dir = str(tmp_path / "state")
-            # A small fetch size: many answers, each holding a few batches and cut inside the last.
-            first = build_app(proxy.address, state_dir, commit_records=40, max_partition_fetch_bytes=2048, **FAST)
-            first.run(until_idle=1.5)
-            cut_in_first_run = proxy.counters().fetch_responses_cut
-            assert first.metrics["records_in"] == 400
-            send_in_small_batches(broker.bootstrap, events[400:])
-            shutil.rmtree(state_dir)  # the next run rebuilds its store from the changelog, through the cut
-            second = build_app(proxy.address, state_dir, commit_records=40, max_partition_fetch_bytes=2048, **FAST)
-            second.run(until_idle=1.5)
-            assert second.metrics["records_in"] == 200 and second.metrics["restored_records"] > 0
-            assert cut_in_first_run >= 3 and proxy.counters().fetch_responses_cut > cut_in_first_run
-            proxy.heal()
-            outputs, balances = expected(events)
-            produced = Counter(record.value.decode() for record in read_all(broker.bootstrap, "balances", 2, expect=600))
-            assert produced == Counter(outputs.values())
-            assert changelog_state(broker.bootstrap, partitions=2) == balances
+    with broker_behind_proxy(str(tmp_path / "data"), seed=8, group_min_session_timeout_ms=1000) as (proxy, broker):
+        create_topics(broker.bootstrap, partitions=2)
+        events = payments(600, seed=3)
+        send_in_small_batches(broker.bootstrap, events[:400])
+        proxy.cut_fetches("tail")
+        state_dir = str(tmp_path / "state")
+        # A small fetch size: many answers, each holding a few batches and cut inside the last.
+        first = build_app(proxy.address, state_dir, commit_records=40, max_partition_fetch_bytes=2048, **FAST)
+        first.run(until_idle=1.5)
+        cut_in_first_run = proxy.counters().fetch_responses_cut
+        assert first.metrics["records_in"] == 400
+        send_in_small_batches(broker.bootstrap, events[400:])
+        shutil.rmtree(state_dir)  # the next run rebuilds its store from the changelog, through the cut
+        second = build_app(proxy.address, state_dir, commit_records=40, max_partition_fetch_bytes=2048, **FAST)
+        second.run(until_idle=1.5)
+        assert second.metrics["records_in"] == 200 and second.metrics["restored_records"] > 0
+        assert cut_in_first_run >= 3 and proxy.counters().fetch_responses_cut > cut_in_first_run
+        proxy.heal()
+        outputs, balances = expected(events)
+        produced = Counter(record.value.decode() for record in read_all(broker.bootstrap, "balances", 2, expect=600))
+        assert produced == Counter(outputs.values())
+        assert changelog_state(broker.bootstrap, partitions=2) == balances

@@ -35,7 +35,10 @@ def produce_mixed(bootstrap, topic):
     return expected_committed
 
 
-def read_all(consumer, expect):
+def poll_until(consumer, expect):
+    """What ``consumer`` (the test's own, positioned as it needs: sought,
+    committed after) polls until ``expect`` records came, or 10 s; unlike
+    ``tests.helpers.read_all``, which reads a topic from its start with a consumer of its own."""
     seen = []
     for _ in range(50):
         seen.extend(consumer.poll(0.2))
@@ -49,13 +52,13 @@ def test_read_committed_and_uncommitted(embedded_broker):
     expected = produce_mixed(embedded_broker.bootstrap, "mixed")
     committed = Consumer(embedded_broker.bootstrap)
     committed.assign([("mixed", 0)])
-    records = read_all(committed, len(expected))
+    records = poll_until(committed, len(expected))
     assert sorted(r.value for r in records) == sorted(expected), "exactly the committed records, no control records"
     assert [r.offset for r in records] == sorted(r.offset for r in records)
     committed.close()
     everything = Consumer(embedded_broker.bootstrap, isolation_level="read_uncommitted")
     everything.assign([("mixed", 0)])
-    assert len(read_all(everything, 24)) == 24, "20 transactional + 4 plain, markers excluded"
+    assert len(poll_until(everything, 24)) == 24, "20 transactional + 4 plain, markers excluded"
     everything.close()
 
 
@@ -70,7 +73,7 @@ def test_seek_position_and_simple_commit(embedded_broker):
     consumer = Consumer(embedded_broker.bootstrap, group_id="own-consumers")
     consumer.assign([("seekable", 0)])
     consumer.seek(("seekable", 0), 7)
-    assert [r.value for r in read_all(consumer, 3)] == [b"7", b"8", b"9"]
+    assert [r.value for r in poll_until(consumer, 3)] == [b"7", b"8", b"9"]
     assert consumer.position(("seekable", 0)) == 10
     consumer.commit()
     fetched = raw_request(embedded_broker.port, ApiKey.OFFSET_FETCH, 6, {"group_id": "own-consumers", "topics": None})
@@ -106,7 +109,7 @@ def test_poll_over_wholly_invisible_data_moves_on_without_spinning(broker_proces
     with Producer(bootstrap_servers=broker.bootstrap) as producer:
         producer.send("invisible", b"visible", partition=0)
         producer.flush()
-    assert [r.value for r in read_all(consumer, 1)] == [b"visible"]
+    assert [r.value for r in poll_until(consumer, 1)] == [b"visible"]
     consumer.close()
 
 

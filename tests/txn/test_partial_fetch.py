@@ -12,10 +12,9 @@ import uuid
 
 import pytest
 
-from faults.proxy import ThreadedFaultProxy
 from protocol.messages import ApiKey
 from protocol.records import ControlType, encode_batch, encode_control_batch
-from tests.helpers import raw_request
+from tests.helpers import broker_behind_proxy, raw_request
 from txn import Admin, Consumer, Producer, RecordBatchTooLargeError, TopicPartition
 from txn.config import ConsumerConfig
 from txn.fetcher import fetched_partition
@@ -78,32 +77,29 @@ def test_a_first_batch_that_never_comes_whole_names_the_setting_and_its_size():
 
 @pytest.fixture(scope="module")
 def proxied(tmp_path_factory):
-    """A broker that advertises a fault proxy in front of it; one topic of
-    transactions (every third aborted) in small batches."""
-    from broker.broker import EmbeddedBroker
-
-    with ThreadedFaultProxy("127.0.0.1", 0, seed=27) as proxy:
-        with EmbeddedBroker(str(tmp_path_factory.mktemp("partial-fetch")), group_initial_rebalance_delay_ms=0, advertised_host="127.0.0.1", advertised_port=proxy.port) as broker:
-            proxy.retarget("127.0.0.1", broker.port)
-            with Admin(bootstrap_servers=broker.bootstrap) as admin:
-                admin.create_topics({"mixed": 1})
-            producer = Producer(bootstrap_servers=broker.bootstrap, transactional_id=f"mixed-{uuid.uuid4()}")
-            producer.init_transactions()
-            committed, everything = [], []
-            for number in range(40):
-                producer.begin_transaction()
-                values = [b"%02d-%d-" % (number, n) + b"x" * 40 for n in range(8)]
-                for value in values:
-                    producer.send("mixed", value, partition=0)
-                producer.flush()
-                everything += values
-                if number % 3 == 2:
-                    producer.abort_transaction()
-                else:
-                    producer.commit_transaction()
-                    committed += values
-            producer.close()
-            yield types.SimpleNamespace(proxy=proxy, broker=broker, committed=committed, everything=everything)
+    """A broker behind a fault proxy (``tests.helpers.broker_behind_proxy``:
+    the shared ``module_broker`` cannot advertise a proxy's port), with one
+    topic of transactions (every third aborted) in small batches."""
+    with broker_behind_proxy(str(tmp_path_factory.mktemp("partial-fetch")), seed=27) as (proxy, broker):
+        with Admin(bootstrap_servers=broker.bootstrap) as admin:
+            admin.create_topics({"mixed": 1})
+        producer = Producer(bootstrap_servers=broker.bootstrap, transactional_id=f"mixed-{uuid.uuid4()}")
+        producer.init_transactions()
+        committed, everything = [], []
+        for number in range(40):
+            producer.begin_transaction()
+            values = [b"%02d-%d-" % (number, n) + b"x" * 40 for n in range(8)]
+            for value in values:
+                producer.send("mixed", value, partition=0)
+            producer.flush()
+            everything += values
+            if number % 3 == 2:
+                producer.abort_transaction()
+            else:
+                producer.commit_transaction()
+                committed += values
+        producer.close()
+        yield types.SimpleNamespace(proxy=proxy, broker=broker, committed=committed, everything=everything)
 
 
 def read_through(bootstrap: str, isolation: str, want: int, *, timeout: float = 20.0, **options) -> list[bytes]:

@@ -1,4 +1,5 @@
-"""The clients' retry backoff (txn.cluster.Cluster.retrying): a coordinator
+"""The clients' retry backoff (txn.cluster.Cluster.retrying, under
+protocol.retry's client policies): a coordinator
 that is busy for a moment (CONCURRENT_TRANSACTIONS, COORDINATOR_LOAD_IN_PROGRESS)
 is asked again after 20 ms, doubling; other retriable errors wait
 retry_backoff_ms, doubling; both up to retry_backoff_max_ms, and a failed
@@ -7,8 +8,6 @@ broker, a restarted instance's InitProducerId over the transaction its
 predecessor left open gets CONCURRENT_TRANSACTIONS once and its retry works."""
 
 from __future__ import annotations
-
-import types
 
 import pytest
 
@@ -21,8 +20,7 @@ from txn.errors import RetriableError
 def waits(code: int | None, attempts: int, **config) -> list[float]:
     cluster = Cluster(ProducerConfig(bootstrap_servers=["127.0.0.1:9"], **config))
     error = ConnectionRefusedError("the broker is down") if code is None else RetriableError(code, "test")
-    outcome = types.SimpleNamespace(exception=lambda: error)
-    return [cluster._backoff(types.SimpleNamespace(attempt_number=n, outcome=outcome)) for n in range(1, attempts + 1)]
+    return [cluster.wait_policy_after(error).delay(n) for n in range(1, attempts + 1)]
 
 
 def test_a_busy_coordinator_is_asked_again_soon_and_other_errors_back_off_as_configured():
@@ -40,14 +38,14 @@ def test_init_over_a_transaction_left_open_retries_its_concurrent_transactions_a
     from txn import Admin, Producer
 
     seen: list[float] = []
-    real = Cluster._backoff
+    real = Cluster.wait_policy_after
 
-    def noting(self, state):
-        wait = real(self, state)
-        seen.append((getattr(state.outcome.exception(), "code", None), wait))
-        return wait
+    def noting(self, error):
+        policy = real(self, error)
+        seen.append((getattr(error, "code", None), policy.delay(1)))
+        return policy
 
-    monkeypatch.setattr(Cluster, "_backoff", noting)
+    monkeypatch.setattr(Cluster, "wait_policy_after", noting)
     with EmbeddedBroker(str(tmp_path / "data"), group_initial_rebalance_delay_ms=0) as broker:
         bootstrap = f"127.0.0.1:{broker.port}"
         with Admin(bootstrap_servers=bootstrap) as admin:

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 from protocol.columnar import HEADERS_TYPE
 from protocol.partitioning import murmur2
-from tests.helpers import as_comparable, connections_cut_every, create_topic, interop_records, read_partition, read_with_confluent, read_with_kafka_python
-from txn import Consumer, Producer, TopicPartition
+from tests.helpers import as_comparable, connections_cut_every, create_topic, interop_records, read_all, read_partition, read_with_confluent, read_with_kafka_python
+from txn import Producer
 from txn.column_batches import murmur2_partitions, plan_batches
 from txn.errors import BufferExhaustedError
 
@@ -66,20 +66,6 @@ def test_planned_batches_cover_every_row_once_within_the_limit(rows, limit):
 # -- against our broker -------------------------------------------------------------------------
 
 
-def read_all(bootstrap, topic, partitions):
-    """Every committed record of ``topic``, by partition."""
-    tps = [TopicPartition(topic, p) for p in range(partitions)]
-    out = {p: [] for p in range(partitions)}
-    with Consumer(bootstrap_servers=bootstrap) as consumer:
-        consumer.assign(tps)
-        ends = consumer.end_offsets(tps)
-        deadline = time.monotonic() + 30
-        while any(consumer.position(tp) < ends[tp] for tp in tps) and time.monotonic() < deadline:
-            for record in consumer.poll(0.5):
-                out[record.partition].append(record)
-    return out
-
-
 @pytest.mark.parametrize("codec", ["none", "zstd"])
 def test_columns_written_by_us_are_read_back_exactly_by_confluent_and_kafka_python(embedded_broker, codec):
     topic = f"columns-{codec}"
@@ -105,7 +91,9 @@ def test_keys_land_where_the_per_record_api_puts_them_in_order(embedded_broker):
     values = [b"%05d" % i for i in range(3000)]
     with Producer(bootstrap_servers=embedded_broker.bootstrap, batch_size=2048) as producer:
         producer.send_columns("keyed-columns", pa.array(values), pa.array(keys, pa.binary())).result(30)
-    by_partition = read_all(embedded_broker.bootstrap, "keyed-columns", 5)
+    by_partition = {p: [] for p in range(5)}
+    for record in read_all(embedded_broker.bootstrap, "keyed-columns", 5, to_end=True):
+        by_partition[record.partition].append(record)
     keyless_partitions = {p for p, records in by_partition.items() for r in records if r.key is None}
     assert len(keyless_partitions) == 1, "a call's keyless rows stick to one partition"
     for partition, records in by_partition.items():

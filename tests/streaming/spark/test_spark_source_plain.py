@@ -200,25 +200,22 @@ def test_a_batch_larger_than_the_fetch_size_names_the_source_option(tmp_path):
     """Through a proxy that slices fetches at partition_max_bytes (as Kafka
     did before KIP-74), a first batch larger than the fetch size is an option
     error naming kafka.max.partition.fetch.bytes, at once (issue 27, item 8)."""
-    from broker.broker import EmbeddedBroker
-    from faults.proxy import ThreadedFaultProxy
     from streaming.spark.options import OptionError
+    from tests.helpers import broker_behind_proxy
 
-    with ThreadedFaultProxy("127.0.0.1", 0, seed=3) as proxy:
-        with EmbeddedBroker(str(tmp_path / "data"), advertised_host="127.0.0.1", advertised_port=proxy.port) as broker:
-            proxy.retarget("127.0.0.1", broker.port)
-            with Admin(bootstrap_servers=broker.bootstrap) as admin:
-                admin.create_topics({"plain-big": 1})
-            with Producer(bootstrap_servers=broker.bootstrap, linger_ms=50) as producer:
-                for _ in range(20):
-                    producer.send("plain-big", b"v" * 200, partition=0)
-            proxy.cut_fetches("partition_max_bytes")
-            source = OnceflowDataSource(source_options(proxy.address, subscribe="plain-big", **{"kafka.max.partition.fetch.bytes": "1024"}))
-            reader = source.streamReader(source.schema())
-            begun = time.monotonic()
-            with pytest.raises(OptionError, match="raise max.partition.fetch.bytes .* the option kafka.max.partition.fetch.bytes"):
-                list(read_range(reader.source, OffsetRange("plain-big", 0, 0, 20), reader.schema))
-            assert time.monotonic() - begun < 10
+    with broker_behind_proxy(str(tmp_path / "data"), seed=3) as (proxy, broker):
+        with Admin(bootstrap_servers=broker.bootstrap) as admin:
+            admin.create_topics({"plain-big": 1})
+        with Producer(bootstrap_servers=broker.bootstrap, linger_ms=50) as producer:
+            for _ in range(20):
+                producer.send("plain-big", b"v" * 200, partition=0)
+        proxy.cut_fetches("partition_max_bytes")
+        source = OnceflowDataSource(source_options(proxy.address, subscribe="plain-big", **{"kafka.max.partition.fetch.bytes": "1024"}))
+        reader = source.streamReader(source.schema())
+        begun = time.monotonic()
+        with pytest.raises(OptionError, match="raise max.partition.fetch.bytes .* the option kafka.max.partition.fetch.bytes"):
+            list(read_range(reader.source, OffsetRange("plain-big", 0, 0, 20), reader.schema))
+        assert time.monotonic() - begun < 10
 
 
 def test_a_read_stopped_early_stops_its_fetching_thread_and_consumer(embedded_broker):
