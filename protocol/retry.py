@@ -10,7 +10,8 @@ of each kind of caller.
   deadline: a wait that would end after it is cut to end there, for one last
   try). Sans-I/O: it reads the time from the clock it is given and sleeps
   never.
-- The loops: ``attempts`` for a block retried in place (``async for attempt
+- The loops (tenacity's ``AsyncRetrying``/``Retrying``, driven by a
+  ``Backoff``): ``attempts`` for a block retried in place (``async for attempt
   in attempts(...): with attempt: ...``, the clients' requests), ``retry``
   for an awaitable operation, ``retry_blocking`` for a synchronous one. Each
   raises a non-retriable error at once, and ends with the last error (or
@@ -42,6 +43,7 @@ import time
 from typing import Awaitable, Callable, TypeVar
 
 import attrs
+import tenacity
 
 T = TypeVar("T")
 
@@ -116,6 +118,50 @@ class Backoff:
         self.failures = 0
 
 
+def _engine(backoff: Backoff, retriable, sleep, *, wait_policy=None, on_failure=None, stopping=None, give_up=None) -> dict:
+    """tenacity's hooks for one operation under ``backoff``: retry on a
+    ``retriable`` error after the wait ``backoff`` gives (``wait_policy(error)``'s
+    waits when given), stop when it gives none, and after a wait when
+    ``stopping()``; the last error raised (``give_up(error, tries)`` raised
+    from it, when given). ``on_failure(error, backoff)`` hears of each
+    failure another try follows. """
+    decided: dict = {"attempt": 0}
+
+    def decide(state: tenacity.RetryCallState) -> float | None:
+        """The wait after this failed attempt (None: no more), decided once
+        whichever of tenacity's ``wait`` and ``stop`` asks first."""
+        if decided["attempt"] != state.attempt_number:
+            decided["attempt"] = state.attempt_number
+            error = decided["error"] = state.outcome.exception()
+            decided["wait"] = backoff.failed(wait_policy(error) if wait_policy is not None else None)
+            if decided["wait"] is not None and on_failure is not None:
+                on_failure(error, backoff)
+        return decided["wait"]
+
+    def exhausted(state: tenacity.RetryCallState):
+        error = state.outcome.exception()
+        if give_up is None:
+            raise error
+        raise give_up(error, backoff.tries) from error
+
+    if asyncio.iscoroutinefunction(sleep):
+        async def sleep_then_look(seconds: float) -> None:
+            await sleep(seconds)
+            if stopping is not None and stopping():
+                raise decided["error"]
+    else:
+        def sleep_then_look(seconds: float) -> None:
+            sleep(seconds)
+
+    return {
+        "retry": tenacity.retry_if_exception(retriable),
+        "wait": lambda state: decide(state) or 0.0,
+        "stop": lambda state: decide(state) is None,
+        "sleep": sleep_then_look,
+        "retry_error_callback": exhausted,
+    }
+
+
 def attempts(
     policy: RetryPolicy,
     *,
@@ -124,7 +170,7 @@ def attempts(
     give_up: Callable[[BaseException, int], BaseException] | None = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-) -> _Attempts:
+) -> tenacity.AsyncRetrying:
     """Tries of a block retried in place::
 
         async for attempt in attempts(policy, retriable=...):
@@ -135,51 +181,7 @@ def attempts(
     policy's wait (``wait_policy(error)``'s, when given); any other error
     leaves the loop at once. When the policy allows no more tries, the last
     error is raised (``give_up(error, tries)``, when given, is raised from it)."""
-    return _Attempts(Backoff(policy, clock), retriable, wait_policy, give_up, sleep)
-
-
-@attrs.define(eq=False)
-class _Attempts:
-    backoff: Backoff
-    retriable: Callable[[BaseException], bool]
-    wait_policy: Callable[[BaseException], RetryPolicy] | None
-    give_up: Callable[[BaseException, int], BaseException] | None
-    sleep: Callable[[float], Awaitable[None]]
-    done: bool = False
-    error: BaseException | None = None
-
-    def __aiter__(self) -> _Attempts:
-        return self
-
-    async def __anext__(self) -> _Attempt:
-        if self.done:
-            raise StopAsyncIteration
-        error, self.error = self.error, None
-        if error is not None:
-            wait = self.backoff.failed(self.wait_policy(error) if self.wait_policy else None)
-            if wait is None:
-                if self.give_up is None:
-                    raise error
-                raise self.give_up(error, self.backoff.tries) from error
-            await self.sleep(wait)
-        return _Attempt(self)
-
-
-@attrs.define(eq=False)
-class _Attempt:
-    owner: _Attempts
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind, error, traceback) -> bool:
-        if error is None:
-            self.owner.done = True
-            return False
-        if not self.owner.retriable(error):
-            return False
-        self.owner.error = error
-        return True
+    return tenacity.AsyncRetrying(**_engine(Backoff(policy, clock), retriable, sleep, wait_policy=wait_policy, give_up=give_up))
 
 
 async def retry(
@@ -197,23 +199,19 @@ async def retry(
     (``backoff.failures`` still counts the earlier ones), then the wait;
     the error is raised when the policy allows no more tries or, after the
     wait, ``stopping()``."""
-    while True:
-        try:
-            result = await operation()
-        except BaseException as error:
-            if not retriable(error):
-                raise
-            if on_failure is not None:
-                on_failure(error, backoff)
-            wait = backoff.failed()
-            if wait is None:
-                raise
-            await sleep(wait)
-            if stopping():
-                raise
-            continue
-        backoff.succeeded()
-        return result
+    def retriable_and_told(error: BaseException) -> bool:  # told of every failure, the last one too
+        if not retriable(error):
+            return False
+        if on_failure is not None:
+            on_failure(error, backoff)
+        return True
+
+    async def attempt() -> T:  # a coroutine function: tenacity calls a plain one (a lambda) without awaiting it
+        return await operation()
+
+    result = await tenacity.AsyncRetrying(**_engine(backoff, retriable_and_told, sleep, stopping=stopping))(attempt)
+    backoff.succeeded()
+    return result
 
 
 def retry_blocking(
@@ -227,19 +225,7 @@ def retry_blocking(
 ) -> T:
     """``call()`` until it returns, as ``retry`` does, for synchronous
     callers; ``on_failure`` is told of a failure only when another try follows."""
-    backoff = Backoff(policy, clock)
-    while True:
-        try:
-            return call()
-        except BaseException as error:
-            if not retriable(error):
-                raise
-            wait = backoff.failed()
-            if wait is None:
-                raise
-            if on_failure is not None:
-                on_failure(error, backoff)
-            sleep(wait)
+    return tenacity.Retrying(**_engine(Backoff(policy, clock), retriable, sleep, on_failure=on_failure))(call)
 
 
 # -- the named policies ------------------------------------------------------------------------

@@ -193,3 +193,16 @@ def test_cancellation_is_never_retried():
 
     with pytest.raises(asyncio.CancelledError):
         asyncio.run(retry(cancelled, Backoff(RUNNER), retriable=lambda e: isinstance(e, Exception)))
+
+
+def test_retry_awaits_what_a_plain_callable_returns():
+    """``retry(lambda: coroutine())``: the lambda is not a coroutine function,
+    and its coroutine is awaited, not handed back."""
+    time = FakeTime()
+    call, calls = failing(1, ConnectionError("refused"))
+
+    async def request():
+        return call()
+
+    result = asyncio.run(retry(lambda: request(), Backoff(RUNNER, clock=time), retriable=lambda e: isinstance(e, ConnectionError), sleep=time.sleep))
+    assert result == "done" and len(calls) == 2
