@@ -140,6 +140,24 @@ class MarkerWriter:
         if self.on_marker is not None:
             self.on_marker(topic, index, producer_id, commit)
 
+    async def wait_data_durable(self, metadata: TxnMetadata) -> None:
+        """Return once every byte appended so far to each partition of the
+        transaction is durable (``transaction.durable.at.end``: its Produce
+        and TxnOffsetCommit requests were answered once appended). Every
+        log is asked at once, so they share one fsync round; the request
+        waiting (EndTxn) counts it as a round on its client's path."""
+        waits = []
+        for partition in metadata.partitions:
+            partition_log = self.replicas.get_log(partition.topic, partition.partition)
+            if partition_log is None:
+                continue  # deleted: nothing of it will be read
+            if partition_log.log_end_offset > partition_log.durable_offset:
+                waits.append(partition_log.wait_durable(partition_log.log_end_offset - 1))
+        for durable in waits:
+            note_durability_wait(durable)
+        for durable in waits:
+            await durable
+
     async def write(self, metadata: TxnMetadata, commit: bool) -> None:
         control = ControlType.COMMIT if commit else ControlType.ABORT
         waits = []
@@ -186,6 +204,7 @@ class TransactionManager:
                 transaction_max_timeout_ms=config.transaction_max_timeout_ms,
                 transactional_id_expiration_ms=config.transactional_id_expiration_ms,
                 abort_timed_out_interval_ms=config.transaction_abort_interval_ms,
+                durable_at_end=config.transaction_durable_at_end,
             ),
             clock=clock,
             coordinator_epoch=COORDINATOR_EPOCH,
@@ -216,12 +235,16 @@ class TransactionManager:
                         log.error("skipping an unreadable %s record at offset %d: %s", TRANSACTION_STATE_TOPIC, record.offset, error)
         self.coordinator.load(entries)  # recover() logs what was loaded
 
-    async def start(self, *, end_unknown_transactions: bool = True) -> None:
-        """Load and recover; ``end_unknown_transactions=False`` only for
-        the test that shows what the check prevents."""
+    async def start(self, *, end_unknown_transactions: bool = True, abort_ongoing_after_unclean_stop: bool = True) -> None:
+        """Load and recover; after an unclean stop with
+        ``transaction.durable.at.end``, abort every Ongoing transaction
+        (``TransactionCoordinator.abort_ongoing_after_unclean_stop``). Either
+        check switched off only for the tests that show what it prevents."""
         self.ensure_topic()
         self.load()
         self.coordinator.recover()
+        if abort_ongoing_after_unclean_stop and self.config.transaction_durable_at_end and not self.replicas.stopped_clean:
+            await self.coordinator.abort_ongoing_after_unclean_stop()
         if end_unknown_transactions:
             await self.end_unknown_transactions()
 

@@ -105,6 +105,12 @@ class TxnLog(Protocol):
 class MarkerWriter(Protocol):
     async def write(self, metadata: TxnMetadata, commit: bool) -> None: ...
 
+    async def wait_data_durable(self, metadata: TxnMetadata) -> None:
+        """Return once every byte appended so far to the transaction's
+        partitions (data and ``__consumer_offsets``) is durable (raising if
+        one never will be). Only with ``durable_at_end``."""
+        ...
+
 
 class ProducerIdSource(Protocol):
     def allocate(self) -> int: ...
@@ -132,6 +138,9 @@ class CoordinatorSettings:
     transaction_max_timeout_ms: int = DEFAULT_TRANSACTION_MAX_TIMEOUT_MS
     transactional_id_expiration_ms: int = DEFAULT_TRANSACTIONAL_ID_EXPIRATION_MS
     abort_timed_out_interval_ms: int = DEFAULT_ABORT_TIMED_OUT_INTERVAL_MS
+    # Transactional Produce/TxnOffsetCommit answered once appended: a commit's
+    # decision is written only once its data is durable (``markers.wait_data_durable``).
+    durable_at_end: bool = False
 
 
 class TxnTable(dict):
@@ -210,6 +219,11 @@ class TransactionCoordinator:
         # Ids whose last change was answered once appended, not yet known
         # durable: how to wait for it (``pending_durability``).
         self._unflushed: dict[str, Callable[[], Awaitable[None]]] = {}
+        # id -> the epoch its producer had when the transaction was aborted
+        # after an unclean stop (``abort_ongoing_after_unclean_stop``): that
+        # producer's EndTxn(commit) is told UNKNOWN_PRODUCER_ID, which the
+        # clients treat as abortable (memory only: a later restart forgets).
+        self._aborted_at_recovery: dict[str, int] = {}
         self.loading = False
 
     # -- recovery ---------------------------------------------------------------
@@ -248,6 +262,36 @@ class TransactionCoordinator:
             extra={"event": "transaction_recovery", **counts},
         )
         return tasks
+
+    async def abort_ongoing_after_unclean_stop(self) -> list[str]:
+        """``durable_at_end`` after an unclean stop: a transactional Produce
+        or TxnOffsetCommit was answered once appended, so an Ongoing
+        transaction may have lost acknowledged bytes while its record
+        survived; committed, it would have a hole. Abort each one as a timed
+        out one is (epoch bump, markers). Prepare states were decided only
+        once their data was durable: ``recover`` completes them. Returns the
+        ids aborted."""
+        aborted = []
+        for transactional_id, metadata in list(self.txns.items()):
+            if metadata.state != TxnState.ONGOING or transactional_id in self._busy:
+                continue
+            log.warning(
+                "transaction %s was open at an unclean stop: aborting it (bytes it was answered for may be lost)", transactional_id,
+                extra={"event": "ongoing_transaction_aborted_at_recovery", "transactional_id": transactional_id, "producer_id": metadata.producer_id},
+            )
+            self._aborted_at_recovery[transactional_id] = metadata.producer_epoch
+            await self._abort_with_bump(metadata)
+            aborted.append(transactional_id)
+        return aborted
+
+    def _aborted_under(self, transactional_id: str, producer_epoch: int, current: TxnMetadata) -> bool:
+        """Whether a commit from ``producer_epoch`` meets its transaction
+        aborted at recovery (``abort_ongoing_after_unclean_stop``)."""
+        return (
+            self._aborted_at_recovery.get(transactional_id) == producer_epoch
+            and current.last_producer_epoch == producer_epoch
+            and current.state in (TxnState.PREPARE_ABORT, TxnState.COMPLETE_ABORT)
+        )
 
     # -- InitProducerId ---------------------------------------------------------
 
@@ -460,6 +504,8 @@ class TransactionCoordinator:
             # (KIP-360): answer by what happened, never start something new.
             if producer_epoch == current.last_producer_epoch and current.state in (wanted_complete, wanted_prepare):
                 return ErrorCode.NONE if current.state == wanted_complete else ErrorCode.CONCURRENT_TRANSACTIONS
+            if commit and self._aborted_under(transactional_id, producer_epoch, current):
+                return ErrorCode.UNKNOWN_PRODUCER_ID  # abortable: the client aborts and bumps (KIP-360)
             return ErrorCode.PRODUCER_FENCED
         if current.state == wanted_complete:
             return ErrorCode.NONE  # a retried EndTxn of what already happened
@@ -505,6 +551,8 @@ class TransactionCoordinator:
                 if current.state == wanted_complete:
                     return EndResult(ErrorCode.NONE, *current.epoch_after_end)
                 return EndResult(ErrorCode.CONCURRENT_TRANSACTIONS)
+            if commit and self._aborted_under(transactional_id, producer_epoch, current):
+                return EndResult(ErrorCode.UNKNOWN_PRODUCER_ID)
             return EndResult(ErrorCode.PRODUCER_FENCED)
         if current.state == TxnState.PREPARE_EPOCH_FENCE:
             return EndResult(ErrorCode.PRODUCER_FENCED)
@@ -665,6 +713,11 @@ class TransactionCoordinator:
         completing = False
         try:
             try:
+                if self.settings.durable_at_end and metadata.state == TxnState.PREPARE_COMMIT:
+                    # Every byte of the transaction durable before the decision
+                    # is: a decision on bytes a power cut could take back would
+                    # commit a transaction with a hole.
+                    await self.markers.wait_data_durable(metadata)
                 await self.txn_log.write(metadata)
             except Exception as error:
                 log.error("could not write %s of %s: %s", metadata.state.name, transactional_id, error)

@@ -33,7 +33,7 @@ import os
 
 import pytest
 
-from faults.disk import FSYNC_JOURNAL_VARIABLE, KEEP_UNKNOWN_TRANSACTIONS_VARIABLE, durable_sizes, lose_unsynced
+from faults.disk import FSYNC_JOURNAL_VARIABLE, KEEP_ONGOING_TRANSACTIONS_VARIABLE, KEEP_UNKNOWN_TRANSACTIONS_VARIABLE, durable_sizes, lose_unsynced
 from protocol.errors import ErrorCode
 from protocol.messages import ApiKey
 from protocol.records import encode_batch
@@ -240,3 +240,102 @@ def test_an_end_txn_v5_decision_survives_a_crash_at_its_new_epoch(broker_process
 def _settled(answer: dict) -> dict | None:
     """An EndTxn answer once the recovery's completion is over (else None: retry)."""
     return None if answer["error_code"] == ErrorCode.CONCURRENT_TRANSACTIONS else answer
+
+
+# -- transaction.durable.at.end: a transactional Produce or TxnOffsetCommit is
+# answered once appended; EndTxn(commit) makes the data durable before its decision.
+
+DURABLE_AT_END = "transaction.durable.at.end=true"
+
+
+def unsynced(journal: str, data_dir: str, topic: str) -> bool:
+    """Whether some segment of ``topic`` holds bytes no fsync covered."""
+    durable = durable_sizes(journal)
+    return any(os.path.getsize(path) > durable.get(os.path.realpath(path), 0) for path in segments(data_dir, topic))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("answered", ["produce", "txn_offset_commit"])
+def test_a_commit_decision_is_durable_only_after_the_data_it_commits(broker_process, tmp_path, answered, version):
+    """The Produce (or TxnOffsetCommit) is answered before any fsync covers
+    its bytes; the broker is killed right after EndTxn(commit)'s decision
+    is durable, and every byte no fsync covered is lost: the decision was
+    written only once the data was durable, so recovery completes a commit
+    of the whole transaction (without the data's round first, recovery
+    commits a transaction whose record is gone)."""
+    journal = str(tmp_path / "fsyncs.journal")
+    broker = broker_process(DURABLE_AT_END, env={FSYNC_JOURNAL_VARIABLE: journal, "ONCEFLOW_CRASH_POINTS": "coordinator.after_prepare_commit@1:exit"})
+    create_topic(broker.bootstrap, TOPIC, 1)
+    pid, epoch = init(broker.port)
+    if answered == "produce":
+        add_partition(broker.port, pid, epoch, version)
+        assert produce(broker.port, pid, epoch, 0, b"answered", acks=-1, version=version) == ErrorCode.NONE
+        assert unsynced(journal, broker.data_dir, TOPIC), "answered before its fsync"
+    else:
+        add_offsets_and_commit_them(broker.port, pid, epoch, 42, version)
+        assert unsynced(journal, broker.data_dir, "__consumer_offsets"), "answered before its fsync"
+    with pytest.raises(OSError):
+        end_answer(broker.port, pid, epoch, commit=True, version=version)
+    assert broker.wait_exit(30) == 86, "the crash point fired"
+    lose_unsynced(journal, glob.glob(os.path.join(broker.data_dir, "*", "*.log")))
+    broker.env = None
+    broker.start()
+
+    if answered == "produce":
+        assert read_values(broker.bootstrap, TOPIC, isolation="read_committed", partitions=1, expect=1) == [b"answered"]
+    else:
+        wait_for(lambda: committed_offset(broker.port) == 42, 10, "the committed offset")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("rule", ["on", "off"])
+def test_a_transaction_open_at_a_power_cut_is_aborted_at_start_never_committed_with_a_hole(broker_process, tmp_path, rule, version):
+    """Two records answered once appended; the first made durable (an
+    fsync round of its own), the second not; a power cut loses the second
+    and keeps the transaction's record (Ongoing, the partition in it). At
+    start the broker aborts the transaction with an epoch bump: the
+    client's EndTxn(commit) is told UNKNOWN_PRODUCER_ID (abortable),
+    nothing of it is ever visible, and the producer goes on after its
+    abort. With the rule off (``ONCEFLOW_KEEP_ONGOING_TRANSACTIONS=1``)
+    the commit succeeds and publishes the first record without the second,
+    both answered: the hole the rule closes."""
+    journal = str(tmp_path / "fsyncs.journal")
+    broker = broker_process(DURABLE_AT_END, env={FSYNC_JOURNAL_VARIABLE: journal})
+    create_topic(broker.bootstrap, TOPIC, 1)
+    pid, epoch = init(broker.port)
+    add_partition(broker.port, pid, epoch, version)
+    assert produce(broker.port, pid, epoch, 0, b"first", acks=-1, version=version) == ErrorCode.NONE
+    [data] = segments(broker.data_dir, TOPIC)
+    # Anyone's round makes the first record durable: a plain record on the same log asks for one.
+    plain = encode_batch([(None, b"plain", (), 1_000)])
+    raw_request(broker.port, ApiKey.PRODUCE, 8, {"transactional_id": None, "acks": -1, "timeout_ms": 10_000, "topic_data": [{"name": TOPIC, "partition_data": [{"index": 0, "records": plain}]}]})
+    wait_for(lambda: durable_sizes(journal).get(os.path.realpath(data), 0) == os.path.getsize(data), 10, "the first record's fsync")
+    assert produce(broker.port, pid, epoch, 1, b"second", acks=-1, version=version) == ErrorCode.NONE
+    assert unsynced(journal, broker.data_dir, TOPIC), "the second record was answered before its fsync"
+    cut_power(broker, journal, TOPIC)  # the transaction's record kept (the page cache wrote it back), the second record lost
+    broker.env = {KEEP_ONGOING_TRANSACTIONS_VARIABLE: "1"} if rule == "off" else None
+    broker.start()
+
+    answer = end_answer(broker.port, pid, epoch, commit=True, version=version)
+    if rule == "off":
+        assert answer["error_code"] == ErrorCode.NONE
+        visible = read_values(broker.bootstrap, TOPIC, isolation="read_committed", partitions=1, expect=2)
+        assert visible == [b"first", b"plain"], "committed without its second record: a hole"
+        return
+    assert answer["error_code"] == ErrorCode.UNKNOWN_PRODUCER_ID, answer
+    stable, log_end = ends(broker.port)
+    assert stable == log_end, "aborted with a marker before the broker served"
+    aborted = end_answer(broker.port, pid, epoch, commit=False, version=version)
+    assert aborted["error_code"] == ErrorCode.NONE, aborted
+    if version == 1:  # the client bumps its epoch (KIP-360), as librdkafka and our producer do
+        bumped = raw_request(broker.port, ApiKey.INIT_PRODUCER_ID, 4, {"transactional_id": TRANSACTIONAL_ID, "transaction_timeout_ms": 60_000, "producer_id": pid, "producer_epoch": epoch})
+        assert bumped["error_code"] == ErrorCode.NONE, bumped
+        pid, epoch = bumped["producer_id"], bumped["producer_epoch"]
+    else:
+        pid, epoch = aborted["producer_id"], aborted["producer_epoch"]
+    add_partition(broker.port, pid, epoch, version)
+    assert produce(broker.port, pid, epoch, 0, b"next", acks=-1, version=version) == ErrorCode.NONE
+    assert end(broker.port, pid, epoch, commit=True, version=version) == ErrorCode.NONE
+    assert read_values(broker.bootstrap, TOPIC, isolation="read_committed", partitions=1, expect=2) == [b"plain", b"next"]
