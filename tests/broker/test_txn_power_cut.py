@@ -339,3 +339,124 @@ def test_a_transaction_open_at_a_power_cut_is_aborted_at_start_never_committed_w
     assert produce(broker.port, pid, epoch, 0, b"next", acks=-1, version=version) == ErrorCode.NONE
     assert end(broker.port, pid, epoch, commit=True, version=version) == ErrorCode.NONE
     assert read_values(broker.bootstrap, TOPIC, isolation="read_committed", partitions=1, expect=2) == [b"plain", b"next"]
+
+
+@pytest.mark.slow
+def test_librdkafka_goes_on_after_its_transaction_was_aborted_at_start(broker_process, tmp_path):
+    """librdkafka (classic protocol) had its records answered once appended;
+    a power cut loses them and the broker aborts the open transaction at
+    start. Its commit fails with an abortable error (not a fatal one), the
+    abort bumps the epoch (KIP-360), and its next transaction commits."""
+    from confluent_kafka import KafkaException, Producer
+
+    journal = str(tmp_path / "fsyncs.journal")
+    broker = broker_process(DURABLE_AT_END, env={FSYNC_JOURNAL_VARIABLE: journal})
+    create_topic(broker.bootstrap, TOPIC, 1)
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": "cut-librdkafka", "linger.ms": 1})
+    producer.init_transactions(10)
+    producer.begin_transaction()
+    for i in range(5):
+        producer.produce(TOPIC, value=b"lost-%d" % i, partition=0)
+    assert producer.flush(10) == 0, "answered"
+    assert unsynced(journal, broker.data_dir, TOPIC), "answered before any fsync"
+    cut_power(broker, journal, TOPIC)
+    broker.env = None
+    broker.start()
+
+    with pytest.raises(KafkaException) as failed:
+        producer.commit_transaction(30)
+    error = failed.value.args[0]
+    assert error.txn_requires_abort() and not error.fatal(), error
+    producer.abort_transaction(30)
+    producer.begin_transaction()
+    producer.produce(TOPIC, value=b"next", partition=0)
+    producer.commit_transaction(30)
+    assert read_values(broker.bootstrap, TOPIC, isolation="read_committed", partitions=1, expect=1) == [b"next"]
+
+
+@pytest.mark.slow
+def test_our_producer_and_the_python_clients_after_their_transaction_was_aborted_at_start(broker_process, tmp_path):
+    """Each client had its records answered once appended, then a power cut
+    lost them and the broker aborted the open transactions at start. Our
+    producer (both transaction versions) is told its commit is abortable,
+    aborts and commits its next transaction. kafka-python and aiokafka
+    treat every EndTxn error but a retriable one as fatal (as after a
+    Kafka transaction timeout): the instance is done, and a new one with
+    the same id commits."""
+    import asyncio
+
+    from aiokafka import AIOKafkaProducer
+    from kafka import KafkaProducer
+
+    from txn.errors import TransactionAbortableError
+    from txn.producer import AsyncProducer
+
+    journal = str(tmp_path / "fsyncs.journal")
+    broker = broker_process(DURABLE_AT_END, env={FSYNC_JOURNAL_VARIABLE: journal})
+    create_topic(broker.bootstrap, TOPIC, 1)
+
+    async def opened():
+        ours = {}
+        for version in (1, 2):
+            producer = ours[version] = AsyncProducer(broker.bootstrap, transactional_id=f"ours-v{version}", linger_ms=0, transaction_version=version)
+            await producer.init_transactions()
+            producer.begin_transaction()
+            await producer.send(TOPIC, b"lost-ours-%d" % version, partition=0)
+            await producer.flush()
+        theirs = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id="aiokafka")
+        await theirs.start()
+        await theirs.begin_transaction()
+        await theirs.send_and_wait(TOPIC, b"lost-aiokafka", partition=0)
+        return ours, theirs
+
+    loop = asyncio.new_event_loop()
+    ours, aiokafka = loop.run_until_complete(opened())
+    kafka_python = KafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id="kafka-python")
+    kafka_python.init_transactions()
+    kafka_python.begin_transaction()
+    kafka_python.send(TOPIC, b"lost-kafka-python", partition=0)
+    kafka_python.flush()
+    assert unsynced(journal, broker.data_dir, TOPIC), "answered before any fsync"
+    cut_power(broker, journal, TOPIC)
+    broker.env = None
+    broker.start()
+
+    async def go_on():
+        for version, producer in ours.items():
+            with pytest.raises(TransactionAbortableError):
+                await producer.commit_transaction()
+            await producer.abort_transaction()
+            producer.begin_transaction()
+            await producer.send(TOPIC, b"next-ours-%d" % version, partition=0)
+            await producer.commit_transaction()
+            await producer.close()
+        with pytest.raises(Exception):
+            await aiokafka.commit_transaction()
+        with pytest.raises(Exception):
+            await aiokafka.begin_transaction()  # fatal: the instance cannot go on
+        try:
+            await aiokafka.stop()
+        except Exception:
+            pass  # its sender routine died with the fatal error
+        fresh = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id="aiokafka")
+        await fresh.start()
+        await fresh.begin_transaction()
+        await fresh.send_and_wait(TOPIC, b"next-aiokafka", partition=0)
+        await fresh.commit_transaction()
+        await fresh.stop()
+
+    loop.run_until_complete(go_on())
+    loop.close()
+    with pytest.raises(Exception, match="UnknownProducerId"):
+        kafka_python.commit_transaction()
+    with pytest.raises(Exception, match="error state"):
+        kafka_python.begin_transaction()
+    kafka_python.close(timeout=1)
+    fresh = KafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id="kafka-python")
+    fresh.init_transactions()
+    fresh.begin_transaction()
+    fresh.send(TOPIC, b"next-kafka-python", partition=0)
+    fresh.commit_transaction()
+    fresh.close(timeout=5)
+    visible = read_values(broker.bootstrap, TOPIC, isolation="read_committed", partitions=1, expect=4)
+    assert sorted(visible) == [b"next-aiokafka", b"next-kafka-python", b"next-ours-1", b"next-ours-2"]
