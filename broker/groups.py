@@ -6,8 +6,10 @@ loading at start, timers, and the request handlers of the group APIs
 partition (``abs(java_hash(group)) % offsets.topic.num.partitions``), as a
 transactional batch of the producer for TxnOffsetCommit, and waits until they
 are durable (a TxnOffsetCommit also until its producer's AddOffsetsToTxn
-record is: the transaction coordinator answered that once appended).
-Loading replays every partition in order: offset commits, group metadata,
+record is: the transaction coordinator answered that once appended);
+with ``transaction.durable.at.end`` a TxnOffsetCommit's records are
+appended without an fsync round and answered at once (EndTxn(commit) makes
+them durable before its decision). Loading replays every partition in order: offset commits, group metadata,
 transactional commits kept pending until their marker.
 """
 

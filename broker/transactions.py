@@ -20,7 +20,10 @@
   each is aborted with a marker before the broker serves
   (``end_unknown_transactions``: AddPartitionsToTxn is answered once
   appended, so a power cut may keep a transactional batch and lose the
-  record that put its partition in the transaction).
+  record that put its partition in the transaction); with
+  ``transaction.durable.at.end``, after an unclean stop, every transaction
+  recovered Ongoing is aborted first (bytes its client was answered for
+  may be gone).
 
 Named crash points (``faults``) are passed to the coordinator as a callable,
 so a test can kill the broker between the durable decision and the markers.

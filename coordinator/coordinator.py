@@ -36,6 +36,18 @@ transactional batch whose AddPartitions record was lost: the broker aborts
 such a batch at start, before it serves, as no transaction of the
 recovered state names it (``is_known_open_transaction``).
 
+With ``CoordinatorSettings.durable_at_end`` (the broker's
+``transaction.durable.at.end``) a transactional Produce or TxnOffsetCommit
+is answered once appended, before any fsync: a commit's decision is then
+written only once ``markers.wait_data_durable`` says every byte of the
+transaction is durable (a decision that reached the disk before its data
+would, after a power cut, commit a transaction with a hole). After an
+unclean stop the broker calls ``abort_ongoing_after_unclean_stop``: an
+Ongoing transaction may have lost bytes its client was answered for, so it
+is aborted with an epoch bump, and its producer's commit is told
+UNKNOWN_PRODUCER_ID (abortable for librdkafka and ``txn``; PRODUCER_FENCED
+is fatal to librdkafka).
+
 Transaction version 2 (KIP-890 part 2) changes three things, chosen per
 request by the client's version of it: the first transactional Produce
 (v12) or TxnOffsetCommit (v5) adds its partition itself (the broker calls
