@@ -230,16 +230,17 @@ def spark_source_scenario(bootstrap: str, settings, *, sink: bool = True) -> dic
     return figures
 
 
-if __name__ == "__main__":  # a run on its own: python -m benchmarks.spark_source [rows] [--no-sink]
+if __name__ == "__main__":  # a run on its own: python -m benchmarks.spark_source [rows] [--no-sink] [KEY=VALUE broker settings ...]
     from faults.process import BrokerProcess
 
-    arguments = [a for a in sys.argv[1:] if a != "--no-sink"]
+    broker_settings = [a for a in sys.argv[1:] if "=" in a]
+    arguments = [a for a in sys.argv[1:] if a != "--no-sink" and "=" not in a]
 
     class Settings:
         spark_rows = int(arguments[0]) if arguments else SPARK_ROWS
 
     data = tempfile.mkdtemp(prefix="onceflow-bench-broker-")
-    broker = BrokerProcess(os.path.join(data, "broker")).start()
+    broker = BrokerProcess(os.path.join(data, "broker"), *broker_settings).start()
     try:
         began = time.perf_counter()
         for key, metric in spark_source_scenario(broker.bootstrap, Settings(), sink="--no-sink" not in sys.argv).items():

@@ -411,7 +411,7 @@ class KafkaApis:
         try:
             durable_at_end = header.is_transactional and self.config.transaction_durable_at_end
             # ``transaction.durable.at.end``: no fsync round asked for now;
-            # EndTxn(commit) asks for one before its decision.
+            # EndTxn(commit) asks for one, shared with its decision.
             appended = partition_log.append(data, flush=not durable_at_end)
         except ProducerStateError as error:
             result["error_code"] = ErrorCode[error.error_name]
@@ -434,7 +434,7 @@ class KafkaApis:
         result["log_start_offset"] = partition_log.log_start_offset
         result["_where"] = f"{topic}-{partition}"
         if durable_at_end:
-            pass  # answered once appended: EndTxn(commit) makes it durable before its decision
+            pass  # answered once appended: EndTxn(commit) makes it durable in its decision's round
         elif acks == -1 or appended.duplicate:
             # A duplicate is answered like the original: once that is durable.
             result["_durable"] = partition_log.wait_durable(appended.last_offset)

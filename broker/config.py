@@ -126,8 +126,8 @@ class BrokerConfig:
     transaction_version: int = attrs.field(default=2, validator=[attrs.validators.ge(0), attrs.validators.le(2)])
     # onceflow's own: a transactional Produce or TxnOffsetCommit is answered
     # once appended, and EndTxn(commit) makes the transaction's data durable
-    # before its decision (one fsync wait per transaction on the client's
-    # path); after an unclean stop every transaction left Ongoing is aborted
+    # in its decision's fsync round (one round per transaction on the
+    # client's path); after an unclean stop every transaction left Ongoing is aborted
     # (its acknowledged bytes may be gone). False: each of those requests
     # waits for its own fsync (docs/concepts/transactions.md says why it is
     # not the default yet: a transaction handed to another process, as the

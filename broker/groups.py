@@ -9,7 +9,7 @@ are durable (a TxnOffsetCommit also until its producer's AddOffsetsToTxn
 record is: the transaction coordinator answered that once appended);
 with ``transaction.durable.at.end`` a TxnOffsetCommit's records are
 appended without an fsync round and answered at once (EndTxn(commit) makes
-them durable before its decision). Loading replays every partition in order: offset commits, group metadata,
+them durable in its decision's round). Loading replays every partition in order: offset commits, group metadata,
 transactional commits kept pending until their marker.
 """
 
@@ -45,7 +45,7 @@ class OffsetsLogWriter:
         # coordinator exists: ``TransactionCoordinator.pending_durability``).
         self.transaction_durability: Callable[[int], Awaitable[None] | None] = lambda producer_id: None
         # ``transaction.durable.at.end``: a TxnOffsetCommit is answered once
-        # appended; EndTxn(commit) makes it durable before its decision.
+        # appended; EndTxn(commit) makes it durable in its decision's round.
         self.transactional_durable_at_end = False
 
     async def append(self, group_id: str, records, *, producer_id: int = -1, producer_epoch: int = -1) -> None:

@@ -31,6 +31,7 @@ so a test can kill the broker between the durable decision and the markers.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from typing import Awaitable, Callable
@@ -87,6 +88,7 @@ class StateLogWriter:
         order, and durability there is a prefix, so a later record of the id
         is durable only with this one."""
         durable = self._append(metadata.transactional_id, encode_value(metadata))
+        note_durability_wait(durable)  # an EndTxn's decision beside its data; Complete's comes after the answer and counts nothing
         return self._told_when_durable(durable, metadata)
 
     async def _told_when_durable(self, durable: Awaitable[None], metadata: TxnMetadata) -> None:
@@ -143,23 +145,45 @@ class MarkerWriter:
         if self.on_marker is not None:
             self.on_marker(topic, index, producer_id, commit)
 
-    async def wait_data_durable(self, metadata: TxnMetadata) -> None:
-        """Return once every byte appended so far to each partition of the
-        transaction is durable (``transaction.durable.at.end``: its Produce
-        and TxnOffsetCommit requests were answered once appended). Every
-        log is asked at once, so they share one fsync round; the request
-        waiting (EndTxn) counts it as a round on its client's path."""
-        waits = []
-        for partition in metadata.partitions:
+    # -- transaction.durable.at.end: its Produce and TxnOffsetCommit requests
+    # were answered once appended; EndTxn(commit) makes them durable in the
+    # round of its decision, which names where each log's data ends.
+
+    def data_ends(self, metadata: TxnMetadata) -> tuple:
+        """(topic, partition, log end offset) of each partition of the
+        transaction that has a log, sorted."""
+        ends = []
+        for partition in sorted(metadata.partitions, key=lambda p: (p.topic, p.partition)):
             partition_log = self.replicas.get_log(partition.topic, partition.partition)
-            if partition_log is None:
-                continue  # deleted: nothing of it will be read
-            if partition_log.log_end_offset > partition_log.durable_offset:
-                waits.append(partition_log.wait_durable(partition_log.log_end_offset - 1))
-        for durable in waits:
-            note_durability_wait(durable)
-        for durable in waits:
-            await durable
+            if partition_log is not None:  # deleted: nothing of it will be read
+                ends.append((partition.topic, partition.partition, partition_log.log_end_offset))
+        return tuple(ends)
+
+    def data_durable(self, metadata: TxnMetadata) -> Awaitable[None]:
+        """Ask now (so that the decision's round covers them) for every log
+        of ``metadata.data_ends`` to be durable up to its end; the result is
+        done once all are."""
+        waits = []
+        for topic, index, end in metadata.data_ends:
+            partition_log = self.replicas.get_log(topic, index)
+            if partition_log is not None and end > partition_log.durable_offset:
+                durable = partition_log.wait_durable(end - 1)
+                note_durability_wait(durable)
+                waits.append(durable)
+        return asyncio.gather(*waits)
+
+    def data_present(self, metadata: TxnMetadata) -> bool:
+        """After a restart: whether each log of ``metadata.data_ends`` still
+        reaches its end (a log that cannot be opened does not)."""
+        for topic, index, end in metadata.data_ends:
+            try:
+                partition_log = self.replicas.get_log(topic, index)
+            except Exception as error:
+                log.error("%s-%d cannot be opened (%s): the commit decided on its data cannot be checked", topic, index, error)
+                return False
+            if partition_log is not None and partition_log.log_end_offset < end:
+                return False
+        return True
 
     async def write(self, metadata: TxnMetadata, commit: bool) -> None:
         control = ControlType.COMMIT if commit else ControlType.ABORT

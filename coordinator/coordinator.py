@@ -38,11 +38,15 @@ recovered state names it (``is_known_open_transaction``).
 
 With ``CoordinatorSettings.durable_at_end`` (the broker's
 ``transaction.durable.at.end``) a transactional Produce or TxnOffsetCommit
-is answered once appended, before any fsync: a commit's decision is then
-written only once ``markers.wait_data_durable`` says every byte of the
-transaction is durable (a decision that reached the disk before its data
-would, after a power cut, commit a transaction with a hole). After an
-unclean stop the broker calls ``abort_ongoing_after_unclean_stop``: an
+is answered once appended, before any fsync: a commit's decision then
+names the log end each partition of the transaction has reached
+(``TxnMetadata.data_ends``) and shares one fsync round with that data
+(``markers.data_durable``); EndTxn is answered once both are durable. A
+power cut during the round may keep the decision and lose data (the kernel
+writes pages back in any order), so ``recover`` completes such a
+PrepareCommit only if every log still reaches its end, and otherwise
+aborts it (``_abort_decided_commit``: its EndTxn was never answered). After
+an unclean stop the broker calls ``abort_ongoing_after_unclean_stop``: an
 Ongoing transaction may have lost bytes its client was answered for, so it
 is aborted with an epoch bump, and its producer's commit is told
 UNKNOWN_PRODUCER_ID (abortable for librdkafka and ``txn``; PRODUCER_FENCED
@@ -117,10 +121,21 @@ class TxnLog(Protocol):
 class MarkerWriter(Protocol):
     async def write(self, metadata: TxnMetadata, commit: bool) -> None: ...
 
-    async def wait_data_durable(self, metadata: TxnMetadata) -> None:
-        """Return once every byte appended so far to the transaction's
-        partitions (data and ``__consumer_offsets``) is durable (raising if
-        one never will be). Only with ``durable_at_end``."""
+    # Only with ``durable_at_end``:
+    def data_ends(self, metadata: TxnMetadata) -> tuple:
+        """(topic, partition, log end offset) of every partition of the
+        transaction (data and ``__consumer_offsets``) now, sorted."""
+        ...
+
+    def data_durable(self, metadata: TxnMetadata) -> Awaitable[None]:
+        """Ask now for every byte appended so far to the transaction's
+        partitions to be made durable; the result is done once it is
+        (raising if some never will be)."""
+        ...
+
+    def data_present(self, metadata: TxnMetadata) -> bool:
+        """After a restart: whether every log of ``metadata.data_ends``
+        still reaches its end offset (nothing a crash took back)."""
         ...
 
 
@@ -151,7 +166,7 @@ class CoordinatorSettings:
     transactional_id_expiration_ms: int = DEFAULT_TRANSACTIONAL_ID_EXPIRATION_MS
     abort_timed_out_interval_ms: int = DEFAULT_ABORT_TIMED_OUT_INTERVAL_MS
     # Transactional Produce/TxnOffsetCommit answered once appended: a commit's
-    # decision is written only once its data is durable (``markers.wait_data_durable``).
+    # decision names its data's log ends and shares its fsync round.
     durable_at_end: bool = False
 
 
@@ -259,6 +274,9 @@ class TransactionCoordinator:
                     extra={"transactional_id": transactional_id, "producer_id": metadata.producer_id, "producer_epoch": metadata.producer_epoch, "state": _state_name(metadata.state)},
                 )
                 self._busy.add(transactional_id)
+                if metadata.data_ends and not self.markers.data_present(metadata):
+                    tasks.append(self._work.start(self._write_then_apply(self._abort_decided_commit(metadata))))
+                    continue
                 tasks.append(self._spawn_completion(metadata))
         states = [metadata.state for metadata in self.txns.values()]
         counts = {
@@ -274,6 +292,25 @@ class TransactionCoordinator:
             extra={"event": "transaction_recovery", **counts},
         )
         return tasks
+
+    def _abort_decided_commit(self, prepared: TxnMetadata) -> TxnMetadata:
+        """A PrepareCommit whose data a crash took back (it and its data
+        shared one fsync round, and the cut kept the record, not all the
+        data): its EndTxn was never answered, so it is aborted instead, with
+        an epoch bump, and the producer's retried commit is told
+        UNKNOWN_PRODUCER_ID (abortable)."""
+        log.warning(
+            "transaction %s: its commit was decided but a crash took back some of its data; aborting it", prepared.transactional_id,
+            extra={"event": "decided_commit_aborted_at_recovery", "transactional_id": prepared.transactional_id, "producer_id": prepared.producer_id},
+        )
+        if prepared.transaction_version >= TRANSACTION_VERSION_2:
+            self._aborted_at_recovery[prepared.transactional_id] = prepared.last_producer_epoch  # the decision bumped already
+            return attrs.evolve(prepared, state=TxnState.PREPARE_ABORT, data_ends=(), last_update_ms=self.clock.wall_ms())
+        self._aborted_at_recovery[prepared.transactional_id] = prepared.producer_epoch
+        bumped = min(prepared.producer_epoch + 1, MAX_PRODUCER_EPOCH)
+        return attrs.evolve(
+            prepared, state=TxnState.PREPARE_ABORT, data_ends=(), last_update_ms=self.clock.wall_ms(), producer_epoch=bumped, last_producer_epoch=prepared.producer_epoch,
+        )
 
     async def abort_ongoing_after_unclean_stop(self) -> list[str]:
         """``durable_at_end`` after an unclean stop: a transactional Produce
@@ -726,11 +763,16 @@ class TransactionCoordinator:
         try:
             try:
                 if self.settings.durable_at_end and metadata.state == TxnState.PREPARE_COMMIT:
-                    # Every byte of the transaction durable before the decision
-                    # is: a decision on bytes a power cut could take back would
-                    # commit a transaction with a hole.
-                    await self.markers.wait_data_durable(metadata)
-                await self.txn_log.write(metadata)
+                    # The decision and the data it commits share one fsync
+                    # round; the decision names where the data ends, so that
+                    # recovery commits only what a crash left whole.
+                    metadata = attrs.evolve(metadata, data_ends=self.markers.data_ends(metadata))
+                    data = self.markers.data_durable(metadata)
+                    decision = self.txn_log.append(metadata)
+                    self.crash_point("coordinator.decision_appended")
+                    await asyncio.gather(data, decision)
+                else:
+                    await self.txn_log.write(metadata)
             except Exception as error:
                 log.error("could not write %s of %s: %s", metadata.state.name, transactional_id, error)
                 return ErrorCode.KAFKA_STORAGE_ERROR

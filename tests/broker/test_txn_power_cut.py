@@ -257,13 +257,13 @@ def unsynced(journal: str, data_dir: str, topic: str) -> bool:
 @pytest.mark.slow
 @pytest.mark.parametrize("version", [1, 2])
 @pytest.mark.parametrize("answered", ["produce", "txn_offset_commit"])
-def test_a_commit_decision_is_durable_only_after_the_data_it_commits(broker_process, tmp_path, answered, version):
+def test_a_commit_decision_is_durable_only_with_the_data_it_commits(broker_process, tmp_path, answered, version):
     """The Produce (or TxnOffsetCommit) is answered before any fsync covers
     its bytes; the broker is killed right after EndTxn(commit)'s decision
-    is durable, and every byte no fsync covered is lost: the decision was
-    written only once the data was durable, so recovery completes a commit
-    of the whole transaction (without the data's round first, recovery
-    commits a transaction whose record is gone)."""
+    is durable, and every byte no fsync covered is lost: the decision's
+    round made the data durable too, so recovery completes a commit of the
+    whole transaction (without the data in that round, recovery finds the
+    data gone and aborts)."""
     journal = str(tmp_path / "fsyncs.journal")
     broker = broker_process(DURABLE_AT_END, env={FSYNC_JOURNAL_VARIABLE: journal, "ONCEFLOW_CRASH_POINTS": "coordinator.after_prepare_commit@1:exit"})
     create_topic(broker.bootstrap, TOPIC, 1)
@@ -465,3 +465,44 @@ def test_our_producer_and_the_python_clients_after_their_transaction_was_aborted
     fresh.close(timeout=5)
     visible = read_values(broker.bootstrap, TOPIC, isolation="read_committed", partitions=1, expect=4)
     assert sorted(visible) == [b"next-aiokafka", b"next-kafka-python", b"next-ours-1", b"next-ours-2"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_decided_commit_whose_data_a_cut_took_back_is_aborted_at_start(broker_process, tmp_path, version):
+    """EndTxn(commit)'s decision and the data it commits share one fsync
+    round. Killed once the decision is appended, before that round, with a
+    cut that keeps the decision (the page cache wrote it back) and loses
+    the data: recovery finds a log short of the end the decision names and
+    aborts instead of committing a hole. The client was never answered; its
+    retried commit is told UNKNOWN_PRODUCER_ID (abortable), and after its
+    abort its next transaction commits. (Without the check recovery
+    commits the transaction with its record gone: checked by hand.)"""
+    journal = str(tmp_path / "fsyncs.journal")
+    broker = broker_process(DURABLE_AT_END, env={FSYNC_JOURNAL_VARIABLE: journal, "ONCEFLOW_CRASH_POINTS": "coordinator.decision_appended@1:exit"})
+    create_topic(broker.bootstrap, TOPIC, 1)
+    pid, epoch = init(broker.port)
+    add_partition(broker.port, pid, epoch, version)
+    assert produce(broker.port, pid, epoch, 0, b"taken back", acks=-1, version=version) == ErrorCode.NONE
+    with pytest.raises(OSError):
+        end_answer(broker.port, pid, epoch, commit=True, version=version)
+    assert broker.wait_exit(30) == 86, "the crash point fired"
+    assert unsynced(journal, broker.data_dir, "__transaction_state") and unsynced(journal, broker.data_dir, TOPIC)
+    lose_unsynced(journal, segments(broker.data_dir, TOPIC))
+    broker.env = None
+    broker.start()
+
+    retried = wait_for(lambda: _settled(end_answer(broker.port, pid, epoch, commit=True, version=version)), 10, "the retried EndTxn's answer")
+    assert retried["error_code"] == ErrorCode.UNKNOWN_PRODUCER_ID, retried
+    aborted = end_answer(broker.port, pid, epoch, commit=False, version=version)
+    assert aborted["error_code"] == ErrorCode.NONE, aborted
+    if version == 1:
+        bumped = raw_request(broker.port, ApiKey.INIT_PRODUCER_ID, 4, {"transactional_id": TRANSACTIONAL_ID, "transaction_timeout_ms": 60_000, "producer_id": pid, "producer_epoch": epoch})
+        assert bumped["error_code"] == ErrorCode.NONE, bumped
+        pid, epoch = bumped["producer_id"], bumped["producer_epoch"]
+    else:
+        pid, epoch = aborted["producer_id"], aborted["producer_epoch"]
+    add_partition(broker.port, pid, epoch, version)
+    assert produce(broker.port, pid, epoch, 0, b"next", acks=-1, version=version) == ErrorCode.NONE
+    assert end(broker.port, pid, epoch, commit=True, version=version) == ErrorCode.NONE
+    assert read_values(broker.bootstrap, TOPIC, isolation="read_committed", partitions=1, expect=1) == [b"next"]
