@@ -531,6 +531,10 @@ class TransactionCoordinator:
         if metadata is not None:
             if producer_epoch < metadata.producer_epoch:
                 return ErrorCode.INVALID_PRODUCER_EPOCH
+            if self.settings.durable_at_end and metadata.transactional_id in self._busy:
+                # A decision may be on its way, its data ends already taken:
+                # a batch appended now would be committed without being named.
+                return ErrorCode.INVALID_TXN_STATE
             if metadata.state == TxnState.ONGOING and metadata.producer_epoch == producer_epoch and partition in metadata.partitions:
                 return ErrorCode.NONE
             return ErrorCode.INVALID_TXN_STATE
