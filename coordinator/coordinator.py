@@ -317,9 +317,9 @@ class TransactionCoordinator:
         or TxnOffsetCommit was answered once appended, so an Ongoing
         transaction may have lost acknowledged bytes while its record
         survived; committed, it would have a hole. Abort each one as a timed
-        out one is (epoch bump, markers). Prepare states were decided only
-        once their data was durable: ``recover`` completes them. Returns the
-        ids aborted."""
+        out one is (epoch bump, markers). Prepare states are ``recover``'s:
+        a PrepareCommit completes if the data it names is whole. Returns
+        the ids aborted."""
         aborted = []
         for transactional_id, metadata in list(self.txns.items()):
             if metadata.state != TxnState.ONGOING or transactional_id in self._busy:
@@ -771,8 +771,8 @@ class TransactionCoordinator:
                     # round; the decision names where the data ends, so that
                     # recovery commits only what a crash left whole.
                     metadata = attrs.evolve(metadata, data_ends=self.markers.data_ends(metadata))
-                    data = self.markers.data_durable(metadata)
                     decision = self.txn_log.append(metadata)
+                    data = self.markers.data_durable(metadata)  # asked before the round starts: the same round
                     self.crash_point("coordinator.decision_appended")
                     await asyncio.gather(data, decision)
                 else:
