@@ -469,7 +469,8 @@ def test_our_producer_and_the_python_clients_after_their_transaction_was_aborted
 
 @pytest.mark.slow
 @pytest.mark.parametrize("version", [1, 2])
-def test_a_decided_commit_whose_data_a_cut_took_back_is_aborted_at_start(broker_process, tmp_path, version):
+@pytest.mark.parametrize("crash", ["power cut", "sigkill only"])
+def test_a_decided_commit_whose_data_a_cut_took_back_is_aborted_at_start(broker_process, tmp_path, version, crash):
     """EndTxn(commit)'s decision and the data it commits share one fsync
     round. Killed once the decision is appended, before that round, with a
     cut that keeps the decision (the page cache wrote it back) and loses
@@ -477,7 +478,9 @@ def test_a_decided_commit_whose_data_a_cut_took_back_is_aborted_at_start(broker_
     aborts instead of committing a hole. The client was never answered; its
     retried commit is told UNKNOWN_PRODUCER_ID (abortable), and after its
     abort its next transaction commits. (Without the check recovery
-    commits the transaction with its record gone: checked by hand.)"""
+    commits the transaction with its record gone: checked by hand.) After
+    a SIGKILL alone the page cache kept the data: recovery finds it whole
+    and completes the commit, and the retry is told it succeeded."""
     journal = str(tmp_path / "fsyncs.journal")
     broker = broker_process(DURABLE_AT_END, env={FSYNC_JOURNAL_VARIABLE: journal, "ONCEFLOW_CRASH_POINTS": "coordinator.decision_appended@1:exit"})
     create_topic(broker.bootstrap, TOPIC, 1)
@@ -488,11 +491,16 @@ def test_a_decided_commit_whose_data_a_cut_took_back_is_aborted_at_start(broker_
         end_answer(broker.port, pid, epoch, commit=True, version=version)
     assert broker.wait_exit(30) == 86, "the crash point fired"
     assert unsynced(journal, broker.data_dir, "__transaction_state") and unsynced(journal, broker.data_dir, TOPIC)
-    lose_unsynced(journal, segments(broker.data_dir, TOPIC))
+    if crash == "power cut":
+        lose_unsynced(journal, segments(broker.data_dir, TOPIC))
     broker.env = None
     broker.start()
 
     retried = wait_for(lambda: _settled(end_answer(broker.port, pid, epoch, commit=True, version=version)), 10, "the retried EndTxn's answer")
+    if crash == "sigkill only":
+        assert retried["error_code"] == ErrorCode.NONE, retried
+        assert read_values(broker.bootstrap, TOPIC, isolation="read_committed", partitions=1, expect=1) == [b"taken back"]
+        return
     assert retried["error_code"] == ErrorCode.UNKNOWN_PRODUCER_ID, retried
     aborted = end_answer(broker.port, pid, epoch, commit=False, version=version)
     assert aborted["error_code"] == ErrorCode.NONE, aborted
