@@ -62,9 +62,10 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=2000)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--transaction-version", type=int, default=None, help="the producer's transaction_version (default: the client's own)")
+    parser.add_argument("--config", action="append", default=[], metavar="KEY=VALUE", help="a broker setting, e.g. transaction.durable.at.end=true")
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="onceflow-bench-runner-commit-")
-    broker = BrokerProcess(os.path.join(work, "broker"), "group.initial.rebalance.delay.ms=0").start()
+    broker = BrokerProcess(os.path.join(work, "broker"), "group.initial.rebalance.delay.ms=0", *args.config).start()
     try:
         options = {} if args.transaction_version is None else {"transaction_version": args.transaction_version}
         commits = measure(broker.bootstrap, args.rate, args.seconds, os.path.join(work, "state"), **options)

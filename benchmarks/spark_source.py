@@ -238,23 +238,25 @@ def spark_source_scenario(bootstrap: str, settings, *, sink: bool = True) -> dic
     return figures
 
 
-if __name__ == "__main__":  # a run on its own: python -m benchmarks.spark_source [rows] [--no-sink] [--rounds N]
+if __name__ == "__main__":  # a run on its own: python -m benchmarks.spark_source [rows] [--no-sink] [--rounds N] [KEY=VALUE broker settings ...]
     import argparse
 
     from faults.process import BrokerProcess
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.spark_source", description="The Spark source and sink beside the floor (see the module doc).")
-    parser.add_argument("rows", type=int, nargs="?", default=SPARK_ROWS)
+    parser.add_argument("arguments", nargs="*", metavar="ROWS | KEY=VALUE", help=f"rows (default {SPARK_ROWS:,}) and settings of the broker process (e.g. transaction.durable.at.end=true)")
     parser.add_argument("--no-sink", action="store_true", help="leave out the exactly-once sink's runs")
     parser.add_argument("--rounds", type=int, default=1, help="floor, source and sink in turn this many times; medians (default 1)")
     options = parser.parse_args()
+    broker_settings = [a for a in options.arguments if "=" in a]
+    rows = [int(a) for a in options.arguments if "=" not in a]
 
     class Settings:
-        spark_rows = options.rows
+        spark_rows = rows[0] if rows else SPARK_ROWS
         spark_rounds = options.rounds
 
     data = tempfile.mkdtemp(prefix="onceflow-bench-broker-")
-    broker = BrokerProcess(os.path.join(data, "broker")).start()
+    broker = BrokerProcess(os.path.join(data, "broker"), *broker_settings).start()
     try:
         began = time.perf_counter()
         for key, metric in spark_source_scenario(broker.bootstrap, Settings(), sink=not options.no_sink).items():

@@ -101,15 +101,20 @@ class FaultSeams:
     disk_io: DiskIO | None = None  # None: the real system calls
     # False only to show the hazard it closes (faults.disk's power-cut tests).
     end_unknown_transactions: bool = True
+    # False only to show the hazard it closes (``transaction.durable.at.end``'s power-cut tests).
+    abort_ongoing_after_unclean_stop: bool = True
 
     @classmethod
     def from_environment(cls) -> "FaultSeams":
         """The seams the fault harness armed this process with through its
         environment (``faults.points``, ``faults.disk``), read once, here."""
-        from faults.disk import io_from_environment, keeps_unknown_transactions
+        from faults.disk import io_from_environment, keeps_ongoing_transactions, keeps_unknown_transactions
         from faults.points import point
 
-        return cls(crash_point=point, disk_io=io_from_environment(), end_unknown_transactions=not keeps_unknown_transactions())
+        return cls(
+            crash_point=point, disk_io=io_from_environment(), end_unknown_transactions=not keeps_unknown_transactions(),
+            abort_ongoing_after_unclean_stop=not keeps_ongoing_transactions(),
+        )
 
 
 class Broker:
@@ -248,7 +253,9 @@ class Broker:
             replicas=self.replicas, config=self.config, crash_point=crash_point, on_marker=self.groups.on_marker, clock=self.clock,
             on_state_written=self.metrics.transaction_state_written if self.metrics is not None else None,
         )
-        await self.transactions.start(end_unknown_transactions=self.seams.end_unknown_transactions)
+        await self.transactions.start(
+            end_unknown_transactions=self.seams.end_unknown_transactions, abort_ongoing_after_unclean_stop=self.seams.abort_ongoing_after_unclean_stop,
+        )
         self.groups.offsets_log.transaction_durability = self.transactions.coordinator.pending_durability
 
         try:

@@ -69,7 +69,11 @@ def _client_auth(value) -> str:
     return text
 
 
-_BOOL_SETTINGS = {"auto.create.topics.enable": "auto_create_topics", "allow.everyone.if.no.acl.found": "allow_everyone_if_no_acl_found"}
+_BOOL_SETTINGS = {
+    "auto.create.topics.enable": "auto_create_topics",
+    "allow.everyone.if.no.acl.found": "allow_everyone_if_no_acl_found",
+    "transaction.durable.at.end": "transaction_durable_at_end",
+}
 
 # ``authorizer.class.name``: Kafka's two ACL authorizers (so a copied
 # server.properties works) or onceflow's short name; empty: no authorizer.
@@ -120,6 +124,15 @@ class BrokerConfig:
     # its epoch bump) to clients that know it; 0 or 1 offers only the classic
     # protocol (Produce up to v11, EndTxn and TxnOffsetCommit up to v4).
     transaction_version: int = attrs.field(default=2, validator=[attrs.validators.ge(0), attrs.validators.le(2)])
+    # onceflow's own: a transactional Produce or TxnOffsetCommit is answered
+    # once appended, and EndTxn(commit) makes the transaction's data durable
+    # in its decision's fsync round (one round per transaction on the
+    # client's path); after an unclean stop every transaction left Ongoing is aborted
+    # (its acknowledged bytes may be gone). False: each of those requests
+    # waits for its own fsync (docs/concepts/transactions.md says why it is
+    # not the default yet: a transaction handed to another process, as the
+    # Spark sink's, must survive a broker crash while open).
+    transaction_durable_at_end: bool = False
     offsets_topic_partitions: int = attrs.field(default=50, validator=attrs.validators.ge(1))
     group_initial_rebalance_delay_ms: int = attrs.field(default=3000, validator=attrs.validators.ge(0))
     group_min_session_timeout_ms: int = attrs.field(default=6000, validator=attrs.validators.ge(1))

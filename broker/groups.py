@@ -6,8 +6,10 @@ loading at start, timers, and the request handlers of the group APIs
 partition (``abs(java_hash(group)) % offsets.topic.num.partitions``), as a
 transactional batch of the producer for TxnOffsetCommit, and waits until they
 are durable (a TxnOffsetCommit also until its producer's AddOffsetsToTxn
-record is: the transaction coordinator answered that once appended).
-Loading replays every partition in order: offset commits, group metadata,
+record is: the transaction coordinator answered that once appended);
+with ``transaction.durable.at.end`` a TxnOffsetCommit's records are
+appended without an fsync round and answered at once (EndTxn(commit) makes
+them durable in its decision's round). Loading replays every partition in order: offset commits, group metadata,
 transactional commits kept pending until their marker.
 """
 
@@ -42,6 +44,9 @@ class OffsetsLogWriter:
         # own records, or None (set by the broker once its transaction
         # coordinator exists: ``TransactionCoordinator.pending_durability``).
         self.transaction_durability: Callable[[int], Awaitable[None] | None] = lambda producer_id: None
+        # ``transaction.durable.at.end``: a TxnOffsetCommit is answered once
+        # appended; EndTxn(commit) makes it durable in its decision's round.
+        self.transactional_durable_at_end = False
 
     async def append(self, group_id: str, records, *, producer_id: int = -1, producer_epoch: int = -1) -> None:
         partition = partition_for(group_id, self.partitions)
@@ -55,6 +60,9 @@ class OffsetsLogWriter:
             producer_epoch=producer_epoch,
             is_transactional=producer_id >= 0,
         )
+        if producer_id >= 0 and self.transactional_durable_at_end:
+            partition_log.append(batch, flush=False)  # EndTxn(commit) asks for its fsync
+            return
         info = partition_log.append(batch)
         durable = partition_log.wait_durable(info.last_offset)
         # Asked after our own append, so that one fsync round covers both logs.
@@ -73,6 +81,7 @@ class GroupManager:
         self.partitions = config.offsets_topic_partitions
         self.clock = clock or Clock()
         self.offsets_log = OffsetsLogWriter(replicas, self.partitions, self.clock)
+        self.offsets_log.transactional_durable_at_end = config.transaction_durable_at_end
         self.coordinator = GroupCoordinator(
             offsets_log=self.offsets_log,
             settings=GroupSettings(

@@ -99,6 +99,9 @@ class ReplicaManager:
         self.topics_by_id: dict[uuid.UUID, TopicInfo] = {}
         self.logs: dict[tuple[str, int], object] = {}  # the open ones
         self.recovered_at_start: list[tuple[str, int]] = []
+        # Whether this start followed a clean stop (``load``): after an
+        # unclean one, bytes acknowledged before their fsync may be gone.
+        self.stopped_clean = True
         self._created_empty: set[tuple[str, int]] = set()
         self._waiters: dict[tuple[str, int], set[asyncio.Future]] = {}
         self._failed_opens: set[tuple[str, int]] = set()  # whose last open failed (logged in full once)
@@ -112,7 +115,7 @@ class ReplicaManager:
         since it was last whole. The others open when first used."""
         self.topics = self.store.load_topics()
         self.topics_by_id = {info.topic_id: info for info in self.topics.values()}
-        stopped_clean = os.path.exists(self._clean_stop_path)
+        stopped_clean = self.stopped_clean = os.path.exists(self._clean_stop_path)
         if stopped_clean:
             # From now on a crash is unclean, whatever the partitions say.
             os.remove(self._clean_stop_path)

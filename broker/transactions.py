@@ -20,7 +20,10 @@
   each is aborted with a marker before the broker serves
   (``end_unknown_transactions``: AddPartitionsToTxn is answered once
   appended, so a power cut may keep a transactional batch and lose the
-  record that put its partition in the transaction).
+  record that put its partition in the transaction); with
+  ``transaction.durable.at.end``, after an unclean stop, every transaction
+  recovered Ongoing is aborted first (bytes its client was answered for
+  may be gone).
 
 Named crash points (``faults``) are passed to the coordinator as a callable,
 so a test can kill the broker between the durable decision and the markers.
@@ -28,6 +31,7 @@ so a test can kill the broker between the durable decision and the markers.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from typing import Awaitable, Callable
@@ -84,6 +88,7 @@ class StateLogWriter:
         order, and durability there is a prefix, so a later record of the id
         is durable only with this one."""
         durable = self._append(metadata.transactional_id, encode_value(metadata))
+        note_durability_wait(durable)  # an EndTxn's decision beside its data; Complete's comes after the answer and counts nothing
         return self._told_when_durable(durable, metadata)
 
     async def _told_when_durable(self, durable: Awaitable[None], metadata: TxnMetadata) -> None:
@@ -140,6 +145,46 @@ class MarkerWriter:
         if self.on_marker is not None:
             self.on_marker(topic, index, producer_id, commit)
 
+    # -- transaction.durable.at.end: its Produce and TxnOffsetCommit requests
+    # were answered once appended; EndTxn(commit) makes them durable in the
+    # round of its decision, which names where each log's data ends.
+
+    def data_ends(self, metadata: TxnMetadata) -> tuple:
+        """(topic, partition, log end offset) of each partition of the
+        transaction that has a log, sorted."""
+        ends = []
+        for partition in sorted(metadata.partitions, key=lambda p: (p.topic, p.partition)):
+            partition_log = self.replicas.get_log(partition.topic, partition.partition)
+            if partition_log is not None:  # deleted: nothing of it will be read
+                ends.append((partition.topic, partition.partition, partition_log.log_end_offset))
+        return tuple(ends)
+
+    def data_durable(self, metadata: TxnMetadata) -> Awaitable[None]:
+        """Ask now (so that the decision's round covers them) for every log
+        of ``metadata.data_ends`` to be durable up to its end; the result is
+        done once all are."""
+        waits = []
+        for topic, index, end in metadata.data_ends:
+            partition_log = self.replicas.get_log(topic, index)
+            if partition_log is not None and end > partition_log.durable_offset:
+                durable = partition_log.wait_durable(end - 1)
+                note_durability_wait(durable)
+                waits.append(durable)
+        return asyncio.gather(*waits)
+
+    def data_present(self, metadata: TxnMetadata) -> bool:
+        """After a restart: whether each log of ``metadata.data_ends`` still
+        reaches its end (a log that cannot be opened does not)."""
+        for topic, index, end in metadata.data_ends:
+            try:
+                partition_log = self.replicas.get_log(topic, index)
+            except Exception as error:
+                log.error("%s-%d cannot be opened (%s): the commit decided on its data cannot be checked", topic, index, error)
+                return False
+            if partition_log is not None and partition_log.log_end_offset < end:
+                return False
+        return True
+
     async def write(self, metadata: TxnMetadata, commit: bool) -> None:
         control = ControlType.COMMIT if commit else ControlType.ABORT
         waits = []
@@ -186,6 +231,7 @@ class TransactionManager:
                 transaction_max_timeout_ms=config.transaction_max_timeout_ms,
                 transactional_id_expiration_ms=config.transactional_id_expiration_ms,
                 abort_timed_out_interval_ms=config.transaction_abort_interval_ms,
+                durable_at_end=config.transaction_durable_at_end,
             ),
             clock=clock,
             coordinator_epoch=COORDINATOR_EPOCH,
@@ -216,12 +262,16 @@ class TransactionManager:
                         log.error("skipping an unreadable %s record at offset %d: %s", TRANSACTION_STATE_TOPIC, record.offset, error)
         self.coordinator.load(entries)  # recover() logs what was loaded
 
-    async def start(self, *, end_unknown_transactions: bool = True) -> None:
-        """Load and recover; ``end_unknown_transactions=False`` only for
-        the test that shows what the check prevents."""
+    async def start(self, *, end_unknown_transactions: bool = True, abort_ongoing_after_unclean_stop: bool = True) -> None:
+        """Load and recover; after an unclean stop with
+        ``transaction.durable.at.end``, abort every Ongoing transaction
+        (``TransactionCoordinator.abort_ongoing_after_unclean_stop``). Either
+        check switched off only for the tests that show what it prevents."""
         self.ensure_topic()
         self.load()
         self.coordinator.recover()
+        if abort_ongoing_after_unclean_stop and self.config.transaction_durable_at_end and not self.replicas.stopped_clean:
+            await self.coordinator.abort_ongoing_after_unclean_stop()
         if end_unknown_transactions:
             await self.end_unknown_transactions()
 

@@ -36,6 +36,22 @@ transactional batch whose AddPartitions record was lost: the broker aborts
 such a batch at start, before it serves, as no transaction of the
 recovered state names it (``is_known_open_transaction``).
 
+With ``CoordinatorSettings.durable_at_end`` (the broker's
+``transaction.durable.at.end``) a transactional Produce or TxnOffsetCommit
+is answered once appended, before any fsync: a commit's decision then
+names the log end each partition of the transaction has reached
+(``TxnMetadata.data_ends``) and shares one fsync round with that data
+(``markers.data_durable``); EndTxn is answered once both are durable. A
+power cut during the round may keep the decision and lose data (the kernel
+writes pages back in any order), so ``recover`` completes such a
+PrepareCommit only if every log still reaches its end, and otherwise
+aborts it (``_abort_decided_commit``: its EndTxn was never answered). After
+an unclean stop the broker calls ``abort_ongoing_after_unclean_stop``: an
+Ongoing transaction may have lost bytes its client was answered for, so it
+is aborted with an epoch bump, and its producer's commit is told
+UNKNOWN_PRODUCER_ID (abortable for librdkafka and ``txn``; PRODUCER_FENCED
+is fatal to librdkafka).
+
 Transaction version 2 (KIP-890 part 2) changes three things, chosen per
 request by the client's version of it: the first transactional Produce
 (v12) or TxnOffsetCommit (v5) adds its partition itself (the broker calls
@@ -106,6 +122,23 @@ class TxnLog(Protocol):
 class MarkerWriter(Protocol):
     async def write(self, metadata: TxnMetadata, commit: bool) -> None: ...
 
+    # Only with ``durable_at_end``:
+    def data_ends(self, metadata: TxnMetadata) -> tuple:
+        """(topic, partition, log end offset) of every partition of the
+        transaction (data and ``__consumer_offsets``) now, sorted."""
+        ...
+
+    def data_durable(self, metadata: TxnMetadata) -> Awaitable[None]:
+        """Ask now for every byte appended so far to the transaction's
+        partitions to be made durable; the result is done once it is
+        (raising if some never will be)."""
+        ...
+
+    def data_present(self, metadata: TxnMetadata) -> bool:
+        """After a restart: whether every log of ``metadata.data_ends``
+        still reaches its end offset (nothing a crash took back)."""
+        ...
+
 
 class ProducerIdSource(Protocol):
     def allocate(self) -> int: ...
@@ -133,6 +166,9 @@ class CoordinatorSettings:
     transaction_max_timeout_ms: int = DEFAULT_TRANSACTION_MAX_TIMEOUT_MS
     transactional_id_expiration_ms: int = DEFAULT_TRANSACTIONAL_ID_EXPIRATION_MS
     abort_timed_out_interval_ms: int = DEFAULT_ABORT_TIMED_OUT_INTERVAL_MS
+    # Transactional Produce/TxnOffsetCommit answered once appended: a commit's
+    # decision names its data's log ends and shares its fsync round.
+    durable_at_end: bool = False
 
 
 class TxnTable(dict):
@@ -211,6 +247,11 @@ class TransactionCoordinator:
         # Ids whose last change was answered once appended, not yet known
         # durable: how to wait for it (``pending_durability``).
         self._unflushed: dict[str, Callable[[], Awaitable[None]]] = {}
+        # id -> the epoch its producer had when the transaction was aborted
+        # after an unclean stop (``abort_ongoing_after_unclean_stop``): that
+        # producer's EndTxn(commit) is told UNKNOWN_PRODUCER_ID, which the
+        # clients treat as abortable (memory only: a later restart forgets).
+        self._aborted_at_recovery: dict[str, int] = {}
         self.loading = False
 
     # -- recovery ---------------------------------------------------------------
@@ -234,6 +275,9 @@ class TransactionCoordinator:
                     extra={"transactional_id": transactional_id, "producer_id": metadata.producer_id, "producer_epoch": metadata.producer_epoch, "state": _state_name(metadata.state)},
                 )
                 self._busy.add(transactional_id)
+                if metadata.data_ends and not self.markers.data_present(metadata):
+                    tasks.append(self._work.start(self._write_then_apply(self._abort_decided_commit(metadata))))
+                    continue
                 tasks.append(self._spawn_completion(metadata))
         states = [metadata.state for metadata in self.txns.values()]
         counts = {
@@ -249,6 +293,55 @@ class TransactionCoordinator:
             extra={"event": "transaction_recovery", **counts},
         )
         return tasks
+
+    def _abort_decided_commit(self, prepared: TxnMetadata) -> TxnMetadata:
+        """A PrepareCommit whose data a crash took back (it and its data
+        shared one fsync round, and the cut kept the record, not all the
+        data): its EndTxn was never answered, so it is aborted instead, with
+        an epoch bump, and the producer's retried commit is told
+        UNKNOWN_PRODUCER_ID (abortable)."""
+        log.warning(
+            "transaction %s: its commit was decided but a crash took back some of its data; aborting it", prepared.transactional_id,
+            extra={"event": "decided_commit_aborted_at_recovery", "transactional_id": prepared.transactional_id, "producer_id": prepared.producer_id},
+        )
+        if prepared.transaction_version >= TRANSACTION_VERSION_2:
+            self._aborted_at_recovery[prepared.transactional_id] = prepared.last_producer_epoch  # the decision bumped already
+            return attrs.evolve(prepared, state=TxnState.PREPARE_ABORT, data_ends=(), last_update_ms=self.clock.wall_ms())
+        self._aborted_at_recovery[prepared.transactional_id] = prepared.producer_epoch
+        bumped = min(prepared.producer_epoch + 1, MAX_PRODUCER_EPOCH)
+        return attrs.evolve(
+            prepared, state=TxnState.PREPARE_ABORT, data_ends=(), last_update_ms=self.clock.wall_ms(), producer_epoch=bumped, last_producer_epoch=prepared.producer_epoch,
+        )
+
+    async def abort_ongoing_after_unclean_stop(self) -> list[str]:
+        """``durable_at_end`` after an unclean stop: a transactional Produce
+        or TxnOffsetCommit was answered once appended, so an Ongoing
+        transaction may have lost acknowledged bytes while its record
+        survived; committed, it would have a hole. Abort each one as a timed
+        out one is (epoch bump, markers). Prepare states are ``recover``'s:
+        a PrepareCommit completes if the data it names is whole. Returns
+        the ids aborted."""
+        aborted = []
+        for transactional_id, metadata in list(self.txns.items()):
+            if metadata.state != TxnState.ONGOING or transactional_id in self._busy:
+                continue
+            log.warning(
+                "transaction %s was open at an unclean stop: aborting it (bytes it was answered for may be lost)", transactional_id,
+                extra={"event": "ongoing_transaction_aborted_at_recovery", "transactional_id": transactional_id, "producer_id": metadata.producer_id},
+            )
+            self._aborted_at_recovery[transactional_id] = metadata.producer_epoch
+            await self._abort_with_bump(metadata)
+            aborted.append(transactional_id)
+        return aborted
+
+    def _aborted_under(self, transactional_id: str, producer_epoch: int, current: TxnMetadata) -> bool:
+        """Whether a commit from ``producer_epoch`` meets its transaction
+        aborted at recovery (``abort_ongoing_after_unclean_stop``)."""
+        return (
+            self._aborted_at_recovery.get(transactional_id) == producer_epoch
+            and current.last_producer_epoch == producer_epoch
+            and current.state in (TxnState.PREPARE_ABORT, TxnState.COMPLETE_ABORT)
+        )
 
     # -- InitProducerId ---------------------------------------------------------
 
@@ -439,6 +532,10 @@ class TransactionCoordinator:
         if metadata is not None:
             if producer_epoch < metadata.producer_epoch:
                 return ErrorCode.INVALID_PRODUCER_EPOCH
+            if self.settings.durable_at_end and metadata.transactional_id in self._busy:
+                # A decision may be on its way, its data ends already taken:
+                # a batch appended now would be committed without being named.
+                return ErrorCode.INVALID_TXN_STATE
             if metadata.state == TxnState.ONGOING and metadata.producer_epoch == producer_epoch and partition in metadata.partitions:
                 return ErrorCode.NONE
             return ErrorCode.INVALID_TXN_STATE
@@ -461,6 +558,8 @@ class TransactionCoordinator:
             # (KIP-360): answer by what happened, never start something new.
             if producer_epoch == current.last_producer_epoch and current.state in (wanted_complete, wanted_prepare):
                 return ErrorCode.NONE if current.state == wanted_complete else ErrorCode.CONCURRENT_TRANSACTIONS
+            if commit and self._aborted_under(transactional_id, producer_epoch, current):
+                return ErrorCode.UNKNOWN_PRODUCER_ID  # abortable: the client aborts and bumps (KIP-360)
             return ErrorCode.PRODUCER_FENCED
         if current.state == wanted_complete:
             return ErrorCode.NONE  # a retried EndTxn of what already happened
@@ -506,6 +605,8 @@ class TransactionCoordinator:
                 if current.state == wanted_complete:
                     return EndResult(ErrorCode.NONE, *current.epoch_after_end)
                 return EndResult(ErrorCode.CONCURRENT_TRANSACTIONS)
+            if commit and self._aborted_under(transactional_id, producer_epoch, current):
+                return EndResult(ErrorCode.UNKNOWN_PRODUCER_ID)
             return EndResult(ErrorCode.PRODUCER_FENCED)
         if current.state == TxnState.PREPARE_EPOCH_FENCE:
             return EndResult(ErrorCode.PRODUCER_FENCED)
@@ -662,7 +763,17 @@ class TransactionCoordinator:
         completing = False
         try:
             try:
-                await self.txn_log.write(metadata)
+                if self.settings.durable_at_end and metadata.state == TxnState.PREPARE_COMMIT:
+                    # The decision and the data it commits share one fsync
+                    # round; the decision names where the data ends, so that
+                    # recovery commits only what a crash left whole.
+                    metadata = attrs.evolve(metadata, data_ends=self.markers.data_ends(metadata))
+                    decision = self.txn_log.append(metadata)
+                    data = self.markers.data_durable(metadata)  # asked before the round starts: the same round
+                    self.crash_point("coordinator.decision_appended")
+                    await asyncio.gather(data, decision)
+                else:
+                    await self.txn_log.write(metadata)
             except Exception as error:
                 log.error("could not write %s of %s: %s", metadata.state.name, transactional_id, error)
                 return ErrorCode.KAFKA_STORAGE_ERROR

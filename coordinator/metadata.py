@@ -48,6 +48,11 @@ class TxnMetadata:
     # The client's transaction version (Kafka's ClientTransactionVersion):
     # TRANSACTION_VERSION_2 once a client of KIP-890 part 2 began the transaction.
     transaction_version: int = 0
+    # ``transaction.durable.at.end``: a PrepareCommit written beside its data
+    # in one fsync round names, per partition, the log end the data reached
+    # ((topic, partition, end offset), sorted): recovery commits only if
+    # every log still reaches it.
+    data_ends: tuple = ()
 
     # -- transitions: each returns the next value; the caller persists it first --
 
@@ -110,13 +115,14 @@ class TxnMetadata:
                 now_ms,
                 partitions=frozenset(),
                 start_ms=-1,
+                data_ends=(),
                 previous_producer_id=self.producer_id,
                 producer_id=self.next_producer_id,
                 producer_epoch=0,
                 last_producer_epoch=NO_PRODUCER_EPOCH,
                 next_producer_id=NO_PRODUCER_ID,
             )
-        return self._next(TxnEvent.MARKERS_WRITTEN, now_ms, partitions=frozenset(), start_ms=-1)
+        return self._next(TxnEvent.MARKERS_WRITTEN, now_ms, partitions=frozenset(), start_ms=-1, data_ends=())
 
     def init_producer(self, producer_id: int, producer_epoch: int, timeout_ms: int, now_ms: int) -> "TxnMetadata":
         return self._next(

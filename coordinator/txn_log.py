@@ -14,6 +14,12 @@ byte for byte what it was. Reloaded, a version-2 decision (Prepare or
 Complete) knows the epoch it bumped from (``last_producer_epoch``): one
 below its own, so a retried EndTxn is recognized after a restart too.
 
+onceflow adds one tagged field of its own to value version 1
+(``DATA_ENDS_TAG``, which Kafka's readers skip as unknown): a PrepareCommit
+written beside its data (``transaction.durable.at.end``) names the log end
+each partition of the transaction had reached, and such a record is
+written as version 1 whatever the client's transaction version.
+
 A transactional id lives in partition ``abs(java_hash(id)) % partitions``,
 Kafka's choice, so tools that know Kafka's layout find it where they expect.
 """
@@ -22,9 +28,12 @@ from __future__ import annotations
 
 import struct
 
+import attrs
+
 from coordinator.metadata import NO_PRODUCER_EPOCH, TRANSACTION_VERSION_2, TopicPartition, TxnMetadata
 from coordinator.state import TxnState
 from protocol import schema
+from protocol.schema import INT32, INT64, STRING, ArrayOf, Field, Struct
 from protocol.partitioning import java_string_hash, partition_for  # noqa: F401 (re-exported)
 from protocol.messages import TRANSACTION_LOG_KEY, TRANSACTION_LOG_VALUE
 
@@ -34,6 +43,16 @@ KEY_VERSION = 0
 VALUE_VERSION = 0
 VALUE_VERSION_TAGGED = 1  # for transactions of KIP-890 part 2
 _VERSION = struct.Struct(">h")
+# Far above Kafka's own tags (0-2 today), so that none of its future ones meets it.
+DATA_ENDS_TAG = 10_000
+VALUE_SCHEMA = attrs.evolve(TRANSACTION_LOG_VALUE, body=Struct("TransactionLogValue", (
+    *TRANSACTION_LOG_VALUE.body.fields,
+    Field("onceflow_data_ends", ArrayOf(Struct("DataEnd", (
+        Field("topic", STRING, (1, None)),
+        Field("partition", INT32, (1, None)),
+        Field("end_offset", INT64, (1, None)),
+    ))), None, tagged=(1, None), tag=DATA_ENDS_TAG),
+)))
 
 
 def encode_key(transactional_id: str) -> bytes:
@@ -53,14 +72,15 @@ def encode_value(metadata: TxnMetadata) -> bytes:
         "transaction_last_update_timestamp_ms": metadata.last_update_ms,
         "transaction_start_timestamp_ms": metadata.start_ms,
     }
-    if metadata.transaction_version < TRANSACTION_VERSION_2:
+    if metadata.transaction_version < TRANSACTION_VERSION_2 and not metadata.data_ends:
         return _VERSION.pack(VALUE_VERSION) + schema.encode(TRANSACTION_LOG_VALUE, VALUE_VERSION, body)
     body.update(
         client_transaction_version=metadata.transaction_version,
         previous_producer_id=metadata.previous_producer_id,
         next_producer_id=metadata.next_producer_id,
+        onceflow_data_ends=[{"topic": topic, "partition": partition, "end_offset": end} for topic, partition, end in metadata.data_ends],
     )
-    return _VERSION.pack(VALUE_VERSION_TAGGED) + schema.encode(TRANSACTION_LOG_VALUE, VALUE_VERSION_TAGGED, body)
+    return _VERSION.pack(VALUE_VERSION_TAGGED) + schema.encode(VALUE_SCHEMA, VALUE_VERSION_TAGGED, body)
 
 
 def decode_key(data: bytes) -> str:
@@ -77,7 +97,7 @@ def decode_value(transactional_id: str, data: bytes | None) -> TxnMetadata | Non
     (version,) = _VERSION.unpack_from(data)
     if version not in (0, 1):
         raise ValueError(f"unknown TransactionLogValue version {version}")
-    body, _ = schema.decode(TRANSACTION_LOG_VALUE, version, data, 2, exact=False)
+    body, _ = schema.decode(VALUE_SCHEMA, version, data, 2, exact=False)
     partitions = frozenset(
         TopicPartition(entry["topic"], partition)
         for entry in body["transaction_partitions"] or []
@@ -102,4 +122,5 @@ def decode_value(transactional_id: str, data: bytes | None) -> TxnMetadata | Non
         previous_producer_id=body.get("previous_producer_id", -1),
         next_producer_id=body.get("next_producer_id", -1),
         transaction_version=transaction_version,
+        data_ends=tuple((end["topic"], end["partition"], end["end_offset"]) for end in body.get("onceflow_data_ends") or ()),
     )

@@ -119,6 +119,8 @@ class ChaosSettings:
     # (ONCEFLOW_INSTANCE_ID=app-N, as an orchestrator names its replicas) or
     # "state-dir" (generated and kept in its state directory, lost with it).
     instance_ids: str = attrs.field(default="given", validator=attrs.validators.in_(("given", "state-dir")))
+    # More settings for the broker ("KEY=VALUE", as ``onceflow broker --config``).
+    broker_config: tuple = attrs.field(default=(), converter=tuple)
 
     def __attrs_post_init__(self) -> None:
         unknown = set(self.faults) - set(FAULT_KINDS)
@@ -188,7 +190,7 @@ class ChaosRun:
     def _start_broker(self) -> None:
         port = restartable_port()  # the broker restarts on it (faults.process)
         self.proxy = ThreadedFaultProxy("127.0.0.1", port).start()
-        self.broker = BrokerProcess(os.path.join(self.work, "data"), *BROKER_CONFIG, port=port, advertise=f"127.0.0.1:{self.proxy.port}",
+        self.broker = BrokerProcess(os.path.join(self.work, "data"), *BROKER_CONFIG, *self.settings.broker_config, port=port, advertise=f"127.0.0.1:{self.proxy.port}",
                                     env={DISK_FAULTS_VARIABLE: self.disk.path}, log_path=os.path.join(self.work, "broker.log"))
         self.broker.start()
         self.bootstrap = f"127.0.0.1:{self.proxy.port}"

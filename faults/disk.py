@@ -42,6 +42,10 @@ the ``__transaction_state`` record that named its partition lost).
 ``ONCEFLOW_KEEP_UNKNOWN_TRANSACTIONS=1`` starts a broker without the check
 that aborts, at start, open transactions no transaction state names (what
 such a power cut leaves): only to show what the check prevents.
+``ONCEFLOW_KEEP_ONGOING_TRANSACTIONS=1`` starts one (with
+``transaction.durable.at.end``) that keeps, after an unclean stop, the
+transactions left Ongoing instead of aborting them: only to show the hole
+a power cut leaves in such a transaction once it commits.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ from storage.txn_index import ENTRY_SIZE as TXN_ENTRY_SIZE
 ENVIRONMENT_VARIABLE = "ONCEFLOW_DISK_FAULTS"
 FSYNC_JOURNAL_VARIABLE = "ONCEFLOW_FSYNC_JOURNAL"
 KEEP_UNKNOWN_TRANSACTIONS_VARIABLE = "ONCEFLOW_KEEP_UNKNOWN_TRANSACTIONS"
+KEEP_ONGOING_TRANSACTIONS_VARIABLE = "ONCEFLOW_KEEP_ONGOING_TRANSACTIONS"
 TORN_WRITE_POINT = "storage.torn_write"
 ERRNOS = {"EIO": errno.EIO, "ENOSPC": errno.ENOSPC, "EDQUOT": errno.EDQUOT}
 BATCH_LENGTH_OFFSET, BATCH_OVERHEAD = 8, 12  # a batch: base offset (8), length (4), then `length` bytes
@@ -348,6 +353,12 @@ def keeps_unknown_transactions() -> bool:
     """Whether this broker was started without its check for open
     transactions no transaction state names (``KEEP_UNKNOWN_TRANSACTIONS_VARIABLE``)."""
     return os.environ.get(KEEP_UNKNOWN_TRANSACTIONS_VARIABLE) == "1"
+
+
+def keeps_ongoing_transactions() -> bool:
+    """Whether this broker was started without aborting, after an unclean
+    stop, the transactions left Ongoing (``KEEP_ONGOING_TRANSACTIONS_VARIABLE``)."""
+    return os.environ.get(KEEP_ONGOING_TRANSACTIONS_VARIABLE) == "1"
 
 
 def io_from_environment() -> DiskIO | None:

@@ -12,6 +12,8 @@ Points compiled in, by room:
 
 - broker: ``coordinator.after_prepare_commit`` /
   ``coordinator.after_prepare_abort`` (the decision is durable),
+  ``coordinator.decision_appended`` (with ``transaction.durable.at.end``:
+  a commit's decision appended, its round with the data not yet run),
   ``coordinator.markers_partial`` (markers reached some partitions),
   ``coordinator.before_complete``, ``replicas.topics_registering`` /
   ``replicas.topic_registered`` (CreateTopics before and after its registry

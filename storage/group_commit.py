@@ -227,8 +227,10 @@ class GroupCommitter:
 
     # -------------------------------------------------------------- waiters
 
-    def wait_durable(self, offset: int) -> asyncio.Future:
-        """A future that completes when ``offset`` is durable (fails if it never will be)."""
+    def wait_durable(self, offset: int, *, ask: bool = True) -> asyncio.Future:
+        """A future that completes when ``offset`` is durable (fails if it
+        never will be); without ``ask``, appends made without ``flush`` stay
+        waiting for a round someone else asks for."""
         future = asyncio.get_running_loop().create_future()
         if self.log.failed is not None:
             future.set_exception(LogFailedError(f"not durable: {self.log.failed}"))
@@ -236,7 +238,7 @@ class GroupCommitter:
             future.set_result(None)
         else:
             self.waiters.append((offset, future))
-            if self.unflushed and self not in self.rounds.pending:
+            if ask and self.unflushed and self not in self.rounds.pending:
                 self.rounds.request(self)  # appended without asking for a round (``wrote(flush=False)``)
         return future
 

@@ -438,9 +438,11 @@ class PartitionLog:
         """fsync everything written so far, synchronously, then acknowledge it."""
         self.committer.flush()
 
-    def wait_durable(self, offset: int) -> asyncio.Future:
-        """A future that completes when ``offset`` is durable (fails if it never will be)."""
-        return self.committer.wait_durable(offset)
+    def wait_durable(self, offset: int, *, ask: bool = True) -> asyncio.Future:
+        """A future that completes when ``offset`` is durable (fails if it
+        never will be). Without ``ask`` it asks for no fsync round: an
+        append made without ``flush`` waits for someone else's."""
+        return self.committer.wait_durable(offset, ask=ask)
 
     def mark_failed(self, error: Exception) -> None:
         """Refuse appends until the log is reopened (a write or fsync failed,

@@ -612,11 +612,25 @@ class MemoryTxnLog:
 
 
 class MemoryMarkers:
-    """Markers written in memory; the next ``fail_times`` writes fail."""
+    """Markers written in memory; the next ``fail_times`` writes fail.
+    ``log_ends`` (partition -> log end offset) stands for the partition logs
+    that ``transaction.durable.at.end``'s decisions name and recovery checks."""
 
     def __init__(self):
         self.written = []
         self.fail_times = 0
+        self.log_ends = {}
+
+    def data_ends(self, metadata):
+        return tuple((p.topic, p.partition, self.log_ends.get(p, 0)) for p in sorted(metadata.partitions, key=str))
+
+    def data_durable(self, metadata):
+        return asyncio.sleep(0)
+
+    def data_present(self, metadata):
+        from coordinator.metadata import TopicPartition
+
+        return all(self.log_ends.get(TopicPartition(topic, index), 0) >= end for topic, index, end in metadata.data_ends)
 
     async def write(self, metadata, commit):
         if self.fail_times:

@@ -481,6 +481,13 @@ class AsyncProducer(Sender):
                     self._fatal = CommitOutcomeUnknownError(message=f"commit outcome unknown ({error}); call init_transactions() to resolve it")
                     raise self._fatal from error
                 raise
+            except TransactionAbortableError as error:
+                if error.code == ErrorCode.UNKNOWN_PRODUCER_ID:
+                    # The coordinator aborted the transaction under us with an
+                    # epoch bump (after an unclean stop): the abort that follows
+                    # goes on at a new epoch (KIP-360).
+                    self._needs_epoch_bump = True
+                raise
             if self._transaction_v2 and response.get("producer_epoch", -1) >= 0:
                 self._new_epoch(response["producer_id"], response["producer_epoch"])  # also what a failed send needed
         self._in_transaction = False

@@ -22,6 +22,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--report", default="chaos-report", metavar="DIR", help="where the history, verdict, summary and timeline go (default chaos-report)")
     parser.add_argument("--app", default="", metavar="MODULE", help="(streaming) the app module, a .py path or a module name, following the convention in faults.workloads")
     parser.add_argument("--query", default="", metavar="MODULE", help="(spark) the module that builds the Spark query, a .py path or a module name, following the convention in faults.spark")
+    parser.add_argument("--broker-config", action="append", default=[], metavar="KEY=VALUE", help="a setting for the broker under test, e.g. transaction.durable.at.end=true (repeatable)")
 
 
 def run(args) -> int:
@@ -30,7 +31,7 @@ def run(args) -> int:
     try:
         settings = ChaosSettings(workload=args.workload, faults=tuple(f for f in args.faults.split(",") if f), duration=args.duration, seed=args.seed,
                                  records=args.records, clients=args.clients, abort_ratio=args.abort_ratio, mean_fault_interval=args.mean_fault_interval,
-                                 app=args.app, query=args.query)
+                                 app=args.app, query=args.query, broker_config=tuple(args.broker_config))
     except ValueError as error:
         print(f"onceflow chaos: {error}", file=sys.stderr)
         return 2

@@ -139,6 +139,47 @@ def test_the_fsync_rounds_on_a_clients_path_are_counted_per_request(broker):
     assert (waited(before, after, "Produce"), waited(before, after, "TxnOffsetCommit"), waited(before, after, "EndTxn")) == (5, 5, 5), "three rounds per copier transaction"
 
 
+@pytest.mark.slow
+def test_with_durability_at_the_end_a_transaction_waits_for_one_round(tmp_path):
+    """``transaction.durable.at.end``: the Produce and TxnOffsetCommit are
+    answered once appended, and only EndTxn(commit) waits (for the data's
+    round, then the decision's): one request per transaction, librdkafka's
+    or a copier's of our client."""
+    from confluent_kafka import Producer as Rdkafka
+
+    from txn import Producer
+
+    properties = {**SMALL_INTERNAL, "transaction.durable.at.end": "true"}
+    with EmbeddedBroker(str(tmp_path / "data"), group_initial_rebalance_delay_ms=0, metrics_address=("127.0.0.1", 0), properties=properties) as broker:
+        topic = "rounds-at-end"
+        create_topic(broker.bootstrap, topic, partitions=1)
+        producer = Rdkafka({"bootstrap.servers": broker.bootstrap, "transactional.id": "rounds-at-end", "linger.ms": 1})
+        producer.init_transactions(30)
+        before = scrape(broker)
+        for index in range(5):
+            producer.begin_transaction()
+            producer.produce(topic, b"%d" % index)
+            producer.flush(30)
+            producer.commit_transaction(30)
+        after = scrape(broker)
+        waited = {api: after.value("onceflow_requests_waited_fsync_total", 0.0, api=api) - before.value("onceflow_requests_waited_fsync_total", 0.0, api=api) for api in ("Produce", "EndTxn")}
+        assert waited == {"Produce": 0, "EndTxn": 5}
+        assert after.total("onceflow_requests_waited_fsync_total") - before.total("onceflow_requests_waited_fsync_total") == 5, "one round per transaction"
+
+        ours = Producer(broker.bootstrap, transactional_id="rounds-at-end-v2", linger_ms=0)
+        ours.init_transactions()
+        before = scrape(broker)
+        for index in range(5):
+            with ours.transaction():
+                ours.send(topic, b"v2-%d" % index)
+                ours.flush()
+                ours.send_offsets_to_transaction({(topic, 0): index + 1}, "rounds-group")
+        ours.close()
+        after = scrape(broker)
+        assert after.total("onceflow_requests_waited_fsync_total") - before.total("onceflow_requests_waited_fsync_total") == 5, "one round per copier transaction"
+        assert after.value("onceflow_requests_waited_fsync_total", 0.0, api="EndTxn") - before.value("onceflow_requests_waited_fsync_total", 0.0, api="EndTxn") == 5
+
+
 # --------------------------------------------------------------------------- groups and lag (kafka-python)
 
 

@@ -33,7 +33,7 @@ import os
 
 import pytest
 
-from faults.disk import FSYNC_JOURNAL_VARIABLE, KEEP_UNKNOWN_TRANSACTIONS_VARIABLE, durable_sizes, lose_unsynced
+from faults.disk import FSYNC_JOURNAL_VARIABLE, KEEP_ONGOING_TRANSACTIONS_VARIABLE, KEEP_UNKNOWN_TRANSACTIONS_VARIABLE, durable_sizes, lose_unsynced
 from protocol.errors import ErrorCode
 from protocol.messages import ApiKey
 from protocol.records import encode_batch
@@ -240,3 +240,277 @@ def test_an_end_txn_v5_decision_survives_a_crash_at_its_new_epoch(broker_process
 def _settled(answer: dict) -> dict | None:
     """An EndTxn answer once the recovery's completion is over (else None: retry)."""
     return None if answer["error_code"] == ErrorCode.CONCURRENT_TRANSACTIONS else answer
+
+
+# -- transaction.durable.at.end: a transactional Produce or TxnOffsetCommit is
+# answered once appended; EndTxn(commit) makes the data durable before its decision.
+
+DURABLE_AT_END = "transaction.durable.at.end=true"
+
+
+def unsynced(journal: str, data_dir: str, topic: str) -> bool:
+    """Whether some segment of ``topic`` holds bytes no fsync covered."""
+    durable = durable_sizes(journal)
+    return any(os.path.getsize(path) > durable.get(os.path.realpath(path), 0) for path in segments(data_dir, topic))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("answered", ["produce", "txn_offset_commit"])
+def test_a_commit_decision_is_durable_only_with_the_data_it_commits(broker_process, tmp_path, answered, version):
+    """The Produce (or TxnOffsetCommit) is answered before any fsync covers
+    its bytes; the broker is killed right after EndTxn(commit)'s decision
+    is durable, and every byte no fsync covered is lost: the decision's
+    round made the data durable too, so recovery completes a commit of the
+    whole transaction (without the data in that round, recovery finds the
+    data gone and aborts)."""
+    journal = str(tmp_path / "fsyncs.journal")
+    broker = broker_process(DURABLE_AT_END, env={FSYNC_JOURNAL_VARIABLE: journal, "ONCEFLOW_CRASH_POINTS": "coordinator.after_prepare_commit@1:exit"})
+    create_topic(broker.bootstrap, TOPIC, 1)
+    pid, epoch = init(broker.port)
+    if answered == "produce":
+        add_partition(broker.port, pid, epoch, version)
+        assert produce(broker.port, pid, epoch, 0, b"answered", acks=-1, version=version) == ErrorCode.NONE
+        assert unsynced(journal, broker.data_dir, TOPIC), "answered before its fsync"
+    else:
+        add_offsets_and_commit_them(broker.port, pid, epoch, 42, version)
+        assert unsynced(journal, broker.data_dir, "__consumer_offsets"), "answered before its fsync"
+    with pytest.raises(OSError):
+        end_answer(broker.port, pid, epoch, commit=True, version=version)
+    assert broker.wait_exit(30) == 86, "the crash point fired"
+    lose_unsynced(journal, glob.glob(os.path.join(broker.data_dir, "*", "*.log")))
+    broker.env = None
+    broker.start()
+
+    if answered == "produce":
+        assert read_values(broker.bootstrap, TOPIC, isolation="read_committed", partitions=1, expect=1) == [b"answered"]
+    else:
+        wait_for(lambda: committed_offset(broker.port) == 42, 10, "the committed offset")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("rule", ["on", "off", "sigkill only"])
+def test_a_transaction_open_at_a_power_cut_is_aborted_at_start_never_committed_with_a_hole(broker_process, tmp_path, rule, version):
+    """Two records answered once appended; the first made durable (an
+    fsync round of its own), the second not; a power cut loses the second
+    and keeps the transaction's record (Ongoing, the partition in it). At
+    start the broker aborts the transaction with an epoch bump: the
+    client's EndTxn(commit) is told UNKNOWN_PRODUCER_ID (abortable),
+    nothing of it is ever visible, and the producer goes on after its
+    abort. With the rule off (``ONCEFLOW_KEEP_ONGOING_TRANSACTIONS=1``)
+    the commit succeeds and publishes the first record without the second,
+    both answered: the hole the rule closes. After a SIGKILL alone
+    (nothing lost) the transaction is aborted the same way: a start cannot
+    tell a process kill from a power cut."""
+    journal = str(tmp_path / "fsyncs.journal")
+    broker = broker_process(DURABLE_AT_END, env={FSYNC_JOURNAL_VARIABLE: journal})
+    create_topic(broker.bootstrap, TOPIC, 1)
+    pid, epoch = init(broker.port)
+    add_partition(broker.port, pid, epoch, version)
+    assert produce(broker.port, pid, epoch, 0, b"first", acks=-1, version=version) == ErrorCode.NONE
+    [data] = segments(broker.data_dir, TOPIC)
+    # Anyone's round makes the first record durable: a plain record on the same log asks for one.
+    plain = encode_batch([(None, b"plain", (), 1_000)])
+    raw_request(broker.port, ApiKey.PRODUCE, 8, {"transactional_id": None, "acks": -1, "timeout_ms": 10_000, "topic_data": [{"name": TOPIC, "partition_data": [{"index": 0, "records": plain}]}]})
+    wait_for(lambda: durable_sizes(journal).get(os.path.realpath(data), 0) == os.path.getsize(data), 10, "the first record's fsync")
+    assert produce(broker.port, pid, epoch, 1, b"second", acks=-1, version=version) == ErrorCode.NONE
+    assert unsynced(journal, broker.data_dir, TOPIC), "the second record was answered before its fsync"
+    if rule == "sigkill only":
+        broker.kill()
+    else:
+        cut_power(broker, journal, TOPIC)  # the transaction's record kept (the page cache wrote it back), the second record lost
+    broker.env = {KEEP_ONGOING_TRANSACTIONS_VARIABLE: "1"} if rule == "off" else None
+    broker.start()
+
+    answer = end_answer(broker.port, pid, epoch, commit=True, version=version)
+    if rule == "off":
+        assert answer["error_code"] == ErrorCode.NONE
+        visible = read_values(broker.bootstrap, TOPIC, isolation="read_committed", partitions=1, expect=2)
+        assert visible == [b"first", b"plain"], "committed without its second record: a hole"
+        return
+    assert answer["error_code"] == ErrorCode.UNKNOWN_PRODUCER_ID, answer
+    stable, log_end = ends(broker.port)
+    assert stable == log_end, "aborted with a marker before the broker served"
+    aborted = end_answer(broker.port, pid, epoch, commit=False, version=version)
+    assert aborted["error_code"] == ErrorCode.NONE, aborted
+    if version == 1:  # the client bumps its epoch (KIP-360), as librdkafka and our producer do
+        bumped = raw_request(broker.port, ApiKey.INIT_PRODUCER_ID, 4, {"transactional_id": TRANSACTIONAL_ID, "transaction_timeout_ms": 60_000, "producer_id": pid, "producer_epoch": epoch})
+        assert bumped["error_code"] == ErrorCode.NONE, bumped
+        pid, epoch = bumped["producer_id"], bumped["producer_epoch"]
+    else:
+        pid, epoch = aborted["producer_id"], aborted["producer_epoch"]
+    add_partition(broker.port, pid, epoch, version)
+    assert produce(broker.port, pid, epoch, 0, b"next", acks=-1, version=version) == ErrorCode.NONE
+    assert end(broker.port, pid, epoch, commit=True, version=version) == ErrorCode.NONE
+    assert read_values(broker.bootstrap, TOPIC, isolation="read_committed", partitions=1, expect=2) == [b"plain", b"next"]
+
+
+@pytest.mark.slow
+def test_librdkafka_goes_on_after_its_transaction_was_aborted_at_start(broker_process, tmp_path):
+    """librdkafka (classic protocol) had its records answered once appended;
+    a power cut loses them and the broker aborts the open transaction at
+    start. Its commit fails with an abortable error (not a fatal one), the
+    abort bumps the epoch (KIP-360), and its next transaction commits."""
+    from confluent_kafka import KafkaException, Producer
+
+    journal = str(tmp_path / "fsyncs.journal")
+    broker = broker_process(DURABLE_AT_END, env={FSYNC_JOURNAL_VARIABLE: journal})
+    create_topic(broker.bootstrap, TOPIC, 1)
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": "cut-librdkafka", "linger.ms": 1})
+    producer.init_transactions(10)
+    producer.begin_transaction()
+    for i in range(5):
+        producer.produce(TOPIC, value=b"lost-%d" % i, partition=0)
+    assert producer.flush(10) == 0, "answered"
+    assert unsynced(journal, broker.data_dir, TOPIC), "answered before any fsync"
+    cut_power(broker, journal, TOPIC)
+    broker.env = None
+    broker.start()
+
+    with pytest.raises(KafkaException) as failed:
+        producer.commit_transaction(30)
+    error = failed.value.args[0]
+    assert error.txn_requires_abort() and not error.fatal(), error
+    producer.abort_transaction(30)
+    producer.begin_transaction()
+    producer.produce(TOPIC, value=b"next", partition=0)
+    producer.commit_transaction(30)
+    assert read_values(broker.bootstrap, TOPIC, isolation="read_committed", partitions=1, expect=1) == [b"next"]
+
+
+@pytest.mark.slow
+def test_our_producer_and_the_python_clients_after_their_transaction_was_aborted_at_start(broker_process, tmp_path):
+    """Each client had its records answered once appended, then a power cut
+    lost them and the broker aborted the open transactions at start. Our
+    producer (both transaction versions) is told its commit is abortable,
+    aborts and commits its next transaction. kafka-python and aiokafka
+    treat every EndTxn error but a retriable one as fatal (as after a
+    Kafka transaction timeout): the instance is done, and a new one with
+    the same id commits."""
+    import asyncio
+
+    from aiokafka import AIOKafkaProducer
+    from kafka import KafkaProducer
+
+    from txn.errors import TransactionAbortableError
+    from txn.producer import AsyncProducer
+
+    journal = str(tmp_path / "fsyncs.journal")
+    broker = broker_process(DURABLE_AT_END, env={FSYNC_JOURNAL_VARIABLE: journal})
+    create_topic(broker.bootstrap, TOPIC, 1)
+
+    async def opened():
+        ours = {}
+        for version in (1, 2):
+            producer = ours[version] = AsyncProducer(broker.bootstrap, transactional_id=f"ours-v{version}", linger_ms=0, transaction_version=version)
+            await producer.init_transactions()
+            producer.begin_transaction()
+            await producer.send(TOPIC, b"lost-ours-%d" % version, partition=0)
+            await producer.flush()
+        theirs = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id="aiokafka")
+        await theirs.start()
+        await theirs.begin_transaction()
+        await theirs.send_and_wait(TOPIC, b"lost-aiokafka", partition=0)
+        return ours, theirs
+
+    loop = asyncio.new_event_loop()
+    ours, aiokafka = loop.run_until_complete(opened())
+    kafka_python = KafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id="kafka-python")
+    kafka_python.init_transactions()
+    kafka_python.begin_transaction()
+    kafka_python.send(TOPIC, b"lost-kafka-python", partition=0)
+    kafka_python.flush()
+    assert unsynced(journal, broker.data_dir, TOPIC), "answered before any fsync"
+    cut_power(broker, journal, TOPIC)
+    broker.env = None
+    broker.start()
+
+    async def go_on():
+        for version, producer in ours.items():
+            with pytest.raises(TransactionAbortableError):
+                await producer.commit_transaction()
+            await producer.abort_transaction()
+            producer.begin_transaction()
+            await producer.send(TOPIC, b"next-ours-%d" % version, partition=0)
+            await producer.commit_transaction()
+            await producer.close()
+        with pytest.raises(Exception):
+            await aiokafka.commit_transaction()
+        with pytest.raises(Exception):
+            await aiokafka.begin_transaction()  # fatal: the instance cannot go on
+        try:
+            await aiokafka.stop()
+        except Exception:
+            pass  # its sender routine died with the fatal error
+        fresh = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id="aiokafka")
+        await fresh.start()
+        await fresh.begin_transaction()
+        await fresh.send_and_wait(TOPIC, b"next-aiokafka", partition=0)
+        await fresh.commit_transaction()
+        await fresh.stop()
+
+    loop.run_until_complete(go_on())
+    loop.close()
+    with pytest.raises(Exception, match="UnknownProducerId"):
+        kafka_python.commit_transaction()
+    with pytest.raises(Exception, match="error state"):
+        kafka_python.begin_transaction()
+    kafka_python.close(timeout=1)
+    fresh = KafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id="kafka-python")
+    fresh.init_transactions()
+    fresh.begin_transaction()
+    fresh.send(TOPIC, b"next-kafka-python", partition=0)
+    fresh.commit_transaction()
+    fresh.close(timeout=5)
+    visible = read_values(broker.bootstrap, TOPIC, isolation="read_committed", partitions=1, expect=4)
+    assert sorted(visible) == [b"next-aiokafka", b"next-kafka-python", b"next-ours-1", b"next-ours-2"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("crash", ["power cut", "sigkill only"])
+def test_a_decided_commit_whose_data_a_cut_took_back_is_aborted_at_start(broker_process, tmp_path, version, crash):
+    """EndTxn(commit)'s decision and the data it commits share one fsync
+    round. Killed once the decision is appended, before that round, with a
+    cut that keeps the decision (the page cache wrote it back) and loses
+    the data: recovery finds a log short of the end the decision names and
+    aborts instead of committing a hole. The client was never answered; its
+    retried commit is told UNKNOWN_PRODUCER_ID (abortable), and after its
+    abort its next transaction commits. (Without the check recovery
+    commits the transaction with its record gone: checked by hand.) After
+    a SIGKILL alone the page cache kept the data: recovery finds it whole
+    and completes the commit, and the retry is told it succeeded."""
+    journal = str(tmp_path / "fsyncs.journal")
+    broker = broker_process(DURABLE_AT_END, env={FSYNC_JOURNAL_VARIABLE: journal, "ONCEFLOW_CRASH_POINTS": "coordinator.decision_appended@1:exit"})
+    create_topic(broker.bootstrap, TOPIC, 1)
+    pid, epoch = init(broker.port)
+    add_partition(broker.port, pid, epoch, version)
+    assert produce(broker.port, pid, epoch, 0, b"taken back", acks=-1, version=version) == ErrorCode.NONE
+    with pytest.raises(OSError):
+        end_answer(broker.port, pid, epoch, commit=True, version=version)
+    assert broker.wait_exit(30) == 86, "the crash point fired"
+    assert unsynced(journal, broker.data_dir, "__transaction_state") and unsynced(journal, broker.data_dir, TOPIC)
+    if crash == "power cut":
+        lose_unsynced(journal, segments(broker.data_dir, TOPIC))
+    broker.env = None
+    broker.start()
+
+    retried = wait_for(lambda: _settled(end_answer(broker.port, pid, epoch, commit=True, version=version)), 10, "the retried EndTxn's answer")
+    if crash == "sigkill only":
+        assert retried["error_code"] == ErrorCode.NONE, retried
+        assert read_values(broker.bootstrap, TOPIC, isolation="read_committed", partitions=1, expect=1) == [b"taken back"]
+        return
+    assert retried["error_code"] == ErrorCode.UNKNOWN_PRODUCER_ID, retried
+    aborted = end_answer(broker.port, pid, epoch, commit=False, version=version)
+    assert aborted["error_code"] == ErrorCode.NONE, aborted
+    if version == 1:
+        bumped = raw_request(broker.port, ApiKey.INIT_PRODUCER_ID, 4, {"transactional_id": TRANSACTIONAL_ID, "transaction_timeout_ms": 60_000, "producer_id": pid, "producer_epoch": epoch})
+        assert bumped["error_code"] == ErrorCode.NONE, bumped
+        pid, epoch = bumped["producer_id"], bumped["producer_epoch"]
+    else:
+        pid, epoch = aborted["producer_id"], aborted["producer_epoch"]
+    add_partition(broker.port, pid, epoch, version)
+    assert produce(broker.port, pid, epoch, 0, b"next", acks=-1, version=version) == ErrorCode.NONE
+    assert end(broker.port, pid, epoch, commit=True, version=version) == ErrorCode.NONE
+    assert read_values(broker.bootstrap, TOPIC, isolation="read_committed", partitions=1, expect=1) == [b"next"]

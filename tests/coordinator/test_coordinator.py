@@ -549,3 +549,86 @@ def test_a_complete_whose_fsync_fails_is_logged_once_and_left_for_recovery_to_fi
         await restarted.close()
 
     run(scenario())
+
+
+def _reloaded(coordinator, upto_state):
+    """A new coordinator on the same I/O fakes, loaded with the records up
+    to the first of ``upto_state`` (what a crash right after it leaves)."""
+    records = coordinator.txn_log.records
+    cut = next(i for i, m in enumerate(records) if m.state == upto_state) + 1
+    restarted = TransactionCoordinator(txn_log=coordinator.txn_log, markers=coordinator.markers, producer_ids=coordinator.producer_ids,
+                                       settings=coordinator.settings, clock=coordinator.clock)
+    restarted.load((m.transactional_id, m) for m in records[:cut])
+    return restarted
+
+
+def test_a_decision_at_the_end_names_its_data_and_commits_only_what_recovery_finds_whole():
+    """``durable_at_end``: PrepareCommit names each partition's log end;
+    reloaded with every log still there it commits; with one log short of
+    its end (a cut took data back) it aborts instead, with an epoch bump,
+    and the producer's retried commit is told UNKNOWN_PRODUCER_ID."""
+    async def scenario(short: bool):
+        coordinator, _ = make_txn_coordinator(durable_at_end=True)
+        coordinator.markers.log_ends = {P0: 5, P1: 9}
+        init = await coordinator.init_producer_id("tx", 60_000)
+        pid = init.producer_id
+        assert await coordinator.add_partitions("tx", pid, 0, [P0, P1]) == ErrorCode.NONE
+        assert await coordinator.end_transaction("tx", pid, 0, True) == ErrorCode.NONE
+        decision = next(m for m in coordinator.txn_log.records if m.state == TxnState.PREPARE_COMMIT)
+        assert decision.data_ends == (("t", 0, 5), ("t", 1, 9))
+        assert decode_value("tx", encode_value(decision)).data_ends == decision.data_ends
+        await coordinator.wait_idle()
+        assert coordinator.txn_log.records[-1].data_ends == (), "Complete names no data"
+
+        restarted = _reloaded(coordinator, TxnState.PREPARE_COMMIT)
+        restarted.markers.log_ends = {P0: 5, P1: 8 if short else 9}
+        restarted.recover()
+        await restarted.wait_idle()
+        after = restarted.txns["tx"]
+        if not short:
+            assert after.state == TxnState.COMPLETE_COMMIT
+            return
+        assert (after.state, after.producer_epoch) == (TxnState.COMPLETE_ABORT, 1)
+        assert restarted.markers.written[-1] == (pid, 1, False, [P0, P1])
+        assert await restarted.end_transaction("tx", pid, 0, True) == ErrorCode.UNKNOWN_PRODUCER_ID
+        assert await restarted.end_transaction("tx", pid, 0, False) == ErrorCode.NONE
+        bumped = await restarted.init_producer_id("tx", 60_000, pid, 0)
+        assert (bumped.error, bumped.producer_epoch) == (ErrorCode.NONE, 2)
+
+    run(scenario(short=False))
+    run(scenario(short=True))
+
+
+def test_transactions_ongoing_after_an_unclean_stop_are_aborted_with_a_bump():
+    async def scenario():
+        coordinator, _ = make_txn_coordinator(durable_at_end=True)
+        init = await coordinator.init_producer_id("tx", 60_000)
+        pid = init.producer_id
+        assert await coordinator.add_partitions("tx", pid, 0, [P0]) == ErrorCode.NONE
+        restarted = _reloaded(coordinator, TxnState.ONGOING)
+        restarted.recover()
+        assert await restarted.abort_ongoing_after_unclean_stop() == ["tx"]
+        await restarted.wait_idle()
+        assert (restarted.txns["tx"].state, restarted.txns["tx"].producer_epoch) == (TxnState.COMPLETE_ABORT, 1)
+        assert await restarted.end_transaction("tx", pid, 0, True) == ErrorCode.UNKNOWN_PRODUCER_ID
+        assert await restarted.end_transaction("tx", pid, 5, True) == ErrorCode.PRODUCER_FENCED, "only the epoch the abort bumped away"
+
+    run(scenario())
+
+
+def test_no_transactional_batch_is_let_in_while_a_decision_at_the_end_is_in_flight():
+    async def scenario():
+        coordinator, _ = make_txn_coordinator(durable_at_end=True)
+        init = await coordinator.init_producer_id("tx", 60_000)
+        pid = init.producer_id
+        assert await coordinator.add_partitions("tx", pid, 0, [P0]) == ErrorCode.NONE
+        assert coordinator.verify_transactional_produce(pid, 0, P0) == ErrorCode.NONE
+        gate = hold_writes(coordinator.markers)  # the completion's markers wait; the id stays busy
+        ended = asyncio.ensure_future(coordinator.end_transaction("tx", pid, 0, True))
+        await asyncio.sleep(0)
+        assert coordinator.verify_transactional_produce(pid, 0, P0) == ErrorCode.INVALID_TXN_STATE
+        assert await ended == ErrorCode.NONE
+        gate.set()
+        await coordinator.wait_idle()
+
+    run(scenario())

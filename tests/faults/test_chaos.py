@@ -69,6 +69,22 @@ def test_copier_under_every_process_and_network_fault(tmp_path):
 
 
 @pytest.mark.slow
+def test_copier_with_durability_at_the_end_of_its_transactions_under_broker_kills(tmp_path):
+    """``transaction.durable.at.end``: the copier's Produce and
+    TxnOffsetCommit are answered before their fsync, and every broker kill
+    (an unclean stop; torn tails beside) aborts the transactions it left
+    open (whether a kill meets one depends on the machine's pace: the
+    power-cut tests show the abort itself). The copier aborts and redoes
+    them: still exactly once."""
+    verdict, report = run(tmp_path, workload="copier", faults=("kill-broker", "torn-tail"), duration=16, seed=5, records=3000,
+                          mean_fault_interval=2.5, abort_ratio=0.1, broker_config=("transaction.durable.at.end=true",))
+    assert verdict.valid, verdict.summary()
+    assert verdict.counts["read"] >= 5400, verdict.counts
+    faults = [json.loads(line) for line in open(os.path.join(report, "faults.jsonl"))]
+    assert sum(fault.get("kind") == "kill-broker" for fault in faults) >= 2, faults
+
+
+@pytest.mark.slow
 def test_a_fault_on_a_finished_workload_is_reported(tmp_path):
     """The harness checks that the workload outlives its faults: one record
     of input is copied at once, so the faults after it hit an idle copier (16 s:

@@ -71,6 +71,27 @@ def test_an_append_without_flush_waits_for_a_round_someone_asks_for_and_then_sha
     asyncio.run(scenario())
 
 
+def test_a_waiter_that_does_not_ask_starts_no_round_and_is_released_by_the_next_one(tmp_path):
+    """``wait_durable(ask=False)`` (a fetcher's wake-up for a transactional
+    batch under ``transaction.durable.at.end``) starts no round: the bytes
+    stay unsynced until someone asks, and that round releases it too."""
+    rounds = FsyncRounds()
+    io = CountingIO()
+    partition_log = PartitionLog.open(str(tmp_path / "data"), group(), io=io, fsync_rounds=rounds)
+
+    async def scenario():
+        appended = partition_log.append(batch(0), flush=False)
+        quiet = partition_log.wait_durable(appended.last_offset, ask=False)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert rounds.rounds == 0 and not quiet.done(), "no round asked for"
+        await asyncio.wait_for(partition_log.wait_durable(appended.last_offset), 10)
+        assert quiet.done() and rounds.rounds == 1
+        await partition_log.aclose()
+
+    asyncio.run(scenario())
+
+
 def test_appends_waiting_on_many_logs_share_one_round(tmp_path):
     rounds = FsyncRounds()
     io = CountingIO()
