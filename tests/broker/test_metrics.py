@@ -94,6 +94,43 @@ def test_transaction_outcomes_are_counted_exactly_and_the_lso_holds_while_one_is
     assert moved.value("onceflow_producer_ids") >= 1
 
 
+def waited(before, after, api: str) -> float:
+    """Requests of ``api`` whose answers waited for an fsync, between two scrapes."""
+    return after.value("onceflow_requests_waited_fsync_total", 0.0, api=api) - before.value("onceflow_requests_waited_fsync_total", 0.0, api=api)
+
+
+def rounds_of_librdkafka_transactions(broker, topic: str, transactional_id: str, count: int = 5) -> tuple:
+    """(scrape before, scrape after) ``count`` one-record transactions of librdkafka (classic protocol)."""
+    from confluent_kafka import Producer as Rdkafka
+
+    producer = Rdkafka({"bootstrap.servers": broker.bootstrap, "transactional.id": transactional_id, "linger.ms": 1})
+    producer.init_transactions(30)
+    before = scrape(broker)
+    for index in range(count):
+        producer.begin_transaction()
+        producer.produce(topic, b"%d" % index)
+        producer.flush(30)
+        producer.commit_transaction(30)
+    return before, scrape(broker)
+
+
+def rounds_of_copier_transactions(broker, topic: str, transactional_id: str, count: int = 5) -> tuple:
+    """(scrape before, scrape after) ``count`` copier transactions of our client
+    (transaction version 2: a record and its group's offset each)."""
+    from txn import Producer
+
+    ours = Producer(broker.bootstrap, transactional_id=transactional_id, linger_ms=0)
+    ours.init_transactions()
+    before = scrape(broker)
+    for index in range(count):
+        with ours.transaction():
+            ours.send(topic, b"v2-%d" % index)
+            ours.flush()
+            ours.send_offsets_to_transaction({(topic, 0): index + 1}, "rounds-group")
+    ours.close()
+    return before, scrape(broker)
+
+
 def test_the_fsync_rounds_on_a_clients_path_are_counted_per_request(broker):
     """``onceflow_requests_waited_fsync_total`` counts a request once if its
     answer waited for an fsync: a one-record transaction of librdkafka
@@ -103,38 +140,14 @@ def test_the_fsync_rounds_on_a_clients_path_are_counted_per_request(broker):
     and the markers and Complete after the answer wait for none; our own
     client on transaction version 2 waits for the same rounds with no
     AddPartitionsToTxn request at all."""
-    from confluent_kafka import Producer as Rdkafka
-
-    from txn import Producer
-
     topic = f"rounds-{uuid.uuid4().hex[:6]}"
     create_topic(broker.bootstrap, topic, partitions=1)
 
-    def waited(before, after, api):
-        return after.value("onceflow_requests_waited_fsync_total", 0.0, api=api) - before.value("onceflow_requests_waited_fsync_total", 0.0, api=api)
-
-    producer = Rdkafka({"bootstrap.servers": broker.bootstrap, "transactional.id": f"rounds-{uuid.uuid4().hex[:6]}", "linger.ms": 1})
-    producer.init_transactions(30)
-    before = scrape(broker)
-    for index in range(5):
-        producer.begin_transaction()
-        producer.produce(topic, b"%d" % index)
-        producer.flush(30)
-        producer.commit_transaction(30)
-    after = scrape(broker)
+    before, after = rounds_of_librdkafka_transactions(broker, topic, f"rounds-{uuid.uuid4().hex[:6]}")
     assert (waited(before, after, "Produce"), waited(before, after, "EndTxn"), waited(before, after, "AddPartitionsToTxn")) == (5, 5, 0)
     assert after.total("onceflow_requests_waited_fsync_total") - before.total("onceflow_requests_waited_fsync_total") == 10, "two rounds per transaction"
 
-    ours = Producer(broker.bootstrap, transactional_id=f"rounds-v2-{uuid.uuid4().hex[:6]}", linger_ms=0)
-    ours.init_transactions()
-    before = scrape(broker)
-    for index in range(5):
-        with ours.transaction():
-            ours.send(topic, b"v2-%d" % index)
-            ours.flush()
-            ours.send_offsets_to_transaction({(topic, 0): index + 1}, "rounds-group")
-    ours.close()
-    after = scrape(broker)
+    before, after = rounds_of_copier_transactions(broker, topic, f"rounds-v2-{uuid.uuid4().hex[:6]}")
     assert after.total("onceflow_requests_total", api="AddPartitionsToTxn") == before.total("onceflow_requests_total", api="AddPartitionsToTxn")
     assert (waited(before, after, "Produce"), waited(before, after, "TxnOffsetCommit"), waited(before, after, "EndTxn")) == (5, 5, 5), "three rounds per copier transaction"
 
@@ -145,39 +158,17 @@ def test_with_durability_at_the_end_a_transaction_waits_for_one_round(tmp_path):
     answered once appended, and only EndTxn(commit) waits (for the data's
     round, then the decision's): one request per transaction, librdkafka's
     or a copier's of our client."""
-    from confluent_kafka import Producer as Rdkafka
-
-    from txn import Producer
-
     properties = {**SMALL_INTERNAL, "transaction.durable.at.end": "true"}
     with EmbeddedBroker(str(tmp_path / "data"), group_initial_rebalance_delay_ms=0, metrics_address=("127.0.0.1", 0), properties=properties) as broker:
         topic = "rounds-at-end"
         create_topic(broker.bootstrap, topic, partitions=1)
-        producer = Rdkafka({"bootstrap.servers": broker.bootstrap, "transactional.id": "rounds-at-end", "linger.ms": 1})
-        producer.init_transactions(30)
-        before = scrape(broker)
-        for index in range(5):
-            producer.begin_transaction()
-            producer.produce(topic, b"%d" % index)
-            producer.flush(30)
-            producer.commit_transaction(30)
-        after = scrape(broker)
-        waited = {api: after.value("onceflow_requests_waited_fsync_total", 0.0, api=api) - before.value("onceflow_requests_waited_fsync_total", 0.0, api=api) for api in ("Produce", "EndTxn")}
-        assert waited == {"Produce": 0, "EndTxn": 5}
+        before, after = rounds_of_librdkafka_transactions(broker, topic, "rounds-at-end")
+        assert {api: waited(before, after, api) for api in ("Produce", "EndTxn")} == {"Produce": 0, "EndTxn": 5}
         assert after.total("onceflow_requests_waited_fsync_total") - before.total("onceflow_requests_waited_fsync_total") == 5, "one round per transaction"
 
-        ours = Producer(broker.bootstrap, transactional_id="rounds-at-end-v2", linger_ms=0)
-        ours.init_transactions()
-        before = scrape(broker)
-        for index in range(5):
-            with ours.transaction():
-                ours.send(topic, b"v2-%d" % index)
-                ours.flush()
-                ours.send_offsets_to_transaction({(topic, 0): index + 1}, "rounds-group")
-        ours.close()
-        after = scrape(broker)
+        before, after = rounds_of_copier_transactions(broker, topic, "rounds-at-end-v2")
         assert after.total("onceflow_requests_waited_fsync_total") - before.total("onceflow_requests_waited_fsync_total") == 5, "one round per copier transaction"
-        assert after.value("onceflow_requests_waited_fsync_total", 0.0, api="EndTxn") - before.value("onceflow_requests_waited_fsync_total", 0.0, api="EndTxn") == 5
+        assert waited(before, after, "EndTxn") == 5
 
 
 # --------------------------------------------------------------------------- groups and lag (kafka-python)
