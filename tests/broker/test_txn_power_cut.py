@@ -107,6 +107,14 @@ def segments(data_dir: str, topic: str) -> list[str]:
     return glob.glob(os.path.join(data_dir, f"{topic}-*", "*.log"))
 
 
+def power_back_on(broker, journal: str) -> None:
+    """After the broker died (SIGKILL or a crash point): lose every byte of
+    every segment that no fsync covered, then start it without crash points."""
+    lose_unsynced(journal, glob.glob(os.path.join(broker.data_dir, "*", "*.log")))
+    broker.env = None
+    broker.start()
+
+
 def cut_power(broker, journal: str, topic: str) -> None:
     """SIGKILL, then lose every byte of ``topic``'s segments that no fsync
     covered (the others stay as written)."""
@@ -132,9 +140,7 @@ def test_an_answered_produce_or_offset_commit_keeps_its_partition_in_the_transac
     else:
         add_offsets_and_commit_them(broker.port, pid, epoch, 42, version)
     broker.kill()
-    lose_unsynced(journal, glob.glob(os.path.join(broker.data_dir, "*", "*.log")))
-    broker.env = None
-    broker.start()
+    power_back_on(broker, journal)
 
     assert end(broker.port, pid, epoch, commit=True, version=version) == ErrorCode.NONE, "the transaction still holds what it was answered for"
     if answered == "produce":
@@ -278,9 +284,7 @@ def test_a_commit_decision_is_durable_only_with_the_data_it_commits(broker_proce
     with pytest.raises(OSError):
         end_answer(broker.port, pid, epoch, commit=True, version=version)
     assert broker.wait_exit(30) == 86, "the crash point fired"
-    lose_unsynced(journal, glob.glob(os.path.join(broker.data_dir, "*", "*.log")))
-    broker.env = None
-    broker.start()
+    power_back_on(broker, journal)
 
     if answered == "produce":
         assert read_values(broker.bootstrap, TOPIC, isolation="read_committed", partitions=1, expect=1) == [b"answered"]
