@@ -767,6 +767,10 @@ class ChaosRun:
         paths = write_report(self.report_dir, settings=settings, history=history, faults=self.faults, verdict=verdict, ok_times=ok_times, duration=self._elapsed(),
                              availability=availability)
         shutil.copy(self.broker.log_path, os.path.join(self.report_dir, "broker.log"))
+        if not verdict.valid:  # what the workload's processes said, to explain the anomalies
+            for client in self.clients:
+                if os.path.exists(client.log_path):
+                    shutil.copy(client.log_path, os.path.join(self.report_dir, os.path.basename(client.log_path)))
         self._say(verdict.summary())
         for line in availability.lines():
             self._say(line)

@@ -14,6 +14,7 @@ import textwrap
 import pytest
 
 from faults.chaos import ChaosSettings, fault_schedule, run_chaos
+from faults.spark import STARTED_LINE
 from tests.conftest import REPO
 
 EXAMPLES = os.path.join(REPO, "examples")
@@ -60,7 +61,8 @@ def test_users_spark_query_example_under_driver_and_broker_kills(tmp_path):
     finally:
         sys.path.pop(0)
     verdict = example.check_my_query(str(tmp_path / "report"))
-    assert verdict.valid, verdict.summary()
+    driver_log = tmp_path / "report" / "spark-driver.log"  # kept in the report when the verdict is invalid
+    assert verdict.valid, verdict.summary() + ("\nthe driver's log ends:\n" + driver_log.read_text(errors="replace")[-6000:] if driver_log.exists() else "")
     summary = (tmp_path / "report" / "summary.txt").read_text()
     assert "kill-driver x1" in summary, summary
     assert (tmp_path / "report" / "timeline.png").exists()
@@ -85,6 +87,7 @@ def test_a_wrong_expectation_of_the_spark_output_is_caught(tmp_path):
     verdict = run_chaos(ChaosSettings(workload="spark", query=str(module), faults=(), duration=5, seed=3, records=1000), str(tmp_path / "report"))
     assert not verdict.valid
     assert verdict.anomaly_counts == {"copy-missing": 1, "copy-unexpected": 1}, verdict.summary()
+    assert STARTED_LINE in (tmp_path / "report" / "spark-driver.log").read_bytes()  # an invalid report keeps the driver's log
 
 
 def test_command_line_says_in_one_line_that_java_is_missing(tmp_path):

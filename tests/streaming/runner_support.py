@@ -142,11 +142,14 @@ def sqlite_state(state_dir: str, store: str = "balances") -> dict[int, tuple[int
         partition = int(name[len(store) + 1 : -len(".sqlite")])
         db = sqlite3.connect(os.path.join(folder, name))
         try:
-            if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'position'").fetchone() is None:
-                # killed between creating the file and its schema: the runner opens it as empty at offset 0
+            has_position = db.execute("SELECT 1 FROM sqlite_master WHERE name = 'position'").fetchone() is not None
+            row = db.execute("SELECT next_offset FROM position").fetchone() if has_position else None
+            if row is None:
+                # killed (or read) between creating the file and its first position row: the
+                # runner opens such a file as empty at offset 0 (StoreFile._open)
                 out[partition] = (0, {})
                 continue
-            (offset,) = db.execute("SELECT next_offset FROM position").fetchone()
+            (offset,) = row
             contents = {decode_key(k): decode_value(v) for k, v in db.execute("SELECT key, value FROM entries")}
         finally:
             db.close()

@@ -13,7 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from streaming.serde import SerializationError, resolve
-from streaming.store import Store, StoreError, StoreFile, decode_key, encode_key, encode_value
+from streaming.store import SCHEMA, Store, StoreError, StoreFile, decode_key, encode_key, encode_value
+from tests.streaming.runner_support import sqlite_state
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**63 - 1), st.floats(allow_nan=False), st.text(), st.binary())
 elements = st.recursive(scalars, lambda inner: st.tuples(inner, inner) | st.lists(inner, max_size=3).map(tuple), max_leaves=6)
@@ -176,8 +177,9 @@ def test_sqlite_file_of_another_changelog_or_unreadable_is_started_afresh(tmp_pa
 
 
 def test_sqlite_file_killed_before_its_schema_opens_empty_at_offset_zero(tmp_path):
-    """SIGKILL between creating the file and writing its tables leaves an
-    empty file (or one with only its journal mode): it opens as a new store."""
+    """SIGKILL between creating the file and writing its first position
+    row leaves an empty file, one with only its journal mode, or one with
+    empty tables: each opens as a new store."""
 
     async def scenario():
         empty = tmp_path / "s-0.sqlite"
@@ -186,7 +188,11 @@ def test_sqlite_file_killed_before_its_schema_opens_empty_at_offset_zero(tmp_pat
         db = sqlite3.connect(wal_only)
         db.execute("PRAGMA journal_mode=WAL")
         db.close()
-        for partition, path in enumerate((empty, wal_only)):
+        tables_only = tmp_path / "s-2.sqlite"  # killed between the schema and the first position row
+        db = sqlite3.connect(tables_only)
+        db.executescript(SCHEMA)
+        db.close()
+        for partition, path in enumerate((empty, wal_only, tables_only)):
             file = StoreFile(str(path), "app-s-changelog", partition)
             assert await file.open() == ({}, 0)
             assert file.discarded_reason is None
@@ -197,3 +203,18 @@ def test_sqlite_file_killed_before_its_schema_opens_empty_at_offset_zero(tmp_pat
             await again.close()
 
     asyncio.run(scenario())
+
+
+def test_the_chaos_checker_reads_a_store_killed_before_its_first_position_as_the_runner_does(tmp_path):
+    """The runner chaos test's reader of state dirs agrees with StoreFile
+    on the three shapes a kill during creation leaves: offset 0, empty."""
+    stores = tmp_path / "stores"
+    stores.mkdir()
+    (stores / "balances-0.sqlite").touch()
+    db = sqlite3.connect(stores / "balances-1.sqlite")
+    db.execute("PRAGMA journal_mode=WAL")
+    db.close()
+    db = sqlite3.connect(stores / "balances-2.sqlite")
+    db.executescript(SCHEMA)
+    db.close()
+    assert sqlite_state(str(tmp_path)) == {0: (0, {}), 1: (0, {}), 2: (0, {})}
