@@ -386,6 +386,14 @@ class KafkaApis:
         if partition_log is None:
             result["error_code"] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
             return result
+        info = self.replicas.topics.get(topic)
+        if info is not None and info.internal:
+            # __consumer_offsets and __transaction_state are written by the
+            # coordinators alone: a client's record there would be read back
+            # as coordinator state at the next load (Kafka refuses it the same way).
+            result["error_code"] = ErrorCode.INVALID_TOPIC_EXCEPTION
+            result["error_message"] = f"cannot append to internal topic {topic}"
+            return result
         if not records:
             result["error_code"] = ErrorCode.CORRUPT_MESSAGE
             result["error_message"] = "the request has no record batches for this partition"

@@ -176,3 +176,23 @@ def test_mutated_real_requests(shared_broker):
         mutated[position] = rng.randrange(256)
         send_and_drain(shared_broker.port, bytes(mutated), wait=0.05)
     assert_broker_answers(shared_broker.port)
+
+
+@pytest.mark.parametrize("topic", ["__consumer_offsets", "__transaction_state"])
+def test_a_client_may_not_write_into_the_coordinators_topics(shared_broker, topic):
+    """A record a client could put into a coordinator's log would be loaded
+    back as coordinator state (a forged commit, a group's offsets): the
+    broker refuses the Produce, as Kafka does, and appends nothing."""
+    from confluent_kafka import KafkaError, Producer
+
+    from txn import Admin, TopicPartition
+
+    with Admin(bootstrap_servers=shared_broker.bootstrap) as admin:  # both exist from the broker's start
+        before = admin.list_offsets({TopicPartition(topic, 0): "latest"})[TopicPartition(topic, 0)].offset
+    errors = []
+    producer = Producer({"bootstrap.servers": shared_broker.bootstrap, "message.send.max.retries": 0})
+    producer.produce(topic, b"forged coordinator record", key=b"forged", partition=0, on_delivery=lambda error, _message: errors.append(error))
+    assert producer.flush(30) == 0
+    assert len(errors) == 1 and errors[0] is not None and errors[0].code() == KafkaError.TOPIC_EXCEPTION, errors
+    with Admin(bootstrap_servers=shared_broker.bootstrap) as admin:
+        assert admin.list_offsets({TopicPartition(topic, 0): "latest"})[TopicPartition(topic, 0)].offset == before
