@@ -16,6 +16,7 @@ import logging
 from broker.apis import as_uuid, log_or_error
 from broker.security.listeners import advertised_address
 from broker.replica import (
+    InternalTopicError,
     InvalidConfigError,
     InvalidPartitionsError,
     ReplicaManager,
@@ -126,6 +127,8 @@ class AdminApis:
                         result["topic_id"] = info.topic_id
                 except UnknownTopicError as error:
                     result["error_code"], result["error_message"] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, str(error)
+                except InternalTopicError as error:
+                    result["error_code"], result["error_message"] = ErrorCode.INVALID_TOPIC_EXCEPTION, str(error)
             responses.append(result)
         return {"throttle_time_ms": 0, "responses": responses}
 
@@ -140,6 +143,8 @@ class AdminApis:
                 result["error_code"], result["error_message"] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, str(error)
             except InvalidPartitionsError as error:
                 result["error_code"], result["error_message"] = ErrorCode.INVALID_PARTITIONS, str(error)
+            except InternalTopicError as error:
+                result["error_code"], result["error_message"] = ErrorCode.INVALID_TOPIC_EXCEPTION, str(error)
             results.append(result)
         return {"throttle_time_ms": 0, "results": results}
 
@@ -152,7 +157,10 @@ class AdminApis:
                 index = entry.get("partition_index", -1)
                 answer = {"partition_index": index, "low_watermark": -1, "error_code": ErrorCode.NONE}
                 partition_log, answer["error_code"] = log_or_error(self.replicas, name, index)
-                if partition_log is not None:
+                info = self.replicas.topics.get(name)
+                if partition_log is not None and info is not None and info.internal:
+                    answer["error_code"] = ErrorCode.INVALID_TOPIC_EXCEPTION  # Kafka: "Cannot delete records of internal topic"
+                elif partition_log is not None:
                     offset = entry.get("offset", -1)
                     if offset == -1:
                         offset = partition_log.high_watermark

@@ -65,6 +65,12 @@ class InvalidPartitionsError(ValueError):
     pass
 
 
+class InternalTopicError(ValueError):
+    """A change to ``__consumer_offsets`` or ``__transaction_state`` that
+    only the coordinators may make (they map an id to its partition by hash
+    modulo the partition count, and load their state from these logs)."""
+
+
 class InvalidConfigError(ValueError):
     pass
 
@@ -276,6 +282,8 @@ class ReplicaManager:
         info = self.topics.get(name)
         if info is None:
             raise UnknownTopicError(f"topic '{name}' does not exist")
+        if info.internal:
+            raise InternalTopicError(f"cannot delete internal topic {name}: the coordinators keep their state in it")
         topics = dict(self.topics)
         del topics[name]
         self.store.save_topics(topics)  # unregistered first: leftovers are swept at start
@@ -313,6 +321,8 @@ class ReplicaManager:
         info = self.topics.get(name)
         if info is None:
             raise UnknownTopicError(f"topic '{name}' does not exist")
+        if info.internal:
+            raise InternalTopicError(f"cannot change the partition count of internal topic {name}: a coordinator finds an id's partition by hash modulo the count")
         if count <= info.partitions:
             raise InvalidPartitionsError(
                 f"topic '{name}' has {info.partitions} partitions; the new count must be larger, not {count}"

@@ -196,3 +196,28 @@ def test_a_client_may_not_write_into_the_coordinators_topics(shared_broker, topi
     assert len(errors) == 1 and errors[0] is not None and errors[0].code() == KafkaError.TOPIC_EXCEPTION, errors
     with Admin(bootstrap_servers=shared_broker.bootstrap) as admin:
         assert admin.list_offsets({TopicPartition(topic, 0): "latest"})[TopicPartition(topic, 0)].offset == before
+
+
+@pytest.mark.parametrize("topic", ["__consumer_offsets", "__transaction_state"])
+def test_the_coordinators_topics_can_be_neither_deleted_nor_resized_nor_truncated(shared_broker, topic):
+    """Deleting one would drop every group's offsets or every transaction's
+    state; more partitions would move ids to other partitions (an id's
+    partition is hash modulo the count); deleting records would drop state
+    the coordinator loads at its next start. Each is refused, as an invalid
+    topic, and the topic keeps its partitions and records."""
+    from confluent_kafka import KafkaError
+    from confluent_kafka import TopicPartition as KafkaTopicPartition
+    from confluent_kafka.admin import AdminClient, NewPartitions
+
+    admin = AdminClient({"bootstrap.servers": shared_broker.bootstrap})
+    refusals = [
+        lambda: admin.create_partitions([NewPartitions(topic, 60)])[topic].result(15),
+        lambda: list(admin.delete_records([KafkaTopicPartition(topic, 0, 0)]).values())[0].result(15),
+        lambda: admin.delete_topics([topic])[topic].result(15),
+    ]
+    for attempt in refusals:
+        with pytest.raises(Exception) as refused:
+            attempt()
+        assert refused.value.args[0].code() == KafkaError.TOPIC_EXCEPTION, refused.value
+    metadata = admin.list_topics(topic, timeout=15).topics[topic]
+    assert metadata.error is None and len(metadata.partitions) == 50
