@@ -7,11 +7,14 @@ of 100 B on two partitions) through ``format("onceflow")`` into Spark's
 onceflow sink (exactly_once, a topic of two partitions), beside a no-op
 Python source that emits the same number of rows of the same schema as
 Arrow batches built once per task (the floor: what Spark's Python data
-source path costs with no Kafka and no per-row work of a reader at all).
+source path costs with no Kafka and no per-row work of a reader at all),
+and that floor source into a no-op Python sink (the floor of a Python
+source into a Python sink: Spark turns the rows back into Arrow for the
+sink's Python worker, which the noop sink never does).
 Each is warmed up with a small run first (the first batch of a session pays
 Python worker start-up and JIT); the figure is the measured batch's rows
 over its trigger execution time, from Spark's progress report. With
-``rounds`` > 1 the three runs take turns round after round in the one
+``rounds`` > 1 the runs take turns round after round in the one
 session, and each figure is the median over the rounds, each ratio the
 median of the rounds' ratios (on a shared machine one run's ratio swings
 from 1.5x to 2.7x).
@@ -87,6 +90,37 @@ def floor_source_class():
             return FloorReader(int(self.options.get("rows", SPARK_ROWS)), schema)
 
     return FloorSource
+
+
+def floor_sink_class():
+    """A Python streaming sink (``DataSourceStreamArrowWriter``) that takes
+    every Arrow batch Spark hands its tasks and keeps nothing: what Spark's
+    Python sink path costs per row (the rows turned back into Arrow in the
+    JVM, streamed to a Python worker) with no Kafka and no encoding. The
+    floor source into it is the floor of a Python source into a Python sink."""
+    from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
+
+    class FloorWriter(DataSourceStreamArrowWriter):
+        def write(self, iterator):
+            for _batch in iterator:  # taken from Spark and dropped
+                pass
+            return WriterCommitMessage()
+
+        def commit(self, messages, batchId: int) -> None:
+            pass
+
+        def abort(self, messages, batchId: int) -> None:
+            pass
+
+    class FloorSink(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "onceflow_bench_floor_sink"
+
+        def streamWriter(self, schema, overwrite: bool):
+            return FloorWriter()
+
+    return FloorSink
 
 
 def floor_batch(arrow_schema, first_offset: int, count: int):
@@ -190,12 +224,16 @@ def spark_source_scenario(bootstrap: str, settings, *, sink: bool = True) -> dic
     try:
         streaming.spark.register(spark)
         spark.dataSource.register(floor_source_class())
+        spark.dataSource.register(floor_sink_class())
 
         def onceflow(name: str):
             return spark.readStream.format("onceflow").option("kafka.bootstrap.servers", bootstrap).option("subscribe", name).option("startingOffsets", "earliest")
 
         def floor(count: int):
             return spark.readStream.format("onceflow_bench_floor").option("rows", str(count))
+
+        def into_floor_sink(frame):
+            return frame.select("key", "value").writeStream.format("onceflow_bench_floor_sink")
 
         def exactly_once(output: str):
             def sink(frame):
@@ -207,7 +245,8 @@ def spark_source_scenario(bootstrap: str, settings, *, sink: bool = True) -> dic
         timed_batch(onceflow(warm), work)
         if sink:
             timed_batch(onceflow(warm), work, exactly_once(create_topic(bootstrap)))
-        floors, reads, copies = [], [], []
+            timed_batch(floor(10_000), work, into_floor_sink)
+        floors, reads, copies, sink_floors = [], [], [], []
         for _round in range(max(1, getattr(settings, "spark_rounds", 1))):
             floor_rows, floor_seconds = timed_batch(floor(rows), work)
             read_rows, read_seconds = timed_batch(onceflow(topic), work)
@@ -216,6 +255,10 @@ def spark_source_scenario(bootstrap: str, settings, *, sink: bool = True) -> dic
             floors.append(rows / floor_seconds)
             reads.append(rows / read_seconds)
             if sink:
+                floor_sink_rows, floor_sink_seconds = timed_batch(floor(rows), work, into_floor_sink)
+                if floor_sink_rows != rows:
+                    raise RuntimeError(f"read {floor_sink_rows} (floor -> floor sink) rows of {rows}")
+                sink_floors.append(rows / floor_sink_seconds)
                 output = create_topic(bootstrap)
                 copied_rows, copied_seconds = timed_batch(onceflow(topic), work, exactly_once(output))
                 if copied_rows != rows:
@@ -235,6 +278,8 @@ def spark_source_scenario(bootstrap: str, settings, *, sink: bool = True) -> dic
     if sink:
         figures["into exactly-once sink rows/s"] = Metric(statistics.median(copies), "rows/s")
         figures["floor/into sink"] = Metric(statistics.median(f / c for f, c in zip(floors, copies)), "x")
+        figures["floor into no-op sink rows/s"] = Metric(statistics.median(sink_floors), "rows/s")
+        figures["sink floor/into sink"] = Metric(statistics.median(f / c for f, c in zip(sink_floors, copies)), "x")
     return figures
 
 
