@@ -99,7 +99,7 @@ def profiled(pid: int, path: str | None):
         yield
         return
     py_spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
-    recorder = subprocess.Popen([py_spy, "record", "--pid", str(pid), "-f", "raw", "-o", path, "-r", "1000", "--nonblocking"],
+    recorder = subprocess.Popen([py_spy, "record", "--pid", str(pid), "-f", "raw", "-o", path, "-r", "1000", "--nonblocking", "--gil"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         yield
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
                 measured = one_round(checkouts[label], work, args.config, args, args.profile, f"{label}{round_number}")
                 for name, value in measured.items():
                     results.setdefault(label, {}).setdefault(name, []).append(value)
-                print(f"round {round_number} {label:<8} " + "; ".join(f"{name} {value:.3f}" for name, value in measured.items()), flush=True)
+                print(f"round {round_number} {label:<8} " + "; ".join(f"{name} {value:.4g}" for name, value in measured.items()), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"\nload average at the end: {os.getloadavg()[0]:.1f}; medians of {args.rounds} rounds")
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in metrics:
         cells = [statistics.median(results[label][name]) for label in checkouts]
         ratio = f" {cells[0] / cells[1]:.2f} |" if args.baseline else ""
-        print(f"| {name} | " + " | ".join(f"{cell:.3f}" for cell in cells) + " |" + ratio)
+        print(f"| {name} | " + " | ".join(f"{cell:.4g}" for cell in cells) + " |" + ratio)
     return 0
 
 
