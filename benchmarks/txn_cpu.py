@@ -3,7 +3,7 @@ from its own process (issue 32: what the broker spends per request once the
 fsyncs are paid once per transaction).
 
     python -m benchmarks.txn_cpu [--baseline DIR] [--rounds 3] [--transactions 1000]
-                                 [--rows 1000000] [--config KEY=VALUE ...] [--profile DIR]
+                                 [--rows 1000000] [--config KEY=VALUE ...] [--profile DIR] [--only PARTS]
 
 Each round starts a fresh broker (``faults.process.BrokerProcess``) from
 this checkout, and from ``DIR`` too when ``--baseline`` is given (a copy of
@@ -132,6 +132,8 @@ def one_round(checkout: str, work: str, config: list[str], args, profile_dir: st
             "txn, 1 MiB batches: CPU s/MB": (lambda topic: our_large_batches(broker.bootstrap, topic, args.rows), 1e6 / (args.rows * RECORD_BYTES)),
         }
         for name, (workload, scale) in workloads.items():
+            if args.only and not any(word in name for word in args.only.split(";")):
+                continue
             profile = os.path.join(profile_dir, f"{label}-{name.split(':')[0].replace(', ', '-').replace(' ', '_')}.txt") if profile_dir else None
             results[name] = measure(pid, workload(new_topic(broker.bootstrap)), profile) * scale
     finally:
@@ -148,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=1_000_000, help="100-byte rows of the large-batch workload")
     parser.add_argument("--config", action="append", default=[], metavar="KEY=VALUE", help="a broker setting (repeatable)")
     parser.add_argument("--profile", metavar="DIR", help="py-spy each workload, raw stacks here")
+    parser.add_argument("--only", help="semicolon-separated parts of workload names (librdkafka; txn, 1-record; 1 MiB)")
     args = parser.parse_args(argv)
     checkouts = {"this": REPO} | ({"baseline": os.path.abspath(args.baseline)} if args.baseline else {})
     if args.profile:
