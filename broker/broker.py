@@ -290,15 +290,12 @@ class Broker:
             offsets_partitions=self.config.offsets_topic_partitions,
         )
         coordinator = self.transactions.coordinator
+        from coordinator.metadata import TRANSACTION_VERSION_2, TopicPartition  # once, not on every transactional Produce
 
         def partition_in_transaction(producer_id, producer_epoch, topic, partition):
-            from coordinator.metadata import TopicPartition
-
             return coordinator.verify_transactional_produce(producer_id, producer_epoch, TopicPartition(topic, partition))
 
         async def add_to_transaction(transactional_id, producer_id, producer_epoch, partitions):
-            from coordinator.metadata import TRANSACTION_VERSION_2, TopicPartition
-
             return await coordinator.add_partitions(
                 transactional_id, producer_id, producer_epoch, [TopicPartition(topic, index) for topic, index in partitions], transaction_version=TRANSACTION_VERSION_2
             )

@@ -206,7 +206,23 @@ async def retry(
             on_failure(error, backoff)
         return True
 
+    # The first try runs outside tenacity: most operations (the
+    # coordinator's markers, once per transaction) succeed at once, and
+    # tenacity's set-up costs more than the try. A failed first try is handed
+    # to tenacity as its own first attempt, so what follows is the same.
+    try:
+        result = await operation()
+    except BaseException as error:
+        first_failure: BaseException | None = error
+    else:
+        backoff.succeeded()
+        return result
+
     async def attempt() -> T:  # a coroutine function: tenacity calls a plain one (a lambda) without awaiting it
+        nonlocal first_failure
+        if first_failure is not None:
+            failure, first_failure = first_failure, None
+            raise failure
         return await operation()
 
     result = await tenacity.AsyncRetrying(**_engine(backoff, retriable_and_told, sleep, stopping=stopping))(attempt)

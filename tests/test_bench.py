@@ -192,3 +192,19 @@ def test_the_bench_counts_the_fsync_rounds_of_a_transaction_in_our_broker(tmp_pa
     ROUNDS.metrics_url = None
     assert counted["fsync"][1] == "transaction" and 1.9 <= counted["fsync"][0] <= 2.1, counted
     assert counted["no fsync"] == (0.0, "transaction"), counted
+
+
+@pytest.mark.slow
+def test_txn_cpu_reads_the_brokers_cpu_for_each_workload(capsys):
+    """benchmarks.txn_cpu against this checkout and itself as the baseline:
+    every workload gets a CPU figure from the broker's /proc entry, and the
+    table has a ratio per row."""
+    from benchmarks import txn_cpu
+    from benchmarks.suite import REPO
+
+    assert txn_cpu.main(["--baseline", REPO, "--rounds", "1", "--transactions", "20", "--rows", "100000"]) == 0
+    table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "CPU" in line]
+    assert [line.split(" | ")[0] for line in table] == ["| librdkafka, 1-record txns: CPU ms/txn", "| txn, 1-record txns: CPU ms/txn", "| txn, 1 MiB batches: CPU s/MB"]
+    for line in table:
+        this, baseline = (float(cell) for cell in line.split(" | ")[1:3])
+        assert this > 0 and baseline > 0, line

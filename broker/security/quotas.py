@@ -211,6 +211,12 @@ class ClientQuotas:
         self.store.save(config)
         self.config = config
 
+    @property
+    def idle(self) -> bool:
+        """No quota is configured and no throttle is running: a request
+        needs no metering (a quota set later starts its meter from then)."""
+        return not self.config.users and not self._throttled_until
+
     def record(self, key: str, user: str, amount: int, now: float) -> int:
         """Meter ``amount`` bytes of ``user`` under ``key``; returns throttle_time_ms."""
         bound = self.config.for_user(user, key)
@@ -354,6 +360,10 @@ class QuotaLayer:
         self._gates: dict[tuple[str, str], list] = {}
 
     async def __call__(self, request, session):
+        if not self._gates and self.quotas.idle:
+            # No quota set, nobody throttled and no request at a gate: nothing
+            # to meter or wait for, and nothing this request could overtake.
+            return await self._inner(request, session)
         if request.api_key == ApiKey.PRODUCE:
             key = PRODUCER_BYTE_RATE
         elif request.api_key == ApiKey.FETCH:
