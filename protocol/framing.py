@@ -98,34 +98,65 @@ class RequestHeader:
         return cls(api_key, api_version, correlation_id, client_id)
 
 
+# A client receives an answer this big (a Fetch's, of many MiB) straight into
+# a buffer of its own.
+OWN_BUFFER_FROM = 1 << 20
+
+
 class FrameBuffer:
     """Accumulates bytes and cuts complete frames out of them.
 
     A size prefix outside ``[min_frame_size, max_frame_size]`` raises
-    ``FrameTooLargeError`` as soon as its 4 bytes are here."""
+    ``FrameTooLargeError`` as soon as its 4 bytes are here. Given
+    ``own_buffer_from``, a frame at least that big is received straight
+    into a buffer of its own once its prefix is here (a client's Fetch
+    answers of many MiB: no growing of the shared buffer, no copy out of it)."""
 
-    def __init__(self, max_frame_size: int, *, min_frame_size: int = 0):
+    def __init__(self, max_frame_size: int, *, min_frame_size: int = 0, own_buffer_from: int | None = None):
         self.max_frame_size = max_frame_size
         self.min_frame_size = min_frame_size
+        self.own_buffer_from = own_buffer_from
         self._buffer = bytearray()
         self._start = 0
+        self._frame: bytearray | None = None  # a big frame being received into its own buffer
+        self._filled = 0
 
     def feed(self, data: bytes) -> None:
+        if self._frame is not None:
+            room = len(self._frame) - self._filled
+            if len(data) <= room:
+                self._frame[self._filled : self._filled + len(data)] = data
+                self._filled += len(data)
+                return
+            self._frame[self._filled :] = memoryview(data)[:room]
+            self._filled = len(self._frame)
+            data = memoryview(data)[room:]  # the frames after it
         if self._start and self._start >= len(self._buffer) // 2:
             del self._buffer[: self._start]
             self._start = 0
         self._buffer += data
 
     def next_frame(self) -> memoryview | None:
+        if self._frame is not None:
+            if self._filled < len(self._frame):
+                return None
+            frame, self._frame = self._frame, None
+            return memoryview(frame)
         available = len(self._buffer) - self._start
         if available < 4:
             return None
         (size,) = _SIZE.unpack_from(self._buffer, self._start)
         if size < self.min_frame_size or size > self.max_frame_size:
             raise FrameTooLargeError(f"frame size {size} is outside {self.min_frame_size}..{self.max_frame_size}")
-        if available < 4 + size:
-            return None
         begin = self._start + 4
+        if available < 4 + size:
+            if self.own_buffer_from is not None and size >= self.own_buffer_from:
+                self._frame = bytearray(size)
+                self._filled = available - 4
+                self._frame[: self._filled] = memoryview(self._buffer)[begin:]
+                self._buffer.clear()
+                self._start = 0
+            return None
         # One copy, into a frame of its own that is writable: the broker
         # patches offsets into a Produce request's batches in place and
         # writes those very bytes to the segment (no further copy).
@@ -138,11 +169,15 @@ class FrameBuffer:
 
     @property
     def buffered(self) -> int:
-        return len(self._buffer) - self._start
+        partial = 0 if self._frame is None else 4 + self._filled
+        return partial + len(self._buffer) - self._start
 
     def take_buffered(self) -> bytes:
         """Whatever is buffered and not yet a whole frame, removed from the buffer."""
         rest = bytes(self._buffer[self._start :])
+        if self._frame is not None:
+            rest = _SIZE.pack(len(self._frame)) + bytes(memoryview(self._frame)[: self._filled]) + rest
+            self._frame = None
         self._buffer.clear()
         self._start = 0
         return rest
@@ -276,7 +311,7 @@ class ClientConnection:
 
     def __init__(self, *, client_id: str | None = "onceflow", max_frame_size: int = DEFAULT_MAX_FRAME_SIZE):
         self.client_id = client_id
-        self._frames = FrameBuffer(max_frame_size)
+        self._frames = FrameBuffer(max_frame_size, own_buffer_from=OWN_BUFFER_FROM)
         self._in_flight: dict[int, tuple[int, int]] = {}
         self._next_correlation_id = 0
 
