@@ -88,9 +88,11 @@ FETCHED_SCHEMA = pa.schema(
     ]
 )
 
-# Bytes of zeros after the joined records sections, so that reading a varint
-# (at most 10 bytes) a few fields past a damaged record's end stays inside
-# the buffer; such a record fails the checks before anything is kept.
+# Bytes of zeros after the joined records sections of compressed batches,
+# so that reading a varint (at most 10 bytes) a few fields past a damaged
+# record's end stays inside the buffer; such a record fails the checks before
+# anything is kept. (Uncompressed records are read where they came: a read
+# past the fetched bytes is an IndexError, damage too.)
 _PADDING = 64
 # Fewer records of one size than this are scanned by the loop (a run found
 # by numpy costs a few numpy calls, more than the loop spends on a few
@@ -127,7 +129,7 @@ class FetchedColumns:
 class _KeptBatch:
     header: records.BatchHeader
     position: int  # of the batch in the fetched section
-    start: int  # of its (decompressed) records in the joined buffer
+    start: int  # of its records in the buffer they are read from: the fetched bytes, or the joined (decompressed) sections
     end: int
 
 
@@ -180,11 +182,15 @@ def decode_fetched(data, aborted_transactions: list[dict] | None = None, *, read
         joined_size += len(body)
     if not kept:
         return FetchedColumns(_empty_columns(), end, partial)
-    sections.append(bytes(_PADDING))
-    buf = b"".join(sections)
+    if any(batch.header.compression for batch in kept):
+        sections.append(bytes(_PADDING))
+        buf, limit = b"".join(sections), joined_size
+    else:  # the records are read where they came, in the fetched bytes: no copy
+        buf, limit = view, whole_end
+        kept = [_KeptBatch(batch.header, batch.position, batch.position + BATCH_HEADER_SIZE, batch.position + batch.header.size) for batch in kept]
     try:
-        columns = _decode_columns(buf, kept, start_offset)
-    except _Damaged:
+        columns = _decode_columns(buf, kept, start_offset, limit)
+    except (_Damaged, IndexError):  # (a damaged record can send a read past the fetched bytes)
         _raise_precise_error(view, kept)
     return FetchedColumns(columns, end, partial)
 
@@ -388,7 +394,7 @@ def _read_varints(bytes_view: np.ndarray, positions: np.ndarray) -> tuple[np.nda
         if shift > 63:
             raise _Damaged  # longer than 10 bytes
         if 4 * count >= len(positions):
-            byte = bytes_view[following] * going_on  # 0 for the varints that ended
+            byte = bytes_view[following * going_on] * going_on  # 0 for the varints that ended (read at 0: theirs may end the buffer)
             raw |= (byte & 0x7F).astype(np.uint64) << np.uint64(shift)
             following += going_on
         else:
@@ -410,9 +416,10 @@ def _read_varints(bytes_view: np.ndarray, positions: np.ndarray) -> tuple[np.nda
     return values, following, too_wide
 
 
-def _decode_columns(buf: bytes, kept: list[_KeptBatch], start_offset: int) -> pa.RecordBatch:
+def _decode_columns(buf, kept: list[_KeptBatch], start_offset: int, limit: int) -> pa.RecordBatch:
+    """The columns of the ``kept`` batches' records, which lie in ``buf``
+    (up to ``limit``) where ``kept`` says."""
     bytes_view = np.frombuffer(buf, dtype=np.uint8)
-    limit = len(buf) - _PADDING
 
     def check(bad: np.ndarray) -> None:
         if bad.any():
