@@ -16,11 +16,14 @@ imports this module, so the broker never loads numpy or pyarrow):
   makes of the same records.
 
 No Python object is made per record. Decoding finds where each record
-starts: runs of records of one size (most of a batch of fixed-size values)
-by numpy comparisons, the rest by a Python loop that reads only the length
-varint of each record and stores integer positions; every other field is read by
-numpy at all the record positions at once, and the binary columns are cut
-out of one buffer by Arrow's ``take`` over offsets that point into it.
+starts: in a batch of fixed-size values (records that grow only where the
+offset delta's varint does) the starts are guessed by arithmetic, for all
+such batches at once, and confirmed by the lengths read there; in other
+batches runs of records of one size are found by numpy comparisons and the
+rest by a Python loop that reads only the length varint of each record and
+stores integer positions. Every other field is read by numpy at all the
+record positions at once, and the binary columns are cut out of one buffer
+by Arrow's ``take`` over offsets that point into it.
 Encoding builds each record's varints as rows of a byte matrix. Records
 without headers that come in a few runs of one size (fixed-size values:
 the size changes only where the offset delta's varint grows) are laid out
@@ -85,9 +88,11 @@ FETCHED_SCHEMA = pa.schema(
     ]
 )
 
-# Bytes of zeros after the joined records sections, so that reading a varint
-# (at most 10 bytes) a few fields past a damaged record's end stays inside
-# the buffer; such a record fails the checks before anything is kept.
+# Bytes of zeros after the joined records sections of compressed batches,
+# so that reading a varint (at most 10 bytes) a few fields past a damaged
+# record's end stays inside the buffer; such a record fails the checks before
+# anything is kept. (Uncompressed records are read where they came: a read
+# past the fetched bytes is an IndexError, damage too.)
 _PADDING = 64
 # Fewer records of one size than this are scanned by the loop (a run found
 # by numpy costs a few numpy calls, more than the loop spends on a few
@@ -124,7 +129,7 @@ class FetchedColumns:
 class _KeptBatch:
     header: records.BatchHeader
     position: int  # of the batch in the fetched section
-    start: int  # of its (decompressed) records in the joined buffer
+    start: int  # of its records in the buffer they are read from: the fetched bytes, or the joined (decompressed) sections
     end: int
 
 
@@ -177,11 +182,15 @@ def decode_fetched(data, aborted_transactions: list[dict] | None = None, *, read
         joined_size += len(body)
     if not kept:
         return FetchedColumns(_empty_columns(), end, partial)
-    sections.append(bytes(_PADDING))
-    buf = b"".join(sections)
+    if any(batch.header.compression for batch in kept):
+        sections.append(bytes(_PADDING))
+        buf, limit = b"".join(sections), joined_size
+    else:  # the records are read where they came, in the fetched bytes: no copy
+        buf, limit = view, whole_end
+        kept = [_KeptBatch(batch.header, batch.position, batch.position + BATCH_HEADER_SIZE, batch.position + batch.header.size) for batch in kept]
     try:
-        columns = _decode_columns(buf, kept, start_offset)
-    except _Damaged:
+        columns = _decode_columns(buf, kept, start_offset, limit)
+    except (_Damaged, IndexError):  # (a damaged record can send a read past the fetched bytes)
         _raise_precise_error(view, kept)
     return FetchedColumns(columns, end, partial)
 
@@ -197,37 +206,114 @@ def _empty_columns() -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays([pa.nulls(0, field.type) for field in FETCHED_SCHEMA], schema=FETCHED_SCHEMA)
 
 
-def _record_starts(buf: bytes, bytes_view: np.ndarray, kept: list[_KeptBatch]) -> np.ndarray:
-    """Where each record (its length varint) starts.
+def _record_starts(buf: bytes, bytes_view: np.ndarray, kept: list[_KeptBatch], scanned: frozenset = frozenset()) -> tuple[np.ndarray, np.ndarray]:
+    """Where each record (its length varint) starts, and which batches'
+    starts are guesses (``_guessed_starts``) the caller must confirm.
 
     The one sequential step: a record's length varint says where the next
-    record starts. Records come in runs of equal size (a size changes where
-    the offset delta's varint grows a byte, at 64 and 8192 records into a
-    batch, or where keys or values change size): a run is found by numpy
-    (``_run_starts``), and what is not in a run by a loop that stores
-    positions only; the lengths are read again, all at once, by the caller."""
+    record starts. A batch whose records differ in size only where the
+    offset delta's varint grows (values of one size) has its starts
+    guessed, all batches at once; the others (and those in ``scanned``,
+    whose guess the caller refuted) are scanned: runs of records of equal
+    size (a size changes where the offset delta's varint grows a byte, at 64
+    and 8192 records into a batch, or where keys or values change size) are
+    found by numpy (``_run_starts``), and what is not in a run by a loop
+    that stores positions only; the lengths are read again, all at once, by
+    the caller."""
+    starts, guessed = _guessed_starts(buf, kept)
+    if scanned:
+        guessed[list(scanned)] = False
+    first = 0
+    for index, batch in enumerate(kept):
+        count = batch.header.record_count
+        if not guessed[index]:
+            starts[first : first + count] = _scanned_starts(buf, bytes_view, batch)
+        first += count
+    return starts, guessed
+
+
+def _guessed_starts(buf: bytes, kept: list[_KeptBatch]) -> tuple[np.ndarray, np.ndarray]:
+    """Each batch's record starts if its records are those of the first
+    made bigger only by the offset delta (record k's is k, whose varint
+    grows at 64, 8192, ...) and so by their length varint, and which
+    batches' sizes agree with that guess (the others' starts are left for
+    ``_scanned_starts``). A guess is confirmed only when the lengths read
+    at the guessed starts lead from each record to the next and the last
+    to the batch's end (``_refuted``)."""
+    counts = np.array([batch.header.record_count for batch in kept], dtype=np.int64)
+    first_length = np.zeros(len(kept), dtype=np.int64)
+    for index, batch in enumerate(kept):
+        if batch.header.record_count:
+            try:
+                first_length[index] = read_varint(buf, batch.start)[0]
+            except (IndexError, ValueError):
+                pass
+    first_length[first_length < 1] = -(1 << 40)  # no record is that short: no guess fits the batch
+    index_in_batch = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+    length = np.repeat(first_length, counts) + _varint_widths(2 * index_in_batch) - 1
+    size = length + _varint_widths(2 * length)
+    ends = np.concatenate([[0], np.cumsum(size)])  # of each record, counted from the first batch's start as if batches were end to end
+    batch_begins, batch_ends = ends[np.cumsum(counts) - counts], ends[np.cumsum(counts)]
+    guessed = (batch_ends - batch_begins == np.array([batch.end - batch.start for batch in kept], dtype=np.int64)) & (counts > 0)
+    before = np.repeat(batch_begins, counts)
+    starts = np.repeat(np.array([batch.start for batch in kept], dtype=np.int64), counts) + ends[:-1] - before
+    return starts, guessed
+
+
+def _varint_widths(unsigned: np.ndarray) -> np.ndarray:
+    """Bytes of the varint of each (non-negative) value."""
+    widths = np.ones(len(unsigned), dtype=np.int64)
+    for bits in range(7, 63, 7):
+        over = unsigned >= (1 << bits)
+        if not over.any():
+            break
+        widths += over
+    return widths
+
+
+def _refuted(record_start: np.ndarray, record_end: np.ndarray, kept: list[_KeptBatch], guessed: np.ndarray) -> frozenset:
+    """The batches whose records do not lead from one to the next and the
+    last to the batch's end, as ``_scanned_starts`` would have found them
+    (only a guessed batch can: a scanned one is damaged)."""
+    if len(record_start) == 0:
+        return frozenset()
+    counts = np.array([batch.header.record_count for batch in kept], dtype=np.int64)
+    following = np.empty(len(record_start), dtype=np.int64)
+    following[:-1] = record_start[1:]
+    lasts = np.cumsum(counts)[counts > 0] - 1
+    following[lasts] = np.array([batch.end for batch in kept], dtype=np.int64)[counts > 0]
+    wrong = np.flatnonzero(record_end != following)
+    if len(wrong) == 0:
+        return frozenset()
+    batches = np.unique(np.repeat(np.arange(len(kept)), counts)[wrong])
+    if not guessed[batches].all():
+        raise _Damaged
+    return frozenset(batches.tolist())
+
+
+def _scanned_starts(buf: bytes, bytes_view: np.ndarray, batch: _KeptBatch) -> np.ndarray:
+    """One batch's record starts, found record after record (and run after run)."""
     parts: list[np.ndarray] = []
     starts = array("q")
-    for batch in kept:
-        cursor = batch.start
-        left = batch.header.record_count
-        try:
-            while left:
-                run = _run_starts(buf, bytes_view, cursor, left, batch.end) if left >= _RUN_MIN_RECORDS else None
-                if run is not None:
-                    if starts:
-                        parts.append(np.frombuffer(starts, dtype=np.int64))
-                        starts = array("q")
-                    parts.append(run[0])
-                    cursor = run[1]
-                    left -= len(run[0])
-                    continue
-                cursor = _scan_starts(buf, cursor, min(left, _LOOP_RECORDS), starts.append)
-                left -= min(left, _LOOP_RECORDS)
-        except (IndexError, ValueError):
-            raise _Damaged from None
-        if cursor != batch.end:
-            raise _Damaged
+    cursor = batch.start
+    left = batch.header.record_count
+    try:
+        while left:
+            run = _run_starts(buf, bytes_view, cursor, left, batch.end) if left >= _RUN_MIN_RECORDS else None
+            if run is not None:
+                if starts:
+                    parts.append(np.frombuffer(starts, dtype=np.int64))
+                    starts = array("q")
+                parts.append(run[0])
+                cursor = run[1]
+                left -= len(run[0])
+                continue
+            cursor = _scan_starts(buf, cursor, min(left, _LOOP_RECORDS), starts.append)
+            left -= min(left, _LOOP_RECORDS)
+    except (IndexError, ValueError):
+        raise _Damaged from None
+    if cursor != batch.end:
+        raise _Damaged
     if starts:
         parts.append(np.frombuffer(starts, dtype=np.int64))
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
@@ -292,26 +378,36 @@ def _read_varints(bytes_view: np.ndarray, positions: np.ndarray) -> tuple[np.nda
 
     Values are exact modulo 2**64, so a sum with a base offset or timestamp
     lands where ``records.read_varint``'s unbounded integers land whenever
-    that is an int64; a length with bits past 64 is never valid."""
+    that is an int64; a length with bits past 64 is never valid. Each
+    further byte is read for the varints that go on: for all of them at once
+    (masked) while most do, as a record length or a value length of 100
+    bytes does, by index when few do."""
     byte = bytes_view[positions]
     raw = (byte & 0x7F).astype(np.uint64)
     following = positions + 1
-    active = np.flatnonzero(byte >= 0x80)
+    going_on = byte >= 0x80
+    count = int(np.count_nonzero(going_on))
     top_bit = None  # bit 64 of the raw varint: bit 63 of the value
     too_wide = None
     shift = 7
-    while active.size:
+    while count:
         if shift > 63:
             raise _Damaged  # longer than 10 bytes
-        byte = bytes_view[following[active]]
-        raw[active] |= (byte & 0x7F).astype(np.uint64) << np.uint64(shift)
+        if 4 * count >= len(positions):
+            byte = bytes_view[following * going_on] * going_on  # 0 for the varints that ended (read at 0: theirs may end the buffer)
+            raw |= (byte & 0x7F).astype(np.uint64) << np.uint64(shift)
+            following += going_on
+        else:
+            active = np.flatnonzero(going_on)
+            byte = np.zeros(len(positions), dtype=np.uint8)
+            byte[active] = bytes_view[following[active]]
+            raw[active] |= (byte[active] & 0x7F).astype(np.uint64) << np.uint64(shift)
+            following[active] += 1
         if shift == 63:
-            top_bit = np.zeros(len(raw), dtype=np.uint64)
-            top_bit[active] = (byte >> 1) & 1
-            too_wide = np.zeros(len(raw), dtype=bool)
-            too_wide[active] = (byte & 0x7E) != 0
-        following[active] += 1
-        active = active[byte >= 0x80]
+            top_bit = ((byte >> 1) & 1).astype(np.uint64)
+            too_wide = (byte & 0x7E) != 0
+        going_on = byte >= 0x80
+        count = int(np.count_nonzero(going_on))
         shift += 7
     unsigned = raw >> np.uint64(1)
     if top_bit is not None:
@@ -320,9 +416,10 @@ def _read_varints(bytes_view: np.ndarray, positions: np.ndarray) -> tuple[np.nda
     return values, following, too_wide
 
 
-def _decode_columns(buf: bytes, kept: list[_KeptBatch], start_offset: int) -> pa.RecordBatch:
+def _decode_columns(buf, kept: list[_KeptBatch], start_offset: int, limit: int) -> pa.RecordBatch:
+    """The columns of the ``kept`` batches' records, which lie in ``buf``
+    (up to ``limit``) where ``kept`` says."""
     bytes_view = np.frombuffer(buf, dtype=np.uint8)
-    limit = len(buf) - _PADDING
 
     def check(bad: np.ndarray) -> None:
         if bad.any():
@@ -335,9 +432,15 @@ def _decode_columns(buf: bytes, kept: list[_KeptBatch], start_offset: int) -> pa
             check(too_wide)
         return values, following
 
-    record_start = _record_starts(buf, bytes_view, kept)
+    record_start, guessed = _record_starts(buf, bytes_view, kept)
     length, body, too_wide = _read_varints(bytes_view, record_start)
     record_end = body + length
+    if guessed.any():
+        refuted = _refuted(record_start, record_end, kept, guessed)
+        if refuted:
+            record_start, guessed = _record_starts(buf, bytes_view, kept, refuted)
+            length, body, too_wide = _read_varints(bytes_view, record_start)
+            record_end = body + length
     check((length < 1) | (record_end > limit))  # at least the attributes byte
     if too_wide is not None:
         check(too_wide)

@@ -108,15 +108,16 @@ class FrameBuffer:
     A size prefix outside ``[min_frame_size, max_frame_size]`` raises
     ``FrameTooLargeError`` as soon as its 4 bytes are here.
 
-    A frame of at least ``LARGE_FRAME_BYTES`` that is not whole yet is
+    A frame of at least ``large_frame_bytes`` (``LARGE_FRAME_BYTES``) that is not whole yet is
     gathered in a bytearray of its own, appended to as its bytes arrive,
     and handed out whole: no slice copies it out of the shared buffer. (Not
     a zero-filled ``bytearray(size)`` filled in place: zeroing fresh pages
     cost twice the CPU per 1 MiB frame.)"""
 
-    def __init__(self, max_frame_size: int, *, min_frame_size: int = 0):
+    def __init__(self, max_frame_size: int, *, min_frame_size: int = 0, large_frame_bytes: int = LARGE_FRAME_BYTES):
         self.max_frame_size = max_frame_size
         self.min_frame_size = min_frame_size
+        self.large_frame_bytes = large_frame_bytes
         self._buffer = bytearray()
         self._start = 0
         self._large: bytearray | None = None  # the large frame being gathered (without its size prefix)
@@ -149,7 +150,7 @@ class FrameBuffer:
             raise FrameTooLargeError(f"frame size {size} is outside {self.min_frame_size}..{self.max_frame_size}")
         begin = self._start + 4
         if available < 4 + size:
-            if size >= LARGE_FRAME_BYTES:
+            if size >= self.large_frame_bytes:
                 self._large = self._buffer[begin:]
                 self._large_size = size
                 self._buffer.clear()

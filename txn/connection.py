@@ -33,7 +33,10 @@ from protocol.tasks import cancel_and_wait
 from txn.security import PLAINTEXT, AuthenticationError, SaslClient, SecurityConfig
 
 log = logging.getLogger(__name__)
-
+# What one read takes off the socket's stream, and what the stream holds
+# before it stops reading (asyncio's default, 64 KiB, pauses and resumes
+# reading dozens of times per Fetch answer of a few MiB).
+READ_LIMIT = 1 << 20
 
 
 class BrokerClient:
@@ -103,9 +106,9 @@ class BrokerClient:
         if self.security.uses_tls and self._ssl_context is None:
             self._ssl_context = self.security.ssl_context()
         if self._ssl_context is None:
-            return await asyncio.open_connection(self.host, self.port)
+            return await asyncio.open_connection(self.host, self.port, limit=READ_LIMIT)
         try:
-            return await asyncio.open_connection(self.host, self.port, ssl=self._ssl_context, server_hostname=self.host, ssl_handshake_timeout=self.request_timeout)
+            return await asyncio.open_connection(self.host, self.port, limit=READ_LIMIT, ssl=self._ssl_context, server_hostname=self.host, ssl_handshake_timeout=self.request_timeout)
         except ssl.SSLCertVerificationError as error:
             # Not retriable: an untrusted or misnamed certificate stays so.
             raise AuthenticationError(0, f"TLS handshake with {self.host}:{self.port}", message=f"certificate verify failed: {error.verify_message}") from None
@@ -222,7 +225,7 @@ class BrokerClient:
         """Answers of one connection, matched to that connection's requests only."""
         try:
             while True:
-                data = await reader.read(1 << 20)
+                data = await reader.read(READ_LIMIT)
                 if not data:
                     raise ConnectionError(f"broker at {self.host}:{self.port} closed the connection")
                 framing.receive_data(data)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from protocol import schema
 from protocol.errors import ErrorCode, FrameTooLargeError, MalformedFrameError, UnsupportedRequestError
-from protocol.framing import ClientConnection, ServerConnection, encode_request
+from protocol.framing import ClientConnection, FrameBuffer, ServerConnection, encode_request
 from protocol.messages import APIS, ApiKey
 
 PRIMITIVE_SAMPLES = {
@@ -164,6 +164,60 @@ def test_client_matches_responses_by_correlation_id():
     response = client.next_response()
     assert response.correlation_id == correlation_id
     assert response.body["api_keys"] == body["api_keys"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 90), min_size=1, max_size=6),
+    chunks=st.lists(st.integers(1, 70), min_size=1, max_size=8),
+    large_frame_bytes=st.integers(0, 100),
+)
+def test_frames_received_into_buffers_of_their_own_come_out_whole_and_in_order(sizes, chunks, large_frame_bytes):
+    """Frames cut from a stream fed in chunks of any sizes are the frames
+    sent, in order, whether a big one goes into a buffer of its own or not;
+    what is buffered of a frame not yet whole is handed back as it came."""
+    frames = [bytes([index]) * size for index, size in enumerate(sizes)]
+    stream = b"".join(struct.pack(">i", len(frame)) + frame for frame in frames)
+    buffer = FrameBuffer(1000, large_frame_bytes=large_frame_bytes)
+    cut, position, step = [], 0, 0
+    while position < len(stream):
+        piece = stream[position : position + chunks[step % len(chunks)]]
+        position += len(piece)
+        step += 1
+        buffer.feed(piece)
+        while (frame := buffer.next_frame()) is not None:
+            assert isinstance(frame, memoryview) and not frame.readonly  # the broker patches frames in place
+            cut.append(bytes(frame))
+        assert buffer.buffered == position - sum(4 + len(frame) for frame in cut)
+        if position < len(stream) and step == 2:
+            rest = buffer.take_buffered()
+            assert rest == stream[sum(4 + len(frame) for frame in cut) : position]
+            assert buffer.buffered == 0
+            buffer.feed(rest)
+    assert cut == frames
+
+
+def test_a_client_receives_a_fetch_answer_of_many_mib_whole():
+    server = ServerConnection()
+    client = ClientConnection()
+    correlation_id, request = client.send_request(ApiKey.FETCH, 12, {
+        "replica_id": -1, "max_wait_ms": 0, "min_bytes": 1, "max_bytes": 1 << 30, "isolation_level": 1, "session_id": 0, "session_epoch": -1,
+        "topics": [{"topic": "t", "partitions": [{"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 30, "log_start_offset": -1, "current_leader_epoch": -1}]}],
+    })
+    server.receive_data(request)
+    records = random.Random(7).randbytes(3 * (1 << 20) + 5)
+    answer = {"throttle_time_ms": 0, "error_code": 0, "session_id": 0, "responses": [{"topic": "t", "partitions": [{
+        "partition_index": 0, "error_code": 0, "high_watermark": 9, "last_stable_offset": 9, "log_start_offset": 0,
+        "aborted_transactions": [], "preferred_read_replica": -1, "records": records}]}]}
+    stream = bytes(server.encode_response(server.next_request(), answer))
+    responses = []
+    for start in range(0, len(stream), 65_531):
+        client.receive_data(stream[start : start + 65_531])
+        while (response := client.next_response()) is not None:
+            responses.append(response)
+    assert len(responses) == 1
+    assert responses[0].correlation_id == correlation_id
+    assert bytes(responses[0].body["responses"][0]["partitions"][0]["records"]) == records
 
 
 def test_error_codes_have_kafka_numbers():
