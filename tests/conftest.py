@@ -44,8 +44,7 @@ SPARK_DIR = "tests/streaming/spark/"
 #: Tests outside SPARK_DIR that start a Spark driver process.
 SPARK_DRIVER_TESTS = (
     "tests/test_readme.py::test_spark_quickstart_query",
-    "tests/test_readme.py::test_setup_demo_command_runs_on_a_fresh_copy",
-    "tests/test_demo.py::test_default_demo_is_exactly_once_through_kills_of_pipeline_broker_and_spark",
+    "tests/test_readme.py::test_setup_demo_command_is_exactly_once_through_kills_on_a_fresh_copy",
     "tests/test_demo.py::test_demo_fails_when_the_spark_totals_are_wrong",
     "tests/faults/test_chaos_spark.py::test_users_spark_query_example_under_driver_and_broker_kills",
     "tests/faults/test_chaos_spark.py::test_a_wrong_expectation_of_the_spark_output_is_caught",
@@ -57,10 +56,9 @@ SPARK_SLOTS = 2
 #: machine (load 8-18), only to hand out the longest work first.
 MEASURED_SECONDS = {
     "tests/streaming/spark/test_spark_sink_crash.py::test_driver_killed_at_every_crash_point_then_restarted": 520,
+    "tests/test_readme.py::test_setup_demo_command_is_exactly_once_through_kills_on_a_fresh_copy": 420,
     "tests/test_readme.py::test_spark_quickstart_query": 330,
-    "tests/test_demo.py::test_default_demo_is_exactly_once_through_kills_of_pipeline_broker_and_spark": 285,
     "tests/broker/test_copier.py::test_copier_exactly_once_through_copier_kills[txn]": 260,
-    "tests/test_readme.py::test_setup_demo_command_runs_on_a_fresh_copy": 230,
     "tests/faults/test_chaos_spark.py::test_users_spark_query_example_under_driver_and_broker_kills": 220,
     "tests/test_demo.py::test_demo_fails_when_the_spark_totals_are_wrong": 190,
     "tests/streaming/spark/test_spark_sink_session.py::test_topic_partition_and_headers_columns": 185,
