@@ -4,8 +4,10 @@ how pytest-xdist shares the tests out (the README's test command:
 
 Every test is a unit of work of its own, except that each module under
 ``tests/streaming/spark/`` is one unit (its module-scoped Spark session starts
-once). Units that start Spark (those modules and ``SPARK_DRIVER_TESTS``, which
-start a driver process of their own) run at most ``SPARK_SLOTS`` at a time:
+once), but for ``SPARK_DRIVER_MODULES``, whose tests start driver processes
+of their own and are each a unit. Units that start Spark (those modules and
+``SPARK_DRIVER_TESTS``, which start a driver process of their own) run at
+most ``SPARK_SLOTS`` at a time:
 Spark gives a Python data-source worker a fixed 10 s to connect back ("Python
 worker failed to connect back"), which a 2-core machine running four Spark
 queries misses. The scheduler hands out the Spark units first and the rest
@@ -41,6 +43,9 @@ def pytest_addoption(parser):
 
 
 SPARK_DIR = "tests/streaming/spark/"
+#: Modules of SPARK_DIR that share no Spark session (each test starts its own
+#: driver processes): each test is a unit, so two lanes can share them out.
+SPARK_DRIVER_MODULES = ("tests/streaming/spark/test_spark_sink_crash.py",)
 #: Tests outside SPARK_DIR that start a Spark driver process.
 SPARK_DRIVER_TESTS = (
     "tests/test_readme.py::test_spark_quickstart_query",
@@ -55,7 +60,8 @@ SPARK_SLOTS = 2
 #: Seconds the longest tests took in a 4-worker run on the shared 2-core
 #: machine (load 8-18), only to hand out the longest work first.
 MEASURED_SECONDS = {
-    "tests/streaming/spark/test_spark_sink_crash.py::test_driver_killed_at_every_crash_point_then_restarted": 520,
+    "tests/streaming/spark/test_spark_sink_crash.py::test_driver_killed_before_at_and_after_its_decision_then_restarted": 425,
+    "tests/streaming/spark/test_spark_sink_crash.py::test_driver_killed_amid_its_commits_then_a_failed_commit_and_a_dead_task": 425,
     "tests/test_readme.py::test_setup_demo_command_is_exactly_once_through_kills_on_a_fresh_copy": 420,
     "tests/test_readme.py::test_spark_quickstart_query": 330,
     "tests/broker/test_copier.py::test_copier_exactly_once_through_copier_kills[txn]": 260,
@@ -80,6 +86,8 @@ SOAK_SECONDS = 60
 def spark_unit(nodeid: str) -> str | None:
     """The Spark unit of work a test belongs to, None if it starts no Spark."""
     path = nodeid.split("::")[0]
+    if path in SPARK_DRIVER_MODULES:
+        return "spark:" + nodeid
     if path.startswith(SPARK_DIR):
         return "spark:" + path
     if nodeid in SPARK_DRIVER_TESTS:
