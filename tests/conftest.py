@@ -5,12 +5,12 @@ how pytest-xdist shares the tests out (the README's test command:
 Every test is a unit of work of its own, except that each module under
 ``tests/streaming/spark/`` is one unit (its module-scoped Spark session starts
 once), but for ``SPARK_DRIVER_MODULES``, whose tests start driver processes
-of their own and are each a unit. Units that start Spark (those modules and
-``SPARK_DRIVER_TESTS``, which start a driver process of their own) run at
-most ``SPARK_SLOTS`` at a time:
-Spark gives a Python data-source worker a fixed 10 s to connect back ("Python
-worker failed to connect back"), which a 2-core machine running four Spark
-queries misses. The scheduler hands out the Spark units first and the rest
+of their own and are each a unit, and ``SPARKLESS_MODULES``, which start no
+Spark. Units that start Spark (those modules and ``SPARK_DRIVER_TESTS``,
+which start a driver process of their own) run at most ``SPARK_SLOTS`` at a
+time: Spark gives a Python data-source worker a fixed 10 s to connect back
+("Python worker failed to connect back"), which a 2-core machine running
+four Spark queries misses. The scheduler hands out the Spark units first and the rest
 meanwhile, each longest first (``MEASURED_SECONDS``, else a guess from the
 ``slow`` mark). Marking tests ``xdist_group`` would not do: with pytest 9.2
 the mark no longer groups (pytest-xdist#1386). A serial run keeps the
@@ -46,6 +46,21 @@ SPARK_DIR = "tests/streaming/spark/"
 #: Modules of SPARK_DIR that share no Spark session (each test starts its own
 #: driver processes): each test is a unit, so two lanes can share them out.
 SPARK_DRIVER_MODULES = ("tests/streaming/spark/test_spark_sink_crash.py",)
+#: Modules of SPARK_DIR that start no Spark (the source's and sink's pieces
+#: without it): their tests are shared out like any other, not in a Spark lane.
+SPARKLESS_MODULES = tuple(
+    SPARK_DIR + name
+    for name in (
+        "test_decision_read.py",
+        "test_spark_interpreter.py",
+        "test_spark_sink.py",
+        "test_spark_sink_decision.py",
+        "test_spark_sink_driver_commit.py",
+        "test_spark_source_options.py",
+        "test_spark_source_plain.py",
+        "test_spark_source_tansu.py",
+    )
+)
 #: Tests outside SPARK_DIR that start a Spark driver process.
 SPARK_DRIVER_TESTS = (
     "tests/test_readme.py::test_spark_quickstart_query",
@@ -86,6 +101,8 @@ SOAK_SECONDS = 60
 def spark_unit(nodeid: str) -> str | None:
     """The Spark unit of work a test belongs to, None if it starts no Spark."""
     path = nodeid.split("::")[0]
+    if path in SPARKLESS_MODULES:
+        return None
     if path in SPARK_DRIVER_MODULES:
         return "spark:" + nodeid
     if path.startswith(SPARK_DIR):
@@ -106,6 +123,8 @@ def pytest_collection_modifyitems(config, items):
     other tests, each longest first (every worker collects the same, so all
     agree on the order, which the scheduler keeps: --no-loadscope-reorder)."""
     for item in items:
+        if item.nodeid.split("::")[0] in SPARKLESS_MODULES and {"spark", "spark_cluster"} & set(item.fixturenames):
+            raise pytest.UsageError(f"{item.nodeid} starts Spark, but its module is listed in SPARKLESS_MODULES")
         if spark_unit(item.nodeid):
             item.add_marker(pytest.mark.spark)
         if MEASURED_SECONDS.get(item.nodeid, 0) > SOAK_SECONDS:
