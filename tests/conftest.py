@@ -4,11 +4,13 @@ how pytest-xdist shares the tests out (the README's test command:
 
 Every test is a unit of work of its own, except that each module under
 ``tests/streaming/spark/`` is one unit (its module-scoped Spark session starts
-once). Units that start Spark (those modules and ``SPARK_DRIVER_TESTS``, which
-start a driver process of their own) run at most ``SPARK_SLOTS`` at a time:
-Spark gives a Python data-source worker a fixed 10 s to connect back ("Python
-worker failed to connect back"), which a 2-core machine running four Spark
-queries misses. The scheduler hands out the Spark units first and the rest
+once), but for ``SPARK_DRIVER_MODULES``, whose tests start driver processes
+of their own and are each a unit, and ``SPARKLESS_MODULES``, which start no
+Spark. Units that start Spark (those modules and ``SPARK_DRIVER_TESTS``,
+which start a driver process of their own) run at most ``SPARK_SLOTS`` at a
+time: Spark gives a Python data-source worker a fixed 10 s to connect back
+("Python worker failed to connect back"), which a 2-core machine running
+four Spark queries misses. The scheduler hands out the Spark units first and the rest
 meanwhile, each longest first (``MEASURED_SECONDS``, else a guess from the
 ``slow`` mark). Marking tests ``xdist_group`` would not do: with pytest 9.2
 the mark no longer groups (pytest-xdist#1386). A serial run keeps the
@@ -41,11 +43,28 @@ def pytest_addoption(parser):
 
 
 SPARK_DIR = "tests/streaming/spark/"
+#: Modules of SPARK_DIR that share no Spark session (each test starts its own
+#: driver processes): each test is a unit, so two lanes can share them out.
+SPARK_DRIVER_MODULES = ("tests/streaming/spark/test_spark_sink_crash.py",)
+#: Modules of SPARK_DIR that start no Spark (the source's and sink's pieces
+#: without it): their tests are shared out like any other, not in a Spark lane.
+SPARKLESS_MODULES = tuple(
+    SPARK_DIR + name
+    for name in (
+        "test_decision_read.py",
+        "test_spark_interpreter.py",
+        "test_spark_sink.py",
+        "test_spark_sink_decision.py",
+        "test_spark_sink_driver_commit.py",
+        "test_spark_source_options.py",
+        "test_spark_source_plain.py",
+        "test_spark_source_tansu.py",
+    )
+)
 #: Tests outside SPARK_DIR that start a Spark driver process.
 SPARK_DRIVER_TESTS = (
     "tests/test_readme.py::test_spark_quickstart_query",
-    "tests/test_readme.py::test_setup_demo_command_runs_on_a_fresh_copy",
-    "tests/test_demo.py::test_default_demo_is_exactly_once_through_kills_of_pipeline_broker_and_spark",
+    "tests/test_readme.py::test_setup_demo_command_is_exactly_once_through_kills_on_a_fresh_copy",
     "tests/test_demo.py::test_demo_fails_when_the_spark_totals_are_wrong",
     "tests/faults/test_chaos_spark.py::test_users_spark_query_example_under_driver_and_broker_kills",
     "tests/faults/test_chaos_spark.py::test_a_wrong_expectation_of_the_spark_output_is_caught",
@@ -56,20 +75,22 @@ SPARK_SLOTS = 2
 #: Seconds the longest tests took in a 4-worker run on the shared 2-core
 #: machine (load 8-18), only to hand out the longest work first.
 MEASURED_SECONDS = {
-    "tests/streaming/spark/test_spark_sink_crash.py::test_driver_killed_at_every_crash_point_then_restarted": 520,
+    "tests/streaming/spark/test_spark_sink_crash.py::test_driver_killed_before_at_and_after_its_decision_then_restarted": 425,
+    "tests/streaming/spark/test_spark_sink_crash.py::test_driver_killed_amid_its_commits_then_a_failed_commit_and_a_dead_task": 425,
+    "tests/test_readme.py::test_setup_demo_command_is_exactly_once_through_kills_on_a_fresh_copy": 420,
     "tests/test_readme.py::test_spark_quickstart_query": 330,
-    "tests/test_demo.py::test_default_demo_is_exactly_once_through_kills_of_pipeline_broker_and_spark": 285,
     "tests/broker/test_copier.py::test_copier_exactly_once_through_copier_kills[txn]": 260,
-    "tests/test_readme.py::test_setup_demo_command_runs_on_a_fresh_copy": 230,
     "tests/faults/test_chaos_spark.py::test_users_spark_query_example_under_driver_and_broker_kills": 220,
     "tests/test_demo.py::test_demo_fails_when_the_spark_totals_are_wrong": 190,
     "tests/streaming/spark/test_spark_sink_session.py::test_topic_partition_and_headers_columns": 185,
     "tests/faults/test_chaos_spark.py::test_a_wrong_expectation_of_the_spark_output_is_caught": 170,
     "tests/streaming/test_dataflow_broker.py::test_window_results_and_late_counts_equal_a_recomputation_across_restarts[by-input-key]": 160,
     "tests/streaming/spark/test_spark_sink_session.py::test_source_and_sink_over_sasl_ssl": 155,
+    "tests/streaming/spark/test_spark_sink_crash.py::test_decided_transactions_timed_out_before_the_restart[spark_sink.after_decision@1:kill-0]": 140,
+    "tests/streaming/spark/test_spark_sink_crash.py::test_decided_transactions_timed_out_before_the_restart[spark_sink.after_commit@1:kill-1]": 140,
+    "tests/streaming/spark/test_spark_sink_crash.py::test_the_completer_finishes_a_killed_drivers_decided_batch_before_spark_restarts": 120,
     "tests/broker/test_concurrent_durability.py::test_sigkill_under_many_clients_loses_no_acknowledged_record_and_leaves_no_transaction_hanging[1.2-True]": 135,
     "tests/test_readme.py::test_bench_command_runs_every_scenario": 125,
-    "tests/streaming/spark/test_spark_sink_crash.py::test_decided_transactions_timed_out_before_the_restart_fail_the_query": 120,
     "tests/broker/test_copier.py::test_copier_exactly_once_through_a_broker_kill[txn]": 105,
     "tests/test_readme.py::test_chaos_command_runs_and_reports": 90,
 }
@@ -82,6 +103,10 @@ SOAK_SECONDS = 60
 def spark_unit(nodeid: str) -> str | None:
     """The Spark unit of work a test belongs to, None if it starts no Spark."""
     path = nodeid.split("::")[0]
+    if path in SPARKLESS_MODULES:
+        return None
+    if path in SPARK_DRIVER_MODULES:
+        return "spark:" + nodeid
     if path.startswith(SPARK_DIR):
         return "spark:" + path
     if nodeid in SPARK_DRIVER_TESTS:
@@ -100,6 +125,8 @@ def pytest_collection_modifyitems(config, items):
     other tests, each longest first (every worker collects the same, so all
     agree on the order, which the scheduler keeps: --no-loadscope-reorder)."""
     for item in items:
+        if item.nodeid.split("::")[0] in SPARKLESS_MODULES and {"spark", "spark_cluster"} & set(item.fixturenames):
+            raise pytest.UsageError(f"{item.nodeid} starts Spark, but its module is listed in SPARKLESS_MODULES")
         if spark_unit(item.nodeid):
             item.add_marker(pytest.mark.spark)
         if MEASURED_SECONDS.get(item.nodeid, 0) > SOAK_SECONDS:

@@ -10,10 +10,10 @@ the output exactly once, the reader never saw a record the final read does
 not have at the same offset (nothing uncommitted or aborted), and no
 transaction of the query is left open.
 
-The runs share one checkpoint, so one chain of restarts covers the matrix:
-each restart first recovers from the previous crash, then reaches its own
-crash point. One run has its commit raise after the decision instead: Spark
-then calls the sink's abort, which must finish the batch, not undo it.
+Two chains of runs, each on a checkpoint of its own, cover the matrix: each
+restart first recovers from the previous crash, then reaches its own crash
+point. One run has its commit raise after the decision instead: Spark then
+calls the sink's abort, which must finish the batch, not undo it.
 """
 
 from __future__ import annotations
@@ -35,38 +35,64 @@ def broker(broker_process):
     return broker_process("transaction.abort.timed.out.transaction.cleanup.interval.ms=500")
 
 
-def test_driver_killed_at_every_crash_point_then_restarted(broker, tmp_path):
+def run_chain(broker, tmp_path, prefix: str, chain: list[tuple[str, int]]) -> tuple[Driver, dict]:
+    """Runs the query once per (crash point, partitions) of ``chain`` on one
+    checkpoint, a read_committed reader throughout: each run recovers from
+    the previous one's crash, then reaches its own. What each run must do
+    follows from its action: ``kill``, die by SIGKILL; ``raise`` (commit()
+    raises after deciding), fail the query, Spark calling abort(), which must
+    finish the decided batch instead of undoing it; ``exit`` (a task's Python
+    worker dies mid-write, its transaction open), have the task retried and
+    finish; none, finish. The last run must finish. Then: every input once
+    in the output, nothing the reader saw that the final read lacks, no
+    transaction of the query left open. Returns the driver and the output."""
     inputs = produce_input(broker.bootstrap, 200)
     reader = Reader(broker.bootstrap)
     reader.start()
     driver = Driver(broker.bootstrap, tmp_path)
-    checkpoint, prefix = str(tmp_path / "ckpt"), "crashjob"
-    # (crash point, partitions of this run): each run recovers from the previous crash, then dies at its own point.
-    chain = [
-        ("spark_sink.before_decision@2:kill", 2),
-        ("spark_sink.after_decision@2:kill", 3),
-        ("spark_sink.after_commit@4:kill", 3),  # k of n: a later batch's first commits
-        ("spark_sink.after_all_commits@2:kill", 1),
-    ]
+    checkpoint = str(tmp_path / "ckpt")
     for crash, partitions in chain:
         code, log, fired = driver.run(checkpoint, prefix, partitions, crash)
         assert fired == crash, f"run with {crash} ended {code} without reaching it:\n{log[-3000:]}"
-        assert code == -signal.SIGKILL, log[-3000:]
-    # commit() raises after deciding: Spark calls abort(), which finishes the decided batch instead of undoing it, and stops the query.
-    code, log, fired = driver.run(checkpoint, prefix, 2, "spark_sink.after_decision@1:raise")
-    assert fired == "spark_sink.after_decision@1:raise" and code == 1 and "CrashPointReached" in log, log[-3000:]
-    assert open_transactions(broker.bootstrap, prefix) == [], "abort() left the decided batch open"
-    # A task's Python worker dies mid-write (its transaction open); Spark retries the task; then the query finishes.
-    code, log, fired = driver.run(checkpoint, prefix, 2, "spark_sink.task_before_handle@3:exit")
-    assert fired == "spark_sink.task_before_handle@3:exit", log[-3000:]
-    assert code == 0 and "DONE" in log, log[-3000:]
+        action = crash.rpartition(":")[2]
+        if action == "kill":
+            assert code == -signal.SIGKILL, log[-3000:]
+        elif action == "raise":
+            assert code == 1 and "CrashPointReached" in log, log[-3000:]
+            assert open_transactions(broker.bootstrap, prefix) == [], "abort() left the decided batch open"
+        else:
+            assert code == 0 and "DONE" in log, log[-3000:]
+    assert code == 0, f"the last run of the chain must finish the query:\n{log[-3000:]}"
     reader.stopping.set()
     reader.join(30)
     assert reader.error is None, reader.error
     final = assert_exactly_once(broker.bootstrap, reader, inputs)
     assert open_transactions(broker.bootstrap, prefix) == []
     assert reader.seen, "the reader ran throughout but saw nothing"
+    return driver, final
 
+
+# Two chains, so that two Spark lanes run them side by side (tests/conftest.py):
+# every crash point of the sink is reached in one of them, each run with
+# another number of partitions than the run it recovers from.
+
+
+def test_driver_killed_before_at_and_after_its_decision_then_restarted(broker, tmp_path):
+    run_chain(broker, tmp_path, "crashjob", [
+        ("spark_sink.before_decision@2:kill", 2),
+        ("spark_sink.after_decision@2:kill", 3),
+        ("spark_sink.after_all_commits@2:kill", 1),
+        ("", 2),
+    ])
+
+
+def test_driver_killed_amid_its_commits_then_a_failed_commit_and_a_dead_task(broker, tmp_path):
+    prefix = "crashjob"
+    driver, final = run_chain(broker, tmp_path, prefix, [
+        ("spark_sink.after_commit@4:kill", 3),  # k of n: a later batch's first commits
+        ("spark_sink.after_decision@1:raise", 2),
+        ("spark_sink.task_before_handle@3:exit", 1),
+    ])
     # A second query (a new checkpoint) on the same prefix is refused before it commits anything.
     code, log, _ = driver.run(str(tmp_path / "other-ckpt"), prefix, 2)
     assert code == 1 and "is in use by query" in log and "its own transactionalIdPrefix" in log, log[-3000:]
