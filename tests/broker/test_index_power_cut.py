@@ -30,7 +30,7 @@ import pytest
 from faults.disk import FSYNC_JOURNAL_VARIABLE, lose_unsynced
 from storage.txn_index import ENTRY_SIZE as TXN_ENTRY_SIZE
 from tests.helpers import read_values
-from txn import Admin, Producer
+from txn import Admin, Producer, TopicPartition
 
 TOPIC = "indexed"
 TRANSACTIONS, RECORDS_EACH = 6, 3
@@ -93,6 +93,14 @@ def test_index_writes_a_power_cut_lost_are_rebuilt_and_what_recovery_rebuilt_sur
             producer.commit_transaction()
             committed += values
     producer.close()
+    # EndTxn is answered once the decision is durable; the markers (and the
+    # aborts' .txnindex entries) follow: the cut comes once every one is written.
+    with Admin(bootstrap_servers=broker.bootstrap) as admin:
+        partition = TopicPartition(TOPIC, 0)
+        deadline = time.monotonic() + 30
+        while admin.list_offsets({partition: "latest"})[partition].offset < admin.list_offsets({partition: "latest"}, isolation_level="read_uncommitted")[partition].offset:
+            assert time.monotonic() < deadline, "the last transaction's marker was not written in 30 s"
+            time.sleep(0.05)
     middle = sorted(timestamps)[len(timestamps) // 2]
 
     def reads_as_before(when: str) -> None:
