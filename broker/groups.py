@@ -91,8 +91,13 @@ class GroupManager:
                 offsets_retention_ms=config.offsets_retention_minutes * 60_000,
             ),
             clock=self.clock,
+            partition_count=self._partition_count,
         )
         self.retention_check_interval_ms = config.offsets_retention_check_interval_ms
+
+    def _partition_count(self, topic: str) -> int:
+        info = self.replicas.topics.get(topic)
+        return info.partitions if info is not None else 0
 
     def owns(self, partition: int):
         return lambda group_id: partition_for(group_id, self.partitions) == partition

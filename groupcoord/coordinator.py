@@ -55,6 +55,7 @@ from groupcoord.records import (
     GroupKey,
     OffsetAndMetadata,
     OffsetKey,
+    assigned_partitions,
     decode_group_value,
     decode_key,
     decode_offset_value,
@@ -212,9 +213,14 @@ def _log_change(group: Group, old: GroupState, event: GroupEvent, member_id: str
 
 
 class GroupCoordinator:
-    def __init__(self, *, offsets_log: OffsetsLog, settings: GroupSettings = GroupSettings(), clock: Clock | None = None):
+    def __init__(self, *, offsets_log: OffsetsLog, settings: GroupSettings = GroupSettings(), clock: Clock | None = None,
+                 partition_count: Callable[[str], int] | None = None):
         self.offsets_log = offsets_log
         self.settings = settings
+        # How many partitions a topic has now (0 if none): lets a static
+        # member's restart tell whether the group's assignment still covers
+        # every subscribed partition. None: not known (the check is skipped).
+        self.partition_count = partition_count
         # Sessions and rebalance deadlines run on clock.monotonic(); what is
         # written (state timestamps) and offset retention on clock.wall_ms().
         self.clock = clock or Clock()
@@ -435,12 +441,40 @@ class GroupCoordinator:
 
     def _static_rejoin_keeps_assignment(self, group: Group, member: Member, protocol_type: str, protocols, skip_assignment_supported: bool) -> bool:
         """Kafka's rule (the group's protocol choice stays as it is), and the
-        same subscribed topics (a changed subscription needs a new assignment)."""
+        same subscribed topics (a changed subscription needs a new assignment),
+        and an assignment that leaves no subscribed partition unowned."""
         chosen = group.protocol_name or ""
         new_metadata = dict(protocols).get(chosen, b"")
-        return (bool(member.group_instance_id) and group.state == GroupState.STABLE and (skip_assignment_supported or member.member_id != group.leader)
+        if not (bool(member.group_instance_id) and group.state == GroupState.STABLE and (skip_assignment_supported or member.member_id != group.leader)
                 and protocol_type == group.protocol_type and [name for name, _ in protocols] == [name for name, _ in member.protocols]
-                and subscribed_topics(protocol_type, new_metadata) == subscribed_topics(protocol_type, member.metadata_for(chosen)))
+                and subscribed_topics(protocol_type, new_metadata) == subscribed_topics(protocol_type, member.metadata_for(chosen))):
+            return False
+        unowned = self._unowned_partitions(group)
+        if unowned:
+            log.info("group %s: static member %s rejoined while %d partition(s) are owned by no member (%s); rebalancing",
+                     group.group_id, member.group_instance_id, len(unowned), ", ".join(f"{t}-{p}" for t, p in sorted(unowned)[:5]))
+        return not unowned
+
+    def _unowned_partitions(self, group: Group) -> set[tuple[str, int]]:
+        """Partitions of the group's subscribed topics that no member's
+        current assignment holds. A stable group can have some: a
+        cooperative round (KIP-429) leaves a moving partition out until its
+        old owner, having revoked it, rejoins for the round that hands it
+        over. If that owner is killed before it rejoins and comes back as the
+        same static member, keeping the stored assignments would orphan the
+        partition for good (nobody is left with a reason to rejoin); the
+        caller rebalances instead. An assignment that does not decode holds
+        nothing."""
+        if self.partition_count is None or group.protocol_type != "consumer":
+            return set()
+        protocol = group.protocol_name or ""
+        subscribed: set[str] = set()
+        owned: set[tuple[str, int]] = set()
+        for member in group.members.values():
+            subscribed |= subscribed_topics(group.protocol_type, member.metadata_for(protocol))
+            owned |= assigned_partitions(group.protocol_type, member.assignment) or set()
+        wanted = {(topic, partition) for topic in subscribed for partition in range(self.partition_count(topic))}
+        return wanted - owned
 
     def _common_protocols(self, group: Group, protocols) -> list[str]:
         names = [name for name, _ in protocols]

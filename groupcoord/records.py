@@ -16,6 +16,7 @@ import struct
 import attrs
 
 from protocol import schema
+from protocol.consumer_protocol import CONSUMER_PROTOCOL_ASSIGNMENT, CONSUMER_PROTOCOL_SUBSCRIPTION, MalformedConsumerProtocolError, decode_embedded
 from protocol.messages import GROUP_METADATA_KEY, GROUP_METADATA_VALUE, OFFSET_COMMIT_KEY, OFFSET_COMMIT_VALUE
 
 OFFSETS_TOPIC = "__consumer_offsets"
@@ -91,20 +92,24 @@ def decode_group_value(data: bytes | None) -> dict | None:
 
 
 def subscribed_topics(protocol_type: str | None, metadata: bytes) -> set[str]:
-    """Topics in a consumer-protocol subscription (version int16, topics
-    [string], user data bytes, ...); empty for other protocol types."""
-    if protocol_type != "consumer" or len(metadata) < 6:
+    """Topics in a consumer-protocol subscription; empty for other protocol
+    types and for bytes that do not decode."""
+    if protocol_type != "consumer":
         return set()
     try:
-        position = 2
-        (count,) = struct.unpack_from(">i", metadata, position)
-        position += 4
-        topics = set()
-        for _ in range(max(0, count)):
-            (length,) = struct.unpack_from(">h", metadata, position)
-            position += 2
-            topics.add(metadata[position : position + length].decode("utf-8"))
-            position += length
-        return topics
-    except (struct.error, UnicodeDecodeError):
+        _version, body = decode_embedded(CONSUMER_PROTOCOL_SUBSCRIPTION, metadata)
+    except MalformedConsumerProtocolError:
         return set()
+    return set(body["topics"])
+
+
+def assigned_partitions(protocol_type: str | None, assignment: bytes) -> set[tuple[str, int]] | None:
+    """The (topic, partition) pairs of a consumer-protocol assignment; None
+    for other protocol types and for bytes that do not decode."""
+    if protocol_type != "consumer":
+        return None
+    try:
+        _version, body = decode_embedded(CONSUMER_PROTOCOL_ASSIGNMENT, assignment)
+    except MalformedConsumerProtocolError:
+        return None
+    return {(group["topic"], partition) for group in body["assigned_partitions"] for partition in group["partitions"]}

@@ -5,10 +5,9 @@ group leader runs.
 The group leader receives every member's ``Subscription`` (topics, the
 partitions it owns, its generation) inside JoinGroup and answers each member
 with an ``Assignment`` inside SyncGroup. Both travel as Kafka's
-ConsumerProtocolSubscription / ConsumerProtocolAssignment: an int16 version,
-then the fields of that version in the classic (non-flexible) encoding. A
-reader decodes a newer version by reading the fields it knows and ignoring
-whatever follows, as Kafka's readers do.
+ConsumerProtocolSubscription / ConsumerProtocolAssignment, whose tables and
+version handling live in ``protocol.consumer_protocol`` (the group
+coordinator reads them too); this module turns them into typed values.
 
 Assignors share one interface, ``assign(partition_counts, subscriptions) ->
 {member_id: Assignment}``; topics missing from ``partition_counts`` are
@@ -57,15 +56,20 @@ from typing import Protocol
 
 import attrs
 
-from protocol.errors import MalformedFrameError
-from protocol.schema import BYTES, INT32, STRING, ArrayOf, Field, Message, Struct, decode, encode
+from protocol.consumer_protocol import (
+    CONSUMER_PROTOCOL_ASSIGNMENT,
+    CONSUMER_PROTOCOL_SUBSCRIPTION,
+    NO_GENERATION,
+    MalformedConsumerProtocolError,
+    decode_embedded,
+    encode_embedded,
+)
 from txn.types import TopicPartition
 
 TopicPartitionPair = tuple[str, int]
 
 SUBSCRIPTION_VERSION = 3
 ASSIGNMENT_VERSION = 3
-NO_GENERATION = -1
 
 
 class RebalanceProtocol(enum.Enum):
@@ -73,11 +77,6 @@ class RebalanceProtocol(enum.Enum):
 
     EAGER = 0  # revoke everything before rejoining
     COOPERATIVE = 1  # keep what you own, revoke only what moves (KIP-429)
-
-
-class MalformedConsumerProtocolError(MalformedFrameError):
-    """The embedded consumer-protocol bytes are not a valid message (the
-    sender's fault)."""
 
 
 class UnknownAssignorError(ValueError):
@@ -129,31 +128,7 @@ class Assignment:
 
 
 # ---------------------------------------------------------------------------
-# codec: our own tables for Kafka's ConsumerProtocolSubscription and
-# ConsumerProtocolAssignment, run by the schema-driven codec of protocol/.
-
-
-def _topic_partitions(versions) -> ArrayOf:
-    return ArrayOf(Struct("TopicPartition", (
-        Field("topic", STRING, versions),
-        Field("partitions", ArrayOf(INT32), versions),
-    )))
-
-
-CONSUMER_PROTOCOL_SUBSCRIPTION = Message("ConsumerProtocolSubscription", valid=(0, 3), flexible=None, body=Struct("ConsumerProtocolSubscription", (
-    Field("topics", ArrayOf(STRING), (0, None)),
-    Field("user_data", BYTES, (0, None), nullable=(0, None), default=None),
-    Field("owned_partitions", _topic_partitions((1, None)), (1, None), ignorable=True),
-    Field("generation_id", INT32, (2, None), default=NO_GENERATION, ignorable=True),
-    Field("rack_id", STRING, (3, None), nullable=(3, None), default=None, ignorable=True),
-)))
-
-CONSUMER_PROTOCOL_ASSIGNMENT = Message("ConsumerProtocolAssignment", valid=(0, 3), flexible=None, body=Struct("ConsumerProtocolAssignment", (
-    Field("assigned_partitions", _topic_partitions((0, None)), (0, None)),
-    Field("user_data", BYTES, (0, None), nullable=(0, None), default=None),
-)))
-
-_VERSION = struct.Struct(">h")
+# codec: the typed values to and from ``protocol.consumer_protocol``'s tables.
 
 
 def _grouped_by_topic(pairs: Iterable[TopicPartitionPair]) -> list[dict]:
@@ -167,35 +142,10 @@ def _flattened(groups: list[dict]) -> list[TopicPartitionPair]:
     return [(group["topic"], partition) for group in groups for partition in group["partitions"]]
 
 
-def _encode(message: Message, version: int, body: dict) -> bytes:
-    if not message.supports(version):
-        low, high = message.valid
-        raise ValueError(f"{message.name} has versions {low}-{high}, not {version}")
-    return _VERSION.pack(version) + encode(message, version, body)
-
-
-def _decode(message: Message, data) -> tuple[int, dict]:
-    """The version the sender wrote and the fields we know of it: a newer
-    version is read as our newest, ignoring the bytes after what we know."""
-    view = memoryview(data)
-    if len(view) < _VERSION.size:
-        raise MalformedConsumerProtocolError(f"{message.name}: {len(view)} bytes cannot hold the int16 version")
-    (version,) = _VERSION.unpack_from(view)
-    if version < 0:
-        raise MalformedConsumerProtocolError(f"{message.name}: negative version {version}")
-    readable = min(version, message.valid[1])
-    try:
-        body, _end = decode(message, readable, view, _VERSION.size, exact=False)
-    except MalformedFrameError as error:
-        sent_as = f" (sent as version {version})" if version != readable else ""
-        raise MalformedConsumerProtocolError(f"{error}{sent_as}") from None
-    return version, body
-
-
 def encode_subscription(subscription: Subscription, version: int = SUBSCRIPTION_VERSION) -> bytes:
     """The JoinGroup protocol metadata for ``subscription``; fields the
     version lacks are left out, as Kafka leaves out ignorable fields."""
-    return _encode(CONSUMER_PROTOCOL_SUBSCRIPTION, version, {
+    return encode_embedded(CONSUMER_PROTOCOL_SUBSCRIPTION, version, {
         "topics": list(subscription.topics),
         "user_data": subscription.user_data,
         "owned_partitions": _grouped_by_topic(subscription.owned_partitions),
@@ -206,7 +156,7 @@ def encode_subscription(subscription: Subscription, version: int = SUBSCRIPTION_
 
 def decode_subscription(data: bytes) -> Subscription:
     """Raises ``MalformedConsumerProtocolError`` for bytes that do not decode."""
-    _version, body = _decode(CONSUMER_PROTOCOL_SUBSCRIPTION, data)
+    _version, body = decode_embedded(CONSUMER_PROTOCOL_SUBSCRIPTION, data)
     return Subscription(
         topics=body["topics"],
         user_data=body["user_data"],
@@ -218,7 +168,7 @@ def decode_subscription(data: bytes) -> Subscription:
 
 def encode_assignment(assignment: Assignment, version: int = ASSIGNMENT_VERSION) -> bytes:
     """The SyncGroup member assignment bytes for ``assignment``."""
-    return _encode(CONSUMER_PROTOCOL_ASSIGNMENT, version, {
+    return encode_embedded(CONSUMER_PROTOCOL_ASSIGNMENT, version, {
         "assigned_partitions": _grouped_by_topic(assignment.partitions),
         "user_data": assignment.user_data,
     })
@@ -226,7 +176,7 @@ def encode_assignment(assignment: Assignment, version: int = ASSIGNMENT_VERSION)
 
 def decode_assignment(data: bytes) -> Assignment:
     """Raises ``MalformedConsumerProtocolError`` for bytes that do not decode."""
-    _version, body = _decode(CONSUMER_PROTOCOL_ASSIGNMENT, data)
+    _version, body = decode_embedded(CONSUMER_PROTOCOL_ASSIGNMENT, data)
     return Assignment(_flattened(body["assigned_partitions"]), body["user_data"])
 
 

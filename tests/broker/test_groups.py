@@ -5,6 +5,7 @@ restart; and a copier that lost its partitions cannot commit offsets for them.""
 
 from __future__ import annotations
 
+import concurrent.futures
 import signal
 import subprocess
 import sys
@@ -318,3 +319,68 @@ def test_a_round_whose_leader_died_in_it_is_led_by_a_member_still_there(embedded
     assert rejoined["leader"] == b and {m["member_id"] for m in rejoined["members"]} == {a, b}, "b leads: a is gone"
     synced = raw_request(port, ApiKey.SYNC_GROUP, 3, sync(rejoined, [(a, b"p1"), (b, b"p0")]))
     assert (synced["error_code"], synced["assignment"]) == (0, b"p0") and state() == "Stable"
+
+
+def test_a_static_member_killed_mid_cooperative_handover_comes_back_to_a_rebalance(embedded_broker):
+    """KIP-429 + KIP-345: a cooperative round leaves a moving partition owned by
+    nobody until its old owner, having revoked it, rejoins. If that owner is
+    killed first and its new process rejoins as the same static member, the
+    broker must not hand the stored assignments back (nobody would ever rejoin
+    and the partition would stay orphaned): it rebalances. With every partition
+    owned, a static restart still keeps the generation (no rebalance)."""
+    from txn.assignors import Assignment, Subscription, encode_assignment, encode_subscription
+
+    port = embedded_broker.port
+    create_topic(embedded_broker.bootstrap, "handover", 2)
+    subscription = encode_subscription(Subscription(topics=("handover",)))
+
+    def join(instance, member_id=""):
+        return raw_request(port, ApiKey.JOIN_GROUP, 5, {"group_id": "hand", "session_timeout_ms": 30000, "rebalance_timeout_ms": 30000, "member_id": member_id,
+                                                        "group_instance_id": instance, "protocol_type": "consumer",
+                                                        "protocols": [{"name": "cooperative-sticky", "metadata": subscription}]})
+
+    def sync(joined, instance, assignments=None):
+        body = {"group_id": "hand", "generation_id": joined["generation_id"], "member_id": joined["member_id"], "group_instance_id": instance,
+                "assignments": [{"member_id": m, "assignment": encode_assignment(Assignment(partitions=p))} for m, p in (assignments or {}).items()]}
+        answer = raw_request(port, ApiKey.SYNC_GROUP, 3, body)
+        assert answer["error_code"] == 0, answer
+        return answer
+
+    def group_state():
+        return raw_request(port, ApiKey.DESCRIBE_GROUPS, 5, {"groups": ["hand"], "include_authorized_operations": False})["groups"][0]["group_state"]
+
+    def joined_together(*joins):
+        with concurrent.futures.ThreadPoolExecutor(len(joins)) as pool:
+            return [future.result(30) for future in [pool.submit(j) for j in joins]]
+
+    a1 = join("a")
+    sync(a1, "a", {a1["member_id"]: [("handover", 0), ("handover", 1)]})
+    # b joins; a rejoins; the cooperative round hands handover-1 to nobody while a still has it.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        b_joining = pool.submit(join, "b")
+        wait_for(lambda: group_state() == "PreparingRebalance", 30, "b's JoinGroup to start a rebalance")
+        a2 = join("a", a1["member_id"])
+        b2 = b_joining.result(30)
+    assert a2["generation_id"] == b2["generation_id"] == a1["generation_id"] + 1
+    instance_of = {a2["member_id"]: "a", b2["member_id"]: "b"}
+    leader, follower = (a2, b2) if a2["members"] else (b2, a2)
+    # The follower is the one left holding handover-0 (a leader's restart rebalances anyway:
+    # JoinGroup v5 cannot be told to skip the assignment).
+    sync(leader, instance_of[leader["member_id"]], {follower["member_id"]: [("handover", 0)], leader["member_id"]: []})
+    sync(follower, instance_of[follower["member_id"]])
+    assert group_state() == "Stable"
+    # The follower revoked handover-1 and is SIGKILLed before its follow-up JoinGroup; its new process comes back.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        back = pool.submit(join, instance_of[follower["member_id"]])
+        wait_for(lambda: group_state() == "PreparingRebalance", 10, "the restarted static member's JoinGroup to start a rebalance (handover-1 is owned by nobody)")
+        leader3 = join(instance_of[leader["member_id"]], leader["member_id"])
+        follower3 = back.result(30)
+    assert leader3["generation_id"] == follower3["generation_id"] == a2["generation_id"] + 1
+    instance_of.update({leader3["member_id"]: instance_of[leader["member_id"]], follower3["member_id"]: instance_of[follower["member_id"]]})
+    leader, follower = (leader3, follower3) if leader3["members"] else (follower3, leader3)
+    sync(leader, instance_of[leader["member_id"]], {follower["member_id"]: [("handover", 0)], leader["member_id"]: [("handover", 1)]})
+    assert sync(follower, instance_of[follower["member_id"]])["assignment"]
+    # Every partition owned now: the follower's static restart gets its generation and assignment back, no rebalance.
+    back = join(instance_of[follower["member_id"]])
+    assert back["generation_id"] == leader3["generation_id"] and group_state() == "Stable"
+    assert sync(back, instance_of[follower["member_id"]])["assignment"] == encode_assignment(Assignment(partitions=[("handover", 0)]))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 
-from groupcoord.records import OffsetAndMetadata, decode_group_value, decode_key, decode_offset_value, group_key, offset_key, offset_value
+from groupcoord.records import OffsetAndMetadata, assigned_partitions, decode_group_value, decode_key, decode_offset_value, group_key, offset_key, offset_value, subscribed_topics
 from groupcoord.state import GroupState
 from protocol.errors import ErrorCode
 from tests.helpers import MemoryOffsetsLog, join_group, join_two, joined_together, make_group_coordinator
@@ -386,3 +386,20 @@ def test_cancelled_commit_and_leave_requests_are_applied_all_the_same():
         await coordinator.stop()
 
     asyncio.run(scenario())
+
+
+def test_the_coordinator_reads_what_clients_embed_in_the_consumer_protocol():
+    """Subscriptions and assignments as our clients encode them (every version),
+    and nothing (not an exception) for other protocol types or bytes that do not decode."""
+    from txn.assignors import Assignment, Subscription, encode_assignment, encode_subscription
+
+    for version in range(4):
+        subscription = encode_subscription(Subscription(topics=("a", "b"), owned_partitions=[("a", 0)]), version)
+        assert subscribed_topics("consumer", subscription) == {"a", "b"}
+        assignment = encode_assignment(Assignment(partitions=[("a", 1), ("b", 0), ("b", 2)]), version)
+        assert assigned_partitions("consumer", assignment) == {("a", 1), ("b", 0), ("b", 2)}
+    assert subscribed_topics("connect", encode_subscription(Subscription(topics=("a",)))) == set()
+    assert assigned_partitions("connect", encode_assignment(Assignment(partitions=[("a", 1)]))) is None
+    for garbage in (b"", b"\x00", b"\xff\xff", b"\x00\x00\x00\x00\x00\x09ab"):
+        assert subscribed_topics("consumer", garbage) == set()
+        assert assigned_partitions("consumer", garbage) is None
