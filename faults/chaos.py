@@ -86,7 +86,7 @@ from faults.report import FaultEvent, write_report
 from faults.watcher import ProgressProbe, TopicWatcher, deltas
 from protocol.messages import ApiKey
 
-EXECUTOR_WAIT_SECONDS = 300.0
+FAULT_WAIT_SECONDS = 300.0  # how long past the duration the schedule may wait for a fault to be worth injecting
 FAULT_KINDS = ("kill-broker", "kill-client", "lose-disk", "kill-driver", "kill-executor", "pause-client", "pause-broker", "proxy-cut", "proxy-delay-endtxn", "torn-tail", "disk-fsync")
 WORKLOAD_KINDS = ("copier", "copier-confluent", "copier-librdkafka", "producer", "bank", "processor", "streaming", "spark")
 RESTORED_LINE = re.compile(r"restored \d+ changelog records up to offset -?\d+ in ([\d.]+) s")  # streaming.restore's INFO line
@@ -310,6 +310,8 @@ class ChaosRun:
         self.feeder = None  # the input's producer
         self.in_flight: list = []  # (record, future) sent, not yet acknowledged
         self.next_phase_check = 0.0
+        self.next_idle_check = 0.0
+        self.idle_until_fed_beyond: int | None = None  # a due fault waits until more than this many records are acknowledged
         self.seeder = open(os.path.join(self.history_dir, "seeder.jsonl"), "a")
         self._feed_next_phase()
 
@@ -435,6 +437,35 @@ class ChaosRun:
                        for key, value in self.app_module.expected(list(self.fed)))
 
     # -- faults -----------------------------------------------------------------------------------
+
+    def _fault_waits(self, fault: PlannedFault) -> bool:
+        """Whether ``fault``, due now, would prove nothing: a kill-executor
+        while the worker runs no executor yet (the driver's JVM still
+        starting, or the last kill's executor not yet replaced), or any fault
+        while the input sits idle between two phases (``_input_idle``)."""
+        return self._executor_fault_waits(fault) or self._input_idle()
+
+    def _input_idle(self) -> bool:
+        """Whether the phased input has nothing waiting: every record fed so
+        far acknowledged and processed, the next phase not yet due. A fault
+        then would hit a workload with nothing to do (an ``idle-fault`` in the
+        verdict), so it waits until a record of the next phase is
+        acknowledged. The broker is asked at most every half second."""
+        if not getattr(self, "feeding_input", False):
+            return False
+        if self.idle_until_fed_beyond is not None:
+            if len(self.fed) > self.idle_until_fed_beyond:
+                self.idle_until_fed_beyond = None
+                return False
+            return True
+        if self.feeding or self.in_flight or not self.phases or self._elapsed() < self.next_idle_check:
+            return False
+        self.next_idle_check = self._elapsed() + 0.5
+        if not self._fed_input_processed():
+            return False
+        self.idle_until_fed_beyond = len(self.fed)
+        self._say(f"  t={self._elapsed():5.1f}s  the input is idle between phases: the next fault waits for the next phase")
+        return True
 
     def _executor_fault_waits(self, fault: PlannedFault) -> bool:
         """Whether ``fault`` is a kill-executor whose worker runs no executor yet."""
@@ -604,19 +635,18 @@ class ChaosRun:
                     watcher.start()
             next_progress = 1.0
             queue = list(schedule)
-            # A kill-executor due while the worker runs no executor yet (the
-            # driver's JVM still starting, or the last kill's executor not yet
-            # replaced) waits for one, and the rest of the schedule waits with
-            # it (the faults keep their spacing), past the duration if need be
-            # (up to EXECUTOR_WAIT_SECONDS more).
+            # A fault due while it would prove nothing waits (``_fault_waits``),
+            # and the rest of the schedule waits with it (the faults keep
+            # their spacing), past the duration if need be (up to
+            # FAULT_WAIT_SECONDS more).
             end = settings.duration
             while self._elapsed() < end:
                 self._clear_due()
-                if queue and queue[0].at <= self._elapsed() and self._executor_fault_waits(queue[0]) and end < settings.duration + EXECUTOR_WAIT_SECONDS:
+                if queue and queue[0].at <= self._elapsed() and self._fault_waits(queue[0]) and end < settings.duration + FAULT_WAIT_SECONDS:
                     shift = self._elapsed() - queue[0].at
                     queue = [attrs.evolve(planned, at=planned.at + shift) for planned in queue]
-                    end = min(settings.duration + EXECUTOR_WAIT_SECONDS, end + shift)
-                while queue and queue[0].at <= self._elapsed() and not self._executor_fault_waits(queue[0]):
+                    end = min(settings.duration + FAULT_WAIT_SECONDS, end + shift)
+                while queue and queue[0].at <= self._elapsed() and not self._fault_waits(queue[0]):
                     fault = queue.pop(0)
                     at = self._elapsed()
                     self.faults.append(FaultEvent(round(at, 3), fault.kind))

@@ -158,3 +158,28 @@ def test_command_line_runs_a_schedule_and_writes_the_report(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "VALID" in result.stdout and "faults healed" in result.stdout
     assert json.loads((report / "verdict.json").read_text())["valid"] is True
+
+
+def test_a_fault_due_while_the_input_idles_between_phases_waits_for_the_next_phase(tmp_path):
+    """A fault between two input phases, with everything fed processed, would
+    hit a workload with nothing to do (an idle fault proves nothing): it waits
+    until a record of the next phase is acknowledged; a fault due while the
+    app still works through what was fed goes ahead."""
+    from faults.chaos import ChaosRun, PlannedFault
+
+    run = ChaosRun(ChaosSettings(workload="copier", faults=("kill-broker",)), str(tmp_path / "report"), out=io.StringIO())
+    processed = []
+    run._fed_input_processed = lambda: bool(processed)
+    run.feeding_input, run.phases, run.feeding, run.in_flight, run.fed = True, [["next phase"]], [], [], ["a", "b"]
+    run.next_idle_check, run.idle_until_fed_beyond = 0.0, None
+    kill = PlannedFault(at=1.0, kind="kill-broker", victim=0)
+    assert not run._fault_waits(kill), "the app has not processed what was fed: input is in flight"
+    run.next_idle_check = 0.0
+    processed.append(True)
+    assert run._fault_waits(kill), "everything fed is processed and the next phase is not fed yet"
+    run.feeding = ["c"]  # the next phase is being sent, nothing of it acknowledged yet
+    assert run._fault_waits(kill)
+    run.fed.append("c")
+    assert not run._fault_waits(kill), "a record of the next phase is acknowledged"
+    run.feeding, run.phases, run.next_idle_check = [], [], 0.0
+    assert not run._fault_waits(kill), "after the last phase nothing is held back (a fault then is reported idle)"
