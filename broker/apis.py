@@ -148,6 +148,7 @@ class KafkaApis:
         extra_handlers: dict | None = None,
         partition_in_transaction=None,
         transaction_durability=None,
+        answers_once_appended=None,
         add_to_transaction=None,
     ):
         self.config = config
@@ -175,6 +176,9 @@ class KafkaApis:
         # producer id -> what its transactional Produce waits for besides its
         # own data (the coordinator's records answered once appended), or None.
         self.transaction_durability = transaction_durability
+        # ``transaction.durable.at.end``: whether a producer's transactional
+        # Produce is answered once appended (not once its transaction is sealed).
+        self.answers_once_appended = answers_once_appended
         # KIP-890 part 2 (Produce v12): (transactional id, producer id, epoch,
         # [(topic, partition)]) -> the error code of adding them to its
         # transaction (NONE: added, or already in it).
@@ -430,7 +434,8 @@ class KafkaApis:
                 )
                 return result
         try:
-            durable_at_end = header.is_transactional and self.config.transaction_durable_at_end
+            durable_at_end = header.is_transactional and self.config.transaction_durable_at_end and (
+                self.answers_once_appended is None or self.answers_once_appended(header.producer_id))
             # ``transaction.durable.at.end``: no fsync round asked for now;
             # EndTxn(commit) asks for one, shared with its decision.
             appended = partition_log.append(data, flush=not durable_at_end)

@@ -257,6 +257,7 @@ class Broker:
             end_unknown_transactions=self.seams.end_unknown_transactions, abort_ongoing_after_unclean_stop=self.seams.abort_ongoing_after_unclean_stop,
         )
         self.groups.offsets_log.transaction_durability = self.transactions.coordinator.pending_durability
+        self.groups.offsets_log.answers_once_appended = self.transactions.coordinator.answers_once_appended
 
         try:
             for server in self.servers.values():
@@ -322,6 +323,7 @@ class Broker:
             },
             partition_in_transaction=partition_in_transaction,
             transaction_durability=coordinator.pending_durability,
+            answers_once_appended=coordinator.answers_once_appended,
             add_to_transaction=add_to_transaction,
         )
         # Inside the ACL check (a denied request is not metered): Produce and

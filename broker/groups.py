@@ -47,6 +47,8 @@ class OffsetsLogWriter:
         # ``transaction.durable.at.end``: a TxnOffsetCommit is answered once
         # appended; EndTxn(commit) makes it durable in its decision's round.
         self.transactional_durable_at_end = False
+        # Whether this producer's TxnOffsetCommit is answered once appended (its transaction not sealed).
+        self.answers_once_appended: Callable[[int], bool] = lambda producer_id: True
 
     async def append(self, group_id: str, records, *, producer_id: int = -1, producer_epoch: int = -1) -> None:
         partition = partition_for(group_id, self.partitions)
@@ -60,7 +62,7 @@ class OffsetsLogWriter:
             producer_epoch=producer_epoch,
             is_transactional=producer_id >= 0,
         )
-        if producer_id >= 0 and self.transactional_durable_at_end:
+        if producer_id >= 0 and self.transactional_durable_at_end and self.answers_once_appended(producer_id):
             partition_log.append(batch, flush=False)  # EndTxn(commit) asks for its fsync
             return
         info = partition_log.append(batch)

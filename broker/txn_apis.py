@@ -116,13 +116,16 @@ class TransactionApis:
 
     async def handle_add_partitions_to_txn(self, version: int, body: dict) -> dict:
         if version <= 3:
-            results = await self._add_partitions(
-                body.get("v3_and_below_transactional_id"),
-                body.get("v3_and_below_producer_id", -1),
-                body.get("v3_and_below_producer_epoch", -1),
-                body.get("v3_and_below_topics", []),
-                version,
-            )
+            transactional_id = body.get("v3_and_below_transactional_id")
+            producer_id, producer_epoch = body.get("v3_and_below_producer_id", -1), body.get("v3_and_below_producer_epoch", -1)
+            results = await self._add_partitions(transactional_id, producer_id, producer_epoch, body.get("v3_and_below_topics", []), version)
+            if body.get("onceflow_seal") and all(p["partition_error_code"] == ErrorCode.NONE for topic in results for p in topic["results_by_partition"]):
+                # onceflow's seal (a tagged field): the partitions are in the
+                # transaction; now its data is made durable and recorded.
+                sealed = await self.coordinator.seal(transactional_id, producer_id, producer_epoch)
+                for topic in results:
+                    for partition in topic["results_by_partition"]:
+                        partition["partition_error_code"] = sealed
             return {"throttle_time_ms": 0, "results_by_topic_v3_and_below": results}
         transactions = []
         for entry in body.get("transactions", []):

@@ -325,6 +325,12 @@ class TransactionCoordinator:
         for transactional_id, metadata in list(self.txns.items()):
             if metadata.state != TxnState.ONGOING or transactional_id in self._busy:
                 continue
+            if metadata.sealed and self.markers.data_present(metadata):
+                log.info(
+                    "transaction %s was sealed before the unclean stop and its data is whole: it stays open", transactional_id,
+                    extra={"event": "sealed_transaction_kept_at_recovery", "transactional_id": transactional_id, "producer_id": metadata.producer_id},
+                )
+                continue
             log.warning(
                 "transaction %s was open at an unclean stop: aborting it (bytes it was answered for may be lost)", transactional_id,
                 extra={"event": "ongoing_transaction_aborted_at_recovery", "transactional_id": transactional_id, "producer_id": metadata.producer_id},
@@ -488,6 +494,41 @@ class TransactionCoordinator:
         self._apply(metadata)
         self._unflushed[transactional_id] = wait_durable
         return ErrorCode.NONE
+
+    async def seal(self, transactional_id: str, producer_id: int, producer_epoch: int) -> ErrorCode:
+        """onceflow's seal of an open transaction, for a client that hands
+        it to another process to commit (the Spark sink's tasks hand theirs
+        to the driver). With ``durable_at_end`` an Ongoing transaction is
+        aborted after an unclean stop (its answered data may be lost); a
+        sealed one is spared: the seal makes every byte of the transaction
+        appended so far durable in one fsync round with a record of where
+        each partition's data ends (``TxnMetadata.seal``), and recovery keeps
+        the transaction open if its logs still reach those ends. What the
+        transaction is sent after its seal is answered only once durable
+        (``answers_once_appended``). Without ``durable_at_end`` every answer
+        waited for its data already and an unclean stop spares Ongoing
+        transactions: nothing to write."""
+        await self._await_quiet(transactional_id)
+        error, current = self._check_producer(transactional_id, producer_id, producer_epoch)
+        if error:
+            return error
+        if transactional_id in self._busy or current.state.is_prepare or current.state == TxnState.PREPARE_EPOCH_FENCE:
+            return ErrorCode.CONCURRENT_TRANSACTIONS
+        if current.state != TxnState.ONGOING:
+            return ErrorCode.INVALID_TXN_STATE
+        if not self.settings.durable_at_end:
+            return ErrorCode.NONE
+        sealed = current.seal(self.markers.data_ends(current), self.clock.wall_ms())
+        return (await self._change(sealed, InitResult(ErrorCode.NONE))).error
+
+    def answers_once_appended(self, producer_id: int) -> bool:
+        """Whether a transactional Produce or TxnOffsetCommit of this
+        producer is answered once appended (``durable_at_end``, its
+        transaction not sealed) rather than once durable."""
+        if not self.settings.durable_at_end:
+            return False
+        metadata = self.txns.of_producer(producer_id)
+        return metadata is None or not metadata.sealed
 
     def pending_durability(self, producer_id: int) -> Awaitable[None] | None:
         """What a transactional Produce or TxnOffsetCommit of this producer
@@ -763,14 +804,15 @@ class TransactionCoordinator:
         completing = False
         try:
             try:
-                if self.settings.durable_at_end and metadata.state == TxnState.PREPARE_COMMIT:
-                    # The decision and the data it commits share one fsync
-                    # round; the decision names where the data ends, so that
-                    # recovery commits only what a crash left whole.
-                    metadata = attrs.evolve(metadata, data_ends=self.markers.data_ends(metadata))
+                if self.settings.durable_at_end and (metadata.state == TxnState.PREPARE_COMMIT or metadata.sealed):
+                    # The decision (or a seal) and the data it covers share
+                    # one fsync round; the record names where the data ends,
+                    # so that recovery keeps only what a crash left whole.
+                    if metadata.state == TxnState.PREPARE_COMMIT:
+                        metadata = attrs.evolve(metadata, data_ends=self.markers.data_ends(metadata))
                     decision = self.txn_log.append(metadata)
                     data = self.markers.data_durable(metadata)  # asked before the round starts: the same round
-                    self.crash_point("coordinator.decision_appended")
+                    self.crash_point("coordinator.seal_appended" if metadata.sealed else "coordinator.decision_appended")
                     await asyncio.gather(data, decision)
                 else:
                     await self.txn_log.write(metadata)

@@ -64,8 +64,22 @@ class TxnMetadata:
         version = self.transaction_version if transaction_version is None else transaction_version
         return self._next(TxnEvent.ADD_PARTITIONS, now_ms, partitions=self.partitions | frozenset(partitions), start_ms=start, transaction_version=version)
 
+    def seal(self, data_ends: tuple, now_ms: int) -> "TxnMetadata":
+        """The transaction stays open with its data durable up to
+        ``data_ends``: an unclean stop then spares it (``sealed``)."""
+        return self._next(TxnEvent.SEAL, now_ms, data_ends=data_ends)
+
+    @property
+    def sealed(self) -> bool:
+        """An open transaction whose data was made durable and recorded
+        (``seal``): after an unclean stop it stays open if its data is whole,
+        and what it is sent from then on is answered only once durable."""
+        return self.state == TxnState.ONGOING and bool(self.data_ends)
+
     def prepare_commit(self, now_ms: int) -> "TxnMetadata":
-        return self._next(TxnEvent.COMMIT, now_ms)
+        # A seal's data ends are not the decision's (the coordinator names
+        # those when it writes a decision under ``transaction.durable.at.end``).
+        return self._next(TxnEvent.COMMIT, now_ms, data_ends=())
 
     def prepare_end_bumped(self, commit: bool, now_ms: int, next_producer_id: int = NO_PRODUCER_ID) -> "TxnMetadata":
         """KIP-890 part 2's EndTxn: the decision carries the next epoch, so
@@ -84,6 +98,7 @@ class TxnMetadata:
             last_producer_epoch=self.producer_epoch,
             next_producer_id=next_producer_id,
             transaction_version=TRANSACTION_VERSION_2,
+            data_ends=(),
         )
 
     @property
@@ -101,11 +116,12 @@ class TxnMetadata:
                 now_ms,
                 producer_epoch=self.producer_epoch + 1,
                 last_producer_epoch=self.producer_epoch,
+                data_ends=(),
             )
-        return self._next(TxnEvent.ABORT, now_ms)
+        return self._next(TxnEvent.ABORT, now_ms, data_ends=())
 
     def fence(self, now_ms: int) -> "TxnMetadata":
-        return self._next(TxnEvent.FENCE, now_ms)
+        return self._next(TxnEvent.FENCE, now_ms, data_ends=())
 
     def complete(self, now_ms: int) -> "TxnMetadata":
         if self.next_producer_id != NO_PRODUCER_ID:

@@ -60,6 +60,7 @@ class TxnEvent(enum.Enum):
     FENCE = "fence"  # InitProducerId or timeout finds the transaction Ongoing
     EXPIRE = "expire"  # transactional.id.expiration.ms without use
     ABORT_NOTHING_ADDED = "EndTxn(abort) with no partition added"  # KIP-890 part 2 only
+    SEAL = "seal"  # onceflow: the transaction's data made durable and recorded, so an unclean stop spares it
 
 
 S, E = TxnState, TxnEvent
@@ -83,6 +84,9 @@ TRANSITIONS: dict[tuple[TxnState, TxnEvent], TxnState] = {
     (S.COMPLETE_COMMIT, E.ABORT_NOTHING_ADDED): S.PREPARE_ABORT,
     (S.COMPLETE_ABORT, E.ABORT_NOTHING_ADDED): S.PREPARE_ABORT,
     (S.ONGOING, E.FENCE): S.PREPARE_EPOCH_FENCE,
+    # onceflow's seal (``transaction.durable.at.end``): still open, its data
+    # durable up to the ends the record names (``TxnMetadata.data_ends``).
+    (S.ONGOING, E.SEAL): S.ONGOING,
     (S.PREPARE_COMMIT, E.MARKERS_WRITTEN): S.COMPLETE_COMMIT,
     (S.PREPARE_ABORT, E.MARKERS_WRITTEN): S.COMPLETE_ABORT,
     (S.EMPTY, E.EXPIRE): S.DEAD,

@@ -14,6 +14,7 @@ Points compiled in, by room:
   ``coordinator.after_prepare_abort`` (the decision is durable),
   ``coordinator.decision_appended`` (with ``transaction.durable.at.end``:
   a commit's decision appended, its round with the data not yet run),
+  ``coordinator.seal_appended`` (the same for a seal's record),
   ``coordinator.markers_partial`` (markers reached some partitions),
   ``coordinator.before_complete``, ``replicas.topics_registering`` /
   ``replicas.topic_registered`` (CreateTopics before and after its registry

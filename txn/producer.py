@@ -265,6 +265,36 @@ class AsyncProducer(Sender):
             raise TransactionAbortableError(message=f"the transaction cannot commit: {self._txn_error}")
         return TransactionHandle(self.transactional_id, self.producer_id, self.producer_epoch)
 
+    async def seal_transaction(self) -> TransactionHandle:
+        """Flush, then seal the open transaction for another process to
+        finish: an onceflow broker with ``transaction.durable.at.end`` makes
+        every record of it durable and records where each partition's data
+        ends, so that an unclean stop of the broker (which aborts the
+        transactions left open) spares it; what the transaction is sent
+        after its seal is answered only once durable. Returns its handle.
+        Sent as an AddPartitionsToTxn (v3) of the partitions already added,
+        with onceflow's tagged field: to a broker without the seal it changes
+        nothing. A transaction with no record sent has nothing to seal
+        (``FatalError``)."""
+        await self.flush()
+        handle = self.transaction_handle()
+        partitions = sorted(tp for tp, added in self._added.items() if added.done() and not added.cancelled() and added.exception() is None)
+        if not partitions:
+            raise FatalError(message="no record was sent in this transaction: nothing to seal")
+        by_topic: dict[str, list[int]] = defaultdict(list)
+        for tp in partitions:
+            by_topic[tp.topic].append(tp.partition)
+        body = {
+            "v3_and_below_transactional_id": self.transactional_id,
+            "v3_and_below_producer_id": self.producer_id,
+            "v3_and_below_producer_epoch": self.producer_epoch,
+            "v3_and_below_topics": [{"name": topic, "partitions": indexes} for topic, indexes in by_topic.items()],
+            "onceflow_seal": True,
+        }
+        async with self._coordinator_turn:
+            await self._txn_request(ApiKey.ADD_PARTITIONS_TO_TXN, body, "seal (AddPartitionsToTxn)", max_version=3)
+        return handle
+
     def detach_transaction(self) -> TransactionHandle:
         """Hand the open transaction to another process (which commits or
         aborts it with ``resume(handle)``) and keep this producer, its id and
@@ -887,6 +917,10 @@ class Producer(SyncClient):
 
     def transaction_handle(self) -> TransactionHandle:
         return self._thread.run(self._async.transaction_handle)
+
+    def seal_transaction(self) -> TransactionHandle:
+        """Flush and seal the open transaction (see ``AsyncProducer.seal_transaction``)."""
+        return self._thread.call(self._async.seal_transaction())
 
     def detach_transaction(self) -> TransactionHandle:
         return self._thread.run(self._async.detach_transaction)

@@ -8,8 +8,9 @@ on an id of this task attempt's alone (``decision.transactional_id``: run,
 batch, stage attempt, partition and task attempt), hands the task's Arrow batches
 to the producer as columns (``Producer.send_columns``: partitioned, encoded
 and cut into record batches without Python per row, waiting for room in the
-producer's ``buffer_memory``), flushes, and returns the transaction's
-handle in a ``SinkCommitMessage``. The driver half (``sink_driver``) decides and commits.
+producer's ``buffer_memory``), flushes, seals the transaction (``Producer.seal_transaction``: a broker
+with ``transaction.durable.at.end`` keeps a sealed transaction open through
+an unclean stop) and returns its handle in a ``SinkCommitMessage``. The driver half (``sink_driver``) decides and commits.
 """
 
 from __future__ import annotations
@@ -188,7 +189,11 @@ def write_task(options: SinkOptions, columns: Columns, batches, task: TaskIdenti
             written.update(f"{sent.topic}-{sent.partition}" for sent in outcome.result(30))
         if not options.exactly_once:
             return SinkCommitMessage(task, None, records)
-        handle = producer.transaction_handle()
+        # Sealed before it is handed over: a broker with
+        # ``transaction.durable.at.end`` then keeps it open through an unclean
+        # stop for the driver to commit (it aborts the open transactions it
+        # finds otherwise). Without that setting the seal writes nothing.
+        handle = producer.seal_transaction()
         transaction = SinkTransaction(handle.transactional_id, handle.producer_id, handle.producer_epoch, tuple(sorted(written)), records)
         return SinkCommitMessage(task, transaction, records)
     except BaseException:
