@@ -634,8 +634,6 @@ _ADD_PARTITIONS_TO_TXN_REQUEST__ADD_PARTITIONS_TO_TXN_TOPIC = Struct("AddPartiti
     Field("partitions", ArrayOf(INT32), (0, None)),
 ))
 
-ONCEFLOW_SEAL_TAG = 10_000
-
 ADD_PARTITIONS_TO_TXN_REQUEST = Message("AddPartitionsToTxnRequest", valid=(0, 5), flexible=(3, None), body=Struct("AddPartitionsToTxnRequest", (
     Field("transactions", ArrayOf(Struct("AddPartitionsToTxnTransaction", (
         Field("transactional_id", STRING, (4, None)),
@@ -648,10 +646,7 @@ ADD_PARTITIONS_TO_TXN_REQUEST = Message("AddPartitionsToTxnRequest", valid=(0, 5
     Field("v3_and_below_producer_id", INT64, (0, 3)),
     Field("v3_and_below_producer_epoch", INT16, (0, 3)),
     Field("v3_and_below_topics", ArrayOf(_ADD_PARTITIONS_TO_TXN_REQUEST__ADD_PARTITIONS_TO_TXN_TOPIC), (0, 3)),
-    # onceflow's, not Kafka's: seal the transaction (``TransactionCoordinator.seal``).
-    # A Kafka broker skips an unknown tag: to it this is an AddPartitionsToTxn
-    # of partitions already added, which changes nothing. Far above Kafka's tags.
-    Field("onceflow_seal", BOOL, None, tagged=(3, 3), tag=ONCEFLOW_SEAL_TAG, default=False),
+    Field("onceflow_seal", BOOL, (3, 3), tagged=(3, 3), tag=10000, default=False),
 )))
 
 _ADD_PARTITIONS_TO_TXN_RESPONSE__ADD_PARTITIONS_TO_TXN_PARTITION_RESULT = Struct("AddPartitionsToTxnPartitionResult", (

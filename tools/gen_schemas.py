@@ -75,6 +75,19 @@ def valid_versions(api: str, text: str) -> str:
     return f"({int(low)}, {max(int(high), LATER_VERSIONS[api])})"
 
 
+# onceflow's own fields in Kafka's messages, in the JSON specifications' form,
+# appended to a message's top-level fields. Only tagged fields: a Kafka
+# broker or client skips a tag it does not know. Tags far above Kafka's own
+# (0-3 today), so that none of its future ones meets them.
+ONCEFLOW_FIELDS = {
+    # Seal the open transaction (``coordinator.TransactionCoordinator.seal``);
+    # to a Kafka broker an AddPartitionsToTxn of partitions already added.
+    "AddPartitionsToTxnRequest": [
+        {"name": "OnceflowSeal", "type": "bool", "versions": "3", "taggedVersions": "3", "tag": 10000, "default": "false"},
+    ],
+}
+
+
 def load(path: str) -> dict:
     with open(path, encoding="utf-8") as file:
         text = file.read()
@@ -201,6 +214,7 @@ def main() -> None:
         pair = {}
         for side in ("Request", "Response"):
             spec = load(os.path.join(root, "messages", f"{api}{side}.json"))
+            spec["fields"] = spec["fields"] + ONCEFLOW_FIELDS.get(f"{api}{side}", [])
             common = emit_common_structs(emitter, spec, api + side, out)
             const = constant(api + side)
             out.append(
