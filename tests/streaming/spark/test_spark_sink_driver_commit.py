@@ -37,3 +37,25 @@ def test_a_batch_of_handles_is_committed_over_kept_connections(broker):
     assert opened < HANDLES / 2, f"{opened} connections opened to commit {HANDLES} handles"
     assert open_sink_transactions(broker.bootstrap) == []
     assert sorted(read_committed_values(broker.bootstrap), key=int) == [str(v) for v in range(HANDLES * 3)]
+
+
+@pytest.mark.slow
+def test_a_batch_decided_before_an_unclean_broker_stop_commits_whole_with_durability_at_the_end(broker_process):
+    """With ``transaction.durable.at.end`` an unclean stop aborts the
+    transactions it finds open; the sink's tasks seal theirs before the
+    handover, so a broker SIGKILLed between the tasks and the driver's
+    commit keeps them open, and the driver commits every record once."""
+    from txn import Admin
+
+    broker = broker_process("transaction.durable.at.end=true")
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topics({"out": 3})
+    writer = make_stream_writer(spark_sink_options(broker.bootstrap), sink_kv_schema())
+    query, run = new_query()
+    messages = run_sink_tasks(writer.options, list(range(30)), 3, query, run, 0)
+    assert len(open_sink_transactions(broker.bootstrap)) == 3
+    broker.kill()
+    broker.start()
+    assert len(open_sink_transactions(broker.bootstrap)) == 3, "the sealed transactions were kept open"
+    asyncio.run(DriverCommit(writer.options).commit(messages, 0))
+    assert sorted(read_committed_values(broker.bootstrap), key=int) == [str(v) for v in range(30)]
