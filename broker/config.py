@@ -130,8 +130,8 @@ class BrokerConfig:
     # client's path); after an unclean stop every transaction left Ongoing is aborted
     # (its acknowledged bytes may be gone). False: each of those requests
     # waits for its own fsync (docs/concepts/transactions.md says why it is
-    # not the default yet: a transaction handed to another process, as the
-    # Spark sink's, must survive a broker crash while open).
+    # not the default yet: an unsealed transaction open at a process crash is
+    # aborted too, which some clients treat as fatal).
     transaction_durable_at_end: bool = False
     offsets_topic_partitions: int = attrs.field(default=50, validator=attrs.validators.ge(1))
     group_initial_rebalance_delay_ms: int = attrs.field(default=3000, validator=attrs.validators.ge(0))
