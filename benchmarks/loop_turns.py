@@ -58,7 +58,8 @@ def count_transactions(transactions: int, config: list[str], calls: bool = False
 
     def counted_create_task(loop, coroutine, **options):
         counts["tasks"] += 1
-        counts[f"tasks running {getattr(coroutine, '__qualname__', type(coroutine).__name__)}"] += 1
+        name = getattr(coroutine, "__qualname__", None) or getattr(coroutine, "__name__", type(coroutine).__name__)
+        counts[f"tasks running {name}"] += 1
         return create_task(loop, coroutine, **options)
 
     loop_class._run_once, loop_class.create_task = counted_run_once, counted_create_task

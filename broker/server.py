@@ -217,6 +217,10 @@ class _Started(collections.abc.Coroutine):
     def __await__(self):
         return self
 
+    @property
+    def __name__(self) -> str:  # what asyncio shows of the task (repr, logs)
+        return self._coroutine.__qualname__
+
 
 @attrs.define(eq=False)
 class _Connection:
