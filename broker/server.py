@@ -2,13 +2,20 @@
 handlers and writes their responses back, in order, per connection.
 
 Each connection owns one ``asyncio.TaskGroup``: a reader that turns bytes
-into requests (through the sans-I/O ``protocol.framing.ServerConnection``),
-one task per request so that a long-polling Fetch or a Produce waiting for its
-fsync does not hold up decoding, and a writer that sends the responses in the
-order the requests arrived (Kafka clients pipeline and match by order as well
-as by correlation id). The number of requests in flight per connection is
-bounded, so a client that never reads its responses stops being read from
-instead of growing our memory.
+into requests (through the sans-I/O ``protocol.framing.ServerConnection``)
+and starts each request's handler at once, in a context of its own; a
+handler that has to wait (a long-polling Fetch, a Produce waiting for its
+fsync) goes on in a task of the group from where it stopped, so it does not
+hold up decoding, and one that answers without waiting (AddPartitionsToTxn,
+Metadata, a heartbeat) costs no task at all. The answers go out in the
+order the requests arrived (Kafka clients pipeline and match by order as
+well as by correlation id): each is written as soon as every answer before
+it is out, from the completion of the task it waited for (``_Answers``), with
+no writer task or queue between them. The number of requests in flight per
+connection is bounded, and the reader stops while the socket's send buffer
+is full, so a client that never reads its responses stops being read from
+instead of growing our memory. Once the peer is gone, the first answer that
+finds the connection closed cancels the requests still in flight behind it.
 
 No peer input crashes the process: a frame that cannot be decoded closes that
 connection (logged), an unsupported ApiVersions version is answered with
@@ -41,7 +48,10 @@ closed.
 from __future__ import annotations
 
 import asyncio
+import collections
+import collections.abc
 import concurrent.futures
+import contextvars
 import logging
 import socket
 import ssl
@@ -94,6 +104,122 @@ class _Mute:
         delay = self.until - asyncio.get_running_loop().time()
         if delay > 0:
             await asyncio.sleep(delay)
+
+
+class _Answers:
+    """The answers of one connection, written in request order.
+
+    An entry is a request's task (its result the encoded frame, or None when
+    no answer is due) or a frame ready now. Whenever a task ends, the answers
+    at the head that are complete are written at once, from its completion
+    callback. A task that failed or was cancelled stops the writing (the
+    TaskGroup closes the connection); a frame due on a connection already
+    closing cancels the tasks behind it, whose answers could not go out."""
+
+    def __init__(self, writer: asyncio.StreamWriter, limit: int):
+        self._writer = writer
+        self._limit = limit
+        self._entries: collections.deque[asyncio.Task | bytes] = collections.deque()
+        self._room: asyncio.Future | None = None  # what the reader waits on while the limit is reached
+        self._stopped = False
+
+    def add_task(self, task: asyncio.Task) -> None:
+        if self._stopped:
+            task.cancel()  # its answer could not go out
+            return
+        self._entries.append(task)
+        task.add_done_callback(self._task_done)
+
+    def add_frame(self, frame: bytes | None) -> None:
+        self._entries.append(frame)
+        self._write_complete()
+
+    async def wait_for_room(self) -> None:
+        """Returns once fewer than the limit of answers are outstanding and
+        the socket is taking what was written (``drain``)."""
+        while len(self._entries) >= self._limit:
+            self._room = asyncio.get_running_loop().create_future()
+            await self._room
+        await self._writer.drain()
+
+    def _task_done(self, _task: asyncio.Task) -> None:
+        self._write_complete()
+
+    def _write_complete(self) -> None:
+        entries = self._entries
+        while entries and not self._stopped:
+            head = entries[0]
+            if isinstance(head, asyncio.Task):
+                if not head.done():
+                    break
+                if head.cancelled() or head.exception() is not None:
+                    self._stop(cancel_the_rest=False)  # the TaskGroup ends the connection with it
+                    break
+                frame = head.result()
+            else:
+                frame = head
+            entries.popleft()
+            if frame is None:
+                continue
+            if not self._writer.transport.is_closing():
+                # A memoryview, so a partial send keeps the rest without
+                # slicing a copy of a large Fetch answer.
+                self._writer.write(memoryview(frame))
+            if self._writer.transport.is_closing():  # closed before, or the write found the peer gone
+                self._stop(cancel_the_rest=True)
+                break
+        if self._room is not None and len(entries) < self._limit:
+            if not self._room.done():
+                self._room.set_result(None)
+            self._room = None
+
+    def _stop(self, *, cancel_the_rest: bool) -> None:
+        self._stopped = True
+        if cancel_the_rest:
+            for entry in self._entries:
+                if isinstance(entry, asyncio.Task):
+                    entry.cancel()
+        self._entries.clear()
+
+
+class _Started(collections.abc.Coroutine):
+    """A coroutine whose first step already ran, handed to a task: the task's
+    first step is given what that step waits for, and every later step (or a
+    cancellation) goes to the coroutine itself."""
+
+    __slots__ = ("_coroutine", "_first_wait")
+
+    def __init__(self, coroutine: collections.abc.Coroutine, first_wait):
+        self._coroutine = coroutine
+        self._first_wait = first_wait
+
+    def send(self, value):
+        # (A first step that yielded None, asyncio's "one turn", is resumed
+        # by the task's first step, one turn later, as it would have been.)
+        if self._first_wait is not None:
+            first_wait, self._first_wait = self._first_wait, None
+            return first_wait
+        return self._coroutine.send(value)
+
+    def throw(self, *error):
+        self._first_wait = None
+        return self._coroutine.throw(*error)
+
+    def close(self) -> None:
+        self._coroutine.close()
+
+    def __next__(self):
+        return self.send(None)
+
+    def __iter__(self):
+        return self
+
+    def __await__(self):
+        return self
+
+    @property
+    def __name__(self) -> str:  # what asyncio shows of the task (repr, logs)
+        return self._coroutine.__qualname__
 
 
 @attrs.define(eq=False)
@@ -232,24 +358,21 @@ class KafkaServer:
         connection = framing.ServerConnection(max_frame_size=max_frame_size, supported_versions=self._supported_versions)
         session_update = self._on_connection(session) if self._on_connection is not None else None
         state.session_update = session_update
-        pending: asyncio.Queue = asyncio.Queue(maxsize=self._max_inflight)
+        answers = _Answers(writer, self._max_inflight)
         mute = _Mute()
         try:
             async with asyncio.TaskGroup() as tasks:
-                writer_task = tasks.create_task(self._write_responses(connection, pending, writer, peer))
                 deadline_task = None
                 if state.sasl is not None:
                     deadline_task = tasks.create_task(self._authentication_deadline(state, deadline, peer))
                 try:
-                    await self._read_requests(connection, reader, pending, tasks, peer, state, mute)
+                    await self._read_requests(connection, reader, answers, tasks, peer, state, mute)
                 finally:
                     # The peer is gone or done: no deadline left to keep (it
-                    # would hold the connection open until it passed).
+                    # would hold the connection open until it passed). The
+                    # requests already accepted are answered as they end.
                     if deadline_task is not None:
                         deadline_task.cancel()
-                    # Let the writer finish what was already accepted, then stop it.
-                    if not writer_task.done():
-                        await pending.put(None)
         except* _CloseConnection:
             pass
         except* (ConnectionError, OSError):
@@ -276,7 +399,7 @@ class KafkaServer:
             log.warning("closing connection from %s on %s: not authenticated within the authentication timeout", peer, self.listener.name)
             raise _CloseConnection() from None
 
-    async def _read_requests(self, connection, reader, pending, tasks, peer, state: _Connection, mute: _Mute) -> None:
+    async def _read_requests(self, connection, reader, answers: _Answers, tasks, peer, state: _Connection, mute: _Mute) -> None:
         while True:
             await mute.wait()
             try:
@@ -302,7 +425,7 @@ class KafkaServer:
                         if reply is None or reply.close:
                             return  # a v0 client learns of a refusal by the close
                         answer = reply.body["auth_bytes"] or b""
-                        await pending.put(_ready(struct.pack(">i", len(answer)) + answer))
+                        answers.add_frame(struct.pack(">i", len(answer)) + answer)
                         self._after_sasl(state, connection, ApiKey.SASL_AUTHENTICATE, peer)
                         continue
                     try:
@@ -312,7 +435,7 @@ class KafkaServer:
                         if answer is None:
                             log.warning("closing connection from %s: %s", peer, error)
                             return  # answer what came before it, then close (as for a malformed frame)
-                        await pending.put(_ready(answer))
+                        answers.add_frame(answer)
                         continue
                     if request is None:
                         break
@@ -320,7 +443,7 @@ class KafkaServer:
                         reply = await self._sasl_receive(state, request.api_key, request.api_version, request.body, peer)
                         if reply is None:
                             return
-                        await pending.put(_ready(connection.encode_response(request, reply.body)))
+                        answers.add_frame(connection.encode_response(request, reply.body))
                         if reply.close:
                             await _linger(reader)
                             return
@@ -337,7 +460,20 @@ class KafkaServer:
                             log.warning("closing connection from %s on %s: %s", peer, self.listener.name, refusal)
                             return
                     await mute.wait()  # a request already read waits out a throttle too
-                    await pending.put(tasks.create_task(self._answer(connection, request, peer, state.session, mute)))
+                    await answers.wait_for_room()
+                    # Its first step runs now, in a context of its own (what
+                    # its task would have had): a request answered without
+                    # waiting (an AddPartitionsToTxn, a Metadata) costs no
+                    # task and no turn of the loop; one that waits goes on
+                    # in a task from where it stopped.
+                    answer = self._answer(connection, request, peer, state.session, mute)
+                    context = contextvars.copy_context()
+                    try:
+                        first_wait = context.run(answer.send, None)
+                    except StopIteration as done:
+                        answers.add_frame(done.value)
+                        continue
+                    answers.add_task(tasks.create_task(_Started(answer, first_wait), context=context))
             except MalformedFrameError as error:
                 log.warning("closing connection from %s: malformed request: %s", peer, error)
                 # Answer what came before the bad frame, then close.
@@ -404,22 +540,6 @@ class KafkaServer:
         mute.throttled(body)
         return connection.encode_response(request, body)
 
-    async def _write_responses(self, connection, pending, writer, peer) -> None:
-        while True:
-            item = await pending.get()
-            if item is None:
-                return
-            frame = await item
-            item = None
-            if frame is None:
-                continue
-            # A memoryview, so a partial send keeps the rest without slicing a
-            # copy; no reference is held past the write, so a large Fetch
-            # answer is freed as soon as the transport has sent it.
-            writer.write(memoryview(frame))
-            frame = None
-            await writer.drain()
-
 
 async def _linger(reader: asyncio.StreamReader) -> None:
     """Give a refused peer a moment to read its answer and close first: some
@@ -431,8 +551,3 @@ async def _linger(reader: asyncio.StreamReader) -> None:
     except (TimeoutError, ConnectionError, OSError):
         pass
 
-
-def _ready(frame: bytes) -> asyncio.Future:
-    future = asyncio.get_running_loop().create_future()
-    future.set_result(frame)
-    return future

@@ -329,6 +329,8 @@ def _type_codec(kind, version: int, flexible: bool, nullable: bool, what: str):
 
 def _array_codec(kind: ArrayOf, version: int, flexible: bool, nullable: bool, what: str):
     write_length, read_length = _length_codec(flexible)
+    if kind.element in _FIXED:
+        return _fixed_array_codec(kind.element, write_length, read_length, nullable, what)
     encode_element, decode_element = _type_codec(kind.element, version, flexible, False, what + "[]")
 
     def encode(out, value):
@@ -359,8 +361,43 @@ def _array_codec(kind: ArrayOf, version: int, flexible: bool, nullable: bool, wh
     return encode, decode
 
 
+def _fixed_array_codec(element, write_length, read_length, nullable: bool, what: str):
+    """An array of fixed-size elements (partition ids, replica lists): packed
+    and unpacked whole by one struct format, the bytes of element by element."""
+    code = _FIXED[element].format.lstrip(">")
+    size = _FIXED[element].size
+
+    def encode(out, value):
+        if value is None:
+            if not nullable:
+                raise ValueError(f"{what} is not nullable in this version")
+            write_length(out, -1)
+            return
+        write_length(out, len(value))
+        out += struct.pack(f">{len(value)}{code}", *value)
+
+    def decode(buf, pos):
+        count, pos = read_length(buf, pos)
+        if count < 0:
+            if count == -1 and nullable:
+                return None, pos
+            raise MalformedFrameError(f"array length {count} is invalid here")
+        left = len(buf) - pos
+        if count > left:
+            raise MalformedFrameError(f"array of {count} elements cannot fit in the {left} bytes left")
+        if count * size > left:
+            raise MalformedFrameError(f"{element.name} needs {size} bytes, {left % size} left")
+        return list(struct.unpack_from(f">{count}{code}", buf, pos)), pos + count * size
+
+    return encode, decode
+
+
 def _struct_codec(schema: Struct, version: int, flexible: bool, nullable: bool, what: str):
-    regular = []  # (name, default, encode, decode)
+    # (name, default, encode, decode, size): a fixed-size field (size > 0)
+    # has its ``struct.Struct``'s own pack and unpack_from, called from the
+    # loops below with no closure between (most fields are fixed-size).
+    regular = []
+    fixed_kinds = {}  # name -> kind, of the fixed-size regular fields (for errors)
     tagged = {}  # tag -> (name, default, encode, decode)
     for field in schema.fields:
         # A field exists in a version by its versions, or (tagged-only fields,
@@ -372,11 +409,16 @@ def _struct_codec(schema: Struct, version: int, flexible: bool, nullable: bool, 
         default = _default_for(field, field.type, version)
         if isinstance(field.type, Struct) and default is None and not is_nullable:
             default = _StructDefault(field.type, version, flexible)
+            encode = _struct_default_as_empty(encode)
         entry = (field.name, default, encode, decode)
         if flexible and in_range(version, field.tagged):
             tagged[field.tag] = entry
+        elif field.type in _FIXED:
+            packer = _FIXED[field.type]
+            regular.append((field.name, default, packer.pack, packer.unpack_from, packer.size))
+            fixed_kinds[field.name] = field.type
         else:
-            regular.append(entry)
+            regular.append((*entry, 0))
     tags_in_order = sorted(tagged.items())
 
     def encode(out, value):
@@ -388,12 +430,13 @@ def _struct_codec(schema: Struct, version: int, flexible: bool, nullable: bool, 
         elif nullable:
             out.append(1)
         get = value.get
-        for name, default, encode_field, _ in regular:
+        for name, default, encode_field, _, size in regular:
             field_value = get(name, default)
-            if isinstance(field_value, _StructDefault):
-                field_value = {}
             try:
-                encode_field(out, field_value)
+                if size:
+                    out += encode_field(field_value)
+                else:
+                    encode_field(out, field_value)
             except (ValueError, TypeError, struct.error, AttributeError) as error:
                 raise ValueError(f"{schema.name}.{name}: cannot encode {field_value!r}: {error}") from None
         if flexible:
@@ -420,7 +463,14 @@ def _struct_codec(schema: Struct, version: int, flexible: bool, nullable: bool, 
             if marker == 0xFF:
                 return None, pos
         value = {}
-        for name, _default, _, decode_field in regular:
+        for name, _default, _, decode_field, size in regular:
+            if size:
+                end = pos + size
+                if end > len(buf):
+                    raise MalformedFrameError(f"{schema.name}.{name}: {fixed_kinds[name].name} needs {size} bytes, {len(buf) - pos} left")
+                value[name] = decode_field(buf, pos)[0]
+                pos = end
+                continue
             try:
                 value[name], pos = decode_field(buf, pos)
             except MalformedFrameError as error:
@@ -449,6 +499,16 @@ def _struct_codec(schema: Struct, version: int, flexible: bool, nullable: bool, 
         return value, pos
 
     return encode, decode
+
+
+def _struct_default_as_empty(encode_struct):
+    """A non-nullable nested struct's encoder that takes its placeholder
+    default for an empty value (so the fields loop need not look)."""
+
+    def encode(out, value):
+        encode_struct(out, {} if value.__class__ is _StructDefault else value)
+
+    return encode
 
 
 class _StructDefault:

@@ -208,3 +208,18 @@ def test_txn_cpu_reads_the_brokers_cpu_for_each_workload(capsys):
     for line in table:
         this, baseline = (float(cell) for cell in line.split(" | ")[1:3])
         assert this > 0 and baseline > 0, line
+
+
+@pytest.mark.slow
+def test_loop_turns_counts_each_checkout(capsys):
+    """benchmarks.loop_turns against this checkout and itself as the
+    baseline (run from there in a fresh interpreter): both columns count
+    turns, callbacks and tasks of every transaction."""
+    from benchmarks import loop_turns
+    from benchmarks.suite import REPO
+
+    assert loop_turns.main(["--baseline", REPO, "--transactions", "20"]) == 0
+    rows = {line.split(" | ")[0][2:]: line.split(" | ")[1:3] for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and not line.startswith("| count")}
+    for name in ("turns", "callbacks", "tasks"):
+        this, baseline = (float(cell.strip(" |")) for cell in rows[name])
+        assert this > 0 and baseline > 0, (name, rows[name])

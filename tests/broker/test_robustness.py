@@ -10,12 +10,16 @@ from __future__ import annotations
 import socket
 import struct
 import time
+import uuid
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from protocol.framing import ClientConnection
+from protocol.messages import ApiKey
 from tests.conftest import module_broker as shared_broker  # noqa: F401  (one broker process for the module)
+from tests.helpers import create_topic
 
 
 def api_versions_v0(correlation_id: int = 7) -> bytes:
@@ -143,6 +147,28 @@ def test_pipelined_requests_answered_in_order(shared_broker):
         sock.sendall(b"".join(api_versions_v0(i) if i % 2 else metadata_v1_all(i) for i in range(20)))
         ids = [struct.unpack_from(">i", read_frame(sock))[0] for _ in range(20)]
     assert ids == list(range(20))
+
+
+def test_an_answer_ready_at_once_waits_behind_one_that_waits(shared_broker):
+    """Requests answered without waiting (ApiVersions, Metadata) are answered
+    on the spot, with no task; behind a long-polling Fetch on the same
+    connection their answers still go out after the Fetch's, in request
+    order."""
+    topic = f"order-{uuid.uuid4().hex[:8]}"
+    create_topic(f"127.0.0.1:{shared_broker.port}", topic, 1)
+    connection = ClientConnection(client_id="order")
+    fetch = {"max_wait_ms": 600, "min_bytes": 1, "isolation_level": 0,
+             "topics": [{"topic": topic, "partitions": [{"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 20}]}]}
+    requests = [(ApiKey.API_VERSIONS, 0, {}), (ApiKey.FETCH, 4, fetch), (ApiKey.API_VERSIONS, 0, {}), (ApiKey.METADATA, 1, {"topics": None})]
+    frames = [connection.send_request(api_key, version, body) for api_key, version, body in requests]
+    with socket.create_connection(("127.0.0.1", shared_broker.port), timeout=10) as sock:
+        started = time.monotonic()
+        sock.sendall(b"".join(frame for _correlation_id, frame in frames))
+        answered = []
+        for _ in requests:
+            answered.append((struct.unpack_from(">i", read_frame(sock))[0], time.monotonic() - started))
+    assert [correlation_id for correlation_id, _ in answered] == [correlation_id for correlation_id, _frame in frames]
+    assert answered[0][1] < 0.5 <= answered[1][1] <= answered[2][1]  # the first at once; the Fetch waited out its poll
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))

@@ -354,3 +354,22 @@ def test_what_is_buffered_of_a_large_frame_is_handed_back_whole():
     assert frames.buffered == 150_000
     assert frames.take_buffered() == frame[:150_000]
     assert frames.buffered == 0 and frames.next_frame() is None
+
+
+@pytest.mark.parametrize("api_name,side,version", CASES, ids=[f"{a}-{s}-v{v}" for a, s, v in CASES])
+def test_every_cut_of_every_message_is_malformed_and_names_where(api_name, side, version):
+    """Fixed-size fields and arrays of them are read straight by their
+    ``struct.Struct``: a body cut anywhere still raises only
+    ``MalformedFrameError``, naming the message and, inside a struct, the
+    field where the bytes ran out."""
+    api = next(a for a in APIS.values() if a.name == api_name)
+    message = getattr(api, side)
+    rng = random.Random(f"cut{api_name}{side}{version}")
+    _FLEXIBLE_CONTEXT["flexible"] = message.is_flexible(version)
+    data = schema.encode(message, version, sample(message.body, version, rng))
+    for cut in range(len(data)):
+        with pytest.raises(MalformedFrameError) as raised:
+            schema.decode(message, version, data[:cut])
+        assert str(raised.value).startswith(f"{message.name} v{version}: ")
+        if cut == 0 and any(schema.in_range(version, field.versions) and not schema.in_range(version, field.tagged) for field in message.body.fields):
+            assert "." in str(raised.value).split(": ", 1)[1]  # "<Struct>.<field>: ..."
