@@ -12,6 +12,7 @@ import os
 import attrs
 
 from broker.security.listeners import PLAINTEXT, Listener, parse_listeners
+from protocol.event_loop import ASYNCIO, UVLOOP, default_event_loop, event_loop_name
 from protocol.properties import parse_bool
 
 DEFAULT_HOST = "127.0.0.1"
@@ -86,6 +87,15 @@ def _parse_authorizer(value) -> str:
     if name not in AUTHORIZER_NAMES:
         raise ValueError(f"authorizer.class.name must be acl (or Kafka's AclAuthorizer/StandardAuthorizer class name), or empty for none, not {value!r}")
     return AUTHORIZER_NAMES[name]
+
+
+def _tls_needs_asyncio(config: BrokerConfig, event_loop: str) -> None:
+    """uvloop 0.23 loses what a client sent before the server's start_tls
+    (uvloop issue 707): a TLS client's ClientHello, read ahead on accept, so
+    its handshake hangs until the authentication timeout. Refused, not hung."""
+    if event_loop == UVLOOP and config.tls_listeners:
+        names = ", ".join(listener.name for listener in config.tls_listeners)
+        raise ValueError(f"event.loop=uvloop cannot serve TLS listeners ({names}) yet: its start_tls loses the client's first bytes; use event.loop=asyncio")
 
 
 @attrs.frozen
@@ -169,12 +179,24 @@ class BrokerConfig:
     authorizer: str = ""
     super_users: frozenset = attrs.field(factory=frozenset, converter=frozenset)
     allow_everyone_if_no_acl_found: bool = False
+    # onceflow's own: the event loop ``onceflow broker`` runs on, uvloop
+    # (where installed: less CPU per request) or asyncio; asyncio where a
+    # listener uses TLS (see _tls_needs_asyncio). The embedded broker runs on
+    # its host's loop thread, whatever this says.
+    event_loop: str = attrs.field(
+        default=attrs.Factory(lambda config: ASYNCIO if config.tls_listeners else default_event_loop(), takes_self=True),
+        converter=event_loop_name, validator=lambda config, _attribute, name: _tls_needs_asyncio(config, name),
+    )
     # Defaults for topic (log) settings, in Kafka's names: segment.bytes, flush.policy, ...
     log_defaults: dict = attrs.field(factory=dict)
 
     @property
     def advertised(self) -> tuple[str, int]:
         return (self.advertised_host or self.host, self.advertised_port or self.port)
+
+    @property
+    def tls_listeners(self) -> tuple[Listener, ...]:
+        return tuple(listener for listener in self.effective_listeners if listener.uses_tls)
 
     @property
     def effective_listeners(self) -> tuple[Listener, ...]:
@@ -214,6 +236,8 @@ class BrokerConfig:
                 values["super_users"] = AuthorizerSettings.parse_super_users(str(raw))
             elif name == "cluster.id":
                 values["cluster_id"] = str(raw)
+            elif name == "event.loop":
+                values["event_loop"] = raw
             elif name.startswith("log."):
                 # Broker-level topic defaults: log.segment.bytes -> segment.bytes
                 log_defaults[name[len("log.") :]] = raw

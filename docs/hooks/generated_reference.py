@@ -84,6 +84,7 @@ _OTHER_BROKER_SETTINGS = {
     "super.users": "super_users",
     "log.dirs": "`--data-dir` (./onceflow-data)",
     "cluster.id": "generated once per data directory",
+    "event.loop": "`uvloop` where installed and no listener uses TLS, else `asyncio` (onceflow's own: the loop `onceflow broker` runs on)",
 }
 
 

@@ -1,8 +1,11 @@
 """``onceflow broker``: run a broker until SIGTERM or SIGINT.
 
-Prints ``onceflow broker ready on HOST:PORT`` (the first listener) once it has
-recovered its logs and listens (``faults.process.BrokerProcess`` waits for
-that line); a bad setting, an unusable data directory or a port it cannot
+Prints ``onceflow broker ready on HOST:PORT (event loop NAME)`` (the first
+listener) once it has recovered its logs and listens
+(``faults.process.BrokerProcess`` waits for that line). It runs on uvloop
+where installed, asyncio's own loop otherwise, or the loop that
+``--config event.loop=uvloop|asyncio`` names (``protocol.event_loop``);
+a bad setting, an unusable data directory or a port it cannot
 bind exit 2 with one line on stderr. With ``--metrics HOST:PORT`` it also serves Prometheus
 metrics at ``http://HOST:PORT/metrics`` (``broker.metrics``) and prints
 ``onceflow broker metrics on http://HOST:PORT/metrics`` before the ready line.
@@ -136,6 +139,7 @@ def _run(args, config, listening: dict) -> int:
     from broker.security.tls import TlsConfigError
     from broker.storage_adapter import validate_log_properties
     from onceflow import logs
+    from protocol.event_loop import loop_factory, running_event_loop
     from protocol.metrics_http import MetricsListenError
 
     try:
@@ -145,6 +149,8 @@ def _run(args, config, listening: dict) -> int:
         return 2
 
     async def serve() -> int:
+        event_loop = running_event_loop()
+        logging.getLogger("onceflow").info("broker process on the %s event loop", event_loop, extra={"event_loop": event_loop})
         broker = Broker(config, metrics_address=args.metrics, listening=listening)
         try:
             await broker.start()
@@ -169,7 +175,10 @@ def _run(args, config, listening: dict) -> int:
             logs.announce(f"onceflow broker metrics on http://{args.metrics[0]}:{broker.metrics_port}/metrics", metrics_port=broker.metrics_port)
         # In the JSON log format this line is a JSON object too; its message
         # still holds the words faults.process.READY looks for.
-        logs.announce(f"onceflow broker ready on {config.host}:{broker.port}", host=config.host, port=broker.port, data_dir=config.data_dir)
+        logs.announce(
+            f"onceflow broker ready on {config.host}:{broker.port} (event loop {event_loop})",
+            host=config.host, port=broker.port, data_dir=config.data_dir, event_loop=event_loop,
+        )
         try:
             await stop.wait()
         finally:
@@ -177,4 +186,5 @@ def _run(args, config, listening: dict) -> int:
             logging.getLogger("onceflow").info("broker stopped cleanly")
         return 0
 
-    return asyncio.run(serve())
+    with asyncio.Runner(loop_factory=loop_factory(config.event_loop)) as runner:
+        return runner.run(serve())

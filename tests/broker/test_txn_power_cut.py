@@ -327,7 +327,8 @@ def test_a_transaction_open_at_a_power_cut_is_aborted_at_start_never_committed_w
     broker.env = {KEEP_ONGOING_TRANSACTIONS_VARIABLE: "1"} if rule == "off" else None
     broker.start()
 
-    answer = end_answer(broker.port, pid, epoch, commit=True, version=version)
+    # Retried while the start's abort completes (its markers, then Complete), as clients retry.
+    answer = wait_for(lambda: _settled(end_answer(broker.port, pid, epoch, commit=True, version=version)), 10, "the EndTxn's answer")
     if rule == "off":
         assert answer["error_code"] == ErrorCode.NONE
         visible = read_values(broker.bootstrap, TOPIC, isolation="read_committed", partitions=1, expect=2)

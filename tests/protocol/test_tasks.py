@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from protocol.event_loop import loop_factory, uvloop_installed
 from protocol.tasks import cancel_and_wait, every
 
 
@@ -179,10 +180,12 @@ def test_every_runs_its_step_on_time_through_a_failure_until_cancelled(caplog):
     assert [record.getMessage() for record in caplog.records] == ["test timers failed"]
 
 
+@pytest.mark.parametrize("event_loop", ["asyncio", pytest.param("uvloop", marks=pytest.mark.skipif(not uvloop_installed(), reason="no uvloop"))])
 @pytest.mark.parametrize("pre_bound", [False, True], ids=["bound by the server", "listening_socket"])
-def test_a_served_connection_has_nagle_off_however_the_listener_was_bound(pre_bound):
+def test_a_served_connection_has_nagle_off_however_the_listener_was_bound(pre_bound, event_loop):
     """Every accepted connection gets TCP_NODELAY, also on a socket from
-    ``listening_socket`` (``onceflow broker`` binds with it): asyncio sets
+    ``listening_socket`` (``onceflow broker`` binds with it), on either
+    event loop the broker may run on: asyncio sets
     it only on sockets whose protocol is IPPROTO_TCP, and with Nagle on, a
     reply written in pieces waits for the client's delayed ACK (the copier's
     rate halved)."""
@@ -206,4 +209,5 @@ def test_a_served_connection_has_nagle_off_however_the_listener_was_bound(pre_bo
             writer.close()
             await server.stop()
 
-    asyncio.run(scenario())
+    with asyncio.Runner(loop_factory=loop_factory(event_loop)) as runner:
+        runner.run(scenario())
