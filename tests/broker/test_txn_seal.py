@@ -27,6 +27,7 @@ from tests.broker.test_txn_power_cut import (
     DURABLE_AT_END,
     TOPIC,
     TRANSACTIONAL_ID,
+    _settled,
     add_partition,
     cut_power,
     end_answer,
@@ -77,7 +78,8 @@ def test_a_sealed_transaction_survives_a_power_cut_open_and_commits_whole(broker
     broker.env = None
     broker.start()
 
-    answer = end_answer(broker.port, pid, epoch, commit=True, version=version)
+    # Retried while the start's abort of the unsealed transaction completes (CONCURRENT_TRANSACTIONS), as clients retry.
+    answer = wait_for(lambda: _settled(end_answer(broker.port, pid, epoch, commit=True, version=version)), 10, "the EndTxn's answer")
     if not sealed:
         assert answer["error_code"] == ErrorCode.UNKNOWN_PRODUCER_ID, answer
         assert read_values(broker.bootstrap, TOPIC, isolation="read_committed", partitions=1, expect=0) == []
@@ -109,7 +111,7 @@ def test_a_seal_whose_data_a_cut_took_back_is_aborted_at_start(broker_process, t
     lose_unsynced(journal, segments(broker.data_dir, TOPIC))
     broker.env = None
     broker.start()
-    answer = end_answer(broker.port, pid, epoch, commit=True)
+    answer = wait_for(lambda: _settled(end_answer(broker.port, pid, epoch, commit=True)), 10, "the EndTxn's answer")
     assert answer["error_code"] == ErrorCode.UNKNOWN_PRODUCER_ID, answer
 
 
