@@ -2,20 +2,18 @@
 handlers and writes their responses back, in order, per connection.
 
 Each connection owns one ``asyncio.TaskGroup``: a reader that turns bytes
-into requests (through the sans-I/O ``protocol.framing.ServerConnection``)
-and starts each request's handler at once, in a context of its own; a
-handler that has to wait (a long-polling Fetch, a Produce waiting for its
-fsync) goes on in a task of the group from where it stopped, so it does not
-hold up decoding, and one that answers without waiting (AddPartitionsToTxn,
-Metadata, a heartbeat) costs no task at all. The answers go out in the
-order the requests arrived (Kafka clients pipeline and match by order as
-well as by correlation id): each is written as soon as every answer before
-it is out, from the completion of the task it waited for (``_Answers``), with
-no writer task or queue between them. The number of requests in flight per
-connection is bounded, and the reader stops while the socket's send buffer
-is full, so a client that never reads its responses stops being read from
-instead of growing our memory. Once the peer is gone, the first answer that
-finds the connection closed cancels the requests still in flight behind it.
+into requests (through the sans-I/O ``protocol.framing.ServerConnection``) and
+one task per request, so that a long-polling Fetch or a Produce waiting for its
+fsync does not hold up decoding. The answers go out in the order the requests
+arrived (Kafka clients pipeline and match by order as well as by correlation
+id): each answer is written from its task's completion as soon as every answer
+before it is out (``_Answers``), with no writer task and no queue between them
+(one turn of the loop fewer per request, and no queue hand-over).
+The number of requests in flight per connection is bounded, and the reader
+stops while the socket's send buffer is full, so a client that never reads its
+responses stops being read from instead of growing our memory. Once the peer
+is gone, the first answer that finds the connection closed cancels the
+requests still in flight behind it.
 
 No peer input crashes the process: a frame that cannot be decoded closes that
 connection (logged), an unsupported ApiVersions version is answered with
@@ -49,9 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import collections.abc
 import concurrent.futures
-import contextvars
 import logging
 import socket
 import ssl
@@ -130,7 +126,7 @@ class _Answers:
         self._entries.append(task)
         task.add_done_callback(self._task_done)
 
-    def add_frame(self, frame: bytes | None) -> None:
+    def add_frame(self, frame: bytes) -> None:
         self._entries.append(frame)
         self._write_complete()
 
@@ -180,46 +176,6 @@ class _Answers:
                 if isinstance(entry, asyncio.Task):
                     entry.cancel()
         self._entries.clear()
-
-
-class _Started(collections.abc.Coroutine):
-    """A coroutine whose first step already ran, handed to a task: the task's
-    first step is given what that step waits for, and every later step (or a
-    cancellation) goes to the coroutine itself."""
-
-    __slots__ = ("_coroutine", "_first_wait")
-
-    def __init__(self, coroutine: collections.abc.Coroutine, first_wait):
-        self._coroutine = coroutine
-        self._first_wait = first_wait
-
-    def send(self, value):
-        # (A first step that yielded None, asyncio's "one turn", is resumed
-        # by the task's first step, one turn later, as it would have been.)
-        if self._first_wait is not None:
-            first_wait, self._first_wait = self._first_wait, None
-            return first_wait
-        return self._coroutine.send(value)
-
-    def throw(self, *error):
-        self._first_wait = None
-        return self._coroutine.throw(*error)
-
-    def close(self) -> None:
-        self._coroutine.close()
-
-    def __next__(self):
-        return self.send(None)
-
-    def __iter__(self):
-        return self
-
-    def __await__(self):
-        return self
-
-    @property
-    def __name__(self) -> str:  # what asyncio shows of the task (repr, logs)
-        return self._coroutine.__qualname__
 
 
 @attrs.define(eq=False)
@@ -461,19 +417,7 @@ class KafkaServer:
                             return
                     await mute.wait()  # a request already read waits out a throttle too
                     await answers.wait_for_room()
-                    # Its first step runs now, in a context of its own (what
-                    # its task would have had): a request answered without
-                    # waiting (an AddPartitionsToTxn, a Metadata) costs no
-                    # task and no turn of the loop; one that waits goes on
-                    # in a task from where it stopped.
-                    answer = self._answer(connection, request, peer, state.session, mute)
-                    context = contextvars.copy_context()
-                    try:
-                        first_wait = context.run(answer.send, None)
-                    except StopIteration as done:
-                        answers.add_frame(done.value)
-                        continue
-                    answers.add_task(tasks.create_task(_Started(answer, first_wait), context=context))
+                    answers.add_task(tasks.create_task(self._answer(connection, request, peer, state.session, mute)))
             except MalformedFrameError as error:
                 log.warning("closing connection from %s: malformed request: %s", peer, error)
                 # Answer what came before the bad frame, then close.
