@@ -103,17 +103,20 @@ class FaultSeams:
     end_unknown_transactions: bool = True
     # False only to show the hazard it closes (``transaction.durable.at.end``'s power-cut tests).
     abort_ongoing_after_unclean_stop: bool = True
+    # The boot of the kernel this start runs in; None: the kernel's own. A
+    # power-cut test names a new one (the machine rebooted).
+    boot_id: str | None = None
 
     @classmethod
     def from_environment(cls) -> "FaultSeams":
         """The seams the fault harness armed this process with through its
         environment (``faults.points``, ``faults.disk``), read once, here."""
-        from faults.disk import io_from_environment, keeps_ongoing_transactions, keeps_unknown_transactions
+        from faults.disk import boot_id_from_environment, io_from_environment, keeps_ongoing_transactions, keeps_unknown_transactions
         from faults.points import point
 
         return cls(
             crash_point=point, disk_io=io_from_environment(), end_unknown_transactions=not keeps_unknown_transactions(),
-            abort_ongoing_after_unclean_stop=not keeps_ongoing_transactions(),
+            abort_ongoing_after_unclean_stop=not keeps_ongoing_transactions(), boot_id=boot_id_from_environment(),
         )
 
 
@@ -225,6 +228,7 @@ class Broker:
                 needs_recovery=partition_needs_recovery,
                 holds_data=partition_holds_data,
                 crash_point=self.seams.crash_point,
+                boot_id=self.seams.boot_id,
             )
             self.authorizer = self._load_authorizer(data_dir)
             self.replicas.load()

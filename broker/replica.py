@@ -43,7 +43,7 @@ import uuid
 
 from broker.metadata import MetadataStore, TopicInfo
 from protocol.names import InvalidTopicError, validate_topic_name
-from storage.durable import fsync_directory
+from storage.durable import fsync_directory, replace_file
 from storage.names import parse_partition_dir, partition_dir_name
 from storage.recovery import log_summary
 
@@ -51,6 +51,19 @@ log = logging.getLogger(__name__)
 
 # In the data directory after a clean stop (Kafka's .kafka_cleanshutdown).
 CLEAN_STOP_FILE = ".clean_shutdown"
+# In the data directory: the kernel's boot id when this data was last served.
+BOOT_ID_FILE = ".boot_id"
+KERNEL_BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
+def kernel_boot_id() -> str | None:
+    """The running kernel's boot id (Linux: new at every boot), or None where
+    there is none to read."""
+    try:
+        with open(KERNEL_BOOT_ID, encoding="ascii") as file:
+            return file.read().strip() or None
+    except OSError:
+        return None
 
 
 class TopicExistsError(Exception):
@@ -87,12 +100,13 @@ class PartitionUnavailableError(Exception):
 
 class ReplicaManager:
     def __init__(self, data_dir: str, log_defaults: dict, *, open_log, validate_config, needs_recovery, holds_data=lambda path: True,
-                 crash_point=lambda name: None):
+                 crash_point=lambda name: None, boot_id: str | None = None):
         """``open_log(path, properties) -> log``, ``validate_config(properties)``,
         ``needs_recovery(path) -> bool`` (the directory was changed since it
         was last whole) and ``holds_data(path) -> bool`` (it may hold records)
         come from storage; they are injected so this class stays about
-        topics. ``crash_point`` is the fault harness's seam."""
+        topics. ``crash_point`` is the fault harness's seam, and so is
+        ``boot_id`` (the boot this start runs in; None: the kernel's)."""
         self.data_dir = data_dir
         self.store = MetadataStore(data_dir)
         self.log_defaults = dict(log_defaults)
@@ -108,6 +122,13 @@ class ReplicaManager:
         # Whether this start followed a clean stop (``load``): after an
         # unclean one, bytes acknowledged before their fsync may be gone.
         self.stopped_clean = True
+        # Whether the last process to serve this data ran in this same boot
+        # of the kernel (``load``): then an unclean stop was the process's
+        # alone (a SIGKILL, an OOM kill), and every byte it wrote, synced or
+        # not, is still in the page cache, so nothing acknowledged is gone.
+        # A new boot (a power cut, an OS crash) or an unknown one: False.
+        self.same_boot = False
+        self._boot_id = boot_id if boot_id is not None else kernel_boot_id()
         self._created_empty: set[tuple[str, int]] = set()
         self._waiters: dict[tuple[str, int], set[asyncio.Future]] = {}
         self._failed_opens: set[tuple[str, int]] = set()  # whose last open failed (logged in full once)
@@ -126,6 +147,7 @@ class ReplicaManager:
             # From now on a crash is unclean, whatever the partitions say.
             os.remove(self._clean_stop_path)
             fsync_directory(self.data_dir)
+        self._note_boot()
         for name in self.topics:
             validate_topic_name(name)  # once per topic: a registry edited by hand names no path outside
         owned = {partition_dir_name(info.name, partition) for info in self.topics.values() for partition in range(info.partitions)}
@@ -152,6 +174,21 @@ class ReplicaManager:
                             continue
                         self.recovered_at_start.append((info.name, partition))
         log_summary(self.logs[key] for key in self.recovered_at_start)
+
+    def _note_boot(self) -> None:
+        """Compare the boot id recorded by the last process that served this
+        data with this one's (``same_boot``), then record this one, durably,
+        before anything is served: a power cut from now on leaves this id
+        behind for a start in another boot to see."""
+        path = os.path.join(self.data_dir, BOOT_ID_FILE)
+        try:
+            with open(path, encoding="ascii") as file:
+                recorded = file.read().strip()
+        except OSError:
+            recorded = None
+        self.same_boot = self._boot_id is not None and recorded == self._boot_id
+        if self._boot_id is not None and recorded != self._boot_id:
+            replace_file(path, self._boot_id.encode("ascii"))
 
     @property
     def _clean_stop_path(self) -> str:

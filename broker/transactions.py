@@ -264,14 +264,22 @@ class TransactionManager:
 
     async def start(self, *, end_unknown_transactions: bool = True, abort_ongoing_after_unclean_stop: bool = True) -> None:
         """Load and recover; after an unclean stop with
-        ``transaction.durable.at.end``, abort every Ongoing transaction
+        ``transaction.durable.at.end`` that was not the process's alone (a
+        new boot of the kernel: ``ReplicaManager.same_boot``), abort every
+        unsealed Ongoing transaction
         (``TransactionCoordinator.abort_ongoing_after_unclean_stop``). Either
         check switched off only for the tests that show what it prevents."""
         self.ensure_topic()
         self.load()
         self.coordinator.recover()
         if abort_ongoing_after_unclean_stop and self.config.transaction_durable_at_end and not self.replicas.stopped_clean:
-            await self.coordinator.abort_ongoing_after_unclean_stop()
+            if self.replicas.same_boot:
+                # Only the process died (the kernel's boot is the same): every
+                # byte it answered for is still in the page cache, so an open
+                # transaction lost nothing, and stays open as after a clean stop.
+                log.info("unclean stop in this same boot of the kernel: the open transactions lost nothing and stay open")
+            else:
+                await self.coordinator.abort_ongoing_after_unclean_stop()
         if end_unknown_transactions:
             await self.end_unknown_transactions()
 

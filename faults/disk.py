@@ -55,6 +55,7 @@ import json
 import os
 import random
 import time
+import uuid
 
 import attrs
 
@@ -68,6 +69,7 @@ ENVIRONMENT_VARIABLE = "ONCEFLOW_DISK_FAULTS"
 FSYNC_JOURNAL_VARIABLE = "ONCEFLOW_FSYNC_JOURNAL"
 KEEP_UNKNOWN_TRANSACTIONS_VARIABLE = "ONCEFLOW_KEEP_UNKNOWN_TRANSACTIONS"
 KEEP_ONGOING_TRANSACTIONS_VARIABLE = "ONCEFLOW_KEEP_ONGOING_TRANSACTIONS"
+BOOT_ID_VARIABLE = "ONCEFLOW_BOOT_ID"
 TORN_WRITE_POINT = "storage.torn_write"
 ERRNOS = {"EIO": errno.EIO, "ENOSPC": errno.ENOSPC, "EDQUOT": errno.EDQUOT}
 BATCH_LENGTH_OFFSET, BATCH_OVERHEAD = 8, 12  # a batch: base offset (8), length (4), then `length` bytes
@@ -359,6 +361,21 @@ def keeps_ongoing_transactions() -> bool:
     """Whether this broker was started without aborting, after an unclean
     stop, the transactions left Ongoing (``KEEP_ONGOING_TRANSACTIONS_VARIABLE``)."""
     return os.environ.get(KEEP_ONGOING_TRANSACTIONS_VARIABLE) == "1"
+
+
+def boot_id_from_environment() -> str | None:
+    """The boot of the kernel a broker should believe it runs in
+    (``BOOT_ID_VARIABLE``), or None for the kernel's own: a start after a
+    simulated power cut names a new one (``after_power_cut``)."""
+    return os.environ.get(BOOT_ID_VARIABLE) or None
+
+
+def after_power_cut(env: dict | None = None) -> dict:
+    """The environment of a broker started after a (simulated) power cut:
+    ``env`` plus a boot id of a new boot, as the machine rebooted. Without
+    it the broker sees the kernel's boot id unchanged and takes the stop for
+    the process's alone (nothing in the page cache lost)."""
+    return {**(env or {}), BOOT_ID_VARIABLE: f"power-cut-{uuid.uuid4()}"}
 
 
 def io_from_environment() -> DiskIO | None:

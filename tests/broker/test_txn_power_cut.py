@@ -33,7 +33,7 @@ import os
 
 import pytest
 
-from faults.disk import FSYNC_JOURNAL_VARIABLE, KEEP_ONGOING_TRANSACTIONS_VARIABLE, KEEP_UNKNOWN_TRANSACTIONS_VARIABLE, durable_sizes, lose_unsynced
+from faults.disk import FSYNC_JOURNAL_VARIABLE, KEEP_ONGOING_TRANSACTIONS_VARIABLE, KEEP_UNKNOWN_TRANSACTIONS_VARIABLE, after_power_cut, durable_sizes, lose_unsynced
 from protocol.errors import ErrorCode
 from protocol.messages import ApiKey
 from protocol.records import encode_batch
@@ -109,15 +109,17 @@ def segments(data_dir: str, topic: str) -> list[str]:
 
 def power_back_on(broker, journal: str) -> None:
     """After the broker died (SIGKILL or a crash point): lose every byte of
-    every segment that no fsync covered, then start it without crash points."""
+    every segment that no fsync covered, then start it without crash points,
+    in a new boot of the machine (``faults.disk.after_power_cut``)."""
     lose_unsynced(journal, glob.glob(os.path.join(broker.data_dir, "*", "*.log")))
-    broker.env = None
+    broker.env = after_power_cut()
     broker.start()
 
 
 def cut_power(broker, journal: str, topic: str) -> None:
     """SIGKILL, then lose every byte of ``topic``'s segments that no fsync
-    covered (the others stay as written)."""
+    covered (the others stay as written). The broker's next start must be
+    told it runs in a new boot (``after_power_cut``), as after a real cut."""
     broker.kill()
     lose_unsynced(journal, segments(broker.data_dir, topic))
 
@@ -182,7 +184,8 @@ def test_a_batch_whose_add_partitions_record_a_power_cut_lost_is_aborted_at_star
         broker.kill()
     else:
         cut_power(broker, journal, "__transaction_state")
-    broker.env = {KEEP_UNKNOWN_TRANSACTIONS_VARIABLE: "1"} if check == "off" else None
+    env = {KEEP_UNKNOWN_TRANSACTIONS_VARIABLE: "1"} if check == "off" else None
+    broker.env = env if check == "sigkill only" else after_power_cut(env)
     broker.start()
 
     stable, log_end = ends(broker.port)
@@ -231,7 +234,7 @@ def test_an_end_txn_v5_decision_survives_a_crash_at_its_new_epoch(broker_process
         assert (answer["error_code"], answer["producer_id"], answer["producer_epoch"]) == (ErrorCode.NONE, pid, epoch + 1)
         broker.kill()
         lose_unsynced(journal, glob.glob(os.path.join(broker.data_dir, "*", "*.log")))
-    broker.env = None
+    broker.env = None if crash == "sigkill after the decision" else after_power_cut()
     broker.start()
 
     assert read_values(broker.bootstrap, TOPIC, isolation="read_committed", partitions=1, expect=1) == [b"decided"]
@@ -304,9 +307,9 @@ def test_a_transaction_open_at_a_power_cut_is_aborted_at_start_never_committed_w
     nothing of it is ever visible, and the producer goes on after its
     abort. With the rule off (``ONCEFLOW_KEEP_ONGOING_TRANSACTIONS=1``)
     the commit succeeds and publishes the first record without the second,
-    both answered: the hole the rule closes. After a SIGKILL alone
-    (nothing lost) the transaction is aborted the same way: a start cannot
-    tell a process kill from a power cut."""
+    both answered: the hole the rule closes. After a SIGKILL alone, in the
+    same boot of the kernel (nothing lost: the page cache holds the second
+    record), the transaction stays open and commits both records."""
     journal = str(tmp_path / "fsyncs.journal")
     broker = broker_process(DURABLE_AT_END, env={FSYNC_JOURNAL_VARIABLE: journal})
     create_topic(broker.bootstrap, TOPIC, 1)
@@ -324,11 +327,19 @@ def test_a_transaction_open_at_a_power_cut_is_aborted_at_start_never_committed_w
         broker.kill()
     else:
         cut_power(broker, journal, TOPIC)  # the transaction's record kept (the page cache wrote it back), the second record lost
-    broker.env = {KEEP_ONGOING_TRANSACTIONS_VARIABLE: "1"} if rule == "off" else None
+    if rule == "sigkill only":
+        broker.env = None
+    else:
+        broker.env = after_power_cut({KEEP_ONGOING_TRANSACTIONS_VARIABLE: "1"} if rule == "off" else None)
     broker.start()
 
     # Retried while the start's abort completes (its markers, then Complete), as clients retry.
     answer = wait_for(lambda: _settled(end_answer(broker.port, pid, epoch, commit=True, version=version)), 10, "the EndTxn's answer")
+    if rule == "sigkill only":
+        assert answer["error_code"] == ErrorCode.NONE, answer
+        visible = read_values(broker.bootstrap, TOPIC, isolation="read_committed", partitions=1, expect=3)
+        assert visible == [b"first", b"plain", b"second"], "kept open through the process's crash, committed whole"
+        return
     if rule == "off":
         assert answer["error_code"] == ErrorCode.NONE
         visible = read_values(broker.bootstrap, TOPIC, isolation="read_committed", partitions=1, expect=2)
@@ -370,7 +381,7 @@ def test_librdkafka_goes_on_after_its_transaction_was_aborted_at_start(broker_pr
     assert producer.flush(10) == 0, "answered"
     assert unsynced(journal, broker.data_dir, TOPIC), "answered before any fsync"
     cut_power(broker, journal, TOPIC)
-    broker.env = None
+    broker.env = after_power_cut()
     broker.start()
 
     with pytest.raises(KafkaException) as failed:
@@ -428,7 +439,7 @@ def test_our_producer_and_the_python_clients_after_their_transaction_was_aborted
     kafka_python.flush()
     assert unsynced(journal, broker.data_dir, TOPIC), "answered before any fsync"
     cut_power(broker, journal, TOPIC)
-    broker.env = None
+    broker.env = after_power_cut()
     broker.start()
 
     async def go_on():
@@ -498,7 +509,7 @@ def test_a_decided_commit_whose_data_a_cut_took_back_is_aborted_at_start(broker_
     assert unsynced(journal, broker.data_dir, "__transaction_state") and unsynced(journal, broker.data_dir, TOPIC)
     if crash == "power cut":
         lose_unsynced(journal, segments(broker.data_dir, TOPIC))
-    broker.env = None
+    broker.env = after_power_cut() if crash == "power cut" else None
     broker.start()
 
     retried = wait_for(lambda: _settled(end_answer(broker.port, pid, epoch, commit=True, version=version)), 10, "the retried EndTxn's answer")

@@ -20,7 +20,7 @@ import uuid
 
 import pytest
 
-from faults.disk import FSYNC_JOURNAL_VARIABLE
+from faults.disk import FSYNC_JOURNAL_VARIABLE, after_power_cut
 from protocol.errors import ErrorCode
 from protocol.messages import ApiKey
 from tests.broker.test_txn_power_cut import (
@@ -75,7 +75,7 @@ def test_a_sealed_transaction_survives_a_power_cut_open_and_commits_whole(broker
         assert produce(broker.port, pid, epoch, 1, b"after the seal", acks=-1, version=version) == ErrorCode.NONE
         assert not unsynced(journal, broker.data_dir, TOPIC), "a sealed transaction's Produce is answered once durable"
     cut_power(broker, journal, TOPIC)
-    broker.env = None
+    broker.env = after_power_cut()
     broker.start()
 
     # Retried while the start's abort of the unsealed transaction completes (CONCURRENT_TRANSACTIONS), as clients retry.
@@ -109,7 +109,7 @@ def test_a_seal_whose_data_a_cut_took_back_is_aborted_at_start(broker_process, t
     from faults.disk import lose_unsynced
 
     lose_unsynced(journal, segments(broker.data_dir, TOPIC))
-    broker.env = None
+    broker.env = after_power_cut()
     broker.start()
     answer = wait_for(lambda: _settled(end_answer(broker.port, pid, epoch, commit=True)), 10, "the EndTxn's answer")
     assert answer["error_code"] == ErrorCode.UNKNOWN_PRODUCER_ID, answer
@@ -136,10 +136,11 @@ def test_a_seal_is_refused_to_a_fenced_producer_and_for_an_unknown_partition(emb
 
 
 @pytest.mark.slow
-def test_our_producer_seals_and_another_process_commits_after_a_broker_sigkill(broker_process, tmp_path):
+def test_our_producer_seals_and_another_process_commits_after_an_unclean_stop(broker_process, tmp_path):
     """``Producer.seal_transaction`` and ``Producer.resume``, as the Spark
     sink's task and driver use them: the task's transaction, sealed, lives
-    through a SIGKILL of the broker and the driver's process commits it."""
+    through an unclean stop of the broker in a new boot (which aborts the
+    unsealed ones) and the driver's process commits it."""
     from txn import Producer
 
     broker = broker_process(DURABLE_AT_END)
@@ -152,6 +153,7 @@ def test_our_producer_seals_and_another_process_commits_after_a_broker_sigkill(b
             task.send(topic, f"v{index}".encode(), partition=index % 2)
         handle = task.seal_transaction()
     broker.kill()
+    broker.env = after_power_cut()
     broker.start()
     driver = Producer.resume(handle, bootstrap_servers=broker.bootstrap)
     try:

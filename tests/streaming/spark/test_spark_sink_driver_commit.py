@@ -9,6 +9,7 @@ import asyncio
 import pytest
 
 from broker.broker import EmbeddedBroker
+from faults.disk import after_power_cut
 from streaming.spark.sink import make_stream_writer
 from streaming.spark.sink_driver import DriverCommit
 from tests.helpers import new_query, open_sink_transactions, read_committed_values, run_sink_tasks, scrape, sink_kv_schema, spark_sink_options
@@ -41,10 +42,11 @@ def test_a_batch_of_handles_is_committed_over_kept_connections(broker):
 
 @pytest.mark.slow
 def test_a_batch_decided_before_an_unclean_broker_stop_commits_whole_with_durability_at_the_end(broker_process):
-    """With ``transaction.durable.at.end`` an unclean stop aborts the
-    transactions it finds open; the sink's tasks seal theirs before the
-    handover, so a broker SIGKILLed between the tasks and the driver's
-    commit keeps them open, and the driver commits every record once."""
+    """With ``transaction.durable.at.end`` an unclean stop in a new boot of
+    the machine aborts the transactions it finds open; the sink's tasks seal
+    theirs before the handover, so a broker killed between the tasks and the
+    driver's commit and started as after a power cut keeps them open, and
+    the driver commits every record once."""
     from txn import Admin
 
     broker = broker_process("transaction.durable.at.end=true")
@@ -55,6 +57,7 @@ def test_a_batch_decided_before_an_unclean_broker_stop_commits_whole_with_durabi
     messages = run_sink_tasks(writer.options, list(range(30)), 3, query, run, 0)
     assert len(open_sink_transactions(broker.bootstrap)) == 3
     broker.kill()
+    broker.env = after_power_cut()
     broker.start()
     assert len(open_sink_transactions(broker.bootstrap)) == 3, "the sealed transactions were kept open"
     asyncio.run(DriverCommit(writer.options).commit(messages, 0))
