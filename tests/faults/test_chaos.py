@@ -71,11 +71,11 @@ def test_copier_under_every_process_and_network_fault(tmp_path):
 @pytest.mark.slow
 def test_copier_with_durability_at_the_end_of_its_transactions_under_broker_kills(tmp_path):
     """``transaction.durable.at.end``: the copier's Produce and
-    TxnOffsetCommit are answered before their fsync, and every broker kill
-    (an unclean stop; torn tails beside) aborts the transactions it left
-    open (whether a kill meets one depends on the machine's pace: the
-    power-cut tests show the abort itself). The copier aborts and redoes
-    them: still exactly once."""
+    TxnOffsetCommit are answered before their fsync, and the broker is
+    killed (an unclean stop in the same boot: its open transactions stay
+    open, the page cache holding every byte; torn tails beside, whose
+    unanswered half batch recovery cuts). Still exactly once. (A start in a
+    new boot aborts them instead: the power-cut tests show that.)"""
     verdict, report = run(tmp_path, workload="copier", faults=("kill-broker", "torn-tail"), duration=16, seed=5, records=3000,
                           mean_fault_interval=2.5, abort_ratio=0.1, broker_config=("transaction.durable.at.end=true",))
     assert verdict.valid, verdict.summary()
