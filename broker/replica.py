@@ -188,7 +188,12 @@ class ReplicaManager:
             recorded = None
         self.same_boot = self._boot_id is not None and recorded == self._boot_id
         if self._boot_id is not None and recorded != self._boot_id:
-            replace_file(path, self._boot_id.encode("ascii"))
+            try:
+                replace_file(path, self._boot_id.encode("ascii"))
+            except OSError as error:
+                # Safe to go on: a later start then finds the older boot's id
+                # and treats its stop as a machine's (the cautious reading).
+                log.warning("could not record the boot id in %s: %s", path, error)
 
     @property
     def _clean_stop_path(self) -> str:
