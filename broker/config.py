@@ -137,11 +137,12 @@ class BrokerConfig:
     # onceflow's own: a transactional Produce or TxnOffsetCommit is answered
     # once appended, and EndTxn(commit) makes the transaction's data durable
     # in its decision's fsync round (one round per transaction on the
-    # client's path); after an unclean stop every transaction left Ongoing is aborted
-    # (its acknowledged bytes may be gone). False: each of those requests
+    # client's path); after an unclean stop in a new boot of the machine every
+    # unsealed transaction left Ongoing is aborted (its acknowledged bytes may
+    # be gone; a crash of the process alone loses none). False: each of those requests
     # waits for its own fsync (docs/concepts/transactions.md says why it is
-    # not the default yet: an unsealed transaction open at a process crash is
-    # aborted too, which some clients treat as fatal).
+    # not the default yet: an unsealed transaction open at a power cut is
+    # aborted, which some clients treat as fatal).
     transaction_durable_at_end: bool = False
     offsets_topic_partitions: int = attrs.field(default=50, validator=attrs.validators.ge(1))
     group_initial_rebalance_delay_ms: int = attrs.field(default=3000, validator=attrs.validators.ge(0))
