@@ -281,16 +281,7 @@ class AsyncProducer(Sender):
         partitions = sorted(tp for tp, added in self._added.items() if added.done() and not added.cancelled() and added.exception() is None)
         if not partitions:
             raise FatalError(message="no record was sent in this transaction: nothing to seal")
-        by_topic: dict[str, list[int]] = defaultdict(list)
-        for tp in partitions:
-            by_topic[tp.topic].append(tp.partition)
-        body = {
-            "v3_and_below_transactional_id": self.transactional_id,
-            "v3_and_below_producer_id": self.producer_id,
-            "v3_and_below_producer_epoch": self.producer_epoch,
-            "v3_and_below_topics": [{"name": topic, "partitions": indexes} for topic, indexes in by_topic.items()],
-            "onceflow_seal": True,
-        }
+        body = {**self._add_partitions_body(partitions), "onceflow_seal": True}
         async with self._coordinator_turn:
             await self._txn_request(ApiKey.ADD_PARTITIONS_TO_TXN, body, "seal (AddPartitionsToTxn)", max_version=3)
         return handle
@@ -406,18 +397,22 @@ class AsyncProducer(Sender):
                 self._adder = loop.create_task(self._add_partitions())
         await asyncio.shield(added)
 
+    def _add_partitions_body(self, partitions) -> dict:
+        """An AddPartitionsToTxn (v3 and below) of ``partitions`` for this producer."""
+        by_topic: dict[str, list[int]] = defaultdict(list)
+        for tp in partitions:
+            by_topic[tp.topic].append(tp.partition)
+        return {
+            "v3_and_below_transactional_id": self.transactional_id,
+            "v3_and_below_producer_id": self.producer_id,
+            "v3_and_below_producer_epoch": self.producer_epoch,
+            "v3_and_below_topics": [{"name": topic, "partitions": indexes} for topic, indexes in by_topic.items()],
+        }
+
     async def _add_partitions(self) -> None:
         while self._to_add:
             waiting, self._to_add = self._to_add, []
-            by_topic: dict[str, list[int]] = defaultdict(list)
-            for tp, _added in waiting:
-                by_topic[tp.topic].append(tp.partition)
-            body = {
-                "v3_and_below_transactional_id": self.transactional_id,
-                "v3_and_below_producer_id": self.producer_id,
-                "v3_and_below_producer_epoch": self.producer_epoch,
-                "v3_and_below_topics": [{"name": topic, "partitions": partitions} for topic, partitions in by_topic.items()],
-            }
+            body = self._add_partitions_body(tp for tp, _added in waiting)
             try:
                 async with self._coordinator_turn:
                     # v4+ is the brokers' batched form (KIP-890)
