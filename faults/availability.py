@@ -46,8 +46,10 @@ Definitions (the report, verdict.json and the README use these words):
   fault cleared (the victim started again) to the first advance of a
   partition it held, beyond where they stood once it was dead.
 - **in flight**: at the fault, input was arriving (records acknowledged
-  into the input within ``ARRIVING_WINDOW`` = 1 s either side of it) or
-  waiting (more acknowledged than the workload had consumed and committed).
+  into the input within ``ARRIVING_WINDOW`` = 1 s either side of it, or
+  sent before it and acknowledged after it: a record held up by the fault
+  before this one, the broker still recovering) or waiting (more
+  acknowledged than the workload had consumed and committed).
   A pipeline that keeps up has almost nothing waiting at any instant, so
   arriving counts too; a fault on an idle workload (its input all fed and
   consumed, or not begun) proves nothing, and the harness reports it as
@@ -324,12 +326,14 @@ def _median(values: list[float]) -> float | None:
 
 
 def measure(outputs: Sequence[Output], faults: Sequence[FaultEvent], *, start: float, end: float,
-            inputs: Sequence[tuple[float, int]] | None = None, consumed: Sequence[tuple[float, int]] | None = None) -> Availability:
+            inputs: Sequence[tuple[float, int]] | None = None, consumed: Sequence[tuple[float, int]] | None = None,
+            sending: Sequence[tuple[float, float]] = ()) -> Availability:
     """The availability of one run. ``outputs``: committed output over the
     whole run (after ``end`` too: the last fault's recovery may come in the
     drain); ``start``..``end``: the faulted run, where stalls are measured;
     ``inputs``/``consumed``: (time, records) acknowledged into the input and
-    consumed-and-committed by the workload, for "in flight" (None: unknown)."""
+    consumed-and-committed by the workload, for "in flight" (None: unknown);
+    ``sending``: (sent, acknowledged) times of input records, when known."""
     series = _Series(outputs)
     attributed = any(output.process for output in outputs)  # a watcher's outputs do not say whose they are
     whole = [series.count(second, second + 1) for second in range(int(start), int(end)) if second + 1 <= end]
@@ -342,7 +346,8 @@ def measure(outputs: Sequence[Output], faults: Sequence[FaultEvent], *, start: f
         level = _level(series, fault.at, start, run_level)
         in_flight = None
         if inputs is not None and consumed is not None:
-            arriving = any(abs(when - fault.at) <= ARRIVING_WINDOW for when, count in inputs if count > 0)
+            arriving = (any(abs(when - fault.at) <= ARRIVING_WINDOW for when, count in inputs if count > 0)
+                        or any(sent <= fault.at < acknowledged for sent, acknowledged in sending))
             in_flight = arriving or _cumulative(inputs, fault.at) > _cumulative(consumed, fault.at)
         recoveries.append(Recovery(
             at=fault.at, kind=fault.kind, victim=fault.victim, cleared=cleared, level=level,

@@ -308,7 +308,7 @@ class ChaosRun:
         self.feeding: list[tuple] = []  # the rest of the phase being fed
         self.fed_ends: dict = {}  # TopicPartition -> end offset after what was fed
         self.feeder = None  # the input's producer
-        self.in_flight: list = []  # (record, future) sent, not yet acknowledged
+        self.in_flight: list = []  # (record, future, time sent) sent, not yet acknowledged
         self.next_phase_check = 0.0
         self.next_idle_check = 0.0
         self.idle_until_fed_beyond: int | None = None  # a due fault waits until more than this many records are acknowledged
@@ -347,18 +347,19 @@ class ChaosRun:
             self.feeder = Producer(bootstrap_servers=self.bootstrap, linger_ms=20, batch_size=1 << 18, delivery_timeout_ms=300_000, request_timeout_ms=5000)
         chunk, self.feeding = self.feeding[:count], self.feeding[count:]
         self.sent_count += len(chunk)
+        sent_at = time.time()
         for record in chunk:
-            self.in_flight.append((record, self.feeder.send(record[0], raw(record[2]), key=raw(record[1]), partition=record[4], timestamp=record[3])))
+            self.in_flight.append((record, self.feeder.send(record[0], raw(record[2]), key=raw(record[1]), partition=record[4], timestamp=record[3]), sent_at))
 
     def _settle_feeds(self) -> None:
         """Note the acknowledged input records, in the order they were sent
-        (``expected`` is given them in feeding order), each as a ``seed`` in
-        the history (not checked: the expected output speaks for it). A
+        (``expected`` is given them in feeding order), each as an ``ok``
+        ``feed_op`` in the history with the time it was sent (``sent``). A
         record that failed for good leaves the check unsound, so the run stops."""
         from txn import TopicPartition
 
         while self.in_flight and self.in_flight[0][1].done():
-            record, future = self.in_flight.pop(0)
+            record, future, sent_at = self.in_flight.pop(0)
             try:
                 metadata = future.result(10)  # done: this only fetches it from the loop
             except Exception as error:
@@ -366,7 +367,7 @@ class ChaosRun:
             tp = TopicPartition(metadata.topic, metadata.partition)
             self.fed_ends[tp] = max(self.fed_ends.get(tp, 0), metadata.offset + 1)
             text = record[2] if isinstance(record[2], str) or record[2] is None else record[2].decode("utf-8", "replace")
-            self.seeder.write(json.dumps({"time": time.time(), "process": "seeder", "type": "ok", "op": self.feed_op,
+            self.seeder.write(json.dumps({"time": time.time(), "sent": sent_at, "process": "seeder", "type": "ok", "op": self.feed_op,
                                           "value": [["send", f"{metadata.topic}-{metadata.partition}", text, metadata.offset]]}) + "\n")
             self.fed.append(record)
         self.seeder.flush()
@@ -830,9 +831,12 @@ class ChaosRun:
             if self.settings.workload.startswith("copier"):
                 consumed = [(since_start(e), sum(len(read) for poll in polls(e) for read in poll.values())) for e in history
                             if e["type"] == "ok" and e["op"] == "txn" and e["process"] != "seeder"]
+        sending = []
         if consumed is not None:
             inputs = [(since_start(e), len(sends(e))) for e in history if e["process"] == "seeder" and e["type"] == "ok"]
-        return measure(outputs, self.faults, start=0.0, end=getattr(self, "faulted_until", self._elapsed()), inputs=inputs, consumed=consumed)
+            sending = [(e["sent"] - self.wall_started, since_start(e)) for e in history if e["process"] == "seeder" and e["type"] == "ok" and "sent" in e]
+        return measure(outputs, self.faults, start=0.0, end=getattr(self, "faulted_until", self._elapsed()), inputs=inputs, consumed=consumed,
+                       sending=sending)
 
     @property
     def wall_started(self) -> float:

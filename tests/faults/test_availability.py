@@ -107,6 +107,14 @@ def test_in_flight_compares_input_acknowledged_with_input_consumed():
     assert caught_up.recoveries[0].in_flight is True
     unknown = measure(steady(0, 11), faults, start=0, end=15)
     assert [r.in_flight for r in unknown.recoveries] == [None, None] and unknown.faults_idle == 0
+    # Input held up by the fault before (sent at 3.5 s, the broker recovering
+    # until 8 s): a fault at 6.5 s, nothing acknowledged within 1 s of it and
+    # nothing waiting, hits records in flight all the same.
+    held_inputs, held_consumed = [(t / 10, 10) for t in range(35)] + [(8.0, 50)], [(t / 10, 10) for t in range(35)] + [(8.3, 50)]
+    held_fault = [FaultEvent(6.5, "torn-tail")]
+    assert measure(steady(0, 11), held_fault, start=0, end=15, inputs=held_inputs, consumed=held_consumed).recoveries[0].in_flight is False
+    held = measure(steady(0, 11), held_fault, start=0, end=15, inputs=held_inputs, consumed=held_consumed, sending=[(3.5, 8.0)])
+    assert held.recoveries[0].in_flight is True and held.faults_idle == 0
 
 
 def test_no_output_at_all_is_one_stall_over_the_run():
