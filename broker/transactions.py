@@ -9,12 +9,16 @@
   wait: ``append``);
 - ``MarkerWriter``: appends COMMIT/ABORT control batches to every partition of
   a transaction (``__consumer_offsets`` included) and waits until all are
-  durable, then tells the fetch long-poll and the group coordinator;
+  durable, then tells the fetch long-poll and the group coordinator (with
+  ``transaction.durable.at.end`` a commit's markers are not waited for:
+  ``append``);
 - the producer-id allocator (blocks in ``__cluster_metadata/producer-ids``);
 - the timer loop that aborts timed-out transactions and expires idle ids
   (``background()``: the broker runs it in its TaskGroup);
-- loading at start: every ``__transaction_state`` partition is replayed and
-  the coordinator finishes what was left in a Prepare state; then every
+- loading at start: every ``__transaction_state`` partition is replayed;
+  open transactions that a decided commit covers but whose marker a crash
+  took back are committed (``commit_decided_unmarked``); the coordinator
+  finishes what was left in a Prepare state; then every
   open partition (those recovered at start, and the coordinators') is
   checked for open transactions the recovered state does not name, and
   each is aborted with a marker before the broker serves
@@ -186,15 +190,40 @@ class MarkerWriter:
         return True
 
     async def write(self, metadata: TxnMetadata, commit: bool) -> None:
+        """The markers of a transaction the coordinator ends, each durable
+        before it counts (``on_marker``, fetchers woken)."""
+        for partition, waiter in self._append_markers(metadata, commit):
+            await waiter
+            self.replicas.notify_appended(partition.topic, partition.partition)
+            if self.on_marker is not None:
+                self.on_marker(partition.topic, partition.partition, metadata.producer_id, commit)
+
+    def append(self, metadata: TxnMetadata, commit: bool) -> asyncio.Future:
+        """``transaction.durable.at.end``'s commit: the markers appended now
+        and counted at once (``on_marker``: the offsets they commit are
+        applied before the coordinator takes the id's next request), since
+        their decision and data are durable and recovery writes a lost one
+        again; fetchers are woken as each becomes durable. The result is
+        done once all are."""
+        waits = []
+        for partition, waiter in self._append_markers(metadata, commit):
+            if self.on_marker is not None:
+                self.on_marker(partition.topic, partition.partition, metadata.producer_id, commit)
+            waiter.add_done_callback(lambda _done, p=partition: self.replicas.notify_appended(p.topic, p.partition))
+            waits.append(waiter)
+        return asyncio.gather(*waits)
+
+    def _append_markers(self, metadata: TxnMetadata, commit: bool) -> list[tuple[TopicPartition, asyncio.Future]]:
+        """Append the marker of every partition of ``metadata`` (a deleted
+        one has none); (partition, its durability) of each."""
         control = ControlType.COMMIT if commit else ControlType.ABORT
         waits = []
-        written = 0
         for partition in sorted(metadata.partitions, key=lambda p: (p.topic, p.partition)):
             partition_log = self.replicas.get_log(partition.topic, partition.partition)
             if partition_log is None:
                 log.warning("no log for %s (deleted?); skipping its %s marker", partition, control.name)
                 continue
-            if written == 1:
+            if len(waits) == 1:
                 self.crash_point("coordinator.markers_partial")
             data = encode_control_batch(
                 control,
@@ -204,13 +233,8 @@ class MarkerWriter:
                 timestamp=self.clock.wall_ms(),
             )
             info, _aborted = partition_log.append_control(data, coordinator_epoch=COORDINATOR_EPOCH)
-            written += 1
             waits.append((partition, partition_log.wait_durable(info.last_offset)))
-        for partition, waiter in waits:
-            await waiter
-            self.replicas.notify_appended(partition.topic, partition.partition)
-            if self.on_marker is not None:
-                self.on_marker(partition.topic, partition.partition, metadata.producer_id, commit)
+        return waits
 
 
 class TransactionManager:
@@ -262,15 +286,20 @@ class TransactionManager:
                         log.error("skipping an unreadable %s record at offset %d: %s", TRANSACTION_STATE_TOPIC, record.offset, error)
         self.coordinator.load(entries)  # recover() logs what was loaded
 
-    async def start(self, *, end_unknown_transactions: bool = True, abort_ongoing_after_unclean_stop: bool = True) -> None:
-        """Load and recover; after an unclean stop with
-        ``transaction.durable.at.end`` that was not the process's alone (a
-        new boot of the kernel: ``ReplicaManager.same_boot``), abort every
-        unsealed Ongoing transaction
-        (``TransactionCoordinator.abort_ongoing_after_unclean_stop``). Either
+    async def start(self, *, end_unknown_transactions: bool = True, abort_ongoing_after_unclean_stop: bool = True,
+                    commit_decided_unmarked: bool = True) -> None:
+        """Load; commit the open transactions whose commit was decided and
+        whose markers a stop took back (``commit_decided_unmarked``: before
+        anything else writes a marker there); recover; after an unclean
+        stop with ``transaction.durable.at.end`` that was not the process's
+        alone (a new boot of the kernel: ``ReplicaManager.same_boot``),
+        abort every unsealed Ongoing transaction
+        (``TransactionCoordinator.abort_ongoing_after_unclean_stop``). Each
         check switched off only for the tests that show what it prevents."""
         self.ensure_topic()
         self.load()
+        if commit_decided_unmarked:
+            await self.commit_decided_unmarked()
         self.coordinator.recover()
         if abort_ongoing_after_unclean_stop and self.config.transaction_durable_at_end and not self.replicas.stopped_clean:
             if self.replicas.same_boot:
@@ -282,6 +311,37 @@ class TransactionManager:
                 await self.coordinator.abort_ongoing_after_unclean_stop()
         if end_unknown_transactions:
             await self.end_unknown_transactions()
+
+    async def commit_decided_unmarked(self) -> list[tuple[str, int, int]]:
+        """Commit, with a durable COMMIT marker, every open transaction of
+        an open partition that a decided commit covers
+        (``TransactionCoordinator.decided_commit_covers``): under
+        ``transaction.durable.at.end`` a commit's markers are appended
+        without waiting for their fsync once its data and decision are
+        durable, and a power cut may keep its Complete record (or the next
+        transaction's records) and lose a marker. Its EndTxn was answered:
+        aborting it (``end_unknown_transactions``), or ending it with another
+        transaction's marker, would lose a commit. Returns (topic, partition,
+        producer id) of each one committed."""
+        covered = []
+        for (topic, index), partition_log in list(self.replicas.logs.items()):
+            if topic == TRANSACTION_STATE_TOPIC:
+                continue
+            partition = TopicPartition(topic, index)
+            for entry in list(partition_log.producer_state.producers.values()):
+                first_offset = entry.current_txn_first_offset
+                if first_offset is not None and self.coordinator.decided_commit_covers(entry.producer_id, entry.producer_epoch, partition, first_offset):
+                    covered.append((topic, index, entry.producer_id, entry.producer_epoch, first_offset))
+        committed = []
+        for topic, index, producer_id, producer_epoch, first_offset in covered:
+            log.warning(
+                "%s-%d: committing the open transaction of producer %d epoch %d from offset %d: its commit was decided "
+                "and answered, and a crash took back its marker", topic, index, producer_id, producer_epoch, first_offset,
+                extra={"event": "decided_commit_marked_at_start", "topic": topic, "partition": index, "producer_id": producer_id},
+            )
+            await self.markers.write_requested(topic, index, producer_id=producer_id, producer_epoch=producer_epoch, coordinator_epoch=COORDINATOR_EPOCH, commit=True)
+            committed.append((topic, index, producer_id))
+        return committed
 
     async def end_unknown_transactions(self) -> list[tuple[str, int, int]]:
         """Abort, with a durable ABORT marker, every open transaction of an

@@ -45,7 +45,15 @@ names the log end each partition of the transaction has reached
 power cut during the round may keep the decision and lose data (the kernel
 writes pages back in any order), so ``recover`` completes such a
 PrepareCommit only if every log still reaches its end, and otherwise
-aborts it (``_abort_decided_commit``: its EndTxn was never answered). After
+aborts it (``_abort_decided_commit``: its EndTxn was never answered). A
+commit's markers are then appended and its Complete follows without
+waiting for their fsync (the client's next transaction does not wait for
+that round): Complete and the id's later records keep the decision's data
+ends (``committed_ends``), so that a start after a power cut that kept
+them and lost a marker commits the partition's unmarked transaction
+(``decided_commit_covers``), and the id's next decision (or
+InitProducerId, or expiry) is written only once those markers are durable
+(``_previous_markers_durable``). After
 an unclean stop the broker calls ``abort_ongoing_after_unclean_stop``: an
 Ongoing transaction may have lost bytes its client was answered for, so it
 is aborted with an epoch bump, and its producer's commit is told
@@ -123,6 +131,12 @@ class MarkerWriter(Protocol):
     async def write(self, metadata: TxnMetadata, commit: bool) -> None: ...
 
     # Only with ``durable_at_end``:
+    def append(self, metadata: TxnMetadata, commit: bool) -> Awaitable[None]:
+        """Append the markers now, with no await (what reads the markers of
+        ``__consumer_offsets`` is told at once); the result is done once
+        every one is durable."""
+        ...
+
     def data_ends(self, metadata: TxnMetadata) -> tuple:
         """(topic, partition, log end offset) of every partition of the
         transaction (data and ``__consumer_offsets``) now, sorted."""
@@ -247,6 +261,9 @@ class TransactionCoordinator:
         # Ids whose last change was answered once appended, not yet known
         # durable: how to wait for it (``pending_durability``).
         self._unflushed: dict[str, Callable[[], Awaitable[None]]] = {}
+        # ``durable_at_end``: ids whose last commit's markers were appended
+        # without waiting for their fsync, and the wait (``_complete``).
+        self._markers_pending: dict[str, Awaitable[None]] = {}
         # id -> the epoch its producer had when the transaction was aborted
         # after an unclean stop (``abort_ongoing_after_unclean_stop``): that
         # producer's EndTxn(commit) is told UNKNOWN_PRODUCER_ID, which the
@@ -695,6 +712,7 @@ class TransactionCoordinator:
     async def _expire(self, transactional_id: str) -> bool:
         try:
             try:
+                await self._previous_markers_durable(transactional_id)
                 await self.txn_log.tombstone(transactional_id)
             except Exception as error:
                 log.error("could not expire %s: %s", transactional_id, error)
@@ -739,7 +757,23 @@ class TransactionCoordinator:
         commit = prepared.state == TxnState.PREPARE_COMMIT
         released = False
 
+        # ``durable_at_end``: a commit's data and decision are durable, so
+        # its markers need not be before the id goes on (recovery can write
+        # them again: ``decided_commit_covers``); the client's next
+        # transaction does not wait for their fsync round.
+        markers_later = self.settings.durable_at_end and commit and bool(prepared.data_ends) and prepared.next_producer_id == NO_PRODUCER_ID
+
         async def markers_then_complete():
+            await self._previous_markers_durable(transactional_id)
+            if markers_later:
+                markers_durable = self.markers.append(prepared, commit)
+                completed = prepared.complete(self.clock.wall_ms(), markers_pending=True)
+                durable = self.txn_log.append(completed)
+                self._markers_pending[transactional_id] = markers_durable
+                markers_durable.add_done_callback(lambda done: done.cancelled() or done.exception() is None or log.error(
+                    "the markers of %s's commit were not made durable (%s); a restart writes them again", transactional_id, done.exception()))
+                self.crash_point("coordinator.complete_appended")
+                return completed, durable
             await self.markers.write(prepared, commit)
             self.crash_point("coordinator.before_complete")
             completed = prepared.complete(self.clock.wall_ms())
@@ -770,6 +804,34 @@ class TransactionCoordinator:
         finally:
             if not released:
                 self._release(transactional_id)
+
+    async def _previous_markers_durable(self, transactional_id: str) -> None:
+        """Wait until the markers of the id's last commit are durable, if
+        they were appended without waiting (``_complete``): a write that
+        follows (the next decision, InitProducerId, Complete) may drop the
+        ends that recovery would finish them by. Raises what their fsync
+        raised (the write is then refused: the log failed)."""
+        pending = self._markers_pending.get(transactional_id)
+        if pending is None:
+            return
+        await pending
+        if self._markers_pending.get(transactional_id) is pending:
+            del self._markers_pending[transactional_id]
+
+    def decided_commit_covers(self, producer_id: int, producer_epoch: int, partition: TopicPartition, first_offset: int) -> bool:
+        """After an unclean stop: whether a partition's open transaction of
+        this producer, from ``first_offset``, is the data of a commit whose
+        markers were appended without waiting (``committed_ends``) and lost
+        to the stop: it begins below the end that commit's decision named
+        there. (A later transaction's data lies behind that commit's
+        marker, and a log that lost the marker lost what followed it.)"""
+        metadata = self.txns.of_producer(producer_id)
+        if metadata is None or producer_epoch > metadata.producer_epoch:
+            return False
+        return any(
+            (topic, index) == (partition.topic, partition.partition) and first_offset < end
+            for topic, index, end in metadata.committed_ends
+        )
 
     async def wait_idle(self) -> None:
         """Wait until every in-flight state change and completion has finished (tests)."""
@@ -804,6 +866,7 @@ class TransactionCoordinator:
         completing = False
         try:
             try:
+                await self._previous_markers_durable(transactional_id)
                 if self.settings.durable_at_end and (metadata.state == TxnState.PREPARE_COMMIT or metadata.sealed):
                     # The decision (or a seal) and the data it covers share
                     # one fsync round; the record names where the data ends,

@@ -53,6 +53,14 @@ class TxnMetadata:
     # ((topic, partition, end offset), sorted): recovery commits only if
     # every log still reaches it.
     data_ends: tuple = ()
+    # ``transaction.durable.at.end``: the data ends of the last committed
+    # transaction whose markers were appended without waiting for their
+    # fsync (its Complete and the next transaction's records may reach the
+    # disk before them). Recovery commits an unmarked transaction of this
+    # producer that ends below them (``coordinator.decided_commit_covers``).
+    # Carried by every later state until a write that waits for those
+    # markers first (the next decision, InitProducerId) replaces it.
+    committed_ends: tuple = ()
 
     # -- transitions: each returns the next value; the caller persists it first --
 
@@ -123,7 +131,11 @@ class TxnMetadata:
     def fence(self, now_ms: int) -> "TxnMetadata":
         return self._next(TxnEvent.FENCE, now_ms, data_ends=())
 
-    def complete(self, now_ms: int) -> "TxnMetadata":
+    def complete(self, now_ms: int, *, markers_pending: bool = False) -> "TxnMetadata":
+        """Markers written: Complete. ``markers_pending``: a commit's markers
+        were appended, not yet durable; the record keeps the decision's data
+        ends (``committed_ends``) so that recovery can finish them."""
+        committed_ends = self.data_ends if markers_pending else ()
         if self.next_producer_id != NO_PRODUCER_ID:
             # The epoch range is used up: the id goes on with the next producer id.
             return self._next(
@@ -137,8 +149,9 @@ class TxnMetadata:
                 producer_epoch=0,
                 last_producer_epoch=NO_PRODUCER_EPOCH,
                 next_producer_id=NO_PRODUCER_ID,
+                committed_ends=(),
             )
-        return self._next(TxnEvent.MARKERS_WRITTEN, now_ms, partitions=frozenset(), start_ms=-1, data_ends=())
+        return self._next(TxnEvent.MARKERS_WRITTEN, now_ms, partitions=frozenset(), start_ms=-1, data_ends=(), committed_ends=committed_ends)
 
     def init_producer(self, producer_id: int, producer_epoch: int, timeout_ms: int, now_ms: int) -> "TxnMetadata":
         return self._next(
@@ -151,6 +164,7 @@ class TxnMetadata:
             timeout_ms=timeout_ms,
             partitions=frozenset(),
             start_ms=-1,
+            committed_ends=(),
         )
 
     def expire(self, now_ms: int) -> "TxnMetadata":

@@ -14,11 +14,14 @@ byte for byte what it was. Reloaded, a version-2 decision (Prepare or
 Complete) knows the epoch it bumped from (``last_producer_epoch``): one
 below its own, so a retried EndTxn is recognized after a restart too.
 
-onceflow adds one tagged field of its own to value version 1
-(``DATA_ENDS_TAG``, which Kafka's readers skip as unknown): a PrepareCommit
-written beside its data (``transaction.durable.at.end``) names the log end
-each partition of the transaction had reached, and such a record is
-written as version 1 whatever the client's transaction version.
+onceflow adds two tagged fields of its own to value version 1 (which
+Kafka's readers skip as unknown), both for ``transaction.durable.at.end``:
+``DATA_ENDS_TAG``, on a PrepareCommit written beside its data (or a seal),
+names the log end each partition of the transaction had reached;
+``COMMITTED_ENDS_TAG``, on the records after a commit whose markers were
+appended without waiting for their fsync, names the data ends of that
+commit (``TxnMetadata.committed_ends``). A record with either is written
+as version 1 whatever the client's transaction version.
 
 A transactional id lives in partition ``abs(java_hash(id)) % partitions``,
 Kafka's choice, so tools that know Kafka's layout find it where they expect.
@@ -45,13 +48,21 @@ VALUE_VERSION_TAGGED = 1  # for transactions of KIP-890 part 2
 _VERSION = struct.Struct(">h")
 # Far above Kafka's own tags (0-2 today), so that none of its future ones meets it.
 DATA_ENDS_TAG = 10_000
-VALUE_SCHEMA = attrs.evolve(TRANSACTION_LOG_VALUE, body=Struct("TransactionLogValue", (
-    *TRANSACTION_LOG_VALUE.body.fields,
-    Field("onceflow_data_ends", ArrayOf(Struct("DataEnd", (
+COMMITTED_ENDS_TAG = 10_001
+
+
+def _ends_field(name: str, tag: int) -> Field:
+    return Field(name, ArrayOf(Struct("DataEnd", (
         Field("topic", STRING, (1, None)),
         Field("partition", INT32, (1, None)),
         Field("end_offset", INT64, (1, None)),
-    ))), None, tagged=(1, None), tag=DATA_ENDS_TAG),
+    ))), None, tagged=(1, None), tag=tag)
+
+
+VALUE_SCHEMA = attrs.evolve(TRANSACTION_LOG_VALUE, body=Struct("TransactionLogValue", (
+    *TRANSACTION_LOG_VALUE.body.fields,
+    _ends_field("onceflow_data_ends", DATA_ENDS_TAG),
+    _ends_field("onceflow_committed_ends", COMMITTED_ENDS_TAG),
 )))
 
 
@@ -72,15 +83,24 @@ def encode_value(metadata: TxnMetadata) -> bytes:
         "transaction_last_update_timestamp_ms": metadata.last_update_ms,
         "transaction_start_timestamp_ms": metadata.start_ms,
     }
-    if metadata.transaction_version < TRANSACTION_VERSION_2 and not metadata.data_ends:
+    if metadata.transaction_version < TRANSACTION_VERSION_2 and not metadata.data_ends and not metadata.committed_ends:
         return _VERSION.pack(VALUE_VERSION) + schema.encode(TRANSACTION_LOG_VALUE, VALUE_VERSION, body)
     body.update(
         client_transaction_version=metadata.transaction_version,
         previous_producer_id=metadata.previous_producer_id,
         next_producer_id=metadata.next_producer_id,
-        onceflow_data_ends=[{"topic": topic, "partition": partition, "end_offset": end} for topic, partition, end in metadata.data_ends],
+        onceflow_data_ends=_ends(metadata.data_ends),
+        onceflow_committed_ends=_ends(metadata.committed_ends),
     )
     return _VERSION.pack(VALUE_VERSION_TAGGED) + schema.encode(VALUE_SCHEMA, VALUE_VERSION_TAGGED, body)
+
+
+def _ends(ends: tuple) -> list[dict]:
+    return [{"topic": topic, "partition": partition, "end_offset": end} for topic, partition, end in ends]
+
+
+def _ends_of(body: dict, name: str) -> tuple:
+    return tuple((end["topic"], end["partition"], end["end_offset"]) for end in body.get(name) or ())
 
 
 def decode_key(data: bytes) -> str:
@@ -122,5 +142,6 @@ def decode_value(transactional_id: str, data: bytes | None) -> TxnMetadata | Non
         previous_producer_id=body.get("previous_producer_id", -1),
         next_producer_id=body.get("next_producer_id", -1),
         transaction_version=transaction_version,
-        data_ends=tuple((end["topic"], end["partition"], end["end_offset"]) for end in body.get("onceflow_data_ends") or ()),
+        data_ends=_ends_of(body, "onceflow_data_ends"),
+        committed_ends=_ends_of(body, "onceflow_committed_ends"),
     )

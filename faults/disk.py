@@ -69,6 +69,7 @@ ENVIRONMENT_VARIABLE = "ONCEFLOW_DISK_FAULTS"
 FSYNC_JOURNAL_VARIABLE = "ONCEFLOW_FSYNC_JOURNAL"
 KEEP_UNKNOWN_TRANSACTIONS_VARIABLE = "ONCEFLOW_KEEP_UNKNOWN_TRANSACTIONS"
 KEEP_ONGOING_TRANSACTIONS_VARIABLE = "ONCEFLOW_KEEP_ONGOING_TRANSACTIONS"
+LEAVE_DECIDED_UNMARKED_VARIABLE = "ONCEFLOW_LEAVE_DECIDED_UNMARKED"
 BOOT_ID_VARIABLE = "ONCEFLOW_BOOT_ID"
 TORN_WRITE_POINT = "storage.torn_write"
 ERRNOS = {"EIO": errno.EIO, "ENOSPC": errno.ENOSPC, "EDQUOT": errno.EDQUOT}
@@ -355,6 +356,13 @@ def keeps_unknown_transactions() -> bool:
     """Whether this broker was started without its check for open
     transactions no transaction state names (``KEEP_UNKNOWN_TRANSACTIONS_VARIABLE``)."""
     return os.environ.get(KEEP_UNKNOWN_TRANSACTIONS_VARIABLE) == "1"
+
+
+def leaves_decided_unmarked() -> bool:
+    """Whether this broker was started without committing, at start, the
+    open transactions whose decided commit lost its markers
+    (``LEAVE_DECIDED_UNMARKED_VARIABLE``)."""
+    return os.environ.get(LEAVE_DECIDED_UNMARKED_VARIABLE) == "1"
 
 
 def keeps_ongoing_transactions() -> bool:

@@ -638,6 +638,16 @@ class MemoryMarkers:
             raise OSError("partition unavailable")
         self.written.append((metadata.producer_id, metadata.producer_epoch, commit, sorted(metadata.partitions, key=str)))
 
+    def append(self, metadata, commit):
+        """Appended at once; durable when ``durable`` is (a future made on
+        first use, done at once unless a test holds it)."""
+        self.written.append((metadata.producer_id, metadata.producer_epoch, commit, sorted(metadata.partitions, key=str)))
+        durable = getattr(self, "durable", None)
+        if durable is None:
+            durable = asyncio.get_running_loop().create_future()
+            durable.set_result(None)
+        return durable
+
 
 class MemoryProducerIds:
     """Producer ids counted up from 1001."""

@@ -33,7 +33,15 @@ import os
 
 import pytest
 
-from faults.disk import FSYNC_JOURNAL_VARIABLE, KEEP_ONGOING_TRANSACTIONS_VARIABLE, KEEP_UNKNOWN_TRANSACTIONS_VARIABLE, after_power_cut, durable_sizes, lose_unsynced
+from faults.disk import (
+    FSYNC_JOURNAL_VARIABLE,
+    KEEP_ONGOING_TRANSACTIONS_VARIABLE,
+    KEEP_UNKNOWN_TRANSACTIONS_VARIABLE,
+    LEAVE_DECIDED_UNMARKED_VARIABLE,
+    after_power_cut,
+    durable_sizes,
+    lose_unsynced,
+)
 from protocol.errors import ErrorCode
 from protocol.messages import ApiKey
 from protocol.records import encode_batch
@@ -530,3 +538,52 @@ def test_a_decided_commit_whose_data_a_cut_took_back_is_aborted_at_start(broker_
     assert produce(broker.port, pid, epoch, 0, b"next", acks=-1, version=version) == ErrorCode.NONE
     assert end(broker.port, pid, epoch, commit=True, version=version) == ErrorCode.NONE
     assert read_values(broker.bootstrap, TOPIC, isolation="read_committed", partitions=1, expect=1) == [b"next"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("version", "answered", "rule"), [
+    (1, "produce", "on"), (2, "produce", "on"), (1, "txn_offset_commit", "on"), (2, "txn_offset_commit", "on"), (1, "produce", "off"), (1, "txn_offset_commit", "off"),
+])
+def test_a_commit_whose_markers_a_cut_took_back_after_its_complete_is_committed_at_start(broker_process, tmp_path, version, answered, rule):
+    """A commit's markers are appended without waiting for their fsync
+    (its data and decision are durable: EndTxn is answered) and its
+    Complete record follows at once. Killed there, with a cut that keeps
+    the Complete (the page cache wrote ``__transaction_state`` back) and
+    loses the marker: at start the broker finds the partition's open
+    transaction below the data ends the Complete names and commits it. With
+    that rule off (``ONCEFLOW_LEAVE_DECIDED_UNMARKED=1``) no transaction
+    names the partition any more and the start's check for unknown
+    transactions aborts it: an answered commit lost, the hazard the rule
+    closes. Either way the producer goes on with its next transaction."""
+    journal = str(tmp_path / "fsyncs.journal")
+    broker = broker_process(DURABLE_AT_END, env={FSYNC_JOURNAL_VARIABLE: journal, "ONCEFLOW_CRASH_POINTS": "coordinator.complete_appended@1:exit"})
+    create_topic(broker.bootstrap, TOPIC, 1)
+    pid, epoch = init(broker.port)
+    marked = TOPIC if answered == "produce" else "__consumer_offsets"
+    if answered == "produce":
+        add_partition(broker.port, pid, epoch, version)
+        assert produce(broker.port, pid, epoch, 0, b"answered", acks=-1, version=version) == ErrorCode.NONE
+    else:
+        add_offsets_and_commit_them(broker.port, pid, epoch, 42, version)
+    committed = end_answer(broker.port, pid, epoch, commit=True, version=version)
+    assert committed["error_code"] == ErrorCode.NONE, committed
+    assert broker.wait_exit(30) == 86, "the crash point fired"
+    assert unsynced(journal, broker.data_dir, marked), "the marker was appended and not made durable"
+    lose_unsynced(journal, segments(broker.data_dir, marked))
+    broker.env = after_power_cut({LEAVE_DECIDED_UNMARKED_VARIABLE: "1"} if rule == "off" else None)
+    broker.start()
+
+    if answered == "produce":
+        stable, log_end = ends(broker.port)
+        assert stable == log_end, "ended with a marker before the broker served"
+        visible = read_values(broker.bootstrap, TOPIC, isolation="read_committed", partitions=1, expect=1 if rule == "on" else None)
+        assert visible == ([b"answered"] if rule == "on" else []), "committed at start" if rule == "on" else "the hazard: an answered commit aborted"
+    else:
+        wait_for(lambda: committed_offset(broker.port) == (42 if rule == "on" else -1), 10, "the committed offset after the start")
+    if version == 2:
+        pid, epoch = committed["producer_id"], committed["producer_epoch"]
+    add_partition(broker.port, pid, epoch, version)
+    assert produce(broker.port, pid, epoch, 1 if version == 1 and answered == "produce" else 0, b"next", acks=-1, version=version) == ErrorCode.NONE
+    assert end(broker.port, pid, epoch, commit=True, version=version) == ErrorCode.NONE
+    expected = [b"answered", b"next"] if answered == "produce" and rule == "on" else [b"next"]
+    assert read_values(broker.bootstrap, TOPIC, isolation="read_committed", partitions=1, expect=len(expected)) == expected

@@ -623,12 +623,49 @@ def test_no_transactional_batch_is_let_in_while_a_decision_at_the_end_is_in_flig
         pid = init.producer_id
         assert await coordinator.add_partitions("tx", pid, 0, [P0]) == ErrorCode.NONE
         assert coordinator.verify_transactional_produce(pid, 0, P0) == ErrorCode.NONE
-        gate = hold_writes(coordinator.markers)  # the completion's markers wait; the id stays busy
         ended = asyncio.ensure_future(coordinator.end_transaction("tx", pid, 0, True))
         await asyncio.sleep(0)
         assert coordinator.verify_transactional_produce(pid, 0, P0) == ErrorCode.INVALID_TXN_STATE
         assert await ended == ErrorCode.NONE
-        gate.set()
         await coordinator.wait_idle()
+
+    run(scenario())
+
+
+def test_a_commit_at_the_end_goes_on_before_its_markers_are_durable_and_recovery_can_finish_them():
+    """``durable_at_end``: a commit's data and decision are durable, so its
+    markers are appended and the id goes on without waiting for their
+    fsync: the next transaction's AddPartitionsToTxn is answered while it
+    is held. Complete and every later record keep the decision's data ends
+    (``committed_ends``), by which recovery tells a lost marker's
+    transaction (below them) from a later one; the next decision is written
+    only once those markers are durable, and its Complete names its own."""
+    async def scenario():
+        coordinator, _ = make_txn_coordinator(durable_at_end=True)
+        coordinator.markers.log_ends = {P0: 5}
+        coordinator.markers.durable = asyncio.get_running_loop().create_future()  # the markers' fsync, held
+        init = await coordinator.init_producer_id("tx", 60_000)
+        pid = init.producer_id
+        assert await coordinator.add_partitions("tx", pid, 0, [P0]) == ErrorCode.NONE
+        assert await coordinator.end_transaction("tx", pid, 0, True) == ErrorCode.NONE
+        added = await asyncio.wait_for(coordinator.add_partitions("tx", pid, 0, [P1]), 5)
+        assert added == ErrorCode.NONE, "answered with the markers not durable"
+        complete, ongoing = coordinator.txn_log.records[-2:]
+        assert (complete.state, complete.committed_ends) == (TxnState.COMPLETE_COMMIT, (("t", 0, 5),))
+        assert (ongoing.state, ongoing.committed_ends) == (TxnState.ONGOING, (("t", 0, 5),))
+        assert decode_value("tx", encode_value(ongoing)).committed_ends == (("t", 0, 5),)
+        assert coordinator.decided_commit_covers(pid, 0, P0, 4)
+        assert not coordinator.decided_commit_covers(pid, 0, P0, 5), "from the end on: a later transaction's"
+        assert not coordinator.decided_commit_covers(pid, 0, P1, 0) and not coordinator.decided_commit_covers(pid + 1, 0, P0, 0)
+
+        coordinator.markers.log_ends = {P0: 5, P1: 3}
+        ending = asyncio.ensure_future(coordinator.end_transaction("tx", pid, 0, False))
+        await asyncio.sleep(0.05)
+        assert not ending.done(), "the next decision waits for the last commit's markers"
+        coordinator.markers.durable.set_result(None)
+        assert await asyncio.wait_for(ending, 5) == ErrorCode.NONE
+        await coordinator.wait_idle()
+        assert coordinator.txn_log.records[-1].state == TxnState.COMPLETE_ABORT
+        assert coordinator.txn_log.records[-1].committed_ends == (), "an abort's markers are durable before Complete"
 
     run(scenario())
