@@ -1,6 +1,6 @@
 """A/B of two checkouts' brokers on the bench's own scenarios, interleaved in one run.
 
-    python -m benchmarks.ab BASELINE_DIR [--rounds 5] [--records 200000] [--only "PREFIX;..."] [--tansu]
+    python -m benchmarks.ab BASELINE_DIR [--rounds 5] [--records 200000] [--only "PREFIX;..."] [--tansu] [--config KEY=VALUE ...]
 
 Each round starts a fresh broker from this checkout and one from the other
 (``BASELINE_DIR``, e.g. a ``git worktree`` of the code before a change), in
@@ -45,8 +45,8 @@ class CheckoutTarget:
     """``onceflow broker`` run from a given checkout (its own code: the
     checkout is the working directory, so ``-m onceflow`` imports it)."""
 
-    def __init__(self, name: str, checkout: str, work: str, profile_dir: str | None = None):
-        self.name, self.checkout, self.work, self.profile_dir = name, checkout, work, profile_dir
+    def __init__(self, name: str, checkout: str, work: str, profile_dir: str | None = None, config: tuple[str, ...] = ()):
+        self.name, self.checkout, self.work, self.profile_dir, self.config = name, checkout, work, profile_dir, config
 
     def __enter__(self) -> Self:
         data = os.path.join(self.work, f"{self.name}-{uuid.uuid4().hex[:6]}")
@@ -54,7 +54,7 @@ class CheckoutTarget:
         if self.profile_dir:
             stacks = os.path.join(self.profile_dir, f"{self.name}-{uuid.uuid4().hex[:4]}.txt")
             wrapper = (shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy"), "record", "-f", "raw", "-o", stacks, "-r", "200", "--")
-        self.broker = BrokerProcess(data, "group.initial.rebalance.delay.ms=0", checkout=self.checkout, log_path=data + ".log", wrapper=wrapper).start()
+        self.broker = BrokerProcess(data, "group.initial.rebalance.delay.ms=0", *self.config, checkout=self.checkout, log_path=data + ".log", wrapper=wrapper).start()
         self.bootstrap = self.broker.bootstrap
         self.process = self.broker.process
         return self
@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default=DEFAULT_ONLY, help="semicolon-separated scenario name prefixes (names have commas)")
     parser.add_argument("--tansu", action="store_true", help="the peer too, every round")
     parser.add_argument("--profile", metavar="DIR", help="run each broker under py-spy record, collapsed stacks here")
+    parser.add_argument("--config", action="append", default=[], metavar="KEY=VALUE", help="a setting of both brokers (repeatable)")
     args = parser.parse_args(argv)
     scenarios = select_scenarios(SCENARIOS, args.only)
     settings = ScenarioSettings(records=args.records)
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for round_number in range(1, args.rounds + 1):
             order = list(checkouts) if round_number % 2 else list(reversed(checkouts))
-            targets = [lambda n=name: CheckoutTarget(n, checkouts[n], work, args.profile) for name in order]
+            targets = [lambda n=name: CheckoutTarget(n, checkouts[n], work, args.profile, tuple(args.config)) for name in order]
             if args.tansu and tansu_available():
                 targets.append(TansuTarget)
             for factory in targets:
