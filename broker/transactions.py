@@ -213,6 +213,12 @@ class MarkerWriter:
             waits.append(waiter)
         return asyncio.gather(*waits)
 
+    def with_topic_ids(self, data_ends: tuple) -> tuple:
+        """``data_ends`` with each topic's id (a deleted topic left out)."""
+        return tuple(
+            (topic, index, end, self.replicas.topics[topic].topic_id) for topic, index, end in data_ends if topic in self.replicas.topics
+        )
+
     def _append_markers(self, metadata: TxnMetadata, commit: bool) -> list[tuple[TopicPartition, asyncio.Future]]:
         """Append the marker of every partition of ``metadata`` (a deleted
         one has none); (partition, its durability) of each."""
@@ -328,9 +334,11 @@ class TransactionManager:
             if topic == TRANSACTION_STATE_TOPIC:
                 continue
             partition = TopicPartition(topic, index)
+            info = self.replicas.topics.get(topic)
             for entry in list(partition_log.producer_state.producers.values()):
                 first_offset = entry.current_txn_first_offset
-                if first_offset is not None and self.coordinator.decided_commit_covers(entry.producer_id, entry.producer_epoch, partition, first_offset):
+                if first_offset is not None and info is not None and self.coordinator.decided_commit_covers(
+                        entry.producer_id, entry.producer_epoch, partition, info.topic_id, first_offset):
                     covered.append((topic, index, entry.producer_id, entry.producer_epoch, first_offset))
         committed = []
         for topic, index, producer_id, producer_epoch, first_offset in covered:

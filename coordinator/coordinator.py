@@ -137,6 +137,11 @@ class MarkerWriter(Protocol):
         every one is durable."""
         ...
 
+    def with_topic_ids(self, data_ends: tuple) -> tuple:
+        """``data_ends`` with each topic's id: (topic, partition, end, id);
+        a topic gone (deleted) is left out."""
+        ...
+
     def data_ends(self, metadata: TxnMetadata) -> tuple:
         """(topic, partition, log end offset) of every partition of the
         transaction (data and ``__consumer_offsets``) now, sorted."""
@@ -767,7 +772,7 @@ class TransactionCoordinator:
             await self._previous_markers_durable(transactional_id)
             if markers_later:
                 markers_durable = self.markers.append(prepared, commit)
-                completed = prepared.complete(self.clock.wall_ms(), markers_pending=True)
+                completed = prepared.complete(self.clock.wall_ms(), committed_ends=self.markers.with_topic_ids(prepared.data_ends))
                 durable = self.txn_log.append(completed)
                 self._markers_pending[transactional_id] = markers_durable
                 markers_durable.add_done_callback(lambda done: done.cancelled() or done.exception() is None or log.error(
@@ -818,19 +823,20 @@ class TransactionCoordinator:
         if self._markers_pending.get(transactional_id) is pending:
             del self._markers_pending[transactional_id]
 
-    def decided_commit_covers(self, producer_id: int, producer_epoch: int, partition: TopicPartition, first_offset: int) -> bool:
+    def decided_commit_covers(self, producer_id: int, producer_epoch: int, partition: TopicPartition, topic_id, first_offset: int) -> bool:
         """After an unclean stop: whether a partition's open transaction of
         this producer, from ``first_offset``, is the data of a commit whose
         markers were appended without waiting (``committed_ends``) and lost
         to the stop: it begins below the end that commit's decision named
-        there. (A later transaction's data lies behind that commit's
-        marker, and a log that lost the marker lost what followed it.)"""
+        in that topic (the same id: not a topic of the same name made
+        since). A later transaction's data lies behind that commit's marker,
+        and a log that lost the marker lost what followed it."""
         metadata = self.txns.of_producer(producer_id)
         if metadata is None or producer_epoch > metadata.producer_epoch:
             return False
         return any(
-            (topic, index) == (partition.topic, partition.partition) and first_offset < end
-            for topic, index, end in metadata.committed_ends
+            (topic, index, committed_topic_id) == (partition.topic, partition.partition, topic_id) and first_offset < end
+            for topic, index, end, committed_topic_id in metadata.committed_ends
         )
 
     async def wait_idle(self) -> None:

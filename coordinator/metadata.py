@@ -56,8 +56,10 @@ class TxnMetadata:
     # ``transaction.durable.at.end``: the data ends of the last committed
     # transaction whose markers were appended without waiting for their
     # fsync (its Complete and the next transaction's records may reach the
-    # disk before them). Recovery commits an unmarked transaction of this
-    # producer that ends below them (``coordinator.decided_commit_covers``).
+    # disk before them), each with its topic's id: (topic, partition, end
+    # offset, topic id). Recovery commits an unmarked transaction of this
+    # producer that begins below them in the same topic
+    # (``coordinator.decided_commit_covers``).
     # Carried by every later state until a write that waits for those
     # markers first (the next decision, InitProducerId) replaces it.
     committed_ends: tuple = ()
@@ -131,11 +133,10 @@ class TxnMetadata:
     def fence(self, now_ms: int) -> "TxnMetadata":
         return self._next(TxnEvent.FENCE, now_ms, data_ends=())
 
-    def complete(self, now_ms: int, *, markers_pending: bool = False) -> "TxnMetadata":
-        """Markers written: Complete. ``markers_pending``: a commit's markers
-        were appended, not yet durable; the record keeps the decision's data
-        ends (``committed_ends``) so that recovery can finish them."""
-        committed_ends = self.data_ends if markers_pending else ()
+    def complete(self, now_ms: int, *, committed_ends: tuple = ()) -> "TxnMetadata":
+        """Markers written: Complete. ``committed_ends``: a commit's markers
+        were appended, not yet durable; the record names the decision's
+        data ends (with topic ids) so that recovery can finish them."""
         if self.next_producer_id != NO_PRODUCER_ID:
             # The epoch range is used up: the id goes on with the next producer id.
             return self._next(

@@ -20,7 +20,7 @@ Kafka's readers skip as unknown), both for ``transaction.durable.at.end``:
 names the log end each partition of the transaction had reached;
 ``COMMITTED_ENDS_TAG``, on the records after a commit whose markers were
 appended without waiting for their fsync, names the data ends of that
-commit (``TxnMetadata.committed_ends``). A record with either is written
+commit, each with its topic's id (``TxnMetadata.committed_ends``). A record with either is written
 as version 1 whatever the client's transaction version.
 
 A transactional id lives in partition ``abs(java_hash(id)) % partitions``,
@@ -36,7 +36,7 @@ import attrs
 from coordinator.metadata import NO_PRODUCER_EPOCH, TRANSACTION_VERSION_2, TopicPartition, TxnMetadata
 from coordinator.state import TxnState
 from protocol import schema
-from protocol.schema import INT32, INT64, STRING, ArrayOf, Field, Struct
+from protocol.schema import INT32, INT64, STRING, UUID, ArrayOf, Field, Struct
 from protocol.partitioning import java_string_hash, partition_for  # noqa: F401 (re-exported)
 from protocol.messages import TRANSACTION_LOG_KEY, TRANSACTION_LOG_VALUE
 
@@ -51,18 +51,19 @@ DATA_ENDS_TAG = 10_000
 COMMITTED_ENDS_TAG = 10_001
 
 
-def _ends_field(name: str, tag: int) -> Field:
-    return Field(name, ArrayOf(Struct("DataEnd", (
+VALUE_SCHEMA = attrs.evolve(TRANSACTION_LOG_VALUE, body=Struct("TransactionLogValue", (
+    *TRANSACTION_LOG_VALUE.body.fields,
+    Field("onceflow_data_ends", ArrayOf(Struct("DataEnd", (
         Field("topic", STRING, (1, None)),
         Field("partition", INT32, (1, None)),
         Field("end_offset", INT64, (1, None)),
-    ))), None, tagged=(1, None), tag=tag)
-
-
-VALUE_SCHEMA = attrs.evolve(TRANSACTION_LOG_VALUE, body=Struct("TransactionLogValue", (
-    *TRANSACTION_LOG_VALUE.body.fields,
-    _ends_field("onceflow_data_ends", DATA_ENDS_TAG),
-    _ends_field("onceflow_committed_ends", COMMITTED_ENDS_TAG),
+    ))), None, tagged=(1, None), tag=DATA_ENDS_TAG),
+    Field("onceflow_committed_ends", ArrayOf(Struct("CommittedEnd", (
+        Field("topic", STRING, (1, None)),
+        Field("topic_id", UUID, (1, None)),
+        Field("partition", INT32, (1, None)),
+        Field("end_offset", INT64, (1, None)),
+    ))), None, tagged=(1, None), tag=COMMITTED_ENDS_TAG),
 )))
 
 
@@ -89,18 +90,11 @@ def encode_value(metadata: TxnMetadata) -> bytes:
         client_transaction_version=metadata.transaction_version,
         previous_producer_id=metadata.previous_producer_id,
         next_producer_id=metadata.next_producer_id,
-        onceflow_data_ends=_ends(metadata.data_ends),
-        onceflow_committed_ends=_ends(metadata.committed_ends),
+        onceflow_data_ends=[{"topic": topic, "partition": partition, "end_offset": end} for topic, partition, end in metadata.data_ends],
+        onceflow_committed_ends=[{"topic": topic, "partition": partition, "end_offset": end, "topic_id": topic_id}
+                                 for topic, partition, end, topic_id in metadata.committed_ends],
     )
     return _VERSION.pack(VALUE_VERSION_TAGGED) + schema.encode(VALUE_SCHEMA, VALUE_VERSION_TAGGED, body)
-
-
-def _ends(ends: tuple) -> list[dict]:
-    return [{"topic": topic, "partition": partition, "end_offset": end} for topic, partition, end in ends]
-
-
-def _ends_of(body: dict, name: str) -> tuple:
-    return tuple((end["topic"], end["partition"], end["end_offset"]) for end in body.get(name) or ())
 
 
 def decode_key(data: bytes) -> str:
@@ -142,6 +136,6 @@ def decode_value(transactional_id: str, data: bytes | None) -> TxnMetadata | Non
         previous_producer_id=body.get("previous_producer_id", -1),
         next_producer_id=body.get("next_producer_id", -1),
         transaction_version=transaction_version,
-        data_ends=_ends_of(body, "onceflow_data_ends"),
-        committed_ends=_ends_of(body, "onceflow_committed_ends"),
+        data_ends=tuple((end["topic"], end["partition"], end["end_offset"]) for end in body.get("onceflow_data_ends") or ()),
+        committed_ends=tuple((end["topic"], end["partition"], end["end_offset"], end["topic_id"]) for end in body.get("onceflow_committed_ends") or ()),
     )

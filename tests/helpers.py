@@ -638,6 +638,11 @@ class MemoryMarkers:
             raise OSError("partition unavailable")
         self.written.append((metadata.producer_id, metadata.producer_epoch, commit, sorted(metadata.partitions, key=str)))
 
+    def with_topic_ids(self, data_ends):
+        import uuid
+
+        return tuple((topic, index, end, uuid.uuid5(uuid.NAMESPACE_OID, topic)) for topic, index, end in data_ends)
+
     def append(self, metadata, commit):
         """Appended at once; durable when ``durable`` is (a future made on
         first use, done at once unless a test holds it)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 
 
 from coordinator.coordinator import CoordinatorSettings, TransactionCoordinator
@@ -650,13 +651,15 @@ def test_a_commit_at_the_end_goes_on_before_its_markers_are_durable_and_recovery
         assert await coordinator.end_transaction("tx", pid, 0, True) == ErrorCode.NONE
         added = await asyncio.wait_for(coordinator.add_partitions("tx", pid, 0, [P1]), 5)
         assert added == ErrorCode.NONE, "answered with the markers not durable"
+        topic_id = uuid.uuid5(uuid.NAMESPACE_OID, "t")
         complete, ongoing = coordinator.txn_log.records[-2:]
-        assert (complete.state, complete.committed_ends) == (TxnState.COMPLETE_COMMIT, (("t", 0, 5),))
-        assert (ongoing.state, ongoing.committed_ends) == (TxnState.ONGOING, (("t", 0, 5),))
-        assert decode_value("tx", encode_value(ongoing)).committed_ends == (("t", 0, 5),)
-        assert coordinator.decided_commit_covers(pid, 0, P0, 4)
-        assert not coordinator.decided_commit_covers(pid, 0, P0, 5), "from the end on: a later transaction's"
-        assert not coordinator.decided_commit_covers(pid, 0, P1, 0) and not coordinator.decided_commit_covers(pid + 1, 0, P0, 0)
+        assert (complete.state, complete.committed_ends) == (TxnState.COMPLETE_COMMIT, (("t", 0, 5, topic_id),))
+        assert (ongoing.state, ongoing.committed_ends) == (TxnState.ONGOING, (("t", 0, 5, topic_id),))
+        assert decode_value("tx", encode_value(ongoing)).committed_ends == (("t", 0, 5, topic_id),)
+        assert coordinator.decided_commit_covers(pid, 0, P0, topic_id, 4)
+        assert not coordinator.decided_commit_covers(pid, 0, P0, topic_id, 5), "from the end on: a later transaction's"
+        assert not coordinator.decided_commit_covers(pid, 0, P0, uuid.uuid4(), 0), "a topic of the same name made since"
+        assert not coordinator.decided_commit_covers(pid, 0, P1, topic_id, 0) and not coordinator.decided_commit_covers(pid + 1, 0, P0, topic_id, 0)
 
         coordinator.markers.log_ends = {P0: 5, P1: 3}
         ending = asyncio.ensure_future(coordinator.end_transaction("tx", pid, 0, False))
