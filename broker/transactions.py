@@ -9,9 +9,8 @@
   wait: ``append``);
 - ``MarkerWriter``: appends COMMIT/ABORT control batches to every partition of
   a transaction (``__consumer_offsets`` included) and waits until all are
-  durable, then tells the fetch long-poll and the group coordinator (with
-  ``transaction.durable.at.end`` a commit's markers are not waited for:
-  ``append``);
+  durable, then tells the fetch long-poll and the group coordinator (a
+  commit's markers are not waited for: ``append``);
 - the producer-id allocator (blocks in ``__cluster_metadata/producer-ids``);
 - the timer loop that aborts timed-out transactions and expires idle ids
   (``background()``: the broker runs it in its TaskGroup);
@@ -192,36 +191,32 @@ class MarkerWriter:
     async def write(self, metadata: TxnMetadata, commit: bool) -> None:
         """The markers of a transaction the coordinator ends, each durable
         before it counts (``on_marker``, fetchers woken)."""
-        for partition, waiter in self._append_markers(metadata, commit):
+        for partition, waiter, _offset in self._append_markers(metadata, commit):
             await waiter
             self.replicas.notify_appended(partition.topic, partition.partition)
             if self.on_marker is not None:
                 self.on_marker(partition.topic, partition.partition, metadata.producer_id, commit)
 
-    def append(self, metadata: TxnMetadata, commit: bool) -> asyncio.Future:
-        """``transaction.durable.at.end``'s commit: the markers appended now
-        and counted at once (``on_marker``: the offsets they commit are
-        applied before the coordinator takes the id's next request), since
-        their decision and data are durable and recovery writes a lost one
-        again; fetchers are woken as each becomes durable. The result is
-        done once all are."""
-        waits = []
-        for partition, waiter in self._append_markers(metadata, commit):
+    def append(self, metadata: TxnMetadata, commit: bool) -> tuple[asyncio.Future, tuple]:
+        """A commit's markers, appended now and counted at once
+        (``on_marker``: the offsets they commit are applied before the
+        coordinator takes the id's next request), since its decision and
+        data are durable and a start after a crash writes a lost one again;
+        fetchers are woken as each becomes durable. Returns a future done
+        once all are, and (topic, partition, marker offset, topic id) of
+        each."""
+        waits, marked_at = [], []
+        for partition, waiter, offset in self._append_markers(metadata, commit):
             if self.on_marker is not None:
                 self.on_marker(partition.topic, partition.partition, metadata.producer_id, commit)
             waiter.add_done_callback(lambda _done, p=partition: self.replicas.notify_appended(p.topic, p.partition))
             waits.append(waiter)
-        return asyncio.gather(*waits)
+            marked_at.append((partition.topic, partition.partition, offset, self.replicas.topics[partition.topic].topic_id))
+        return asyncio.gather(*waits), tuple(marked_at)
 
-    def with_topic_ids(self, data_ends: tuple) -> tuple:
-        """``data_ends`` with each topic's id (a deleted topic left out)."""
-        return tuple(
-            (topic, index, end, self.replicas.topics[topic].topic_id) for topic, index, end in data_ends if topic in self.replicas.topics
-        )
-
-    def _append_markers(self, metadata: TxnMetadata, commit: bool) -> list[tuple[TopicPartition, asyncio.Future]]:
+    def _append_markers(self, metadata: TxnMetadata, commit: bool) -> list[tuple[TopicPartition, asyncio.Future, int]]:
         """Append the marker of every partition of ``metadata`` (a deleted
-        one has none); (partition, its durability) of each."""
+        one has none); (partition, its durability, its offset) of each."""
         control = ControlType.COMMIT if commit else ControlType.ABORT
         waits = []
         for partition in sorted(metadata.partitions, key=lambda p: (p.topic, p.partition)):
@@ -239,7 +234,7 @@ class MarkerWriter:
                 timestamp=self.clock.wall_ms(),
             )
             info, _aborted = partition_log.append_control(data, coordinator_epoch=COORDINATOR_EPOCH)
-            waits.append((partition, partition_log.wait_durable(info.last_offset)))
+            waits.append((partition, partition_log.wait_durable(info.last_offset), info.last_offset))
         return waits
 
 
@@ -321,11 +316,10 @@ class TransactionManager:
     async def commit_decided_unmarked(self) -> list[tuple[str, int, int]]:
         """Commit, with a durable COMMIT marker, every open transaction of
         an open partition that a decided commit covers
-        (``TransactionCoordinator.decided_commit_covers``): under
-        ``transaction.durable.at.end`` a commit's markers are appended
-        without waiting for their fsync once its data and decision are
-        durable, and a power cut may keep its Complete record (or the next
-        transaction's records) and lose a marker. Its EndTxn was answered:
+        (``TransactionCoordinator.decided_commit_covers``): a commit's
+        markers are appended without waiting for their fsync once its data
+        and decision are durable, and a power cut may keep its Complete
+        record (or the next transaction's records) and lose a marker. Its EndTxn was answered:
         aborting it (``end_unknown_transactions``), or ending it with another
         transaction's marker, would lose a commit. Returns (topic, partition,
         producer id) of each one committed."""

@@ -45,20 +45,24 @@ names the log end each partition of the transaction has reached
 power cut during the round may keep the decision and lose data (the kernel
 writes pages back in any order), so ``recover`` completes such a
 PrepareCommit only if every log still reaches its end, and otherwise
-aborts it (``_abort_decided_commit``: its EndTxn was never answered). A
-commit's markers are then appended and its Complete follows without
-waiting for their fsync (the client's next transaction does not wait for
-that round): Complete and the id's later records keep the decision's data
-ends (``committed_ends``), so that a start after a power cut that kept
-them and lost a marker commits the partition's unmarked transaction
-(``decided_commit_covers``), and the id's next decision (or
-InitProducerId, or expiry) is written only once those markers are durable
-(``_previous_markers_durable``). After
+aborts it (``_abort_decided_commit``: its EndTxn was never answered). After
 an unclean stop the broker calls ``abort_ongoing_after_unclean_stop``: an
 Ongoing transaction may have lost bytes its client was answered for, so it
 is aborted with an epoch bump, and its producer's commit is told
 UNKNOWN_PRODUCER_ID (abortable for librdkafka and ``txn``; PRODUCER_FENCED
 is fatal to librdkafka).
+
+A commit's markers (in either mode) are appended and its Complete follows
+without waiting for their fsync: the decision and the data are durable,
+and the client's next transaction need not wait for that round. Complete
+and the id's later records name where each marker was appended, with its
+topic's id (``committed_ends``), so that a start after a power cut that
+kept them and lost a marker commits the partition's unmarked transaction
+(``decided_commit_covers``); the id's next decision (or InitProducerId, or
+expiry) is written only once those markers are durable
+(``_previous_markers_durable``). An abort's markers are durable before its
+Complete, as before: a lost one leaves a transaction that the start's
+check for unknown ones aborts anyway.
 
 Transaction version 2 (KIP-890 part 2) changes three things, chosen per
 request by the client's version of it: the first transactional Produce
@@ -130,18 +134,14 @@ class TxnLog(Protocol):
 class MarkerWriter(Protocol):
     async def write(self, metadata: TxnMetadata, commit: bool) -> None: ...
 
-    # Only with ``durable_at_end``:
-    def append(self, metadata: TxnMetadata, commit: bool) -> Awaitable[None]:
+    def append(self, metadata: TxnMetadata, commit: bool) -> tuple[Awaitable[None], tuple]:
         """Append the markers now, with no await (what reads the markers of
-        ``__consumer_offsets`` is told at once); the result is done once
-        every one is durable."""
+        ``__consumer_offsets`` is told at once). Returns an awaitable done
+        once every one is durable, and where each landed: (topic,
+        partition, the marker's offset, the topic's id), sorted."""
         ...
 
-    def with_topic_ids(self, data_ends: tuple) -> tuple:
-        """``data_ends`` with each topic's id: (topic, partition, end, id);
-        a topic gone (deleted) is left out."""
-        ...
-
+    # Only with ``durable_at_end``:
     def data_ends(self, metadata: TxnMetadata) -> tuple:
         """(topic, partition, log end offset) of every partition of the
         transaction (data and ``__consumer_offsets``) now, sorted."""
@@ -762,17 +762,19 @@ class TransactionCoordinator:
         commit = prepared.state == TxnState.PREPARE_COMMIT
         released = False
 
-        # ``durable_at_end``: a commit's data and decision are durable, so
-        # its markers need not be before the id goes on (recovery can write
-        # them again: ``decided_commit_covers``); the client's next
-        # transaction does not wait for their fsync round.
-        markers_later = self.settings.durable_at_end and commit and bool(prepared.data_ends) and prepared.next_producer_id == NO_PRODUCER_ID
+        # A commit's data and decision are durable, so its markers need not
+        # be before the id goes on (a start after a crash that lost one
+        # writes it again: ``decided_commit_covers``); the client's next
+        # transaction does not wait for their fsync round. (At the top of
+        # the epoch range Complete moves the id to another producer id,
+        # which the rule would not find: those markers are waited for.)
+        markers_later = commit and prepared.next_producer_id == NO_PRODUCER_ID
 
         async def markers_then_complete():
             await self._previous_markers_durable(transactional_id)
             if markers_later:
-                markers_durable = self.markers.append(prepared, commit)
-                completed = prepared.complete(self.clock.wall_ms(), committed_ends=self.markers.with_topic_ids(prepared.data_ends))
+                markers_durable, marked_at = self.markers.append(prepared, commit)
+                completed = prepared.complete(self.clock.wall_ms(), committed_ends=marked_at)
                 durable = self.txn_log.append(completed)
                 self._markers_pending[transactional_id] = markers_durable
                 markers_durable.add_done_callback(lambda done: done.cancelled() or done.exception() is None or log.error(
@@ -827,10 +829,10 @@ class TransactionCoordinator:
         """After an unclean stop: whether a partition's open transaction of
         this producer, from ``first_offset``, is the data of a commit whose
         markers were appended without waiting (``committed_ends``) and lost
-        to the stop: it begins below the end that commit's decision named
-        in that topic (the same id: not a topic of the same name made
-        since). A later transaction's data lies behind that commit's marker,
-        and a log that lost the marker lost what followed it."""
+        to the stop: it begins below where that commit's marker was
+        appended in that topic (the same id: not a topic of the same name
+        made since). A later transaction's data lies behind that marker, and
+        a log that lost the marker lost what followed it."""
         metadata = self.txns.of_producer(producer_id)
         if metadata is None or producer_epoch > metadata.producer_epoch:
             return False

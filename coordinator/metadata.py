@@ -53,13 +53,12 @@ class TxnMetadata:
     # ((topic, partition, end offset), sorted): recovery commits only if
     # every log still reaches it.
     data_ends: tuple = ()
-    # ``transaction.durable.at.end``: the data ends of the last committed
-    # transaction whose markers were appended without waiting for their
-    # fsync (its Complete and the next transaction's records may reach the
-    # disk before them), each with its topic's id: (topic, partition, end
-    # offset, topic id). Recovery commits an unmarked transaction of this
-    # producer that begins below them in the same topic
-    # (``coordinator.decided_commit_covers``).
+    # Where the markers of the last committed transaction were appended,
+    # without waiting for their fsync (its Complete and the next
+    # transaction's records may reach the disk before them): (topic,
+    # partition, marker offset, topic id). A start after a crash commits an
+    # unmarked transaction of this producer that begins below them in the
+    # same topic (``coordinator.decided_commit_covers``).
     # Carried by every later state until a write that waits for those
     # markers first (the next decision, InitProducerId) replaces it.
     committed_ends: tuple = ()
@@ -135,8 +134,8 @@ class TxnMetadata:
 
     def complete(self, now_ms: int, *, committed_ends: tuple = ()) -> "TxnMetadata":
         """Markers written: Complete. ``committed_ends``: a commit's markers
-        were appended, not yet durable; the record names the decision's
-        data ends (with topic ids) so that recovery can finish them."""
+        were appended, not yet durable; the record names where (with topic
+        ids) so that recovery can finish them."""
         if self.next_producer_id != NO_PRODUCER_ID:
             # The epoch range is used up: the id goes on with the next producer id.
             return self._next(

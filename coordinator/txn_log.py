@@ -15,13 +15,14 @@ Complete) knows the epoch it bumped from (``last_producer_epoch``): one
 below its own, so a retried EndTxn is recognized after a restart too.
 
 onceflow adds two tagged fields of its own to value version 1 (which
-Kafka's readers skip as unknown), both for ``transaction.durable.at.end``:
-``DATA_ENDS_TAG``, on a PrepareCommit written beside its data (or a seal),
-names the log end each partition of the transaction had reached;
-``COMMITTED_ENDS_TAG``, on the records after a commit whose markers were
-appended without waiting for their fsync, names the data ends of that
-commit, each with its topic's id (``TxnMetadata.committed_ends``). A record with either is written
-as version 1 whatever the client's transaction version.
+Kafka's readers skip as unknown): ``DATA_ENDS_TAG``, on a PrepareCommit
+written beside its data (or a seal: ``transaction.durable.at.end``), names
+the log end each partition of the transaction had reached;
+``COMMITTED_ENDS_TAG``, on a commit's Complete and the id's records after
+it, names where that commit's markers were appended (without waiting for
+their fsync), each with its topic's id (``TxnMetadata.committed_ends``). A
+record with either is written as version 1 whatever the client's
+transaction version.
 
 A transactional id lives in partition ``abs(java_hash(id)) % partitions``,
 Kafka's choice, so tools that know Kafka's layout find it where they expect.

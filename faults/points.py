@@ -16,9 +16,9 @@ Points compiled in, by room:
   a commit's decision appended, its round with the data not yet run),
   ``coordinator.seal_appended`` (the same for a seal's record),
   ``coordinator.markers_partial`` (markers reached some partitions),
-  ``coordinator.before_complete``, ``coordinator.complete_appended`` (with
-  ``transaction.durable.at.end``: a commit's markers and Complete appended,
-  the markers not yet durable), ``replicas.topics_registering`` /
+  ``coordinator.before_complete`` (an abort's markers durable, Complete
+  not yet), ``coordinator.complete_appended`` (a commit's markers and
+  Complete appended, the markers not yet durable), ``replicas.topics_registering`` /
   ``replicas.topic_registered`` (CreateTopics before and after its registry
   write, before the partition directories), ``groupcoord.after_pending_offsets``
   (a transactional offset commit is written, pending), ``storage.torn_write``

@@ -638,20 +638,19 @@ class MemoryMarkers:
             raise OSError("partition unavailable")
         self.written.append((metadata.producer_id, metadata.producer_epoch, commit, sorted(metadata.partitions, key=str)))
 
-    def with_topic_ids(self, data_ends):
+    def append(self, metadata, commit):
+        """Appended at once, each marker at its partition's ``log_ends``;
+        durable when ``durable`` is (a future made on first use, done at
+        once unless a test holds it). Topic ids: uuid5 of the name."""
         import uuid
 
-        return tuple((topic, index, end, uuid.uuid5(uuid.NAMESPACE_OID, topic)) for topic, index, end in data_ends)
-
-    def append(self, metadata, commit):
-        """Appended at once; durable when ``durable`` is (a future made on
-        first use, done at once unless a test holds it)."""
         self.written.append((metadata.producer_id, metadata.producer_epoch, commit, sorted(metadata.partitions, key=str)))
         durable = getattr(self, "durable", None)
         if durable is None:
             durable = asyncio.get_running_loop().create_future()
             durable.set_result(None)
-        return durable
+        marked_at = tuple((p.topic, p.partition, self.log_ends.get(p, 0), uuid.uuid5(uuid.NAMESPACE_OID, p.topic)) for p in sorted(metadata.partitions, key=str))
+        return durable, marked_at
 
 
 class MemoryProducerIds:

@@ -541,13 +541,15 @@ def test_a_decided_commit_whose_data_a_cut_took_back_is_aborted_at_start(broker_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("version", "answered", "rule"), [
-    (1, "produce", "on"), (2, "produce", "on"), (1, "txn_offset_commit", "on"), (2, "txn_offset_commit", "on"), (1, "produce", "off"), (1, "txn_offset_commit", "off"),
+@pytest.mark.parametrize(("version", "answered", "rule", "setting"), [
+    (1, "produce", "on", "default"), (2, "produce", "on", "default"), (1, "txn_offset_commit", "on", "default"), (1, "produce", "off", "default"),
+    (1, "produce", "on", "at end"), (2, "txn_offset_commit", "on", "at end"), (1, "txn_offset_commit", "off", "at end"),
 ])
-def test_a_commit_whose_markers_a_cut_took_back_after_its_complete_is_committed_at_start(broker_process, tmp_path, version, answered, rule):
+def test_a_commit_whose_markers_a_cut_took_back_after_its_complete_is_committed_at_start(broker_process, tmp_path, version, answered, rule, setting):
     """A commit's markers are appended without waiting for their fsync
     (its data and decision are durable: EndTxn is answered) and its
-    Complete record follows at once. Killed there, with a cut that keeps
+    Complete record follows at once (with the default durability and with
+    ``transaction.durable.at.end``). Killed there, with a cut that keeps
     the Complete (the page cache wrote ``__transaction_state`` back) and
     loses the marker: at start the broker finds the partition's open
     transaction below the data ends the Complete names and commits it. With
@@ -556,7 +558,8 @@ def test_a_commit_whose_markers_a_cut_took_back_after_its_complete_is_committed_
     transactions aborts it: an answered commit lost, the hazard the rule
     closes. Either way the producer goes on with its next transaction."""
     journal = str(tmp_path / "fsyncs.journal")
-    broker = broker_process(DURABLE_AT_END, env={FSYNC_JOURNAL_VARIABLE: journal, "ONCEFLOW_CRASH_POINTS": "coordinator.complete_appended@1:exit"})
+    settings = [DURABLE_AT_END] if setting == "at end" else []
+    broker = broker_process(*settings, env={FSYNC_JOURNAL_VARIABLE: journal, "ONCEFLOW_CRASH_POINTS": "coordinator.complete_appended@1:exit"})
     create_topic(broker.bootstrap, TOPIC, 1)
     pid, epoch = init(broker.port)
     marked = TOPIC if answered == "produce" else "__consumer_offsets"

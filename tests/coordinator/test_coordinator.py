@@ -6,6 +6,8 @@ import asyncio
 import logging
 import uuid
 
+import pytest
+
 
 from coordinator.coordinator import CoordinatorSettings, TransactionCoordinator
 from coordinator.metadata import TopicPartition
@@ -57,8 +59,10 @@ def test_commit_writes_prepare_then_markers_then_complete():
 
 
 def test_end_txn_is_answered_once_prepare_is_durable_and_markers_and_complete_follow():
-    """Kafka's order: EndTxn waits for PrepareCommit to be durable and no
-    more; the markers and CompleteCommit are written after the answer."""
+    """Kafka's order: EndTxn waits for the decision to be durable and no
+    more; the markers and Complete are written after the answer. (An
+    abort: its markers are durable before its Complete, which a test can
+    hold; a commit's are appended without waiting, see below.)"""
 
     class HeldLog(MemoryTxnLog):
         def __init__(self):
@@ -66,7 +70,7 @@ def test_end_txn_is_answered_once_prepare_is_durable_and_markers_and_complete_fo
             self.durable = asyncio.Event()  # the PrepareCommit write "fsyncs" when set
 
         async def write(self, metadata):
-            if metadata.state == TxnState.PREPARE_COMMIT:
+            if metadata.state == TxnState.PREPARE_ABORT:
                 await self.durable.wait()
             await super().write(metadata)
 
@@ -83,17 +87,17 @@ def test_end_txn_is_answered_once_prepare_is_durable_and_markers_and_complete_fo
         coordinator = TransactionCoordinator(txn_log=HeldLog(), markers=HeldMarkers(), producer_ids=MemoryProducerIds(), settings=CoordinatorSettings(), clock=ManualClock())
         init = await coordinator.init_producer_id("tx", 60_000)
         await coordinator.add_partitions("tx", init.producer_id, 0, [P0])
-        ending = asyncio.create_task(coordinator.end_transaction("tx", init.producer_id, 0, True))
+        ending = asyncio.create_task(coordinator.end_transaction("tx", init.producer_id, 0, False))
         await asyncio.sleep(0.01)
-        assert not ending.done(), "no answer before PrepareCommit is durable"
+        assert not ending.done(), "no answer before PrepareAbort is durable"
         coordinator.txn_log.durable.set()
         assert await asyncio.wait_for(ending, 5) == ErrorCode.NONE, "answered with the markers still unwritten"
         assert coordinator.markers.written == []
-        assert [m.state for m in coordinator.txn_log.records][-1] == TxnState.PREPARE_COMMIT
+        assert [m.state for m in coordinator.txn_log.records][-1] == TxnState.PREPARE_ABORT
         coordinator.markers.release.set()
         await coordinator.wait_idle()
-        assert coordinator.markers.written == [(init.producer_id, 0, True, [P0])]
-        assert coordinator.txn_log.records[-1].state == TxnState.COMPLETE_COMMIT
+        assert coordinator.markers.written == [(init.producer_id, 0, False, [P0])]
+        assert coordinator.txn_log.records[-1].state == TxnState.COMPLETE_ABORT
 
     run(scenario())
 
@@ -329,8 +333,9 @@ def test_transactional_produce_finds_its_producer_without_scanning_every_id():
 def test_sibling_add_requests_are_answered_at_once_and_a_request_during_a_completion_waits_for_it():
     """librdkafka sends AddPartitionsToTxn and AddOffsetsToTxn together: each
     is answered once appended, so neither waits for the other. A request
-    arriving while the previous transaction's markers are written waits for
-    Complete rather than getting CONCURRENT_TRANSACTIONS and a 100 ms client
+    arriving while the previous transaction's markers are written (an
+    abort's: a commit's are appended without waiting) waits for Complete
+    rather than getting CONCURRENT_TRANSACTIONS and a 100 ms client
     backoff; a change that never ends still gets CONCURRENT_TRANSACTIONS
     once the wait runs out."""
 
@@ -343,7 +348,7 @@ def test_sibling_add_requests_are_answered_at_once_and_a_request_during_a_comple
         assert coordinator.txns["tx"].partitions == {P0, P1}
         # The next transaction's first request while the markers of this one are out.
         markers_gate = hold_writes(coordinator.markers)
-        assert await coordinator.end_transaction("tx", pid, 0, True) == ErrorCode.NONE
+        assert await coordinator.end_transaction("tx", pid, 0, False) == ErrorCode.NONE
         next_add = asyncio.create_task(coordinator.add_partitions("tx", pid, 0, [P0]))
         await asyncio.sleep(0.05)
         assert not next_add.done()
@@ -351,7 +356,7 @@ def test_sibling_add_requests_are_answered_at_once_and_a_request_during_a_comple
         assert await asyncio.wait_for(next_add, 5) == ErrorCode.NONE
         # A change that does not end within the wait: CONCURRENT_TRANSACTIONS, as Kafka answers.
         markers_gate.clear()
-        assert await coordinator.end_transaction("tx", pid, 0, True) == ErrorCode.NONE
+        assert await coordinator.end_transaction("tx", pid, 0, False) == ErrorCode.NONE
         coordinator_wait = coordinator._await_quiet
         coordinator._await_quiet = lambda tid: coordinator_wait(tid, timeout=0.05)
         assert await coordinator.add_partitions("tx", pid, 0, [P1]) == ErrorCode.CONCURRENT_TRANSACTIONS
@@ -633,16 +638,17 @@ def test_no_transactional_batch_is_let_in_while_a_decision_at_the_end_is_in_flig
     run(scenario())
 
 
-def test_a_commit_at_the_end_goes_on_before_its_markers_are_durable_and_recovery_can_finish_them():
-    """``durable_at_end``: a commit's data and decision are durable, so its
-    markers are appended and the id goes on without waiting for their
-    fsync: the next transaction's AddPartitionsToTxn is answered while it
-    is held. Complete and every later record keep the decision's data ends
+@pytest.mark.parametrize("durable_at_end", [False, True])
+def test_a_commit_goes_on_before_its_markers_are_durable_and_recovery_can_finish_them(durable_at_end):
+    """A commit's data and decision are durable, so its markers are
+    appended and the id goes on without waiting for their fsync: the next
+    transaction's AddPartitionsToTxn is answered while it is held. Complete
+    and every later record name where the markers were appended
     (``committed_ends``), by which recovery tells a lost marker's
     transaction (below them) from a later one; the next decision is written
-    only once those markers are durable, and its Complete names its own."""
+    only once those markers are durable, and an abort's Complete names none."""
     async def scenario():
-        coordinator, _ = make_txn_coordinator(durable_at_end=True)
+        coordinator, _ = make_txn_coordinator(durable_at_end=durable_at_end)
         coordinator.markers.log_ends = {P0: 5}
         coordinator.markers.durable = asyncio.get_running_loop().create_future()  # the markers' fsync, held
         init = await coordinator.init_producer_id("tx", 60_000)

@@ -106,16 +106,23 @@ def _at_epoch(metadata, epoch):
 
 
 def test_classic_records_are_written_as_before():
-    """Below version 2 a record is TransactionLogValue version 0, as it was."""
+    """Below version 2 a record is TransactionLogValue version 0, as it
+    was, except where onceflow's own tagged field is needed: a commit's
+    Complete (and the id's records after it) names where its markers were
+    appended (``committed_ends``), which only version 1 can carry."""
 
     async def scenario():
         coordinator, _ = make_txn_coordinator()
         pid, epoch = await started(coordinator)
         await coordinator.add_partitions("tx", pid, epoch, [P0])
+        await coordinator.end_transaction("tx", pid, epoch, False)
+        await coordinator.add_partitions("tx", pid, epoch, [P0])
         await coordinator.end_transaction("tx", pid, epoch, True)
         await coordinator.wait_idle()
-        for metadata in coordinator.txn_log.records:
-            assert encode_value(metadata)[:2] == b"\x00\x00"
+        versions = [(metadata.state, encode_value(metadata)[:2]) for metadata in coordinator.txn_log.records]
+        assert versions[:-1] == [(state, b"\x00\x00") for state, _ in versions[:-1]], versions
+        assert versions[-1] == (TxnState.COMPLETE_COMMIT, b"\x00\x01")
+        assert decode_value("tx", encode_value(coordinator.txn_log.records[-1])).transaction_version == 0
         assert coordinator.txns["tx"].producer_epoch == epoch
 
     asyncio.run(scenario())
