@@ -773,6 +773,7 @@ class TransactionCoordinator:
         async def markers_then_complete():
             await self._previous_markers_durable(transactional_id)
             if markers_later:
+                self.crash_point("coordinator.before_complete")  # a commit's markers go with its Complete
                 markers_durable, marked_at = self.markers.append(prepared, commit)
                 completed = prepared.complete(self.clock.wall_ms(), committed_ends=marked_at)
                 durable = self.txn_log.append(completed)

@@ -16,8 +16,8 @@ Points compiled in, by room:
   a commit's decision appended, its round with the data not yet run),
   ``coordinator.seal_appended`` (the same for a seal's record),
   ``coordinator.markers_partial`` (markers reached some partitions),
-  ``coordinator.before_complete`` (an abort's markers durable, Complete
-  not yet), ``coordinator.complete_appended`` (a commit's markers and
+  ``coordinator.before_complete`` (Complete not yet appended: an abort's
+  markers durable, a commit's not yet appended), ``coordinator.complete_appended`` (a commit's markers and
   Complete appended, the markers not yet durable), ``replicas.topics_registering`` /
   ``replicas.topic_registered`` (CreateTopics before and after its registry
   write, before the partition directories), ``groupcoord.after_pending_offsets``
