@@ -197,26 +197,32 @@ class MarkerWriter:
             if self.on_marker is not None:
                 self.on_marker(partition.topic, partition.partition, metadata.producer_id, commit)
 
-    def append(self, metadata: TxnMetadata, commit: bool) -> tuple[asyncio.Future, tuple]:
-        """A commit's markers, appended now and counted at once
-        (``on_marker``: the offsets they commit are applied before the
-        coordinator takes the id's next request), since its decision and
-        data are durable and a start after a crash writes a lost one again;
-        fetchers are woken as each becomes durable. Returns a future done
-        once all are, and (topic, partition, marker offset, topic id) of
-        each."""
-        waits, marked_at = [], []
-        for partition, waiter, offset in self._append_markers(metadata, commit):
+    def append(self, metadata: TxnMetadata, commit: bool) -> tuple[Callable[[], Awaitable[None]], tuple]:
+        """A commit's markers, appended now with no fsync asked for and
+        counted at once (``on_marker``: the offsets they commit are applied
+        before the coordinator takes the id's next request; fetchers woken:
+        the transaction's data below them is durable, so it is readable up
+        to the high watermark), since its decision and data are durable and
+        a start after a crash writes a lost one again. Returns a callable
+        that asks for their fsync and returns a future done once all are
+        durable, and (topic, partition, marker offset, topic id) of each."""
+        appended, marked_at = [], []
+        for partition, partition_log, offset in self._append_markers(metadata, commit, ask=False):
+            self.replicas.notify_appended(partition.topic, partition.partition)
             if self.on_marker is not None:
                 self.on_marker(partition.topic, partition.partition, metadata.producer_id, commit)
-            waiter.add_done_callback(lambda _done, p=partition: self.replicas.notify_appended(p.topic, p.partition))
-            waits.append(waiter)
+            appended.append((partition_log, offset))
             marked_at.append((partition.topic, partition.partition, offset, self.replicas.topics[partition.topic].topic_id))
-        return asyncio.gather(*waits), tuple(marked_at)
 
-    def _append_markers(self, metadata: TxnMetadata, commit: bool) -> list[tuple[TopicPartition, asyncio.Future, int]]:
+        def ask_durable() -> Awaitable[None]:
+            return asyncio.gather(*(partition_log.wait_durable(offset) for partition_log, offset in appended))
+
+        return ask_durable, tuple(marked_at)
+
+    def _append_markers(self, metadata: TxnMetadata, commit: bool, *, ask: bool = True) -> list[tuple[TopicPartition, object, int]]:
         """Append the marker of every partition of ``metadata`` (a deleted
-        one has none); (partition, its durability, its offset) of each."""
+        one has none); (partition, its durability or, without ``ask``, its
+        log, its offset) of each."""
         control = ControlType.COMMIT if commit else ControlType.ABORT
         waits = []
         for partition in sorted(metadata.partitions, key=lambda p: (p.topic, p.partition)):
@@ -234,7 +240,7 @@ class MarkerWriter:
                 timestamp=self.clock.wall_ms(),
             )
             info, _aborted = partition_log.append_control(data, coordinator_epoch=COORDINATOR_EPOCH)
-            waits.append((partition, partition_log.wait_durable(info.last_offset), info.last_offset))
+            waits.append((partition, partition_log.wait_durable(info.last_offset) if ask else partition_log, info.last_offset))
         return waits
 
 

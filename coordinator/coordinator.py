@@ -134,11 +134,12 @@ class TxnLog(Protocol):
 class MarkerWriter(Protocol):
     async def write(self, metadata: TxnMetadata, commit: bool) -> None: ...
 
-    def append(self, metadata: TxnMetadata, commit: bool) -> tuple[Awaitable[None], tuple]:
-        """Append the markers now, with no await (what reads the markers of
-        ``__consumer_offsets`` is told at once). Returns an awaitable done
-        once every one is durable, and where each landed: (topic,
-        partition, the marker's offset, the topic's id), sorted."""
+    def append(self, metadata: TxnMetadata, commit: bool) -> tuple[Callable[[], Awaitable[None]], tuple]:
+        """Append the markers now, with no await and no fsync asked for
+        (what reads the markers of ``__consumer_offsets`` is told at once).
+        Returns a callable that asks for their fsync and returns an
+        awaitable done once every one is durable, and where each landed:
+        (topic, partition, the marker's offset, the topic's id), sorted."""
         ...
 
     # Only with ``durable_at_end``:
@@ -266,9 +267,9 @@ class TransactionCoordinator:
         # Ids whose last change was answered once appended, not yet known
         # durable: how to wait for it (``pending_durability``).
         self._unflushed: dict[str, Callable[[], Awaitable[None]]] = {}
-        # ``durable_at_end``: ids whose last commit's markers were appended
-        # without waiting for their fsync, and the wait (``_complete``).
-        self._markers_pending: dict[str, Awaitable[None]] = {}
+        # Ids whose last commit's markers were appended without an fsync,
+        # and how to ask for it and wait (``_complete``).
+        self._markers_pending: dict[str, Callable[[], Awaitable[None]]] = {}
         # id -> the epoch its producer had when the transaction was aborted
         # after an unclean stop (``abort_ongoing_after_unclean_stop``): that
         # producer's EndTxn(commit) is told UNKNOWN_PRODUCER_ID, which the
@@ -717,7 +718,7 @@ class TransactionCoordinator:
     async def _expire(self, transactional_id: str) -> bool:
         try:
             try:
-                await self._previous_markers_durable(transactional_id)
+                await self._previous_markers_durable(transactional_id, wait=True)
                 await self.txn_log.tombstone(transactional_id)
             except Exception as error:
                 log.error("could not expire %s: %s", transactional_id, error)
@@ -770,22 +771,25 @@ class TransactionCoordinator:
         # which the rule would not find: those markers are waited for.)
         markers_later = commit and prepared.next_producer_id == NO_PRODUCER_ID
 
+        # Complete asks for no fsync of its own: nothing answered depends on
+        # it (a crash that takes it back leaves the Prepare record, and the
+        # start completes the transaction again), and the id's next record,
+        # behind it in the same log, is made durable with it.
         async def markers_then_complete():
-            await self._previous_markers_durable(transactional_id)
+            await self._previous_markers_durable(transactional_id, wait=True)
             if markers_later:
                 self.crash_point("coordinator.before_complete")  # a commit's markers go with its Complete
-                markers_durable, marked_at = self.markers.append(prepared, commit)
+                ask_markers_durable, marked_at = self.markers.append(prepared, commit)
                 completed = prepared.complete(self.clock.wall_ms(), committed_ends=marked_at)
-                durable = self.txn_log.append(completed)
-                self._markers_pending[transactional_id] = markers_durable
-                markers_durable.add_done_callback(lambda done: done.cancelled() or done.exception() is None or log.error(
-                    "the markers of %s's commit were not made durable (%s); a restart writes them again", transactional_id, done.exception()))
+                self.txn_log.append_unflushed(completed)
+                self._markers_pending[transactional_id] = ask_markers_durable
                 self.crash_point("coordinator.complete_appended")
-                return completed, durable
+                return completed
             await self.markers.write(prepared, commit)
             self.crash_point("coordinator.before_complete")
             completed = prepared.complete(self.clock.wall_ms())
-            return completed, self.txn_log.append(completed)
+            self.txn_log.append_unflushed(completed)
+            return completed
 
         def retrying(error: BaseException, _backoff: Backoff) -> None:
             log.warning("completing %s of %s failed (%s); retrying", prepared.state.name, transactional_id, error)
@@ -797,33 +801,30 @@ class TransactionCoordinator:
             for _ in range(ANSWER_TURNS):
                 await asyncio.sleep(0)  # EndTxn's answer goes out before the markers
             # The decision stands; keep trying (a restart will too).
-            completed, durable = await retry(markers_then_complete, Backoff(COORDINATOR_COMPLETION), retriable=lambda error: isinstance(error, Exception), on_failure=retrying)
+            completed = await retry(markers_then_complete, Backoff(COORDINATOR_COMPLETION), retriable=lambda error: isinstance(error, Exception), on_failure=retrying)
             self._apply(completed)
             self._release(transactional_id)
             released = True
-            try:
-                await durable
-            except asyncio.CancelledError:
-                raise
-            except Exception as error:
-                # The log has failed (its later writes fail too); a restart
-                # finds PrepareCommit and completes the transaction again.
-                log.error("%s of %s was not made durable (%s); a restart completes it again", completed.state.name, transactional_id, error)
         finally:
             if not released:
                 self._release(transactional_id)
 
-    async def _previous_markers_durable(self, transactional_id: str) -> None:
-        """Wait until the markers of the id's last commit are durable, if
-        they were appended without waiting (``_complete``): a write that
-        follows (the next decision, InitProducerId, Complete) may drop the
-        ends that recovery would finish them by. Raises what their fsync
-        raised (the write is then refused: the log failed)."""
-        pending = self._markers_pending.get(transactional_id)
-        if pending is None:
+    async def _previous_markers_durable(self, transactional_id: str, *, wait: bool) -> None:
+        """Ask for the fsync of the markers of the id's last commit, if they
+        were appended without one (``_complete``), so that the round of the
+        record about to be appended covers them; with ``wait``, wait until
+        they are durable first: that record (the next Complete,
+        InitProducerId, a tombstone) drops the places recovery would finish
+        them by. Raises what their fsync raised (the write is then refused:
+        the log failed)."""
+        ask = self._markers_pending.get(transactional_id)
+        if ask is None:
             return
-        await pending
-        if self._markers_pending.get(transactional_id) is pending:
+        durable = ask()
+        if not wait:
+            return
+        await durable
+        if self._markers_pending.get(transactional_id) is ask:
             del self._markers_pending[transactional_id]
 
     def decided_commit_covers(self, producer_id: int, producer_epoch: int, partition: TopicPartition, topic_id, first_offset: int) -> bool:
@@ -875,7 +876,9 @@ class TransactionCoordinator:
         completing = False
         try:
             try:
-                await self._previous_markers_durable(transactional_id)
+                # A record that keeps the last commit's marker places has its
+                # round cover the markers too; one that drops them waits for them.
+                await self._previous_markers_durable(transactional_id, wait=not metadata.committed_ends)
                 if self.settings.durable_at_end and (metadata.state == TxnState.PREPARE_COMMIT or metadata.sealed):
                     # The decision (or a seal) and the data it covers share
                     # one fsync round; the record names where the data ends,

@@ -162,6 +162,10 @@ class DiskFaultControl:
     def fail_fsyncs(self, error: str = "EIO", seconds: float = 1.0) -> None:
         self._write({"fsync": error, "until": time.time() + seconds})
 
+    def slow_fsyncs(self, delay: float, seconds: float = 3600.0) -> None:
+        """Each fsync takes ``delay`` seconds longer (a slower device) for ``seconds``."""
+        self._write({"fsync_delay": delay, "until": time.time() + seconds})
+
     def clear(self) -> None:
         self._write({})
 
@@ -203,9 +207,12 @@ class ControlledDiskIO(DiskIO):
         super().write(fd, data)
 
     def fsync(self, fd: int) -> None:
-        failure = self._current().get("fsync")
+        state = self._current()
+        failure = state.get("fsync")
         if failure:
             raise OSError(ERRNOS[failure], f"injected {failure} on fsync")
+        if state.get("fsync_delay"):
+            time.sleep(state["fsync_delay"])  # a slower device: each fsync takes this much longer
         super().fsync(fd)
 
 

@@ -640,17 +640,23 @@ class MemoryMarkers:
 
     def append(self, metadata, commit):
         """Appended at once, each marker at its partition's ``log_ends``;
-        durable when ``durable`` is (a future made on first use, done at
-        once unless a test holds it). Topic ids: uuid5 of the name."""
+        durable when asked (``asked_markers`` counts), at once unless a test
+        holds ``durable`` (a future). Topic ids: uuid5 of the name."""
         import uuid
 
         self.written.append((metadata.producer_id, metadata.producer_epoch, commit, sorted(metadata.partitions, key=str)))
-        durable = getattr(self, "durable", None)
-        if durable is None:
-            durable = asyncio.get_running_loop().create_future()
-            durable.set_result(None)
+        self.asked_markers = getattr(self, "asked_markers", 0)
+
+        def ask():
+            self.asked_markers += 1
+            durable = getattr(self, "durable", None)
+            if durable is None:
+                durable = asyncio.get_running_loop().create_future()
+                durable.set_result(None)
+            return durable
+
         marked_at = tuple((p.topic, p.partition, self.log_ends.get(p, 0), uuid.uuid5(uuid.NAMESPACE_OID, p.topic)) for p in sorted(metadata.partitions, key=str))
-        return durable, marked_at
+        return ask, marked_at
 
 
 class MemoryProducerIds:

@@ -460,14 +460,15 @@ async def ongoing_on_rounds(log):
 
 async def recovered_from(records, pid):
     """A restart from ``records`` (PrepareCommit last): recovery writes P0's
-    marker again and makes CompleteCommit durable."""
+    marker again and appends CompleteCommit (which asks for no round of its
+    own: the id's next record's round covers it)."""
     restarted_log = RoundLog()
     restarted = round_coordinator(restarted_log)
     restarted.load([(m.transactional_id, m) for m in records])
     completing = asyncio.gather(*restarted.recover())
     await settle(restarted_log, completing)
     assert restarted.markers.written == [(pid, 0, True, [P0])]
-    assert restarted.txns["tx"].state == TxnState.COMPLETE_COMMIT == restarted_log.durable[-1].state
+    assert restarted.txns["tx"].state == TxnState.COMPLETE_COMMIT == restarted_log.records[-1].state
     return restarted, restarted_log
 
 
@@ -523,12 +524,11 @@ def test_add_partitions_is_answered_once_appended_and_its_durability_is_what_the
     run(scenario())
 
 
-def test_a_complete_whose_fsync_fails_is_logged_once_and_left_for_recovery_to_finish(caplog):
-    """The markers are durable, Complete is appended, and its round fails:
-    the failure is logged once (no retry loop: the log refuses every later
-    write until a restart), the id is released once and the next change
-    fails with a storage error rather than hanging; a restart from what
-    was durable finds PrepareCommit and completes the transaction again."""
+def test_a_complete_asks_for_no_round_of_its_own_and_a_cut_before_the_next_one_is_finished_by_recovery():
+    """The markers are written and Complete is appended with no fsync round
+    asked for (nothing answered depends on it; the id's next record's round
+    covers it): a cut then leaves PrepareCommit last, and a restart from
+    what was durable completes the transaction again."""
 
     async def scenario():
         log = RoundLog()
@@ -538,16 +538,10 @@ def test_a_complete_whose_fsync_fails_is_logged_once_and_left_for_recovery_to_fi
         log.fsync()  # PrepareCommit's round
         await turns()
         assert end.result() == ErrorCode.NONE and log.records[-1].state == TxnState.COMPLETE_COMMIT
-        durable = list(log.durable)
-        with caplog.at_level(logging.ERROR, logger="coordinator.coordinator"):
-            log.fail_round(OSError("fsync failed: EIO"))
-            await asyncio.wait_for(coordinator.wait_idle(), 5)
-        failures = [r for r in caplog.records if "was not made durable" in r.getMessage()]
-        assert len(failures) == 1 and "EIO" in failures[0].getMessage()
+        assert not log.waiting, "Complete asked for no round"
+        await asyncio.wait_for(coordinator.wait_idle(), 5)
         assert "tx" not in coordinator._busy
-        next_add = await asyncio.wait_for(coordinator.add_partitions("tx", pid, 0, [P1]), 5)
-        assert next_add == ErrorCode.KAFKA_STORAGE_ERROR
-        assert coordinator.markers.written == [(pid, 0, True, [P0])]
+        durable = list(log.durable)
         await coordinator.close()
 
         assert durable[-1].state == TxnState.PREPARE_COMMIT
@@ -642,11 +636,13 @@ def test_no_transactional_batch_is_let_in_while_a_decision_at_the_end_is_in_flig
 def test_a_commit_goes_on_before_its_markers_are_durable_and_recovery_can_finish_them(durable_at_end):
     """A commit's data and decision are durable, so its markers are
     appended and the id goes on without waiting for their fsync: the next
-    transaction's AddPartitionsToTxn is answered while it is held. Complete
-    and every later record name where the markers were appended
-    (``committed_ends``), by which recovery tells a lost marker's
-    transaction (below them) from a later one; the next decision is written
-    only once those markers are durable, and an abort's Complete names none."""
+    transaction's AddPartitionsToTxn is answered while it is held, and no
+    fsync is asked for them until the next decision, whose round covers
+    them. Complete and every later record name where the markers were
+    appended (``committed_ends``), by which recovery tells a lost marker's
+    transaction (below them) from a later one; the next Complete, which
+    drops those places, waits until the markers are durable, and an
+    abort's Complete names none."""
     async def scenario():
         coordinator, _ = make_txn_coordinator(durable_at_end=durable_at_end)
         coordinator.markers.log_ends = {P0: 5}
@@ -667,12 +663,14 @@ def test_a_commit_goes_on_before_its_markers_are_durable_and_recovery_can_finish
         assert not coordinator.decided_commit_covers(pid, 0, P0, uuid.uuid4(), 0), "a topic of the same name made since"
         assert not coordinator.decided_commit_covers(pid, 0, P1, topic_id, 0) and not coordinator.decided_commit_covers(pid + 1, 0, P0, topic_id, 0)
 
+        assert coordinator.markers.asked_markers == 0, "no fsync asked for the markers yet"
         coordinator.markers.log_ends = {P0: 5, P1: 3}
-        ending = asyncio.ensure_future(coordinator.end_transaction("tx", pid, 0, False))
+        assert await asyncio.wait_for(coordinator.end_transaction("tx", pid, 0, False), 5) == ErrorCode.NONE
+        assert coordinator.markers.asked_markers >= 1, "the next decision's round covers the last commit's markers"
+        assert coordinator.txn_log.records[-1].committed_ends == (("t", 0, 5, topic_id),), "the decision keeps their places"
         await asyncio.sleep(0.05)
-        assert not ending.done(), "the next decision waits for the last commit's markers"
+        assert coordinator.txn_log.records[-1].state == TxnState.PREPARE_ABORT, "no Complete before those markers are durable"
         coordinator.markers.durable.set_result(None)
-        assert await asyncio.wait_for(ending, 5) == ErrorCode.NONE
         await coordinator.wait_idle()
         assert coordinator.txn_log.records[-1].state == TxnState.COMPLETE_ABORT
         assert coordinator.txn_log.records[-1].committed_ends == (), "an abort's markers are durable before Complete"
