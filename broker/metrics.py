@@ -105,7 +105,7 @@ class BrokerMetrics:
         self.bytes_in = Counter("onceflow_topic_bytes_in_total", "Record batch bytes appended by Produce requests, by topic", ["topic"], registry=registry)
         self.bytes_out = Counter("onceflow_topic_bytes_out_total", "Record batch bytes sent in Fetch responses, by topic", ["topic"], registry=registry)
         self.transactions = Counter(
-            "onceflow_transactions_total", "Transactions finished (CompleteCommit or CompleteAbort durable in __transaction_state), by outcome",
+            "onceflow_transactions_total", "Transactions finished (CompleteCommit or CompleteAbort appended to __transaction_state), by outcome",
             ["outcome"], registry=registry,
         )
         self.fsync_seconds = Histogram("onceflow_log_fsync_duration_seconds", "Time of one fsync round of a partition log", buckets=FSYNC_SECONDS_BUCKETS, registry=registry)
@@ -154,7 +154,7 @@ class BrokerMetrics:
         self.round_appends.observe(round_appends)
 
     def transaction_state_written(self, metadata) -> None:
-        """``__transaction_state`` holds ``metadata`` durably now."""
+        """``__transaction_state`` holds ``metadata`` now (a Complete once appended, any other once durable)."""
         outcome = self._transaction_outcomes.get(metadata.state)
         if outcome is not None:
             outcome.inc()

@@ -66,8 +66,9 @@ class StateLogWriter:
         self.replicas = replicas
         self.partitions = partitions
         self.clock = clock
-        # Told of each metadata once it is durable (the broker's metrics count
-        # the CompleteCommit/CompleteAbort ones: one per finished transaction).
+        # Told of each metadata once it is durable, and of a Complete once
+        # appended (the broker's metrics count the CompleteCommit/CompleteAbort
+        # ones: one per finished transaction).
         self.on_written = on_written
 
     def _log_for(self, transactional_id: str):
@@ -101,10 +102,13 @@ class StateLogWriter:
 
     def append_unflushed(self, metadata: TxnMetadata) -> Callable[[], Awaitable[None]]:
         """Append now and ask for no fsync (AddPartitionsToTxn, answered
-        once appended); the result, called, asks for one and returns a
+        once appended; Complete, which nothing answered depends on: ``on_written``
+        is told of it now); the result, called, asks for one and returns a
         future done once the record is durable."""
         partition_log = self._log_for(metadata.transactional_id)
         info = partition_log.append(encode_batch([(encode_key(metadata.transactional_id), encode_value(metadata), (), self.clock.wall_ms())]), flush=False)
+        if self.on_written is not None and metadata.state.is_complete:
+            self.on_written(metadata)
         return lambda: partition_log.wait_durable(info.last_offset)
 
     async def tombstone(self, transactional_id: str) -> None:

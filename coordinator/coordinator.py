@@ -58,9 +58,11 @@ and the client's next transaction need not wait for that round. Complete
 and the id's later records name where each marker was appended, with its
 topic's id (``committed_ends``), so that a start after a power cut that
 kept them and lost a marker commits the partition's unmarked transaction
-(``decided_commit_covers``); the id's next decision (or InitProducerId, or
-expiry) is written only once those markers are durable
-(``_previous_markers_durable``). An abort's markers are durable before its
+(``decided_commit_covers``); the id's next Complete (or InitProducerId, or
+expiry), which drops those places, is written only once those markers are
+durable (``_previous_markers_durable``). Complete asks for no fsync round of
+its own: nothing answered depends on it, and the id's next record's round
+covers it. An abort's markers are durable before its
 Complete, as before: a lost one leaves a transaction that the start's
 check for unknown ones aborts anyway.
 
@@ -780,6 +782,10 @@ class TransactionCoordinator:
             if markers_later:
                 self.crash_point("coordinator.before_complete")  # a commit's markers go with its Complete
                 ask_markers_durable, marked_at = self.markers.append(prepared, commit)
+                # Their round is asked for now, and nothing waits for it
+                # (left for the next decision's round instead, a read_committed
+                # reader's high watermark would stay below the markers until then).
+                ask_markers_durable()
                 completed = prepared.complete(self.clock.wall_ms(), committed_ends=marked_at)
                 self.txn_log.append_unflushed(completed)
                 self._markers_pending[transactional_id] = ask_markers_durable
@@ -810,13 +816,13 @@ class TransactionCoordinator:
                 self._release(transactional_id)
 
     async def _previous_markers_durable(self, transactional_id: str, *, wait: bool) -> None:
-        """Ask for the fsync of the markers of the id's last commit, if they
-        were appended without one (``_complete``), so that the round of the
-        record about to be appended covers them; with ``wait``, wait until
-        they are durable first: that record (the next Complete,
-        InitProducerId, a tombstone) drops the places recovery would finish
-        them by. Raises what their fsync raised (the write is then refused:
-        the log failed)."""
+        """Make sure the fsync of the markers of the id's last commit, if
+        they were appended without waiting for one (``_complete``), is asked
+        for (a round that already covered them answers at once); with
+        ``wait``, wait until they are durable: the record about to be
+        appended (the next Complete, InitProducerId, a tombstone) drops the
+        places recovery would finish them by. Raises what their fsync raised
+        (the write is then refused: the log failed)."""
         ask = self._markers_pending.get(transactional_id)
         if ask is None:
             return

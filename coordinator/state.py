@@ -36,6 +36,10 @@ class TxnState(enum.IntEnum):
     def is_prepare(self) -> bool:
         return self in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT)
 
+    @property
+    def is_complete(self) -> bool:
+        return self in (TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT)
+
 
 # Kafka's names of the states, as ListTransactions and DescribeTransactions
 # carry them (and as logs, metrics and ``onceflow status`` show them).
