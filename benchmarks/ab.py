@@ -1,6 +1,6 @@
 """A/B of two checkouts' brokers on the bench's own scenarios, interleaved in one run.
 
-    python -m benchmarks.ab BASELINE_DIR [--rounds 5] [--records 200000] [--only "PREFIX;..."] [--tansu] [--config KEY=VALUE ...]
+    python -m benchmarks.ab BASELINE_DIR [--rounds 5] [--records 200000] [--only "PREFIX;..."] [--tansu] [--config KEY=VALUE ...] [--slow-fsync MS]
 
 Each round starts a fresh broker from this checkout and one from the other
 (``BASELINE_DIR``, e.g. a ``git worktree`` of the code before a change), in
@@ -77,10 +77,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tansu", action="store_true", help="the peer too, every round")
     parser.add_argument("--profile", metavar="DIR", help="run each broker under py-spy record, collapsed stacks here")
     parser.add_argument("--config", action="append", default=[], metavar="KEY=VALUE", help="a setting of both brokers (repeatable)")
+    parser.add_argument("--slow-fsync", type=float, default=0.0, metavar="MS",
+                        help="every fsync of both brokers takes this much longer (a slower device: faults.disk); both checkouts must know it")
     args = parser.parse_args(argv)
     scenarios = select_scenarios(SCENARIOS, args.only)
     settings = ScenarioSettings(records=args.records)
     work = tempfile.mkdtemp(prefix="onceflow-ab-")
+    if args.slow_fsync:
+        from faults.disk import ENVIRONMENT_VARIABLE, DiskFaultControl
+
+        control = os.path.join(work, "disk-control.json")
+        DiskFaultControl(control).slow_fsyncs(args.slow_fsync / 1000, seconds=365 * 24 * 3600.0)
+        os.environ[ENVIRONMENT_VARIABLE] = control  # the brokers' environment
     if args.profile:
         os.makedirs(args.profile, exist_ok=True)
     checkouts = {"this": REPO, "baseline": os.path.abspath(args.baseline)}

@@ -179,18 +179,21 @@ class ControlledDiskIO(DiskIO):
         self.control_path = control_path
         self._state: dict = {}
         self._checked = 0.0
-        self._mtime = 0.0
+        self._version: tuple | None = None  # (inode, mtime, size) of the control file last read
 
     def _current(self) -> dict:
         now = time.monotonic()
         if now - self._checked >= self.CHECK_EVERY:
             self._checked = now
             try:
-                mtime = os.stat(self.control_path).st_mtime
-                if mtime != self._mtime:
+                status = os.stat(self.control_path)
+                # The control file is replaced whole (a new inode each time):
+                # two writes within the clock's coarse tick share an mtime.
+                version = (status.st_ino, status.st_mtime_ns, status.st_size)
+                if version != self._version:
                     with open(self.control_path) as file:
                         self._state = json.load(file)
-                    self._mtime = mtime
+                    self._version = version
             except (OSError, ValueError):
                 self._state = {}
         state = self._state

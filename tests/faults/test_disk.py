@@ -185,3 +185,28 @@ def test_a_power_cut_cuts_index_files_too_and_a_replaced_file_keeps_what_its_ren
         assert os.path.getsize(snapshot) == 24
         cuts.add(os.path.getsize(index))
     assert any(size % OFFSET_ENTRY.size for size in cuts) and any(size % OFFSET_ENTRY.size == 0 and size < 160 for size in cuts), f"torn and whole-entry cuts: {cuts}"
+
+
+def test_slowed_fsyncs_take_the_delay_longer_and_speed_up_when_it_ends(tmp_path):
+    """``slow_fsyncs``: every fsync of a broker on the control file waits the
+    delay first (a slower device, for benchmarks), until ``seconds`` pass."""
+    import time
+
+    from faults.disk import ControlledDiskIO
+
+    control = DiskFaultControl(str(tmp_path / "disk-control.json"))
+    io = ControlledDiskIO(control.path)
+    with open(tmp_path / "data", "wb") as file:
+        file.write(b"x")
+        began = time.monotonic()
+        io.fsync(file.fileno())
+        assert time.monotonic() - began < 0.1
+        control.slow_fsyncs(0.15, seconds=0.6)
+        time.sleep(ControlledDiskIO.CHECK_EVERY * 2)
+        began = time.monotonic()
+        io.fsync(file.fileno())
+        assert time.monotonic() - began >= 0.15
+        time.sleep(0.7)
+        began = time.monotonic()
+        io.fsync(file.fileno())
+        assert time.monotonic() - began < 0.1, "the slowdown ended"
