@@ -782,9 +782,9 @@ class TransactionCoordinator:
             if markers_later:
                 self.crash_point("coordinator.before_complete")  # a commit's markers go with its Complete
                 ask_markers_durable, marked_at = self.markers.append(prepared, commit)
-                # Their round is asked for now, and nothing waits for it
-                # (left for the next decision's round instead, a read_committed
-                # reader's high watermark would stay below the markers until then).
+                # Their round is asked for now and nothing waits for it
+                # (left to the next decision's round, a reader's high
+                # watermark would stay below the markers until then).
                 ask_markers_durable()
                 completed = prepared.complete(self.clock.wall_ms(), committed_ends=marked_at)
                 self.txn_log.append_unflushed(completed)
