@@ -329,21 +329,15 @@ class TransactionManager:
         (``TransactionCoordinator.decided_commit_covers``): a commit's
         markers are appended without waiting for their fsync once its data
         and decision are durable, and a power cut may keep its Complete
-        record (or the next transaction's records) and lose a marker. Its EndTxn was answered:
-        aborting it (``end_unknown_transactions``), or ending it with another
+        record (or the next transaction's records) and lose a marker. Its
+        EndTxn was answered: aborting it (``end_unknown_transactions``), or ending it with another
         transaction's marker, would lose a commit. Returns (topic, partition,
         producer id) of each one committed."""
         covered = []
-        for (topic, index), partition_log in list(self.replicas.logs.items()):
-            if topic == TRANSACTION_STATE_TOPIC:
-                continue
-            partition = TopicPartition(topic, index)
+        for topic, index, producer_id, producer_epoch, first_offset in self._open_transactions():
             info = self.replicas.topics.get(topic)
-            for entry in list(partition_log.producer_state.producers.values()):
-                first_offset = entry.current_txn_first_offset
-                if first_offset is not None and info is not None and self.coordinator.decided_commit_covers(
-                        entry.producer_id, entry.producer_epoch, partition, info.topic_id, first_offset):
-                    covered.append((topic, index, entry.producer_id, entry.producer_epoch, first_offset))
+            if info is not None and self.coordinator.decided_commit_covers(producer_id, producer_epoch, TopicPartition(topic, index), info.topic_id, first_offset):
+                covered.append((topic, index, producer_id, producer_epoch, first_offset))
         committed = []
         for topic, index, producer_id, producer_epoch, first_offset in covered:
             log.warning(
@@ -366,16 +360,11 @@ class TransactionManager:
         were closed whole while their records were durable: none holds
         such a batch. Returns (topic, partition, producer id) of each one
         aborted."""
-        unknown = []
-        for (topic, index), partition_log in list(self.replicas.logs.items()):
-            if topic == TRANSACTION_STATE_TOPIC:
-                continue
-            partition = TopicPartition(topic, index)
-            for entry in list(partition_log.producer_state.producers.values()):
-                if entry.current_txn_first_offset is None:
-                    continue
-                if not self.coordinator.is_known_open_transaction(entry.producer_id, entry.producer_epoch, partition):
-                    unknown.append((topic, index, entry.producer_id, entry.producer_epoch, entry.current_txn_first_offset))
+        unknown = [
+            (topic, index, producer_id, producer_epoch, first_offset)
+            for topic, index, producer_id, producer_epoch, first_offset in self._open_transactions()
+            if not self.coordinator.is_known_open_transaction(producer_id, producer_epoch, TopicPartition(topic, index))
+        ]
         aborted = []
         for topic, index, producer_id, producer_epoch, first_offset in unknown:
             log.warning(
@@ -390,6 +379,15 @@ class TransactionManager:
                 continue
             aborted.append((topic, index, producer_id))
         return aborted
+
+    def _open_transactions(self) -> list[tuple[str, int, int, int, int]]:
+        """(topic, partition, producer id, epoch, first offset) of every open
+        transaction in an open partition (``__transaction_state`` aside)."""
+        return [
+            (topic, index, entry.producer_id, entry.producer_epoch, entry.current_txn_first_offset)
+            for (topic, index), partition_log in list(self.replicas.logs.items()) if topic != TRANSACTION_STATE_TOPIC
+            for entry in list(partition_log.producer_state.producers.values()) if entry.current_txn_first_offset is not None
+        ]
 
     def background(self) -> dict:
         """The loop the broker runs in its TaskGroup while it serves (by name)."""
