@@ -158,9 +158,13 @@ class _Answers:
             if frame is None:
                 continue
             if not self._writer.transport.is_closing():
-                # A memoryview, so a partial send keeps the rest without
-                # slicing a copy of a large Fetch answer.
-                self._writer.write(memoryview(frame))
+                # An answer is a list of buffers (``encode_response_parts``: a
+                # Fetch answer's records as read from the segment, not copied
+                # into one frame); a frame of its own is one buffer. Each
+                # as a memoryview, so a partial send keeps the rest without
+                # slicing a copy.
+                for part in frame if isinstance(frame, list) else (frame,):
+                    self._writer.write(memoryview(part))
             if self._writer.transport.is_closing():  # closed before, or the write found the peer gone
                 self._stop(cancel_the_rest=True)
                 break
@@ -465,7 +469,7 @@ class KafkaServer:
         state.authenticated.set()
         log.info("connection from %s on %s authenticated as %s (%s)", peer, self.listener.name, state.sasl.principal, state.sasl.mechanism)
 
-    async def _answer(self, connection, request, peer, session, mute) -> bytes | None:
+    async def _answer(self, connection, request, peer, session, mute) -> list | None:
         try:
             body = await self._dispatch(request, session)
         except asyncio.CancelledError:
@@ -482,7 +486,7 @@ class KafkaServer:
         if body is None:
             return None
         mute.throttled(body)
-        return connection.encode_response(request, body)
+        return connection.encode_response_parts(request, body)
 
 
 async def _linger(reader: asyncio.StreamReader) -> None:

@@ -267,6 +267,9 @@ class ServerConnection:
     def encode_response(self, request: DecodedRequest, body: dict) -> bytearray:
         return encode_response(request.api_key, request.api_version, request.correlation_id, body)
 
+    def encode_response_parts(self, request: DecodedRequest, body: dict) -> list:
+        return encode_response_parts(request.api_key, request.api_version, request.correlation_id, body)
+
     @property
     def buffered_bytes(self) -> int:
         return self._frames.buffered
@@ -275,13 +278,27 @@ class ServerConnection:
 def encode_response(api_key: int, api_version: int, correlation_id: int, body: dict) -> bytearray:
     """The whole frame (size prefix included). A bytearray, not bytes: a Fetch
     answer can be tens of MiB, and converting would copy it once more."""
-    out = bytearray(8)
+    return _encode_response(bytearray(8), api_key, api_version, correlation_id, body)
+
+
+def encode_response_parts(api_key: int, api_version: int, correlation_id: int, body: dict) -> list:
+    """The whole frame as buffers to write in order: its large bytes values
+    (a Fetch answer's records, each as it was read from the segment) are
+    parts of their own, not copied into the frame (``schema.SpillingBuffer``)."""
+    return _encode_response(schema.SpillingBuffer(8), api_key, api_version, correlation_id, body).parts()
+
+
+def _encode_response(out: bytearray, api_key: int, api_version: int, correlation_id: int, body: dict) -> bytearray:
     _CORRELATION.pack_into(out, 4, correlation_id)
     if response_header_version(api_key, api_version) == 1:
         out.append(0)  # no tagged fields in the header
     schema.encode_into(out, APIS[api_key].response, api_version, body)
-    _SIZE.pack_into(out, 0, len(out) - 4)
+    _SIZE.pack_into(out, 0, _size_of(out) - 4)
     return out
+
+
+def _size_of(out: bytearray) -> int:
+    return out.total_size if isinstance(out, schema.SpillingBuffer) else len(out)
 
 
 def encode_api_versions_fallback(correlation_id: int, body: dict) -> bytes:
@@ -290,8 +307,17 @@ def encode_api_versions_fallback(correlation_id: int, body: dict) -> bytes:
 
 
 def encode_request(api_key: int, api_version: int, correlation_id: int, client_id: str | None, body: dict) -> bytes:
+    return bytes(_encode_request(bytearray(4), api_key, api_version, correlation_id, client_id, body))
+
+
+def encode_request_parts(api_key: int, api_version: int, correlation_id: int, client_id: str | None, body: dict) -> list:
+    """The whole frame as buffers to write in order, a Produce request's
+    large record sets as parts of their own (``schema.SpillingBuffer``)."""
+    return _encode_request(schema.SpillingBuffer(4), api_key, api_version, correlation_id, client_id, body).parts()
+
+
+def _encode_request(out: bytearray, api_key: int, api_version: int, correlation_id: int, client_id: str | None, body: dict) -> bytearray:
     api = APIS[api_key]
-    out = bytearray(4)
     out += _REQUEST_HEADER.pack(api_key, api_version, correlation_id)
     if client_id is None:
         out += _INT16.pack(-1)
@@ -301,8 +327,8 @@ def encode_request(api_key: int, api_version: int, correlation_id: int, client_i
     if api.request.is_flexible(api_version):
         out.append(0)
     schema.encode_into(out, api.request, api_version, body)
-    _SIZE.pack_into(out, 0, len(out) - 4)
-    return bytes(out)
+    _SIZE.pack_into(out, 0, _size_of(out) - 4)
+    return out
 
 
 class ClientConnection:
@@ -315,11 +341,21 @@ class ClientConnection:
         self._next_correlation_id = 0
 
     def send_request(self, api_key: int, api_version: int, body: dict, *, expect_response: bool = True) -> tuple[int, bytes]:
+        correlation_id = self._correlation_id_for(api_key, api_version, expect_response)
+        return correlation_id, encode_request(api_key, api_version, correlation_id, self.client_id, body)
+
+    def send_request_parts(self, api_key: int, api_version: int, body: dict, *, expect_response: bool = True) -> tuple[int, list]:
+        """``send_request`` with the frame as buffers to write in order
+        (``encode_request_parts``: large record sets are not copied)."""
+        correlation_id = self._correlation_id_for(api_key, api_version, expect_response)
+        return correlation_id, encode_request_parts(api_key, api_version, correlation_id, self.client_id, body)
+
+    def _correlation_id_for(self, api_key: int, api_version: int, expect_response: bool) -> int:
         correlation_id = self._next_correlation_id
         self._next_correlation_id = (self._next_correlation_id + 1) & 0x7FFFFFFF
         if expect_response:
             self._in_flight[correlation_id] = (api_key, api_version)
-        return correlation_id, encode_request(api_key, api_version, correlation_id, self.client_id, body)
+        return correlation_id
 
     def receive_data(self, data: bytes) -> None:
         self._frames.feed(data)

@@ -13,6 +13,13 @@ For speed each (message, version) is compiled once into a tree of small
 closures (``encoder(out, value)`` / ``decoder(buf, pos) -> (value, pos)``),
 cached; nothing is generated with exec.
 
+An encoder writes into a bytearray. Into a ``SpillingBuffer`` (a bytearray
+that knows what it left out) a bytes or records value of at least
+``SPILL_BYTES`` is not copied: the buffer notes where it belongs and
+``parts()`` hands out the encoding as buffers in order, so a Fetch answer's
+records (a segment's bytes, MiBs) and a Produce request's batches go to the
+socket as they are, not gathered into one frame first.
+
 Decoding never raises anything but ``MalformedFrameError`` (the peer sent
 garbage: short buffers, negative or absurd lengths, bad UTF-8), and that
 error names the field where it happened.
@@ -266,6 +273,38 @@ def _string_codec(flexible: bool, nullable: bool, what: str):
     return encode, decode
 
 
+SPILL_BYTES = 64 * 1024  # a bytes value this large is kept out of a SpillingBuffer, not copied in
+
+
+class SpillingBuffer(bytearray):
+    """An encoding whose large bytes values stay where they are: the buffer
+    holds everything else, ``spilled`` says where each left-out value goes
+    (its position in the buffer, the value), and ``parts()`` puts them back
+    in order as a list of buffers whose concatenation is the encoding."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.spilled: list[tuple[int, object]] = []
+
+    @property
+    def total_size(self) -> int:
+        return len(self) + sum(len(value) for _, value in self.spilled)
+
+    def parts(self) -> list:
+        if not self.spilled:
+            return [self]
+        view = memoryview(self)
+        parts, at = [], 0
+        for position, value in self.spilled:
+            if position > at:
+                parts.append(view[at:position])
+            parts.append(value)
+            at = position
+        if at < len(self):
+            parts.append(view[at:])
+        return parts
+
+
 def _bytes_codec(flexible: bool, nullable: bool, what: str, zero_copy: bool):
     write_length, read_length = _length_codec(flexible)
 
@@ -275,8 +314,12 @@ def _bytes_codec(flexible: bool, nullable: bool, what: str, zero_copy: bool):
                 raise ValueError(f"{what} is not nullable in this version")
             write_length(out, -1)
             return
-        write_length(out, len(value))
-        out += value
+        size = len(value)
+        write_length(out, size)
+        if size >= SPILL_BYTES and out.__class__ is SpillingBuffer:
+            out.spilled.append((len(out), value))
+        else:
+            out += value
 
     def decode(buf, pos):
         length, pos = read_length(buf, pos)

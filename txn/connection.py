@@ -190,7 +190,7 @@ class BrokerClient:
         return await self._submit(api_key, self.version_for(api_key) if version is None else version, body, expect_response=expect_response)
 
     async def _submit(self, api_key: int, version: int, body: dict, *, expect_response: bool = True, timeout: float | None = None):
-        correlation_id, frame = self._framing.send_request(api_key, version, body, expect_response=expect_response)
+        correlation_id, parts = self._framing.send_request_parts(api_key, version, body, expect_response=expect_response)
         future = asyncio.get_running_loop().create_future() if expect_response else None
         if future is not None:
             self._pending[correlation_id] = future
@@ -199,7 +199,8 @@ class BrokerClient:
             self._pending.pop(correlation_id, None)
             raise ConnectionError(f"connection to {self.host}:{self.port} is closed")
         try:
-            writer.write(frame)
+            for part in parts:  # a Produce request's record sets as they are, not joined into one frame
+                writer.write(part)
             if writer.transport.get_write_buffer_size() > 1 << 20:
                 async with self._lock:
                     await writer.drain()

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from protocol import schema
 from protocol.errors import ErrorCode, FrameTooLargeError, MalformedFrameError, UnsupportedRequestError
-from protocol.framing import ClientConnection, FrameBuffer, ServerConnection, encode_request
+from protocol.framing import ClientConnection, FrameBuffer, ServerConnection, encode_request, encode_request_parts, encode_response, encode_response_parts
 from protocol.messages import APIS, ApiKey
 
 PRIMITIVE_SAMPLES = {
@@ -218,6 +218,31 @@ def test_a_client_receives_a_fetch_answer_of_many_mib_whole():
     assert len(responses) == 1
     assert responses[0].correlation_id == correlation_id
     assert bytes(responses[0].body["responses"][0]["partitions"][0]["records"]) == records
+
+
+@pytest.mark.parametrize("sizes", [[0], [schema.SPILL_BYTES - 1], [schema.SPILL_BYTES], [3 << 20, 17, schema.SPILL_BYTES + 1, 0]])
+def test_frames_in_parts_are_the_frames_with_their_large_records_left_where_they_are(sizes):
+    """A Fetch answer's and a Produce request's record sets of at least
+    SPILL_BYTES are parts of their own (the very objects: not copied), and
+    the parts joined are byte for byte the frame encoded whole."""
+    rng = random.Random(len(sizes))
+    sets = [rng.randbytes(size) for size in sizes]
+    answer = {"throttle_time_ms": 0, "error_code": 0, "session_id": 0, "responses": [{"topic": "t", "partitions": [{
+        "partition_index": index, "error_code": 0, "high_watermark": 9, "last_stable_offset": 9, "log_start_offset": 0,
+        "aborted_transactions": [{"producer_id": 4, "first_offset": 2}], "preferred_read_replica": -1, "records": records}
+        for index, records in enumerate(sets)]}]}
+    produce = {"transactional_id": "tx", "acks": -1, "timeout_ms": 1000, "topic_data": [{"name": "t", "partition_data": [
+        {"index": index, "records": records} for index, records in enumerate(sets)]}]}
+    for whole, parts in (
+        (encode_response(ApiKey.FETCH, 12, 5, answer), encode_response_parts(ApiKey.FETCH, 12, 5, answer)),
+        (encode_response(ApiKey.FETCH, 4, 5, answer), encode_response_parts(ApiKey.FETCH, 4, 5, answer)),
+        (encode_request(ApiKey.PRODUCE, 9, 6, "c", produce), encode_request_parts(ApiKey.PRODUCE, 9, 6, "c", produce)),
+        (encode_request(ApiKey.PRODUCE, 3, 6, None, produce), encode_request_parts(ApiKey.PRODUCE, 3, 6, None, produce)),
+    ):
+        assert b"".join(bytes(part) for part in parts) == bytes(whole)
+        large = [records for records in sets if len(records) >= schema.SPILL_BYTES]
+        assert [part for part in parts if any(part is records for records in large)] == large
+        assert len(parts) == 1 if not large else len(large) < len(parts) <= 2 * len(large) + 1
 
 
 def test_error_codes_have_kafka_numbers():
