@@ -421,17 +421,6 @@ def _decode_columns(buf, kept: list[_KeptBatch], start_offset: int, limit: int) 
     (up to ``limit``) where ``kept`` says."""
     bytes_view = np.frombuffer(buf, dtype=np.uint8)
 
-    def check(bad: np.ndarray) -> None:
-        if bad.any():
-            raise _Damaged
-
-    def length_at(positions: np.ndarray, smallest: int) -> tuple[np.ndarray, np.ndarray]:
-        values, following, too_wide = _read_varints(bytes_view, positions)
-        check((values < smallest) | (values > record_end - following))
-        if too_wide is not None:
-            check(too_wide)
-        return values, following
-
     record_start, guessed = _record_starts(buf, bytes_view, kept)
     length, body, too_wide = _read_varints(bytes_view, record_start)
     record_end = body + length
@@ -441,27 +430,16 @@ def _decode_columns(buf, kept: list[_KeptBatch], start_offset: int, limit: int) 
             record_start, guessed = _record_starts(buf, bytes_view, kept, refuted)
             length, body, too_wide = _read_varints(bytes_view, record_start)
             record_end = body + length
-    check((length < 1) | (record_end > limit))  # at least the attributes byte
+    _check((length < 1) | (record_end > limit))  # at least the attributes byte
     if too_wide is not None:
-        check(too_wide)
-    # body points at the attributes byte, which nothing reads
-    timestamp_delta, cursor, _ = _read_varints(bytes_view, body + 1)
-    offset_delta, cursor, _ = _read_varints(bytes_view, cursor)
-    check(cursor > record_end)
-    key_length, key_start = length_at(cursor, -1)
-    value_length, value_start = length_at(key_start + np.maximum(key_length, 0), -1)
-    header_count, headers_start = length_at(value_start + np.maximum(value_length, 0), 0)
-    without_headers = header_count == 0
-    check(without_headers & (headers_start != record_end))
-
+        _check(too_wide)
+    runs = _uniform_runs(buf, bytes_view, record_start, record_end)
     counts = np.array([batch.header.record_count for batch in kept], dtype=np.int64)
-    base_offset = np.repeat(np.array([batch.header.base_offset for batch in kept], dtype=np.int64), counts)
-    offset = base_offset + offset_delta
-    log_append = np.array([batch.header.timestamp_type == TimestampType.LOG_APPEND_TIME for batch in kept])
-    base_timestamp = np.array([batch.header.base_timestamp for batch in kept], dtype=np.int64)
-    max_timestamp = np.array([batch.header.max_timestamp for batch in kept], dtype=np.int64)
-    timestamp = np.where(np.repeat(log_append, counts), np.repeat(max_timestamp, counts), np.repeat(base_timestamp, counts) + timestamp_delta)
-    timestamp_type = np.repeat(log_append.astype(np.int32), counts)
+    if sum(run.count for run in runs) == len(record_start) and len({(run.key_length, run.value_length) for run in runs}) == 1:
+        return _uniform_columns(bytes_view, runs, kept, counts, start_offset)
+    timestamp_delta, offset_delta, key_start, key_length, value_start, value_length, header_count, headers_start = _record_fields(bytes_view, runs, body, record_end)
+    without_headers = header_count == 0
+    offset, timestamp, timestamp_type = _offsets_and_timestamps(kept, counts, offset_delta, timestamp_delta)
 
     header_entries = None
     if not without_headers.all():
@@ -484,6 +462,208 @@ def _decode_columns(buf, kept: list[_KeptBatch], start_offset: int, limit: int) 
         [key, value, _numpy_array(offset, np.int64), _numpy_array(timestamp, np.int64), _numpy_array(timestamp_type, np.int32), headers],
         schema=FETCHED_SCHEMA,
     )
+
+
+def _check(bad: np.ndarray) -> None:
+    if bad.any():
+        raise _Damaged
+
+
+# A run of at least this many records laid out alike is read as a byte matrix.
+_MATRIX_MIN_RECORDS = 32
+
+
+@attrs.frozen
+class _UniformRun:
+    """Records one after another laid out alike (``_uniform_run``): a byte
+    matrix of one row per record, whose fields are its columns."""
+
+    first: int  # the index of its first record
+    count: int
+    start: int  # where its first record starts in the buffer
+    stride: int  # the size of each record
+    key_at: int  # where the key starts in each record
+    key_length: int  # -1: null
+    value_at: int
+    value_length: int
+    timestamp_delta: np.ndarray
+    offset_delta: np.ndarray
+
+    def rows(self, bytes_view: np.ndarray) -> np.ndarray:
+        return bytes_view[self.start : self.start + self.stride * self.count].reshape(self.count, self.stride)
+
+    def fields(self) -> list[np.ndarray]:
+        """As ``_record_fields`` gives them."""
+        row = self.start + self.stride * np.arange(self.count, dtype=np.int64)
+        return [
+            self.timestamp_delta,
+            self.offset_delta,
+            row + self.key_at,
+            np.full(self.count, self.key_length, dtype=np.int64),
+            row + self.value_at,
+            np.full(self.count, self.value_length, dtype=np.int64),
+            np.zeros(self.count, dtype=np.int64),
+            row + self.stride,
+        ]
+
+
+def _uniform_runs(buf, bytes_view: np.ndarray, record_start: np.ndarray, record_end: np.ndarray) -> list[_UniformRun]:
+    """The runs of records laid out alike, in order. Records of one size one
+    after another often are (fixed-size values from one producer: the size
+    changes where the offset or timestamp delta's varint grows a byte);
+    each such stretch of at least ``_MATRIX_MIN_RECORDS`` is checked by
+    ``_uniform_run``."""
+    size = record_end - record_start
+    alike = (size[1:] == size[:-1]) & (record_start[1:] == record_end[:-1])
+    boundaries = np.flatnonzero(~alike) + 1
+    firsts = np.concatenate([[0], boundaries]).tolist()
+    lasts = np.concatenate([boundaries, [len(record_start)]]).tolist()
+    runs = []
+    for first, last in zip(firsts, lasts):
+        if last - first >= _MATRIX_MIN_RECORDS:
+            run = _uniform_run(buf, bytes_view, first, last - first, int(record_start[first]), int(size[first]))
+            if run is not None:
+                runs.append(run)
+    return runs
+
+
+def _uniform_run(buf, bytes_view: np.ndarray, first: int, count: int, start: int, stride: int) -> _UniformRun | None:
+    """The ``count`` records of ``stride`` bytes each from ``start`` as one
+    run, if every one is laid out as the first: the same bytes in its
+    length, key length, value length and header count (zero) varints, and
+    timestamp and offset delta varints of the same widths (their
+    continuation bits agree). None otherwise, or if the first does not
+    decode whole to exactly ``stride`` bytes (the caller reads such records
+    varint by varint, which finds any damage)."""
+    try:
+        _length, at = read_varint(buf, start)
+        length_bytes = at - start
+        timestamp_at = at + 1  # after the attributes byte
+        _delta, offset_at = read_varint(buf, timestamp_at)
+        _delta, key_length_at = read_varint(buf, offset_at)
+        key_length, key_at = read_varint(buf, key_length_at)
+        value_length_at = key_at + max(key_length, 0)
+        value_length, value_at = read_varint(buf, value_length_at)
+        header_count_at = value_at + max(value_length, 0)
+        header_count, end = read_varint(buf, header_count_at)
+    except (IndexError, ValueError):
+        return None
+    timestamp_width, offset_width = offset_at - timestamp_at, key_length_at - offset_at
+    if header_count != 0 or end - start != stride or key_length < -1 or value_length < -1 or max(timestamp_width, offset_width) > 9:
+        return None
+    rows = bytes_view[start : start + stride * count].reshape(count, stride)
+    # The bytes before the key and the value, gathered once (a column of the
+    # matrix is strided: each pass over one reads every row), and the bytes
+    # that must be the same in every record.
+    head = np.ascontiguousarray(rows[:, : key_at - start])
+    same = [*range(length_bytes), *range(key_length_at - start, key_at - start)]
+    for matrix, column in [(head, k) for k in same] + [(rows, k) for k in range(value_length_at - start, value_at - start)] + [(rows, stride - 1)]:
+        values = matrix[:, column]  # one column at a time: a 2-D comparison with a broadcast row is ten times slower
+        if values.min() != values.max() or values[0] != bytes_view[start + column]:
+            return None
+    deltas = []
+    for at, width in ((timestamp_at - start, timestamp_width), (offset_at - start, offset_width)):
+        column = head[:, at]
+        for k in range(width - 1):
+            if column.min() < 0x80:
+                return None
+            column = head[:, at + k + 1]
+        if column.max() >= 0x80:
+            return None
+        raw = (head[:, at] & 0x7F).astype(np.int64)
+        for k in range(1, width):  # at most 9 bytes: 63 bits, an int64 never negative
+            raw |= (head[:, at + k] & 0x7F).astype(np.int64) << (7 * k)
+        deltas.append((raw >> 1) ^ -(raw & 1))
+    return _UniformRun(first, count, start, stride, key_at - start, key_length, value_at - start, value_length, deltas[0], deltas[1])
+
+
+def _record_fields(bytes_view: np.ndarray, runs: list[_UniformRun], body: np.ndarray, record_end: np.ndarray) -> list[np.ndarray]:
+    """Every record's fields after its length (body points at its
+    attributes byte, which nothing reads): timestamp delta, offset delta,
+    key start and length, value start and length, header count and where
+    the headers start; those of the ``runs`` from their matrices, the rest
+    varint by varint (``_fields_by_varints``)."""
+    count = len(body)
+    if not runs:
+        return _fields_by_varints(bytes_view, body, record_end)
+    fields = [np.empty(count, dtype=np.int64) for _ in range(8)]
+    read = np.zeros(count, dtype=bool)
+    for run in runs:
+        for column, values in zip(fields, run.fields()):
+            column[run.first : run.first + run.count] = values
+        read[run.first : run.first + run.count] = True
+    rest = np.flatnonzero(~read)
+    if len(rest):
+        for column, values in zip(fields, _fields_by_varints(bytes_view, body[rest], record_end[rest])):
+            column[rest] = values
+    return fields
+
+
+def _offsets_and_timestamps(kept: list[_KeptBatch], counts: np.ndarray, offset_delta: np.ndarray, timestamp_delta: np.ndarray):
+    """Each record's offset, timestamp and timestamp type (a LogAppendTime
+    batch's max timestamp for all its records)."""
+    base_offset = np.repeat(np.array([batch.header.base_offset for batch in kept], dtype=np.int64), counts)
+    log_append = np.array([batch.header.timestamp_type == TimestampType.LOG_APPEND_TIME for batch in kept])
+    base_timestamp = np.array([batch.header.base_timestamp for batch in kept], dtype=np.int64)
+    max_timestamp = np.array([batch.header.max_timestamp for batch in kept], dtype=np.int64)
+    timestamp = np.where(np.repeat(log_append, counts), np.repeat(max_timestamp, counts), np.repeat(base_timestamp, counts) + timestamp_delta)
+    return base_offset + offset_delta, timestamp, np.repeat(log_append.astype(np.int32), counts)
+
+
+def _uniform_columns(bytes_view: np.ndarray, runs: list[_UniformRun], kept: list[_KeptBatch], counts: np.ndarray, start_offset: int) -> pa.RecordBatch:
+    """The columns when every record is in a run and every key and value
+    has one length: each binary column is one buffer filled by one copy of
+    a matrix's columns per run, no record positions at all."""
+    count = sum(run.count for run in runs)
+    offset, timestamp, timestamp_type = _offsets_and_timestamps(
+        kept, counts, np.concatenate([run.offset_delta for run in runs]), np.concatenate([run.timestamp_delta for run in runs])
+    )
+    rows = [run.rows(bytes_view) for run in runs]
+    key = _fixed_length_column(rows, [run.key_at for run in runs], runs[0].key_length, count)
+    value = _fixed_length_column(rows, [run.value_at for run in runs], runs[0].value_length, count)
+    list_offsets = pa.py_buffer(np.zeros(count + 1, dtype=np.int32))
+    headers = pa.ListArray.from_buffers(HEADERS_TYPE, count, [None, list_offsets], children=[pa.StructArray.from_arrays([pa.nulls(0, pa.string()), pa.nulls(0, pa.binary())], fields=list(HEADER_STRUCT_TYPE))])
+    columns = pa.RecordBatch.from_arrays(
+        [key, value, _numpy_array(offset, np.int64), _numpy_array(timestamp, np.int64), _numpy_array(timestamp_type, np.int32), headers],
+        schema=FETCHED_SCHEMA,
+    )
+    visible = offset >= start_offset
+    return columns if visible.all() else columns.filter(pa.array(visible))
+
+
+def _fixed_length_column(rows: list[np.ndarray], positions: list[int], length: int, count: int) -> pa.Array:
+    """Values of ``length`` bytes (-1: nulls) at ``positions[i]`` of every row of ``rows[i]``."""
+    if length < 0:
+        return pa.nulls(count, pa.binary())
+    if count * length > _INT32_MAX:
+        raise ValueError(f"{count * length} bytes of one column in one fetch do not fit an Arrow binary column (2 GiB); fetch less at a time")
+    values = np.empty(count * length, dtype=np.uint8)
+    filled = 0
+    for matrix, at in zip(rows, positions):
+        values[filled * length : (filled + len(matrix)) * length].reshape(len(matrix), length)[:] = matrix[:, at : at + length]
+        filled += len(matrix)
+    offsets = np.arange(0, (count + 1) * length, max(length, 1), dtype=np.int32) if length else np.zeros(count + 1, dtype=np.int32)
+    return pa.Array.from_buffers(pa.binary(), count, [None, pa.py_buffer(offsets), pa.py_buffer(values)])
+
+
+def _fields_by_varints(bytes_view: np.ndarray, body: np.ndarray, record_end: np.ndarray) -> list[np.ndarray]:
+    """``_record_fields`` read varint by varint (each for all the records at once), checked."""
+
+    def length_at(positions: np.ndarray, smallest: int) -> tuple[np.ndarray, np.ndarray]:
+        values, following, too_wide = _read_varints(bytes_view, positions)
+        _check((values < smallest) | (values > record_end - following))
+        if too_wide is not None:
+            _check(too_wide)
+        return values, following
+
+    timestamp_delta, cursor, _ = _read_varints(bytes_view, body + 1)
+    offset_delta, cursor, _ = _read_varints(bytes_view, cursor)
+    _check(cursor > record_end)
+    key_length, key_start = length_at(cursor, -1)
+    value_length, value_start = length_at(key_start + np.maximum(key_length, 0), -1)
+    header_count, headers_start = length_at(value_start + np.maximum(value_length, 0), 0)
+    _check((header_count == 0) & (headers_start != record_end))
+    return [timestamp_delta, offset_delta, key_start, key_length, value_start, value_length, header_count, headers_start]
 
 
 def _header_positions(buf: bytes, headers_start: np.ndarray, record_end: np.ndarray, header_count: np.ndarray):

@@ -322,6 +322,68 @@ def test_fetches_cut_anywhere_add_up_to_the_whole_log(log, read_committed, fetch
     assert position == whole.end
 
 
+@st.composite
+def alike_batches(draw):
+    """Batches whose records mostly take one layout (the decoder reads such
+    runs as byte matrices): one key length (or none) and value size per
+    batch, timestamp deltas whose varints grow a byte somewhere or not, runs
+    of 32 records and more, and twists that keep a record's size but not its
+    layout (a key a byte longer and its value a byte shorter, a timestamp
+    delta a byte wider and its value a byte shorter, a header in place of
+    two value bytes; the record codec's bytes of each are those of the
+    record it replaces, plus or minus nothing)."""
+    out = bytearray()
+    offset = draw(st.integers(0, 2**40))
+    for _ in range(draw(st.integers(1, 3))):
+        count = draw(st.integers(32, 300))
+        key = draw(st.sampled_from([None, b"", b"k" * 5, b"q" * 70]))
+        size = draw(st.integers(3, 140))
+        base = draw(st.integers(0, 2**40))
+        step = draw(st.sampled_from([0, 1, 3, 70, 10_000, 2**35, -1]))
+        if step == -1:  # from the base (the smallest) + 64 down to the base where the offset delta's varint grows: one size, two layouts
+            stamps = [base + 64 * (i < 64) for i in range(count)]
+        else:
+            stamps = [base + (i * step if step < 2**35 else (i >= count // 2) * step) for i in range(count)]
+        record_list = [(key, bytes([i % 256]) * size, [], stamps[i]) for i in range(count)]
+        for index in draw(st.lists(st.integers(0, count - 1), max_size=3)):
+            twisted_key, value, headers, timestamp = record_list[index]
+            twist = draw(st.integers(0, 2))
+            if twist == 0 and twisted_key is not None and len(value) > 1:
+                record_list[index] = (twisted_key + b"+", value[:-1], headers, timestamp)
+            elif twist == 1 and len(value) > 1:
+                record_list[index] = (twisted_key, value[:-1], headers, timestamp + 64)
+            elif len(value) > 2:
+                record_list[index] = (twisted_key, value[:-2], [("", None)], timestamp)
+        compression = draw(st.sampled_from([Compression.NONE, Compression.NONE, Compression.LZ4]))
+        out += encode_batch(record_list, base_offset=offset, compression=compression, base_timestamp=min(stamp for *_, stamp in record_list))
+        offset += count + draw(st.sampled_from([0, 5]))
+    return bytes(out)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=alike_batches(), start_skip=st.integers(0, 400))
+def test_records_laid_out_alike_decode_as_the_record_codec_decodes_them(data, start_skip):
+    start_offset = first_offset_of(data) + start_skip
+    rows, end = reference_rows(data, [], read_committed=True, start_offset=start_offset)
+    fetched = decode_fetched(data, [], read_committed=True, start_offset=start_offset)
+    assert fetched.columns.schema == columnar.FETCHED_SCHEMA
+    assert fetched.columns.to_pylist() == rows
+    assert fetched.end == end
+
+
+def test_a_fetch_of_records_laid_out_alike_is_read_as_byte_matrices(monkeypatch):
+    """The matrix path is taken (every record in a run: the binary columns
+    are cut without record positions) and gives what the varint path gives."""
+    data = b"".join(encode_batch([(None, b"%03d" % i * 30, [], 1000 + i // 7) for i in range(200)], base_offset=base) for base in (0, 200))
+    taken = []
+    monkeypatch.setattr(columnar, "_uniform_columns", lambda *a, f=columnar._uniform_columns: taken.append(1) or f(*a))
+    by_matrix = decode_fetched(data).columns
+    assert taken and by_matrix.num_rows == 400
+    monkeypatch.setattr(columnar, "_MATRIX_MIN_RECORDS", 10**9)
+    assert decode_fetched(data).columns.equals(by_matrix)
+    assert len(taken) == 1
+
+
 def test_an_empty_section_and_a_section_of_control_batches_give_no_rows():
     assert decode_fetched(b"", start_offset=7).columns.num_rows == 0
     assert decode_fetched(b"", start_offset=7).end == 7
