@@ -435,7 +435,7 @@ def _decode_columns(buf, kept: list[_KeptBatch], start_offset: int, limit: int) 
         _check(too_wide)
     runs = _uniform_runs(buf, bytes_view, record_start, record_end)
     counts = np.array([batch.header.record_count for batch in kept], dtype=np.int64)
-    if sum(run.count for run in runs) == len(record_start) and len({(run.key_length, run.value_length) for run in runs}) == 1:
+    if sum(run.count for run in runs) == len(record_start) and len({(run.layout.key_length, run.layout.value_length) for run in runs}) == 1:
         return _uniform_columns(bytes_view, runs, kept, counts, start_offset)
     timestamp_delta, offset_delta, key_start, key_length, value_start, value_length, header_count, headers_start = _record_fields(bytes_view, runs, body, record_end)
     without_headers = header_count == 0
@@ -475,106 +475,144 @@ _MATRIX_MIN_RECORDS = 32
 
 @attrs.frozen
 class _UniformRun:
-    """Records one after another laid out alike (``_uniform_run``): a byte
+    """Records one after another laid out alike (``_uniform_runs``): a byte
     matrix of one row per record, whose fields are its columns."""
 
     first: int  # the index of its first record
     count: int
     start: int  # where its first record starts in the buffer
-    stride: int  # the size of each record
-    key_at: int  # where the key starts in each record
-    key_length: int  # -1: null
-    value_at: int
-    value_length: int
+    layout: "_Layout"
     timestamp_delta: np.ndarray
     offset_delta: np.ndarray
 
     def rows(self, bytes_view: np.ndarray) -> np.ndarray:
-        return bytes_view[self.start : self.start + self.stride * self.count].reshape(self.count, self.stride)
+        stride = self.layout.stride
+        return bytes_view[self.start : self.start + stride * self.count].reshape(self.count, stride)
 
     def fields(self) -> list[np.ndarray]:
         """As ``_record_fields`` gives them."""
-        row = self.start + self.stride * np.arange(self.count, dtype=np.int64)
+        layout = self.layout
+        row = self.start + layout.stride * np.arange(self.count, dtype=np.int64)
         return [
             self.timestamp_delta,
             self.offset_delta,
-            row + self.key_at,
-            np.full(self.count, self.key_length, dtype=np.int64),
-            row + self.value_at,
-            np.full(self.count, self.value_length, dtype=np.int64),
+            row + layout.key_at,
+            np.full(self.count, layout.key_length, dtype=np.int64),
+            row + layout.value_at,
+            np.full(self.count, layout.value_length, dtype=np.int64),
             np.zeros(self.count, dtype=np.int64),
-            row + self.stride,
+            row + layout.stride,
         ]
 
 
-def _uniform_runs(buf, bytes_view: np.ndarray, record_start: np.ndarray, record_end: np.ndarray) -> list[_UniformRun]:
-    """The runs of records laid out alike, in order. Records of one size one
-    after another often are (fixed-size values from one producer: the size
-    changes where the offset or timestamp delta's varint grows a byte);
-    each such stretch of at least ``_MATRIX_MIN_RECORDS`` is checked by
-    ``_uniform_run``."""
-    size = record_end - record_start
-    alike = (size[1:] == size[:-1]) & (record_start[1:] == record_end[:-1])
-    boundaries = np.flatnonzero(~alike) + 1
-    firsts = np.concatenate([[0], boundaries]).tolist()
-    lasts = np.concatenate([boundaries, [len(record_start)]]).tolist()
-    runs = []
-    for first, last in zip(firsts, lasts):
-        if last - first >= _MATRIX_MIN_RECORDS:
-            run = _uniform_run(buf, bytes_view, first, last - first, int(record_start[first]), int(size[first]))
-            if run is not None:
-                runs.append(run)
-    return runs
+@attrs.frozen
+class _Layout:
+    """Where each field of a record lies, relative to its start, for records
+    whose varints all have the same widths and whose key and value lengths
+    (and header count, zero) are the same bytes: one record's, read by
+    ``_layout_of``."""
+
+    stride: int
+    length_bytes: int
+    timestamp_at: int
+    timestamp_width: int
+    offset_at: int
+    offset_width: int
+    key_length_at: int
+    key_at: int
+    key_length: int
+    value_length_at: int
+    value_at: int
+    value_length: int
 
 
-def _uniform_run(buf, bytes_view: np.ndarray, first: int, count: int, start: int, stride: int) -> _UniformRun | None:
-    """The ``count`` records of ``stride`` bytes each from ``start`` as one
-    run, if every one is laid out as the first: the same bytes in its
-    length, key length, value length and header count (zero) varints, and
-    timestamp and offset delta varints of the same widths (their
-    continuation bits agree). None otherwise, or if the first does not
-    decode whole to exactly ``stride`` bytes (the caller reads such records
-    varint by varint, which finds any damage)."""
+def _layout_of(buf, start: int, stride: int) -> _Layout | None:
+    """The layout of the record at ``start``, or None if it does not decode
+    whole to exactly ``stride`` bytes with no headers and varints of at most
+    9 bytes (such records are read varint by varint, which finds any damage)."""
     try:
         _length, at = read_varint(buf, start)
-        length_bytes = at - start
         timestamp_at = at + 1  # after the attributes byte
         _delta, offset_at = read_varint(buf, timestamp_at)
         _delta, key_length_at = read_varint(buf, offset_at)
         key_length, key_at = read_varint(buf, key_length_at)
         value_length_at = key_at + max(key_length, 0)
         value_length, value_at = read_varint(buf, value_length_at)
-        header_count_at = value_at + max(value_length, 0)
-        header_count, end = read_varint(buf, header_count_at)
+        header_count, end = read_varint(buf, value_at + max(value_length, 0))
     except (IndexError, ValueError):
         return None
     timestamp_width, offset_width = offset_at - timestamp_at, key_length_at - offset_at
     if header_count != 0 or end - start != stride or key_length < -1 or value_length < -1 or max(timestamp_width, offset_width) > 9:
         return None
-    rows = bytes_view[start : start + stride * count].reshape(count, stride)
-    # The bytes before the key and the value, gathered once (a column of the
-    # matrix is strided: each pass over one reads every row), and the bytes
-    # that must be the same in every record.
-    head = np.ascontiguousarray(rows[:, : key_at - start])
-    same = [*range(length_bytes), *range(key_length_at - start, key_at - start)]
-    for matrix, column in [(head, k) for k in same] + [(rows, k) for k in range(value_length_at - start, value_at - start)] + [(rows, stride - 1)]:
-        values = matrix[:, column]  # one column at a time: a 2-D comparison with a broadcast row is ten times slower
-        if values.min() != values.max() or values[0] != bytes_view[start + column]:
+    return _Layout(
+        stride, at - start, timestamp_at - start, timestamp_width, offset_at - start, offset_width,
+        key_length_at - start, key_at - start, key_length, value_length_at - start, value_at - start, value_length,
+    )
+
+
+def _uniform_runs(buf, bytes_view: np.ndarray, record_start: np.ndarray, record_end: np.ndarray) -> list[_UniformRun]:
+    """The runs of records laid out alike, in order. Records of one size one
+    after another often are (fixed-size values from one producer: the size
+    changes where the offset or timestamp delta's varint grows a byte, so a
+    batch is two or three runs). Stretches of at least
+    ``_MATRIX_MIN_RECORDS`` records of one size are candidates; those of
+    one size are checked together against the first one's layout
+    (``_laid_out_as``: a few numpy operations for all of them, however many
+    batches they come from), and none of a size is a run if one record of
+    that size is laid out otherwise."""
+    size = record_end - record_start
+    alike = (size[1:] == size[:-1]) & (record_start[1:] == record_end[:-1])
+    boundaries = np.flatnonzero(~alike) + 1
+    firsts = np.concatenate([[0], boundaries])
+    counts = np.concatenate([boundaries, [len(record_start)]]) - firsts
+    long_enough = counts >= _MATRIX_MIN_RECORDS
+    firsts, counts = firsts[long_enough], counts[long_enough]
+    runs = []
+    strides = size[firsts]
+    for stride in np.unique(strides).tolist():
+        of_stride = strides == stride
+        group_firsts, group_counts = firsts[of_stride], counts[of_stride]
+        layout = _layout_of(buf, int(record_start[group_firsts[0]]), stride)
+        if layout is None:
+            continue
+        index = np.repeat(group_firsts - np.cumsum(group_counts) + group_counts, group_counts) + np.arange(int(group_counts.sum()))
+        deltas = _laid_out_as(bytes_view, record_start[index], layout)
+        if deltas is None:
+            continue
+        ends = np.cumsum(group_counts).tolist()
+        for first, count, end in zip(group_firsts.tolist(), group_counts.tolist(), ends):
+            runs.append(_UniformRun(first, count, int(record_start[first]), layout, deltas[0][end - count : end], deltas[1][end - count : end]))
+    runs.sort(key=lambda run: run.first)
+    return runs
+
+
+def _laid_out_as(bytes_view: np.ndarray, starts: np.ndarray, layout: _Layout) -> tuple[np.ndarray, np.ndarray] | None:
+    """The timestamp and offset deltas of the records at ``starts`` if every
+    one is laid out as ``layout`` says (the first is: ``_layout_of`` read
+    it), else None. Each byte that is checked or read is gathered once for
+    all the records, as a column of its own (a 2-D gather of the bytes
+    before the value, or a 2-D comparison with a broadcast row, is several
+    times slower)."""
+
+    def column(at: int) -> np.ndarray:
+        return bytes_view.take(starts + at)
+
+    for at in [*range(layout.length_bytes), *range(layout.key_length_at, layout.key_at), *range(layout.value_length_at, layout.value_at)]:
+        values = column(at)
+        if values.min() != values.max():
             return None
+    if column(layout.stride - 1).max() != 0:  # the header count: zero, as the first's
+        return None
     deltas = []
-    for at, width in ((timestamp_at - start, timestamp_width), (offset_at - start, offset_width)):
-        column = head[:, at]
-        for k in range(width - 1):
-            if column.min() < 0x80:
-                return None
-            column = head[:, at + k + 1]
-        if column.max() >= 0x80:
+    for at, width in ((layout.timestamp_at, layout.timestamp_width), (layout.offset_at, layout.offset_width)):
+        varint_bytes = [column(at + k) for k in range(width)]
+        if any(byte.min() < 0x80 for byte in varint_bytes[:-1]) or varint_bytes[-1].max() >= 0x80:
             return None
-        raw = (head[:, at] & 0x7F).astype(np.int64)
+        raw = (varint_bytes[0] & 0x7F).astype(np.int64)
         for k in range(1, width):  # at most 9 bytes: 63 bits, an int64 never negative
-            raw |= (head[:, at + k] & 0x7F).astype(np.int64) << (7 * k)
+            raw |= (varint_bytes[k] & 0x7F).astype(np.int64) << (7 * k)
         deltas.append((raw >> 1) ^ -(raw & 1))
-    return _UniformRun(first, count, start, stride, key_at - start, key_length, value_at - start, value_length, deltas[0], deltas[1])
+    return deltas[0], deltas[1]
 
 
 def _record_fields(bytes_view: np.ndarray, runs: list[_UniformRun], body: np.ndarray, record_end: np.ndarray) -> list[np.ndarray]:
@@ -619,8 +657,8 @@ def _uniform_columns(bytes_view: np.ndarray, runs: list[_UniformRun], kept: list
         kept, counts, np.concatenate([run.offset_delta for run in runs]), np.concatenate([run.timestamp_delta for run in runs])
     )
     rows = [run.rows(bytes_view) for run in runs]
-    key = _fixed_length_column(rows, [run.key_at for run in runs], runs[0].key_length, count)
-    value = _fixed_length_column(rows, [run.value_at for run in runs], runs[0].value_length, count)
+    key = _fixed_length_column(rows, [run.layout.key_at for run in runs], runs[0].layout.key_length, count)
+    value = _fixed_length_column(rows, [run.layout.value_at for run in runs], runs[0].layout.value_length, count)
     list_offsets = pa.py_buffer(np.zeros(count + 1, dtype=np.int32))
     headers = pa.ListArray.from_buffers(HEADERS_TYPE, count, [None, list_offsets], children=[pa.StructArray.from_arrays([pa.nulls(0, pa.string()), pa.nulls(0, pa.binary())], fields=list(HEADER_STRUCT_TYPE))])
     columns = pa.RecordBatch.from_arrays(
