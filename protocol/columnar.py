@@ -996,7 +996,13 @@ def _section_by_runs(timestamp_rows, offset_rows, key: pa.Array, key_length: np.
     for rows, template, copies in runs:
         matrix = out[position : position + rows * len(template)].reshape(rows, len(template))
         position += rows * len(template)
-        matrix[:] = template
+        # The template goes only where no copy will write (the values are
+        # most of each row: filling them twice cost a sixth of the encoding).
+        begin = 0
+        for column, end in sorted((column, column + source.shape[1]) for column, source in copies) + [(len(template), len(template))]:
+            if column > begin:
+                matrix[:, begin:column] = template[begin:column]
+            begin = max(begin, end)
         for column, source in copies:
             matrix[:, column : column + source.shape[1]] = source
     return out
