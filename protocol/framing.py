@@ -43,6 +43,7 @@ DEFAULT_MAX_FRAME_SIZE = 100 * 1024 * 1024
 # bytearray of its own (``FrameBuffer``); smaller ones are sliced out of the
 # shared buffer.
 LARGE_FRAME_BYTES = 64 * 1024
+RECEIVE_SCRATCH_BYTES = 256 * 1024  # what one receive into the scratch buffer takes at most
 
 _SIZE = struct.Struct(">i")
 _REQUEST_HEADER = struct.Struct(">hhi")
@@ -112,7 +113,14 @@ class FrameBuffer:
     gathered in a bytearray of its own, appended to as its bytes arrive,
     and handed out whole: no slice copies it out of the shared buffer. (Not
     a zero-filled ``bytearray(size)`` filled in place: zeroing fresh pages
-    cost twice the CPU per 1 MiB frame.)"""
+    cost twice the CPU per 1 MiB frame.)
+
+    Bytes can also be received in place (``receive_buffer``/``received``,
+    an ``asyncio.BufferedProtocol``'s ``get_buffer``/``buffer_updated``): the
+    socket writes into a scratch buffer, or, once a large frame's size is
+    known, straight into that frame (allocated whole then: the bytes reach
+    it with no copy at all, where read and fed they were copied three
+    times on their way)."""
 
     def __init__(self, max_frame_size: int, *, min_frame_size: int = 0, large_frame_bytes: int = LARGE_FRAME_BYTES):
         self.max_frame_size = max_frame_size
@@ -122,6 +130,30 @@ class FrameBuffer:
         self._start = 0
         self._large: bytearray | None = None  # the large frame being gathered (without its size prefix)
         self._large_size = 0  # and the size it will have
+        self._receiving = False  # bytes come through receive_buffer/received
+        self._into: bytearray | None = None  # a large frame received in place, allocated whole
+        self._into_filled = 0
+        self._scratch: bytearray | None = None
+        self._into_target = False  # the last receive_buffer was the rest of _into
+
+    def receive_buffer(self) -> memoryview:
+        """Where the socket's next bytes go: the rest of a large frame
+        received in place, else the scratch buffer (``received`` feeds it)."""
+        self._receiving = True
+        if self._into is not None and self._into_filled < len(self._into):
+            self._into_target = True
+            return memoryview(self._into)[self._into_filled :]
+        self._into_target = False
+        if self._scratch is None:
+            self._scratch = bytearray(RECEIVE_SCRATCH_BYTES)
+        return memoryview(self._scratch)
+
+    def received(self, nbytes: int) -> None:
+        """``nbytes`` were written where ``receive_buffer`` said."""
+        if self._into_target:
+            self._into_filled += nbytes
+        else:
+            self.feed(memoryview(self._scratch)[:nbytes])
 
     def feed(self, data: bytes) -> None:
         if self._large is not None:
@@ -137,6 +169,11 @@ class FrameBuffer:
         self._buffer += data
 
     def next_frame(self) -> memoryview | None:
+        if self._into is not None:
+            if self._into_filled < len(self._into):
+                return None
+            frame, self._into = memoryview(self._into), None
+            return frame
         if self._large is not None:
             if len(self._large) < self._large_size:
                 return None
@@ -151,8 +188,13 @@ class FrameBuffer:
         begin = self._start + 4
         if available < 4 + size:
             if size >= self.large_frame_bytes:
-                self._large = self._buffer[begin:]
-                self._large_size = size
+                if self._receiving:
+                    self._into = bytearray(size)
+                    self._into_filled = available - 4
+                    self._into[: self._into_filled] = memoryview(self._buffer)[begin:]
+                else:
+                    self._large = self._buffer[begin:]
+                    self._large_size = size
                 self._buffer.clear()
                 self._start = 0
             return None
@@ -169,7 +211,8 @@ class FrameBuffer:
     @property
     def buffered(self) -> int:
         large = 4 + len(self._large) if self._large is not None else 0
-        return large + len(self._buffer) - self._start
+        into = 4 + self._into_filled if self._into is not None else 0
+        return large + into + len(self._buffer) - self._start
 
     def take_buffered(self) -> bytes:
         """Whatever is buffered and not yet a whole frame, removed from the buffer."""
@@ -177,6 +220,9 @@ class FrameBuffer:
         if self._large is not None:
             rest = _SIZE.pack(self._large_size) + bytes(self._large) + rest
             self._large = None
+        if self._into is not None:
+            rest = _SIZE.pack(len(self._into)) + bytes(self._into[: self._into_filled]) + rest
+            self._into = None
         self._buffer.clear()
         self._start = 0
         return rest
@@ -359,6 +405,13 @@ class ClientConnection:
 
     def receive_data(self, data: bytes) -> None:
         self._frames.feed(data)
+
+    def receive_buffer(self) -> memoryview:
+        """``FrameBuffer.receive_buffer``: where the socket's next bytes go."""
+        return self._frames.receive_buffer()
+
+    def received(self, nbytes: int) -> None:
+        self._frames.received(nbytes)
 
     def next_response(self) -> DecodedResponse | None:
         frame = self._frames.next_frame()

@@ -33,10 +33,61 @@ from protocol.tasks import cancel_and_wait
 from txn.security import PLAINTEXT, AuthenticationError, SaslClient, SecurityConfig
 
 log = logging.getLogger(__name__)
-# What one read takes off the socket's stream, and what the stream holds
-# before it stops reading (asyncio's default, 64 KiB, pauses and resumes
-# reading dozens of times per Fetch answer of a few MiB).
-READ_LIMIT = 1 << 20
+
+
+class _Receiver(asyncio.streams.FlowControlMixin, asyncio.BufferedProtocol):
+    """One connection's protocol. The socket's bytes land where the framing
+    says (``ClientConnection.receive_buffer``: a large answer, a Fetch's
+    MiBs, is written straight into its frame, not read into a stream's
+    buffer, copied out of it and gathered again); the reader task waits in
+    ``arrived`` and takes the whole answers. Writes go through a
+    ``StreamWriter`` on this protocol, with asyncio's flow control
+    (``drain``)."""
+
+    def __init__(self, framing: ClientConnection):
+        super().__init__()
+        self.framing = framing
+        self._new_bytes = False
+        self._ended = False
+        self._waiter: asyncio.Future | None = None
+        self._closed = asyncio.get_running_loop().create_future()
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.framing.receive_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.framing.received(nbytes)
+        self._new_bytes = True
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self._ended = True
+        self._wake()
+        return False  # the transport closes itself
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self._ended = True
+        self._wake()
+        if not self._closed.done():
+            self._closed.set_result(None)
+
+    def _get_close_waiter(self, stream) -> asyncio.Future:
+        return self._closed  # StreamWriter.wait_closed
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def arrived(self) -> bool:
+        """Once new bytes have come: True; False once the connection has ended."""
+        while not self._new_bytes:
+            if self._ended:
+                return False
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+        self._new_bytes = False
+        return True
 
 
 class BrokerClient:
@@ -52,7 +103,7 @@ class BrokerClient:
         self._reauth_lock = asyncio.Lock()
         self.authentications = 0  # completed SASL exchanges on any of this client's connections
         self._framing = ClientConnection(client_id=client_id)
-        self._reader: asyncio.StreamReader | None = None
+        self._receiver: _Receiver | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._pending: dict[int, asyncio.Future] = {}
         self._read_task: asyncio.Task | None = None
@@ -84,8 +135,8 @@ class BrokerClient:
         self._framing = ClientConnection(client_id=self.client_id)
         self._pending = {}
         self._reauthenticate_after = self._session_expires = None
-        self._reader, self._writer = await asyncio.wait_for(self._open(), self.request_timeout)
-        self._read_task = asyncio.get_running_loop().create_task(self._read_loop(self._reader, self._framing, self._pending))
+        self._receiver, self._writer = await asyncio.wait_for(self._open(self._framing), self.request_timeout)
+        self._read_task = asyncio.get_running_loop().create_task(self._read_loop(self._receiver, self._framing, self._pending))
         try:
             body = await self._send(ApiKey.API_VERSIONS, 3, {"client_software_name": "onceflow-txn", "client_software_version": "0.1"})
             if body["error_code"]:
@@ -101,14 +152,19 @@ class BrokerClient:
             raise
         self._ready = True
 
-    async def _open(self):
-        """The socket, TLS-wrapped on SSL and SASL_SSL."""
+    async def _open(self, framing: ClientConnection) -> tuple[_Receiver, asyncio.StreamWriter]:
+        """The socket, TLS-wrapped on SSL and SASL_SSL: its protocol and a writer."""
         if self.security.uses_tls and self._ssl_context is None:
             self._ssl_context = self.security.ssl_context()
+        loop = asyncio.get_running_loop()
         if self._ssl_context is None:
-            return await asyncio.open_connection(self.host, self.port, limit=READ_LIMIT)
+            transport, receiver = await loop.create_connection(lambda: _Receiver(framing), self.host, self.port)
+            return receiver, asyncio.StreamWriter(transport, receiver, None, loop)
         try:
-            return await asyncio.open_connection(self.host, self.port, limit=READ_LIMIT, ssl=self._ssl_context, server_hostname=self.host, ssl_handshake_timeout=self.request_timeout)
+            transport, receiver = await loop.create_connection(
+                lambda: _Receiver(framing), self.host, self.port, ssl=self._ssl_context, server_hostname=self.host, ssl_handshake_timeout=self.request_timeout
+            )
+            return receiver, asyncio.StreamWriter(transport, receiver, None, loop)
         except ssl.SSLCertVerificationError as error:
             # Not retriable: an untrusted or misnamed certificate stays so.
             raise AuthenticationError(0, f"TLS handshake with {self.host}:{self.port}", message=f"certificate verify failed: {error.verify_message}") from None
@@ -222,14 +278,12 @@ class BrokerClient:
     async def _send(self, api_key: int, version: int, body: dict, *, expect_response: bool = True) -> dict | None:
         return await (await self._submit(api_key, version, body, expect_response=expect_response))
 
-    async def _read_loop(self, reader, framing, pending: dict) -> None:
+    async def _read_loop(self, receiver: _Receiver, framing: ClientConnection, pending: dict) -> None:
         """Answers of one connection, matched to that connection's requests only."""
         try:
             while True:
-                data = await reader.read(READ_LIMIT)
-                if not data:
+                if not await receiver.arrived():
                     raise ConnectionError(f"broker at {self.host}:{self.port} closed the connection")
-                framing.receive_data(data)
                 while (response := framing.next_response()) is not None:
                     future = pending.get(response.correlation_id)
                     if future is not None and not future.done():

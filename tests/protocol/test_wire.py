@@ -197,6 +197,62 @@ def test_frames_received_into_buffers_of_their_own_come_out_whole_and_in_order(s
     assert cut == frames
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 90), min_size=1, max_size=6),
+    chunks=st.lists(st.integers(1, 70), min_size=1, max_size=8),
+    large_frame_bytes=st.integers(0, 100),
+    cut_every=st.integers(1, 4),
+)
+def test_frames_received_in_place_come_out_whole_and_in_order(sizes, chunks, large_frame_bytes, cut_every):
+    """Bytes written where ``receive_buffer`` says (as a BufferedProtocol's
+    socket reads write them), at most as many as a read of each chunk's size
+    takes, come out as the frames sent, in order, whether the frames are cut
+    after every read or only now and then (a large frame complete and not
+    yet cut, the next bytes go to the scratch buffer)."""
+    frames = [bytes([index]) * size for index, size in enumerate(sizes)]
+    stream = b"".join(struct.pack(">i", len(frame)) + frame for frame in frames)
+    buffer = FrameBuffer(1000, large_frame_bytes=large_frame_bytes)
+    cut, position, step = [], 0, 0
+    while position < len(stream):
+        target = buffer.receive_buffer()
+        assert len(target) > 0
+        size = min(len(target), chunks[step % len(chunks)], len(stream) - position)
+        target[:size] = stream[position : position + size]
+        position += size
+        step += 1
+        buffer.received(size)
+        if step % cut_every == 0 or position == len(stream):
+            while (frame := buffer.next_frame()) is not None:
+                assert isinstance(frame, memoryview) and not frame.readonly
+                cut.append(bytes(frame))
+        assert buffer.buffered == position - sum(4 + len(frame) for frame in cut)
+    assert cut == frames
+
+
+def test_a_large_frame_is_received_in_place_and_what_follows_it_is_not_lost():
+    """Once a large frame's size is known, the socket's bytes go straight
+    into the frame handed out (no copy); bytes read after it is whole but
+    before it is cut go to the scratch buffer, and the frames after it
+    come out after it."""
+    large = bytes(range(256)) * 400
+    stream = struct.pack(">i", len(large)) + large + struct.pack(">i", 3) + b"abc" + struct.pack(">i", 1) + b"z"
+    buffer = FrameBuffer(1 << 20, large_frame_bytes=1024)
+    targets, position = [], 0
+    while position < len(stream):
+        target = buffer.receive_buffer()
+        size = min(len(target), 1000, len(stream) - position)
+        target[:size] = stream[position : position + size]
+        targets.append(target.obj)
+        position += size
+        buffer.received(size)
+        if position < len(large):
+            assert buffer.next_frame() is None  # the read loop looks after each read, as the client's does
+    first = buffer.next_frame()
+    assert bytes(first) == large and any(first.obj is obj for obj in targets)
+    assert bytes(buffer.next_frame()) == b"abc" and bytes(buffer.next_frame()) == b"z" and buffer.next_frame() is None
+
+
 def test_a_client_receives_a_fetch_answer_of_many_mib_whole():
     server = ServerConnection()
     client = ClientConnection()
