@@ -518,15 +518,13 @@ class TransactionCoordinator:
             return ErrorCode.KAFKA_STORAGE_ERROR
         self._apply(metadata)
         self._unflushed[transactional_id] = wait_durable
-        if not self.settings.durable_at_end and transaction_version != TRANSACTION_VERSION_2:
-            # AddPartitionsToTxn or AddOffsetsToTxn (a request of its own,
-            # not a KIP-890 Produce adding its partition): its record's round
-            # is asked for once this answer is on its way (the answer is
-            # written from the request task's end, queued behind this
-            # callback; the round's task is queued behind the answer), so
-            # that it runs while the client prepares the Produce or
-            # TxnOffsetCommit that must wait for it: in that request's round
-            # the two files cost two fsyncs in a row all the same.
+        if not self.settings.durable_at_end:
+            # Its round is asked for once this answer is on its way (the
+            # answer is written from the request task's end, queued behind
+            # this callback; the round's task is queued behind the answer),
+            # so that it runs while the client prepares the Produce that
+            # must wait for it: a round of the Produce's data and this
+            # record cost two fsyncs in a row all the same.
             asyncio.get_running_loop().call_soon(_ask_round, wait_durable)
         return ErrorCode.NONE
 

@@ -160,7 +160,7 @@ def test_an_answered_produce_or_offset_commit_keeps_its_partition_in_the_transac
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("version", [2])
+@pytest.mark.parametrize("version", [1, 2])
 @pytest.mark.parametrize("check", ["on", "off", "sigkill only"])
 def test_a_batch_whose_add_partitions_record_a_power_cut_lost_is_aborted_at_start_never_committed_later(broker_process, tmp_path, check, version):
     """AddPartitions answered (its record appended, not fsynced), then a
@@ -177,14 +177,7 @@ def test_a_batch_whose_add_partitions_record_a_power_cut_lost_is_aborted_at_star
     With transaction version 2 the Produce v12 added the partition (the
     same record, lost the same way); the next transaction is still at the
     same epoch (no EndTxn came between), so the epoch bump alone would not
-    keep the stray batch out of it: the check at start does. With the
-    classic protocol (version 1) AddPartitionsToTxn's record is fsynced
-    right after its answer (``test_transactions.py``,
-    ``test_addpartitions_record_is_fsynced_after_its_answer_and_before_any_produce``):
-    a client cannot land a batch before that round while it holds the
-    loop, so this test cannot reach the state there; a round large enough
-    to go to worker threads leaves the window open, and the same check
-    covers it."""
+    keep the stray batch out of it: the check at start does."""
     journal = str(tmp_path / "fsyncs.journal")
     broker = broker_process(env={FSYNC_JOURNAL_VARIABLE: journal})
     create_topic(broker.bootstrap, TOPIC, 1)
