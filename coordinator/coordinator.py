@@ -518,14 +518,6 @@ class TransactionCoordinator:
             return ErrorCode.KAFKA_STORAGE_ERROR
         self._apply(metadata)
         self._unflushed[transactional_id] = wait_durable
-        if not self.settings.durable_at_end:
-            # Its round is asked for once this answer is on its way (the
-            # answer is written from the request task's end, queued behind
-            # this callback; the round's task is queued behind the answer),
-            # so that it runs while the client prepares the Produce that
-            # must wait for it: a round of the Produce's data and this
-            # record cost two fsyncs in a row all the same.
-            asyncio.get_running_loop().call_soon(_ask_round, wait_durable)
         return ErrorCode.NONE
 
     async def seal(self, transactional_id: str, producer_id: int, producer_epoch: int) -> ErrorCode:
@@ -919,15 +911,6 @@ class TransactionCoordinator:
         finally:
             if not completing:
                 self._release(transactional_id)
-
-
-def _ask_round(wait_durable: Callable[[], Awaitable[None]]) -> None:
-    """Ask for the fsync round of a record appended without one; whoever
-    needs it durable waits through ``pending_durability`` and is told there
-    if the round failed."""
-    durable = wait_durable()
-    if isinstance(durable, asyncio.Future):
-        durable.add_done_callback(lambda future: future.cancelled() or future.exception())
 
 
 def _state_name(state: TxnState | str | None) -> str:

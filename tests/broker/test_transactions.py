@@ -420,45 +420,6 @@ def test_endtxn_is_answered_before_the_markers_fsync_runs_on_the_loop(tmp_path):
         assert seen == [True, True, True], "EndTxn's answer waited for the markers' fsync"
 
 
-def test_addpartitions_record_is_fsynced_after_its_answer_and_before_any_produce(tmp_path):
-    """AddPartitionsToTxn is answered once its record is appended; the
-    record's round is asked for right after the answer goes out (not left
-    to the Produce's round, where the two files cost two fsyncs in a row).
-    Here the ``__transaction_state`` fsync holds the loop until the client
-    has the answer (up to 3 s): started ahead of the answer, it would hold
-    the answer back; left to the Produce, it never comes, as no Produce is
-    sent."""
-    import os
-    import threading
-
-    from broker.broker import EmbeddedBroker, FaultSeams
-    from storage.segment import DiskIO
-
-    answered = threading.Event()
-    armed = threading.Event()
-    seen: list[bool] = []
-
-    class StateFsyncWaitsForTheAnswer(DiskIO):
-        def fsync(self, fd):
-            if armed.is_set() and os.path.basename(os.path.dirname(os.readlink(f"/proc/self/fd/{fd}"))).startswith("__transaction_state-"):
-                seen.append(answered.wait(3))
-                armed.clear()
-            super().fsync(fd)
-
-    with EmbeddedBroker(str(tmp_path / "data"), seams=FaultSeams(disk_io=StateFsyncWaitsForTheAnswer()), group_initial_rebalance_delay_ms=0) as broker:
-        create_topic(broker.bootstrap, "early", 1)
-        ids = raw_request(broker.port, ApiKey.INIT_PRODUCER_ID, 4, {"transactional_id": "early", "transaction_timeout_ms": 60000})
-        armed.set()
-        answer = raw_request(broker.port, ApiKey.ADD_PARTITIONS_TO_TXN, 3, {
-            "v3_and_below_transactional_id": "early", "v3_and_below_producer_id": ids["producer_id"],
-            "v3_and_below_producer_epoch": ids["producer_epoch"], "v3_and_below_topics": [{"name": "early", "partitions": [0]}],
-        })
-        answered.set()
-        assert answer["results_by_topic_v3_and_below"][0]["results_by_partition"][0]["partition_error_code"] == ErrorCode.NONE
-        wait_for(lambda: not armed.is_set(), 10, "the AddPartitions record's fsync, with no Produce sent")
-        assert seen == [True], "AddPartitionsToTxn's answer waited for its record's fsync"
-
-
 # ----------------------------------------------------------------- transaction version 2 (KIP-890 part 2)
 
 
