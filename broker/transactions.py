@@ -53,7 +53,7 @@ from coordinator.txn_log import (
 from broker.client_rounds import note_durability_wait
 from broker.replay import replay
 from protocol.clock import Clock
-from protocol.records import ControlType, encode_batch, encode_control_batch
+from protocol.records import ControlType, encode_batch
 from protocol.tasks import every
 
 log = logging.getLogger(__name__)
@@ -70,13 +70,21 @@ class StateLogWriter:
         # appended (the broker's metrics count the CompleteCommit/CompleteAbort
         # ones: one per finished transaction).
         self.on_written = on_written
+        # Transactional id -> its partition and its records' key, both
+        # functions of the id alone, computed once rather than for each of a
+        # transaction's three records; an id leaves with its tombstone.
+        self._placements: dict[str, tuple[int, bytes]] = {}
 
-    def _log_for(self, transactional_id: str):
-        partition = partition_for(transactional_id, self.partitions)
+    def _placement(self, transactional_id: str) -> tuple[object, bytes]:
+        """The id's ``__transaction_state`` log and its records' key."""
+        placement = self._placements.get(transactional_id)
+        if placement is None:
+            placement = self._placements[transactional_id] = (partition_for(transactional_id, self.partitions), encode_key(transactional_id))
+        partition, key = placement
         partition_log = self.replicas.get_log(TRANSACTION_STATE_TOPIC, partition)
         if partition_log is None:
             raise RuntimeError(f"{TRANSACTION_STATE_TOPIC}-{partition} is not open")
-        return partition_log
+        return partition_log, key
 
     async def write(self, metadata: TxnMetadata) -> None:
         """Append and wait until durable: the coordinator's changes a client
@@ -105,18 +113,20 @@ class StateLogWriter:
         once appended; Complete, which nothing answered depends on: ``on_written``
         is told of it now); the result, called, asks for one and returns a
         future done once the record is durable."""
-        partition_log = self._log_for(metadata.transactional_id)
-        info = partition_log.append(encode_batch([(encode_key(metadata.transactional_id), encode_value(metadata), (), self.clock.wall_ms())]), flush=False)
+        partition_log, key = self._placement(metadata.transactional_id)
+        info = partition_log.append(encode_batch([(key, encode_value(metadata), (), self.clock.wall_ms())]), flush=False)
         if self.on_written is not None and metadata.state.is_complete:
             self.on_written(metadata)
         return lambda: partition_log.wait_durable(info.last_offset)
 
     async def tombstone(self, transactional_id: str) -> None:
-        await self._append(transactional_id, None)
+        durable = self._append(transactional_id, None)
+        self._placements.pop(transactional_id, None)
+        await durable
 
     def _append(self, transactional_id: str, value: bytes | None) -> Awaitable[None]:
-        partition_log = self._log_for(transactional_id)
-        info = partition_log.append(encode_batch([(encode_key(transactional_id), value, (), self.clock.wall_ms())]))
+        partition_log, key = self._placement(transactional_id)
+        info = partition_log.append(encode_batch([(key, value, (), self.clock.wall_ms())]))
         return partition_log.wait_durable(info.last_offset)
 
 
@@ -139,14 +149,8 @@ class MarkerWriter:
         partition_log = self.replicas.get_log(topic, index)
         if partition_log is None:
             raise LookupError(f"no partition {topic}-{index}")
-        data = encode_control_batch(
-            ControlType.COMMIT if commit else ControlType.ABORT,
-            producer_id=producer_id,
-            producer_epoch=producer_epoch,
-            coordinator_epoch=coordinator_epoch,
-            timestamp=self.clock.wall_ms(),
-        )
-        info, _aborted = partition_log.append_control(data, coordinator_epoch=coordinator_epoch)
+        info, _aborted = partition_log.append_marker(ControlType.COMMIT if commit else ControlType.ABORT, producer_id=producer_id,
+                                                     producer_epoch=producer_epoch, coordinator_epoch=coordinator_epoch, timestamp=self.clock.wall_ms())
         await partition_log.wait_durable(info.last_offset)
         self.replicas.notify_appended(topic, index)
         if self.on_marker is not None:
@@ -236,14 +240,8 @@ class MarkerWriter:
                 continue
             if len(waits) == 1:
                 self.crash_point("coordinator.markers_partial")
-            data = encode_control_batch(
-                control,
-                producer_id=metadata.producer_id,
-                producer_epoch=metadata.producer_epoch,
-                coordinator_epoch=COORDINATOR_EPOCH,
-                timestamp=self.clock.wall_ms(),
-            )
-            info, _aborted = partition_log.append_control(data, coordinator_epoch=COORDINATOR_EPOCH)
+            info, _aborted = partition_log.append_marker(control, producer_id=metadata.producer_id, producer_epoch=metadata.producer_epoch,
+                                                         coordinator_epoch=COORDINATOR_EPOCH, timestamp=self.clock.wall_ms())
             waits.append((partition, partition_log.wait_durable(info.last_offset) if ask else partition_log, info.last_offset))
         return waits
 

@@ -53,6 +53,8 @@ from protocol.records import (
     ControlType,
     decode_batch,
     decode_control_record,
+    encode_control_batch,
+    read_batch_header,
     set_base_offset,
     TIMESTAMP_TYPE_MASK,
     TimestampType,
@@ -325,13 +327,26 @@ class PartitionLog:
         return AppendInfo(first_offset, last_offset, max_timestamp, log_append_time=append_time)
 
     def append_control(self, data, *, coordinator_epoch: int) -> tuple[AppendInfo, AbortedTxn | None]:
-        """Append one COMMIT/ABORT marker batch (written by the transaction coordinator)."""
+        """Append one COMMIT/ABORT marker batch handed in (its CRC checked and its record decoded first)."""
         self._check_writable()
         buffer = bytearray(data)
         _position, header = checked_batches(buffer)[0]
         if not header.is_control:
             raise ValueError("append_control needs a control batch")
         marker = decode_control_record(decode_batch(buffer).records[0])
+        return self._append_marker(buffer, header, marker.type, coordinator_epoch)
+
+    def append_marker(self, control: ControlType, *, producer_id: int, producer_epoch: int, coordinator_epoch: int,
+                      timestamp: int) -> tuple[AppendInfo, AbortedTxn | None]:
+        """Append a COMMIT/ABORT marker encoded here (the transaction
+        coordinator's): the same as ``append_control`` of its bytes, without
+        checking and decoding again what was just encoded."""
+        self._check_writable()
+        buffer = bytearray(encode_control_batch(control, producer_id=producer_id, producer_epoch=producer_epoch,
+                                                coordinator_epoch=coordinator_epoch, timestamp=timestamp))
+        return self._append_marker(buffer, read_batch_header(buffer, 0, verify_crc=False), control, coordinator_epoch)
+
+    def _append_marker(self, buffer: bytearray, header, control: ControlType, coordinator_epoch: int) -> tuple[AppendInfo, AbortedTxn | None]:
         self.producer_state.check_marker(header.producer_id, header.producer_epoch, coordinator_epoch)
         offset = self.log_end_offset
         set_base_offset(buffer, 0, offset, 0)
@@ -347,7 +362,7 @@ class PartitionLog:
         except OSError as error:
             self.mark_failed(error)
             raise LogFailedError(f"write to {segment.log_path} failed: {error}") from error
-        completed = self.producer_state.apply_marker(header.producer_id, header.producer_epoch, coordinator_epoch, marker.type, offset, header.max_timestamp)
+        completed = self.producer_state.apply_marker(header.producer_id, header.producer_epoch, coordinator_epoch, control, offset, header.max_timestamp)
         self.log_end_offset = offset + 1
         aborted = None
         if completed is not None and completed.is_aborted:

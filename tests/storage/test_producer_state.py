@@ -80,6 +80,35 @@ def test_open_transaction_holds_the_lso_and_abort_is_indexed(partition_log):
     assert partition_log.aborted_transactions(10, 11) == []
 
 
+def test_a_marker_encoded_by_the_log_is_the_marker_handed_in_byte_for_byte(tmp_path):
+    """``append_marker`` (the coordinator's) skips the checks
+    ``append_control`` makes of bytes handed in; what it writes and what it
+    does to the producer state are the same."""
+    logs = {}
+    for name in ("handed_in", "encoded_here"):
+        partition_log = logs[name] = PartitionLog.open(str(tmp_path / name), LogConfig(flush_policy="os"))
+        partition_log.append(batch(pid=2, seq=0, txn=True))
+        partition_log.append(batch(pid=3, seq=0, txn=True))
+        for kind, pid in ((ControlType.ABORT, 2), (ControlType.COMMIT, 3)):
+            if name == "handed_in":
+                info, aborted = partition_log.append_control(marker(kind, pid=pid, coordinator_epoch=1), coordinator_epoch=1)
+            else:
+                info, aborted = partition_log.append_marker(kind, producer_id=pid, producer_epoch=0, coordinator_epoch=1, timestamp=2000)
+            assert (info.first_offset, aborted is not None) == ((4, True) if pid == 2 else (5, False))
+        assert partition_log.last_stable_offset == 6
+        assert partition_log.aborted_transactions(0, 6) == [{"producer_id": 2, "first_offset": 0}]
+        partition_log.close()
+    read = {name: open(log.segments[0].log_path, "rb").read() for name, log in logs.items()}
+    assert read["handed_in"] == read["encoded_here"]
+    reopened = PartitionLog.open(str(tmp_path / "encoded_here"), LogConfig(flush_policy="os"))
+    from storage.producer_state import TransactionCoordinatorFencedError
+
+    reopened.append(batch(pid=2, seq=2, txn=True))
+    with pytest.raises(TransactionCoordinatorFencedError):
+        reopened.append_marker(ControlType.ABORT, producer_id=2, producer_epoch=0, coordinator_epoch=0, timestamp=2000)
+    reopened.close()
+
+
 def test_marker_from_an_older_coordinator_epoch_is_refused(partition_log):
     partition_log.append(batch(pid=2, seq=0, txn=True))
     partition_log.append_control(marker(ControlType.COMMIT, pid=2, coordinator_epoch=5), coordinator_epoch=5)
