@@ -29,6 +29,7 @@ CALLED_BY_A_FRAMEWORK: dict[str, str] = {
     "streamWriter": "PySpark's DataSource (a streaming write)",
     "prepareForTriggerAvailableNow": "PySpark's DataSourceStreamReader (Trigger.AvailableNow)",
     "reportLatestOffset": "PySpark's DataSourceStreamReader (progress reports)",
+    "_get_close_waiter": "asyncio's StreamWriter.wait_closed (txn.connection's protocol under its writer)",
 }
 
 
