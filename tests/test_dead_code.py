@@ -30,6 +30,9 @@ CALLED_BY_A_FRAMEWORK: dict[str, str] = {
     "prepareForTriggerAvailableNow": "PySpark's DataSourceStreamReader (Trigger.AvailableNow)",
     "reportLatestOffset": "PySpark's DataSourceStreamReader (progress reports)",
     "_get_close_waiter": "asyncio's StreamWriter.wait_closed (txn.connection's protocol under its writer)",
+    "get_buffer": "asyncio's transports (a BufferedProtocol: where the next bytes go)",
+    "buffer_updated": "asyncio's transports (a BufferedProtocol: bytes were written there)",
+    "eof_received": "asyncio's transports (the peer closed its side)",
 }
 
 
