@@ -106,7 +106,9 @@ def test_an_instance_back_on_an_empty_disk_stops_nobody_else(broker_process, tmp
         sampler.start()
         deadline = time.monotonic() + 60
         victim_partitions = None
-        while victim_partitions is None or not all(sampler.advances(p) for p in range(PARTITIONS)):
+        # Until both instances hold partitions (on a loaded machine the second
+        # may join after the first has run alone, Stable with all four, for a while).
+        while not (victim_partitions and len(victim_partitions) < PARTITIONS) or not all(sampler.advances(p) for p in range(PARTITIONS)):
             assert time.monotonic() < deadline, "the two instances never shared the partitions: " + " | ".join(log_text(a)[-1500:] for a in apps)
             time.sleep(0.3)
             started_as = re.search(r"starting \(transactional id (\S+)\)", log_text(apps[0]))
