@@ -21,9 +21,15 @@ offset delta's varint does) the starts are guessed by arithmetic, for all
 such batches at once, and confirmed by the lengths read there; in other
 batches runs of records of one size are found by numpy comparisons and the
 rest by a Python loop that reads only the length varint of each record and
-stores integer positions. Every other field is read by numpy at all the
-record positions at once, and the binary columns are cut out of one buffer
-by Arrow's ``take`` over offsets that point into it.
+stores integer positions. Records of one size one after another that are
+laid out alike (the same varint widths, key and value lengths, no headers:
+fixed-size values) are the rows of byte matrices, checked together for all
+such runs of a fetch (a gather per byte checked) and read by columns;
+when every record is in one and keys and values have one length each, the
+binary columns are filled by one strided copy per run. Every other field
+is read by numpy at all the record positions at once, and the binary
+columns are cut out of one buffer by Arrow's ``take`` over offsets that
+point into it.
 Encoding builds each record's varints as rows of a byte matrix. Records
 without headers that come in a few runs of one size (fixed-size values:
 the size changes only where the offset delta's varint grows) are laid out
