@@ -9,7 +9,9 @@ of their own and are each a unit, and ``SPARKLESS_MODULES``, which start no
 Spark. Units that start Spark (those modules and ``SPARK_DRIVER_TESTS``,
 which start a driver process of their own) run at most ``SPARK_SLOTS`` at a
 time: Spark gives a Python data-source worker a fixed 10 s to connect back
-("Python worker failed to connect back"), which a 2-core machine running
+("Python worker failed to connect back", or "Timed out while waiting for
+the Python worker to connect back": the suite reruns a test once for
+either), which a 2-core machine running
 four Spark queries misses. The scheduler hands out the Spark units first and the rest
 meanwhile, each longest first (``MEASURED_SECONDS``, else a guess from the
 ``slow`` mark). Marking tests ``xdist_group`` would not do: with pytest 9.2

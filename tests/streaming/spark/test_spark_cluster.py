@@ -146,9 +146,15 @@ def test_a_query_on_the_cluster_reads_and_writes_exactly_once(cluster_spark, spa
     assert names and all(re.search(r"-t\d+$", name) for name in names), names
 
 
-def wait_for_file(path, timeout: float) -> str:
+def wait_for_file(path, timeout: float, query) -> str:
+    """``path``'s text once it appears; a query that stops first fails the
+    wait at once, with the query's error (a Python worker that could not
+    connect back in Spark's 10 s on a loaded machine is then seen, and the
+    test rerun, as for that error anywhere)."""
     deadline = time.monotonic() + timeout
     while not path.exists():
+        if not query.isActive:
+            raise AssertionError(f"the query stopped before {path.name} appeared: {query.exception()}")
         assert time.monotonic() < deadline, f"{path.name} did not appear in {timeout:.0f} s"
         time.sleep(0.2)
     return path.read_text()
@@ -164,7 +170,7 @@ def test_a_worker_killed_mid_batch_loses_and_duplicates_nothing(cluster_spark, s
     (hook_dir / "armed").touch()
     query = start_query(cluster_spark, broker.bootstrap, str(tmp_path / "checkpoint"), "killjob")
     try:
-        held_pid, role = wait_for_file(hook_dir / "held", 180).split()
+        held_pid, role = wait_for_file(hook_dir / "held", 180, query).split()
         assert role in spark_cluster.worker_roles()
         assert uncommitted_records(broker.bootstrap) > 0, "the held task's rows should be in output, uncommitted"
         killed = cluster.kill_worker(spark_cluster, role)
