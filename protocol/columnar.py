@@ -686,7 +686,7 @@ def _fixed_length_column(rows: list[np.ndarray], positions: list[int], length: i
     for matrix, at in zip(rows, positions):
         values[filled * length : (filled + len(matrix)) * length].reshape(len(matrix), length)[:] = matrix[:, at : at + length]
         filled += len(matrix)
-    offsets = np.arange(0, (count + 1) * length, max(length, 1), dtype=np.int32) if length else np.zeros(count + 1, dtype=np.int32)
+    offsets = np.arange(count + 1, dtype=np.int32) * np.int32(length)
     return pa.Array.from_buffers(pa.binary(), count, [None, pa.py_buffer(offsets), pa.py_buffer(values)])
 
 
