@@ -669,10 +669,9 @@ def _run_round(contender: Contender, results: dict, settings: ScenarioSettings, 
     with contender.start() as target:
         for scenario in contender.scenarios:
             began = time.perf_counter()
-            CPU.broker_pid, CPU.last = target.pid, None
-            ROUNDS.metrics_url, ROUNDS.last = getattr(target, "metrics_url", None), None
             try:
-                metrics = scenario.run(target.bootstrap, settings)
+                with probing(target):
+                    metrics = scenario.run(target.bootstrap, settings)
             except Exception as error:  # noqa: BLE001 - reported in the table
                 results.setdefault(scenario.name, {}).setdefault("error", []).append(f"{type(error).__name__}: {error}")
                 say(f"  [{target.name} round {round_number}] {scenario.name}: FAILED {error}")
@@ -689,6 +688,20 @@ def _run_round(contender: Contender, results: dict, settings: ScenarioSettings, 
                 results[scenario.name].setdefault("_unit:" + key, metric.unit)
             head = next(iter(metrics.items()))
             say(f"  [{target.name} round {round_number}] {scenario.name}: {head[1].value:,.1f} {head[0]} ({time.perf_counter() - began:.1f} s)")
+
+
+@contextlib.contextmanager
+def probing(target):
+    """``CPU`` and ``ROUNDS`` read ``target`` (its pid, its /metrics) while
+    the block runs, and nothing after it: a probe left pointing at a broker
+    that has exited would fail the next scenario run without one (its /proc
+    entry gone). ``CPU.last`` and ``ROUNDS.last`` keep the block's figures."""
+    CPU.broker_pid, CPU.last = target.pid, None
+    ROUNDS.metrics_url, ROUNDS.last = getattr(target, "metrics_url", None), None
+    try:
+        yield
+    finally:
+        CPU.broker_pid, ROUNDS.metrics_url = None, None
 
 
 def paired_ratios(ours: list[float], theirs: list[float]) -> list[float]:

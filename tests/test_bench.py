@@ -181,15 +181,13 @@ def test_the_bench_counts_the_fsync_rounds_of_a_transaction_in_our_broker(tmp_pa
     around a scenario's timed part: librdkafka's one-record transactions
     wait for two rounds each (Produce, EndTxn's decision); with no fsync
     (flush.policy=os) for none."""
-    from benchmarks.suite import CPU, ROUNDS, OnceflowTarget, ScenarioSettings, transactions_scenario
+    from benchmarks.suite import ROUNDS, OnceflowTarget, ScenarioSettings, probing, transactions_scenario
 
     counted = {}
     for name, settings in (("fsync", ()), ("no fsync", ("flush.policy=os",))):
-        with OnceflowTarget(str(tmp_path), settings) as target:
-            CPU.broker_pid, ROUNDS.metrics_url = target.pid, target.metrics_url
+        with OnceflowTarget(str(tmp_path), settings) as target, probing(target):
             transactions_scenario(1)(target.bootstrap, ScenarioSettings(seconds=1.0))
             counted[name] = ROUNDS.last.per_operation, ROUNDS.last.operation
-    ROUNDS.metrics_url = None
     assert counted["fsync"][1] == "transaction" and 1.9 <= counted["fsync"][0] <= 2.1, counted
     assert counted["no fsync"] == (0.0, "transaction"), counted
 
