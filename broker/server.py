@@ -9,9 +9,13 @@ arrived (Kafka clients pipeline and match by order as well as by correlation
 id): each answer is written from its task's completion as soon as every answer
 before it is out (``_Answers``), with no writer task and no queue between them
 (one turn of the loop fewer per request, and no queue hand-over).
-The number of requests in flight per connection is bounded, and the reader
-stops while the socket's send buffer is full, so a client that never reads its
-responses stops being read from instead of growing our memory. Once the peer
+The socket's bytes are read in place (``protocol.frame_stream``): a large
+Produce request lands in a buffer of its own and its record batches are
+appended to the log from there, with no copy on the way in. The number of
+requests in flight per connection is bounded, and the reader stops while the
+socket's send buffer is full, so a client that never reads its responses
+stops being read from instead of growing our memory (the socket is not read
+past ``READ_AHEAD_BYTES`` of requests waiting to start). Once the peer
 is gone, the first answer that finds the connection closed cancels the
 requests still in flight behind it.
 
@@ -64,6 +68,7 @@ from broker.security.session import Session
 from broker.security.tls import principal_from_certificate
 from protocol import framing
 from protocol.errors import MalformedFrameError
+from protocol.frame_stream import FrameReceiver
 from protocol.messages import ApiKey
 from protocol.tasks import ConnectionServer
 
@@ -198,6 +203,15 @@ class _Connection:
 # How long a refused login's connection stays open for the peer to read the
 # answer and close first.
 _LINGER_AFTER_REFUSAL = 1.0
+# Requests read ahead of a connection that is throttled or at its in-flight
+# limit: past this many bytes waiting uncut, its socket is not read until
+# the requests before them have been started.
+READ_AHEAD_BYTES = 1 << 20
+# A request up to this size is received straight into a buffer of its own,
+# allocated whole once its size prefix is read (no copy of its bytes on the
+# way); a larger one grows as its bytes arrive, so that a size prefix alone
+# does not reserve up to ``socket.request.max.bytes``.
+IN_PLACE_FRAME_BYTES = 16 << 20
 
 
 def _now_ms() -> int:
@@ -249,7 +263,9 @@ class KafkaServer:
         self._on_connection = on_connection
         # The TCP listener owns every connection's task (stop() cancels and
         # waits for them; a bug loses one connection, logged).
-        self._tcp = ConnectionServer(self._accept, host=host, port=port, limit=1 << 20, name=f"listener {self.listener}", sock=sock)
+        self._tcp = ConnectionServer(
+            self._accept, host=host, port=port, limit=READ_AHEAD_BYTES, name=f"listener {self.listener}", sock=sock, new_receiver=self._new_receiver
+        )
         self.bound_port: int | None = None
 
     @property
@@ -275,7 +291,16 @@ class KafkaServer:
         if self._password_checker is not None:
             self._password_checker.shutdown(wait=False, cancel_futures=True)
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _new_receiver(self, on_connected) -> FrameReceiver:
+        """A connection's protocol, its framing ready for the first bytes
+        (a SASL listener's frames are small until the login)."""
+        max_frame_size = self._pre_authentication_max_frame_size if self._new_sasl_server is not None else self._max_frame_size
+        framing_ = framing.ServerConnection(
+            max_frame_size=max_frame_size, supported_versions=self._supported_versions, in_place_max_bytes=IN_PLACE_FRAME_BYTES
+        )
+        return FrameReceiver(framing_, pause_above=READ_AHEAD_BYTES, on_connected=on_connected, server_side=True)
+
+    async def _accept(self, receiver: FrameReceiver, writer: asyncio.StreamWriter) -> None:
         """One connection, counted by the limiter for as long as it is served."""
         peer = writer.get_extra_info("peername")
         ip = peer[0] if isinstance(peer, tuple) and peer else ""
@@ -285,12 +310,12 @@ class KafkaServer:
             writer.transport.abort()
             return
         try:
-            await self._serve(reader, writer, peer)
+            await self._serve(receiver, writer, peer)
         finally:
             if self._limiter is not None:
                 self._limiter.closed(ip)
 
-    async def _serve(self, reader, writer, peer) -> None:
+    async def _serve(self, receiver: FrameReceiver, writer: asyncio.StreamWriter, peer) -> None:
         deadline = asyncio.get_running_loop().time() + self._authentication_timeout
         gone = asyncio.Event()  # the peer closed or reset its end (requests may still be in flight)
         session = Session(
@@ -314,8 +339,7 @@ class KafkaServer:
                 certificate = writer.get_extra_info("peercert")
                 session = attrs.evolve(session, principal=principal_from_certificate(certificate))
         state = _Connection(session, self._new_sasl_server() if self._new_sasl_server is not None else None, peer_gone=gone)
-        max_frame_size = self._pre_authentication_max_frame_size if state.sasl is not None else self._max_frame_size
-        connection = framing.ServerConnection(max_frame_size=max_frame_size, supported_versions=self._supported_versions)
+        connection = receiver.framing
         session_update = self._on_connection(session) if self._on_connection is not None else None
         state.session_update = session_update
         answers = _Answers(writer, self._max_inflight)
@@ -326,7 +350,7 @@ class KafkaServer:
                 if state.sasl is not None:
                     deadline_task = tasks.create_task(self._authentication_deadline(state, deadline, peer))
                 try:
-                    await self._read_requests(connection, reader, answers, tasks, peer, state, mute)
+                    await self._read_requests(connection, receiver, answers, tasks, peer, state, mute)
                 finally:
                     # The peer is gone or done: no deadline left to keep (it
                     # would hold the connection open until it passed). The
@@ -359,19 +383,13 @@ class KafkaServer:
             log.warning("closing connection from %s on %s: not authenticated within the authentication timeout", peer, self.listener.name)
             raise _CloseConnection() from None
 
-    async def _read_requests(self, connection, reader, answers: _Answers, tasks, peer, state: _Connection, mute: _Mute) -> None:
+    async def _read_requests(self, connection, receiver: FrameReceiver, answers: _Answers, tasks, peer, state: _Connection, mute: _Mute) -> None:
         while True:
             await mute.wait()
-            try:
-                data = await reader.read(256 * 1024)
-            except (ConnectionError, OSError):
-                state.peer_gone.set()
-                return
-            if not data:
+            if not await receiver.arrived():  # the peer closed, or the connection broke
                 state.peer_gone.set()
                 return
             try:
-                connection.receive_data(data)
                 while True:
                     if state.raw_tokens:
                         # After a v0 SaslHandshake the tokens come as bare
@@ -405,7 +423,7 @@ class KafkaServer:
                             return
                         answers.add_frame(connection.encode_response(request, reply.body))
                         if reply.close:
-                            await _linger(reader)
+                            await _linger(receiver)
                             return
                         if reply.body["error_code"]:
                             continue  # refused without a close (ILLEGAL_SASL_STATE): nothing changed
@@ -489,13 +507,13 @@ class KafkaServer:
         return connection.encode_response_parts(request, body)
 
 
-async def _linger(reader: asyncio.StreamReader) -> None:
+async def _linger(receiver: FrameReceiver) -> None:
     """Give a refused peer a moment to read its answer and close first: some
     clients (kafka-python) drop an answer that arrives with our close."""
     try:
         async with asyncio.timeout(_LINGER_AFTER_REFUSAL):
-            while await reader.read(65536):
-                pass  # nothing it sends now is served
+            while await receiver.arrived():
+                receiver.framing.discard_buffered()  # nothing it sends now is served
     except (TimeoutError, ConnectionError, OSError):
         pass
 

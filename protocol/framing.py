@@ -30,6 +30,7 @@ routes frames.
 
 from __future__ import annotations
 
+import collections
 import struct
 
 import attrs
@@ -107,7 +108,8 @@ class FrameBuffer:
     """Accumulates bytes and cuts complete frames out of them.
 
     A size prefix outside ``[min_frame_size, max_frame_size]`` raises
-    ``FrameTooLargeError`` as soon as its 4 bytes are here.
+    ``FrameTooLargeError`` as soon as its 4 bytes are here (received in
+    place: when the frames before it have been taken).
 
     A frame of at least ``large_frame_bytes`` (``LARGE_FRAME_BYTES``) that is not whole yet is
     gathered in a bytearray of its own, appended to as its bytes arrive,
@@ -120,12 +122,22 @@ class FrameBuffer:
     socket writes into a scratch buffer, or, once a large frame's size is
     known, straight into that frame (allocated whole then: the bytes reach
     it with no copy at all, where read and fed they were copied three
-    times on their way)."""
+    times on their way). Received so, frames are cut as their bytes
+    arrive, not when they are asked for: the transport reads again before
+    the task that takes the frames runs, and a large frame whose size
+    prefix waited in the shared buffer would be read there whole and
+    copied out again. A frame above ``in_place_max_bytes`` is gathered
+    as its bytes come instead: a size prefix alone should not make a
+    server allocate up to ``max_frame_size`` for a peer that may never send
+    the rest."""
 
-    def __init__(self, max_frame_size: int, *, min_frame_size: int = 0, large_frame_bytes: int = LARGE_FRAME_BYTES):
+    def __init__(
+        self, max_frame_size: int, *, min_frame_size: int = 0, large_frame_bytes: int = LARGE_FRAME_BYTES, in_place_max_bytes: int | None = None
+    ):
         self.max_frame_size = max_frame_size
         self.min_frame_size = min_frame_size
         self.large_frame_bytes = large_frame_bytes
+        self.in_place_max_bytes = in_place_max_bytes  # None: any frame up to max_frame_size
         self._buffer = bytearray()
         self._start = 0
         self._large: bytearray | None = None  # the large frame being gathered (without its size prefix)
@@ -135,12 +147,15 @@ class FrameBuffer:
         self._into_filled = 0
         self._scratch: bytearray | None = None
         self._into_target = False  # the last receive_buffer was the rest of _into
+        self._ready: collections.deque[memoryview] = collections.deque()  # frames cut as they were received, not yet taken
+        self._ready_bytes = 0
+        self._refused: FrameTooLargeError | None = None  # a size prefix refused as it was received, raised after the frames before it
 
     def receive_buffer(self) -> memoryview:
         """Where the socket's next bytes go: the rest of a large frame
         received in place, else the scratch buffer (``received`` feeds it)."""
         self._receiving = True
-        if self._into is not None and self._into_filled < len(self._into):
+        if self._into is not None:
             self._into_target = True
             return memoryview(self._into)[self._into_filled :]
         self._into_target = False
@@ -149,11 +164,28 @@ class FrameBuffer:
         return memoryview(self._scratch)
 
     def received(self, nbytes: int) -> None:
-        """``nbytes`` were written where ``receive_buffer`` said."""
+        """``nbytes`` were written where ``receive_buffer`` said; every
+        frame they complete is cut now."""
         if self._into_target:
             self._into_filled += nbytes
-        else:
-            self.feed(memoryview(self._scratch)[:nbytes])
+            if self._into_filled == len(self._into):
+                self._add_ready(memoryview(self._into))
+                self._into = None
+            return
+        self.feed(memoryview(self._scratch)[:nbytes])
+        while self._refused is None:
+            try:
+                frame = self._cut()
+            except FrameTooLargeError as refusal:
+                self._refused = refusal
+                return
+            if frame is None:
+                return
+            self._add_ready(frame)
+
+    def _add_ready(self, frame: memoryview) -> None:
+        self._ready.append(frame)
+        self._ready_bytes += len(frame)
 
     def feed(self, data: bytes) -> None:
         if self._large is not None:
@@ -169,11 +201,17 @@ class FrameBuffer:
         self._buffer += data
 
     def next_frame(self) -> memoryview | None:
-        if self._into is not None:
-            if self._into_filled < len(self._into):
-                return None
-            frame, self._into = memoryview(self._into), None
+        if self._ready:
+            frame = self._ready.popleft()
+            self._ready_bytes -= len(frame)
             return frame
+        if self._refused is not None:
+            raise self._refused
+        if self._receiving:
+            return None  # every whole frame was cut as it arrived
+        return self._cut()
+
+    def _cut(self) -> memoryview | None:
         if self._large is not None:
             if len(self._large) < self._large_size:
                 return None
@@ -188,7 +226,7 @@ class FrameBuffer:
         begin = self._start + 4
         if available < 4 + size:
             if size >= self.large_frame_bytes:
-                if self._receiving:
+                if self._receiving and (self.in_place_max_bytes is None or size <= self.in_place_max_bytes):
                     self._into = bytearray(size)
                     self._into_filled = available - 4
                     self._into[: self._into_filled] = memoryview(self._buffer)[begin:]
@@ -209,20 +247,30 @@ class FrameBuffer:
         return frame
 
     @property
+    def backlog(self) -> int:
+        """Bytes received and not taken, but for a frame being received in
+        place (allocated whole already) or gathered alone."""
+        return self._ready_bytes + len(self._buffer) - self._start
+
+    @property
     def buffered(self) -> int:
+        ready = 4 * len(self._ready) + self._ready_bytes
         large = 4 + len(self._large) if self._large is not None else 0
         into = 4 + self._into_filled if self._into is not None else 0
-        return large + into + len(self._buffer) - self._start
+        return ready + large + into + len(self._buffer) - self._start
 
     def take_buffered(self) -> bytes:
-        """Whatever is buffered and not yet a whole frame, removed from the buffer."""
-        rest = bytes(self._buffer[self._start :])
+        """Whatever is buffered and not yet taken as a frame, removed from the buffer."""
+        rest = b"".join(_SIZE.pack(len(frame)) + bytes(frame) for frame in self._ready)
+        self._ready.clear()
+        self._ready_bytes = 0
         if self._large is not None:
-            rest = _SIZE.pack(self._large_size) + bytes(self._large) + rest
+            rest += _SIZE.pack(self._large_size) + bytes(self._large)
             self._large = None
         if self._into is not None:
-            rest = _SIZE.pack(len(self._into)) + bytes(self._into[: self._into_filled]) + rest
+            rest += _SIZE.pack(len(self._into)) + bytes(self._into[: self._into_filled])
             self._into = None
+        rest += bytes(self._buffer[self._start :])
         self._buffer.clear()
         self._start = 0
         return rest
@@ -257,8 +305,14 @@ def _skip_tagged_fields(frame, pos: int) -> int:
 class ServerConnection:
     """The broker's view of one connection's byte stream."""
 
-    def __init__(self, *, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, supported_versions: dict[int, tuple[int, int]] | None = None):
-        self._frames = FrameBuffer(max_frame_size)
+    def __init__(
+        self,
+        *,
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        supported_versions: dict[int, tuple[int, int]] | None = None,
+        in_place_max_bytes: int | None = None,
+    ):
+        self._frames = FrameBuffer(max_frame_size, in_place_max_bytes=in_place_max_bytes)
         # api key -> (min, max) this side serves; default: everything the tables know.
         self.supported_versions = supported_versions or {
             key: (api.request.valid[0], api.request.valid[1]) for key, api in APIS.items()
@@ -275,6 +329,21 @@ class ServerConnection:
 
     def receive_data(self, data: bytes) -> None:
         self._frames.feed(data)
+
+    def receive_buffer(self) -> memoryview:
+        """``FrameBuffer.receive_buffer``: where the socket's next bytes go."""
+        return self._frames.receive_buffer()
+
+    def received(self, nbytes: int) -> None:
+        self._frames.received(nbytes)
+
+    @property
+    def backlog_bytes(self) -> int:
+        return self._frames.backlog
+
+    def discard_buffered(self) -> None:
+        """Drop whatever was received and not taken (a connection about to close)."""
+        self._frames.take_buffered()
 
     def next_frame(self) -> memoryview | None:
         """The next whole frame as it came, without decoding a header: a
@@ -412,6 +481,10 @@ class ClientConnection:
 
     def received(self, nbytes: int) -> None:
         self._frames.received(nbytes)
+
+    @property
+    def backlog_bytes(self) -> int:
+        return self._frames.backlog
 
     def next_response(self) -> DecodedResponse | None:
         frame = self._frames.next_frame()

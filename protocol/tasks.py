@@ -24,8 +24,10 @@ its apply leaves memory behind the disk. The request awaits the work
 through ``asyncio.shield``: cancelled, it loses only its answer.
 
 ``ConnectionServer`` is the owner for a TCP listener's connections: each
-connection is a task of ``asyncio.start_server``'s, which the server keeps
-and ``stop()`` cancels and waits for. A stopping server aborts its
+connection is a task of ``asyncio.start_server``'s (or, for a server whose
+connections are read in place, ``protocol.frame_stream.FrameReceiver``'s,
+made by ``new_receiver``), which the server keeps and ``stop()`` cancels and
+waits for. A stopping server aborts its
 connections (no goodbyes), and a closing one waits at most
 ``CLOSE_TIMEOUT`` for the peer (a TLS close waits for its close_notify,
 30 s by asyncio's default).
@@ -160,13 +162,18 @@ class ConnectionServer:
     ``stop()`` stops listening, then cancels every connection and waits
     until each has closed. ``serve(reader, writer)`` is the caller's: one
     connection from start to end (peer errors are its to handle); the
-    writer is closed here once it returns."""
+    writer is closed here once it returns. With ``new_receiver`` each
+    connection is that protocol (``new_receiver(on_connected)`` makes one
+    that calls ``on_connected(receiver, writer)`` as its connection is
+    made), and ``serve`` gets it in the reader's place."""
 
     def __init__(
-        self, serve: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]], *, host: str, port: int, limit: int, name: str,
+        self, serve: Callable[[Any, asyncio.StreamWriter], Awaitable[None]], *, host: str, port: int, limit: int, name: str,
         sock: socket.socket | None = None,
+        new_receiver: Callable[[Callable[[Any, asyncio.StreamWriter], None]], asyncio.BaseProtocol] | None = None,
     ):
         self._serve = serve
+        self._new_receiver = new_receiver
         self._sock = sock  # already bound and listening (``listening_socket``): used instead of host and port
         self._host = host
         self._port = port
@@ -186,12 +193,13 @@ class ConnectionServer:
         with whatever it sends, until ``start()`` (where a port that is not
         listening would refuse it). Returns the bound port."""
         if self._server is None:
-            if self._sock is not None:
-                self._server = await asyncio.start_server(self._accept, sock=self._sock, limit=self._limit, backlog=LISTEN_BACKLOG, start_serving=False)
-            else:
-                self._server = await asyncio.start_server(
-                    self._accept, self._host, self._port, reuse_address=True, limit=self._limit, backlog=LISTEN_BACKLOG, start_serving=False
+            where = {"sock": self._sock} if self._sock is not None else {"host": self._host, "port": self._port, "reuse_address": True}
+            if self._new_receiver is not None:
+                self._server = await asyncio.get_running_loop().create_server(
+                    lambda: self._new_receiver(self._connected), **where, backlog=LISTEN_BACKLOG, start_serving=False
                 )
+            else:
+                self._server = await asyncio.start_server(self._accept, **where, limit=self._limit, backlog=LISTEN_BACKLOG, start_serving=False)
             for bound in self._server.sockets:
                 # asyncio listens only when it starts serving; listen now
                 # (through a duplicate of the socket's descriptor).
@@ -214,7 +222,10 @@ class ConnectionServer:
             await self._server.wait_closed()
             self._server = None
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _connected(self, receiver, writer: asyncio.StreamWriter) -> None:
+        self._connections.add(asyncio.get_running_loop().create_task(self._accept(receiver, writer)))
+
+    async def _accept(self, reader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         self._connections.add(task)
         stopping = False

@@ -29,10 +29,17 @@ CALLED_BY_A_FRAMEWORK: dict[str, str] = {
     "streamWriter": "PySpark's DataSource (a streaming write)",
     "prepareForTriggerAvailableNow": "PySpark's DataSourceStreamReader (Trigger.AvailableNow)",
     "reportLatestOffset": "PySpark's DataSourceStreamReader (progress reports)",
-    "_get_close_waiter": "asyncio's StreamWriter.wait_closed (txn.connection's protocol under its writer)",
+    "_get_close_waiter": "asyncio's StreamWriter.wait_closed (protocol.frame_stream's protocol under its writer)",
+    "_replace_writer": "asyncio's StreamWriter.start_tls, Python 3.11 (protocol.frame_stream's protocol under its writer)",
+    "_replace_transport": "asyncio's StreamWriter.start_tls, Python 3.12+ (protocol.frame_stream's protocol under its writer)",
     "get_buffer": "asyncio's transports (a BufferedProtocol: where the next bytes go)",
     "buffer_updated": "asyncio's transports (a BufferedProtocol: bytes were written there)",
     "eof_received": "asyncio's transports (the peer closed its side)",
+    "connection_made": "asyncio's transports (protocol.frame_stream's protocol: the connection is up)",
+    "connection_lost": "asyncio's transports (protocol.frame_stream's protocol: the connection is gone)",
+    "pause_writing": "asyncio's transports (the send buffer is full)",
+    "resume_writing": "asyncio's transports (the send buffer has room again)",
+    "_drain_helper": "asyncio's StreamWriter.drain (protocol.frame_stream's protocol under its writer)",
 }
 
 

@@ -27,67 +27,13 @@ import random
 import ssl
 import time
 
+from protocol.frame_stream import FrameReceiver
 from protocol.framing import ClientConnection
 from protocol.messages import APIS, ApiKey
 from protocol.tasks import cancel_and_wait
 from txn.security import PLAINTEXT, AuthenticationError, SaslClient, SecurityConfig
 
 log = logging.getLogger(__name__)
-
-
-class _Receiver(asyncio.streams.FlowControlMixin, asyncio.BufferedProtocol):
-    """One connection's protocol. The socket's bytes land where the framing
-    says (``ClientConnection.receive_buffer``: a large answer, a Fetch's
-    MiBs, is written straight into its frame, not read into a stream's
-    buffer, copied out of it and gathered again); the reader task waits in
-    ``arrived`` and takes the whole answers. Writes go through a
-    ``StreamWriter`` on this protocol, with asyncio's flow control
-    (``drain``)."""
-
-    def __init__(self, framing: ClientConnection):
-        super().__init__()
-        self.framing = framing
-        self._new_bytes = False
-        self._ended = False
-        self._waiter: asyncio.Future | None = None
-        self._closed = asyncio.get_running_loop().create_future()
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return self.framing.receive_buffer()
-
-    def buffer_updated(self, nbytes: int) -> None:
-        self.framing.received(nbytes)
-        self._new_bytes = True
-        self._wake()
-
-    def eof_received(self) -> bool:
-        self._ended = True
-        self._wake()
-        return False  # the transport closes itself
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        super().connection_lost(exc)
-        self._ended = True
-        self._wake()
-        if not self._closed.done():
-            self._closed.set_result(None)
-
-    def _get_close_waiter(self, stream) -> asyncio.Future:
-        return self._closed  # StreamWriter.wait_closed
-
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-
-    async def arrived(self) -> bool:
-        """Once new bytes have come: True; False once the connection has ended."""
-        while not self._new_bytes:
-            if self._ended:
-                return False
-            self._waiter = asyncio.get_running_loop().create_future()
-            await self._waiter
-        self._new_bytes = False
-        return True
 
 
 class BrokerClient:
@@ -103,7 +49,7 @@ class BrokerClient:
         self._reauth_lock = asyncio.Lock()
         self.authentications = 0  # completed SASL exchanges on any of this client's connections
         self._framing = ClientConnection(client_id=client_id)
-        self._receiver: _Receiver | None = None
+        self._receiver: FrameReceiver | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._pending: dict[int, asyncio.Future] = {}
         self._read_task: asyncio.Task | None = None
@@ -152,17 +98,17 @@ class BrokerClient:
             raise
         self._ready = True
 
-    async def _open(self, framing: ClientConnection) -> tuple[_Receiver, asyncio.StreamWriter]:
+    async def _open(self, framing: ClientConnection) -> tuple[FrameReceiver, asyncio.StreamWriter]:
         """The socket, TLS-wrapped on SSL and SASL_SSL: its protocol and a writer."""
         if self.security.uses_tls and self._ssl_context is None:
             self._ssl_context = self.security.ssl_context()
         loop = asyncio.get_running_loop()
         if self._ssl_context is None:
-            transport, receiver = await loop.create_connection(lambda: _Receiver(framing), self.host, self.port)
+            transport, receiver = await loop.create_connection(lambda: FrameReceiver(framing), self.host, self.port)
             return receiver, asyncio.StreamWriter(transport, receiver, None, loop)
         try:
             transport, receiver = await loop.create_connection(
-                lambda: _Receiver(framing), self.host, self.port, ssl=self._ssl_context, server_hostname=self.host, ssl_handshake_timeout=self.request_timeout
+                lambda: FrameReceiver(framing), self.host, self.port, ssl=self._ssl_context, server_hostname=self.host, ssl_handshake_timeout=self.request_timeout
             )
             return receiver, asyncio.StreamWriter(transport, receiver, None, loop)
         except ssl.SSLCertVerificationError as error:
@@ -278,7 +224,7 @@ class BrokerClient:
     async def _send(self, api_key: int, version: int, body: dict, *, expect_response: bool = True) -> dict | None:
         return await (await self._submit(api_key, version, body, expect_response=expect_response))
 
-    async def _read_loop(self, receiver: _Receiver, framing: ClientConnection, pending: dict) -> None:
+    async def _read_loop(self, receiver: FrameReceiver, framing: ClientConnection, pending: dict) -> None:
         """Answers of one connection, matched to that connection's requests only."""
         try:
             while True:

@@ -203,16 +203,18 @@ def test_frames_received_into_buffers_of_their_own_come_out_whole_and_in_order(s
     chunks=st.lists(st.integers(1, 70), min_size=1, max_size=8),
     large_frame_bytes=st.integers(0, 100),
     cut_every=st.integers(1, 4),
+    in_place_max_bytes=st.none() | st.integers(0, 100),
 )
-def test_frames_received_in_place_come_out_whole_and_in_order(sizes, chunks, large_frame_bytes, cut_every):
+def test_frames_received_in_place_come_out_whole_and_in_order(sizes, chunks, large_frame_bytes, cut_every, in_place_max_bytes):
     """Bytes written where ``receive_buffer`` says (as a BufferedProtocol's
     socket reads write them), at most as many as a read of each chunk's size
     takes, come out as the frames sent, in order, whether the frames are cut
     after every read or only now and then (a large frame complete and not
-    yet cut, the next bytes go to the scratch buffer)."""
+    yet cut, the next bytes go to the scratch buffer), and whether a large
+    frame is received in place or, above ``in_place_max_bytes``, gathered."""
     frames = [bytes([index]) * size for index, size in enumerate(sizes)]
     stream = b"".join(struct.pack(">i", len(frame)) + frame for frame in frames)
-    buffer = FrameBuffer(1000, large_frame_bytes=large_frame_bytes)
+    buffer = FrameBuffer(1000, large_frame_bytes=large_frame_bytes, in_place_max_bytes=in_place_max_bytes)
     cut, position, step = [], 0, 0
     while position < len(stream):
         target = buffer.receive_buffer()
@@ -251,6 +253,29 @@ def test_a_large_frame_is_received_in_place_and_what_follows_it_is_not_lost():
     first = buffer.next_frame()
     assert bytes(first) == large and any(first.obj is obj for obj in targets)
     assert bytes(buffer.next_frame()) == b"abc" and bytes(buffer.next_frame()) == b"z" and buffer.next_frame() is None
+
+
+def test_a_size_prefix_above_the_in_place_limit_reserves_nothing_until_its_bytes_come():
+    """A server's framing receives a frame in place only up to
+    ``in_place_max_bytes``: a peer that announces 50 MiB and sends 10 bytes
+    costs 10 bytes, not a 50 MiB buffer; the frame still arrives whole."""
+    buffer = FrameBuffer(64 << 20, large_frame_bytes=1024, in_place_max_bytes=1 << 20)
+    announced = 50 << 20
+    head = struct.pack(">i", announced) + b"0123456789"
+    target = buffer.receive_buffer()
+    target[: len(head)] = head
+    buffer.received(len(head))
+    assert buffer.next_frame() is None
+    assert buffer._into is None and len(buffer._large) == 10  # gathered as it comes, nothing reserved ahead
+    assert len(buffer.receive_buffer()) < 1 << 20  # and the next read goes to the scratch buffer, not into a frame
+    body = random.Random(3).randbytes(announced - 10)
+    for start in range(0, len(body), 1 << 18):
+        target = buffer.receive_buffer()
+        piece = body[start : start + len(target)]
+        target[: len(piece)] = piece
+        buffer.received(len(piece))
+    frame = buffer.next_frame()
+    assert frame is not None and len(frame) == announced and bytes(frame[:10]) == b"0123456789" and bytes(frame[10:]) == body
 
 
 def test_a_client_receives_a_fetch_answer_of_many_mib_whole():
