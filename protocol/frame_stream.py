@@ -64,6 +64,7 @@ class FrameReceiver(asyncio.BufferedProtocol):
         # callback) only to tell a server's end from a client's.
         self._client_connected_cb = on_connected if server_side else None
         self._transport: asyncio.BaseTransport | None = None
+        self._over_tls = False
         self._paused_reading = False
         self._new_bytes = False
         self._ended = False
@@ -93,7 +94,10 @@ class FrameReceiver(asyncio.BufferedProtocol):
     def eof_received(self) -> bool:
         self._ended = True
         self._wake()
-        return False  # the transport closes itself
+        # A server answers what a peer sent before it closed its side (its
+        # ConnectionServer closes the connection once they are answered);
+        # TLS cannot stay half open, and a client has nothing left to say.
+        return self._client_connected_cb is not None and not self._over_tls
 
     def pause_writing(self) -> None:
         self._writing_paused = True
@@ -136,10 +140,11 @@ class FrameReceiver(asyncio.BufferedProtocol):
         return self._closed  # StreamWriter.wait_closed
 
     def _replace_writer(self, writer: asyncio.StreamWriter) -> None:
-        self._transport = writer.transport  # StreamWriter.start_tls (Python 3.11): reads now come through TLS
+        self._replace_transport(writer.transport)  # StreamWriter.start_tls (Python 3.11)
 
     def _replace_transport(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # the same, from Python 3.12 on
+        self._transport = transport  # StreamWriter.start_tls, from Python 3.12 on: reads now come through TLS
+        self._over_tls = True
 
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():

@@ -79,6 +79,17 @@ def test_api_versions_answered(shared_broker):
     assert_broker_answers(shared_broker.port)
 
 
+def test_requests_sent_before_the_peer_closes_its_side_are_still_answered(shared_broker):
+    """A client that sends its requests and shuts its sending side (a
+    half-close) gets every answer, in order, before the broker closes."""
+    with socket.create_connection(("127.0.0.1", shared_broker.port), timeout=10) as sock:
+        sock.sendall(b"".join(api_versions_v0(correlation_id) for correlation_id in (7, 8, 9)))
+        sock.shutdown(socket.SHUT_WR)
+        answers = [struct.unpack_from(">ih", read_frame(sock)) for _ in range(3)]
+        assert answers == [(7, 0), (8, 0), (9, 0)]
+        assert sock.recv(1) == b""  # then the broker closes
+
+
 def test_unsupported_api_versions_version_gets_error_35_and_ranges(shared_broker):
     client_id = b"probe"
     body = struct.pack(">hhih", 18, 99, 5, len(client_id)) + client_id + b"\x00\x00\x00"
