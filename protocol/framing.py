@@ -302,7 +302,28 @@ def _skip_tagged_fields(frame, pos: int) -> int:
     return pos
 
 
-class ServerConnection:
+class _ReceivesFrames:
+    """Bytes in, on either side: fed (``receive_data``), or received in
+    place (``receive_buffer``/``received``, ``protocol.frame_stream``)."""
+
+    _frames: FrameBuffer
+
+    def receive_data(self, data: bytes) -> None:
+        self._frames.feed(data)
+
+    def receive_buffer(self) -> memoryview:
+        """``FrameBuffer.receive_buffer``: where the socket's next bytes go."""
+        return self._frames.receive_buffer()
+
+    def received(self, nbytes: int) -> None:
+        self._frames.received(nbytes)
+
+    @property
+    def backlog_bytes(self) -> int:
+        return self._frames.backlog
+
+
+class ServerConnection(_ReceivesFrames):
     """The broker's view of one connection's byte stream."""
 
     def __init__(
@@ -326,20 +347,6 @@ class ServerConnection:
     def max_frame_size(self, size: int) -> None:
         # The broker raises it once a SASL connection has authenticated.
         self._frames.max_frame_size = size
-
-    def receive_data(self, data: bytes) -> None:
-        self._frames.feed(data)
-
-    def receive_buffer(self) -> memoryview:
-        """``FrameBuffer.receive_buffer``: where the socket's next bytes go."""
-        return self._frames.receive_buffer()
-
-    def received(self, nbytes: int) -> None:
-        self._frames.received(nbytes)
-
-    @property
-    def backlog_bytes(self) -> int:
-        return self._frames.backlog
 
     def discard_buffered(self) -> None:
         """Drop whatever was received and not taken (a connection about to close)."""
@@ -446,7 +453,7 @@ def _encode_request(out: bytearray, api_key: int, api_version: int, correlation_
     return out
 
 
-class ClientConnection:
+class ClientConnection(_ReceivesFrames):
     """A client's view: encodes requests, matches responses by correlation id."""
 
     def __init__(self, *, client_id: str | None = "onceflow", max_frame_size: int = DEFAULT_MAX_FRAME_SIZE):
@@ -471,20 +478,6 @@ class ClientConnection:
         if expect_response:
             self._in_flight[correlation_id] = (api_key, api_version)
         return correlation_id
-
-    def receive_data(self, data: bytes) -> None:
-        self._frames.feed(data)
-
-    def receive_buffer(self) -> memoryview:
-        """``FrameBuffer.receive_buffer``: where the socket's next bytes go."""
-        return self._frames.receive_buffer()
-
-    def received(self, nbytes: int) -> None:
-        self._frames.received(nbytes)
-
-    @property
-    def backlog_bytes(self) -> int:
-        return self._frames.backlog
 
     def next_response(self) -> DecodedResponse | None:
         frame = self._frames.next_frame()
