@@ -223,6 +223,15 @@ class MarkerWriter:
             marked_at.append((partition.topic, partition.partition, offset, self.replicas.topics[partition.topic].topic_id))
 
         def ask_durable() -> Awaitable[None]:
+            # Asked again by the id's next records (two or three a
+            # transaction), by when the markers' round is usually over: a
+            # done future then, not a gather of done futures (what
+            # ``wait_durable`` answers for an offset made durable on a log
+            # that has not failed since).
+            if all(partition_log.failed is None and offset < partition_log.durable_offset for partition_log, offset in appended):
+                durable = asyncio.get_running_loop().create_future()
+                durable.set_result(None)
+                return durable
             return asyncio.gather(*(partition_log.wait_durable(offset) for partition_log, offset in appended))
 
         return ask_durable, tuple(marked_at)
