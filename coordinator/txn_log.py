@@ -24,6 +24,11 @@ their fsync), each with its topic's id (``TxnMetadata.committed_ends``). A
 record with either is written as version 1 whatever the client's
 transaction version.
 
+A value is written by hand for its two shapes (``encode_value``: three a
+transaction, on the request path) and read through the generic codec over
+``VALUE_SCHEMA`` (at load); ``encode_value_by_schema`` writes it through
+that codec too, the reference a property test holds the two byte-equal to.
+
 A transactional id lives in partition ``abs(java_hash(id)) % partitions``,
 Kafka's choice, so tools that know Kafka's layout find it where they expect.
 """
