@@ -53,7 +53,7 @@ from coordinator.txn_log import (
 from broker.client_rounds import note_durability_wait
 from broker.replay import replay
 from protocol.clock import Clock
-from protocol.records import ControlType, encode_batch
+from protocol.records import ControlType, encode_one_record_batch
 from protocol.tasks import every
 
 log = logging.getLogger(__name__)
@@ -114,7 +114,7 @@ class StateLogWriter:
         is told of it now); the result, called, asks for one and returns a
         future done once the record is durable."""
         partition_log, key = self._placement(metadata.transactional_id)
-        info = partition_log.append(encode_batch([(key, encode_value(metadata), (), self.clock.wall_ms())]), flush=False)
+        info = partition_log.append(encode_one_record_batch(key, encode_value(metadata), self.clock.wall_ms()), flush=False)
         if self.on_written is not None and metadata.state.is_complete:
             self.on_written(metadata)
         return lambda: partition_log.wait_durable(info.last_offset)
@@ -126,7 +126,7 @@ class StateLogWriter:
 
     def _append(self, transactional_id: str, value: bytes | None) -> Awaitable[None]:
         partition_log, key = self._placement(transactional_id)
-        info = partition_log.append(encode_batch([(key, value, (), self.clock.wall_ms())]))
+        info = partition_log.append(encode_one_record_batch(key, value, self.clock.wall_ms()))
         return partition_log.wait_durable(info.last_offset)
 
 
@@ -223,6 +223,15 @@ class MarkerWriter:
             marked_at.append((partition.topic, partition.partition, offset, self.replicas.topics[partition.topic].topic_id))
 
         def ask_durable() -> Awaitable[None]:
+            # Asked again by the id's next records (two or three a
+            # transaction), by when the markers' round is usually over: a
+            # done future then, not a gather of done futures (what
+            # ``wait_durable`` answers for an offset made durable on a log
+            # that has not failed since).
+            if all(partition_log.failed is None and offset < partition_log.durable_offset for partition_log, offset in appended):
+                durable = asyncio.get_running_loop().create_future()
+                durable.set_result(None)
+                return durable
             return asyncio.gather(*(partition_log.wait_durable(offset) for partition_log, offset in appended))
 
         return ask_durable, tuple(marked_at)

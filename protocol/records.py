@@ -83,6 +83,7 @@ __all__ = [
     "decode_control_record",
     "encode_batch",
     "encode_control_batch",
+    "encode_one_record_batch",
     "iter_batches",
     "read_batch_header",
     "set_base_offset",
@@ -654,6 +655,40 @@ def write_batch_header(
     struct.pack_into(">I", out, CRC_OFFSET, crc32c(memoryview(out)[ATTRIBUTES_OFFSET:]))
 
 
+def encode_one_record_batch(key: bytes | None, value: bytes | None, timestamp: int) -> bytearray:
+    """``encode_batch([(key, value, (), timestamp)])``, byte for byte, for the
+    coordinators' records (one per batch, no headers, no producer), without
+    the general encoder's normalizing: a transaction writes three or four of
+    them. A bytearray, so that the log patches the offset into it in place
+    rather than copying it first."""
+    return _one_record_batch(key, value, timestamp, NO_PRODUCER_ID, NO_PRODUCER_EPOCH, 0, NO_PARTITION_LEADER_EPOCH, 0)
+
+
+def _one_record_batch(key: bytes | None, value: bytes | None, timestamp: int, producer_id: int, producer_epoch: int,
+                      attributes: int, partition_leader_epoch: int, base_offset: int) -> bytearray:
+    record = bytearray(b"\x00\x00\x00")  # attributes, timestamp delta 0, offset delta 0
+    if key is None:
+        record.append(1)  # zigzag -1: a null key
+    else:
+        write_varint(record, len(key))
+        record += key
+    if value is None:
+        record.append(1)
+    else:
+        write_varint(record, len(value))
+        record += value
+    record.append(0)  # no headers
+    out = bytearray(BATCH_HEADER_SIZE)
+    write_varint(out, len(record))
+    out += record
+    write_batch_header(
+        out, base_offset=base_offset, partition_leader_epoch=partition_leader_epoch, attributes=attributes, last_offset_delta=0,
+        first_timestamp=timestamp, max_timestamp=timestamp, producer_id=producer_id, producer_epoch=producer_epoch,
+        base_sequence=NO_SEQUENCE, count=1,
+    )
+    return out
+
+
 def encode_control_batch(
     control_type: ControlType,
     *,
@@ -664,18 +699,12 @@ def encode_control_batch(
     base_offset: int = 0,
     partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
 ) -> bytes:
-    """A transaction marker: one control record in a transactional control batch."""
+    """A transaction marker: one control record in a transactional control
+    batch (what ``encode_batch`` writes for it, by the one-record path)."""
     key = _CONTROL_KEY.pack(0, control_type)
     value = _CONTROL_VALUE.pack(0, coordinator_epoch)
-    return encode_batch(
-        [(key, value, (), timestamp)],
-        base_offset=base_offset,
-        producer_id=producer_id,
-        producer_epoch=producer_epoch,
-        is_transactional=True,
-        is_control=True,
-        partition_leader_epoch=partition_leader_epoch,
-    )
+    return bytes(_one_record_batch(key, value, timestamp, producer_id, producer_epoch, TRANSACTIONAL_MASK | CONTROL_MASK,
+                                   partition_leader_epoch, base_offset))
 
 
 # ---------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from protocol.records import (
     decode_control_record,
     encode_batch,
     encode_control_batch,
+    encode_one_record_batch,
     iter_batches,
     read_batch_header,
     set_base_offset,
@@ -101,6 +102,23 @@ def test_control_records(kind):
     assert (batch.header.producer_id, batch.header.producer_epoch) == (42, 3)
     marker = decode_control_record(batch.records[0])
     assert (marker.type, marker.coordinator_epoch, marker.version) == (kind, 7, 0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(key=st.none() | st.binary(max_size=200), value=st.none() | st.binary(max_size=200), timestamp=int64)
+def test_one_record_batch_is_byte_equal_to_the_general_encoder(key, value, timestamp):
+    assert encode_one_record_batch(key, value, timestamp) == encode_batch([(key, value, (), timestamp)])
+
+
+@settings(max_examples=200, deadline=None)
+@given(kind=st.sampled_from(list(ControlType)), producer_id=int64, producer_epoch=st.integers(-(2**15), 2**15 - 1),
+       coordinator_epoch=st.integers(-(2**31), 2**31 - 1), timestamp=int64, base_offset=int64, leader_epoch=st.integers(-(2**31), 2**31 - 1))
+def test_control_batch_is_what_the_general_encoder_writes(kind, producer_id, producer_epoch, coordinator_epoch, timestamp, base_offset, leader_epoch):
+    general = encode_batch([(struct.pack(">hh", 0, kind), struct.pack(">hi", 0, coordinator_epoch), (), timestamp)], base_offset=base_offset,
+                           producer_id=producer_id, producer_epoch=producer_epoch, is_transactional=True, is_control=True,
+                           partition_leader_epoch=leader_epoch)
+    assert encode_control_batch(kind, producer_id=producer_id, producer_epoch=producer_epoch, coordinator_epoch=coordinator_epoch,
+                                timestamp=timestamp, base_offset=base_offset, partition_leader_epoch=leader_epoch) == general
 
 
 def test_offset_patch_keeps_crc_valid():
