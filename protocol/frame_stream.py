@@ -60,8 +60,9 @@ class FrameReceiver(asyncio.BufferedProtocol):
         self.framing = framing
         self._pause_above = pause_above
         self._on_connected = on_connected
+        self._server_side = server_side
         # StreamWriter.start_tls reads this attribute (a StreamReaderProtocol's
-        # callback) only to tell a server's end from a client's.
+        # callback) only to tell a server's end (not None) from a client's.
         self._client_connected_cb = on_connected if server_side else None
         self._transport: asyncio.BaseTransport | None = None
         self._over_tls = False
@@ -97,7 +98,7 @@ class FrameReceiver(asyncio.BufferedProtocol):
         # A server answers what a peer sent before it closed its side (its
         # ConnectionServer closes the connection once they are answered);
         # TLS cannot stay half open, and a client has nothing left to say.
-        return self._client_connected_cb is not None and not self._over_tls
+        return self._server_side and not self._over_tls
 
     def pause_writing(self) -> None:
         self._writing_paused = True
