@@ -228,7 +228,7 @@ class MarkerWriter:
             # done future then, not a gather of done futures (what
             # ``wait_durable`` answers for an offset made durable on a log
             # that has not failed since).
-            if all(partition_log.failed is None and offset < partition_log.durable_offset for partition_log, offset in appended):
+            if all(partition_log.is_durable(offset) for partition_log, offset in appended):
                 durable = asyncio.get_running_loop().create_future()
                 durable.set_result(None)
                 return durable

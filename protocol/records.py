@@ -698,13 +698,13 @@ def encode_control_batch(
     timestamp: int,
     base_offset: int = 0,
     partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
-) -> bytes:
+) -> bytearray:
     """A transaction marker: one control record in a transactional control
-    batch (what ``encode_batch`` writes for it, by the one-record path)."""
+    batch (what ``encode_batch`` writes for it, by the one-record path). A
+    bytearray, which the log patches its offset into in place."""
     key = _CONTROL_KEY.pack(0, control_type)
     value = _CONTROL_VALUE.pack(0, coordinator_epoch)
-    return bytes(_one_record_batch(key, value, timestamp, producer_id, producer_epoch, TRANSACTIONAL_MASK | CONTROL_MASK,
-                                   partition_leader_epoch, base_offset))
+    return _one_record_batch(key, value, timestamp, producer_id, producer_epoch, TRANSACTIONAL_MASK | CONTROL_MASK, partition_leader_epoch, base_offset)
 
 
 # ---------------------------------------------------------------------------

@@ -234,7 +234,7 @@ class GroupCommitter:
         future = asyncio.get_running_loop().create_future()
         if self.log.failed is not None:
             future.set_exception(LogFailedError(f"not durable: {self.log.failed}"))
-        elif offset < self.log.durable_offset:
+        elif self.log.is_durable(offset):
             future.set_result(None)
         else:
             self.waiters.append((offset, future))

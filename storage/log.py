@@ -342,8 +342,7 @@ class PartitionLog:
         coordinator's): the same as ``append_control`` of its bytes, without
         checking and decoding again what was just encoded."""
         self._check_writable()
-        buffer = bytearray(encode_control_batch(control, producer_id=producer_id, producer_epoch=producer_epoch,
-                                                coordinator_epoch=coordinator_epoch, timestamp=timestamp))
+        buffer = encode_control_batch(control, producer_id=producer_id, producer_epoch=producer_epoch, coordinator_epoch=coordinator_epoch, timestamp=timestamp)
         return self._append_marker(buffer, read_batch_header(buffer, 0, verify_crc=False), control, coordinator_epoch)
 
     def _append_marker(self, buffer: bytearray, header, control: ControlType, coordinator_epoch: int) -> tuple[AppendInfo, AbortedTxn | None]:
@@ -458,6 +457,11 @@ class PartitionLog:
         never will be). Without ``ask`` it asks for no fsync round: an
         append made without ``flush`` waits for someone else's."""
         return self.committer.wait_durable(offset, ask=ask)
+
+    def is_durable(self, offset: int) -> bool:
+        """Whether ``offset`` is durable now on a log that has not failed:
+        ``wait_durable`` would answer a done future."""
+        return self.failed is None and offset < self.durable_offset
 
     def mark_failed(self, error: Exception) -> None:
         """Refuse appends until the log is reopened (a write or fsync failed,
