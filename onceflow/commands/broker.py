@@ -139,8 +139,11 @@ def _run(args, config, listening: dict) -> int:
     from broker.security.tls import TlsConfigError
     from broker.storage_adapter import validate_log_properties
     from onceflow import logs
+    from protocol.allocator import keep_freed_buffers
     from protocol.event_loop import loop_factory, running_event_loop
     from protocol.metrics_http import MetricsListenError
+
+    keep_freed_buffers()  # frames and fetches of a MiB reuse freed memory (protocol.allocator)
 
     try:
         validate_log_properties(config.log_defaults)

@@ -21,6 +21,7 @@ import uuid
 import attrs
 from pyspark.sql.datasource import WriterCommitMessage
 
+from protocol.allocator import keep_freed_buffers
 from streaming.spark.crashpoints import TASK_BEFORE_HANDLE, no_crash
 from streaming.spark.decision import SinkError, SinkTransaction, transactional_id
 from streaming.spark.options import SinkOptions
@@ -167,6 +168,7 @@ def _joined(batches, pa):
 def write_task(options: SinkOptions, columns: Columns, batches, task: TaskIdentity, crash_point=no_crash) -> SinkCommitMessage:
     """One Spark task: its rows in one open transaction (exactly_once) or
     sent and acknowledged (at_least_once)."""
+    keep_freed_buffers()  # this Python worker's encoded batches reuse freed memory (protocol.allocator)
     producer = None
     records = 0
     outcomes: list = []  # one delivery future per send_columns call
