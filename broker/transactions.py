@@ -26,7 +26,8 @@
   record that put its partition in the transaction); with
   ``transaction.durable.at.end``, after an unclean stop, every transaction
   recovered Ongoing is aborted first (bytes its client was answered for
-  may be gone).
+  may be gone), and every id whose last transaction ended has its epoch
+  fenced (a next transaction may have been answered and lost whole).
 
 Named crash points (``faults``) are passed to the coordinator as a callable,
 so a test can kill the broker between the durable decision and the markers.
@@ -305,14 +306,16 @@ class TransactionManager:
         self.coordinator.load(entries)  # recover() logs what was loaded
 
     async def start(self, *, end_unknown_transactions: bool = True, abort_ongoing_after_unclean_stop: bool = True,
-                    commit_decided_unmarked: bool = True) -> None:
+                    commit_decided_unmarked: bool = True, fence_ended_after_unclean_stop: bool = True) -> None:
         """Load; commit the open transactions whose commit was decided and
         whose markers a stop took back (``commit_decided_unmarked``: before
         anything else writes a marker there); recover; after an unclean
         stop with ``transaction.durable.at.end`` that was not the process's
         alone (a new boot of the kernel: ``ReplicaManager.same_boot``),
         abort every unsealed Ongoing transaction
-        (``TransactionCoordinator.abort_ongoing_after_unclean_stop``). Each
+        (``TransactionCoordinator.abort_ongoing_after_unclean_stop``) and
+        fence the epoch of every id whose last transaction ended
+        (``fence_ended_after_unclean_stop``). Each
         check switched off only for the tests that show what it prevents."""
         self.ensure_topic()
         self.load()
@@ -327,6 +330,8 @@ class TransactionManager:
                 log.info("unclean stop in this same boot of the kernel: the open transactions lost nothing and stay open")
             else:
                 await self.coordinator.abort_ongoing_after_unclean_stop()
+                if fence_ended_after_unclean_stop:
+                    await self.coordinator.fence_ended_after_unclean_stop()
         if end_unknown_transactions:
             await self.end_unknown_transactions()
 

@@ -50,7 +50,12 @@ an unclean stop the broker calls ``abort_ongoing_after_unclean_stop``: an
 Ongoing transaction may have lost bytes its client was answered for, so it
 is aborted with an epoch bump, and its producer's commit is told
 UNKNOWN_PRODUCER_ID (abortable for librdkafka and ``txn``; PRODUCER_FENCED
-is fatal to librdkafka).
+is fatal to librdkafka). Then ``fence_ended_after_unclean_stop`` bumps the
+epoch of every id whose last transaction ended, with no "last epoch" left:
+a next transaction of its producer may have been answered and taken back
+whole, leaving no trace, and the old epoch's EndTxn(commit) would be taken
+for a retry of the last one (version 1) or another partition added and
+committed without what was lost; the old epoch is told PRODUCER_FENCED.
 
 A commit's markers (in either mode) are appended and its Complete follows
 without waiting for their fsync: the decision and the data are durable,
@@ -364,6 +369,46 @@ class TransactionCoordinator:
             await self._abort_with_bump(metadata)
             aborted.append(transactional_id)
         return aborted
+
+    async def fence_ended_after_unclean_stop(self) -> list[str]:
+        """``durable_at_end`` after an unclean stop, once ``recover`` and
+        ``abort_ongoing_after_unclean_stop`` are done: bump the epoch of every
+        id whose last transaction ended (Empty, CompleteCommit,
+        CompleteAbort), durably, leaving no "last epoch" a retry could match.
+        Its producer may have begun a next transaction at that epoch
+        (transaction version 1 keeps the epoch from one transaction to the
+        next; version 2 runs the next one at the epoch the last EndTxn
+        named) and had its AddPartitions and Produce answered once appended;
+        the stop may have taken all of it back, leaving no trace. Left at
+        that epoch, the id would tell that producer's EndTxn(commit) it
+        committed (a version 1 id in CompleteCommit takes it for the retry
+        of the last EndTxn, whose answer was lost), or let it add another
+        partition and commit that without what was lost: a hole. The
+        coordinator cannot tell that producer from one whose last answer was
+        lost, so it says neither committed nor aborted: every request of the
+        old epoch is told PRODUCER_FENCED (fatal to the clients; a new
+        instance's InitProducerId goes on). Ids aborted at recovery are
+        left alone: their epoch moved on already, and their producer is
+        told its commit is abortable. Returns the ids fenced."""
+        await self.wait_idle()  # the Prepare states ``recover`` completes end here too
+        ended = (TxnState.EMPTY, TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT)
+        changes = {}
+        now = self.clock.wall_ms()
+        for transactional_id, metadata in list(self.txns.items()):
+            if metadata.state not in ended or transactional_id in self._busy or transactional_id in self._aborted_at_recovery:
+                continue
+            next_producer_id = self.producer_ids.allocate() if metadata.producer_epoch + 1 >= MAX_PRODUCER_EPOCH else NO_PRODUCER_ID
+            changes[transactional_id] = self._change(metadata.fence_ended(now, next_producer_id), InitResult(ErrorCode.NONE))
+        # One fsync round for all of them (each change waits for its own record).
+        results = await asyncio.gather(*changes.values())
+        fenced = [transactional_id for transactional_id, result in zip(changes, results) if result.error == ErrorCode.NONE]
+        if changes:
+            log.warning(
+                "unclean stop with transaction.durable.at.end: fenced the epochs of %d transactional ids whose last transaction ended "
+                "(a next transaction may have been answered and lost whole); their producers must start again", len(fenced),
+                extra={"event": "ended_epochs_fenced_at_recovery", "fenced": len(fenced), "failed": len(changes) - len(fenced)},
+            )
+        return fenced
 
     def _aborted_under(self, transactional_id: str, producer_epoch: int, current: TxnMetadata) -> bool:
         """Whether a commit from ``producer_epoch`` meets its transaction

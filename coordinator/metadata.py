@@ -167,6 +167,17 @@ class TxnMetadata:
             committed_ends=(),
         )
 
+    def fence_ended(self, now_ms: int, next_producer_id: int = NO_PRODUCER_ID) -> "TxnMetadata":
+        """No transaction open, the epoch moved on, and no "last epoch" left
+        that a retry from the old one could match: every request of the old
+        epoch is fenced (``TransactionCoordinator.fence_ended_after_unclean_stop``).
+        At the top of the epoch range the id moves to ``next_producer_id``,
+        naming no previous producer id the old one could be taken for."""
+        if next_producer_id != NO_PRODUCER_ID:
+            return self._next(TxnEvent.FENCE_ENDED, now_ms, producer_id=next_producer_id, producer_epoch=0,
+                              last_producer_epoch=NO_PRODUCER_EPOCH, previous_producer_id=NO_PRODUCER_ID)
+        return self._next(TxnEvent.FENCE_ENDED, now_ms, producer_epoch=self.producer_epoch + 1, last_producer_epoch=NO_PRODUCER_EPOCH)
+
     def expire(self, now_ms: int) -> "TxnMetadata":
         return self._next(TxnEvent.EXPIRE, now_ms)
 

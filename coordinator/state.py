@@ -65,6 +65,7 @@ class TxnEvent(enum.Enum):
     EXPIRE = "expire"  # transactional.id.expiration.ms without use
     ABORT_NOTHING_ADDED = "EndTxn(abort) with no partition added"  # KIP-890 part 2 only
     SEAL = "seal"  # onceflow: the transaction's data made durable and recorded, so an unclean stop spares it
+    FENCE_ENDED = "fence after an unclean stop"  # onceflow: an ended id's epoch, which a transaction the stop took back may have run at
 
 
 S, E = TxnState, TxnEvent
@@ -91,6 +92,11 @@ TRANSITIONS: dict[tuple[TxnState, TxnEvent], TxnState] = {
     # onceflow's seal (``transaction.durable.at.end``): still open, its data
     # durable up to the ends the record names (``TxnMetadata.data_ends``).
     (S.ONGOING, E.SEAL): S.ONGOING,
+    # onceflow (``transaction.durable.at.end``, after an unclean stop): the
+    # epoch moves on with no transaction open, and no retry may match the old one.
+    (S.EMPTY, E.FENCE_ENDED): S.EMPTY,
+    (S.COMPLETE_COMMIT, E.FENCE_ENDED): S.COMPLETE_COMMIT,
+    (S.COMPLETE_ABORT, E.FENCE_ENDED): S.COMPLETE_ABORT,
     (S.PREPARE_COMMIT, E.MARKERS_WRITTEN): S.COMPLETE_COMMIT,
     (S.PREPARE_ABORT, E.MARKERS_WRITTEN): S.COMPLETE_ABORT,
     (S.EMPTY, E.EXPIRE): S.DEAD,

@@ -46,6 +46,11 @@ such a power cut leaves): only to show what the check prevents.
 ``transaction.durable.at.end``) that keeps, after an unclean stop, the
 transactions left Ongoing instead of aborting them: only to show the hole
 a power cut leaves in such a transaction once it commits.
+``ONCEFLOW_KEEP_ENDED_EPOCHS=1`` starts one (with
+``transaction.durable.at.end``) that keeps, after an unclean stop, the
+epoch of every transactional id whose last transaction ended instead of
+fencing it: only to show how a transaction the cut took back whole is then
+committed with a hole, or told it committed.
 """
 
 from __future__ import annotations
@@ -69,6 +74,7 @@ ENVIRONMENT_VARIABLE = "ONCEFLOW_DISK_FAULTS"
 FSYNC_JOURNAL_VARIABLE = "ONCEFLOW_FSYNC_JOURNAL"
 KEEP_UNKNOWN_TRANSACTIONS_VARIABLE = "ONCEFLOW_KEEP_UNKNOWN_TRANSACTIONS"
 KEEP_ONGOING_TRANSACTIONS_VARIABLE = "ONCEFLOW_KEEP_ONGOING_TRANSACTIONS"
+KEEP_ENDED_EPOCHS_VARIABLE = "ONCEFLOW_KEEP_ENDED_EPOCHS"
 LEAVE_DECIDED_UNMARKED_VARIABLE = "ONCEFLOW_LEAVE_DECIDED_UNMARKED"
 BOOT_ID_VARIABLE = "ONCEFLOW_BOOT_ID"
 TORN_WRITE_POINT = "storage.torn_write"
@@ -379,6 +385,13 @@ def keeps_ongoing_transactions() -> bool:
     """Whether this broker was started without aborting, after an unclean
     stop, the transactions left Ongoing (``KEEP_ONGOING_TRANSACTIONS_VARIABLE``)."""
     return os.environ.get(KEEP_ONGOING_TRANSACTIONS_VARIABLE) == "1"
+
+
+def keeps_ended_epochs() -> bool:
+    """Whether this broker was started without fencing, after an unclean
+    stop, the epochs of the ids whose last transaction ended
+    (``KEEP_ENDED_EPOCHS_VARIABLE``)."""
+    return os.environ.get(KEEP_ENDED_EPOCHS_VARIABLE) == "1"
 
 
 def boot_id_from_environment() -> str | None:

@@ -35,6 +35,7 @@ import pytest
 
 from faults.disk import (
     FSYNC_JOURNAL_VARIABLE,
+    KEEP_ENDED_EPOCHS_VARIABLE,
     KEEP_ONGOING_TRANSACTIONS_VARIABLE,
     KEEP_UNKNOWN_TRANSACTIONS_VARIABLE,
     LEAVE_DECIDED_UNMARKED_VARIABLE,
@@ -56,20 +57,26 @@ def init(port: int) -> tuple[int, int]:
     return answer["producer_id"], answer["producer_epoch"]
 
 
-def add_partition(port: int, pid: int, epoch: int, version: int = 1) -> None:
+def add_partition(port: int, pid: int, epoch: int, version: int = 1, partition: int = 0) -> None:
     """AddPartitionsToTxn; with transaction version 2 none is sent (the Produce adds it)."""
+    error = add_partition_answer(port, pid, epoch, version, partition)
+    assert error == ErrorCode.NONE, error
+
+
+def add_partition_answer(port: int, pid: int, epoch: int, version: int = 1, partition: int = 0) -> int:
+    """AddPartitionsToTxn's error code (NONE with transaction version 2: none is sent)."""
     if version == 2:
-        return
+        return ErrorCode.NONE
     body = {"v3_and_below_transactional_id": TRANSACTIONAL_ID, "v3_and_below_producer_id": pid, "v3_and_below_producer_epoch": epoch,
-            "v3_and_below_topics": [{"name": TOPIC, "partitions": [0]}]}
+            "v3_and_below_topics": [{"name": TOPIC, "partitions": [partition]}]}
     answer = raw_request(port, ApiKey.ADD_PARTITIONS_TO_TXN, 3, body)
-    assert answer["results_by_topic_v3_and_below"][0]["results_by_partition"][0]["partition_error_code"] == ErrorCode.NONE, answer
+    return answer["results_by_topic_v3_and_below"][0]["results_by_partition"][0]["partition_error_code"]
 
 
-def produce(port: int, pid: int, epoch: int, sequence: int, value: bytes, acks: int, version: int = 1) -> int:
+def produce(port: int, pid: int, epoch: int, sequence: int, value: bytes, acks: int, version: int = 1, partition: int = 0) -> int:
     """A transactional Produce (v12 with transaction version 2); its error code."""
     records = encode_batch([(None, value, (), 1_000)], producer_id=pid, producer_epoch=epoch, base_sequence=sequence, is_transactional=True)
-    body = {"transactional_id": TRANSACTIONAL_ID, "acks": acks, "timeout_ms": 10_000, "topic_data": [{"name": TOPIC, "partition_data": [{"index": 0, "records": records}]}]}
+    body = {"transactional_id": TRANSACTIONAL_ID, "acks": acks, "timeout_ms": 10_000, "topic_data": [{"name": TOPIC, "partition_data": [{"index": partition, "records": records}]}]}
     answer = raw_request(port, ApiKey.PRODUCE, 12 if version == 2 else 8, body)
     return answer["responses"][0]["partition_responses"][0]["error_code"]
 
@@ -371,6 +378,82 @@ def test_a_transaction_open_at_a_power_cut_is_aborted_at_start_never_committed_w
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(("version", "next_step", "rule", "setting"), [
+    (1, "end", "on", "at end"), (2, "end", "on", "at end"), (1, "another partition", "on", "at end"), (2, "another partition", "on", "at end"),
+    (1, "end", "off", "at end"), (2, "another partition", "off", "at end"), (1, "end", "on", "default"), (2, "another partition", "on", "default"),
+])
+def test_a_transaction_a_power_cut_took_back_whole_is_never_answered_as_committed(broker_process, tmp_path, version, next_step, rule, setting):
+    """Transaction 1 commits; transaction 2 of the same producer has its
+    AddPartitions and its Produce (acks=-1) answered once appended; a power
+    cut loses every byte no fsync covered. The state is back at transaction
+    1's end (CompleteCommit at the epoch transaction 2 runs at, with
+    transaction version 1), and nothing on disk shows that transaction 2
+    began. Its client then ends it (``end``) or first sends a record to a
+    partition it had not sent to yet (``another partition``): the broker
+    fences the epoch at start (``transaction.durable.at.end`` after an
+    unclean stop), so the commit is told PRODUCER_FENCED, neither that it
+    committed (the retry of transaction 1's EndTxn looks the same) nor that
+    it aborted, and a new InitProducerId goes on. With the fence off
+    (``ONCEFLOW_KEEP_ENDED_EPOCHS=1``) version 1's EndTxn is answered NONE
+    with its answered record gone, and either version commits the other
+    partition's record without it: a hole. In the default mode the Produce
+    was answered only once the AddPartitions record was durable too: the
+    transaction survives the cut whole and commits."""
+    journal = str(tmp_path / "fsyncs.journal")
+    settings = [DURABLE_AT_END] if setting == "at end" else []
+    broker = broker_process(*settings, env={FSYNC_JOURNAL_VARIABLE: journal})
+    create_topic(broker.bootstrap, TOPIC, 2)
+    pid, epoch = init(broker.port)
+    add_partition(broker.port, pid, epoch, version)
+    assert produce(broker.port, pid, epoch, 0, b"first", acks=-1, version=version) == ErrorCode.NONE
+    first = end_answer(broker.port, pid, epoch, commit=True, version=version)
+    assert first["error_code"] == ErrorCode.NONE, first
+    if version == 2:
+        epoch = first["producer_epoch"]
+    wait_for(lambda: not unsynced(journal, broker.data_dir, TOPIC), 10, "the first commit's marker's fsync")
+    add_partition(broker.port, pid, epoch, version)
+    assert produce(broker.port, pid, epoch, 1 if version == 1 else 0, b"answered", acks=-1, version=version) == ErrorCode.NONE
+    if setting == "at end":
+        assert unsynced(journal, broker.data_dir, TOPIC), "answered before any fsync"
+        assert unsynced(journal, broker.data_dir, "__transaction_state"), "AddPartitions answered before any fsync"
+    else:
+        assert not unsynced(journal, broker.data_dir, "__transaction_state"), "the Produce's answer waited for the AddPartitions record"
+    broker.kill()
+    lose_unsynced(journal, glob.glob(os.path.join(broker.data_dir, "*", "*.log")))
+    broker.env = after_power_cut({KEEP_ENDED_EPOCHS_VARIABLE: "1"} if rule == "off" else None)
+    broker.start()
+
+    expected = [b"first", b"answered"] if setting == "default" else [b"first"]
+    if next_step == "another partition":
+        # The client goes on with its transaction: a record to a partition it had not sent to yet.
+        sent = wait_for(lambda: _settled({"error_code": add_partition_answer(broker.port, pid, epoch, version, partition=1)}), 10, "AddPartitions' answer")
+        if sent["error_code"] == ErrorCode.NONE:
+            sent = {"error_code": produce(broker.port, pid, epoch, 0, b"other", acks=-1, version=version, partition=1)}
+        if rule == "on" and setting == "at end":
+            assert sent["error_code"] != ErrorCode.NONE, "the epoch is fenced"
+        else:
+            assert sent["error_code"] == ErrorCode.NONE, sent
+            expected.append(b"other")
+    answer = wait_for(lambda: _settled(end_answer(broker.port, pid, epoch, commit=True, version=version)), 10, "the EndTxn's answer")
+    if rule == "off":
+        assert answer["error_code"] == ErrorCode.NONE, "the hazard: told committed"
+        assert sorted(read_values(broker.bootstrap, TOPIC, partitions=2, expect=len(expected))) == sorted(expected), "without the answered record"
+        return
+    if setting == "default":
+        assert answer["error_code"] == ErrorCode.NONE, answer
+        assert sorted(read_values(broker.bootstrap, TOPIC, partitions=2, expect=len(expected))) == sorted(expected), "committed whole"
+        return
+    assert answer["error_code"] == ErrorCode.PRODUCER_FENCED, answer
+    bump = {"transactional_id": TRANSACTIONAL_ID, "transaction_timeout_ms": 60_000, "producer_id": pid, "producer_epoch": epoch}
+    assert raw_request(broker.port, ApiKey.INIT_PRODUCER_ID, 4, bump)["error_code"] == ErrorCode.PRODUCER_FENCED, "the fenced epoch cannot bump back in"
+    pid, epoch = init(broker.port)  # a new instance of the producer goes on
+    add_partition(broker.port, pid, epoch, version)
+    assert produce(broker.port, pid, epoch, 0, b"next", acks=-1, version=version) == ErrorCode.NONE
+    assert end(broker.port, pid, epoch, commit=True, version=version) == ErrorCode.NONE
+    assert read_values(broker.bootstrap, TOPIC, partitions=2, expect=2) == [b"first", b"next"]
+
+
+@pytest.mark.slow
 def test_librdkafka_goes_on_after_its_transaction_was_aborted_at_start(broker_process, tmp_path):
     """librdkafka (classic protocol) had its records answered once appended;
     a power cut loses them and the broker aborts the open transaction at
@@ -489,6 +572,136 @@ def test_our_producer_and_the_python_clients_after_their_transaction_was_aborted
     fresh.close(timeout=5)
     visible = read_values(broker.bootstrap, TOPIC, isolation="read_committed", partitions=1, expect=4)
     assert sorted(visible) == [b"next-aiokafka", b"next-kafka-python", b"next-ours-1", b"next-ours-2"]
+
+
+@pytest.mark.slow
+def test_every_client_fenced_at_start_goes_on_with_a_new_instance(broker_process, tmp_path):
+    """librdkafka, kafka-python, aiokafka and our producer (both
+    transaction versions) each commit a transaction, then have a next one's
+    record answered once appended; a power cut takes that transaction back
+    whole, and the broker fences every ended id's epoch at start. Each
+    client's commit fails, and none is told it committed: our producer
+    raises ProducerFencedError, the others a fatal error. A new instance
+    with the same transactional id (a new InitProducerId) commits, and
+    nothing of the lost transactions is ever visible."""
+    import asyncio
+
+    from aiokafka import AIOKafkaProducer
+    from confluent_kafka import KafkaException, Producer
+    from kafka import KafkaProducer
+
+    from txn.errors import ProducerFencedError
+    from txn.producer import AsyncProducer
+
+    journal = str(tmp_path / "fsyncs.journal")
+    broker = broker_process(DURABLE_AT_END, env={FSYNC_JOURNAL_VARIABLE: journal})
+    create_topic(broker.bootstrap, TOPIC, 1)
+    loop = asyncio.new_event_loop()
+
+    def ours(version):
+        return AsyncProducer(broker.bootstrap, transactional_id=f"ours-v{version}", linger_ms=0, transaction_version=version)
+
+    async def ours_commit(producer, value, *, init=True):
+        if init:
+            await producer.init_transactions()
+        producer.begin_transaction()
+        await producer.send(TOPIC, value, partition=0)
+        await producer.commit_transaction()
+
+    async def aiokafka_commit(producer, value):
+        await producer.begin_transaction()
+        await producer.send_and_wait(TOPIC, value, partition=0)
+        await producer.commit_transaction()
+
+    def librdkafka_commit(producer, value):
+        producer.begin_transaction()
+        producer.produce(TOPIC, value=value, partition=0)
+        producer.commit_transaction(30)
+
+    def kafka_python_commit(producer, value):
+        producer.begin_transaction()
+        producer.send(TOPIC, value, partition=0)
+        producer.commit_transaction()
+
+    def librdkafka():
+        producer = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": "librdkafka", "linger.ms": 1})
+        producer.init_transactions(10)
+        return producer
+
+    def kafka_python():
+        producer = KafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id="kafka-python")
+        producer.init_transactions()
+        return producer
+
+    async def aiokafka():
+        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id="aiokafka")
+        await producer.start()
+        return producer
+
+    # Transaction 1 of each, committed; then transaction 2 of each, answered once appended.
+    mine = {version: ours(version) for version in (1, 2)}
+    for version, producer in mine.items():
+        loop.run_until_complete(ours_commit(producer, b"first-ours-%d" % version))
+    rd, kp, aio = librdkafka(), kafka_python(), loop.run_until_complete(aiokafka())
+    librdkafka_commit(rd, b"first-librdkafka")
+    kafka_python_commit(kp, b"first-kafka-python")
+    loop.run_until_complete(aiokafka_commit(aio, b"first-aiokafka"))
+    wait_for(lambda: not unsynced(journal, broker.data_dir, TOPIC), 10, "the first commits' markers' fsyncs")
+
+    async def ours_second():
+        for version, producer in mine.items():
+            producer.begin_transaction()
+            await producer.send(TOPIC, b"lost-ours-%d" % version, partition=0)
+            await producer.flush()
+        await aio.begin_transaction()
+        await aio.send_and_wait(TOPIC, b"lost-aiokafka", partition=0)
+
+    loop.run_until_complete(ours_second())
+    rd.begin_transaction()
+    rd.produce(TOPIC, value=b"lost-librdkafka", partition=0)
+    assert rd.flush(10) == 0
+    kp.begin_transaction()
+    kp.send(TOPIC, b"lost-kafka-python", partition=0)
+    kp.flush()
+    assert unsynced(journal, broker.data_dir, TOPIC) and unsynced(journal, broker.data_dir, "__transaction_state"), "answered before any fsync"
+    broker.kill()
+    lose_unsynced(journal, glob.glob(os.path.join(broker.data_dir, "*", "*.log")))
+    broker.env = after_power_cut()
+    broker.start()
+
+    async def ours_go_on():
+        for version, producer in mine.items():
+            with pytest.raises(ProducerFencedError):
+                await producer.commit_transaction()
+            await producer.close()
+            fresh = ours(version)
+            await ours_commit(fresh, b"next-ours-%d" % version)
+            await fresh.close()
+        with pytest.raises(Exception):
+            await aio.commit_transaction()
+        try:
+            await aio.stop()
+        except Exception:
+            pass  # its sender routine died with the fatal error
+        fresh = await aiokafka()
+        await aiokafka_commit(fresh, b"next-aiokafka")
+        await fresh.stop()
+
+    loop.run_until_complete(ours_go_on())
+    loop.close()
+    with pytest.raises(KafkaException) as failed:
+        rd.commit_transaction(30)
+    assert failed.value.args[0].fatal(), failed.value.args[0]
+    librdkafka_commit(librdkafka(), b"next-librdkafka")
+    with pytest.raises(Exception, match="ProducerFenced"):
+        kp.commit_transaction()
+    kp.close(timeout=1)
+    fresh = kafka_python()
+    kafka_python_commit(fresh, b"next-kafka-python")
+    fresh.close(timeout=5)
+    clients = [b"ours-1", b"ours-2", b"librdkafka", b"kafka-python", b"aiokafka"]
+    expected = sorted([b"first-" + c for c in clients] + [b"next-" + c for c in clients])
+    assert sorted(read_values(broker.bootstrap, TOPIC, isolation="read_committed", partitions=1, expect=len(expected))) == expected
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ import pytest
 
 
 from coordinator.coordinator import CoordinatorSettings, TransactionCoordinator
-from coordinator.metadata import TopicPartition
+from coordinator.metadata import MAX_PRODUCER_EPOCH, TopicPartition, TxnMetadata
 from coordinator.producer_ids import ProducerIdAllocator
 from coordinator.state import TxnState
 from coordinator.txn_log import decode_key, decode_value, encode_key, encode_value, java_string_hash, partition_for
@@ -673,5 +673,54 @@ def test_a_commit_goes_on_before_its_markers_are_durable_and_recovery_can_finish
         await coordinator.wait_idle()
         assert coordinator.txn_log.records[-1].state == TxnState.COMPLETE_ABORT
         assert coordinator.txn_log.records[-1].committed_ends == (), "an abort's markers are durable before Complete"
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_after_an_unclean_stop_an_ended_id_has_its_epoch_fenced_with_no_retry_left_to_match(version):
+    """``durable_at_end``: an id whose last transaction ended (here
+    CompleteCommit) is reloaded after an unclean stop that may have taken
+    a whole next transaction back. Its epoch is bumped with no "last
+    epoch": EndTxn(commit) from the old epoch (a lost next transaction, or
+    the retry of the last EndTxn: the same request) is PRODUCER_FENCED, not
+    NONE; AddPartitions and KIP-360's bump from it too; a new instance's
+    InitProducerId goes on. An id aborted at recovery keeps its answer
+    (UNKNOWN_PRODUCER_ID, abortable) and is not fenced again; one at the
+    top of the epoch range moves to a new producer id."""
+    async def scenario():
+        coordinator, _ = make_txn_coordinator(durable_at_end=True)
+        pid = (await coordinator.init_producer_id("tx", 60_000)).producer_id
+        other = (await coordinator.init_producer_id("open", 60_000)).producer_id
+        assert await coordinator.add_partitions("open", other, 0, [P1]) == ErrorCode.NONE
+        assert await coordinator.add_partitions("tx", pid, 0, [P0], transaction_version=version) == ErrorCode.NONE
+        if version == 2:
+            ended = await coordinator.end_transaction_bumped("tx", pid, 0, True)
+            assert (ended.error, ended.producer_epoch) == (ErrorCode.NONE, 1)
+        else:
+            assert await coordinator.end_transaction("tx", pid, 0, True) == ErrorCode.NONE
+        await coordinator.wait_idle()
+        epoch = coordinator.txns["tx"].producer_epoch
+        restarted = _reloaded(coordinator, TxnState.COMPLETE_COMMIT)
+        restarted.recover()
+        assert await restarted.abort_ongoing_after_unclean_stop() == ["open"]
+        assert await restarted.fence_ended_after_unclean_stop() == ["tx"]
+        fenced = restarted.txns["tx"]
+        assert (fenced.state, fenced.producer_epoch, fenced.last_producer_epoch) == (TxnState.COMPLETE_COMMIT, epoch + 1, -1)
+        assert restarted.txn_log.records[-1] == fenced, "written, then applied"
+        if version == 2:
+            assert (await restarted.end_transaction_bumped("tx", pid, epoch, True)).error == ErrorCode.PRODUCER_FENCED
+            assert (await restarted.end_transaction_bumped("tx", pid, epoch - 1, True)).error == ErrorCode.PRODUCER_FENCED
+        else:
+            assert await restarted.end_transaction("tx", pid, epoch, True) == ErrorCode.PRODUCER_FENCED
+        assert await restarted.add_partitions("tx", pid, epoch, [P1]) == ErrorCode.PRODUCER_FENCED
+        assert (await restarted.init_producer_id("tx", 60_000, pid, epoch)).error == ErrorCode.PRODUCER_FENCED
+        fresh = await restarted.init_producer_id("tx", 60_000)
+        assert (fresh.error, fresh.producer_id, fresh.producer_epoch) == (ErrorCode.NONE, pid, epoch + 2)
+        assert await restarted.end_transaction("open", other, 0, True) == ErrorCode.UNKNOWN_PRODUCER_ID, "aborted at recovery: abortable, not fenced"
+
+        top = TxnMetadata(transactional_id="top", producer_id=7, producer_epoch=MAX_PRODUCER_EPOCH - 1, timeout_ms=60_000, state=TxnState.COMPLETE_ABORT, previous_producer_id=3)
+        moved = top.fence_ended(0, next_producer_id=8)
+        assert (moved.producer_id, moved.producer_epoch, moved.previous_producer_id, moved.last_producer_epoch) == (8, 0, -1, -1)
 
     run(scenario())
