@@ -769,7 +769,8 @@ def test_a_commit_whose_markers_a_cut_took_back_after_its_complete_is_committed_
     that rule off (``ONCEFLOW_LEAVE_DECIDED_UNMARKED=1``) no transaction
     names the partition any more and the start's check for unknown
     transactions aborts it: an answered commit lost, the hazard the rule
-    closes. Either way the producer goes on with its next transaction."""
+    closes. Either way the producer goes on with its next transaction
+    (with durability at the end, as a new instance: the cut fenced its epoch)."""
     journal = str(tmp_path / "fsyncs.journal")
     settings = [DURABLE_AT_END] if setting == "at end" else []
     broker = broker_process(*settings, env={FSYNC_JOURNAL_VARIABLE: journal, "ONCEFLOW_CRASH_POINTS": "coordinator.complete_appended@1:exit"})
@@ -798,8 +799,15 @@ def test_a_commit_whose_markers_a_cut_took_back_after_its_complete_is_committed_
         wait_for(lambda: committed_offset(broker.port) == (42 if rule == "on" else -1), 10, "the committed offset after the start")
     if version == 2:
         pid, epoch = committed["producer_id"], committed["producer_epoch"]
+    sequence = 1 if version == 1 and answered == "produce" else 0
+    if setting == "at end":
+        # After a cut with durability at the end every ended id is fenced
+        # (a next transaction may have been lost whole): a new instance goes on.
+        assert add_partition_answer(broker.port, pid, epoch, 1) in (ErrorCode.PRODUCER_FENCED, ErrorCode.INVALID_PRODUCER_EPOCH)
+        pid, epoch = init(broker.port)
+        sequence = 0
     add_partition(broker.port, pid, epoch, version)
-    assert produce(broker.port, pid, epoch, 1 if version == 1 and answered == "produce" else 0, b"next", acks=-1, version=version) == ErrorCode.NONE
+    assert produce(broker.port, pid, epoch, sequence, b"next", acks=-1, version=version) == ErrorCode.NONE
     assert end(broker.port, pid, epoch, commit=True, version=version) == ErrorCode.NONE
     expected = [b"answered", b"next"] if answered == "produce" and rule == "on" else [b"next"]
     assert read_values(broker.bootstrap, TOPIC, isolation="read_committed", partitions=1, expect=len(expected)) == expected
