@@ -107,6 +107,8 @@ class FaultSeams:
     commit_decided_unmarked: bool = True
     # False only to show the hazard it closes (``transaction.durable.at.end``: a transaction a cut took back whole).
     fence_ended_after_unclean_stop: bool = True
+    # False only to show the hazard it closes (a batch kept, its AddPartitions record lost, its producer's commit).
+    abort_producer_of_unknown_transactions: bool = True
     # The boot of the kernel this start runs in; None: the kernel's own. A
     # power-cut test names a new one (the machine rebooted).
     boot_id: str | None = None
@@ -119,6 +121,7 @@ class FaultSeams:
             boot_id_from_environment,
             io_from_environment,
             keeps_ended_epochs,
+            keeps_producer_of_unknown_transactions,
             keeps_ongoing_transactions,
             keeps_unknown_transactions,
             leaves_decided_unmarked,
@@ -128,7 +131,8 @@ class FaultSeams:
         return cls(
             crash_point=point, disk_io=io_from_environment(), end_unknown_transactions=not keeps_unknown_transactions(),
             abort_ongoing_after_unclean_stop=not keeps_ongoing_transactions(), commit_decided_unmarked=not leaves_decided_unmarked(),
-            fence_ended_after_unclean_stop=not keeps_ended_epochs(), boot_id=boot_id_from_environment(),
+            fence_ended_after_unclean_stop=not keeps_ended_epochs(),
+            abort_producer_of_unknown_transactions=not keeps_producer_of_unknown_transactions(), boot_id=boot_id_from_environment(),
         )
 
 
@@ -272,8 +276,8 @@ class Broker:
         await self.transactions.start(
             end_unknown_transactions=self.seams.end_unknown_transactions, abort_ongoing_after_unclean_stop=self.seams.abort_ongoing_after_unclean_stop,
             commit_decided_unmarked=self.seams.commit_decided_unmarked, fence_ended_after_unclean_stop=self.seams.fence_ended_after_unclean_stop,
+            abort_producer_of_unknown=self.seams.abort_producer_of_unknown_transactions,
         )
-        self.groups.offsets_log.transaction_durability = self.transactions.coordinator.pending_durability
         self.groups.offsets_log.answers_once_appended = self.transactions.coordinator.answers_once_appended
 
         try:
@@ -339,7 +343,6 @@ class Broker:
                 **QuotaApis(self.quotas).handlers(),
             },
             partition_in_transaction=partition_in_transaction,
-            transaction_durability=coordinator.pending_durability,
             answers_once_appended=coordinator.answers_once_appended,
             add_to_transaction=add_to_transaction,
         )

@@ -129,6 +129,14 @@ class TxnMetadata:
             )
         return self._next(TxnEvent.ABORT, now_ms, data_ends=())
 
+    def abort_ended(self, now_ms: int, *, bump_epoch: bool = True) -> "TxnMetadata":
+        """From an ended state (Empty, Complete): the abort of a transaction
+        the producer began at this epoch and the state lost, found at start
+        by its batch alone; no partition to mark (the broker marks that
+        batch itself). The epoch is bumped, as a timed-out abort's is."""
+        changes = {"producer_epoch": self.producer_epoch + 1, "last_producer_epoch": self.producer_epoch} if bump_epoch else {}
+        return self._next(TxnEvent.ABORT_ENDED, now_ms, partitions=frozenset(), data_ends=(), **changes)
+
     def fence(self, now_ms: int) -> "TxnMetadata":
         return self._next(TxnEvent.FENCE, now_ms, data_ends=())
 
