@@ -598,6 +598,72 @@ def test_librdkafka_goes_on_after_its_transaction_was_aborted_at_start(broker_pr
 
 
 @pytest.mark.slow
+def test_librdkafka_and_our_producer_go_on_after_a_cut_took_back_their_add_partitions_record(broker_process, tmp_path):
+    """The default durability: librdkafka's and our producer's (both
+    versions) records are answered once durable, their AddPartitions
+    record not yet; a power cut takes that record back and keeps the
+    records. At start the broker aborts the records and each producer's
+    transaction: each commit fails with an abortable error, the abort
+    bumps the epoch, and the next transaction commits."""
+    import asyncio
+
+    from confluent_kafka import KafkaException, Producer
+
+    from txn.errors import TransactionAbortableError
+    from txn.producer import AsyncProducer
+
+    journal = str(tmp_path / "fsyncs.journal")
+    broker = broker_process(env={FSYNC_JOURNAL_VARIABLE: journal})
+    create_topic(broker.bootstrap, TOPIC, 1)
+    rd = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": "cut-librdkafka", "linger.ms": 1})
+    rd.init_transactions(10)
+    rd.begin_transaction()
+    rd.produce(TOPIC, value=b"lost-librdkafka", partition=0)
+    assert rd.flush(10) == 0, "answered"
+    loop = asyncio.new_event_loop()
+
+    async def opened():
+        ours = {}
+        for version in (1, 2):
+            producer = ours[version] = AsyncProducer(broker.bootstrap, transactional_id=f"ours-v{version}", linger_ms=0, transaction_version=version)
+            await producer.init_transactions()
+            producer.begin_transaction()
+            await producer.send(TOPIC, b"lost-ours-%d" % version, partition=0)
+            await producer.flush()
+        return ours
+
+    ours = loop.run_until_complete(opened())
+    assert unsynced(journal, broker.data_dir, "__transaction_state") and not unsynced(journal, broker.data_dir, TOPIC)
+    cut_power(broker, journal, "__transaction_state")
+    broker.env = after_power_cut()
+    broker.start()
+
+    with pytest.raises(KafkaException) as failed:
+        rd.commit_transaction(30)
+    error = failed.value.args[0]
+    assert error.txn_requires_abort() and not error.fatal(), error
+    rd.abort_transaction(30)
+    rd.begin_transaction()
+    rd.produce(TOPIC, value=b"next-librdkafka", partition=0)
+    rd.commit_transaction(30)
+
+    async def go_on():
+        for version, producer in ours.items():
+            with pytest.raises(TransactionAbortableError):
+                await producer.commit_transaction()
+            await producer.abort_transaction()
+            producer.begin_transaction()
+            await producer.send(TOPIC, b"next-ours-%d" % version, partition=0)
+            await producer.commit_transaction()
+            await producer.close()
+
+    loop.run_until_complete(go_on())
+    loop.close()
+    visible = read_values(broker.bootstrap, TOPIC, isolation="read_committed", partitions=1, expect=3)
+    assert sorted(visible) == [b"next-librdkafka", b"next-ours-1", b"next-ours-2"]
+
+
+@pytest.mark.slow
 def test_our_producer_and_the_python_clients_after_their_transaction_was_aborted_at_start(broker_process, tmp_path):
     """Each client had its records answered once appended, then a power cut
     lost them and the broker aborted the open transactions at start. Our
