@@ -433,7 +433,7 @@ class TransactionCoordinator:
                 continue
             next_producer_id = self.producer_ids.allocate() if metadata.producer_epoch + 1 >= MAX_PRODUCER_EPOCH else NO_PRODUCER_ID
             changes[transactional_id] = self._change(metadata.fence_ended(now, next_producer_id), InitResult(ErrorCode.NONE))
-        # One fsync round for all of them (each change waits for its own record).
+        # Started together, so that they share fsync rounds (each change waits for its own record).
         results = await asyncio.gather(*changes.values())
         fenced = [transactional_id for transactional_id, result in zip(changes, results) if result.error == ErrorCode.NONE]
         if changes:
