@@ -40,8 +40,10 @@ an unknown batch of producer P at its id's current epoch proves P began a
 transaction after its last decided one, so P's EndTxn(commit) must neither
 commit the rest without the batch nor be taken for a retry of the last
 one. It is told UNKNOWN_PRODUCER_ID (abortable), as after an abort at
-recovery. A Produce that was not answered is retried after the restart
-and refused (its partition is in no transaction): abortable, as before.
+recovery, and so is a batch of that epoch (``verify_transactional_produce``).
+A Produce that was not answered and whose batch was lost too is retried
+after the restart and refused (its partition is in no transaction), as
+before.
 
 With ``CoordinatorSettings.durable_at_end`` (the broker's
 ``transaction.durable.at.end``) a transactional Produce or TxnOffsetCommit
@@ -689,10 +691,21 @@ class TransactionCoordinator:
     def verify_transactional_produce(self, producer_id: int, producer_epoch: int, partition: TopicPartition) -> ErrorCode:
         """KIP-890 part 1: may a transactional batch of this producer go to this
         partition? NONE if the partition is in its ongoing transaction;
-        INVALID_PRODUCER_EPOCH if a newer epoch fenced it; else INVALID_TXN_STATE."""
+        INVALID_PRODUCER_EPOCH if a newer epoch fenced it, UNKNOWN_PRODUCER_ID
+        if one only aborted its transaction at start (``_aborted_under``);
+        else INVALID_TXN_STATE."""
         metadata = self.txns.of_producer(producer_id)
         if metadata is not None:
             if producer_epoch < metadata.producer_epoch:
+                if self._aborted_under(metadata.transactional_id, producer_epoch, metadata):
+                    # Its transaction was aborted at start, the producer not
+                    # fenced (its commit is told UNKNOWN_PRODUCER_ID): so is a
+                    # batch of it, a retry or a new one. librdkafka aborts
+                    # and bumps its epoch on it and goes on (checked with
+                    # librdkafka 2.16); INVALID_PRODUCER_EPOCH is fatal to
+                    # it, and after INVALID_TXN_STATE its abort keeps the
+                    # old epoch, which the next transaction finds fenced.
+                    return ErrorCode.UNKNOWN_PRODUCER_ID
                 return ErrorCode.INVALID_PRODUCER_EPOCH
             if self.settings.durable_at_end and metadata.transactional_id in self._busy:
                 # A decision may be on its way, its data ends already taken:

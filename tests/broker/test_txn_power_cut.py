@@ -603,11 +603,12 @@ def test_librdkafka_and_our_producer_go_on_after_a_cut_took_back_their_add_parti
     versions) records are answered once durable, their AddPartitions
     record not yet; a power cut takes that record back and keeps the
     records. At start the broker aborts the records and each producer's
-    transaction: each commit fails with an abortable error, the abort
-    bumps the epoch, and the next transaction commits."""
+    transaction: a record librdkafka sends then is refused with
+    UNKNOWN_PRODUCER_ID, each commit fails with an abortable error, the
+    abort bumps the epoch, and the next transaction commits."""
     import asyncio
 
-    from confluent_kafka import KafkaException, Producer
+    from confluent_kafka import KafkaError, KafkaException, Producer
 
     from txn.errors import TransactionAbortableError
     from txn.producer import AsyncProducer
@@ -638,6 +639,11 @@ def test_librdkafka_and_our_producer_go_on_after_a_cut_took_back_their_add_parti
     broker.env = after_power_cut()
     broker.start()
 
+    # librdkafka sends one more record first: refused as its transaction was (abortable).
+    refused = []
+    rd.produce(TOPIC, value=b"late-librdkafka", partition=0, on_delivery=lambda error, _message: refused.append(error))
+    rd.flush(15)
+    assert [error.code() for error in refused] == [KafkaError.UNKNOWN_PRODUCER_ID], refused
     with pytest.raises(KafkaException) as failed:
         rd.commit_transaction(30)
     error = failed.value.args[0]

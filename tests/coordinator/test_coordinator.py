@@ -757,10 +757,12 @@ def test_a_producer_whose_batch_no_transaction_names_has_its_transaction_aborted
         assert (after.state, after.producer_epoch, after.last_producer_epoch) == (TxnState.COMPLETE_ABORT, 1, 0)
         marked = [P0] if left == "ongoing with fewer partitions" else []
         assert [w for w in restarted.markers.written if w[2] is False] == [(pid, 1, False, marked)]
+        assert restarted.verify_transactional_produce(pid, 0, P0) == ErrorCode.UNKNOWN_PRODUCER_ID, "a batch of it too: abortable"
         assert await restarted.end_transaction("tx", pid, 0, True) == ErrorCode.UNKNOWN_PRODUCER_ID
         assert await restarted.end_transaction("tx", pid, 0, False) == ErrorCode.NONE
         bumped = await restarted.init_producer_id("tx", 60_000, pid, 0)
         assert (bumped.error, bumped.producer_epoch) == (ErrorCode.NONE, 2)
+        assert restarted.verify_transactional_produce(pid, 0, P0) == ErrorCode.INVALID_PRODUCER_EPOCH, "once it went on: fenced"
 
     run(scenario())
 
