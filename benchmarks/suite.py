@@ -541,12 +541,15 @@ SCENARIOS = (
     # request (the client refills its window one request per answer).
     Scenario("produce 1 KiB, idempotent, 4 KiB batches", produce_scenario(LARGE, idempotent=True, batch_bytes=4096), limit="produce",
              chains=(FsyncChain("records/s", 1, per=3, operation="request"),)),
-    # A transaction waits for two rounds in a row: the Produce's (which
-    # also makes AddPartitionsToTxn's record durable: that request is
-    # answered once appended) and PrepareCommit's (the answer). The markers'
-    # and CompleteCommit's rounds follow the answer (4.0 rounds per
-    # transaction in all, counted in one probe of 300 one-record
-    # transactions; 5.0 when AddPartitionsToTxn waited for its own). The
+    # A transaction waits for two rounds in a row, one file each: the
+    # Produce's (its data file alone; AddPartitionsToTxn is answered once
+    # appended, and its record is made durable by EndTxn's round) and
+    # PrepareCommit's (the answer; ``__transaction_state`` alone, covering
+    # the previous Complete, AddPartitions and the decision). The markers'
+    # round follows the answer: 3 fsyncs per one-record transaction in all
+    # (data file 2, ``__transaction_state`` 1; strace over 300 librdkafka
+    # transactions), 4 when the Produce's round fsynced
+    # ``__transaction_state`` too (before issue 32's third pass). The
     # broker counts the rounds on the client's path live ("fsync rounds per
     # transaction" in the table: ``ROUNDS``); the steps here are what the
     # note falls back on without them.
@@ -562,13 +565,15 @@ SCENARIOS = (
     # transaction) takes N x 10 records / rate.
     Scenario("concurrency: idempotent producers, 10 x 100 B per request", concurrency_scenario(idempotent_producers), limit="fsync",
              chains=tuple(FsyncChain(f"records/s, N={n}", 1, per=10 * n, operation="request") for n in (1, 4, 16))),
-    # Three rounds in a row: Produce, TxnOffsetCommit, PrepareCommit
-    # (AddPartitionsToTxn and AddOffsetsToTxn are answered once appended,
-    # their records made durable by the Produce's and TxnOffsetCommit's
-    # rounds); the markers (partition and offsets share one) and
-    # CompleteCommit follow the answer, off the client's path (4.9 rounds per
-    # transaction in all, counted in one probe, 7.0 before; so for the
-    # 750/txn copier).
+    # Three rounds in a row, one file each: Produce (the data file),
+    # TxnOffsetCommit (``__consumer_offsets``), PrepareCommit
+    # (``__transaction_state``: AddPartitionsToTxn and AddOffsetsToTxn are
+    # answered once appended and their records made durable by it; the
+    # Produce's and TxnOffsetCommit's rounds covered that file too before
+    # issue 32's third pass); the markers (partition and offsets share one
+    # round) follow the answer, off the client's path (4.9 rounds per
+    # transaction in all counted in one probe before that pass, 7.0 before
+    # the first; so for the 750/txn copier).
     Scenario("concurrency: transactional copiers, 10 records + offsets per transaction", concurrency_scenario(transactional_copiers),
              chains=tuple(FsyncChain(f"records/s, N={n}", 3, per=10 * n) for n in (1, 4, 16))),
 )

@@ -147,7 +147,6 @@ class KafkaApis:
         advertised: tuple[str, int],
         extra_handlers: dict | None = None,
         partition_in_transaction=None,
-        transaction_durability=None,
         answers_once_appended=None,
         add_to_transaction=None,
     ):
@@ -173,9 +172,6 @@ class KafkaApis:
         # KIP-890 part 1: (producer id, epoch, topic, partition) -> the error
         # code for a transactional batch there (NONE: allowed).
         self.partition_in_transaction = partition_in_transaction
-        # producer id -> what its transactional Produce waits for besides its
-        # own data (the coordinator's records answered once appended), or None.
-        self.transaction_durability = transaction_durability
         # ``transaction.durable.at.end``: whether a producer's transactional
         # Produce is answered once appended (not once its transaction is sealed).
         self.answers_once_appended = answers_once_appended
@@ -330,14 +326,9 @@ class KafkaApis:
         # acks=all then waits until each is on disk per the durability setting.
         for result in durable_waits:
             waiter = result.pop("_durable")
-            also = result.pop("_durable_transaction", None)
             note_durability_wait(waiter)
-            if also is not None:
-                note_durability_wait(also)
             try:
                 await waiter
-                if also is not None:
-                    await also
             except Exception as error:
                 log.error("append to %s was not made durable: %s", result.get("_where"), error)
                 result["error_code"] = ErrorCode.KAFKA_STORAGE_ERROR
@@ -347,7 +338,6 @@ class KafkaApis:
             for result in topic["partition_responses"]:
                 result.pop("_where", None)
                 result.pop("_durable", None)
-                result.pop("_durable_transaction", None)
         if acks == 0:
             return None
         return {"responses": responses, "throttle_time_ms": 0}
@@ -463,14 +453,12 @@ class KafkaApis:
             pass  # answered once appended: EndTxn(commit) makes it durable in its decision's round
         elif acks == -1 or appended.duplicate:
             # A duplicate is answered like the original: once that is durable.
+            # Only its own data: the AddPartitionsToTxn record of a
+            # transactional batch is made durable by EndTxn's round (the
+            # same log); a power cut that takes it back and keeps this
+            # batch ends the producer's transaction at start
+            # (``TransactionManager.end_unknown_transactions``).
             result["_durable"] = partition_log.wait_durable(appended.last_offset)
-            if header.is_transactional and self.transaction_durability is not None:
-                # AddPartitionsToTxn was answered once appended: this answer
-                # stands for it too. Asked after our own append, so that one
-                # fsync round covers both logs.
-                also = self.transaction_durability(header.producer_id)
-                if also is not None:
-                    result["_durable_transaction"] = also
         if not appended.duplicate:
             self._after_append(topic, partition, partition_log, appended, ask=not durable_at_end)
         return result

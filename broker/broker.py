@@ -105,6 +105,10 @@ class FaultSeams:
     abort_ongoing_after_unclean_stop: bool = True
     # False only to show the hazard it closes (a commit whose markers were not waited for).
     commit_decided_unmarked: bool = True
+    # False only to show the hazard it closes (``transaction.durable.at.end``: a transaction a cut took back whole).
+    fence_ended_after_unclean_stop: bool = True
+    # False only to show the hazard it closes (a batch kept, its AddPartitions record lost, its producer's commit).
+    abort_producer_of_unknown_transactions: bool = True
     # The boot of the kernel this start runs in; None: the kernel's own. A
     # power-cut test names a new one (the machine rebooted).
     boot_id: str | None = None
@@ -113,13 +117,22 @@ class FaultSeams:
     def from_environment(cls) -> "FaultSeams":
         """The seams the fault harness armed this process with through its
         environment (``faults.points``, ``faults.disk``), read once, here."""
-        from faults.disk import boot_id_from_environment, io_from_environment, keeps_ongoing_transactions, keeps_unknown_transactions, leaves_decided_unmarked
+        from faults.disk import (
+            boot_id_from_environment,
+            io_from_environment,
+            keeps_ended_epochs,
+            keeps_producer_of_unknown_transactions,
+            keeps_ongoing_transactions,
+            keeps_unknown_transactions,
+            leaves_decided_unmarked,
+        )
         from faults.points import point
 
         return cls(
             crash_point=point, disk_io=io_from_environment(), end_unknown_transactions=not keeps_unknown_transactions(),
             abort_ongoing_after_unclean_stop=not keeps_ongoing_transactions(), commit_decided_unmarked=not leaves_decided_unmarked(),
-            boot_id=boot_id_from_environment(),
+            fence_ended_after_unclean_stop=not keeps_ended_epochs(),
+            abort_producer_of_unknown_transactions=not keeps_producer_of_unknown_transactions(), boot_id=boot_id_from_environment(),
         )
 
 
@@ -262,9 +275,9 @@ class Broker:
         )
         await self.transactions.start(
             end_unknown_transactions=self.seams.end_unknown_transactions, abort_ongoing_after_unclean_stop=self.seams.abort_ongoing_after_unclean_stop,
-            commit_decided_unmarked=self.seams.commit_decided_unmarked,
+            commit_decided_unmarked=self.seams.commit_decided_unmarked, fence_ended_after_unclean_stop=self.seams.fence_ended_after_unclean_stop,
+            abort_producer_of_unknown=self.seams.abort_producer_of_unknown_transactions,
         )
-        self.groups.offsets_log.transaction_durability = self.transactions.coordinator.pending_durability
         self.groups.offsets_log.answers_once_appended = self.transactions.coordinator.answers_once_appended
 
         try:
@@ -330,7 +343,6 @@ class Broker:
                 **QuotaApis(self.quotas).handlers(),
             },
             partition_in_transaction=partition_in_transaction,
-            transaction_durability=coordinator.pending_durability,
             answers_once_appended=coordinator.answers_once_appended,
             add_to_transaction=add_to_transaction,
         )

@@ -16,7 +16,7 @@ transactional commits kept pending until their marker.
 from __future__ import annotations
 
 import logging
-from typing import Awaitable, Callable
+from typing import Callable
 
 from coordinator.metadata import TRANSACTION_VERSION_2
 from coordinator.metadata import TopicPartition as TxnPartition
@@ -40,10 +40,6 @@ class OffsetsLogWriter:
         self.replicas = replicas
         self.partitions = partitions
         self.clock = clock
-        # producer id -> what its transactional commit waits for besides its
-        # own records, or None (set by the broker once its transaction
-        # coordinator exists: ``TransactionCoordinator.pending_durability``).
-        self.transaction_durability: Callable[[int], Awaitable[None] | None] = lambda producer_id: None
         # ``transaction.durable.at.end``: a TxnOffsetCommit is answered once
         # appended; EndTxn(commit) makes it durable in its decision's round.
         self.transactional_durable_at_end = False
@@ -66,15 +62,12 @@ class OffsetsLogWriter:
             partition_log.append(batch, flush=False)  # EndTxn(commit) asks for its fsync
             return
         info = partition_log.append(batch)
+        # Only its own records: a transactional commit's AddOffsetsToTxn
+        # record is made durable by EndTxn's round (a power cut that takes it
+        # back and keeps these ends the producer's transaction at start).
         durable = partition_log.wait_durable(info.last_offset)
-        # Asked after our own append, so that one fsync round covers both logs.
-        also = self.transaction_durability(producer_id) if producer_id >= 0 else None
         note_durability_wait(durable)
-        if also is not None:
-            note_durability_wait(also)
         await durable
-        if also is not None:
-            await also
 
 
 class GroupManager:

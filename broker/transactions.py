@@ -22,11 +22,14 @@
   checked for open transactions the recovered state does not name, and
   each is aborted with a marker before the broker serves
   (``end_unknown_transactions``: AddPartitionsToTxn is answered once
-  appended, so a power cut may keep a transactional batch and lose the
-  record that put its partition in the transaction); with
+  appended, and a transactional Produce once its own data is durable, so a
+  power cut may keep a transactional batch and lose the record that put
+  its partition in the transaction), and so is the transaction its
+  producer began at that epoch; with
   ``transaction.durable.at.end``, after an unclean stop, every transaction
   recovered Ongoing is aborted first (bytes its client was answered for
-  may be gone).
+  may be gone), and every id whose last transaction ended has its epoch
+  fenced (a next transaction may have been answered and lost whole).
 
 Named crash points (``faults``) are passed to the coordinator as a callable,
 so a test can kill the broker between the durable decision and the markers.
@@ -196,6 +199,20 @@ class MarkerWriter:
                 return False
         return True
 
+    def opened_after(self, metadata: TxnMetadata) -> frozenset:
+        """After a restart: each partition of ``metadata.data_ends`` (a
+        commit's decision) where the producer's open transaction begins at
+        or past the end the decision named: a later transaction's, begun
+        once this commit's markers and Complete were appended. Its marker
+        is there: a log keeps no byte past one a crash took back."""
+        later = set()
+        for topic, index, end in metadata.data_ends:
+            partition_log = self.replicas.get_log(topic, index)
+            entry = partition_log.producer_state.producers.get(metadata.producer_id) if partition_log is not None else None
+            if entry is not None and entry.current_txn_first_offset is not None and entry.current_txn_first_offset >= end:
+                later.add(TopicPartition(topic, index))
+        return frozenset(later)
+
     async def write(self, metadata: TxnMetadata, commit: bool) -> None:
         """The markers of a transaction the coordinator ends, each durable
         before it counts (``on_marker``, fetchers woken)."""
@@ -305,14 +322,17 @@ class TransactionManager:
         self.coordinator.load(entries)  # recover() logs what was loaded
 
     async def start(self, *, end_unknown_transactions: bool = True, abort_ongoing_after_unclean_stop: bool = True,
-                    commit_decided_unmarked: bool = True) -> None:
+                    commit_decided_unmarked: bool = True, fence_ended_after_unclean_stop: bool = True,
+                    abort_producer_of_unknown: bool = True) -> None:
         """Load; commit the open transactions whose commit was decided and
         whose markers a stop took back (``commit_decided_unmarked``: before
         anything else writes a marker there); recover; after an unclean
         stop with ``transaction.durable.at.end`` that was not the process's
         alone (a new boot of the kernel: ``ReplicaManager.same_boot``),
         abort every unsealed Ongoing transaction
-        (``TransactionCoordinator.abort_ongoing_after_unclean_stop``). Each
+        (``TransactionCoordinator.abort_ongoing_after_unclean_stop``) and
+        fence the epoch of every id whose last transaction ended
+        (``fence_ended_after_unclean_stop``). Each
         check switched off only for the tests that show what it prevents."""
         self.ensure_topic()
         self.load()
@@ -327,8 +347,10 @@ class TransactionManager:
                 log.info("unclean stop in this same boot of the kernel: the open transactions lost nothing and stay open")
             else:
                 await self.coordinator.abort_ongoing_after_unclean_stop()
+                if fence_ended_after_unclean_stop:
+                    await self.coordinator.fence_ended_after_unclean_stop()
         if end_unknown_transactions:
-            await self.end_unknown_transactions()
+            await self.end_unknown_transactions(abort_producer_of_unknown=abort_producer_of_unknown)
 
     async def commit_decided_unmarked(self) -> list[tuple[str, int, int]]:
         """Commit, with a durable COMMIT marker, every open transaction of
@@ -356,17 +378,23 @@ class TransactionManager:
             committed.append((topic, index, producer_id))
         return committed
 
-    async def end_unknown_transactions(self) -> list[tuple[str, int, int]]:
+    async def end_unknown_transactions(self, *, abort_producer_of_unknown: bool = True) -> list[tuple[str, int, int]]:
         """Abort, with a durable ABORT marker, every open transaction of an
         open partition that no transaction of the recovered state names
         (``TransactionCoordinator.is_known_open_transaction``): its
-        AddPartitionsToTxn record was lost to a power cut while its batch
-        survived. Nothing would ever end it (it would hold the partition's
-        last stable offset), and a later transaction of the same producer
-        and epoch would commit it with its own. Partitions not open now
-        were closed whole while their records were durable: none holds
-        such a batch. Returns (topic, partition, producer id) of each one
-        aborted."""
+        AddPartitionsToTxn (AddOffsetsToTxn) record was lost to a power cut
+        while its batch survived (a transactional Produce or TxnOffsetCommit
+        is answered once its own data is durable, not that record). Nothing
+        would ever end it (it would hold the partition's last stable
+        offset), and a later transaction of the same producer and epoch
+        would commit it with its own. Then, with
+        ``abort_producer_of_unknown``, end the transaction each such
+        producer began (``TransactionCoordinator.abort_after_unknown_batches``):
+        left open without the batch (or ended at the same epoch), its commit
+        would lose an answered batch, or be told it committed. Partitions
+        not open now were closed whole while their records were durable:
+        none holds such a batch. Returns (topic, partition, producer id) of
+        each one aborted."""
         unknown = [
             (topic, index, producer_id, producer_epoch, first_offset)
             for topic, index, producer_id, producer_epoch, first_offset in self._open_transactions()
@@ -385,6 +413,8 @@ class TransactionManager:
                 log.error("%s-%d: could not abort producer %d's unknown transaction: %s", topic, index, producer_id, error)
                 continue
             aborted.append((topic, index, producer_id))
+        if abort_producer_of_unknown and unknown:
+            await self.coordinator.abort_after_unknown_batches((producer_id, producer_epoch) for _t, _i, producer_id, producer_epoch, _o in unknown)
         return aborted
 
     def _open_transactions(self) -> list[tuple[str, int, int, int, int]]:

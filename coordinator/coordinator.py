@@ -26,15 +26,24 @@ it (the next change of the id is appended behind it in the same log).
 
 AddPartitionsToTxn and AddOffsetsToTxn are answered once appended, before
 their record is durable (``txn_log.append_unflushed``, which starts no
-fsync): nothing the client is told depends on them until its next request
-that waits for a round anyway, and that request waits for them too. A
-transactional Produce or TxnOffsetCommit of the producer waits for
-``pending_durability(producer_id)`` beside its own data (the broker asks
-for both in one fsync round), and EndTxn's Prepare record lands behind
-them in the same log. What a power cut can leave then is a partition's
-transactional batch whose AddPartitions record was lost: the broker aborts
-such a batch at start, before it serves, as no transaction of the
-recovered state names it (``is_known_open_transaction``).
+fsync), and a transactional Produce or TxnOffsetCommit waits only for its
+own data: the records are made durable by EndTxn's round (its Prepare
+lands behind them in the same log), so a transaction's client waits for
+rounds of one file each. What a power cut can leave then is a partition's
+durable transactional batch whose AddPartitions (AddOffsets) record was
+lost: the state went back to an Ongoing transaction without that
+partition, or to the producer's last ended transaction at the same epoch.
+The broker aborts such a batch at start, before it serves, as no
+transaction of the recovered state names it (``is_known_open_transaction``),
+and ends its producer's transaction too (``abort_after_unknown_batches``):
+an unknown batch of producer P at its id's current epoch proves P began a
+transaction after its last decided one, so P's EndTxn(commit) must neither
+commit the rest without the batch nor be taken for a retry of the last
+one. It is told UNKNOWN_PRODUCER_ID (abortable), as after an abort at
+recovery, and so is a batch of that epoch (``verify_transactional_produce``).
+A Produce that was not answered and whose batch was lost too is retried
+after the restart and refused (its partition is in no transaction), as
+before.
 
 With ``CoordinatorSettings.durable_at_end`` (the broker's
 ``transaction.durable.at.end``) a transactional Produce or TxnOffsetCommit
@@ -50,7 +59,12 @@ an unclean stop the broker calls ``abort_ongoing_after_unclean_stop``: an
 Ongoing transaction may have lost bytes its client was answered for, so it
 is aborted with an epoch bump, and its producer's commit is told
 UNKNOWN_PRODUCER_ID (abortable for librdkafka and ``txn``; PRODUCER_FENCED
-is fatal to librdkafka).
+is fatal to librdkafka). Then ``fence_ended_after_unclean_stop`` bumps the
+epoch of every id whose last transaction ended, with no "last epoch" left:
+a next transaction of its producer may have been answered and taken back
+whole, leaving no trace, and the old epoch's EndTxn(commit) would be taken
+for a retry of the last one (version 1) or another partition added and
+committed without what was lost; the old epoch is told PRODUCER_FENCED.
 
 A commit's markers (in either mode) are appended and its Complete follows
 without waiting for their fsync: the decision and the data are durable,
@@ -144,7 +158,8 @@ class MarkerWriter(Protocol):
         (topic, partition, the marker's offset, the topic's id), sorted."""
         ...
 
-    # Only with ``durable_at_end``:
+    # Every commit decision names them (recovery's ``opened_after``); with
+    # ``durable_at_end`` the decision's round covers the data too:
     def data_ends(self, metadata: TxnMetadata) -> tuple:
         """(topic, partition, log end offset) of every partition of the
         transaction (data and ``__consumer_offsets``) now, sorted."""
@@ -159,6 +174,11 @@ class MarkerWriter(Protocol):
     def data_present(self, metadata: TxnMetadata) -> bool:
         """After a restart: whether every log of ``metadata.data_ends``
         still reaches its end offset (nothing a crash took back)."""
+        ...
+
+    def opened_after(self, metadata: TxnMetadata) -> frozenset:
+        """After a restart: the partitions of ``metadata.data_ends`` where
+        the producer's open transaction begins at or past the end named."""
         ...
 
 
@@ -266,9 +286,6 @@ class TransactionCoordinator:
         self._completing: dict[str, asyncio.Task] = {}
         # Set when an id stops being busy, for requests waiting on it (``_await_quiet``).
         self._quiet: dict[str, asyncio.Event] = {}
-        # Ids whose last change was answered once appended, not yet known
-        # durable: how to wait for it (``pending_durability``).
-        self._unflushed: dict[str, Callable[[], Awaitable[None]]] = {}
         # Ids whose last commit's markers were appended without an fsync,
         # and how to ask for it and wait (``_complete``).
         self._markers_pending: dict[str, Callable[[], Awaitable[None]]] = {}
@@ -300,9 +317,10 @@ class TransactionCoordinator:
                     extra={"transactional_id": transactional_id, "producer_id": metadata.producer_id, "producer_epoch": metadata.producer_epoch, "state": _state_name(metadata.state)},
                 )
                 self._busy.add(transactional_id)
-                if metadata.data_ends and not self.markers.data_present(metadata):
+                if self.settings.durable_at_end and metadata.data_ends and not self.markers.data_present(metadata):
                     tasks.append(self._work.start(self._write_then_apply(self._abort_decided_commit(metadata))))
                     continue
+                metadata = self._without_later_transactions(metadata)
                 tasks.append(self._spawn_completion(metadata))
         states = [metadata.state for metadata in self.txns.values()]
         counts = {
@@ -318,6 +336,29 @@ class TransactionCoordinator:
             extra={"event": "transaction_recovery", **counts},
         )
         return tasks
+
+    def _without_later_transactions(self, prepared: TxnMetadata) -> TxnMetadata:
+        """A PrepareCommit about to be completed again at start, less the
+        partitions where its producer's open transaction begins at or past
+        the log end the decision named (``MarkerWriter.opened_after``): that
+        is a later transaction's, begun once this one's Complete was
+        appended, and a power cut took Complete back and kept its batch
+        (answered once durable, its own AddPartitions record lost with
+        Complete). This commit's marker lies before it there, kept; a marker
+        written again would commit the later batch. It is left open for the
+        start's check for unknown transactions (``abort_after_unknown_batches``).
+        The id holds this in memory until Complete replaces it."""
+        later = self.markers.opened_after(prepared) if prepared.state == TxnState.PREPARE_COMMIT and prepared.data_ends else frozenset()
+        if not later:
+            return prepared
+        log.warning(
+            "transaction %s: completing its decided commit again, with no marker for %s: the producer's open transaction there "
+            "began after this commit", prepared.transactional_id, ", ".join(sorted(str(p) for p in later)),
+            extra={"event": "later_transaction_left_at_recovery", "transactional_id": prepared.transactional_id, "producer_id": prepared.producer_id},
+        )
+        prepared = attrs.evolve(prepared, partitions=prepared.partitions - later)
+        self.txns[prepared.transactional_id] = prepared
+        return prepared
 
     def _abort_decided_commit(self, prepared: TxnMetadata) -> TxnMetadata:
         """A PrepareCommit whose data a crash took back (it and its data
@@ -361,6 +402,83 @@ class TransactionCoordinator:
                 extra={"event": "ongoing_transaction_aborted_at_recovery", "transactional_id": transactional_id, "producer_id": metadata.producer_id},
             )
             self._aborted_at_recovery[transactional_id] = metadata.producer_epoch
+            await self._abort_with_bump(metadata)
+            aborted.append(transactional_id)
+        return aborted
+
+    async def fence_ended_after_unclean_stop(self) -> list[str]:
+        """``durable_at_end`` after an unclean stop, once ``recover`` and
+        ``abort_ongoing_after_unclean_stop`` are done: bump the epoch of every
+        id whose last transaction ended (Empty, CompleteCommit,
+        CompleteAbort), durably, leaving no "last epoch" a retry could match.
+        Its producer may have begun a next transaction at that epoch
+        (transaction version 1 keeps the epoch from one transaction to the
+        next; version 2 runs the next one at the epoch the last EndTxn
+        named) and had its AddPartitions and Produce answered once appended;
+        the stop may have taken all of it back, leaving no trace. Left at
+        that epoch, the id would tell that producer's EndTxn(commit) it
+        committed (a version 1 id in CompleteCommit takes it for the retry
+        of the last EndTxn, whose answer was lost), or let it add another
+        partition and commit that without what was lost: a hole. The
+        coordinator cannot tell that producer from one whose last answer was
+        lost, so it says neither committed nor aborted: every request of the
+        old epoch is told PRODUCER_FENCED (fatal to the clients; a new
+        instance's InitProducerId goes on). Ids aborted at recovery are
+        left alone: their epoch moved on already, and their producer is
+        told its commit is abortable. Returns the ids fenced."""
+        await self.wait_idle()  # the Prepare states ``recover`` completes end here too
+        ended = (TxnState.EMPTY, TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT)
+        changes = {}
+        now = self.clock.wall_ms()
+        for transactional_id, metadata in list(self.txns.items()):
+            if metadata.state not in ended or transactional_id in self._busy or transactional_id in self._aborted_at_recovery:
+                continue
+            next_producer_id = self.producer_ids.allocate() if metadata.producer_epoch + 1 >= MAX_PRODUCER_EPOCH else NO_PRODUCER_ID
+            changes[transactional_id] = self._change(metadata.fence_ended(now, next_producer_id), InitResult(ErrorCode.NONE))
+        # Started together, so that they share fsync rounds (each change waits for its own record).
+        results = await asyncio.gather(*changes.values())
+        fenced = [transactional_id for transactional_id, result in zip(changes, results) if result.error == ErrorCode.NONE]
+        if changes:
+            log.warning(
+                "unclean stop with transaction.durable.at.end: fenced the epochs of %d transactional ids whose last transaction ended "
+                "(a next transaction may have been answered and lost whole); their producers must start again", len(fenced),
+                extra={"event": "ended_epochs_fenced_at_recovery", "fenced": len(fenced), "failed": len(changes) - len(fenced)},
+            )
+        return fenced
+
+    async def abort_after_unknown_batches(self, producers: Iterable[tuple[int, int]]) -> list[str]:
+        """At start, after the broker aborted the open transactions of its
+        partitions that no transaction of the recovered state names: for
+        each (producer id, epoch) they were written at, if that epoch is
+        still its transactional id's, the producer began a transaction after
+        its last decided one, and a power cut kept the batch (answered once
+        durable) and took back the record that added its partition (a
+        Produce or TxnOffsetCommit waits only for its own data). The id is
+        then Ongoing without that partition, or ended at that epoch. Left
+        so, the producer's EndTxn(commit) would commit the rest of the
+        transaction without the batch, or (transaction version 1, ended in
+        CompleteCommit) be taken for the retry of its last EndTxn and told
+        NONE. So its transaction is aborted with an epoch bump, as one open
+        at an unclean stop is, and that commit is told UNKNOWN_PRODUCER_ID
+        (abortable: the client aborts and goes on). A batch of an epoch
+        older than its id's needs only the broker's marker (a later epoch
+        ended that producer's transactions already). Returns the ids
+        aborted."""
+        await self.wait_idle()  # recovery completes Prepare states first: they may end at this epoch too
+        aborted = []
+        for producer_id, producer_epoch in sorted(set(producers)):
+            metadata = self.txns.of_producer(producer_id)
+            if metadata is None or metadata.producer_epoch != producer_epoch or metadata.transactional_id in self._busy:
+                continue
+            if metadata.state not in (TxnState.EMPTY, TxnState.ONGOING, TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT):
+                continue
+            transactional_id = metadata.transactional_id
+            log.warning(
+                "transaction %s: a batch of producer %d epoch %d was found in no transaction at start (a crash took back the record "
+                "that added its partition); aborting the producer's transaction", transactional_id, producer_id, producer_epoch,
+                extra={"event": "transaction_of_unknown_batch_aborted", "transactional_id": transactional_id, "producer_id": producer_id},
+            )
+            self._aborted_at_recovery[transactional_id] = producer_epoch
             await self._abort_with_bump(metadata)
             aborted.append(transactional_id)
         return aborted
@@ -512,12 +630,11 @@ class TransactionCoordinator:
         # Answered once appended (see the module's docstring): no await
         # from the checks above to the apply, so the id needs no busy mark.
         try:
-            wait_durable = self.txn_log.append_unflushed(metadata)
+            self.txn_log.append_unflushed(metadata)  # made durable by the id's next record's round
         except Exception as error:
             log.error("could not write %s of %s: %s", metadata.state.name, transactional_id, error)
             return ErrorCode.KAFKA_STORAGE_ERROR
         self._apply(metadata)
-        self._unflushed[transactional_id] = wait_durable
         return ErrorCode.NONE
 
     async def seal(self, transactional_id: str, producer_id: int, producer_epoch: int) -> ErrorCode:
@@ -555,25 +672,6 @@ class TransactionCoordinator:
         metadata = self.txns.of_producer(producer_id)
         return metadata is None or not metadata.sealed
 
-    def pending_durability(self, producer_id: int) -> Awaitable[None] | None:
-        """What a transactional Produce or TxnOffsetCommit of this producer
-        must wait for besides its own data before it is answered: the
-        durability of its transaction's AddPartitions/AddOffsets records
-        (asking for their fsync now, so that it joins the round of the
-        caller's own append); None if nothing is pending."""
-        metadata = self.txns.of_producer(producer_id)
-        if metadata is None:
-            return None
-        wait_durable = self._unflushed.get(metadata.transactional_id)
-        if wait_durable is None:
-            return None
-        durable = wait_durable()
-        if isinstance(durable, asyncio.Future) and durable.done() and durable.exception() is None:
-            if self._unflushed.get(metadata.transactional_id) is wait_durable:
-                del self._unflushed[metadata.transactional_id]
-            return None
-        return durable
-
     def is_known_open_transaction(self, producer_id: int, producer_epoch: int, partition: TopicPartition) -> bool:
         """Whether the recovered state names a transaction of this producer
         that holds ``partition`` and will end there with a marker (it is
@@ -593,10 +691,21 @@ class TransactionCoordinator:
     def verify_transactional_produce(self, producer_id: int, producer_epoch: int, partition: TopicPartition) -> ErrorCode:
         """KIP-890 part 1: may a transactional batch of this producer go to this
         partition? NONE if the partition is in its ongoing transaction;
-        INVALID_PRODUCER_EPOCH if a newer epoch fenced it; else INVALID_TXN_STATE."""
+        INVALID_PRODUCER_EPOCH if a newer epoch fenced it, UNKNOWN_PRODUCER_ID
+        if one only aborted its transaction at start (``_aborted_under``);
+        else INVALID_TXN_STATE."""
         metadata = self.txns.of_producer(producer_id)
         if metadata is not None:
             if producer_epoch < metadata.producer_epoch:
+                if self._aborted_under(metadata.transactional_id, producer_epoch, metadata):
+                    # Its transaction was aborted at start, the producer not
+                    # fenced (its commit is told UNKNOWN_PRODUCER_ID): so is a
+                    # batch of it, a retry or a new one. librdkafka aborts
+                    # and bumps its epoch on it and goes on (checked with
+                    # librdkafka 2.16); INVALID_PRODUCER_EPOCH is fatal to
+                    # it, and after INVALID_TXN_STATE its abort keeps the
+                    # old epoch, which the next transaction finds fenced.
+                    return ErrorCode.UNKNOWN_PRODUCER_ID
                 return ErrorCode.INVALID_PRODUCER_EPOCH
             if self.settings.durable_at_end and metadata.transactional_id in self._busy:
                 # A decision may be on its way, its data ends already taken:
@@ -735,10 +844,11 @@ class TransactionCoordinator:
         now = self.clock.wall_ms()
         bump = current.producer_epoch + 1 < MAX_PRODUCER_EPOCH
         if current.state == TxnState.ONGOING:
-            fenced = current.fence(now)
+            aborting = current.fence(now).prepare_abort(now, bump_epoch=bump)
+        elif current.state == TxnState.PREPARE_EPOCH_FENCE:
+            aborting = current.prepare_abort(now, bump_epoch=bump)
         else:
-            fenced = current
-        aborting = fenced.prepare_abort(now, bump_epoch=bump)
+            aborting = current.abort_ended(now, bump_epoch=bump)  # ``abort_after_unknown_batches``
         await self._change(aborting, InitResult(ErrorCode.NONE))  # a failed write is logged; the next tick tries again
 
     # -- completion: markers, then Complete ---------------------------------------------
@@ -896,11 +1006,15 @@ class TransactionCoordinator:
                     self.crash_point("coordinator.seal_appended" if metadata.sealed else "coordinator.decision_appended")
                     await asyncio.gather(data, decision)
                 else:
+                    if metadata.state == TxnState.PREPARE_COMMIT:
+                        # Where each log ends at the decision: a start that
+                        # completes it again leaves a later transaction of the
+                        # producer, past those ends, alone (``recover``).
+                        metadata = attrs.evolve(metadata, data_ends=self.markers.data_ends(metadata))
                     await self.txn_log.write(metadata)
             except Exception as error:
                 log.error("could not write %s of %s: %s", metadata.state.name, transactional_id, error)
                 return ErrorCode.KAFKA_STORAGE_ERROR
-            self._unflushed.pop(transactional_id, None)  # written before this one, in the same log: durable too
             self._apply(metadata)
             if metadata.state.is_prepare:
                 # The decision is durable: markers, then Complete (which

@@ -129,6 +129,14 @@ class TxnMetadata:
             )
         return self._next(TxnEvent.ABORT, now_ms, data_ends=())
 
+    def abort_ended(self, now_ms: int, *, bump_epoch: bool = True) -> "TxnMetadata":
+        """From an ended state (Empty, Complete): the abort of a transaction
+        the producer began at this epoch and the state lost, found at start
+        by its batch alone; no partition to mark (the broker marks that
+        batch itself). The epoch is bumped, as a timed-out abort's is."""
+        changes = {"producer_epoch": self.producer_epoch + 1, "last_producer_epoch": self.producer_epoch} if bump_epoch else {}
+        return self._next(TxnEvent.ABORT_ENDED, now_ms, partitions=frozenset(), data_ends=(), **changes)
+
     def fence(self, now_ms: int) -> "TxnMetadata":
         return self._next(TxnEvent.FENCE, now_ms, data_ends=())
 
@@ -166,6 +174,17 @@ class TxnMetadata:
             start_ms=-1,
             committed_ends=(),
         )
+
+    def fence_ended(self, now_ms: int, next_producer_id: int = NO_PRODUCER_ID) -> "TxnMetadata":
+        """No transaction open, the epoch moved on, and no "last epoch" left
+        that a retry from the old one could match: every request of the old
+        epoch is fenced (``TransactionCoordinator.fence_ended_after_unclean_stop``).
+        At the top of the epoch range the id moves to ``next_producer_id``,
+        naming no previous producer id the old one could be taken for."""
+        if next_producer_id != NO_PRODUCER_ID:
+            return self._next(TxnEvent.FENCE_ENDED, now_ms, producer_id=next_producer_id, producer_epoch=0,
+                              last_producer_epoch=NO_PRODUCER_EPOCH, previous_producer_id=NO_PRODUCER_ID)
+        return self._next(TxnEvent.FENCE_ENDED, now_ms, producer_epoch=self.producer_epoch + 1, last_producer_epoch=NO_PRODUCER_EPOCH)
 
     def expire(self, now_ms: int) -> "TxnMetadata":
         return self._next(TxnEvent.EXPIRE, now_ms)

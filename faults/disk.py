@@ -42,10 +42,19 @@ the ``__transaction_state`` record that named its partition lost).
 ``ONCEFLOW_KEEP_UNKNOWN_TRANSACTIONS=1`` starts a broker without the check
 that aborts, at start, open transactions no transaction state names (what
 such a power cut leaves): only to show what the check prevents.
+``ONCEFLOW_KEEP_PRODUCER_OF_UNKNOWN_TRANSACTIONS=1`` starts one that
+aborts those transactions but leaves their producer's own transaction
+(and epoch) as the recovered state has it: only to show how its commit
+then loses the answered batch, or is told it committed.
 ``ONCEFLOW_KEEP_ONGOING_TRANSACTIONS=1`` starts one (with
 ``transaction.durable.at.end``) that keeps, after an unclean stop, the
 transactions left Ongoing instead of aborting them: only to show the hole
 a power cut leaves in such a transaction once it commits.
+``ONCEFLOW_KEEP_ENDED_EPOCHS=1`` starts one (with
+``transaction.durable.at.end``) that keeps, after an unclean stop, the
+epoch of every transactional id whose last transaction ended instead of
+fencing it: only to show how a transaction the cut took back whole is then
+committed with a hole, or told it committed.
 """
 
 from __future__ import annotations
@@ -69,6 +78,8 @@ ENVIRONMENT_VARIABLE = "ONCEFLOW_DISK_FAULTS"
 FSYNC_JOURNAL_VARIABLE = "ONCEFLOW_FSYNC_JOURNAL"
 KEEP_UNKNOWN_TRANSACTIONS_VARIABLE = "ONCEFLOW_KEEP_UNKNOWN_TRANSACTIONS"
 KEEP_ONGOING_TRANSACTIONS_VARIABLE = "ONCEFLOW_KEEP_ONGOING_TRANSACTIONS"
+KEEP_ENDED_EPOCHS_VARIABLE = "ONCEFLOW_KEEP_ENDED_EPOCHS"
+KEEP_PRODUCER_OF_UNKNOWN_VARIABLE = "ONCEFLOW_KEEP_PRODUCER_OF_UNKNOWN_TRANSACTIONS"
 LEAVE_DECIDED_UNMARKED_VARIABLE = "ONCEFLOW_LEAVE_DECIDED_UNMARKED"
 BOOT_ID_VARIABLE = "ONCEFLOW_BOOT_ID"
 TORN_WRITE_POINT = "storage.torn_write"
@@ -368,6 +379,13 @@ def keeps_unknown_transactions() -> bool:
     return os.environ.get(KEEP_UNKNOWN_TRANSACTIONS_VARIABLE) == "1"
 
 
+def keeps_producer_of_unknown_transactions() -> bool:
+    """Whether this broker was started without ending, at start, the
+    transaction of a producer whose batch was found in no transaction
+    (``KEEP_PRODUCER_OF_UNKNOWN_VARIABLE``)."""
+    return os.environ.get(KEEP_PRODUCER_OF_UNKNOWN_VARIABLE) == "1"
+
+
 def leaves_decided_unmarked() -> bool:
     """Whether this broker was started without committing, at start, the
     open transactions whose decided commit lost its markers
@@ -379,6 +397,13 @@ def keeps_ongoing_transactions() -> bool:
     """Whether this broker was started without aborting, after an unclean
     stop, the transactions left Ongoing (``KEEP_ONGOING_TRANSACTIONS_VARIABLE``)."""
     return os.environ.get(KEEP_ONGOING_TRANSACTIONS_VARIABLE) == "1"
+
+
+def keeps_ended_epochs() -> bool:
+    """Whether this broker was started without fencing, after an unclean
+    stop, the epochs of the ids whose last transaction ended
+    (``KEEP_ENDED_EPOCHS_VARIABLE``)."""
+    return os.environ.get(KEEP_ENDED_EPOCHS_VARIABLE) == "1"
 
 
 def boot_id_from_environment() -> str | None:

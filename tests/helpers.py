@@ -627,6 +627,10 @@ class MemoryMarkers:
     def data_durable(self, metadata):
         return asyncio.sleep(0)
 
+    def opened_after(self, metadata):
+        """The partitions a test says hold a later open transaction (``later_open``)."""
+        return frozenset(p for p in getattr(self, "later_open", ()) if p in metadata.partitions)
+
     def data_present(self, metadata):
         from coordinator.metadata import TopicPartition
 

@@ -3,16 +3,21 @@
 process under the power-cut model (``faults.disk``: the fsync journal, then
 every byte no fsync covered lost):
 
-- what a client was answered stays true: a transactional Produce or
-  TxnOffsetCommit is answered only once its producer's AddPartitions or
-  AddOffsets record is durable too, so after the cut the transaction still
-  holds the partition and commits it;
+- a transactional Produce or TxnOffsetCommit is answered once its own
+  data is durable, not its producer's AddPartitions or AddOffsets record
+  (EndTxn's round makes that durable); a cut of every unsynced byte after
+  EndTxn's round keeps the transaction whole;
 - what a cut can leave, a transactional batch whose partition no
   transaction names any more (its record lost, the batch kept), is aborted
   with a marker when the broker starts, before it serves: it neither hangs
   (holding the partition's last stable offset) nor is committed by the
   producer's next transaction. With that check switched off
-  (``ONCEFLOW_KEEP_UNKNOWN_TRANSACTIONS=1``) the same cut shows both.
+  (``ONCEFLOW_KEEP_UNKNOWN_TRANSACTIONS=1``) the same cut shows both;
+- and the transaction that producer began at that epoch is aborted with an
+  epoch bump: its EndTxn(commit) is told UNKNOWN_PRODUCER_ID (abortable),
+  never NONE without the batch. With that switched off
+  (``ONCEFLOW_KEEP_PRODUCER_OF_UNKNOWN_TRANSACTIONS=1``) the commit is told
+  NONE and loses the answered batch.
 
 The same holds with transaction version 2 (KIP-890 part 2), where the
 first Produce v12 or TxnOffsetCommit v5 adds its partition itself (the
@@ -35,7 +40,9 @@ import pytest
 
 from faults.disk import (
     FSYNC_JOURNAL_VARIABLE,
+    KEEP_ENDED_EPOCHS_VARIABLE,
     KEEP_ONGOING_TRANSACTIONS_VARIABLE,
+    KEEP_PRODUCER_OF_UNKNOWN_VARIABLE,
     KEEP_UNKNOWN_TRANSACTIONS_VARIABLE,
     LEAVE_DECIDED_UNMARKED_VARIABLE,
     after_power_cut,
@@ -56,20 +63,26 @@ def init(port: int) -> tuple[int, int]:
     return answer["producer_id"], answer["producer_epoch"]
 
 
-def add_partition(port: int, pid: int, epoch: int, version: int = 1) -> None:
+def add_partition(port: int, pid: int, epoch: int, version: int = 1, partition: int = 0) -> None:
     """AddPartitionsToTxn; with transaction version 2 none is sent (the Produce adds it)."""
+    error = add_partition_answer(port, pid, epoch, version, partition)
+    assert error == ErrorCode.NONE, error
+
+
+def add_partition_answer(port: int, pid: int, epoch: int, version: int = 1, partition: int = 0) -> int:
+    """AddPartitionsToTxn's error code (NONE with transaction version 2: none is sent)."""
     if version == 2:
-        return
+        return ErrorCode.NONE
     body = {"v3_and_below_transactional_id": TRANSACTIONAL_ID, "v3_and_below_producer_id": pid, "v3_and_below_producer_epoch": epoch,
-            "v3_and_below_topics": [{"name": TOPIC, "partitions": [0]}]}
+            "v3_and_below_topics": [{"name": TOPIC, "partitions": [partition]}]}
     answer = raw_request(port, ApiKey.ADD_PARTITIONS_TO_TXN, 3, body)
-    assert answer["results_by_topic_v3_and_below"][0]["results_by_partition"][0]["partition_error_code"] == ErrorCode.NONE, answer
+    return answer["results_by_topic_v3_and_below"][0]["results_by_partition"][0]["partition_error_code"]
 
 
-def produce(port: int, pid: int, epoch: int, sequence: int, value: bytes, acks: int, version: int = 1) -> int:
+def produce(port: int, pid: int, epoch: int, sequence: int, value: bytes, acks: int, version: int = 1, partition: int = 0) -> int:
     """A transactional Produce (v12 with transaction version 2); its error code."""
     records = encode_batch([(None, value, (), 1_000)], producer_id=pid, producer_epoch=epoch, base_sequence=sequence, is_transactional=True)
-    body = {"transactional_id": TRANSACTIONAL_ID, "acks": acks, "timeout_ms": 10_000, "topic_data": [{"name": TOPIC, "partition_data": [{"index": 0, "records": records}]}]}
+    body = {"transactional_id": TRANSACTIONAL_ID, "acks": acks, "timeout_ms": 10_000, "topic_data": [{"name": TOPIC, "partition_data": [{"index": partition, "records": records}]}]}
     answer = raw_request(port, ApiKey.PRODUCE, 12 if version == 2 else 8, body)
     return answer["responses"][0]["partition_responses"][0]["error_code"]
 
@@ -135,11 +148,14 @@ def cut_power(broker, journal: str, topic: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("version", [1, 2])
 @pytest.mark.parametrize("answered", ["produce", "txn_offset_commit"])
-def test_an_answered_produce_or_offset_commit_keeps_its_partition_in_the_transaction_through_a_power_cut(broker_process, tmp_path, answered, version):
+def test_an_answered_produce_or_offset_commit_whose_add_record_a_power_cut_lost_is_never_committed_without_it(broker_process, tmp_path, answered, version):
     """AddPartitions/AddOffsets answered, then the Produce (or TxnOffsetCommit)
-    answered: a power cut that loses every byte no fsync covered, of every
-    file, still leaves the transaction holding the partition, and its
-    commit makes the record (the offsets) visible."""
+    answered once its own data is durable, the transaction's record not
+    yet: a power cut that loses every byte no fsync covered, of every file,
+    takes that record back and keeps the batch. At start the broker aborts
+    the batch and the producer's transaction (the id was Empty at that
+    epoch): the commit is told UNKNOWN_PRODUCER_ID, never NONE, and
+    nothing of the transaction is ever visible."""
     journal = str(tmp_path / "fsyncs.journal")
     broker = broker_process(env={FSYNC_JOURNAL_VARIABLE: journal})
     create_topic(broker.bootstrap, TOPIC, 1)
@@ -149,14 +165,18 @@ def test_an_answered_produce_or_offset_commit_keeps_its_partition_in_the_transac
         assert produce(broker.port, pid, epoch, 0, b"answered", acks=-1, version=version) == ErrorCode.NONE
     else:
         add_offsets_and_commit_them(broker.port, pid, epoch, 42, version)
+    assert unsynced(journal, broker.data_dir, "__transaction_state"), "answered before the transaction's record was durable"
     broker.kill()
     power_back_on(broker, journal)
 
-    assert end(broker.port, pid, epoch, commit=True, version=version) == ErrorCode.NONE, "the transaction still holds what it was answered for"
-    if answered == "produce":
-        assert read_values(broker.bootstrap, TOPIC, partitions=1, expect=1) == [b"answered"]
-    else:
-        wait_for(lambda: committed_offset(broker.port) == 42, 10, "the committed offset")
+    answer = wait_for(lambda: _settled(end_answer(broker.port, pid, epoch, commit=True, version=version)), 10, "the EndTxn's answer")
+    assert answer["error_code"] == ErrorCode.UNKNOWN_PRODUCER_ID, answer
+    pid, epoch = abort_and_bump(broker.port, pid, epoch, version)
+    add_partition(broker.port, pid, epoch, version)
+    assert produce(broker.port, pid, epoch, 0, b"next", acks=-1, version=version) == ErrorCode.NONE
+    assert end(broker.port, pid, epoch, commit=True, version=version) == ErrorCode.NONE
+    assert read_values(broker.bootstrap, TOPIC, partitions=1, expect=1) == [b"next"]
+    assert committed_offset(broker.port) == -1
 
 
 @pytest.mark.slow
@@ -177,7 +197,9 @@ def test_a_batch_whose_add_partitions_record_a_power_cut_lost_is_aborted_at_star
     With transaction version 2 the Produce v12 added the partition (the
     same record, lost the same way); the next transaction is still at the
     same epoch (no EndTxn came between), so the epoch bump alone would not
-    keep the stray batch out of it: the check at start does."""
+    keep the stray batch out of it: the check at start does. With the check
+    on, the producer's transaction is aborted at start too: its commit is
+    told UNKNOWN_PRODUCER_ID, and it aborts and goes on."""
     journal = str(tmp_path / "fsyncs.journal")
     broker = broker_process(env={FSYNC_JOURNAL_VARIABLE: journal})
     create_topic(broker.bootstrap, TOPIC, 1)
@@ -201,9 +223,16 @@ def test_a_batch_whose_add_partitions_record_a_power_cut_lost_is_aborted_at_star
         assert log_end == 2 and stable == log_end, "the stray batch was aborted (a marker behind it) before the broker served"
     else:
         assert log_end == 1 and stable == 0, "the batch's transaction is still open"
+    sequence = 1
+    if check == "on":
+        # The client that lived through the restart commits: its transaction was aborted at start.
+        answer = wait_for(lambda: _settled(end_answer(broker.port, pid, epoch, commit=True, version=version)), 10, "the EndTxn's answer")
+        assert answer["error_code"] == ErrorCode.UNKNOWN_PRODUCER_ID, answer
+        pid, epoch = abort_and_bump(broker.port, pid, epoch, version)
+        sequence = 0
     # The same producer's next transaction, as a client that lived through the restart sends it.
     add_partition(broker.port, pid, epoch, version)
-    assert produce(broker.port, pid, epoch, 1, b"next", acks=-1, version=version) == ErrorCode.NONE
+    assert produce(broker.port, pid, epoch, sequence, b"next", acks=-1, version=version) == ErrorCode.NONE
     assert end(broker.port, pid, epoch, commit=True, version=version) == ErrorCode.NONE
     visible = read_values(broker.bootstrap, TOPIC, partitions=1, expect=1 if check == "on" else 2)
     if check == "on":
@@ -212,6 +241,96 @@ def test_a_batch_whose_add_partitions_record_a_power_cut_lost_is_aborted_at_star
         assert visible == [b"stray", b"next"], "without the check the next transaction commits the stray batch"
     else:
         assert visible == [b"stray", b"next"], "a transaction the state still names is its producer's to end"
+
+
+def abort_and_bump(port: int, pid: int, epoch: int, version: int) -> tuple[int, int]:
+    """What a client told UNKNOWN_PRODUCER_ID does: abort, then go on at a
+    new epoch (version 1: KIP-360's InitProducerId from the old epoch;
+    version 2: the epoch the abort's answer names). The new (pid, epoch)."""
+    aborted = end_answer(port, pid, epoch, commit=False, version=version)
+    assert aborted["error_code"] == ErrorCode.NONE, aborted
+    if version == 2:
+        return aborted["producer_id"], aborted["producer_epoch"]
+    bumped = raw_request(port, ApiKey.INIT_PRODUCER_ID, 4, {"transactional_id": TRANSACTIONAL_ID, "transaction_timeout_ms": 60_000, "producer_id": pid, "producer_epoch": epoch})
+    assert bumped["error_code"] == ErrorCode.NONE, bumped
+    return bumped["producer_id"], bumped["producer_epoch"]
+
+
+# An id whose __transaction_state partition is TRANSACTIONAL_ID's
+# (``coordinator.txn_log.partition_for``): its InitProducerId's round makes
+# every record appended to that log so far durable.
+NEIGHBOUR = "neighbour-27"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("version", "point", "rule"), [
+    (1, "complete", "on"), (2, "complete", "on"), (1, "fewer partitions", "on"), (2, "fewer partitions", "on"), (1, "offsets", "on"), (2, "offsets", "on"),
+    (1, "complete", "off"), (1, "fewer partitions", "off"), (2, "fewer partitions", "off"), (1, "offsets", "off"),
+])
+def test_a_durable_batch_whose_add_record_a_cut_took_back_ends_its_producers_transaction(broker_process, tmp_path, version, point, rule):
+    """The default durability: a transactional Produce (TxnOffsetCommit) is
+    answered once its own data is durable, its AddPartitions (AddOffsets)
+    record not yet. After transaction 1 commits, transaction 2 has a batch
+    answered, and a power cut takes back the unsynced bytes of
+    ``__transaction_state``: the state is back at transaction 1's end at
+    the same epoch (``complete``, ``offsets``: the batch is the offsets
+    commit's records), or Ongoing without the partition added last
+    (``fewer partitions``: the first partition's record was made durable by
+    a neighbour's round). At start the broker aborts the batch (no
+    transaction names it) and the transaction its producer began at that
+    epoch, with a bump: the client's EndTxn(commit) is told
+    UNKNOWN_PRODUCER_ID, it aborts and goes on, and nothing of transaction
+    2 is ever visible. With that rule off
+    (``ONCEFLOW_KEEP_PRODUCER_OF_UNKNOWN_TRANSACTIONS=1``) the commit is
+    told NONE: version 1's taken for a retry of transaction 1's, or either
+    version's committing the partition kept without the one lost."""
+    journal = str(tmp_path / "fsyncs.journal")
+    broker = broker_process(env={FSYNC_JOURNAL_VARIABLE: journal})
+    create_topic(broker.bootstrap, TOPIC, 2)
+    pid, epoch = init(broker.port)
+    add_partition(broker.port, pid, epoch, version)
+    assert produce(broker.port, pid, epoch, 0, b"first", acks=-1, version=version) == ErrorCode.NONE
+    first = end_answer(broker.port, pid, epoch, commit=True, version=version)
+    assert first["error_code"] == ErrorCode.NONE, first
+    if version == 2:
+        epoch = first["producer_epoch"]
+    sequence = 1 if version == 1 else 0
+    told_committed = [b"first"]
+    if point == "fewer partitions":
+        add_partition(broker.port, pid, epoch, version)
+        assert produce(broker.port, pid, epoch, sequence, b"kept", acks=-1, version=version) == ErrorCode.NONE
+        neighbour = raw_request(broker.port, ApiKey.INIT_PRODUCER_ID, 4, {"transactional_id": NEIGHBOUR, "transaction_timeout_ms": 60_000})
+        assert neighbour["error_code"] == ErrorCode.NONE, neighbour
+        assert not unsynced(journal, broker.data_dir, "__transaction_state"), "the first partition's record is durable"
+        add_partition(broker.port, pid, epoch, version, partition=1)
+        assert produce(broker.port, pid, epoch, 0, b"answered", acks=-1, version=version, partition=1) == ErrorCode.NONE
+        told_committed.append(b"kept")
+    elif point == "complete":
+        add_partition(broker.port, pid, epoch, version)
+        assert produce(broker.port, pid, epoch, sequence, b"answered", acks=-1, version=version) == ErrorCode.NONE
+    else:
+        add_offsets_and_commit_them(broker.port, pid, epoch, 42, version)
+    assert unsynced(journal, broker.data_dir, "__transaction_state"), "answered before the transaction's record was durable"
+    assert not unsynced(journal, broker.data_dir, "__consumer_offsets" if point == "offsets" else TOPIC), "the answered batch is durable"
+    cut_power(broker, journal, "__transaction_state")
+    broker.env = after_power_cut({KEEP_PRODUCER_OF_UNKNOWN_VARIABLE: "1"} if rule == "off" else None)
+    broker.start()
+
+    answer = wait_for(lambda: _settled(end_answer(broker.port, pid, epoch, commit=True, version=version)), 10, "the EndTxn's answer")
+    if rule == "off":
+        assert answer["error_code"] == ErrorCode.NONE, "the hazard: told committed"
+        assert sorted(read_values(broker.bootstrap, TOPIC, partitions=2, expect=len(told_committed))) == sorted(told_committed), "without the answered batch"
+        assert committed_offset(broker.port) == -1
+        return
+    assert answer["error_code"] == ErrorCode.UNKNOWN_PRODUCER_ID, answer
+    stable, log_end = ends(broker.port)
+    assert stable == log_end, "ended with markers before the broker served"
+    pid, epoch = abort_and_bump(broker.port, pid, epoch, version)
+    add_partition(broker.port, pid, epoch, version)
+    assert produce(broker.port, pid, epoch, 0, b"next", acks=-1, version=version) == ErrorCode.NONE
+    assert end(broker.port, pid, epoch, commit=True, version=version) == ErrorCode.NONE
+    assert sorted(read_values(broker.bootstrap, TOPIC, partitions=2, expect=2)) == [b"first", b"next"]
+    assert committed_offset(broker.port) == -1, "the lost transaction's offsets never commit"
 
 
 @pytest.mark.slow
@@ -371,6 +490,81 @@ def test_a_transaction_open_at_a_power_cut_is_aborted_at_start_never_committed_w
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(("version", "next_step", "rule", "setting"), [
+    (1, "end", "on", "at end"), (2, "end", "on", "at end"), (1, "another partition", "on", "at end"), (2, "another partition", "on", "at end"),
+    (1, "end", "off", "at end"), (2, "another partition", "off", "at end"), (1, "end", "on", "default"), (2, "another partition", "on", "default"),
+])
+def test_a_transaction_a_power_cut_took_back_whole_is_never_answered_as_committed(broker_process, tmp_path, version, next_step, rule, setting):
+    """Transaction 1 commits; transaction 2 of the same producer has its
+    AddPartitions and its Produce (acks=-1) answered once appended; a power
+    cut loses every byte no fsync covered. The state is back at transaction
+    1's end (CompleteCommit at the epoch transaction 2 runs at, with
+    transaction version 1), and nothing on disk shows that transaction 2
+    began. Its client then ends it (``end``) or first sends a record to a
+    partition it had not sent to yet (``another partition``): the broker
+    fences the epoch at start (``transaction.durable.at.end`` after an
+    unclean stop), so the commit is told PRODUCER_FENCED, neither that it
+    committed (the retry of transaction 1's EndTxn looks the same) nor that
+    it aborted, and a new InitProducerId goes on. With the fence off
+    (``ONCEFLOW_KEEP_ENDED_EPOCHS=1``) version 1's EndTxn is answered NONE
+    with its answered record gone, and either version commits the other
+    partition's record without it: a hole. In the default mode the Produce
+    was answered once its batch was durable (the AddPartitions record not
+    yet): the start finds the batch in no transaction and aborts it and its
+    producer's transaction, so the commit is told UNKNOWN_PRODUCER_ID
+    (abortable), and the producer aborts and goes on."""
+    journal = str(tmp_path / "fsyncs.journal")
+    settings = [DURABLE_AT_END] if setting == "at end" else []
+    broker = broker_process(*settings, env={FSYNC_JOURNAL_VARIABLE: journal})
+    create_topic(broker.bootstrap, TOPIC, 2)
+    pid, epoch = init(broker.port)
+    add_partition(broker.port, pid, epoch, version)
+    assert produce(broker.port, pid, epoch, 0, b"first", acks=-1, version=version) == ErrorCode.NONE
+    first = end_answer(broker.port, pid, epoch, commit=True, version=version)
+    assert first["error_code"] == ErrorCode.NONE, first
+    if version == 2:
+        epoch = first["producer_epoch"]
+    wait_for(lambda: not unsynced(journal, broker.data_dir, TOPIC), 10, "the first commit's marker's fsync")
+    add_partition(broker.port, pid, epoch, version)
+    assert produce(broker.port, pid, epoch, 1 if version == 1 else 0, b"answered", acks=-1, version=version) == ErrorCode.NONE
+    assert unsynced(journal, broker.data_dir, "__transaction_state"), "AddPartitions answered before any fsync"
+    assert unsynced(journal, broker.data_dir, TOPIC) == (setting == "at end"), "answered before any fsync, or once its batch was durable"
+    broker.kill()
+    lose_unsynced(journal, glob.glob(os.path.join(broker.data_dir, "*", "*.log")))
+    broker.env = after_power_cut({KEEP_ENDED_EPOCHS_VARIABLE: "1"} if rule == "off" else None)
+    broker.start()
+
+    expected = [b"first"]
+    if next_step == "another partition":
+        # The client goes on with its transaction: a record to a partition it had not sent to yet.
+        sent = wait_for(lambda: _settled({"error_code": add_partition_answer(broker.port, pid, epoch, version, partition=1)}), 10, "AddPartitions' answer")
+        if sent["error_code"] == ErrorCode.NONE:
+            sent = {"error_code": produce(broker.port, pid, epoch, 0, b"other", acks=-1, version=version, partition=1)}
+        if rule == "on":
+            assert sent["error_code"] != ErrorCode.NONE, "the epoch is fenced, or its transaction was aborted at start"
+        else:
+            assert sent["error_code"] == ErrorCode.NONE, sent
+            expected.append(b"other")
+    answer = wait_for(lambda: _settled(end_answer(broker.port, pid, epoch, commit=True, version=version)), 10, "the EndTxn's answer")
+    if rule == "off":
+        assert answer["error_code"] == ErrorCode.NONE, "the hazard: told committed"
+        assert sorted(read_values(broker.bootstrap, TOPIC, partitions=2, expect=len(expected))) == sorted(expected), "without the answered record"
+        return
+    if setting == "default":
+        assert answer["error_code"] == ErrorCode.UNKNOWN_PRODUCER_ID, answer
+        pid, epoch = abort_and_bump(broker.port, pid, epoch, version)
+    else:
+        assert answer["error_code"] == ErrorCode.PRODUCER_FENCED, answer
+        bump = {"transactional_id": TRANSACTIONAL_ID, "transaction_timeout_ms": 60_000, "producer_id": pid, "producer_epoch": epoch}
+        assert raw_request(broker.port, ApiKey.INIT_PRODUCER_ID, 4, bump)["error_code"] == ErrorCode.PRODUCER_FENCED, "the fenced epoch cannot bump back in"
+        pid, epoch = init(broker.port)  # a new instance of the producer goes on
+    add_partition(broker.port, pid, epoch, version)
+    assert produce(broker.port, pid, epoch, 0, b"next", acks=-1, version=version) == ErrorCode.NONE
+    assert end(broker.port, pid, epoch, commit=True, version=version) == ErrorCode.NONE
+    assert read_values(broker.bootstrap, TOPIC, partitions=2, expect=2) == [b"first", b"next"]
+
+
+@pytest.mark.slow
 def test_librdkafka_goes_on_after_its_transaction_was_aborted_at_start(broker_process, tmp_path):
     """librdkafka (classic protocol) had its records answered once appended;
     a power cut loses them and the broker aborts the open transaction at
@@ -401,6 +595,78 @@ def test_librdkafka_goes_on_after_its_transaction_was_aborted_at_start(broker_pr
     producer.produce(TOPIC, value=b"next", partition=0)
     producer.commit_transaction(30)
     assert read_values(broker.bootstrap, TOPIC, isolation="read_committed", partitions=1, expect=1) == [b"next"]
+
+
+@pytest.mark.slow
+def test_librdkafka_and_our_producer_go_on_after_a_cut_took_back_their_add_partitions_record(broker_process, tmp_path):
+    """The default durability: librdkafka's and our producer's (both
+    versions) records are answered once durable, their AddPartitions
+    record not yet; a power cut takes that record back and keeps the
+    records. At start the broker aborts the records and each producer's
+    transaction: a record librdkafka sends then is refused with
+    UNKNOWN_PRODUCER_ID, each commit fails with an abortable error, the
+    abort bumps the epoch, and the next transaction commits."""
+    import asyncio
+
+    from confluent_kafka import KafkaError, KafkaException, Producer
+
+    from txn.errors import TransactionAbortableError
+    from txn.producer import AsyncProducer
+
+    journal = str(tmp_path / "fsyncs.journal")
+    broker = broker_process(env={FSYNC_JOURNAL_VARIABLE: journal})
+    create_topic(broker.bootstrap, TOPIC, 1)
+    rd = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": "cut-librdkafka", "linger.ms": 1})
+    rd.init_transactions(10)
+    rd.begin_transaction()
+    rd.produce(TOPIC, value=b"lost-librdkafka", partition=0)
+    assert rd.flush(10) == 0, "answered"
+    loop = asyncio.new_event_loop()
+
+    async def opened():
+        ours = {}
+        for version in (1, 2):
+            producer = ours[version] = AsyncProducer(broker.bootstrap, transactional_id=f"ours-v{version}", linger_ms=0, transaction_version=version)
+            await producer.init_transactions()
+            producer.begin_transaction()
+            await producer.send(TOPIC, b"lost-ours-%d" % version, partition=0)
+            await producer.flush()
+        return ours
+
+    ours = loop.run_until_complete(opened())
+    assert unsynced(journal, broker.data_dir, "__transaction_state") and not unsynced(journal, broker.data_dir, TOPIC)
+    cut_power(broker, journal, "__transaction_state")
+    broker.env = after_power_cut()
+    broker.start()
+
+    # librdkafka sends one more record first: refused as its transaction was (abortable).
+    refused = []
+    rd.produce(TOPIC, value=b"late-librdkafka", partition=0, on_delivery=lambda error, _message: refused.append(error))
+    rd.flush(15)
+    assert [error.code() for error in refused] == [KafkaError.UNKNOWN_PRODUCER_ID], refused
+    with pytest.raises(KafkaException) as failed:
+        rd.commit_transaction(30)
+    error = failed.value.args[0]
+    assert error.txn_requires_abort() and not error.fatal(), error
+    rd.abort_transaction(30)
+    rd.begin_transaction()
+    rd.produce(TOPIC, value=b"next-librdkafka", partition=0)
+    rd.commit_transaction(30)
+
+    async def go_on():
+        for version, producer in ours.items():
+            with pytest.raises(TransactionAbortableError):
+                await producer.commit_transaction()
+            await producer.abort_transaction()
+            producer.begin_transaction()
+            await producer.send(TOPIC, b"next-ours-%d" % version, partition=0)
+            await producer.commit_transaction()
+            await producer.close()
+
+    loop.run_until_complete(go_on())
+    loop.close()
+    visible = read_values(broker.bootstrap, TOPIC, isolation="read_committed", partitions=1, expect=3)
+    assert sorted(visible) == [b"next-librdkafka", b"next-ours-1", b"next-ours-2"]
 
 
 @pytest.mark.slow
@@ -492,6 +758,136 @@ def test_our_producer_and_the_python_clients_after_their_transaction_was_aborted
 
 
 @pytest.mark.slow
+def test_every_client_fenced_at_start_goes_on_with_a_new_instance(broker_process, tmp_path):
+    """librdkafka, kafka-python, aiokafka and our producer (both
+    transaction versions) each commit a transaction, then have a next one's
+    record answered once appended; a power cut takes that transaction back
+    whole, and the broker fences every ended id's epoch at start. Each
+    client's commit fails, and none is told it committed: our producer
+    raises ProducerFencedError, the others a fatal error. A new instance
+    with the same transactional id (a new InitProducerId) commits, and
+    nothing of the lost transactions is ever visible."""
+    import asyncio
+
+    from aiokafka import AIOKafkaProducer
+    from confluent_kafka import KafkaException, Producer
+    from kafka import KafkaProducer
+
+    from txn.errors import ProducerFencedError
+    from txn.producer import AsyncProducer
+
+    journal = str(tmp_path / "fsyncs.journal")
+    broker = broker_process(DURABLE_AT_END, env={FSYNC_JOURNAL_VARIABLE: journal})
+    create_topic(broker.bootstrap, TOPIC, 1)
+    loop = asyncio.new_event_loop()
+
+    def ours(version):
+        return AsyncProducer(broker.bootstrap, transactional_id=f"ours-v{version}", linger_ms=0, transaction_version=version)
+
+    async def ours_commit(producer, value, *, init=True):
+        if init:
+            await producer.init_transactions()
+        producer.begin_transaction()
+        await producer.send(TOPIC, value, partition=0)
+        await producer.commit_transaction()
+
+    async def aiokafka_commit(producer, value):
+        await producer.begin_transaction()
+        await producer.send_and_wait(TOPIC, value, partition=0)
+        await producer.commit_transaction()
+
+    def librdkafka_commit(producer, value):
+        producer.begin_transaction()
+        producer.produce(TOPIC, value=value, partition=0)
+        producer.commit_transaction(30)
+
+    def kafka_python_commit(producer, value):
+        producer.begin_transaction()
+        producer.send(TOPIC, value, partition=0)
+        producer.commit_transaction()
+
+    def librdkafka():
+        producer = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": "librdkafka", "linger.ms": 1})
+        producer.init_transactions(10)
+        return producer
+
+    def kafka_python():
+        producer = KafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id="kafka-python")
+        producer.init_transactions()
+        return producer
+
+    async def aiokafka():
+        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id="aiokafka")
+        await producer.start()
+        return producer
+
+    # Transaction 1 of each, committed; then transaction 2 of each, answered once appended.
+    mine = {version: ours(version) for version in (1, 2)}
+    for version, producer in mine.items():
+        loop.run_until_complete(ours_commit(producer, b"first-ours-%d" % version))
+    rd, kp, aio = librdkafka(), kafka_python(), loop.run_until_complete(aiokafka())
+    librdkafka_commit(rd, b"first-librdkafka")
+    kafka_python_commit(kp, b"first-kafka-python")
+    loop.run_until_complete(aiokafka_commit(aio, b"first-aiokafka"))
+    wait_for(lambda: not unsynced(journal, broker.data_dir, TOPIC), 10, "the first commits' markers' fsyncs")
+
+    async def ours_second():
+        for version, producer in mine.items():
+            producer.begin_transaction()
+            await producer.send(TOPIC, b"lost-ours-%d" % version, partition=0)
+            await producer.flush()
+        await aio.begin_transaction()
+        await aio.send_and_wait(TOPIC, b"lost-aiokafka", partition=0)
+
+    loop.run_until_complete(ours_second())
+    rd.begin_transaction()
+    rd.produce(TOPIC, value=b"lost-librdkafka", partition=0)
+    assert rd.flush(10) == 0
+    kp.begin_transaction()
+    kp.send(TOPIC, b"lost-kafka-python", partition=0)
+    kp.flush()
+    assert unsynced(journal, broker.data_dir, TOPIC) and unsynced(journal, broker.data_dir, "__transaction_state"), "answered before any fsync"
+    broker.kill()
+    lose_unsynced(journal, glob.glob(os.path.join(broker.data_dir, "*", "*.log")))
+    broker.env = after_power_cut()
+    broker.start()
+
+    async def ours_go_on():
+        for version, producer in mine.items():
+            with pytest.raises(ProducerFencedError):
+                await producer.commit_transaction()
+            await producer.close()
+            fresh = ours(version)
+            await ours_commit(fresh, b"next-ours-%d" % version)
+            await fresh.close()
+        with pytest.raises(Exception):
+            await aio.commit_transaction()
+        try:
+            await aio.stop()
+        except Exception:
+            pass  # its sender routine died with the fatal error
+        fresh = await aiokafka()
+        await aiokafka_commit(fresh, b"next-aiokafka")
+        await fresh.stop()
+
+    loop.run_until_complete(ours_go_on())
+    loop.close()
+    with pytest.raises(KafkaException) as failed:
+        rd.commit_transaction(30)
+    assert failed.value.args[0].fatal(), failed.value.args[0]
+    librdkafka_commit(librdkafka(), b"next-librdkafka")
+    with pytest.raises(Exception, match="ProducerFenced"):
+        kp.commit_transaction()
+    kp.close(timeout=1)
+    fresh = kafka_python()
+    kafka_python_commit(fresh, b"next-kafka-python")
+    fresh.close(timeout=5)
+    clients = [b"ours-1", b"ours-2", b"librdkafka", b"kafka-python", b"aiokafka"]
+    expected = sorted([b"first-" + c for c in clients] + [b"next-" + c for c in clients])
+    assert sorted(read_values(broker.bootstrap, TOPIC, isolation="read_committed", partitions=1, expect=len(expected))) == expected
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("version", [1, 2])
 @pytest.mark.parametrize("crash", ["power cut", "sigkill only"])
 def test_a_decided_commit_whose_data_a_cut_took_back_is_aborted_at_start(broker_process, tmp_path, version, crash):
@@ -556,7 +952,8 @@ def test_a_commit_whose_markers_a_cut_took_back_after_its_complete_is_committed_
     that rule off (``ONCEFLOW_LEAVE_DECIDED_UNMARKED=1``) no transaction
     names the partition any more and the start's check for unknown
     transactions aborts it: an answered commit lost, the hazard the rule
-    closes. Either way the producer goes on with its next transaction."""
+    closes. Either way the producer goes on with its next transaction
+    (with durability at the end, as a new instance: the cut fenced its epoch)."""
     journal = str(tmp_path / "fsyncs.journal")
     settings = [DURABLE_AT_END] if setting == "at end" else []
     broker = broker_process(*settings, env={FSYNC_JOURNAL_VARIABLE: journal, "ONCEFLOW_CRASH_POINTS": "coordinator.complete_appended@1:exit"})
@@ -585,8 +982,17 @@ def test_a_commit_whose_markers_a_cut_took_back_after_its_complete_is_committed_
         wait_for(lambda: committed_offset(broker.port) == (42 if rule == "on" else -1), 10, "the committed offset after the start")
     if version == 2:
         pid, epoch = committed["producer_id"], committed["producer_epoch"]
+    sequence = 1 if version == 1 and answered == "produce" else 0
+    if setting == "at end" or (rule == "off" and answered == "produce"):
+        # After a cut with durability at the end every ended id is fenced
+        # (a next transaction may have been lost whole); with the rule off
+        # the start took the answered batch for a lost transaction's and
+        # aborted the producer's: either way a new instance goes on.
+        assert add_partition_answer(broker.port, pid, epoch, 1) in (ErrorCode.PRODUCER_FENCED, ErrorCode.INVALID_PRODUCER_EPOCH)
+        pid, epoch = init(broker.port)
+        sequence = 0
     add_partition(broker.port, pid, epoch, version)
-    assert produce(broker.port, pid, epoch, 1 if version == 1 and answered == "produce" else 0, b"next", acks=-1, version=version) == ErrorCode.NONE
+    assert produce(broker.port, pid, epoch, sequence, b"next", acks=-1, version=version) == ErrorCode.NONE
     assert end(broker.port, pid, epoch, commit=True, version=version) == ErrorCode.NONE
     expected = [b"answered", b"next"] if answered == "produce" and rule == "on" else [b"next"]
     assert read_values(broker.bootstrap, TOPIC, isolation="read_committed", partitions=1, expect=len(expected)) == expected

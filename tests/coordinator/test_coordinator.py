@@ -10,7 +10,7 @@ import pytest
 
 
 from coordinator.coordinator import CoordinatorSettings, TransactionCoordinator
-from coordinator.metadata import TopicPartition
+from coordinator.metadata import MAX_PRODUCER_EPOCH, TopicPartition, TxnMetadata
 from coordinator.producer_ids import ProducerIdAllocator
 from coordinator.state import TxnState
 from coordinator.txn_log import decode_key, decode_value, encode_key, encode_value, java_string_hash, partition_for
@@ -454,7 +454,7 @@ async def ongoing_on_rounds(log):
     pid = init.result().producer_id
     add = asyncio.create_task(coordinator.add_partitions("tx", pid, 0, [P0]))
     await settle(log, add)
-    await settle(log, coordinator.pending_durability(pid))  # what the client's Produce waits for
+    log.fsync()  # the log's next round (EndTxn's, in the client's next transaction)
     return coordinator, pid
 
 
@@ -472,19 +472,19 @@ async def recovered_from(records, pid):
     return restarted, restarted_log
 
 
-def test_add_partitions_is_answered_once_appended_and_its_durability_is_what_the_next_request_waits_for():
+def test_add_partitions_is_answered_once_appended_and_made_durable_by_the_next_round_of_its_log():
     """AddPartitionsToTxn appends Ongoing (behind the previous transaction's
     Complete, which is not durable yet either) and is answered before any
-    round: the producer's next Produce or TxnOffsetCommit waits for
-    ``pending_durability``, which one round covers (Complete and Ongoing
-    both). A power cut before that round leaves PrepareCommit last:
-    recovery writes the markers again and completes, and nothing answered
-    needed the lost records (the client's Produce was not answered)."""
+    round, and asks for none: the producer's Produce waits only for its own
+    data, and the log's next round (EndTxn's Prepare, behind it) covers
+    Complete and Ongoing both. A power cut before that round leaves
+    PrepareCommit last: recovery writes the markers again and completes,
+    and knows no transaction on the partition added (the broker aborts a
+    batch there, and its producer's transaction: ``abort_after_unknown_batches``)."""
 
     async def scenario():
         log = RoundLog()
         coordinator, pid = await ongoing_on_rounds(log)
-        assert coordinator.pending_durability(pid) is None, "made durable by a round already"
         end = asyncio.create_task(coordinator.end_transaction("tx", pid, 0, True))
         await turns()
         assert not end.done() and log.records[-1].state == TxnState.PREPARE_COMMIT
@@ -499,12 +499,10 @@ def test_add_partitions_is_answered_once_appended_and_its_durability_is_what_the
         assert next_add.done() and next_add.result() == ErrorCode.NONE, "answered once appended"
         assert log.rounds == rounds and log.durable[-1].state == TxnState.PREPARE_COMMIT
         cut = list(log.durable)  # a power cut now
-        pending = coordinator.pending_durability(pid)
-        assert pending is not None and not pending.done()
-        log.fsync()
+        assert not log.waiting, "nothing asked for a round"
+        log.fsync()  # the log's next round
         await turns()
-        assert pending.done() and log.rounds == rounds + 1, "Complete and the next Ongoing took one round"
-        assert coordinator.pending_durability(pid) is None
+        assert log.durable[-1].state == TxnState.ONGOING and log.rounds == rounds + 1, "Complete and the next Ongoing took one round"
         assert coordinator.markers.written == [(pid, 0, True, [P0])]
         # EndTxn's Prepare lands behind Ongoing in the same log: its round covers it.
         assert coordinator.is_known_open_transaction(pid, 0, P1) and not coordinator.is_known_open_transaction(pid, 0, P0)
@@ -673,5 +671,125 @@ def test_a_commit_goes_on_before_its_markers_are_durable_and_recovery_can_finish
         await coordinator.wait_idle()
         assert coordinator.txn_log.records[-1].state == TxnState.COMPLETE_ABORT
         assert coordinator.txn_log.records[-1].committed_ends == (), "an abort's markers are durable before Complete"
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_after_an_unclean_stop_an_ended_id_has_its_epoch_fenced_with_no_retry_left_to_match(version):
+    """``durable_at_end``: an id whose last transaction ended (here
+    CompleteCommit) is reloaded after an unclean stop that may have taken
+    a whole next transaction back. Its epoch is bumped with no "last
+    epoch": EndTxn(commit) from the old epoch (a lost next transaction, or
+    the retry of the last EndTxn: the same request) is PRODUCER_FENCED, not
+    NONE; AddPartitions and KIP-360's bump from it too; a new instance's
+    InitProducerId goes on. An id aborted at recovery keeps its answer
+    (UNKNOWN_PRODUCER_ID, abortable) and is not fenced again; one at the
+    top of the epoch range moves to a new producer id."""
+    async def scenario():
+        coordinator, _ = make_txn_coordinator(durable_at_end=True)
+        pid = (await coordinator.init_producer_id("tx", 60_000)).producer_id
+        other = (await coordinator.init_producer_id("open", 60_000)).producer_id
+        assert await coordinator.add_partitions("open", other, 0, [P1]) == ErrorCode.NONE
+        assert await coordinator.add_partitions("tx", pid, 0, [P0], transaction_version=version) == ErrorCode.NONE
+        if version == 2:
+            ended = await coordinator.end_transaction_bumped("tx", pid, 0, True)
+            assert (ended.error, ended.producer_epoch) == (ErrorCode.NONE, 1)
+        else:
+            assert await coordinator.end_transaction("tx", pid, 0, True) == ErrorCode.NONE
+        await coordinator.wait_idle()
+        epoch = coordinator.txns["tx"].producer_epoch
+        restarted = _reloaded(coordinator, TxnState.COMPLETE_COMMIT)
+        restarted.recover()
+        assert await restarted.abort_ongoing_after_unclean_stop() == ["open"]
+        assert await restarted.fence_ended_after_unclean_stop() == ["tx"]
+        fenced = restarted.txns["tx"]
+        assert (fenced.state, fenced.producer_epoch, fenced.last_producer_epoch) == (TxnState.COMPLETE_COMMIT, epoch + 1, -1)
+        assert restarted.txn_log.records[-1] == fenced, "written, then applied"
+        if version == 2:
+            assert (await restarted.end_transaction_bumped("tx", pid, epoch, True)).error == ErrorCode.PRODUCER_FENCED
+            assert (await restarted.end_transaction_bumped("tx", pid, epoch - 1, True)).error == ErrorCode.PRODUCER_FENCED
+        else:
+            assert await restarted.end_transaction("tx", pid, epoch, True) == ErrorCode.PRODUCER_FENCED
+        assert await restarted.add_partitions("tx", pid, epoch, [P1]) == ErrorCode.PRODUCER_FENCED
+        assert (await restarted.init_producer_id("tx", 60_000, pid, epoch)).error == ErrorCode.PRODUCER_FENCED
+        fresh = await restarted.init_producer_id("tx", 60_000)
+        assert (fresh.error, fresh.producer_id, fresh.producer_epoch) == (ErrorCode.NONE, pid, epoch + 2)
+        assert await restarted.end_transaction("open", other, 0, True) == ErrorCode.UNKNOWN_PRODUCER_ID, "aborted at recovery: abortable, not fenced"
+
+        top = TxnMetadata(transactional_id="top", producer_id=7, producer_epoch=MAX_PRODUCER_EPOCH - 1, timeout_ms=60_000, state=TxnState.COMPLETE_ABORT, previous_producer_id=3)
+        moved = top.fence_ended(0, next_producer_id=8)
+        assert (moved.producer_id, moved.producer_epoch, moved.previous_producer_id, moved.last_producer_epoch) == (8, 0, -1, -1)
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("left", ["complete", "empty", "ongoing with fewer partitions", "an older epoch"])
+def test_a_producer_whose_batch_no_transaction_names_has_its_transaction_aborted_with_a_bump(left):
+    """At start the broker found a batch of producer P at epoch E that no
+    transaction names (its AddPartitions record lost, the batch durable).
+    If E is still its id's epoch (the id ended at E, or is Ongoing without
+    that partition), the transaction P began is aborted with a bump and its
+    commit from E is told UNKNOWN_PRODUCER_ID, never NONE (version 1's
+    CompleteCommit would take it for a retry) nor a commit of the rest;
+    its abort from E is answered and KIP-360's bump goes on. A batch of an
+    older epoch leaves the id alone."""
+    async def scenario():
+        coordinator, _ = make_txn_coordinator()
+        pid = (await coordinator.init_producer_id("tx", 60_000)).producer_id
+        if left == "complete":
+            assert await coordinator.add_partitions("tx", pid, 0, [P0]) == ErrorCode.NONE
+            assert await coordinator.end_transaction("tx", pid, 0, True) == ErrorCode.NONE
+            await coordinator.wait_idle()
+        elif left == "ongoing with fewer partitions":
+            assert await coordinator.add_partitions("tx", pid, 0, [P0]) == ErrorCode.NONE
+        before = coordinator.txns["tx"]
+        batch_epoch = -1 if left == "an older epoch" else 0
+        restarted = _reloaded(coordinator, before.state)
+        restarted.recover()
+        aborted = await restarted.abort_after_unknown_batches([(pid, batch_epoch), (pid, batch_epoch), (pid + 99, 0)])
+        await restarted.wait_idle()
+        after = restarted.txns["tx"]
+        if left == "an older epoch":
+            assert aborted == [] and after == before
+            return
+        assert aborted == ["tx"]
+        assert (after.state, after.producer_epoch, after.last_producer_epoch) == (TxnState.COMPLETE_ABORT, 1, 0)
+        marked = [P0] if left == "ongoing with fewer partitions" else []
+        assert [w for w in restarted.markers.written if w[2] is False] == [(pid, 1, False, marked)]
+        assert restarted.verify_transactional_produce(pid, 0, P0) == ErrorCode.UNKNOWN_PRODUCER_ID, "a batch of it too: abortable"
+        assert await restarted.end_transaction("tx", pid, 0, True) == ErrorCode.UNKNOWN_PRODUCER_ID
+        assert await restarted.end_transaction("tx", pid, 0, False) == ErrorCode.NONE
+        bumped = await restarted.init_producer_id("tx", 60_000, pid, 0)
+        assert (bumped.error, bumped.producer_epoch) == (ErrorCode.NONE, 2)
+        assert restarted.verify_transactional_produce(pid, 0, P0) == ErrorCode.INVALID_PRODUCER_EPOCH, "once it went on: fenced"
+
+    run(scenario())
+
+
+def test_a_commit_completed_again_at_start_leaves_a_later_transaction_of_its_producer_alone():
+    """Every commit decision names where each of its logs ended. A start
+    that completes it again (its Complete lost) writes no marker where the
+    producer's open transaction begins past that end (a later
+    transaction's, whose own record was lost with Complete): the marker
+    would commit it. That partition is left to the start's check for
+    unknown transactions."""
+    async def scenario():
+        coordinator, _ = make_txn_coordinator()
+        coordinator.markers.log_ends = {P0: 5, P1: 7}
+        pid = (await coordinator.init_producer_id("tx", 60_000)).producer_id
+        assert await coordinator.add_partitions("tx", pid, 0, [P0, P1]) == ErrorCode.NONE
+        assert await coordinator.end_transaction("tx", pid, 0, True) == ErrorCode.NONE
+        await coordinator.wait_idle()
+        decision = next(m for m in coordinator.txn_log.records if m.state == TxnState.PREPARE_COMMIT)
+        assert decision.data_ends == (("t", 0, 5), ("t", 1, 7))
+        restarted = _reloaded(coordinator, TxnState.PREPARE_COMMIT)
+        restarted.markers.later_open = {P1}
+        restarted.recover()
+        assert not restarted.is_known_open_transaction(pid, 0, P1), "left to the check for unknown transactions"
+        assert restarted.is_known_open_transaction(pid, 0, P0)
+        await restarted.wait_idle()
+        assert restarted.markers.written[-1] == (pid, 0, True, [P0])
+        assert restarted.txns["tx"].state == TxnState.COMPLETE_COMMIT
 
     run(scenario())

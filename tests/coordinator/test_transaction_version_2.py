@@ -107,8 +107,9 @@ def _at_epoch(metadata, epoch):
 
 def test_classic_records_are_written_as_before():
     """Below version 2 a record is TransactionLogValue version 0, as it
-    was, except where onceflow's own tagged field is needed: a commit's
-    Complete (and the id's records after it) names where its markers were
+    was, except where onceflow's own tagged fields are needed: a commit's
+    decision names where each of its logs ended (``data_ends``), and its
+    Complete (and the id's records after it) where its markers were
     appended (``committed_ends``), which only version 1 can carry."""
 
     async def scenario():
@@ -120,8 +121,9 @@ def test_classic_records_are_written_as_before():
         await coordinator.end_transaction("tx", pid, epoch, True)
         await coordinator.wait_idle()
         versions = [(metadata.state, encode_value(metadata)[:2]) for metadata in coordinator.txn_log.records]
-        assert versions[:-1] == [(state, b"\x00\x00") for state, _ in versions[:-1]], versions
-        assert versions[-1] == (TxnState.COMPLETE_COMMIT, b"\x00\x01")
+        assert versions[:-2] == [(state, b"\x00\x00") for state, _ in versions[:-2]], versions
+        assert versions[-2:] == [(TxnState.PREPARE_COMMIT, b"\x00\x01"), (TxnState.COMPLETE_COMMIT, b"\x00\x01")]
+        assert decode_value("tx", encode_value(coordinator.txn_log.records[-2])).data_ends == (("t", 0, 0),)
         assert decode_value("tx", encode_value(coordinator.txn_log.records[-1])).transaction_version == 0
         assert coordinator.txns["tx"].producer_epoch == epoch
 
