@@ -670,6 +670,83 @@ def test_librdkafka_and_our_producer_go_on_after_a_cut_took_back_their_add_parti
 
 
 @pytest.mark.slow
+def test_the_python_clients_go_on_after_a_produce_from_the_epoch_aborted_at_start(broker_process, tmp_path):
+    """The default durability: kafka-python's and aiokafka's records are
+    answered once durable, their AddPartitions record not yet; a power cut
+    takes that record back. At start the broker aborts the records and each
+    producer's transaction with an epoch bump, and the next record either
+    sends in that transaction is refused with UNKNOWN_PRODUCER_ID.
+    kafka-python bumps its epoch itself (KIP-360) and commits its next
+    transaction; aiokafka treats the error as fatal, and a new instance
+    with the same id commits. Nothing of the transaction the cut broke is
+    ever visible."""
+    import asyncio
+
+    from aiokafka import AIOKafkaProducer
+    from aiokafka.errors import UnknownProducerId
+    from kafka import KafkaProducer
+    from kafka.errors import KafkaError, UnknownProducerIdError
+
+    journal = str(tmp_path / "fsyncs.journal")
+    broker = broker_process(env={FSYNC_JOURNAL_VARIABLE: journal})
+    create_topic(broker.bootstrap, TOPIC, 1)
+    loop = asyncio.new_event_loop()
+
+    async def opened():
+        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id="aiokafka")
+        await producer.start()
+        await producer.begin_transaction()
+        await producer.send_and_wait(TOPIC, b"lost-aiokafka", partition=0)
+        return producer
+
+    aiokafka = loop.run_until_complete(opened())
+    kafka_python = KafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id="kafka-python")
+    kafka_python.init_transactions()
+    kafka_python.begin_transaction()
+    kafka_python.send(TOPIC, b"lost-kafka-python", partition=0)
+    kafka_python.flush()
+    assert unsynced(journal, broker.data_dir, "__transaction_state") and not unsynced(journal, broker.data_dir, TOPIC)
+    cut_power(broker, journal, "__transaction_state")
+    broker.env = after_power_cut()
+    broker.start()
+
+    async def aiokafka_goes_on():
+        with pytest.raises(UnknownProducerId):
+            await aiokafka.send_and_wait(TOPIC, b"refused-aiokafka", partition=0)
+        with pytest.raises(Exception):
+            await aiokafka.commit_transaction()  # fatal: the instance cannot go on
+        try:
+            await aiokafka.stop()
+        except Exception:
+            pass  # its sender routine died with the fatal error
+        fresh = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id="aiokafka")
+        await fresh.start()
+        await fresh.begin_transaction()
+        await fresh.send_and_wait(TOPIC, b"next-aiokafka", partition=0)
+        await fresh.commit_transaction()
+        await fresh.stop()
+
+    loop.run_until_complete(aiokafka_goes_on())
+    loop.close()
+    with pytest.raises(UnknownProducerIdError):
+        kafka_python.send(TOPIC, b"refused-kafka-python", partition=0).get(timeout=10)
+
+    def began() -> bool:
+        try:
+            kafka_python.begin_transaction()  # possible once its own epoch bump is done
+        except KafkaError:
+            return False
+        return True
+
+    wait_for(began, 10, "kafka-python's epoch bump")
+    kafka_python.send(TOPIC, b"next-kafka-python", partition=0)
+    kafka_python.commit_transaction()
+    kafka_python.close(timeout=5)
+    visible = read_values(broker.bootstrap, TOPIC, isolation="read_committed", partitions=1, expect=2)
+    assert sorted(visible) == [b"next-aiokafka", b"next-kafka-python"]
+
+
+@pytest.mark.slow
 def test_our_producer_and_the_python_clients_after_their_transaction_was_aborted_at_start(broker_process, tmp_path):
     """Each client had its records answered once appended, then a power cut
     lost them and the broker aborted the open transactions at start. Our
