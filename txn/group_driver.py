@@ -177,19 +177,19 @@ class GroupDriver:
                     raise classify(code, "JoinGroup")
         member.joined(response["member_id"], response["generation_id"])
         protocol_name = response["protocol_name"]
-        assignments = []
-        if response["leader"] == member.member_id and not response.get("skip_assignment"):
-            assignments = await self._assign_as_leader(protocol_name, response["members"])
-        sync = {
-            "group_id": self.group_id,
-            "generation_id": member.generation_id,
-            "member_id": member.member_id,
-            "group_instance_id": self.config.group_instance_id,
-            "protocol_type": "consumer",
-            "protocol_name": protocol_name,
-            "assignments": assignments,
-        }
         try:
+            assignments = []
+            if response["leader"] == member.member_id and not response.get("skip_assignment"):
+                assignments = await self._assign_as_leader(protocol_name, response["members"])
+            sync = {
+                "group_id": self.group_id,
+                "generation_id": member.generation_id,
+                "member_id": member.member_id,
+                "group_instance_id": self.config.group_instance_id,
+                "protocol_type": "consumer",
+                "protocol_name": protocol_name,
+                "assignments": assignments,
+            }
             response = await self.cluster.coordinator_request(self.group_id, CoordinatorType.GROUP, ApiKey.SYNC_GROUP, sync, timeout=join_timeout, held=True)
             code = response["error_code"]
             if code and code != ErrorCode.REBALANCE_IN_PROGRESS and code not in GROUP_FENCING:
@@ -197,9 +197,11 @@ class GroupDriver:
         except (KafkaError, OSError) as error:
             if not (is_retriable(error) or isinstance(error, OSError)):
                 raise
-            # coordinator_request has forgotten a coordinator that moved or
-            # failed; a new round finds it again (SyncGroup alone cannot be
-            # retried: the generation may be gone by then).
+            # The leader's Metadata request or the SyncGroup failed (a broker
+            # restarting closes the connection under either): coordinator_request
+            # has forgotten a coordinator that moved or failed; a new round
+            # finds it again (SyncGroup alone cannot be retried: the
+            # generation may be gone by then).
             self.cluster.forget_coordinator(self.group_id, CoordinatorType.GROUP)
             await asyncio.sleep(client_request(self.config.retry_backoff_ms, self.config.retry_backoff_max_ms).delay(1))
             return ("rebalance", None)

@@ -1,11 +1,11 @@
-"""A txn.Consumer whose SyncGroup fails on the coordinator keeps polling:
-it forgets the coordinator, rejoins after the retry backoff, and gets its
-assignment once the coordinator can write again (Kafka's behaviour)."""
+"""A txn.Consumer whose SyncGroup fails on the coordinator, or whose
+leader's Metadata request loses its connection, keeps polling: it forgets
+the coordinator, rejoins after the retry backoff, and gets its assignment
+once the coordinator can write again (Kafka's behaviour)."""
 
 from __future__ import annotations
 
 import time
-
 
 from broker.broker import EmbeddedBroker, FaultSeams
 from faults.process import restartable_port
@@ -48,6 +48,36 @@ def test_a_sync_group_refused_by_the_coordinator_is_rejoined_until_it_works(tmp_
         while set(consumer.assignment()) != {TopicPartition("refused-sync", 0), TopicPartition("refused-sync", 1)}:
             assert time.monotonic() < deadline, "the consumer never got its assignment"
             consumer.poll(0.3)
+    finally:
+        consumer.close()
+        broker.stop()
+
+
+def test_a_leader_whose_metadata_request_loses_its_connection_rejoins(tmp_path):
+    """The leader's Metadata request (for the assignment) fails with a lost
+    connection, as it does when the broker restarts under it: poll does not
+    raise, the member rejoins and gets its assignment."""
+    broker = EmbeddedBroker(str(tmp_path / "data"), group_initial_rebalance_delay_ms=0).start()
+    consumer = Consumer(broker.bootstrap, group_id="lost-metadata", retry_backoff_ms=50)
+    try:
+        create_topic(broker.bootstrap, "lost-metadata", 2)
+        cluster = consumer._async.cluster
+        refresh = cluster.refresh
+        failed = []
+
+        async def refresh_losing_the_first_leader_request(topics, *, allow_auto_create=True):
+            if not allow_auto_create and not failed:  # the leader's request, before it assigns
+                failed.append(topics)
+                raise ConnectionError("broker closed the connection")
+            return await refresh(topics, allow_auto_create=allow_auto_create)
+
+        cluster.refresh = refresh_losing_the_first_leader_request
+        consumer.subscribe(["lost-metadata"])
+        deadline = time.monotonic() + 30
+        while set(consumer.assignment()) != {TopicPartition("lost-metadata", 0), TopicPartition("lost-metadata", 1)}:
+            assert time.monotonic() < deadline, "the consumer never got its assignment"
+            consumer.poll(0.3)
+        assert failed == [["lost-metadata"]], "the leader's Metadata request failed once"
     finally:
         consumer.close()
         broker.stop()
