@@ -669,6 +669,23 @@ def test_librdkafka_and_our_producer_go_on_after_a_cut_took_back_their_add_parti
     assert sorted(visible) == [b"next-librdkafka", b"next-ours-1", b"next-ours-2"]
 
 
+async def commit_as_a_new_aiokafka(dead, bootstrap: str) -> None:
+    """Stop an aiokafka producer that met a fatal error and commit
+    ``next-aiokafka`` through a new instance with the same transactional id."""
+    from aiokafka import AIOKafkaProducer
+
+    try:
+        await dead.stop()
+    except Exception:
+        pass  # its sender routine died with the fatal error
+    fresh = AIOKafkaProducer(bootstrap_servers=bootstrap, transactional_id="aiokafka")
+    await fresh.start()
+    await fresh.begin_transaction()
+    await fresh.send_and_wait(TOPIC, b"next-aiokafka", partition=0)
+    await fresh.commit_transaction()
+    await fresh.stop()
+
+
 @pytest.mark.slow
 def test_the_python_clients_go_on_after_a_produce_from_the_epoch_aborted_at_start(broker_process, tmp_path):
     """The default durability: kafka-python's and aiokafka's records are
@@ -715,16 +732,7 @@ def test_the_python_clients_go_on_after_a_produce_from_the_epoch_aborted_at_star
             await aiokafka.send_and_wait(TOPIC, b"refused-aiokafka", partition=0)
         with pytest.raises(Exception):
             await aiokafka.commit_transaction()  # fatal: the instance cannot go on
-        try:
-            await aiokafka.stop()
-        except Exception:
-            pass  # its sender routine died with the fatal error
-        fresh = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id="aiokafka")
-        await fresh.start()
-        await fresh.begin_transaction()
-        await fresh.send_and_wait(TOPIC, b"next-aiokafka", partition=0)
-        await fresh.commit_transaction()
-        await fresh.stop()
+        await commit_as_a_new_aiokafka(aiokafka, broker.bootstrap)
 
     loop.run_until_complete(aiokafka_goes_on())
     loop.close()
@@ -806,16 +814,7 @@ def test_our_producer_and_the_python_clients_after_their_transaction_was_aborted
             await aiokafka.commit_transaction()
         with pytest.raises(Exception):
             await aiokafka.begin_transaction()  # fatal: the instance cannot go on
-        try:
-            await aiokafka.stop()
-        except Exception:
-            pass  # its sender routine died with the fatal error
-        fresh = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id="aiokafka")
-        await fresh.start()
-        await fresh.begin_transaction()
-        await fresh.send_and_wait(TOPIC, b"next-aiokafka", partition=0)
-        await fresh.commit_transaction()
-        await fresh.stop()
+        await commit_as_a_new_aiokafka(aiokafka, broker.bootstrap)
 
     loop.run_until_complete(go_on())
     loop.close()
