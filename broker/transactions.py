@@ -159,24 +159,48 @@ class MarkerWriter:
         if self.on_marker is not None:
             self.on_marker(topic, index, producer_id, commit)
 
-    # -- transaction.durable.at.end: its Produce and TxnOffsetCommit requests
-    # were answered once appended; EndTxn(commit) makes them durable in the
-    # round of its decision, which names where each log's data ends.
+    # -- A commit's decision (and a seal) names where the producer's data
+    # ends in each partition; it is answered once that data is durable (with
+    # transaction.durable.at.end its Produce and TxnOffsetCommit requests
+    # were answered once appended, and this is the round that makes them
+    # durable; without it they were durable before their answers).
 
     def data_ends(self, metadata: TxnMetadata) -> tuple:
-        """(topic, partition, log end offset) of each partition of the
-        transaction that has a log, sorted."""
+        """(topic, partition, end) of each partition of the transaction
+        that has a log, sorted: the end is where the producer's open
+        transaction there ends (the last offset of its last batch + 1,
+        from the log's producer state: a TxnOffsetCommit's offsets records
+        in ``__consumer_offsets`` are its batches too), or 0 where it has
+        none (added, never written to: nothing to find again, and any open
+        transaction of the producer found there later is a later one's).
+
+        Not the log's end: that may include other producers' bytes
+        appended past this transaction's data and not yet durable (answered
+        after their own fsync, or not at all), which a power cut may take
+        back with this transaction whole; a decision naming them would be
+        aborted at start though its data is there. A log that still
+        reaches the producer's own end holds every byte of the
+        transaction: a log keeps no byte past one a crash took back."""
         ends = []
         for partition in sorted(metadata.partitions, key=lambda p: (p.topic, p.partition)):
             partition_log = self.replicas.get_log(partition.topic, partition.partition)
-            if partition_log is not None:  # deleted: nothing of it will be read
-                ends.append((partition.topic, partition.partition, partition_log.log_end_offset))
+            if partition_log is None:  # deleted: nothing of it will be read
+                continue
+            entry = partition_log.producer_state.producers.get(metadata.producer_id)
+            # An open transaction of the producer id here is this one: the
+            # partition's producer state refuses a batch of another epoch
+            # while one is open, and version 2's decision (one epoch up)
+            # comes before any batch of the next epoch.
+            open_here = entry is not None and entry.current_txn_first_offset is not None
+            ends.append((partition.topic, partition.partition, entry.last_offset + 1 if open_here else 0))
         return tuple(ends)
 
     def data_durable(self, metadata: TxnMetadata) -> Awaitable[None]:
         """Ask now (so that the decision's round covers them) for every log
         of ``metadata.data_ends`` to be durable up to its end; the result is
-        done once all are."""
+        done once all are (at once for a log durable that far already: a
+        decision without ``transaction.durable.at.end``, its data answered
+        once durable)."""
         waits = []
         for topic, index, end in metadata.data_ends:
             partition_log = self.replicas.get_log(topic, index)
@@ -188,7 +212,8 @@ class MarkerWriter:
 
     def data_present(self, metadata: TxnMetadata) -> bool:
         """After a restart: whether each log of ``metadata.data_ends`` still
-        reaches its end (a log that cannot be opened does not)."""
+        reaches its end (a log that cannot be opened does not): with exact
+        ends, whether the transaction's data is whole."""
         for topic, index, end in metadata.data_ends:
             try:
                 partition_log = self.replicas.get_log(topic, index)
@@ -204,7 +229,12 @@ class MarkerWriter:
         commit's decision) where the producer's open transaction begins at
         or past the end the decision named: a later transaction's, begun
         once this commit's markers and Complete were appended. Its marker
-        is there: a log keeps no byte past one a crash took back."""
+        is there: a log keeps no byte past one a crash took back. This
+        transaction's own data there begins below its end; where it wrote
+        nothing (end 0) any open transaction of the producer is a later
+        one's. (An end of an older record, its log's end at the decision,
+        lies at or past the exact one and below the marker, so it tells
+        the two apart the same way.)"""
         later = set()
         for topic, index, end in metadata.data_ends:
             partition_log = self.replicas.get_log(topic, index)

@@ -45,16 +45,22 @@ A Produce that was not answered and whose batch was lost too is retried
 after the restart and refused (its partition is in no transaction), as
 before.
 
-With ``CoordinatorSettings.durable_at_end`` (the broker's
+Every commit decision names where its producer's data ends in each
+partition of the transaction (``TxnMetadata.data_ends``: its last batch's
+last offset + 1, not the log's end) and is answered only once that data
+is durable too (``markers.data_durable``, asked beside the decision's
+own round). With ``CoordinatorSettings.durable_at_end`` (the broker's
 ``transaction.durable.at.end``) a transactional Produce or TxnOffsetCommit
-is answered once appended, before any fsync: a commit's decision then
-names the log end each partition of the transaction has reached
-(``TxnMetadata.data_ends``) and shares one fsync round with that data
-(``markers.data_durable``); EndTxn is answered once both are durable. A
-power cut during the round may keep the decision and lose data (the kernel
-writes pages back in any order), so ``recover`` completes such a
-PrepareCommit only if every log still reaches its end, and otherwise
-aborts it (``_abort_decided_commit``: its EndTxn was never answered). After
+is answered once appended, before any fsync, and that round is the one
+that makes the data durable; without it the data was durable before its
+answers (unless a client sent EndTxn before its Produce was answered),
+and the wait is over at once. A power cut before the round is over may
+keep the decision and lose data (the kernel writes pages back in any
+order), so ``recover`` completes a PrepareCommit only if every log still
+reaches its end, and otherwise aborts it (``_abort_decided_commit``: its
+EndTxn was never answered), whatever the setting is now: a decision
+written with it on may be recovered by a broker started with it off.
+After
 an unclean stop the broker calls ``abort_ongoing_after_unclean_stop``: an
 Ongoing transaction may have lost bytes its client was answered for, so it
 is aborted with an epoch bump, and its producer's commit is told
@@ -158,22 +164,24 @@ class MarkerWriter(Protocol):
         (topic, partition, the marker's offset, the topic's id), sorted."""
         ...
 
-    # Every commit decision names them (recovery's ``opened_after``); with
-    # ``durable_at_end`` the decision's round covers the data too:
+    # Every commit decision names them and its round covers the data up to
+    # them (recovery's ``data_present`` and ``opened_after``):
     def data_ends(self, metadata: TxnMetadata) -> tuple:
-        """(topic, partition, log end offset) of every partition of the
-        transaction (data and ``__consumer_offsets``) now, sorted."""
+        """(topic, partition, end) of every partition of the transaction
+        (data and ``__consumer_offsets``) now, sorted: where the producer's
+        data there ends (its last batch's last offset + 1), 0 where it
+        wrote nothing."""
         ...
 
     def data_durable(self, metadata: TxnMetadata) -> Awaitable[None]:
-        """Ask now for every byte appended so far to the transaction's
-        partitions to be made durable; the result is done once it is
-        (raising if some never will be)."""
+        """Ask now for every log of ``metadata.data_ends`` to be made
+        durable up to its end; the result is done once it is (raising if
+        some never will be)."""
         ...
 
     def data_present(self, metadata: TxnMetadata) -> bool:
         """After a restart: whether every log of ``metadata.data_ends``
-        still reaches its end offset (nothing a crash took back)."""
+        still reaches its end offset (nothing of the data a crash took back)."""
         ...
 
     def opened_after(self, metadata: TxnMetadata) -> frozenset:
@@ -209,7 +217,7 @@ class CoordinatorSettings:
     transactional_id_expiration_ms: int = DEFAULT_TRANSACTIONAL_ID_EXPIRATION_MS
     abort_timed_out_interval_ms: int = DEFAULT_ABORT_TIMED_OUT_INTERVAL_MS
     # Transactional Produce/TxnOffsetCommit answered once appended: a commit's
-    # decision names its data's log ends and shares its fsync round.
+    # decision's fsync round is the one that makes its data durable.
     durable_at_end: bool = False
 
 
@@ -317,7 +325,7 @@ class TransactionCoordinator:
                     extra={"transactional_id": transactional_id, "producer_id": metadata.producer_id, "producer_epoch": metadata.producer_epoch, "state": _state_name(metadata.state)},
                 )
                 self._busy.add(transactional_id)
-                if self.settings.durable_at_end and metadata.data_ends and not self.markers.data_present(metadata):
+                if not self._decided_data_whole(metadata):
                     tasks.append(self._work.start(self._write_then_apply(self._abort_decided_commit(metadata))))
                     continue
                 metadata = self._without_later_transactions(metadata)
@@ -337,10 +345,41 @@ class TransactionCoordinator:
         )
         return tasks
 
+    def _decided_data_whole(self, prepared: TxnMetadata) -> bool:
+        """Whether a Prepare state found at start may be completed: a
+        PrepareCommit only if every log still reaches the end its decision
+        named (``markers.data_present``). Its decision was answered only
+        once its data was durable up to those ends, so a log short of one
+        means the answer was never given, whatever ``durable_at_end`` says
+        now (a decision written with it on, recovered after a power cut
+        with it off, would otherwise be committed over the hole).
+
+        A record written before the ends were exact
+        (``data_ends_are_log_ends``) names its logs' ends at the decision,
+        which may lie past the data, and does not say the setting it was
+        written under: with the setting on, that decision was answered
+        only once durable up to those ends, and a log short of one means it
+        was never answered, as before; with it off, it is completed as
+        before, unchecked: written in the default mode, a log short of it
+        may have lost only other producers' bytes past a commit that was
+        answered, and aborting that would lose it. So for such an old
+        record only, the setting changed across an unclean stop still
+        misleads: written with it on and recovered with it off, it is
+        completed over a hole; written with it off and recovered with it on,
+        a cut of other producers' bytes aborts an answered commit. It lives
+        only until its Complete (the next start of this version completes
+        or aborts it), so only a stop with a decision in flight, across the
+        upgrade, can leave one."""
+        if prepared.state != TxnState.PREPARE_COMMIT or not prepared.data_ends:
+            return True
+        if prepared.data_ends_are_log_ends and not self.settings.durable_at_end:
+            return True
+        return self.markers.data_present(prepared)
+
     def _without_later_transactions(self, prepared: TxnMetadata) -> TxnMetadata:
         """A PrepareCommit about to be completed again at start, less the
         partitions where its producer's open transaction begins at or past
-        the log end the decision named (``MarkerWriter.opened_after``): that
+        the end the decision named (``MarkerWriter.opened_after``): that
         is a later transaction's, begun once this one's Complete was
         appended, and a power cut took Complete back and kept its batch
         (answered once durable, its own AddPartitions record lost with
@@ -995,22 +1034,25 @@ class TransactionCoordinator:
                 # A record that keeps the last commit's marker places has its
                 # round cover the markers too; one that drops them waits for them.
                 await self._previous_markers_durable(transactional_id, wait=not metadata.committed_ends)
+                if metadata.state == TxnState.PREPARE_COMMIT:
+                    # The decision names where its producer's data ends and
+                    # is answered only once that data is durable too: recovery
+                    # completes it only if its logs still reach those ends,
+                    # and leaves a later transaction of the producer, past
+                    # them, alone (``recover``).
+                    metadata = metadata.with_data_ends(self.markers.data_ends(metadata))
                 if self.settings.durable_at_end and (metadata.state == TxnState.PREPARE_COMMIT or metadata.sealed):
                     # The decision (or a seal) and the data it covers share
-                    # one fsync round; the record names where the data ends,
-                    # so that recovery keeps only what a crash left whole.
-                    if metadata.state == TxnState.PREPARE_COMMIT:
-                        metadata = attrs.evolve(metadata, data_ends=self.markers.data_ends(metadata))
+                    # one fsync round.
                     decision = self.txn_log.append(metadata)
                     data = self.markers.data_durable(metadata)  # asked before the round starts: the same round
                     self.crash_point("coordinator.seal_appended" if metadata.sealed else "coordinator.decision_appended")
                     await asyncio.gather(data, decision)
+                elif metadata.state == TxnState.PREPARE_COMMIT:
+                    # The data was durable before its answers (done at once),
+                    # unless the client sent EndTxn before a Produce's answer.
+                    await asyncio.gather(self.markers.data_durable(metadata), self.txn_log.write(metadata))
                 else:
-                    if metadata.state == TxnState.PREPARE_COMMIT:
-                        # Where each log ends at the decision: a start that
-                        # completes it again leaves a later transaction of the
-                        # producer, past those ends, alone (``recover``).
-                        metadata = attrs.evolve(metadata, data_ends=self.markers.data_ends(metadata))
                     await self.txn_log.write(metadata)
             except Exception as error:
                 log.error("could not write %s of %s: %s", metadata.state.name, transactional_id, error)

@@ -48,11 +48,22 @@ class TxnMetadata:
     # The client's transaction version (Kafka's ClientTransactionVersion):
     # TRANSACTION_VERSION_2 once a client of KIP-890 part 2 began the transaction.
     transaction_version: int = 0
-    # ``transaction.durable.at.end``: a PrepareCommit written beside its data
-    # in one fsync round names, per partition, the log end the data reached
-    # ((topic, partition, end offset), sorted): recovery commits only if
-    # every log still reaches it.
+    # A PrepareCommit (and a seal) names, per partition of the transaction,
+    # where its producer's data there ends: the last offset of its last
+    # batch + 1, or 0 where it wrote nothing ((topic, partition, end
+    # offset), sorted). The decision is answered only once its data is
+    # durable up to those ends, so recovery commits only if every log still
+    # reaches them, in either durability mode, and writes no marker again
+    # where the producer's open transaction begins at or past one (a later
+    # transaction's).
     data_ends: tuple = ()
+    # Set only on a record read back without onceflow's exactness flag
+    # (written before the ends were exact): each end is then its log's end
+    # at the decision, which may lie past the producer's data (other
+    # producers' bytes), so a log short of it may still hold the whole
+    # transaction (``TransactionCoordinator.recover`` says what it does
+    # with one).
+    data_ends_are_log_ends: bool = False
     # Where the markers of the last committed transaction were appended,
     # without waiting for their fsync (its Complete and the next
     # transaction's records may reach the disk before them): (topic,
@@ -76,7 +87,11 @@ class TxnMetadata:
     def seal(self, data_ends: tuple, now_ms: int) -> "TxnMetadata":
         """The transaction stays open with its data durable up to
         ``data_ends``: an unclean stop then spares it (``sealed``)."""
-        return self._next(TxnEvent.SEAL, now_ms, data_ends=data_ends)
+        return self._next(TxnEvent.SEAL, now_ms, data_ends=data_ends, data_ends_are_log_ends=False)
+
+    def with_data_ends(self, data_ends: tuple) -> "TxnMetadata":
+        """This decision, naming where its producer's data ends (exact)."""
+        return attrs.evolve(self, data_ends=data_ends, data_ends_are_log_ends=False)
 
     @property
     def sealed(self) -> bool:

@@ -14,15 +14,22 @@ byte for byte what it was. Reloaded, a version-2 decision (Prepare or
 Complete) knows the epoch it bumped from (``last_producer_epoch``): one
 below its own, so a retried EndTxn is recognized after a restart too.
 
-onceflow adds two tagged fields of its own to value version 1 (which
-Kafka's readers skip as unknown): ``DATA_ENDS_TAG``, on a PrepareCommit
-written beside its data (or a seal: ``transaction.durable.at.end``), names
-the log end each partition of the transaction had reached;
-``COMMITTED_ENDS_TAG``, on a commit's Complete and the id's records after
-it, names where that commit's markers were appended (without waiting for
-their fsync), each with its topic's id (``TxnMetadata.committed_ends``). A
-record with either is written as version 1 whatever the client's
-transaction version.
+onceflow adds three tagged fields of its own to value version 1 (which
+Kafka's readers skip as unknown): ``DATA_ENDS_TAG``, on every PrepareCommit
+(and a seal: ``transaction.durable.at.end``), names where the producer's
+data in each partition of the transaction ends (``TxnMetadata.data_ends``);
+``DATA_ENDS_EXACT_TAG`` (a bool, true) says those ends are exact: a record
+without it was written when each end was its log's end at the decision
+(``TxnMetadata.data_ends_are_log_ends``), which may lie past the producer's
+data. The flag is a separate tag so that a broker of before reads the
+exact ends as the ends it knew, which are at most those; both rules it
+applies to them (a log short of an end loses the transaction; an open
+transaction of the producer at or past an end is a later one's) hold for
+exact ends too. ``COMMITTED_ENDS_TAG``, on a commit's Complete and the
+id's records after it, names where that commit's markers were appended
+(without waiting for their fsync), each with its topic's id
+(``TxnMetadata.committed_ends``). A record with any of them is written as
+version 1 whatever the client's transaction version.
 
 A value is written by hand for its two shapes (``encode_value``: three a
 transaction, on the request path) and read through the generic codec over
@@ -43,7 +50,7 @@ import attrs
 from coordinator.metadata import NO_PRODUCER_EPOCH, NO_PRODUCER_ID, TRANSACTION_VERSION_2, TopicPartition, TxnMetadata
 from coordinator.state import TxnState
 from protocol import schema
-from protocol.schema import INT32, INT64, STRING, UUID, ZERO_UUID, ArrayOf, Field, Struct, write_uvarint
+from protocol.schema import BOOL, INT32, INT64, STRING, UUID, ZERO_UUID, ArrayOf, Field, Struct, write_uvarint
 from protocol.partitioning import java_string_hash, partition_for  # noqa: F401 (re-exported)
 from protocol.messages import TRANSACTION_LOG_KEY, TRANSACTION_LOG_VALUE
 
@@ -63,6 +70,7 @@ _INT64 = struct.Struct(">q")
 # Far above Kafka's own tags (0-2 today), so that none of its future ones meets it.
 DATA_ENDS_TAG = 10_000
 COMMITTED_ENDS_TAG = 10_001
+DATA_ENDS_EXACT_TAG = 10_002
 
 
 VALUE_SCHEMA = attrs.evolve(TRANSACTION_LOG_VALUE, body=Struct("TransactionLogValue", (
@@ -78,6 +86,7 @@ VALUE_SCHEMA = attrs.evolve(TRANSACTION_LOG_VALUE, body=Struct("TransactionLogVa
         Field("partition", INT32, (1, None)),
         Field("end_offset", INT64, (1, None)),
     ))), None, tagged=(1, None), tag=COMMITTED_ENDS_TAG),
+    Field("onceflow_data_ends_exact", BOOL, None, tagged=(1, None), tag=DATA_ENDS_EXACT_TAG),
 )))
 
 
@@ -127,6 +136,8 @@ def encode_value(metadata: TxnMetadata) -> bytes:
             tagged.append((DATA_ENDS_TAG, _data_ends(metadata.data_ends)))
         if metadata.committed_ends:
             tagged.append((COMMITTED_ENDS_TAG, _committed_ends(metadata.committed_ends)))
+        if _data_ends_exact(metadata):
+            tagged.append((DATA_ENDS_EXACT_TAG, b"\x01"))
         write_uvarint(out, len(tagged))
         for tag, field in tagged:
             write_uvarint(out, tag)
@@ -158,6 +169,7 @@ def encode_value_by_schema(metadata: TxnMetadata) -> bytes:
         onceflow_data_ends=[{"topic": topic, "partition": partition, "end_offset": end} for topic, partition, end in metadata.data_ends],
         onceflow_committed_ends=[{"topic": topic, "partition": partition, "end_offset": end, "topic_id": topic_id}
                                  for topic, partition, end, topic_id in metadata.committed_ends],
+        onceflow_data_ends_exact=_data_ends_exact(metadata),
     )
     return _VERSION.pack(VALUE_VERSION_TAGGED) + schema.encode(VALUE_SCHEMA, VALUE_VERSION_TAGGED, body)
 
@@ -165,6 +177,11 @@ def encode_value_by_schema(metadata: TxnMetadata) -> bytes:
 def _classic(metadata: TxnMetadata) -> bool:
     """Whether the record is written as version 0 (nothing of version 1 to say)."""
     return metadata.transaction_version < TRANSACTION_VERSION_2 and not metadata.data_ends and not metadata.committed_ends
+
+
+def _data_ends_exact(metadata: TxnMetadata) -> bool:
+    """Whether the record says its data ends are exact (the producer's own)."""
+    return bool(metadata.data_ends) and not metadata.data_ends_are_log_ends
 
 
 def _partition_ids_by_topic(metadata: TxnMetadata) -> dict[str, list[int]]:
@@ -224,6 +241,7 @@ def decode_value(transactional_id: str, data: bytes | None) -> TxnMetadata | Non
     )
     state = TxnState(body["transaction_status"])
     transaction_version = body.get("client_transaction_version") or 0
+    data_ends = tuple((end["topic"], end["partition"], end["end_offset"]) for end in body.get("onceflow_data_ends") or ())
     last_epoch = NO_PRODUCER_EPOCH
     ended = (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT, TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT)
     if transaction_version >= TRANSACTION_VERSION_2 and state in ended and body["producer_epoch"] > 0:
@@ -241,6 +259,7 @@ def decode_value(transactional_id: str, data: bytes | None) -> TxnMetadata | Non
         previous_producer_id=body.get("previous_producer_id", -1),
         next_producer_id=body.get("next_producer_id", -1),
         transaction_version=transaction_version,
-        data_ends=tuple((end["topic"], end["partition"], end["end_offset"]) for end in body.get("onceflow_data_ends") or ()),
+        data_ends=data_ends,
+        data_ends_are_log_ends=bool(data_ends) and not body.get("onceflow_data_ends_exact"),
         committed_ends=tuple((end["topic"], end["partition"], end["end_offset"], end["topic_id"]) for end in body.get("onceflow_committed_ends") or ()),
     )
