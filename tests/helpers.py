@@ -613,8 +613,11 @@ class MemoryTxnLog:
 
 class MemoryMarkers:
     """Markers written in memory; the next ``fail_times`` writes fail.
-    ``log_ends`` (partition -> log end offset) stands for the partition logs
-    that ``transaction.durable.at.end``'s decisions name and recovery checks."""
+    ``log_ends`` (partition -> offset) stands for the partition logs: at a
+    decision, where the producer's data ends in each (what the decision
+    names); after a restart, where each log ends (what recovery checks it
+    against). ``data_round``, a future a test may set, holds every
+    ``data_durable`` until it is done (the data's fsync round)."""
 
     def __init__(self):
         self.written = []
@@ -625,7 +628,8 @@ class MemoryMarkers:
         return tuple((p.topic, p.partition, self.log_ends.get(p, 0)) for p in sorted(metadata.partitions, key=str))
 
     def data_durable(self, metadata):
-        return asyncio.sleep(0)
+        held = getattr(self, "data_round", None)
+        return asyncio.sleep(0) if held is None else asyncio.shield(held)
 
     def opened_after(self, metadata):
         """The partitions a test says hold a later open transaction (``later_open``)."""

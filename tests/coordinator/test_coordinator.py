@@ -597,6 +597,91 @@ def test_a_decision_at_the_end_names_its_data_and_commits_only_what_recovery_fin
     run(scenario(short=True))
 
 
+@pytest.mark.parametrize("written_at_end", [True, False], ids=["written at end", "written by default"])
+@pytest.mark.parametrize("recovered_at_end", [True, False], ids=["recovered at end", "recovered by default"])
+def test_a_decided_commit_is_completed_at_start_only_with_its_data_whole_whatever_the_setting(written_at_end, recovered_at_end):
+    """Every commit decision names where its producer's data ends (here
+    P0: 5, P1: 9) and is answered only once that data is durable, so a
+    start completes it only if every log still reaches those ends, with
+    ``durable_at_end`` on or off then: a decision written with it on and
+    recovered after a power cut with it off (an operator changed it across
+    the stop) was completed unchecked, over the hole. A log short of its
+    end aborts the commit (never answered); whole, it completes."""
+    async def scenario(short: bool):
+        coordinator, _ = make_txn_coordinator(durable_at_end=written_at_end)
+        coordinator.markers.log_ends = {P0: 5, P1: 9}
+        pid = (await coordinator.init_producer_id("tx", 60_000)).producer_id
+        assert await coordinator.add_partitions("tx", pid, 0, [P0, P1]) == ErrorCode.NONE
+        assert await coordinator.end_transaction("tx", pid, 0, True) == ErrorCode.NONE
+        await coordinator.wait_idle()
+        decision = next(m for m in coordinator.txn_log.records if m.state == TxnState.PREPARE_COMMIT)
+        reloaded = decode_value("tx", encode_value(decision))
+        assert (reloaded.data_ends, reloaded.data_ends_are_log_ends) == ((("t", 0, 5), ("t", 1, 9)), False)
+
+        restarted = TransactionCoordinator(txn_log=coordinator.txn_log, markers=coordinator.markers, producer_ids=coordinator.producer_ids,
+                                           settings=CoordinatorSettings(durable_at_end=recovered_at_end), clock=coordinator.clock)
+        restarted.load([("tx", reloaded)])
+        restarted.markers.log_ends = {P0: 5, P1: 8 if short else 9}
+        restarted.recover()
+        await restarted.wait_idle()
+        after = restarted.txns["tx"]
+        if short:
+            assert (after.state, after.producer_epoch) == (TxnState.COMPLETE_ABORT, 1), "aborted: its data has a hole"
+            assert await restarted.end_transaction("tx", pid, 0, True) == ErrorCode.UNKNOWN_PRODUCER_ID
+        else:
+            assert (after.state, after.producer_epoch) == (TxnState.COMPLETE_COMMIT, 0)
+
+    run(scenario(short=True))
+    run(scenario(short=False))
+
+
+@pytest.mark.parametrize("recovered_at_end", [True, False])
+def test_an_old_decision_naming_its_logs_ends_is_checked_only_with_the_setting_on(recovered_at_end):
+    """A PrepareCommit written before the ends were exact (no exactness
+    flag: ``data_ends_are_log_ends``) names each log's end at the decision,
+    which may lie past its producer's data (another producer's bytes that
+    a cut took back). It keeps the old rule: checked with
+    ``durable_at_end`` on (such a decision was answered only once durable
+    up to those ends), completed unchecked with it off (one written by
+    default may have been answered: a short log must not abort it)."""
+    async def scenario():
+        coordinator, _ = make_txn_coordinator(durable_at_end=recovered_at_end)
+        old = TxnMetadata("tx", 7, 0, 60_000, TxnState.PREPARE_COMMIT, frozenset({P0}), data_ends=(("t", 0, 9),), data_ends_are_log_ends=True)
+        reloaded = decode_value("tx", encode_value(old))
+        assert (reloaded.data_ends, reloaded.data_ends_are_log_ends) == ((("t", 0, 9),), True), "written without the flag, read as log ends"
+        coordinator.load([("tx", reloaded)])
+        coordinator.markers.log_ends = {P0: 6}
+        coordinator.recover()
+        await coordinator.wait_idle()
+        expected = TxnState.COMPLETE_ABORT if recovered_at_end else TxnState.COMPLETE_COMMIT
+        assert coordinator.txns["tx"].state == expected
+
+    run(scenario())
+
+
+def test_a_commit_decided_by_default_is_answered_only_once_its_data_is_durable_up_to_its_ends():
+    """Without ``durable_at_end`` the data was durable before its answers,
+    so the decision's wait for it is over at once; a client that sent
+    EndTxn before its Produce was answered still gets no answer before the
+    data the decision names is durable: a start after a power cut that
+    took it back aborts that decision, which must not have been answered."""
+    async def scenario():
+        coordinator, _ = make_txn_coordinator()
+        coordinator.markers.log_ends = {P0: 5}
+        coordinator.markers.data_round = asyncio.get_running_loop().create_future()
+        pid = (await coordinator.init_producer_id("tx", 60_000)).producer_id
+        assert await coordinator.add_partitions("tx", pid, 0, [P0]) == ErrorCode.NONE
+        ended = asyncio.create_task(coordinator.end_transaction("tx", pid, 0, True))
+        await asyncio.sleep(0.05)
+        assert coordinator.txn_log.records[-1].state == TxnState.PREPARE_COMMIT, "the decision is written"
+        assert not ended.done(), "not answered before its data is durable"
+        coordinator.markers.data_round.set_result(None)
+        assert await asyncio.wait_for(ended, 5) == ErrorCode.NONE
+        await coordinator.wait_idle()
+
+    run(scenario())
+
+
 def test_transactions_ongoing_after_an_unclean_stop_are_aborted_with_a_bump():
     async def scenario():
         coordinator, _ = make_txn_coordinator(durable_at_end=True)

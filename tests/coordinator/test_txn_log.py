@@ -1,19 +1,21 @@
 """``__transaction_state`` values: the hand-written encoder against the
 generic schema codec it replaces on the hot path, byte for byte, over
 generated metadata of both versions (tagged fields included: Kafka's and
-onceflow's own ``data_ends`` and ``committed_ends``)."""
+onceflow's own ``data_ends``, its exactness flag and ``committed_ends``)."""
 
 from __future__ import annotations
 
 import uuid
 
+import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coordinator.metadata import NO_PRODUCER_ID, TRANSACTION_VERSION_2, TopicPartition, TxnMetadata
 from coordinator.state import TxnState
-from coordinator.txn_log import decode_value, encode_value, encode_value_by_schema
+from coordinator.txn_log import DATA_ENDS_EXACT_TAG, VALUE_SCHEMA, decode_value, encode_value, encode_value_by_schema
+from protocol import schema
 
 int16 = st.integers(-(2**15), 2**15 - 1)
 int32 = st.integers(-(2**31), 2**31 - 1)
@@ -37,6 +39,7 @@ metadata_values = st.builds(
     next_producer_id=producer_ids,
     transaction_version=st.sampled_from([0, 1, TRANSACTION_VERSION_2]) | int16,
     data_ends=st.lists(st.tuples(topics, int32, int64), max_size=3).map(tuple),
+    data_ends_are_log_ends=st.booleans(),
     committed_ends=st.lists(st.tuples(topics, int32, int64, topic_ids), max_size=3).map(tuple),
 )
 
@@ -52,9 +55,9 @@ def test_value_is_byte_equal_to_the_generic_codec(metadata):
 def test_value_round_trips(metadata):
     decoded = decode_value(metadata.transactional_id, encode_value(metadata))
     assert (decoded.producer_id, decoded.producer_epoch, decoded.timeout_ms, decoded.state, decoded.partitions, decoded.last_update_ms,
-            decoded.start_ms, decoded.data_ends) == (
+            decoded.start_ms, decoded.data_ends, decoded.data_ends_are_log_ends) == (
         metadata.producer_id, metadata.producer_epoch, metadata.timeout_ms, metadata.state, metadata.partitions, metadata.last_update_ms,
-        metadata.start_ms, metadata.data_ends)
+        metadata.start_ms, metadata.data_ends, metadata.data_ends_are_log_ends and bool(metadata.data_ends))
     assert [end[:3] for end in decoded.committed_ends] == [end[:3] for end in metadata.committed_ends]
 
 
@@ -77,3 +80,22 @@ def test_a_value_out_of_range_is_a_value_error_as_before():
         encode_value_by_schema(metadata)
     with pytest.raises(ValueError):
         encode_value(metadata)
+
+
+def test_data_ends_are_read_as_exact_only_with_the_flag_a_record_of_before_lacks():
+    """A decision names where its producer's data ends, with a flag (tag
+    10002) that says so; a record of before names its logs' ends under the
+    same tag (10000) and no flag, and is read as such
+    (``data_ends_are_log_ends``). The flag is a tag of its own, so a
+    reader of before (the schema without it) reads the exact ends as the
+    ends it knew."""
+    exact = TxnMetadata("tx", 7, 1, 60_000, TxnState.PREPARE_COMMIT, frozenset({TopicPartition("t", 0)}), 1, 1, data_ends=(("t", 0, 12),))
+    old = attrs.evolve(exact, data_ends_are_log_ends=True)
+    for metadata, flagged in ((exact, True), (old, False)):
+        body, _ = schema.decode(VALUE_SCHEMA, 1, encode_value(metadata), 2, exact=False)
+        assert body["onceflow_data_ends_exact"] is flagged
+        decoded = decode_value("tx", encode_value(metadata))
+        assert (decoded.data_ends, decoded.data_ends_are_log_ends) == ((("t", 0, 12),), not flagged)
+    before = attrs.evolve(VALUE_SCHEMA, body=attrs.evolve(VALUE_SCHEMA.body, fields=tuple(f for f in VALUE_SCHEMA.body.fields if f.tag != DATA_ENDS_EXACT_TAG)))
+    body, _ = schema.decode(before, 1, encode_value(exact), 2, exact=False)
+    assert [(end["topic"], end["partition"], end["end_offset"]) for end in body["onceflow_data_ends"]] == [("t", 0, 12)]
