@@ -52,7 +52,7 @@ from faults.disk import (
 from protocol.errors import ErrorCode
 from protocol.messages import ApiKey
 from protocol.records import encode_batch
-from tests.helpers import create_topic, raw_request, read_values, wait_for
+from tests.helpers import create_topic, raw_request, read_values, recreate_topics, wait_for
 
 TOPIC, GROUP, TRANSACTIONAL_ID = "cut", "cut-group", "cut-producer"
 
@@ -1010,6 +1010,92 @@ def test_a_decided_commit_whose_data_a_cut_took_back_is_aborted_at_start(broker_
     assert produce(broker.port, pid, epoch, 0, b"next", acks=-1, version=version) == ErrorCode.NONE
     assert end(broker.port, pid, epoch, commit=True, version=version) == ErrorCode.NONE
     assert read_values(broker.bootstrap, TOPIC, isolation="read_committed", partitions=1, expect=1) == [b"next"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_decision_written_with_durability_at_the_end_is_checked_by_a_start_with_it_off(broker_process, tmp_path, version):
+    """The decision is written with ``transaction.durable.at.end`` (its
+    data answered once appended: the first record made durable by another
+    round, the second not), the broker is killed once the decision is
+    appended, and the power cut keeps the decision and loses the second
+    record. The broker then starts with the setting off (an operator
+    changed it across the stop): the decision names where the producer's
+    data ends, and the log falls short of it, so the commit is aborted
+    (never answered), not completed over the hole. (Before, the check ran
+    only with the setting on: the retried commit was told NONE and the
+    first record published without the second.)"""
+    journal = str(tmp_path / "fsyncs.journal")
+    broker = broker_process(DURABLE_AT_END, env={FSYNC_JOURNAL_VARIABLE: journal, "ONCEFLOW_CRASH_POINTS": "coordinator.decision_appended@1:exit"})
+    create_topic(broker.bootstrap, TOPIC, 1)
+    pid, epoch = init(broker.port)
+    add_partition(broker.port, pid, epoch, version)
+    assert produce(broker.port, pid, epoch, 0, b"first", acks=-1, version=version) == ErrorCode.NONE
+    [data] = segments(broker.data_dir, TOPIC)
+    plain = encode_batch([(None, b"plain", (), 1_000)])
+    raw_request(broker.port, ApiKey.PRODUCE, 8, {"transactional_id": None, "acks": -1, "timeout_ms": 10_000, "topic_data": [{"name": TOPIC, "partition_data": [{"index": 0, "records": plain}]}]})
+    wait_for(lambda: durable_sizes(journal).get(os.path.realpath(data), 0) == os.path.getsize(data), 10, "the first record's fsync")
+    assert produce(broker.port, pid, epoch, 1, b"second", acks=-1, version=version) == ErrorCode.NONE
+    with pytest.raises(OSError):
+        end_answer(broker.port, pid, epoch, commit=True, version=version)
+    assert broker.wait_exit(30) == 86, "the crash point fired"
+    assert unsynced(journal, broker.data_dir, "__transaction_state") and unsynced(journal, broker.data_dir, TOPIC)
+    lose_unsynced(journal, segments(broker.data_dir, TOPIC))  # the decision kept (the page cache wrote it back), the second record lost
+    broker.config = tuple(item for item in broker.config if item != DURABLE_AT_END)
+    broker.env = after_power_cut()
+    broker.start()
+
+    retried = wait_for(lambda: _settled(end_answer(broker.port, pid, epoch, commit=True, version=version)), 10, "the retried EndTxn's answer")
+    assert retried["error_code"] == ErrorCode.UNKNOWN_PRODUCER_ID, retried
+    stable, log_end = ends(broker.port)
+    assert stable == log_end, "aborted with a marker before the broker served"
+    assert read_values(broker.bootstrap, TOPIC, isolation="read_committed", partitions=1, expect=1) == [b"plain"]
+    aborted = end_answer(broker.port, pid, epoch, commit=False, version=version)
+    assert aborted["error_code"] == ErrorCode.NONE, aborted
+    if version == 1:
+        bumped = raw_request(broker.port, ApiKey.INIT_PRODUCER_ID, 4, {"transactional_id": TRANSACTIONAL_ID, "transaction_timeout_ms": 60_000, "producer_id": pid, "producer_epoch": epoch})
+        assert bumped["error_code"] == ErrorCode.NONE, bumped
+        pid, epoch = bumped["producer_id"], bumped["producer_epoch"]
+    else:
+        pid, epoch = aborted["producer_id"], aborted["producer_epoch"]
+    add_partition(broker.port, pid, epoch, version)
+    assert produce(broker.port, pid, epoch, 0, b"next", acks=-1, version=version) == ErrorCode.NONE
+    assert end(broker.port, pid, epoch, commit=True, version=version) == ErrorCode.NONE
+    assert read_values(broker.bootstrap, TOPIC, isolation="read_committed", partitions=1, expect=2) == [b"plain", b"next"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_commit_decided_by_default_survives_a_cut_of_another_producers_bytes_past_its_data(broker_process, tmp_path, version):
+    """With the default durability the transaction's record is answered
+    once durable; then another producer's record (acks=1) lands past it in
+    the same log and is not made durable yet (the topic's
+    ``flush.interval.ms`` holds the log's next round). EndTxn(commit) is
+    answered, and a power cut takes back every byte no fsync covered: the
+    other record, the commit's marker and its Complete, keeping the
+    durable decision. The log now ends below where it ended at the
+    decision, but not below the producer's data, which is what the
+    decision names: the start completes the answered commit (a decision
+    naming the log's end, checked, is aborted here: an answered commit
+    lost)."""
+    journal = str(tmp_path / "fsyncs.journal")
+    broker = broker_process(env={FSYNC_JOURNAL_VARIABLE: journal})
+    recreate_topics(broker.bootstrap, {TOPIC: 1}, configs={TOPIC: {"flush.interval.ms": "600000"}})
+    pid, epoch = init(broker.port)
+    add_partition(broker.port, pid, epoch, version)
+    assert produce(broker.port, pid, epoch, 0, b"answered", acks=-1, version=version) == ErrorCode.NONE  # the log's first round: at once
+    assert not unsynced(journal, broker.data_dir, TOPIC), "answered once durable"
+    plain = encode_batch([(None, b"not durable", (), 1_000)])
+    answer = raw_request(broker.port, ApiKey.PRODUCE, 8, {"transactional_id": None, "acks": 1, "timeout_ms": 10_000, "topic_data": [{"name": TOPIC, "partition_data": [{"index": 0, "records": plain}]}]})
+    assert answer["responses"][0]["partition_responses"][0]["error_code"] == ErrorCode.NONE, answer
+    assert unsynced(journal, broker.data_dir, TOPIC), "another producer's record past the transaction's data, not durable"
+    assert end(broker.port, pid, epoch, commit=True, version=version) == ErrorCode.NONE
+    broker.kill()
+    power_back_on(broker, journal)
+
+    assert "completing 1 prepared commits" in broker.read_log(), "the start found the decision as the id's last record"
+    assert read_values(broker.bootstrap, TOPIC, isolation="read_committed", partitions=1, expect=1) == [b"answered"], "the answered commit completed"
+    assert b"not durable" not in read_values(broker.bootstrap, TOPIC, isolation="read_uncommitted", partitions=1), "the cut took the other record back"
 
 
 @pytest.mark.slow
