@@ -1066,6 +1066,34 @@ def test_a_decision_written_with_durability_at_the_end_is_checked_by_a_start_wit
 
 @pytest.mark.slow
 @pytest.mark.parametrize("version", [1, 2])
+def test_offsets_decided_with_durability_at_the_end_are_checked_by_a_start_with_it_off(broker_process, tmp_path, version):
+    """The same with the transaction's offsets: its TxnOffsetCommit was
+    answered once appended, the decision names where the producer's
+    offsets records end in ``__consumer_offsets``, and the cut keeps the
+    decision and loses them. Started with the setting off, the broker
+    aborts the commit: the retried commit is told UNKNOWN_PRODUCER_ID, not
+    NONE with no offset committed (before: NONE, and no offset)."""
+    journal = str(tmp_path / "fsyncs.journal")
+    broker = broker_process(DURABLE_AT_END, env={FSYNC_JOURNAL_VARIABLE: journal, "ONCEFLOW_CRASH_POINTS": "coordinator.decision_appended@1:exit"})
+    create_topic(broker.bootstrap, TOPIC, 1)
+    pid, epoch = init(broker.port)
+    add_offsets_and_commit_them(broker.port, pid, epoch, 42, version)
+    assert unsynced(journal, broker.data_dir, "__consumer_offsets"), "answered before its fsync"
+    with pytest.raises(OSError):
+        end_answer(broker.port, pid, epoch, commit=True, version=version)
+    assert broker.wait_exit(30) == 86, "the crash point fired"
+    lose_unsynced(journal, segments(broker.data_dir, "__consumer_offsets"))  # the decision kept, the offsets record lost
+    broker.config = tuple(item for item in broker.config if item != DURABLE_AT_END)
+    broker.env = after_power_cut()
+    broker.start()
+
+    retried = wait_for(lambda: _settled(end_answer(broker.port, pid, epoch, commit=True, version=version)), 10, "the retried EndTxn's answer")
+    assert retried["error_code"] == ErrorCode.UNKNOWN_PRODUCER_ID, retried
+    assert committed_offset(broker.port) == -1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", [1, 2])
 def test_a_commit_decided_by_default_survives_a_cut_of_another_producers_bytes_past_its_data(broker_process, tmp_path, version):
     """With the default durability the transaction's record is answered
     once durable; then another producer's record (acks=1) lands past it in
