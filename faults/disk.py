@@ -135,6 +135,20 @@ def data_end(path: str, starts: list[int]) -> int:
     return starts[-1] + BATCH_OVERHEAD + length
 
 
+def written_length(path: str) -> int:
+    """How much of a segment or index file was written: its length, short
+    of any zeros written ahead past a segment's data (what an fsync
+    journal's durable length is compared with)."""
+    length = os.path.getsize(path)
+    if not path.endswith(LOG_SUFFIX):
+        return length
+    end = data_end(path, batch_starts(path))
+    with open(path, "rb") as file:
+        file.seek(end)
+        rest = file.read()
+    return end + len(rest.rstrip(b"\0"))  # bytes past the whole batches (a torn one), not the zeros
+
+
 def truncate_tail(partition_dir: str, rng: random.Random) -> Damage:
     """Cut the active segment somewhere inside its last batch (never at its start)."""
     path = active_segment(partition_dir)
@@ -362,23 +376,24 @@ def cut_to_durable(durable_size: dict[str, int], directories, rng: random.Random
             if not name.endswith(LOG_SUFFIX) and os.path.splitext(name)[1] not in INDEX_ENTRY_SIZES:
                 continue
             path = os.path.join(directory, name)
-            written = os.path.getsize(path)
+            length, written = os.path.getsize(path), written_length(path)
             durable = durable_size.get(os.path.realpath(path), durable_size.get(path, 0))
             if written <= durable:
                 continue
             starts = [position for position in whole_entry_ends(path) if position >= durable]
             cut = rng.choice(starts + [written]) if rng.random() < 0.5 else rng.randint(durable, written)
-            end = data_end(path, batch_starts(path)) if path.endswith(LOG_SUFFIX) else written
-            if cut < end < written and rng.random() < 0.5:
+            if cut >= written:
+                continue
+            if written < length and rng.random() < 0.5:
                 # Zeros were written ahead of the data: a write the cut
                 # takes back over them leaves zeros, not a shorter file.
                 with open(path, "r+b") as file:
                     file.seek(cut)
-                    file.write(bytes(end - cut))
-                damage.append(Damage(path, cut, written, written, durable))
-            elif cut < written:
+                    file.write(bytes(written - cut))
+                damage.append(Damage(path, cut, length, length, durable))
+            else:
                 os.truncate(path, cut)
-                damage.append(Damage(path, cut, written, cut, durable))
+                damage.append(Damage(path, cut, length, cut, durable))
     return damage
 
 
@@ -397,7 +412,7 @@ def lose_unsynced(journal_path: str, paths) -> list[Damage]:
     durable_size = durable_sizes(journal_path)
     damage = []
     for path in paths:
-        written = os.path.getsize(path)
+        written = written_length(path)
         durable = durable_size.get(os.path.realpath(path), 0)
         if written > durable:
             os.truncate(path, durable)
