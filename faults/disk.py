@@ -123,14 +123,40 @@ class Damage:
     last_intact_batch_end: int  # everything before this is untouched
 
 
+def data_end(path: str, starts: list[int]) -> int:
+    """Where a segment's last whole batch (of ``starts``) ends: its data's
+    end, short of the file's length when zeros were written ahead of it
+    (``storage.segment``) and the broker stopped before cutting them."""
+    if not starts:
+        return 0
+    with open(path, "rb") as file:
+        file.seek(starts[-1] + BATCH_LENGTH_OFFSET)
+        length = int.from_bytes(file.read(4), "big", signed=True)
+    return starts[-1] + BATCH_OVERHEAD + length
+
+
+def written_length(path: str) -> int:
+    """How much of a segment or index file was written: its length, short
+    of any zeros written ahead past a segment's data (what an fsync
+    journal's durable length is compared with)."""
+    length = os.path.getsize(path)
+    if not path.endswith(LOG_SUFFIX):
+        return length
+    end = data_end(path, batch_starts(path))
+    with open(path, "rb") as file:
+        file.seek(end)
+        rest = file.read()
+    return end + len(rest.rstrip(b"\0"))  # bytes past the whole batches (a torn one), not the zeros
+
+
 def truncate_tail(partition_dir: str, rng: random.Random) -> Damage:
     """Cut the active segment somewhere inside its last batch (never at its start)."""
     path = active_segment(partition_dir)
-    size = os.path.getsize(path)
     starts = batch_starts(path)
     if not starts:
         raise ValueError(f"{path} holds no whole batch to tear")
     last = starts[-1]
+    size = data_end(path, starts)
     cut = rng.randrange(last + 1, size)
     os.truncate(path, cut)
     return Damage(path, cut, size, cut, last)
@@ -139,11 +165,11 @@ def truncate_tail(partition_dir: str, rng: random.Random) -> Damage:
 def flip_byte(partition_dir: str, rng: random.Random) -> Damage:
     """Flip one byte inside the active segment's last batch (after its length field)."""
     path = active_segment(partition_dir)
-    size = os.path.getsize(path)
     starts = batch_starts(path)
     if not starts:
         raise ValueError(f"{path} holds no whole batch to corrupt")
     last = starts[-1]
+    size = data_end(path, starts)
     where = rng.randrange(last + BATCH_OVERHEAD, size)
     with open(path, "r+b") as file:
         file.seek(where)
@@ -252,7 +278,10 @@ class TornWriteIO(DiskIO):
 class FsyncJournalIO(DiskIO):
     """Appends "SIZE PATH" to the journal after each fsync of a file: SIZE
     is the file's length when the fsync began (bytes appended meanwhile,
-    from the loop while a worker fsyncs, are not covered). The line is
+    from the loop while a worker fsyncs, are not covered), or, for a file
+    this process wrote through ``write``, where its written data ended then
+    (a segment's zeros written ahead, ``DiskIO.write_zeros``, do not go
+    through ``write``: what a cut past the data end takes is only zeros). The line is
     written before the fsync's caller learns it returned, so nothing is
     acknowledged that the journal does not cover. A truncation is journaled
     too ("SIZE PATH" with the new length, marked "T"): what lies past it is
@@ -263,6 +292,7 @@ class FsyncJournalIO(DiskIO):
     def __init__(self, inner: DiskIO, journal_path: str):
         self.inner = inner
         self.journal = os.open(journal_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self.data_ends: dict[int, int] = {}  # per descriptor written through ``write``: where its data ends
 
     def _note(self, line: str) -> None:
         data = line.encode()
@@ -274,15 +304,21 @@ class FsyncJournalIO(DiskIO):
 
     def write(self, fd: int, data) -> None:
         self.inner.write(fd, data)
+        end = os.lseek(fd, 0, os.SEEK_CUR)
+        if end > self.data_ends.get(fd, 0):
+            self.data_ends[fd] = end
 
     def pread(self, fd: int, size: int, position: int) -> bytes:
         return self.inner.pread(fd, size, position)
 
     def truncate(self, fd: int, size: int) -> None:
         self.inner.truncate(fd, size)
+        if fd in self.data_ends:
+            self.data_ends[fd] = min(self.data_ends[fd], size)
         self._note(f"T{size} {os.path.realpath(f'/proc/self/fd/{fd}')}\n")
 
     def close(self, fd: int) -> None:
+        self.data_ends.pop(fd, None)
         self.inner.close(fd)
 
     def replace(self, source: str, target: str) -> None:
@@ -292,6 +328,8 @@ class FsyncJournalIO(DiskIO):
 
     def fsync(self, fd: int) -> None:
         size = os.fstat(fd).st_size
+        if fd in self.data_ends:
+            size = min(size, self.data_ends[fd])
         self.inner.fsync(fd)
         self._note(f"{size} {os.path.realpath(f'/proc/self/fd/{fd}')}\n")
 
@@ -338,15 +376,24 @@ def cut_to_durable(durable_size: dict[str, int], directories, rng: random.Random
             if not name.endswith(LOG_SUFFIX) and os.path.splitext(name)[1] not in INDEX_ENTRY_SIZES:
                 continue
             path = os.path.join(directory, name)
-            written = os.path.getsize(path)
+            length, written = os.path.getsize(path), written_length(path)
             durable = durable_size.get(os.path.realpath(path), durable_size.get(path, 0))
             if written <= durable:
                 continue
             starts = [position for position in whole_entry_ends(path) if position >= durable]
             cut = rng.choice(starts + [written]) if rng.random() < 0.5 else rng.randint(durable, written)
-            if cut < written:
+            if cut >= written:
+                continue
+            if written < length and rng.random() < 0.5:
+                # Zeros were written ahead of the data: a write the cut
+                # takes back over them leaves zeros, not a shorter file.
+                with open(path, "r+b") as file:
+                    file.seek(cut)
+                    file.write(bytes(written - cut))
+                damage.append(Damage(path, cut, length, length, durable))
+            else:
                 os.truncate(path, cut)
-                damage.append(Damage(path, cut, written, cut, durable))
+                damage.append(Damage(path, cut, length, cut, durable))
     return damage
 
 
@@ -365,7 +412,7 @@ def lose_unsynced(journal_path: str, paths) -> list[Damage]:
     durable_size = durable_sizes(journal_path)
     damage = []
     for path in paths:
-        written = os.path.getsize(path)
+        written = written_length(path)
         durable = durable_size.get(os.path.realpath(path), 0)
         if written > durable:
             os.truncate(path, durable)

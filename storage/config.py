@@ -38,6 +38,9 @@ class LogConfig:
     flush_interval_ms: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     message_timestamp_type: str = attrs.field(default="CreateTime", validator=attrs.validators.in_(("CreateTime", "LogAppendTime")))
     producer_id_expiration_ms: int = attrs.field(default=DAY_MS, validator=attrs.validators.ge(1))
+    # onceflow's own: zeros kept written ahead of small appends in the active
+    # segment, so that their fsyncs need no journal commit (storage.segment); 0: none.
+    segment_zeros_ahead_bytes: int = attrs.field(default=1024 * 1024, validator=[attrs.validators.ge(0), attrs.validators.le(INT32_MAX)])
 
     @property
     def compact(self) -> bool:
@@ -106,6 +109,7 @@ _SETTINGS = {
     "flush.interval.ms": ("flush_interval_ms", int),
     "message.timestamp.type": ("message_timestamp_type", str),
     "producer.id.expiration.ms": ("producer_id_expiration_ms", int),
+    "segment.zeros.ahead.bytes": ("segment_zeros_ahead_bytes", int),
 }
 # Kafka settings clients commonly send that have no meaning with one broker.
 _IGNORED = {"min.insync.replicas", "unclean.leader.election.enable", "compression.type", "message.downconversion.enable"}

@@ -44,6 +44,11 @@ def dump_log_file(path: str, out: TextIO, *, print_data_log: bool = False) -> bo
     out.write(f"Log starting offset: {_base_offset_from_name(path)}\n")
     position = 0
     while position < len(data):
+        if not any(data[position : position + 12]) and not data[position:].strip(b"\0"):
+            # Zeros written ahead of the data by a broker that stopped
+            # before cutting them (storage.segment): the end, no damage.
+            out.write(f"Zeros written ahead of the data from position {position} ({len(data) - position} bytes)\n")
+            break
         try:
             header = read_batch_header(data, position, verify_crc=False)
         except CorruptRecordError as error:

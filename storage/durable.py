@@ -46,6 +46,7 @@ import errno
 import os
 
 TEMPORARY_SUFFIX = ".tmp"
+_ZEROS = bytes(256 * 1024)
 
 
 class DiskIO:
@@ -61,6 +62,27 @@ class DiskIO:
             if written <= 0:
                 raise OSError(errno.EIO, "write made no progress")
             view = view[written:]
+
+    def write_at(self, fd: int, data, position: int) -> None:
+        """Write ``data`` at ``position`` of a file opened without O_APPEND
+        (a segment's records, at its data end, which may lie inside zeros
+        written ahead): a seek, then ``write``, so a seam that replaces
+        ``write`` sees these writes too. The descriptor's file position is
+        the loop's: no other thread writes through it."""
+        os.lseek(fd, position, os.SEEK_SET)
+        self.write(fd, data)
+
+    def write_zeros(self, fd: int, position: int, length: int) -> None:
+        """Write ``length`` zero bytes at ``position``: room written ahead of
+        a segment's data (``storage.segment``), not data, so not through
+        ``write`` (a seam that journals or fails data writes leaves these
+        alone: nothing depends on them)."""
+        while length > 0:
+            written = os.pwrite(fd, memoryview(_ZEROS)[: min(length, len(_ZEROS))], position)
+            if written <= 0:
+                raise OSError(errno.EIO, "write made no progress")
+            position += written
+            length -= written
 
     def fsync(self, fd: int) -> None:
         os.fsync(fd)

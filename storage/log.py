@@ -62,7 +62,7 @@ from protocol.records import (
 )
 from storage import recovery
 from storage.checksum import checked_batches
-from storage.config import LogConfig
+from storage.config import FLUSH_OS, LogConfig
 from storage.group_commit import FsyncRounds, GroupCommitter, LogFailedError
 from storage.durable import fsync_directory, replace_file
 from storage.index import IndexBudget
@@ -315,7 +315,7 @@ class PartitionLog:
             raise LogFailedError(f"rolling a new segment in {self.directory} failed: {error}") from error
         segment = self.active_segment
         try:
-            segment.append(buffer, headers, base_offsets)
+            segment.append(buffer, headers, base_offsets, zeros_ahead=self._zeros_ahead())
         except OSError as error:
             self.mark_failed(error)
             raise LogFailedError(f"write to {segment.log_path} failed: {error}") from error
@@ -357,7 +357,7 @@ class PartitionLog:
             raise LogFailedError(f"rolling a new segment in {self.directory} failed: {error}") from error
         segment = self.active_segment
         try:
-            segment.append(buffer, [(0, header)], [offset])
+            segment.append(buffer, [(0, header)], [offset], zeros_ahead=self._zeros_ahead())
         except OSError as error:
             self.mark_failed(error)
             raise LogFailedError(f"write to {segment.log_path} failed: {error}") from error
@@ -375,6 +375,12 @@ class PartitionLog:
                 raise LogFailedError(f"write to {segment.txn_index.path} failed: {error}") from error
         self.committer.wrote(segment, len(buffer))
         return AppendInfo(offset, offset, header.max_timestamp), aborted
+
+    def _zeros_ahead(self) -> int:
+        """How many bytes of zeros the active segment keeps written ahead of
+        small appends (``storage.segment``): none when no fsync follows them
+        (``flush.policy=os``)."""
+        return 0 if self.config.flush_policy == FLUSH_OS else self.config.segment_zeros_ahead_bytes
 
     def _maybe_roll(self, size: int, first_offset: int, last_offset: int, max_timestamp: int) -> None:
         segment = self.active_segment
@@ -425,6 +431,7 @@ class PartitionLog:
         # crash leaves is a prefix. One fsync per segment.bytes.
         old.flush_indexes(fsync=True)
         old.txn_index.fsync()
+        old.trim()  # a segment that is not active ends at its last batch: cut before its last fsync
         began = time.perf_counter()
         # Normally only ``old``: every segment below the recovery point was
         # made durable by its own roll (or by recovery).
@@ -626,6 +633,11 @@ class PartitionLog:
         clean = self.failed is None and not unchanged
         if clean:
             try:
+                # Opened after a clean stop, the active segment ends at its last
+                # batch. The cut needs no fsync of its own: should a crash take
+                # it back, the opening's check of the segment's tail finds the
+                # zeros and recovery cuts them (``LogSegment.load_clean``).
+                self.active_segment.trim()
                 self.flush()
                 for segment in self.segments:
                     segment.flush_indexes(fsync=True)

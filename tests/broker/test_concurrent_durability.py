@@ -81,7 +81,7 @@ def _latest_offsets(bootstrap: str, topic: str, partitions: int, isolation) -> d
 def test_sigkill_under_many_clients_loses_no_acknowledged_record_and_leaves_no_transaction_hanging(broker_process, tmp_path, seconds, power_cut):
     from confluent_kafka import IsolationLevel
 
-    from faults.disk import FSYNC_JOURNAL_VARIABLE, cut_power, durable_sizes
+    from faults.disk import FSYNC_JOURNAL_VARIABLE, cut_power, durable_sizes, written_length
 
     journal = str(tmp_path / "fsyncs.journal")
     broker = broker_process("transaction.abort.timed.out.transaction.cleanup.interval.ms=200",
@@ -108,7 +108,7 @@ def test_sigkill_under_many_clients_loses_no_acknowledged_record_and_leaves_no_t
             broker.pause()
             durable = durable_sizes(journal)
             segments = glob.glob(os.path.join(broker.data_dir, "*", "*.log"))
-            if any(os.path.getsize(path) > durable.get(os.path.realpath(path), 0) for path in segments):
+            if any(written_length(path) > durable.get(os.path.realpath(path), 0) for path in segments):
                 break
             broker.resume()
             time.sleep(0.01)

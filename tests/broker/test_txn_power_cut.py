@@ -48,6 +48,7 @@ from faults.disk import (
     after_power_cut,
     durable_sizes,
     lose_unsynced,
+    written_length,
 )
 from protocol.errors import ErrorCode
 from protocol.messages import ApiKey
@@ -207,8 +208,8 @@ def test_a_batch_whose_add_partitions_record_a_power_cut_lost_is_aborted_at_star
     add_partition(broker.port, pid, epoch, version)
     assert produce(broker.port, pid, epoch, 0, b"stray", acks=1, version=version) == ErrorCode.NONE
     [data] = segments(broker.data_dir, TOPIC)
-    wait_for(lambda: durable_sizes(journal).get(os.path.realpath(data), 0) == os.path.getsize(data), 10, "the batch's fsync")
-    state = [path for path in segments(broker.data_dir, "__transaction_state") if os.path.getsize(path) > durable_sizes(journal).get(os.path.realpath(path), 0)]
+    wait_for(lambda: durable_sizes(journal).get(os.path.realpath(data), 0) == written_length(data), 10, "the batch's fsync")
+    state = [path for path in segments(broker.data_dir, "__transaction_state") if written_length(path) > durable_sizes(journal).get(os.path.realpath(path), 0)]
     assert state, "AddPartitionsToTxn's record was answered before any fsync covered it"
     if check == "sigkill only":
         broker.kill()
@@ -387,7 +388,7 @@ DURABLE_AT_END = "transaction.durable.at.end=true"
 def unsynced(journal: str, data_dir: str, topic: str) -> bool:
     """Whether some segment of ``topic`` holds bytes no fsync covered."""
     durable = durable_sizes(journal)
-    return any(os.path.getsize(path) > durable.get(os.path.realpath(path), 0) for path in segments(data_dir, topic))
+    return any(written_length(path) > durable.get(os.path.realpath(path), 0) for path in segments(data_dir, topic))
 
 
 @pytest.mark.slow
@@ -447,7 +448,7 @@ def test_a_transaction_open_at_a_power_cut_is_aborted_at_start_never_committed_w
     # Anyone's round makes the first record durable: a plain record on the same log asks for one.
     plain = encode_batch([(None, b"plain", (), 1_000)])
     raw_request(broker.port, ApiKey.PRODUCE, 8, {"transactional_id": None, "acks": -1, "timeout_ms": 10_000, "topic_data": [{"name": TOPIC, "partition_data": [{"index": 0, "records": plain}]}]})
-    wait_for(lambda: durable_sizes(journal).get(os.path.realpath(data), 0) == os.path.getsize(data), 10, "the first record's fsync")
+    wait_for(lambda: durable_sizes(journal).get(os.path.realpath(data), 0) == written_length(data), 10, "the first record's fsync")
     assert produce(broker.port, pid, epoch, 1, b"second", acks=-1, version=version) == ErrorCode.NONE
     assert unsynced(journal, broker.data_dir, TOPIC), "the second record was answered before its fsync"
     if rule == "sigkill only":

@@ -191,7 +191,9 @@ class PowerCutIO(DiskIO):
 class WriteOrderIO(DiskIO):
     """Records every write to a segment made while an older segment of the
     same log held bytes no fsync had covered: after a machine crash the
-    kernel may have written the newer file back and not the older one."""
+    kernel may have written the newer file back and not the older one.
+    A segment's bytes are its data, up to where the last write ended (zeros
+    written ahead of it, past the data, are not written through ``write``)."""
 
     def __init__(self):
         self.lock = threading.Lock()
@@ -210,11 +212,19 @@ class WriteOrderIO(DiskIO):
         super().write(fd, data)
         if path.endswith(".log"):
             with self.lock:
-                self.written[path] = os.fstat(fd).st_size
+                self.written[path] = max(self.written.get(path, 0), os.lseek(fd, 0, os.SEEK_CUR))
+
+    def truncate(self, fd, size):
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        super().truncate(fd, size)
+        with self.lock:
+            if path in self.written:
+                self.written[path] = min(self.written[path], size)
 
     def fsync(self, fd):
         path = os.readlink(f"/proc/self/fd/{fd}")
-        size = os.fstat(fd).st_size
+        with self.lock:
+            size = self.written.get(path, os.fstat(fd).st_size)
         super().fsync(fd)
         with self.lock:
             self.durable[path] = max(size, self.durable.get(path, 0))
