@@ -70,6 +70,7 @@ from broker.storage_adapter import (
     partition_holds_data,
     partition_log_opener,
     partition_needs_recovery,
+    reconfigure_partition_log,
     validate_log_properties,
 )
 from protocol.clock import Clock
@@ -240,6 +241,7 @@ class Broker:
                 data_dir,
                 self.config.log_defaults,
                 open_log=partition_log_opener(io=self.seams.disk_io, index_budget=self.index_budget, flush_observer=self.metrics, fsync_rounds=self.fsync_rounds),
+                reconfigure_log=reconfigure_partition_log,
                 validate_config=validate_log_properties,
                 needs_recovery=partition_needs_recovery,
                 holds_data=partition_holds_data,

@@ -99,9 +99,11 @@ class PartitionUnavailableError(Exception):
 
 
 class ReplicaManager:
-    def __init__(self, data_dir: str, log_defaults: dict, *, open_log, validate_config, needs_recovery, holds_data=lambda path: True,
+    def __init__(self, data_dir: str, log_defaults: dict, *, open_log, reconfigure_log, validate_config, needs_recovery, holds_data=lambda path: True,
                  crash_point=lambda name: None, boot_id: str | None = None):
-        """``open_log(path, properties) -> log``, ``validate_config(properties)``,
+        """``open_log(path, properties) -> log``, ``reconfigure_log(log,
+        properties)`` (an open log takes a topic's altered settings),
+        ``validate_config(properties)``,
         ``needs_recovery(path) -> bool`` (the directory was changed since it
         was last whole) and ``holds_data(path) -> bool`` (it may hold records)
         come from storage; they are injected so this class stays about
@@ -111,6 +113,7 @@ class ReplicaManager:
         self.store = MetadataStore(data_dir)
         self.log_defaults = dict(log_defaults)
         self._open_log = open_log
+        self._reconfigure_log = reconfigure_log
         self.validate_config = validate_config
         self._needs_recovery = needs_recovery
         self._holds_data = holds_data
@@ -398,7 +401,7 @@ class ReplicaManager:
         for partition in range(info.partitions):
             partition_log = self.logs.get((name, partition))
             if partition_log is not None:
-                partition_log.update_config(self.effective_config(changed))
+                self._reconfigure_log(partition_log, self.effective_config(changed))
         return changed
 
     # -- partitions ---------------------------------------------------------

@@ -32,6 +32,12 @@ def partition_log_opener(*, io: DiskIO | None, index_budget: IndexBudget, flush_
     return open_partition_log
 
 
+def reconfigure_partition_log(partition_log: PartitionLog, properties: dict) -> None:
+    """An open log takes its topic's settings as altered (IncrementalAlterConfigs,
+    AlterConfigs): the properties validated already, as a ``LogConfig``."""
+    partition_log.update_config(LogConfig.from_properties(properties))
+
+
 def partition_needs_recovery(path: str) -> bool:
     """A partition directory changed since it was last whole
     (``storage.recovery.needs_recovery``): the broker opens these at start,

@@ -148,3 +148,44 @@ def test_acks_zero_and_describe_cluster_with_kafka_python(embedded_broker):
     values = [m.value for m in consumer]
     consumer.close()
     assert values == [b"%d" % i for i in range(200)]
+
+
+def test_settings_altered_on_a_topic_whose_partition_is_open_apply_to_its_log(tmp_path):
+    """IncrementalAlterConfigs on a topic already written to: the open log
+    takes the new settings at once (a smaller segment.bytes rolls it; no
+    zeros written ahead any more), the answer is no error, and the
+    connection stays up (it used to be closed by an AttributeError)."""
+    import glob
+    import os
+
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
+
+    from broker.broker import EmbeddedBroker
+
+    data = str(tmp_path / "data")
+    with EmbeddedBroker(data) as broker:
+        client = admin(broker.bootstrap)
+        client.create_topics([NewTopic("altered", 1, 1)])["altered"].result(10)
+        producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0, "acks": "all"})
+
+        def produce(count: int) -> None:
+            for i in range(count):
+                producer.produce("altered", value=b"v" * 500, partition=0)
+                producer.flush(10)
+
+        produce(3)
+        [segment] = glob.glob(os.path.join(data, "altered-0", "*.log"))
+        assert os.path.getsize(segment) > 1500, "zeros written ahead of small appends by default"
+        resource = ConfigResource("topic", "altered", incremental_configs=[
+            ConfigEntry("segment.bytes", "2048", incremental_operation=AlterConfigOpType.SET),
+            ConfigEntry("segment.zeros.ahead.bytes", "0", incremental_operation=AlterConfigOpType.SET),
+        ])
+        client.incremental_alter_configs([resource])[resource].result(10)
+        assert describe_topic_config(client, "altered")["segment.bytes"] == "2048"
+        produce(12)
+        segments = sorted(glob.glob(os.path.join(data, "altered-0", "*.log")))
+        assert len(segments) >= 3, "the open log rolls at the altered segment.bytes"
+        active = segments[-1]
+        with open(active, "rb") as file:
+            assert not file.read().endswith(bytes(64)), "no zeros written ahead once altered to 0"
