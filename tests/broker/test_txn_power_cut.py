@@ -1035,7 +1035,7 @@ def test_a_decision_written_with_durability_at_the_end_is_checked_by_a_start_wit
     [data] = segments(broker.data_dir, TOPIC)
     plain = encode_batch([(None, b"plain", (), 1_000)])
     raw_request(broker.port, ApiKey.PRODUCE, 8, {"transactional_id": None, "acks": -1, "timeout_ms": 10_000, "topic_data": [{"name": TOPIC, "partition_data": [{"index": 0, "records": plain}]}]})
-    wait_for(lambda: durable_sizes(journal).get(os.path.realpath(data), 0) == os.path.getsize(data), 10, "the first record's fsync")
+    wait_for(lambda: durable_sizes(journal).get(os.path.realpath(data), 0) == written_length(data), 10, "the first record's fsync")
     assert produce(broker.port, pid, epoch, 1, b"second", acks=-1, version=version) == ErrorCode.NONE
     with pytest.raises(OSError):
         end_answer(broker.port, pid, epoch, commit=True, version=version)
