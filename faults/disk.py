@@ -149,6 +149,15 @@ def written_length(path: str) -> int:
     return end + len(rest.rstrip(b"\0"))  # bytes past the whole batches (a torn one), not the zeros
 
 
+def cut_zeros_ahead(path: str) -> int:
+    """Cut a stopped broker's segment back to its written data (any zeros
+    written ahead of it gone), so that bytes appended by hand land where
+    the broker's next write would have; the new length."""
+    length = written_length(path)
+    os.truncate(path, length)
+    return length
+
+
 def truncate_tail(partition_dir: str, rng: random.Random) -> Damage:
     """Cut the active segment somewhere inside its last batch (never at its start)."""
     path = active_segment(partition_dir)

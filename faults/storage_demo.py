@@ -31,6 +31,7 @@ import tempfile
 import time
 
 from broker.replay import replay
+from faults.disk import cut_zeros_ahead
 from protocol.records import encode_batch
 from storage.config import LogConfig
 from storage.log import PartitionLog
@@ -86,7 +87,7 @@ def _read_all(directory: str) -> tuple[list[int], list[str]]:
 def _tear_tail(directory: str, rng: random.Random) -> int:
     logs = sorted(name for name in os.listdir(directory) if name.endswith(".log"))
     path = os.path.join(directory, logs[-1])
-    size = os.path.getsize(path)
+    size = cut_zeros_ahead(path)  # the torn write lands at the data's end
     if size < 2:
         return 0
     # Append garbage as a torn, half-written batch would leave.

@@ -248,9 +248,12 @@ class LogSegment:
             self._index_batch(position, header)
             position += whole
         truncated = self.size - position
-        if truncated and self._zeros_from(position):
+        if truncated and self.size % PAGE_BYTES == 0 and self._zeros_from(position):
             # Zeros written ahead of the data (an unclean stop before the
-            # segment was trimmed): the end of the data, nothing lost.
+            # segment was trimmed; they always end on a page): the end of
+            # the data, nothing lost. (A torn batch whose surviving bytes
+            # are zeros, its base offset's high bytes, leaves a file that
+            # does not end on a page, and is reported.)
             reason, truncated = None, 0
         if position < self.size:
             self.truncate_to_position(position)

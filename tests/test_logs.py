@@ -17,6 +17,7 @@ import threading
 
 import pytest
 
+from faults.disk import cut_zeros_ahead
 from faults.process import READY, restartable_port
 from onceflow import logs
 from protocol.partitioning import partition_for
@@ -297,6 +298,7 @@ def test_json_logs_of_a_transaction_a_group_and_recovery_after_a_kill(json_broke
     segment = os.path.join(json_broker.data_dir, "logged-0", "00000000000000000000.log")
     with open(segment, "rb") as file:
         head = file.read(40)
+    cut_zeros_ahead(segment)  # the torn write lands at the data's end
     with open(segment, "ab") as file:
         file.write(head[:29])  # a batch's first 29 bytes: its header is cut short
     started = json_broker.start(env={"ONCEFLOW_CRASH_POINTS": "coordinator.after_prepare_commit@1:exit"})

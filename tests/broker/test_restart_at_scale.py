@@ -15,6 +15,7 @@ import uuid
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from faults.disk import cut_zeros_ahead
 from protocol.errors import ErrorCode
 from protocol.messages import ApiKey
 from protocol.records import encode_batch
@@ -163,6 +164,8 @@ def test_restart_with_many_idle_partitions_keeps_every_guarantee(broker_process,
         # data-4, garbage claiming a huge batch on data-5.
         with open(active_segment(broker.data_dir, "data", 4), "rb") as file:
             head = file.read(29)
+        for partition in (4, 5):
+            cut_zeros_ahead(active_segment(broker.data_dir, "data", partition))  # torn writes land at the data's end
         with open(active_segment(broker.data_dir, "data", 4), "ab") as file:
             file.write(head)
         with open(active_segment(broker.data_dir, "data", 5), "ab") as file:
