@@ -34,8 +34,9 @@ Encoding builds each record's varints as rows of a byte matrix. Records
 without headers that come in a few runs of one size (fixed-size values:
 the size changes only where the offset delta's varint grows) are laid out
 as the rows of one byte matrix per run: the run's first record written to
-every row, then a numpy copy per field that differs (offset deltas, key and
-value bytes straight from their Arrow buffers). Any other records: the
+every row where no field differs, then a numpy copy per field that differs
+(offset deltas, key and value bytes straight from their Arrow buffers), each
+row's bytes of a field copied as one numpy void value. Any other records: the
 unused varint bytes are squeezed out with one mask, and Arrow's
 ``binary_join_element_wise`` lays out prefix, key, value length, value and
 headers of every record as one buffer. Either way the buffer is the records
@@ -950,13 +951,13 @@ def _section_by_runs(timestamp_rows, offset_rows, key: pa.Array, key_length: np.
     fixed-size values changes only where the offset delta's varint grows,
     at 64 and 8192 records), every record has the same size and the same
     bytes but for its deltas, key and value: records are the rows of one
-    byte matrix. The run's first record is written to every row at once,
-    then the fields that differ from record to record are copied into their
-    columns, a numpy copy each: the offset delta's varints (the timestamp
-    delta's too unless all are equal), and the key and value bytes straight
-    from their Arrow buffers (a run's values lie end to end there). Null
-    keys and values take no bytes; a column whose null slots hold bytes
-    (Arrow allows it) is left to the general path."""
+    byte matrix. The run's first record is written to every row at once
+    (``_fill_rows``), but for the fields that differ from record to record,
+    copied into their columns, a numpy copy each: the offset delta's
+    varints (the timestamp delta's too unless all are equal), and the key
+    and value bytes straight from their Arrow buffers (a run's values lie
+    end to end there). Null keys and values take no bytes; a column whose
+    null slots hold bytes (Arrow allows it) is left to the general path."""
     count = len(key_length)
     key_data, key_starts = _data_and_starts(key, key_length)
     value_data, value_starts = _data_and_starts(value, value_length)
@@ -1000,18 +1001,54 @@ def _section_by_runs(timestamp_rows, offset_rows, key: pa.Array, key_length: np.
     out = np.empty(BATCH_HEADER_SIZE + sum(rows * len(template) for rows, template, _ in runs), dtype=np.uint8)
     position = BATCH_HEADER_SIZE
     for rows, template, copies in runs:
-        matrix = out[position : position + rows * len(template)].reshape(rows, len(template))
+        _fill_rows(out[position : position + rows * len(template)], template, copies)
         position += rows * len(template)
-        # The template goes only where no copy will write (the values are
-        # most of each row: filling them twice cost a sixth of the encoding).
-        begin = 0
-        for column, end in sorted((column, column + source.shape[1]) for column, source in copies) + [(len(template), len(template))]:
-            if column > begin:
-                matrix[:, begin:column] = template[begin:column]
-            begin = max(begin, end)
-        for column, source in copies:
-            matrix[:, column : column + source.shape[1]] = source
     return out
+
+
+def _fill_rows(section: np.ndarray, template: np.ndarray, copies: list[tuple[int, np.ndarray]]) -> None:
+    """Lay a run's records out in ``section``: rows of ``len(template)``
+    bytes, each the template but for the ``copies`` (a column and the
+    bytes of every row there; they do not overlap).
+
+    Every byte is written once: the template goes only where no copy will
+    write (the values are most of each row: filling them twice cost a sixth
+    of the encoding). Each field is copied as one numpy void value per row
+    (``_as_void``), a memcpy of the field's bytes, where a copy of uint8
+    columns goes byte by byte (half the cost of a 2-D copy, for the values
+    and for a 2-byte offset delta alike). The template's bytes after the
+    last copy (the header count) and those before the first (length,
+    attributes, timestamp delta when all are equal) lie end to end from one
+    row to the next: they are written as one constant per row boundary."""
+    stride = len(template)
+    rows = len(section) // stride
+    matrix = section.reshape(rows, stride)
+    spans = sorted((column, column + source.shape[1], source) for column, source in copies)
+    if rows == 1 or not spans:
+        matrix[:] = template
+        for column, end, source in spans:
+            matrix[:, column:end] = source
+        return
+    for (_, end, _), (column, _, _) in zip(spans, spans[1:]):
+        if column > end:
+            _as_void(matrix[:, end:column])[:] = _as_void(template[None, end:column])[0]
+    first, last = spans[0][0], spans[-1][1]
+    matrix[0, :first] = template[:first]
+    matrix[-1, last:] = template[last:]
+    wrap = stride - last + first
+    if wrap:
+        # from the end of the last copy in one row to the first copy in the next
+        around = section[last : last + (rows - 1) * stride].reshape(rows - 1, stride)[:, :wrap]
+        _as_void(around)[:] = _as_void(np.concatenate([template[last:], template[:first]])[None, :])[0]
+    for column, end, source in spans:
+        _as_void(matrix[:, column:end])[:] = _as_void(source)
+
+
+def _as_void(columns: np.ndarray) -> np.ndarray:
+    """The rows of a 2-D byte array (consecutive bytes in each row) as one
+    numpy void value each: a view, so assigning to it writes the rows
+    (numpy refuses rows whose bytes are not consecutive)."""
+    return columns.view(f"V{columns.shape[1]}")[:, 0]
 
 
 def _offset_delta_rows(count: int) -> tuple[np.ndarray, np.ndarray]:

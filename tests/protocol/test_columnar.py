@@ -5,6 +5,7 @@ The reference for decoding is what the consumer does today: the fetcher's
 ``fetched_partition`` over ``protocol/records.py``; the reference for
 encoding is ``records.encode_batch``, byte for byte."""
 
+import random
 import struct
 
 import pyarrow as pa
@@ -173,6 +174,48 @@ def test_records_of_one_size_laid_out_run_by_run_give_the_bytes_of_the_record_co
     holding = pa.Array.from_buffers(pa.binary(), 3, [pa.array([True, False, True]).buffers()[1], offsets.buffers()[1], pa.py_buffer(b"abcXYZghi")], null_count=1)
     assert encode_columns(value=holding, timestamp=[1, 1, 1]) == encode_batch([(None, b"abc", [], 1), (None, None, [], 1), (None, b"ghi", [], 1)])
     assert laid_out.pop() is None, "left to the general path"
+
+@st.composite
+def run_layouts(draw):
+    """Records the encoder lays out run by run, in every layout its rows
+    take: keys null, empty or of one size, values null (tombstones), empty
+    or of one size, timestamps all equal or rising by a step whose delta's
+    varint grows a byte inside the batch, and counts on both sides of 64
+    (where the offset delta's varint grows to 2 bytes)."""
+    count = draw(st.integers(1, 300) | st.sampled_from([63, 64, 65, 128, 129]))
+    key = draw(st.none() | st.just(b"") | st.binary(min_size=1, max_size=9))
+    value_size = draw(st.none() | st.integers(0, 130))
+    first_timestamp = draw(st.integers(0, 2**40))
+    step = draw(st.sampled_from([0, 0, 1, 3, 200]))
+    rng = random.Random(draw(st.integers(0, 2**16)))
+    return [
+        (key, None if value_size is None else rng.randbytes(value_size), [], first_timestamp + step * (i // 2))
+        for i in range(count)
+    ]
+
+
+@settings(max_examples=300, deadline=None)
+@given(record_list=run_layouts(), sliced=st.booleans())
+def test_every_layout_of_records_laid_out_run_by_run_gives_the_bytes_of_the_record_codec(record_list, sliced):
+    """Each field of a row (offset delta, timestamp delta, key, value) is
+    copied as one value per row and the template's bytes between them as
+    constants, the header count and the next record's first bytes as one:
+    byte for byte the record codec's batch, from columns whose Arrow offsets
+    start at 0 or not."""
+    columns = columns_of(record_list)
+    del columns["headers"]
+    if sliced:  # the same records at the end of longer columns
+        padding = columns_of([(b"pad", b"padding", [], 0)] * 3)
+        columns = {name: pa.concat_arrays([padding[name], column])[3:] for name, column in columns.items()}
+    if all(k is None for k, _, _, _ in record_list):
+        columns["key"] = None
+    laid_out = []
+    by_runs = columnar._section_by_runs
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(columnar, "_section_by_runs", lambda *arguments: laid_out.append(by_runs(*arguments)) or laid_out[-1])
+        assert encode_columns(**columns) == encode_batch(record_list)
+    assert laid_out and laid_out[0] is not None, "laid out run by run"
+
 
 def test_encoding_refuses_what_the_record_codec_cannot_carry():
     with pytest.raises(ValueError, match="at least one record"):
