@@ -683,10 +683,14 @@ def _fixed_length_column(rows: list[np.ndarray], positions: list[int], length: i
     if count * length > _INT32_MAX:
         raise ValueError(f"{count * length} bytes of one column in one fetch do not fit an Arrow binary column (2 GiB); fetch less at a time")
     values = np.empty(count * length, dtype=np.uint8)
-    filled = 0
-    for matrix, at in zip(rows, positions):
-        values[filled * length : (filled + len(matrix)) * length].reshape(len(matrix), length)[:] = matrix[:, at : at + length]
-        filled += len(matrix)
+    if length:
+        # Each value copied as one numpy void value (a memcpy of its bytes;
+        # a 2-D copy of uint8 columns goes byte by byte).
+        laid_end_to_end = values.view(f"V{length}")
+        filled = 0
+        for matrix, at in zip(rows, positions):
+            laid_end_to_end[filled : filled + len(matrix)] = _as_void(matrix[:, at : at + length])
+            filled += len(matrix)
     offsets = np.arange(count + 1, dtype=np.int32) * np.int32(length)
     return pa.Array.from_buffers(pa.binary(), count, [None, pa.py_buffer(offsets), pa.py_buffer(values)])
 
