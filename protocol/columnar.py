@@ -25,11 +25,13 @@ stores integer positions. Records of one size one after another that are
 laid out alike (the same varint widths, key and value lengths, no headers:
 fixed-size values) are the rows of byte matrices, checked together for all
 such runs of a fetch (a gather per byte checked) and read by columns;
-when every record is in one and keys and values have one length each, the
-binary columns are filled by one strided copy per run. Every other field
-is read by numpy at all the record positions at once, and the binary
-columns are cut out of one buffer by Arrow's ``take`` over offsets that
-point into it.
+when keys and values have one length each and no record has headers (the
+records outside the runs, a batch too short for one or the few after one,
+read varint by varint, agree), the binary columns are filled by one
+strided copy per run and one gather for the records outside. Otherwise
+every other field is read by numpy at all the record positions at once,
+and the binary columns are cut out of one buffer by Arrow's ``take`` over
+offsets that point into it.
 Encoding builds each record's varints as rows of a byte matrix. Records
 without headers that come in a few runs of one size (fixed-size values:
 the size changes only where the offset delta's varint grows) are laid out
@@ -442,9 +444,13 @@ def _decode_columns(buf, kept: list[_KeptBatch], start_offset: int, limit: int) 
         _check(too_wide)
     runs = _uniform_runs(buf, bytes_view, record_start, record_end)
     counts = np.array([batch.header.record_count for batch in kept], dtype=np.int64)
-    if sum(run.count for run in runs) == len(record_start) and len({(run.layout.key_length, run.layout.value_length) for run in runs}) == 1:
-        return _uniform_columns(bytes_view, runs, kept, counts, start_offset)
-    timestamp_delta, offset_delta, key_start, key_length, value_start, value_length, header_count, headers_start = _record_fields(bytes_view, runs, body, record_end)
+    outside = _outside_runs(runs, len(record_start))
+    outside_fields = _fields_by_varints(bytes_view, body[outside], record_end[outside]) if len(outside) or not runs else None
+    if _one_length_each(runs, outside_fields):
+        return _uniform_columns(bytes_view, runs, outside, outside_fields, kept, counts, start_offset)
+    timestamp_delta, offset_delta, key_start, key_length, value_start, value_length, header_count, headers_start = _record_fields(
+        runs, outside, outside_fields, len(record_start)
+    )
     without_headers = header_count == 0
     offset, timestamp, timestamp_type = _offsets_and_timestamps(kept, counts, offset_delta, timestamp_delta)
 
@@ -622,25 +628,44 @@ def _laid_out_as(bytes_view: np.ndarray, starts: np.ndarray, layout: _Layout) ->
     return deltas[0], deltas[1]
 
 
-def _record_fields(bytes_view: np.ndarray, runs: list[_UniformRun], body: np.ndarray, record_end: np.ndarray) -> list[np.ndarray]:
-    """Every record's fields after its length (body points at its
-    attributes byte, which nothing reads): timestamp delta, offset delta,
-    key start and length, value start and length, header count and where
-    the headers start; those of the ``runs`` from their matrices, the rest
-    varint by varint (``_fields_by_varints``)."""
-    count = len(body)
+def _outside_runs(runs: list[_UniformRun], count: int) -> np.ndarray:
+    """The indices of the records in none of the ``runs``."""
+    outside = np.ones(count, dtype=bool)
+    for run in runs:
+        outside[run.first : run.first + run.count] = False
+    return np.flatnonzero(outside)
+
+
+def _one_length_each(runs: list[_UniformRun], outside_fields: list[np.ndarray] | None) -> bool:
+    """Whether every key has one length and every value one length (-1: all
+    null) and no record has headers: the ``runs``' records (their layouts
+    say so) and those outside them (``outside_fields``, read varint by
+    varint: a batch too short for a run, the few records after a run)."""
+    lengths = {(run.layout.key_length, run.layout.value_length) for run in runs}
+    if len(lengths) != 1:
+        return False
+    if outside_fields is None:
+        return True
+    key_length, value_length = lengths.pop()
+    _timestamp_delta, _offset_delta, _key_start, outside_key_length, _value_start, outside_value_length, header_count, _headers_start = outside_fields
+    return bool((outside_key_length == key_length).all() and (outside_value_length == value_length).all() and not header_count.any())
+
+
+def _record_fields(runs: list[_UniformRun], outside: np.ndarray, outside_fields: list[np.ndarray] | None, count: int) -> list[np.ndarray]:
+    """Every record's fields after its length: timestamp delta, offset
+    delta, key start and length, value start and length, header count and
+    where the headers start; those of the ``runs`` from their matrices, of
+    the records ``outside`` them from ``outside_fields`` (read varint by
+    varint, ``_fields_by_varints``)."""
     if not runs:
-        return _fields_by_varints(bytes_view, body, record_end)
+        return outside_fields
     fields = [np.empty(count, dtype=np.int64) for _ in range(8)]
-    read = np.zeros(count, dtype=bool)
     for run in runs:
         for column, values in zip(fields, run.fields()):
             column[run.first : run.first + run.count] = values
-        read[run.first : run.first + run.count] = True
-    rest = np.flatnonzero(~read)
-    if len(rest):
-        for column, values in zip(fields, _fields_by_varints(bytes_view, body[rest], record_end[rest])):
-            column[rest] = values
+    if len(outside):
+        for column, values in zip(fields, outside_fields):
+            column[outside] = values
     return fields
 
 
@@ -655,17 +680,29 @@ def _offsets_and_timestamps(kept: list[_KeptBatch], counts: np.ndarray, offset_d
     return base_offset + offset_delta, timestamp, np.repeat(log_append.astype(np.int32), counts)
 
 
-def _uniform_columns(bytes_view: np.ndarray, runs: list[_UniformRun], kept: list[_KeptBatch], counts: np.ndarray, start_offset: int) -> pa.RecordBatch:
-    """The columns when every record is in a run and every key and value
-    has one length: each binary column is one buffer filled by one copy of
-    a matrix's columns per run, no record positions at all."""
-    count = sum(run.count for run in runs)
-    offset, timestamp, timestamp_type = _offsets_and_timestamps(
-        kept, counts, np.concatenate([run.offset_delta for run in runs]), np.concatenate([run.timestamp_delta for run in runs])
-    )
-    rows = [run.rows(bytes_view) for run in runs]
-    key = _fixed_length_column(rows, [run.layout.key_at for run in runs], runs[0].layout.key_length, count)
-    value = _fixed_length_column(rows, [run.layout.value_at for run in runs], runs[0].layout.value_length, count)
+def _uniform_columns(
+    bytes_view: np.ndarray, runs: list[_UniformRun], outside: np.ndarray, outside_fields: list[np.ndarray] | None,
+    kept: list[_KeptBatch], counts: np.ndarray, start_offset: int,
+) -> pa.RecordBatch:
+    """The columns when every key and value has one length and no record
+    has headers (``_one_length_each``): each binary column is one buffer
+    filled by one copy of a matrix's columns per run, no record positions
+    for those, and one gather for the few records ``outside`` the runs."""
+    count = sum(run.count for run in runs) + len(outside)
+    if len(outside):
+        timestamp_delta, offset_delta = np.empty(count, dtype=np.int64), np.empty(count, dtype=np.int64)
+        for run in runs:
+            timestamp_delta[run.first : run.first + run.count] = run.timestamp_delta
+            offset_delta[run.first : run.first + run.count] = run.offset_delta
+        timestamp_delta[outside], offset_delta[outside] = outside_fields[0], outside_fields[1]
+        key_starts, value_starts = outside_fields[2], outside_fields[4]
+    else:
+        timestamp_delta = np.concatenate([run.timestamp_delta for run in runs])
+        offset_delta = np.concatenate([run.offset_delta for run in runs])
+        key_starts = value_starts = outside
+    offset, timestamp, timestamp_type = _offsets_and_timestamps(kept, counts, offset_delta, timestamp_delta)
+    key = _fixed_length_column(bytes_view, runs, [run.layout.key_at for run in runs], outside, key_starts, runs[0].layout.key_length, count)
+    value = _fixed_length_column(bytes_view, runs, [run.layout.value_at for run in runs], outside, value_starts, runs[0].layout.value_length, count)
     list_offsets = pa.py_buffer(np.zeros(count + 1, dtype=np.int32))
     headers = pa.ListArray.from_buffers(HEADERS_TYPE, count, [None, list_offsets], children=[pa.StructArray.from_arrays([pa.nulls(0, pa.string()), pa.nulls(0, pa.binary())], fields=list(HEADER_STRUCT_TYPE))])
     columns = pa.RecordBatch.from_arrays(
@@ -676,8 +713,12 @@ def _uniform_columns(bytes_view: np.ndarray, runs: list[_UniformRun], kept: list
     return columns if visible.all() else columns.filter(pa.array(visible))
 
 
-def _fixed_length_column(rows: list[np.ndarray], positions: list[int], length: int, count: int) -> pa.Array:
-    """Values of ``length`` bytes (-1: nulls) at ``positions[i]`` of every row of ``rows[i]``."""
+def _fixed_length_column(
+    bytes_view: np.ndarray, runs: list[_UniformRun], positions: list[int], outside: np.ndarray, outside_starts: np.ndarray, length: int, count: int
+) -> pa.Array:
+    """Values of ``length`` bytes (-1: nulls): at ``positions[i]`` of every
+    row of ``runs[i]``, and at ``outside_starts`` for the records ``outside``
+    the runs."""
     if length < 0:
         return pa.nulls(count, pa.binary())
     if count * length > _INT32_MAX:
@@ -687,10 +728,13 @@ def _fixed_length_column(rows: list[np.ndarray], positions: list[int], length: i
         # Each value copied as one numpy void value (a memcpy of its bytes;
         # a 2-D copy of uint8 columns goes byte by byte).
         laid_end_to_end = values.view(f"V{length}")
-        filled = 0
-        for matrix, at in zip(rows, positions):
-            laid_end_to_end[filled : filled + len(matrix)] = _as_void(matrix[:, at : at + length])
-            filled += len(matrix)
+        for run, at in zip(runs, positions):
+            laid_end_to_end[run.first : run.first + run.count] = _as_void(run.rows(bytes_view)[:, at : at + length])
+        if len(outside):
+            # every ``length`` bytes from each position of the buffer, as a
+            # view: the rows at the outside records' starts are their values
+            windows = np.lib.stride_tricks.as_strided(bytes_view, shape=(len(bytes_view) - length + 1, length), strides=(1, 1), writeable=False)
+            values.reshape(count, length)[outside] = windows[outside_starts]
     offsets = np.arange(count + 1, dtype=np.int32) * np.int32(length)
     return pa.Array.from_buffers(pa.binary(), count, [None, pa.py_buffer(offsets), pa.py_buffer(values)])
 

@@ -370,7 +370,8 @@ def alike_batches(draw):
     """Batches whose records mostly take one layout (the decoder reads such
     runs as byte matrices): one key length (or none) and value size per
     batch, timestamp deltas whose varints grow a byte somewhere or not, runs
-    of 32 records and more, and twists that keep a record's size but not its
+    of 32 records and more, batches too short for a run (a producer's
+    linger tail, whose records are read varint by varint), and twists that keep a record's size but not its
     layout (a key a byte longer and its value a byte shorter, a timestamp
     delta a byte wider and its value a byte shorter, a header in place of
     two value bytes; the record codec's bytes of each are those of the
@@ -378,7 +379,7 @@ def alike_batches(draw):
     out = bytearray()
     offset = draw(st.integers(0, 2**40))
     for _ in range(draw(st.integers(1, 3))):
-        count = draw(st.integers(32, 300))
+        count = draw(st.integers(32, 300) | st.integers(1, 31))
         key = draw(st.sampled_from([None, b"", b"k" * 5, b"q" * 70]))
         size = draw(st.integers(3, 140))
         base = draw(st.integers(0, 2**40))
@@ -425,6 +426,35 @@ def test_a_fetch_of_records_laid_out_alike_is_read_as_byte_matrices(monkeypatch)
     monkeypatch.setattr(columnar, "_MATRIX_MIN_RECORDS", 10**9)
     assert decode_fetched(data).columns.equals(by_matrix)
     assert len(taken) == 1
+
+
+@pytest.mark.parametrize("twist", [None, "a longer value", "a header", "a null key"])
+def test_a_fetch_with_records_outside_the_runs_is_read_as_byte_matrices_when_their_lengths_agree(monkeypatch, twist):
+    """Records in no run (a batch too short for one, the few after a
+    run where the offset delta's varint grows at 64) take the matrix path
+    when their keys and values have the runs' lengths and they carry no
+    headers: their values are gathered at their positions. A twisted one
+    among them sends the fetch down the varint path. Both give the record
+    codec's rows."""
+    def batch(count, base, twisted=None):
+        record_list = [(b"key", b"%03d" % (base + i) * 30, [], 1000 + i // 7) for i in range(count)]
+        if twisted is not None:
+            key, value, headers, timestamp = record_list[twisted]
+            record_list[twisted] = {
+                "a longer value": (key, value + b"!", headers, timestamp),
+                "a header": (key, value, [("h", b"v")], timestamp),
+                "a null key": (None, value, headers, timestamp),
+            }[twist]
+        return encode_batch(record_list, base_offset=base)
+
+    data = batch(200, 0) + batch(7, 200, 3 if twist else None) + batch(70, 207) + batch(1, 277)
+    taken = []
+    monkeypatch.setattr(columnar, "_uniform_columns", lambda *a, f=columnar._uniform_columns: taken.append(1) or f(*a))
+    fetched = decode_fetched(data)
+    assert bool(taken) == (twist is None)
+    rows, end = reference_rows(data, [], read_committed=True, start_offset=0)
+    assert fetched.columns.to_pylist() == rows and fetched.end == end == 278
+    assert decode_fetched(data, start_offset=203).columns.to_pylist() == rows[203:]
 
 
 def test_an_empty_section_and_a_section_of_control_batches_give_no_rows():
