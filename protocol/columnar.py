@@ -38,8 +38,10 @@ the size changes only where the offset delta's varint grows) are laid out
 as the rows of one byte matrix per run: the run's first record written to
 every row where no field differs, then a numpy copy per field that differs
 (offset deltas, key and value bytes straight from their Arrow buffers), each
-row's bytes of a field copied as one numpy void value. Any other records: the
-unused varint bytes are squeezed out with one mask, and Arrow's
+row's bytes of a field copied as one numpy void value; the offset deltas
+with the template's bytes around them are the same in every batch of a
+size and layout, and are kept from one batch to the next. Any other
+records: the unused varint bytes are squeezed out with one mask, and Arrow's
 ``binary_join_element_wise`` lays out prefix, key, value length, value and
 headers of every record as one buffer. Either way the buffer is the records
 section.
@@ -1036,28 +1038,46 @@ def _section_by_runs(timestamp_rows, offset_rows, key: pa.Array, key_length: np.
         template = np.zeros(value_at + value_bytes + 1, dtype=np.uint8)
         template[:key_at] = np.frombuffer(head, dtype=np.uint8)
         template[key_at + key_bytes : value_at] = np.frombuffer(value_length_varint, dtype=np.uint8)
-        copies = []
+        copies, offsets = [], None
         if stop - first > 1:
-            copies.append((deltas_at + timestamp_width, offset_rows[0][first:stop, :offset_width]))
+            offsets = _OffsetDeltas(deltas_at + timestamp_width, offset_rows[0][first:stop, :offset_width], first)
             if varying_timestamps:
                 copies.append((deltas_at, timestamp_rows[0][first:stop, :timestamp_width]))
         for at, size, data, starts in ((key_at, key_bytes, key_data, key_starts), (value_at, value_bytes, value_data, value_starts)):
             if size:
                 start = int(starts[first])
                 copies.append((at, data[start : start + (stop - first) * size].reshape(stop - first, size)))
-        runs.append((stop - first, template, copies))
-    out = np.empty(BATCH_HEADER_SIZE + sum(rows * len(template) for rows, template, _ in runs), dtype=np.uint8)
+        runs.append((stop - first, template, copies, offsets))
+    out = np.empty(BATCH_HEADER_SIZE + sum(rows * len(template) for rows, template, _, _ in runs), dtype=np.uint8)
     position = BATCH_HEADER_SIZE
-    for rows, template, copies in runs:
-        _fill_rows(out[position : position + rows * len(template)], template, copies)
+    for rows, template, copies, offsets in runs:
+        _fill_rows(out[position : position + rows * len(template)], template, copies, offsets)
         position += rows * len(template)
     return out
 
 
-def _fill_rows(section: np.ndarray, template: np.ndarray, copies: list[tuple[int, np.ndarray]]) -> None:
+@attrs.frozen
+class _OffsetDeltas:
+    """A run's offset-delta varints: where they go in its rows, their bytes
+    (a row per record), and the batch index of the run's first record,
+    which with the bytes' shape says which they are (record k's is k's)."""
+
+    column: int
+    rows: np.ndarray
+    first: int
+
+
+# Stretches of a run's rows that are the same in every batch of the same
+# layout and size (template bytes and offset deltas, ``_kept_stretch``),
+# kept from one call to the next up to this many bytes in all.
+_KEPT_STRETCHES: dict[tuple, np.ndarray] = {}
+_KEPT_STRETCHES_MOST_BYTES = 4 << 20
+
+
+def _fill_rows(section: np.ndarray, template: np.ndarray, copies: list[tuple[int, np.ndarray]], offsets: _OffsetDeltas | None = None) -> None:
     """Lay a run's records out in ``section``: rows of ``len(template)``
     bytes, each the template but for the ``copies`` (a column and the
-    bytes of every row there; they do not overlap).
+    bytes of every row there) and the ``offsets`` (none of them overlap).
 
     Every byte is written once: the template goes only where no copy will
     write (the values are most of each row: filling them twice cost a sixth
@@ -1067,29 +1087,64 @@ def _fill_rows(section: np.ndarray, template: np.ndarray, copies: list[tuple[int
     and for a 2-byte offset delta alike). The template's bytes after the
     last copy (the header count) and those before the first (length,
     attributes, timestamp delta when all are equal) lie end to end from one
-    row to the next: they are written as one constant per row boundary."""
+    row to the next: they are written as one constant per row boundary.
+    The offset deltas are the same in every batch of a size: the stretch of
+    template between two copies (or around a row boundary) that holds them
+    is kept with them, row by row (``_kept_stretch``), and copied as one
+    value per row; where they lie elsewhere (no key, value or timestamp
+    copy after them) they are one more copy."""
     stride = len(template)
     rows = len(section) // stride
     matrix = section.reshape(rows, stride)
     spans = sorted((column, column + source.shape[1], source) for column, source in copies)
+    if offsets is not None and not (spans and offsets.column + offsets.rows.shape[1] <= spans[-1][0]):
+        spans, offsets = sorted(spans + [(offsets.column, offsets.column + offsets.rows.shape[1], offsets.rows)]), None
     if rows == 1 or not spans:
         matrix[:] = template
         for column, end, source in spans:
             matrix[:, column:end] = source
         return
+    offsets_end = offsets.column + offsets.rows.shape[1] if offsets is not None else -1
     for (_, end, _), (column, _, _) in zip(spans, spans[1:]):
         if column > end:
-            _as_void(matrix[:, end:column])[:] = _as_void(template[None, end:column])[0]
+            if offsets is not None and end <= offsets.column and offsets_end <= column:
+                kept = _kept_stretch(template[end:column], offsets.column - end, offsets, 0)
+                _as_void(matrix[:, end:column])[:] = _as_void(kept)
+            else:
+                _as_void(matrix[:, end:column])[:] = _as_void(template[None, end:column])[0]
     first, last = spans[0][0], spans[-1][1]
     matrix[0, :first] = template[:first]
     matrix[-1, last:] = template[last:]
-    wrap = stride - last + first
-    if wrap:
-        # from the end of the last copy in one row to the first copy in the next
-        around = section[last : last + (rows - 1) * stride].reshape(rows - 1, stride)[:, :wrap]
-        _as_void(around)[:] = _as_void(np.concatenate([template[last:], template[:first]])[None, :])[0]
+    # from the end of the last copy in one row to the first copy in the next
+    around = section[last : last + (rows - 1) * stride].reshape(rows - 1, stride)[:, : stride - last + first]
+    constant = np.concatenate([template[last:], template[:first]])
+    if offsets is not None and offsets_end <= first:  # (the first row's offset delta is the template's: the run's first record's)
+        _as_void(around)[:] = _as_void(_kept_stretch(constant, stride - last + offsets.column, offsets, 1))
+    else:
+        _as_void(around)[:] = _as_void(constant[None, :])[0]
     for column, end, source in spans:
         _as_void(matrix[:, column:end])[:] = _as_void(source)
+
+
+def _kept_stretch(constant: np.ndarray, at: int, offsets: _OffsetDeltas, skip: int) -> np.ndarray:
+    """``constant`` (a stretch of a run's template) in every row, with the
+    run's offset deltas from its ``skip``-th record on at column ``at``:
+    the same in every batch whose run is the same records laid out alike,
+    so built once and kept (``_KEPT_STRETCHES``)."""
+    identity = (constant.tobytes(), at, offsets.first + skip, offsets.rows.shape, skip)
+    kept = _KEPT_STRETCHES.get(identity)
+    if kept is None:
+        deltas = offsets.rows[skip:]
+        kept = np.empty((len(deltas), len(constant)), dtype=np.uint8)
+        kept[:] = constant
+        kept[:, at : at + deltas.shape[1]] = deltas
+        kept.flags.writeable = False
+        if kept.nbytes <= _KEPT_STRETCHES_MOST_BYTES:
+            # (a list of the values first: another thread's encoder may add one meanwhile)
+            if kept.nbytes + sum(stretch.nbytes for stretch in list(_KEPT_STRETCHES.values())) > _KEPT_STRETCHES_MOST_BYTES:
+                _KEPT_STRETCHES.clear()
+            _KEPT_STRETCHES[identity] = kept
+    return kept
 
 
 def _as_void(columns: np.ndarray) -> np.ndarray:

@@ -217,6 +217,37 @@ def test_every_layout_of_records_laid_out_run_by_run_gives_the_bytes_of_the_reco
     assert laid_out and laid_out[0] is not None, "laid out run by run"
 
 
+@pytest.mark.parametrize("most_bytes", [4 << 20, 300, 0])
+def test_stretches_kept_from_batch_to_batch_give_the_record_codec_bytes_every_time(monkeypatch, most_bytes):
+    """The template's bytes around a run's offset deltas, kept with them
+    between calls (``_KEPT_STRETCHES``), whatever came before: layouts
+    alternating (value sizes, keys or none, timestamps equal or rising, so
+    the offset deltas lie around a row boundary or between two copies),
+    runs of different records, the values changing from call to call, and
+    a bound on what is kept that keeps everything, one stretch at most, or
+    nothing."""
+    monkeypatch.setattr(columnar, "_KEPT_STRETCHES_MOST_BYTES", most_bytes)
+    monkeypatch.setattr(columnar, "_KEPT_STRETCHES", {})
+    layouts = [(count, size, keyed, rising) for count in (70, 300) for size in (100, 101) for keyed in (False, True) for rising in (False, True)]
+    for round_ in range(2):
+        for count, size, keyed, rising in layouts + [(9000, 100, False, False)]:
+            record_list = [
+                (b"k%03d" % (i % 1000) if keyed else None, bytes([(i + round_) % 256]) * size, [], 1_700_000_000_000 + (i // 3 if rising else 0))
+                for i in range(count)
+            ]
+            columns = columns_of(record_list)
+            del columns["headers"]
+            if not keyed:
+                columns["key"] = None
+            assert encode_columns(**columns) == encode_batch(record_list), (round_, count, size, keyed, rising)
+        if round_ == 0:
+            kept_after_one_round = dict(columnar._KEPT_STRETCHES)
+    assert all(kept.nbytes <= most_bytes for kept in columnar._KEPT_STRETCHES.values())
+    if most_bytes == 4 << 20:  # the second round found every stretch kept by the first
+        assert kept_after_one_round and columnar._KEPT_STRETCHES.keys() == kept_after_one_round.keys()
+        assert all(columnar._KEPT_STRETCHES[identity] is kept for identity, kept in kept_after_one_round.items())
+
+
 def test_encoding_refuses_what_the_record_codec_cannot_carry():
     with pytest.raises(ValueError, match="at least one record"):
         encode_columns(value=pa.array([], pa.binary()), timestamp=pa.array([], pa.int64()))
