@@ -1056,7 +1056,7 @@ def _section_by_runs(timestamp_rows, offset_rows, key: pa.Array, key_length: np.
     return out
 
 
-@attrs.frozen
+@attrs.frozen(eq=False)  # (its bytes are an array: compared by identity)
 class _OffsetDeltas:
     """A run's offset-delta varints: where they go in its rows, their bytes
     (a row per record), and the batch index of the run's first record,
