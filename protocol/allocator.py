@@ -1,4 +1,5 @@
-"""The process's malloc policy for buffers of a MiB or more.
+"""The process's buffer policy: how buffers of a MiB or more are allocated
+and what glibc's malloc does with them once freed.
 
 A onceflow process moves records in buffers of about a MiB: a request or
 response frame read in place (``protocol.framing``), a fetch's records read
@@ -24,6 +25,16 @@ memory instead of returning it.
 Only with glibc (``platform.libc_ver``); elsewhere (musl, macOS) it does
 nothing and says so. pyarrow allocates through its own pool (mimalloc or
 jemalloc), which this does not touch.
+
+``uninitialised_bytearray(size)`` is a bytearray whose bytes are not set:
+``bytearray(size)`` zero-fills, a memset of the whole buffer that is pure
+waste for a frame received in place, whose every byte the socket writes
+before it is handed out (``protocol.framing.FrameBuffer``; the memset was 8%
+of the broker's user-space CPU on the Spark sink's path). Only for a buffer
+whose every byte is written before any is read: what it holds until then is
+whatever the memory held before (freed buffers of this same process). Where
+CPython's C API is not reachable through ``ctypes.pythonapi`` (another
+interpreter) it falls back to ``bytearray(size)``.
 """
 
 from __future__ import annotations
@@ -43,6 +54,33 @@ MMAP_THRESHOLD_BYTES = 32 << 20
 TRIM_THRESHOLD_BYTES = 64 << 20
 
 _applied: bool | None = None
+
+
+def _bytearray_from_string_and_size():
+    """CPython's ``PyByteArray_FromStringAndSize``, which with a NULL string
+    allocates ``size`` bytes and leaves them as they are; None elsewhere."""
+    try:
+        function = ctypes.pythonapi.PyByteArray_FromStringAndSize
+    except AttributeError:  # no pythonapi (not CPython) or no such function
+        return None
+    function.argtypes = (ctypes.c_char_p, ctypes.c_ssize_t)
+    # A NULL result raises the error it set (MemoryError when malloc fails;
+    # CPython 3.11 may then also print a spurious SystemError as it frees
+    # the half-made object, as bytearray(size) would not: frames are capped
+    # well below sizes malloc refuses).
+    function.restype = ctypes.py_object
+    return function
+
+
+_new_bytearray = _bytearray_from_string_and_size()
+
+
+def uninitialised_bytearray(size: int) -> bytearray:
+    """A bytearray of ``size`` bytes whose contents are not set (see the
+    module's doc: only for a buffer written whole before it is read)."""
+    if _new_bytearray is None or size <= 0:
+        return bytearray(size)
+    return _new_bytearray(None, size)
 
 
 def keep_freed_buffers() -> bool:

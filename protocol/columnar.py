@@ -25,18 +25,23 @@ stores integer positions. Records of one size one after another that are
 laid out alike (the same varint widths, key and value lengths, no headers:
 fixed-size values) are the rows of byte matrices, checked together for all
 such runs of a fetch (a gather per byte checked) and read by columns;
-when every record is in one and keys and values have one length each, the
-binary columns are filled by one strided copy per run. Every other field
-is read by numpy at all the record positions at once, and the binary
-columns are cut out of one buffer by Arrow's ``take`` over offsets that
-point into it.
+when keys and values have one length each and no record has headers (the
+records outside the runs, a batch too short for one or the few after one,
+read varint by varint, agree), the binary columns are filled by one
+strided copy per run and one gather for the records outside. Otherwise
+every other field is read by numpy at all the record positions at once,
+and the binary columns are cut out of one buffer by Arrow's ``take`` over
+offsets that point into it.
 Encoding builds each record's varints as rows of a byte matrix. Records
 without headers that come in a few runs of one size (fixed-size values:
 the size changes only where the offset delta's varint grows) are laid out
 as the rows of one byte matrix per run: the run's first record written to
-every row, then a numpy copy per field that differs (offset deltas, key and
-value bytes straight from their Arrow buffers). Any other records: the
-unused varint bytes are squeezed out with one mask, and Arrow's
+every row where no field differs, then a numpy copy per field that differs
+(offset deltas, key and value bytes straight from their Arrow buffers), each
+row's bytes of a field copied as one numpy void value; the offset deltas
+with the template's bytes around them are the same in every batch of a
+size and layout, and are kept from one batch to the next. Any other
+records: the unused varint bytes are squeezed out with one mask, and Arrow's
 ``binary_join_element_wise`` lays out prefix, key, value length, value and
 headers of every record as one buffer. Either way the buffer is the records
 section.
@@ -441,9 +446,13 @@ def _decode_columns(buf, kept: list[_KeptBatch], start_offset: int, limit: int) 
         _check(too_wide)
     runs = _uniform_runs(buf, bytes_view, record_start, record_end)
     counts = np.array([batch.header.record_count for batch in kept], dtype=np.int64)
-    if sum(run.count for run in runs) == len(record_start) and len({(run.layout.key_length, run.layout.value_length) for run in runs}) == 1:
-        return _uniform_columns(bytes_view, runs, kept, counts, start_offset)
-    timestamp_delta, offset_delta, key_start, key_length, value_start, value_length, header_count, headers_start = _record_fields(bytes_view, runs, body, record_end)
+    outside = _outside_runs(runs, len(record_start))
+    outside_fields = _fields_by_varints(bytes_view, body[outside], record_end[outside]) if len(outside) or not runs else None
+    if _one_length_each(runs, outside_fields):
+        return _uniform_columns(bytes_view, runs, outside, outside_fields, kept, counts, start_offset)
+    timestamp_delta, offset_delta, key_start, key_length, value_start, value_length, header_count, headers_start = _record_fields(
+        runs, outside, outside_fields, len(record_start)
+    )
     without_headers = header_count == 0
     offset, timestamp, timestamp_type = _offsets_and_timestamps(kept, counts, offset_delta, timestamp_delta)
 
@@ -621,25 +630,44 @@ def _laid_out_as(bytes_view: np.ndarray, starts: np.ndarray, layout: _Layout) ->
     return deltas[0], deltas[1]
 
 
-def _record_fields(bytes_view: np.ndarray, runs: list[_UniformRun], body: np.ndarray, record_end: np.ndarray) -> list[np.ndarray]:
-    """Every record's fields after its length (body points at its
-    attributes byte, which nothing reads): timestamp delta, offset delta,
-    key start and length, value start and length, header count and where
-    the headers start; those of the ``runs`` from their matrices, the rest
-    varint by varint (``_fields_by_varints``)."""
-    count = len(body)
+def _outside_runs(runs: list[_UniformRun], count: int) -> np.ndarray:
+    """The indices of the records in none of the ``runs``."""
+    outside = np.ones(count, dtype=bool)
+    for run in runs:
+        outside[run.first : run.first + run.count] = False
+    return np.flatnonzero(outside)
+
+
+def _one_length_each(runs: list[_UniformRun], outside_fields: list[np.ndarray] | None) -> bool:
+    """Whether every key has one length and every value one length (-1: all
+    null) and no record has headers: the ``runs``' records (their layouts
+    say so) and those outside them (``outside_fields``, read varint by
+    varint: a batch too short for a run, the few records after a run)."""
+    lengths = {(run.layout.key_length, run.layout.value_length) for run in runs}
+    if len(lengths) != 1:
+        return False
+    if outside_fields is None:
+        return True
+    key_length, value_length = lengths.pop()
+    _timestamp_delta, _offset_delta, _key_start, outside_key_length, _value_start, outside_value_length, header_count, _headers_start = outside_fields
+    return bool((outside_key_length == key_length).all() and (outside_value_length == value_length).all() and not header_count.any())
+
+
+def _record_fields(runs: list[_UniformRun], outside: np.ndarray, outside_fields: list[np.ndarray] | None, count: int) -> list[np.ndarray]:
+    """Every record's fields after its length: timestamp delta, offset
+    delta, key start and length, value start and length, header count and
+    where the headers start; those of the ``runs`` from their matrices, of
+    the records ``outside`` them from ``outside_fields`` (read varint by
+    varint, ``_fields_by_varints``)."""
     if not runs:
-        return _fields_by_varints(bytes_view, body, record_end)
+        return outside_fields
     fields = [np.empty(count, dtype=np.int64) for _ in range(8)]
-    read = np.zeros(count, dtype=bool)
     for run in runs:
         for column, values in zip(fields, run.fields()):
             column[run.first : run.first + run.count] = values
-        read[run.first : run.first + run.count] = True
-    rest = np.flatnonzero(~read)
-    if len(rest):
-        for column, values in zip(fields, _fields_by_varints(bytes_view, body[rest], record_end[rest])):
-            column[rest] = values
+    if len(outside):
+        for column, values in zip(fields, outside_fields):
+            column[outside] = values
     return fields
 
 
@@ -654,17 +682,29 @@ def _offsets_and_timestamps(kept: list[_KeptBatch], counts: np.ndarray, offset_d
     return base_offset + offset_delta, timestamp, np.repeat(log_append.astype(np.int32), counts)
 
 
-def _uniform_columns(bytes_view: np.ndarray, runs: list[_UniformRun], kept: list[_KeptBatch], counts: np.ndarray, start_offset: int) -> pa.RecordBatch:
-    """The columns when every record is in a run and every key and value
-    has one length: each binary column is one buffer filled by one copy of
-    a matrix's columns per run, no record positions at all."""
-    count = sum(run.count for run in runs)
-    offset, timestamp, timestamp_type = _offsets_and_timestamps(
-        kept, counts, np.concatenate([run.offset_delta for run in runs]), np.concatenate([run.timestamp_delta for run in runs])
-    )
-    rows = [run.rows(bytes_view) for run in runs]
-    key = _fixed_length_column(rows, [run.layout.key_at for run in runs], runs[0].layout.key_length, count)
-    value = _fixed_length_column(rows, [run.layout.value_at for run in runs], runs[0].layout.value_length, count)
+def _uniform_columns(
+    bytes_view: np.ndarray, runs: list[_UniformRun], outside: np.ndarray, outside_fields: list[np.ndarray] | None,
+    kept: list[_KeptBatch], counts: np.ndarray, start_offset: int,
+) -> pa.RecordBatch:
+    """The columns when every key and value has one length and no record
+    has headers (``_one_length_each``): each binary column is one buffer
+    filled by one copy of a matrix's columns per run, no record positions
+    for those, and one gather for the few records ``outside`` the runs."""
+    count = sum(run.count for run in runs) + len(outside)
+    if len(outside):
+        timestamp_delta, offset_delta = np.empty(count, dtype=np.int64), np.empty(count, dtype=np.int64)
+        for run in runs:
+            timestamp_delta[run.first : run.first + run.count] = run.timestamp_delta
+            offset_delta[run.first : run.first + run.count] = run.offset_delta
+        timestamp_delta[outside], offset_delta[outside] = outside_fields[0], outside_fields[1]
+        key_starts, value_starts = outside_fields[2], outside_fields[4]
+    else:
+        timestamp_delta = np.concatenate([run.timestamp_delta for run in runs])
+        offset_delta = np.concatenate([run.offset_delta for run in runs])
+        key_starts = value_starts = outside
+    offset, timestamp, timestamp_type = _offsets_and_timestamps(kept, counts, offset_delta, timestamp_delta)
+    key = _fixed_length_column(bytes_view, runs, [run.layout.key_at for run in runs], outside, key_starts, runs[0].layout.key_length, count)
+    value = _fixed_length_column(bytes_view, runs, [run.layout.value_at for run in runs], outside, value_starts, runs[0].layout.value_length, count)
     list_offsets = pa.py_buffer(np.zeros(count + 1, dtype=np.int32))
     headers = pa.ListArray.from_buffers(HEADERS_TYPE, count, [None, list_offsets], children=[pa.StructArray.from_arrays([pa.nulls(0, pa.string()), pa.nulls(0, pa.binary())], fields=list(HEADER_STRUCT_TYPE))])
     columns = pa.RecordBatch.from_arrays(
@@ -675,17 +715,28 @@ def _uniform_columns(bytes_view: np.ndarray, runs: list[_UniformRun], kept: list
     return columns if visible.all() else columns.filter(pa.array(visible))
 
 
-def _fixed_length_column(rows: list[np.ndarray], positions: list[int], length: int, count: int) -> pa.Array:
-    """Values of ``length`` bytes (-1: nulls) at ``positions[i]`` of every row of ``rows[i]``."""
+def _fixed_length_column(
+    bytes_view: np.ndarray, runs: list[_UniformRun], positions: list[int], outside: np.ndarray, outside_starts: np.ndarray, length: int, count: int
+) -> pa.Array:
+    """Values of ``length`` bytes (-1: nulls): at ``positions[i]`` of every
+    row of ``runs[i]``, and at ``outside_starts`` for the records ``outside``
+    the runs."""
     if length < 0:
         return pa.nulls(count, pa.binary())
     if count * length > _INT32_MAX:
         raise ValueError(f"{count * length} bytes of one column in one fetch do not fit an Arrow binary column (2 GiB); fetch less at a time")
     values = np.empty(count * length, dtype=np.uint8)
-    filled = 0
-    for matrix, at in zip(rows, positions):
-        values[filled * length : (filled + len(matrix)) * length].reshape(len(matrix), length)[:] = matrix[:, at : at + length]
-        filled += len(matrix)
+    if length:
+        # Each value copied as one numpy void value (a memcpy of its bytes;
+        # a 2-D copy of uint8 columns goes byte by byte).
+        laid_end_to_end = values.view(f"V{length}")
+        for run, at in zip(runs, positions):
+            laid_end_to_end[run.first : run.first + run.count] = _as_void(run.rows(bytes_view)[:, at : at + length])
+        if len(outside):
+            # every ``length`` bytes from each position of the buffer, as a
+            # view: the rows at the outside records' starts are their values
+            windows = np.lib.stride_tricks.as_strided(bytes_view, shape=(len(bytes_view) - length + 1, length), strides=(1, 1), writeable=False)
+            values.reshape(count, length)[outside] = windows[outside_starts]
     offsets = np.arange(count + 1, dtype=np.int32) * np.int32(length)
     return pa.Array.from_buffers(pa.binary(), count, [None, pa.py_buffer(offsets), pa.py_buffer(values)])
 
@@ -950,13 +1001,13 @@ def _section_by_runs(timestamp_rows, offset_rows, key: pa.Array, key_length: np.
     fixed-size values changes only where the offset delta's varint grows,
     at 64 and 8192 records), every record has the same size and the same
     bytes but for its deltas, key and value: records are the rows of one
-    byte matrix. The run's first record is written to every row at once,
-    then the fields that differ from record to record are copied into their
-    columns, a numpy copy each: the offset delta's varints (the timestamp
-    delta's too unless all are equal), and the key and value bytes straight
-    from their Arrow buffers (a run's values lie end to end there). Null
-    keys and values take no bytes; a column whose null slots hold bytes
-    (Arrow allows it) is left to the general path."""
+    byte matrix. The run's first record is written to every row at once
+    (``_fill_rows``), but for the fields that differ from record to record,
+    copied into their columns, a numpy copy each: the offset delta's
+    varints (the timestamp delta's too unless all are equal), and the key
+    and value bytes straight from their Arrow buffers (a run's values lie
+    end to end there). Null keys and values take no bytes; a column whose
+    null slots hold bytes (Arrow allows it) is left to the general path."""
     count = len(key_length)
     key_data, key_starts = _data_and_starts(key, key_length)
     value_data, value_starts = _data_and_starts(value, value_length)
@@ -987,31 +1038,120 @@ def _section_by_runs(timestamp_rows, offset_rows, key: pa.Array, key_length: np.
         template = np.zeros(value_at + value_bytes + 1, dtype=np.uint8)
         template[:key_at] = np.frombuffer(head, dtype=np.uint8)
         template[key_at + key_bytes : value_at] = np.frombuffer(value_length_varint, dtype=np.uint8)
-        copies = []
+        copies, offsets = [], None
         if stop - first > 1:
-            copies.append((deltas_at + timestamp_width, offset_rows[0][first:stop, :offset_width]))
+            offsets = _OffsetDeltas(deltas_at + timestamp_width, offset_rows[0][first:stop, :offset_width], first)
             if varying_timestamps:
                 copies.append((deltas_at, timestamp_rows[0][first:stop, :timestamp_width]))
         for at, size, data, starts in ((key_at, key_bytes, key_data, key_starts), (value_at, value_bytes, value_data, value_starts)):
             if size:
                 start = int(starts[first])
                 copies.append((at, data[start : start + (stop - first) * size].reshape(stop - first, size)))
-        runs.append((stop - first, template, copies))
-    out = np.empty(BATCH_HEADER_SIZE + sum(rows * len(template) for rows, template, _ in runs), dtype=np.uint8)
+        runs.append((stop - first, template, copies, offsets))
+    out = np.empty(BATCH_HEADER_SIZE + sum(rows * len(template) for rows, template, _, _ in runs), dtype=np.uint8)
     position = BATCH_HEADER_SIZE
-    for rows, template, copies in runs:
-        matrix = out[position : position + rows * len(template)].reshape(rows, len(template))
+    for rows, template, copies, offsets in runs:
+        _fill_rows(out[position : position + rows * len(template)], template, copies, offsets)
         position += rows * len(template)
-        # The template goes only where no copy will write (the values are
-        # most of each row: filling them twice cost a sixth of the encoding).
-        begin = 0
-        for column, end in sorted((column, column + source.shape[1]) for column, source in copies) + [(len(template), len(template))]:
-            if column > begin:
-                matrix[:, begin:column] = template[begin:column]
-            begin = max(begin, end)
-        for column, source in copies:
-            matrix[:, column : column + source.shape[1]] = source
     return out
+
+
+@attrs.frozen(eq=False)  # (its bytes are an array: compared by identity)
+class _OffsetDeltas:
+    """A run's offset-delta varints: where they go in its rows, their bytes
+    (a row per record), and the batch index of the run's first record,
+    which with the bytes' shape says which they are (record k's is k's)."""
+
+    column: int
+    rows: np.ndarray
+    first: int
+
+
+# Stretches of a run's rows that are the same in every batch of the same
+# layout and size (template bytes and offset deltas, ``_kept_stretch``),
+# kept from one call to the next up to this many bytes in all.
+_KEPT_STRETCHES: dict[tuple, np.ndarray] = {}
+_KEPT_STRETCHES_MOST_BYTES = 4 << 20
+
+
+def _fill_rows(section: np.ndarray, template: np.ndarray, copies: list[tuple[int, np.ndarray]], offsets: _OffsetDeltas | None = None) -> None:
+    """Lay a run's records out in ``section``: rows of ``len(template)``
+    bytes, each the template but for the ``copies`` (a column and the
+    bytes of every row there) and the ``offsets`` (none of them overlap).
+
+    Every byte is written once: the template goes only where no copy will
+    write (the values are most of each row: filling them twice cost a sixth
+    of the encoding). Each field is copied as one numpy void value per row
+    (``_as_void``), a memcpy of the field's bytes, where a copy of uint8
+    columns goes byte by byte (half the cost of a 2-D copy, for the values
+    and for a 2-byte offset delta alike). The template's bytes after the
+    last copy (the header count) and those before the first (length,
+    attributes, timestamp delta when all are equal) lie end to end from one
+    row to the next: they are written as one constant per row boundary.
+    The offset deltas are the same in every batch of a size: the stretch of
+    template between two copies (or around a row boundary) that holds them
+    is kept with them, row by row (``_kept_stretch``), and copied as one
+    value per row; where they lie elsewhere (no key, value or timestamp
+    copy after them) they are one more copy."""
+    stride = len(template)
+    rows = len(section) // stride
+    matrix = section.reshape(rows, stride)
+    spans = sorted((column, column + source.shape[1], source) for column, source in copies)
+    if offsets is not None and not (spans and offsets.column + offsets.rows.shape[1] <= spans[-1][0]):
+        spans, offsets = sorted(spans + [(offsets.column, offsets.column + offsets.rows.shape[1], offsets.rows)]), None
+    if rows == 1 or not spans:
+        matrix[:] = template
+        for column, end, source in spans:
+            matrix[:, column:end] = source
+        return
+    offsets_end = offsets.column + offsets.rows.shape[1] if offsets is not None else -1
+    for (_, end, _), (column, _, _) in zip(spans, spans[1:]):
+        if column > end:
+            if offsets is not None and end <= offsets.column and offsets_end <= column:
+                kept = _kept_stretch(template[end:column], offsets.column - end, offsets, 0)
+                _as_void(matrix[:, end:column])[:] = _as_void(kept)
+            else:
+                _as_void(matrix[:, end:column])[:] = _as_void(template[None, end:column])[0]
+    first, last = spans[0][0], spans[-1][1]
+    matrix[0, :first] = template[:first]
+    matrix[-1, last:] = template[last:]
+    # from the end of the last copy in one row to the first copy in the next
+    around = section[last : last + (rows - 1) * stride].reshape(rows - 1, stride)[:, : stride - last + first]
+    constant = np.concatenate([template[last:], template[:first]])
+    if offsets is not None and offsets_end <= first:  # (the first row's offset delta is the template's: the run's first record's)
+        _as_void(around)[:] = _as_void(_kept_stretch(constant, stride - last + offsets.column, offsets, 1))
+    else:
+        _as_void(around)[:] = _as_void(constant[None, :])[0]
+    for column, end, source in spans:
+        _as_void(matrix[:, column:end])[:] = _as_void(source)
+
+
+def _kept_stretch(constant: np.ndarray, at: int, offsets: _OffsetDeltas, skip: int) -> np.ndarray:
+    """``constant`` (a stretch of a run's template) in every row, with the
+    run's offset deltas from its ``skip``-th record on at column ``at``:
+    the same in every batch whose run is the same records laid out alike,
+    so built once and kept (``_KEPT_STRETCHES``)."""
+    identity = (constant.tobytes(), at, offsets.first + skip, offsets.rows.shape, skip)
+    kept = _KEPT_STRETCHES.get(identity)
+    if kept is None:
+        deltas = offsets.rows[skip:]
+        kept = np.empty((len(deltas), len(constant)), dtype=np.uint8)
+        kept[:] = constant
+        kept[:, at : at + deltas.shape[1]] = deltas
+        kept.flags.writeable = False
+        if kept.nbytes <= _KEPT_STRETCHES_MOST_BYTES:
+            # (a list of the values first: another thread's encoder may add one meanwhile)
+            if kept.nbytes + sum(stretch.nbytes for stretch in list(_KEPT_STRETCHES.values())) > _KEPT_STRETCHES_MOST_BYTES:
+                _KEPT_STRETCHES.clear()
+            _KEPT_STRETCHES[identity] = kept
+    return kept
+
+
+def _as_void(columns: np.ndarray) -> np.ndarray:
+    """The rows of a 2-D byte array (consecutive bytes in each row) as one
+    numpy void value each: a view, so assigning to it writes the rows
+    (numpy refuses rows whose bytes are not consecutive)."""
+    return columns.view(f"V{columns.shape[1]}")[:, 0]
 
 
 def _offset_delta_rows(count: int) -> tuple[np.ndarray, np.ndarray]:

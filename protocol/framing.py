@@ -36,6 +36,7 @@ import struct
 import attrs
 
 from protocol import schema
+from protocol.allocator import uninitialised_bytearray
 from protocol.errors import FrameTooLargeError, MalformedFrameError, UnsupportedRequestError
 from protocol.messages import APIS, ApiKey
 
@@ -120,7 +121,9 @@ class FrameBuffer:
     Bytes can also be received in place (``receive_buffer``/``received``,
     an ``asyncio.BufferedProtocol``'s ``get_buffer``/``buffer_updated``): the
     socket writes into a scratch buffer, or, once a large frame's size is
-    known, straight into that frame (allocated whole then: the bytes reach
+    known, straight into that frame (allocated whole then, and not
+    zero-filled, ``allocator.uninitialised_bytearray``: the frame is handed
+    out only once the socket has written every byte of it; the bytes reach
     it with no copy at all, where read and fed they were copied three
     times on their way). Received so, frames are cut as their bytes
     arrive, not when they are asked for: the transport reads again before
@@ -227,7 +230,11 @@ class FrameBuffer:
         if available < 4 + size:
             if size >= self.large_frame_bytes:
                 if self._receiving and (self.in_place_max_bytes is None or size <= self.in_place_max_bytes):
-                    self._into = bytearray(size)
+                    # Not zero-filled: every byte is written by the socket
+                    # before ``received`` hands the frame out (when
+                    # ``_into_filled`` reaches its size), and a frame cut short
+                    # is never handed out.
+                    self._into = uninitialised_bytearray(size)
                     self._into_filled = available - 4
                     self._into[: self._into_filled] = memoryview(self._buffer)[begin:]
                 else:

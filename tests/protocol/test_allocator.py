@@ -57,3 +57,26 @@ def test_elsewhere_the_policy_is_not_claimed(monkeypatch):
     monkeypatch.setattr(allocator, "_applied", None)
     monkeypatch.setattr(allocator.platform, "libc_ver", lambda: ("musl", "1.2"))
     assert allocator.keep_freed_buffers() is False
+
+
+@pytest.mark.parametrize("size", [0, 1, 7, 64 << 10, 3 << 20])
+def test_an_uninitialised_bytearray_has_the_size_asked_and_is_writable(size):
+    buffer = allocator.uninitialised_bytearray(size)
+    assert type(buffer) is bytearray and len(buffer) == size
+    pattern = bytes(range(256)) * (size // 256) + bytes(range(size % 256))
+    buffer[:] = pattern
+    assert buffer == pattern
+    view = memoryview(buffer)
+    assert not view.readonly and view.nbytes == size
+    view[size // 2 : size // 2 + 1] = b"\xff" if size else b""
+    assert buffer[size // 2 : size // 2 + 1] == (b"\xff" if size else b"")
+    del view
+    buffer += b"tail"  # and it stays an ordinary bytearray: it can grow
+    assert len(buffer) == size + 4 and buffer.endswith(b"tail")
+
+
+def test_an_uninitialised_bytearray_is_a_zeroed_one_where_the_c_api_is_not_reachable(monkeypatch):
+    monkeypatch.setattr(allocator, "_new_bytearray", None)
+    assert allocator.uninitialised_bytearray(5) == bytearray(5)
+    monkeypatch.setattr(allocator.ctypes, "pythonapi", None)
+    assert allocator._bytearray_from_string_and_size() is None

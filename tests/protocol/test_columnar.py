@@ -5,6 +5,7 @@ The reference for decoding is what the consumer does today: the fetcher's
 ``fetched_partition`` over ``protocol/records.py``; the reference for
 encoding is ``records.encode_batch``, byte for byte."""
 
+import random
 import struct
 
 import pyarrow as pa
@@ -174,6 +175,79 @@ def test_records_of_one_size_laid_out_run_by_run_give_the_bytes_of_the_record_co
     assert encode_columns(value=holding, timestamp=[1, 1, 1]) == encode_batch([(None, b"abc", [], 1), (None, None, [], 1), (None, b"ghi", [], 1)])
     assert laid_out.pop() is None, "left to the general path"
 
+@st.composite
+def run_layouts(draw):
+    """Records the encoder lays out run by run, in every layout its rows
+    take: keys null, empty or of one size, values null (tombstones), empty
+    or of one size, timestamps all equal or rising by a step whose delta's
+    varint grows a byte inside the batch, and counts on both sides of 64
+    (where the offset delta's varint grows to 2 bytes)."""
+    count = draw(st.integers(1, 300) | st.sampled_from([63, 64, 65, 128, 129]))
+    key = draw(st.none() | st.just(b"") | st.binary(min_size=1, max_size=9))
+    value_size = draw(st.none() | st.integers(0, 130))
+    first_timestamp = draw(st.integers(0, 2**40))
+    step = draw(st.sampled_from([0, 0, 1, 3, 200]))
+    rng = random.Random(draw(st.integers(0, 2**16)))
+    return [
+        (key, None if value_size is None else rng.randbytes(value_size), [], first_timestamp + step * (i // 2))
+        for i in range(count)
+    ]
+
+
+@settings(max_examples=300, deadline=None)
+@given(record_list=run_layouts(), sliced=st.booleans())
+def test_every_layout_of_records_laid_out_run_by_run_gives_the_bytes_of_the_record_codec(record_list, sliced):
+    """Each field of a row (offset delta, timestamp delta, key, value) is
+    copied as one value per row and the template's bytes between them as
+    constants, the header count and the next record's first bytes as one:
+    byte for byte the record codec's batch, from columns whose Arrow offsets
+    start at 0 or not."""
+    columns = columns_of(record_list)
+    del columns["headers"]
+    if sliced:  # the same records at the end of longer columns
+        padding = columns_of([(b"pad", b"padding", [], 0)] * 3)
+        columns = {name: pa.concat_arrays([padding[name], column])[3:] for name, column in columns.items()}
+    if all(k is None for k, _, _, _ in record_list):
+        columns["key"] = None
+    laid_out = []
+    by_runs = columnar._section_by_runs
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(columnar, "_section_by_runs", lambda *arguments: laid_out.append(by_runs(*arguments)) or laid_out[-1])
+        assert encode_columns(**columns) == encode_batch(record_list)
+    assert laid_out and laid_out[0] is not None, "laid out run by run"
+
+
+@pytest.mark.parametrize("most_bytes", [4 << 20, 300, 0])
+def test_stretches_kept_from_batch_to_batch_give_the_record_codec_bytes_every_time(monkeypatch, most_bytes):
+    """The template's bytes around a run's offset deltas, kept with them
+    between calls (``_KEPT_STRETCHES``), whatever came before: layouts
+    alternating (value sizes, keys or none, timestamps equal or rising, so
+    the offset deltas lie around a row boundary or between two copies),
+    runs of different records, the values changing from call to call, and
+    a bound on what is kept that keeps everything, one stretch at most, or
+    nothing."""
+    monkeypatch.setattr(columnar, "_KEPT_STRETCHES_MOST_BYTES", most_bytes)
+    monkeypatch.setattr(columnar, "_KEPT_STRETCHES", {})
+    layouts = [(count, size, keyed, rising) for count in (70, 300) for size in (100, 101) for keyed in (False, True) for rising in (False, True)]
+    for round_ in range(2):
+        for count, size, keyed, rising in layouts + [(9000, 100, False, False)]:
+            record_list = [
+                (b"k%03d" % (i % 1000) if keyed else None, bytes([(i + round_) % 256]) * size, [], 1_700_000_000_000 + (i // 3 if rising else 0))
+                for i in range(count)
+            ]
+            columns = columns_of(record_list)
+            del columns["headers"]
+            if not keyed:
+                columns["key"] = None
+            assert encode_columns(**columns) == encode_batch(record_list), (round_, count, size, keyed, rising)
+        if round_ == 0:
+            kept_after_one_round = dict(columnar._KEPT_STRETCHES)
+    assert all(kept.nbytes <= most_bytes for kept in columnar._KEPT_STRETCHES.values())
+    if most_bytes == 4 << 20:  # the second round found every stretch kept by the first
+        assert kept_after_one_round and columnar._KEPT_STRETCHES.keys() == kept_after_one_round.keys()
+        assert all(columnar._KEPT_STRETCHES[identity] is kept for identity, kept in kept_after_one_round.items())
+
+
 def test_encoding_refuses_what_the_record_codec_cannot_carry():
     with pytest.raises(ValueError, match="at least one record"):
         encode_columns(value=pa.array([], pa.binary()), timestamp=pa.array([], pa.int64()))
@@ -327,7 +401,8 @@ def alike_batches(draw):
     """Batches whose records mostly take one layout (the decoder reads such
     runs as byte matrices): one key length (or none) and value size per
     batch, timestamp deltas whose varints grow a byte somewhere or not, runs
-    of 32 records and more, and twists that keep a record's size but not its
+    of 32 records and more, batches too short for a run (a producer's
+    linger tail, whose records are read varint by varint), and twists that keep a record's size but not its
     layout (a key a byte longer and its value a byte shorter, a timestamp
     delta a byte wider and its value a byte shorter, a header in place of
     two value bytes; the record codec's bytes of each are those of the
@@ -335,7 +410,7 @@ def alike_batches(draw):
     out = bytearray()
     offset = draw(st.integers(0, 2**40))
     for _ in range(draw(st.integers(1, 3))):
-        count = draw(st.integers(32, 300))
+        count = draw(st.integers(32, 300) | st.integers(1, 31))
         key = draw(st.sampled_from([None, b"", b"k" * 5, b"q" * 70]))
         size = draw(st.integers(3, 140))
         base = draw(st.integers(0, 2**40))
@@ -382,6 +457,35 @@ def test_a_fetch_of_records_laid_out_alike_is_read_as_byte_matrices(monkeypatch)
     monkeypatch.setattr(columnar, "_MATRIX_MIN_RECORDS", 10**9)
     assert decode_fetched(data).columns.equals(by_matrix)
     assert len(taken) == 1
+
+
+@pytest.mark.parametrize("twist", [None, "a longer value", "a header", "a null key"])
+def test_a_fetch_with_records_outside_the_runs_is_read_as_byte_matrices_when_their_lengths_agree(monkeypatch, twist):
+    """Records in no run (a batch too short for one, the few after a
+    run where the offset delta's varint grows at 64) take the matrix path
+    when their keys and values have the runs' lengths and they carry no
+    headers: their values are gathered at their positions. A twisted one
+    among them sends the fetch down the varint path. Both give the record
+    codec's rows."""
+    def batch(count, base, twisted=None):
+        record_list = [(b"key", b"%03d" % (base + i) * 30, [], 1000 + i // 7) for i in range(count)]
+        if twisted is not None:
+            key, value, headers, timestamp = record_list[twisted]
+            record_list[twisted] = {
+                "a longer value": (key, value + b"!", headers, timestamp),
+                "a header": (key, value, [("h", b"v")], timestamp),
+                "a null key": (None, value, headers, timestamp),
+            }[twist]
+        return encode_batch(record_list, base_offset=base)
+
+    data = batch(200, 0) + batch(7, 200, 3 if twist else None) + batch(70, 207) + batch(1, 277)
+    taken = []
+    monkeypatch.setattr(columnar, "_uniform_columns", lambda *a, f=columnar._uniform_columns: taken.append(1) or f(*a))
+    fetched = decode_fetched(data)
+    assert bool(taken) == (twist is None)
+    rows, end = reference_rows(data, [], read_committed=True, start_offset=0)
+    assert fetched.columns.to_pylist() == rows and fetched.end == end == 278
+    assert decode_fetched(data, start_offset=203).columns.to_pylist() == rows[203:]
 
 
 def test_an_empty_section_and_a_section_of_control_batches_give_no_rows():

@@ -6,12 +6,13 @@ from __future__ import annotations
 import random
 import struct
 import uuid
+from unittest import mock
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol import schema
+from protocol import allocator, schema
 from protocol.errors import ErrorCode, FrameTooLargeError, MalformedFrameError, UnsupportedRequestError
 from protocol.framing import ClientConnection, FrameBuffer, ServerConnection, encode_request, encode_request_parts, encode_response, encode_response_parts
 from protocol.messages import APIS, ApiKey
@@ -276,6 +277,99 @@ def test_a_size_prefix_above_the_in_place_limit_reserves_nothing_until_its_bytes
         buffer.received(len(piece))
     frame = buffer.next_frame()
     assert frame is not None and len(frame) == announced and bytes(frame[:10]) == b"0123456789" and bytes(frame[10:]) == body
+
+
+POISON = 0xA5
+
+
+def _poisoned_bytearray(size: int) -> bytearray:
+    """Stands in for ``uninitialised_bytearray``: what the memory held
+    before, made visible (a byte handed out before the socket wrote it
+    shows as POISON)."""
+    return bytearray([POISON]) * size
+
+
+def _frames_without_poison(rng: random.Random, sizes: list[int]) -> list[bytes]:
+    return [rng.randbytes(size).replace(bytes([POISON]), b"\x5a") for size in sizes]
+
+
+@st.composite
+def _streams_and_cuts(draw):
+    """Frames of mixed sizes (most above the in-place bound) and the
+    positions where the socket's reads end: any, plus, drawn apart, some
+    frame boundaries exactly (a read that ends a frame, or its size prefix)."""
+    sizes = draw(st.lists(st.integers(0, 300), min_size=1, max_size=6))
+    frames = _frames_without_poison(random.Random(draw(st.integers(0, 1 << 16))), sizes)
+    stream = b"".join(struct.pack(">i", len(frame)) + frame for frame in frames)
+    boundaries, end = [], 0
+    for frame in frames:
+        boundaries += [end + 4, end + 4 + len(frame)]
+        end += 4 + len(frame)
+    anywhere = draw(st.sets(st.integers(1, len(stream) - 1), max_size=40)) if len(stream) > 1 else set()
+    at_boundaries = draw(st.sets(st.sampled_from(boundaries)))
+    return frames, stream, sorted(anywhere | at_boundaries | {len(stream)})
+
+
+@settings(max_examples=300, deadline=None)
+@given(case=_streams_and_cuts(), poisoned=st.booleans(), cut_every=st.integers(1, 3))
+def test_a_frame_received_in_place_is_handed_out_only_once_every_byte_of_it_came(case, poisoned, cut_every):
+    """Large frames are received in place into buffers that are not
+    zero-filled (``allocator.uninitialised_bytearray``, or here a poisoned
+    one that shows any byte the socket did not write): whatever the reads'
+    sizes, every frame handed out is, at that moment, byte-equal to the
+    frame sent."""
+    frames, stream, read_ends = case
+    allocate = _poisoned_bytearray if poisoned else allocator.uninitialised_bytearray
+    with mock.patch("protocol.framing.uninitialised_bytearray", allocate):
+        buffer = FrameBuffer(1000, large_frame_bytes=16)
+        handed_out, position, step = [], 0, 0
+        for read_end in read_ends:
+            while position < read_end:  # one read may take several of the socket's pieces' worth when the target is short
+                target = buffer.receive_buffer()
+                size = min(len(target), read_end - position)
+                target[:size] = stream[position : position + size]
+                position += size
+                buffer.received(size)
+                step += 1
+                if step % cut_every == 0 or position == len(stream):
+                    while (frame := buffer.next_frame()) is not None:
+                        assert bytes(frame) == frames[len(handed_out)], f"frame {len(handed_out)} handed out before all of it came"
+                        handed_out.append(bytes(frame))
+    assert handed_out == frames
+
+
+@settings(max_examples=200, deadline=None)
+@given(case=_streams_and_cuts(), cut_at=st.floats(0, 1, exclude_max=True), poisoned=st.booleans())
+def test_a_connection_cut_in_the_middle_of_a_frame_hands_that_frame_out_never(case, cut_at, poisoned):
+    """The peer stops (closes, or the connection breaks) anywhere: the
+    frames handed out are exactly those whole before the cut, and what is
+    left (``take_buffered``, as the fault proxy and a closing broker take
+    it) is the bytes that came and nothing the socket did not write."""
+    frames, stream, read_ends = case
+    cut = int(cut_at * len(stream))
+    allocate = _poisoned_bytearray if poisoned else allocator.uninitialised_bytearray
+    with mock.patch("protocol.framing.uninitialised_bytearray", allocate):
+        buffer = FrameBuffer(1000, large_frame_bytes=16)
+        position = 0
+        for read_end in [end for end in read_ends if end < cut] + [cut]:
+            while position < read_end:
+                target = buffer.receive_buffer()
+                size = min(len(target), read_end - position)
+                target[:size] = stream[position : position + size]
+                position += size
+                buffer.received(size)
+        handed_out = []
+        while (frame := buffer.next_frame()) is not None:
+            handed_out.append(bytes(frame))
+    whole, end = [], 0
+    for frame in frames:
+        if end + 4 + len(frame) > cut:
+            break
+        whole.append(frame)
+        end += 4 + len(frame)
+    assert handed_out == whole
+    assert buffer.buffered == cut - end
+    assert buffer.take_buffered() == stream[end:cut]
 
 
 def test_a_client_receives_a_fetch_answer_of_many_mib_whole():
