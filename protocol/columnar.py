@@ -433,14 +433,21 @@ def _decode_columns(buf, kept: list[_KeptBatch], start_offset: int, limit: int) 
     bytes_view = np.frombuffer(buf, dtype=np.uint8)
 
     record_start, guessed = _record_starts(buf, bytes_view, kept)
-    length, body, too_wide = _read_varints(bytes_view, record_start)
-    record_end = body + length
-    if guessed.any():
-        refuted = _refuted(record_start, record_end, kept, guessed)
-        if refuted:
-            record_start, guessed = _record_starts(buf, bytes_view, kept, refuted)
-            length, body, too_wide = _read_varints(bytes_view, record_start)
-            record_end = body + length
+    try:
+        length, body, too_wide = _read_varints(bytes_view, record_start)
+        record_end = body + length
+        refuted = _refuted(record_start, record_end, kept, guessed) if guessed.any() else frozenset()
+    except (_Damaged, IndexError):
+        if not guessed.any():
+            raise _Damaged from None
+        # A wrong guess can put a start inside a value, where the bytes
+        # need not be a varint at all (a run of bytes >= 0x80 is "longer
+        # than 10 bytes"): scan every guessed batch instead.
+        refuted = frozenset(np.flatnonzero(guessed).tolist())
+    if refuted:
+        record_start, guessed = _record_starts(buf, bytes_view, kept, refuted)
+        length, body, too_wide = _read_varints(bytes_view, record_start)
+        record_end = body + length
     _check((length < 1) | (record_end > limit))  # at least the attributes byte
     if too_wide is not None:
         _check(too_wide)

@@ -607,3 +607,18 @@ def test_damaged_compressed_data_and_an_unknown_codec_are_reported_as_by_the_rec
         with pytest.raises(CorruptRecordError) as raised:
             decode_fetched(damaged)
         assert str(raised.value) == str(expected.value)
+
+
+def test_a_batch_whose_sizes_fool_the_guess_and_whose_values_are_not_varints_decodes():
+    """The decoder guesses record starts from the first record's size when a
+    batch's total size agrees with it; here it agrees by chance (one value
+    of 54 bytes, then as many of 52 as of 56), and the wrong guesses land
+    inside values of bytes >= 0x80, which read as a varint longer than 10
+    bytes: the batch is scanned instead, not refused as damaged (found by
+    hypothesis)."""
+    record_list = [(None, bytes([0]) * 54, [], 0)]
+    record_list += [(None, bytes([i]) * 52, [], 0) for i in range(1, 67)]
+    record_list += [(None, bytes([i]) * 56, [], 0) for i in range(67, 133)]
+    fetched = decode_fetched(encode_batch(record_list))
+    assert fetched.columns.column("value").to_pylist() == [value for _key, value, _headers, _ts in record_list]
+    assert fetched.columns.column("offset").to_pylist() == list(range(133))
