@@ -34,6 +34,11 @@ or entry boundary): what a machine crash may leave, where a SIGKILL alone
 leaves the page cache whole. Snapshots and checkpoints stay as written, and
 a lost directory entry (a new file or directory vanishing whole) is not
 modelled.
+A segment's length counts its data only (``written_length``): the active
+segment may run on with zeros written ahead of it (``storage.segment``),
+which the journal does not count as written and a cut may leave in place
+of a lost write; ``cut_zeros_ahead`` trims a stopped broker's segment to
+its data before a test appends torn bytes by hand.
 ``lose_unsynced(journal, paths)`` is the cut's worst case for the files
 named (every byte no fsync covered is gone) and keeps the others whole: the
 power cut a test needs to reach one exact state (a transactional batch kept,
