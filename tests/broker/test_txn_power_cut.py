@@ -172,10 +172,7 @@ def test_an_answered_produce_or_offset_commit_whose_add_record_a_power_cut_lost_
 
     answer = wait_for(lambda: _settled(end_answer(broker.port, pid, epoch, commit=True, version=version)), 10, "the EndTxn's answer")
     assert answer["error_code"] == ErrorCode.UNKNOWN_PRODUCER_ID, answer
-    pid, epoch = abort_and_bump(broker.port, pid, epoch, version)
-    add_partition(broker.port, pid, epoch, version)
-    assert produce(broker.port, pid, epoch, 0, b"next", acks=-1, version=version) == ErrorCode.NONE
-    assert end(broker.port, pid, epoch, commit=True, version=version) == ErrorCode.NONE
+    commit_next(broker.port, *abort_and_bump(broker.port, pid, epoch, version), version)
     assert read_values(broker.bootstrap, TOPIC, partitions=1, expect=1) == [b"next"]
     assert committed_offset(broker.port) == -1
 
@@ -257,6 +254,13 @@ def abort_and_bump(port: int, pid: int, epoch: int, version: int) -> tuple[int, 
     return bumped["producer_id"], bumped["producer_epoch"]
 
 
+def commit_next(port: int, pid: int, epoch: int, version: int) -> None:
+    """The producer's next transaction: one record, b"next", committed."""
+    add_partition(port, pid, epoch, version)
+    assert produce(port, pid, epoch, 0, b"next", acks=-1, version=version) == ErrorCode.NONE
+    assert end(port, pid, epoch, commit=True, version=version) == ErrorCode.NONE
+
+
 # An id whose __transaction_state partition is TRANSACTIONAL_ID's
 # (``coordinator.txn_log.partition_for``): its InitProducerId's round makes
 # every record appended to that log so far durable.
@@ -326,10 +330,7 @@ def test_a_durable_batch_whose_add_record_a_cut_took_back_ends_its_producers_tra
     assert answer["error_code"] == ErrorCode.UNKNOWN_PRODUCER_ID, answer
     stable, log_end = ends(broker.port)
     assert stable == log_end, "ended with markers before the broker served"
-    pid, epoch = abort_and_bump(broker.port, pid, epoch, version)
-    add_partition(broker.port, pid, epoch, version)
-    assert produce(broker.port, pid, epoch, 0, b"next", acks=-1, version=version) == ErrorCode.NONE
-    assert end(broker.port, pid, epoch, commit=True, version=version) == ErrorCode.NONE
+    commit_next(broker.port, *abort_and_bump(broker.port, pid, epoch, version), version)
     assert sorted(read_values(broker.bootstrap, TOPIC, partitions=2, expect=2)) == [b"first", b"next"]
     assert committed_offset(broker.port) == -1, "the lost transaction's offsets never commit"
 
@@ -476,17 +477,7 @@ def test_a_transaction_open_at_a_power_cut_is_aborted_at_start_never_committed_w
     assert answer["error_code"] == ErrorCode.UNKNOWN_PRODUCER_ID, answer
     stable, log_end = ends(broker.port)
     assert stable == log_end, "aborted with a marker before the broker served"
-    aborted = end_answer(broker.port, pid, epoch, commit=False, version=version)
-    assert aborted["error_code"] == ErrorCode.NONE, aborted
-    if version == 1:  # the client bumps its epoch (KIP-360), as librdkafka and our producer do
-        bumped = raw_request(broker.port, ApiKey.INIT_PRODUCER_ID, 4, {"transactional_id": TRANSACTIONAL_ID, "transaction_timeout_ms": 60_000, "producer_id": pid, "producer_epoch": epoch})
-        assert bumped["error_code"] == ErrorCode.NONE, bumped
-        pid, epoch = bumped["producer_id"], bumped["producer_epoch"]
-    else:
-        pid, epoch = aborted["producer_id"], aborted["producer_epoch"]
-    add_partition(broker.port, pid, epoch, version)
-    assert produce(broker.port, pid, epoch, 0, b"next", acks=-1, version=version) == ErrorCode.NONE
-    assert end(broker.port, pid, epoch, commit=True, version=version) == ErrorCode.NONE
+    commit_next(broker.port, *abort_and_bump(broker.port, pid, epoch, version), version)
     assert read_values(broker.bootstrap, TOPIC, isolation="read_committed", partitions=1, expect=2) == [b"plain", b"next"]
 
 
@@ -999,17 +990,7 @@ def test_a_decided_commit_whose_data_a_cut_took_back_is_aborted_at_start(broker_
         assert read_values(broker.bootstrap, TOPIC, isolation="read_committed", partitions=1, expect=1) == [b"taken back"]
         return
     assert retried["error_code"] == ErrorCode.UNKNOWN_PRODUCER_ID, retried
-    aborted = end_answer(broker.port, pid, epoch, commit=False, version=version)
-    assert aborted["error_code"] == ErrorCode.NONE, aborted
-    if version == 1:
-        bumped = raw_request(broker.port, ApiKey.INIT_PRODUCER_ID, 4, {"transactional_id": TRANSACTIONAL_ID, "transaction_timeout_ms": 60_000, "producer_id": pid, "producer_epoch": epoch})
-        assert bumped["error_code"] == ErrorCode.NONE, bumped
-        pid, epoch = bumped["producer_id"], bumped["producer_epoch"]
-    else:
-        pid, epoch = aborted["producer_id"], aborted["producer_epoch"]
-    add_partition(broker.port, pid, epoch, version)
-    assert produce(broker.port, pid, epoch, 0, b"next", acks=-1, version=version) == ErrorCode.NONE
-    assert end(broker.port, pid, epoch, commit=True, version=version) == ErrorCode.NONE
+    commit_next(broker.port, *abort_and_bump(broker.port, pid, epoch, version), version)
     assert read_values(broker.bootstrap, TOPIC, isolation="read_committed", partitions=1, expect=1) == [b"next"]
 
 
@@ -1051,17 +1032,7 @@ def test_a_decision_written_with_durability_at_the_end_is_checked_by_a_start_wit
     stable, log_end = ends(broker.port)
     assert stable == log_end, "aborted with a marker before the broker served"
     assert read_values(broker.bootstrap, TOPIC, isolation="read_committed", partitions=1, expect=1) == [b"plain"]
-    aborted = end_answer(broker.port, pid, epoch, commit=False, version=version)
-    assert aborted["error_code"] == ErrorCode.NONE, aborted
-    if version == 1:
-        bumped = raw_request(broker.port, ApiKey.INIT_PRODUCER_ID, 4, {"transactional_id": TRANSACTIONAL_ID, "transaction_timeout_ms": 60_000, "producer_id": pid, "producer_epoch": epoch})
-        assert bumped["error_code"] == ErrorCode.NONE, bumped
-        pid, epoch = bumped["producer_id"], bumped["producer_epoch"]
-    else:
-        pid, epoch = aborted["producer_id"], aborted["producer_epoch"]
-    add_partition(broker.port, pid, epoch, version)
-    assert produce(broker.port, pid, epoch, 0, b"next", acks=-1, version=version) == ErrorCode.NONE
-    assert end(broker.port, pid, epoch, commit=True, version=version) == ErrorCode.NONE
+    commit_next(broker.port, *abort_and_bump(broker.port, pid, epoch, version), version)
     assert read_values(broker.bootstrap, TOPIC, isolation="read_committed", partitions=1, expect=2) == [b"plain", b"next"]
 
 

@@ -549,6 +549,16 @@ def test_a_complete_asks_for_no_round_of_its_own_and_a_cut_before_the_next_one_i
     run(scenario())
 
 
+async def commit_on_two_partitions(coordinator, log_ends: dict):
+    """"tx" commits on P0 and P1, whose logs end at ``log_ends``: (its
+    producer id, the PrepareCommit written)."""
+    coordinator.markers.log_ends = log_ends
+    pid = (await coordinator.init_producer_id("tx", 60_000)).producer_id
+    assert await coordinator.add_partitions("tx", pid, 0, [P0, P1]) == ErrorCode.NONE
+    assert await coordinator.end_transaction("tx", pid, 0, True) == ErrorCode.NONE
+    return pid, next(m for m in coordinator.txn_log.records if m.state == TxnState.PREPARE_COMMIT)
+
+
 def _reloaded(coordinator, upto_state):
     """A new coordinator on the same I/O fakes, loaded with the records up
     to the first of ``upto_state`` (what a crash right after it leaves)."""
@@ -567,12 +577,7 @@ def test_a_decision_at_the_end_names_its_data_and_commits_only_what_recovery_fin
     and the producer's retried commit is told UNKNOWN_PRODUCER_ID."""
     async def scenario(short: bool):
         coordinator, _ = make_txn_coordinator(durable_at_end=True)
-        coordinator.markers.log_ends = {P0: 5, P1: 9}
-        init = await coordinator.init_producer_id("tx", 60_000)
-        pid = init.producer_id
-        assert await coordinator.add_partitions("tx", pid, 0, [P0, P1]) == ErrorCode.NONE
-        assert await coordinator.end_transaction("tx", pid, 0, True) == ErrorCode.NONE
-        decision = next(m for m in coordinator.txn_log.records if m.state == TxnState.PREPARE_COMMIT)
+        pid, decision = await commit_on_two_partitions(coordinator, {P0: 5, P1: 9})
         assert decision.data_ends == (("t", 0, 5), ("t", 1, 9))
         assert decode_value("tx", encode_value(decision)).data_ends == decision.data_ends
         await coordinator.wait_idle()
@@ -609,12 +614,8 @@ def test_a_decided_commit_is_completed_at_start_only_with_its_data_whole_whateve
     end aborts the commit (never answered); whole, it completes."""
     async def scenario(short: bool):
         coordinator, _ = make_txn_coordinator(durable_at_end=written_at_end)
-        coordinator.markers.log_ends = {P0: 5, P1: 9}
-        pid = (await coordinator.init_producer_id("tx", 60_000)).producer_id
-        assert await coordinator.add_partitions("tx", pid, 0, [P0, P1]) == ErrorCode.NONE
-        assert await coordinator.end_transaction("tx", pid, 0, True) == ErrorCode.NONE
+        pid, decision = await commit_on_two_partitions(coordinator, {P0: 5, P1: 9})
         await coordinator.wait_idle()
-        decision = next(m for m in coordinator.txn_log.records if m.state == TxnState.PREPARE_COMMIT)
         reloaded = decode_value("tx", encode_value(decision))
         assert (reloaded.data_ends, reloaded.data_ends_are_log_ends) == ((("t", 0, 5), ("t", 1, 9)), False)
 
@@ -861,12 +862,8 @@ def test_a_commit_completed_again_at_start_leaves_a_later_transaction_of_its_pro
     unknown transactions."""
     async def scenario():
         coordinator, _ = make_txn_coordinator()
-        coordinator.markers.log_ends = {P0: 5, P1: 7}
-        pid = (await coordinator.init_producer_id("tx", 60_000)).producer_id
-        assert await coordinator.add_partitions("tx", pid, 0, [P0, P1]) == ErrorCode.NONE
-        assert await coordinator.end_transaction("tx", pid, 0, True) == ErrorCode.NONE
+        pid, decision = await commit_on_two_partitions(coordinator, {P0: 5, P1: 7})
         await coordinator.wait_idle()
-        decision = next(m for m in coordinator.txn_log.records if m.state == TxnState.PREPARE_COMMIT)
         assert decision.data_ends == (("t", 0, 5), ("t", 1, 7))
         restarted = _reloaded(coordinator, TxnState.PREPARE_COMMIT)
         restarted.markers.later_open = {P1}

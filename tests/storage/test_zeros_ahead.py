@@ -26,6 +26,14 @@ def batch(i: int, value_bytes: int = 40) -> bytes:
     return encode_batch([(b"key-%d" % i, b"v" * value_bytes, (), 1_000_000 + i) for _ in range(3)])
 
 
+def five_batches(directory) -> PartitionLog:
+    """A log (``config()``) holding five small batches: offsets 0..14."""
+    partition_log = PartitionLog.open(str(directory), config())
+    for i in range(5):
+        partition_log.append(batch(i))
+    return partition_log
+
+
 def config(**overrides) -> LogConfig:
     values = {"segment_bytes": 1 << 20, "index_interval_bytes": 300, "flush_policy": "group", "segment_zeros_ahead_bytes": WINDOW}
     values.update(overrides)
@@ -48,9 +56,7 @@ def tail_bytes(path: str, start: int) -> bytes:
 
 
 def test_small_appends_keep_zeros_written_ahead_of_the_data(tmp_path):
-    partition_log = PartitionLog.open(str(tmp_path), config())
-    for i in range(5):
-        partition_log.append(batch(i))
+    partition_log = five_batches(tmp_path)
     segment = partition_log.active_segment
     assert file_length(partition_log) >= segment.size + WINDOW // 2
     assert file_length(partition_log) % 4096 == 0
@@ -95,9 +101,7 @@ def test_a_roll_cuts_the_zeros_of_the_segment_it_leaves(tmp_path):
 
 
 def test_a_clean_close_cuts_the_zeros_and_the_log_reopens_without_recovery(tmp_path, caplog):
-    partition_log = PartitionLog.open(str(tmp_path), config())
-    for i in range(5):
-        partition_log.append(batch(i))
+    partition_log = five_batches(tmp_path)
     size = partition_log.active_segment.size
     partition_log.close()
     assert os.path.getsize(partition_log.active_segment.log_path) == size
@@ -108,9 +112,7 @@ def test_a_clean_close_cuts_the_zeros_and_the_log_reopens_without_recovery(tmp_p
 
 
 def test_after_an_unclean_stop_recovery_cuts_the_zeros_without_calling_them_damage(tmp_path):
-    partition_log = PartitionLog.open(str(tmp_path), config())
-    for i in range(5):
-        partition_log.append(batch(i))
+    partition_log = five_batches(tmp_path)
     partition_log.flush()
     path, size = partition_log.active_segment.log_path, partition_log.active_segment.size
     assert os.path.getsize(path) > size
@@ -126,9 +128,7 @@ def test_after_an_unclean_stop_recovery_cuts_the_zeros_without_calling_them_dama
 
 
 def test_a_batch_torn_over_the_zeros_is_damage_and_cut(tmp_path):
-    partition_log = PartitionLog.open(str(tmp_path), config())
-    for i in range(5):
-        partition_log.append(batch(i))
+    partition_log = five_batches(tmp_path)
     partition_log.flush()
     segment = partition_log.active_segment
     last_start = segment.size - len(batch(4))
@@ -146,9 +146,7 @@ def test_a_batch_torn_over_the_zeros_is_damage_and_cut(tmp_path):
 def test_the_offline_damage_tools_tear_the_data_not_the_zeros(tmp_path):
     for tool in (truncate_tail, flip_byte):
         directory = tmp_path / tool.__name__
-        partition_log = PartitionLog.open(str(directory), config())
-        for i in range(5):
-            partition_log.append(batch(i))
+        partition_log = five_batches(directory)
         partition_log.flush()
         last_start = partition_log.active_segment.size - len(batch(4))
         damage = tool(str(directory), random.Random(7))
