@@ -21,10 +21,10 @@ import uuid
 import attrs
 from pyspark.sql.datasource import WriterCommitMessage
 
-from protocol.allocator import keep_freed_buffers
 from streaming.spark.crashpoints import TASK_BEFORE_HANDLE, no_crash
 from streaming.spark.decision import SinkError, SinkTransaction, transactional_id
 from streaming.spark.options import SinkOptions
+from streaming.spark.worker import prepare_worker_process
 from txn.config import ProducerConfig
 from txn.producer import Producer
 
@@ -168,7 +168,7 @@ def _joined(batches, pa):
 def write_task(options: SinkOptions, columns: Columns, batches, task: TaskIdentity, crash_point=no_crash) -> SinkCommitMessage:
     """One Spark task: its rows in one open transaction (exactly_once) or
     sent and acknowledged (at_least_once)."""
-    keep_freed_buffers()  # this Python worker's encoded batches reuse freed memory (protocol.allocator)
+    prepare_worker_process()  # freed batches kept for the next ones; imports out of the collector's walks
     producer = None
     records = 0
     outcomes: list = []  # one delivery future per send_columns call

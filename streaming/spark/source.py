@@ -160,9 +160,9 @@ def read_range(source: SourceOptions, offset_range: OffsetRange, schema: StructT
     Spark here, in order."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    from protocol.allocator import keep_freed_buffers
+    from streaming.spark.worker import prepare_worker_process
 
-    keep_freed_buffers()  # this Python worker's fetched frames reuse freed memory
+    prepare_worker_process()  # freed frames kept for the next fetch; imports out of the collector's walks
     columns = SparkColumns(to_arrow_schema(schema, timezone="UTC"), offset_range.topic_partition, source.include_headers)
     handed: queue.Queue = queue.Queue(maxsize=FETCHES_AHEAD)
     stop = threading.Event()
