@@ -61,6 +61,7 @@ SPARKLESS_MODULES = tuple(
         "test_spark_source_options.py",
         "test_spark_source_plain.py",
         "test_spark_source_tansu.py",
+        "test_spark_worker.py",
     )
 )
 #: Tests outside SPARK_DIR that start a Spark driver process.
