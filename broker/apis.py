@@ -535,7 +535,11 @@ class KafkaApis:
                 answer["last_stable_offset"] = last_stable
                 answer["log_start_offset"] = partition_log.log_start_offset
                 fetch_offset = request_partition.get("fetch_offset", 0)
-                if fetch_offset < partition_log.log_start_offset or fetch_offset > high_watermark:
+                # Out of range only outside the log: between the high watermark
+                # and the log end (appended, not yet durable: an acks=0/1
+                # producer already knows those offsets) the answer is empty, as
+                # Kafka's is, and data comes once the high watermark passes it.
+                if fetch_offset < partition_log.log_start_offset or fetch_offset > partition_log.log_end_offset:
                     answer["error_code"] = ErrorCode.OFFSET_OUT_OF_RANGE
                     partitions.append(answer)
                     continue
