@@ -187,6 +187,17 @@ def raw_request(port: int, api_key: int, version: int, body: dict) -> dict:
                 return response.body
 
 
+def raw_fetch(port: int, topic: str, offsets: list[int], *, max_wait_ms: int = 0, min_bytes: int = 1, max_bytes: int = 8 << 20, partition_max_bytes: int = 1 << 20) -> dict:
+    """One Fetch v11 (read_uncommitted, no session) of ``topic``'s partitions
+    0.. at ``offsets``; the decoded answer."""
+    from protocol.messages import ApiKey
+
+    partitions = [{"partition": index, "current_leader_epoch": -1, "fetch_offset": offset, "log_start_offset": -1, "partition_max_bytes": partition_max_bytes}
+                  for index, offset in enumerate(offsets)]
+    return raw_request(port, ApiKey.FETCH, 11, {"replica_id": -1, "max_wait_ms": max_wait_ms, "min_bytes": min_bytes, "max_bytes": max_bytes, "isolation_level": 0,
+                                                "session_id": 0, "session_epoch": -1, "topics": [{"topic": topic, "partitions": partitions}], "forgotten_topics_data": [], "rack_id": ""})
+
+
 def free_port() -> int:
     """A TCP port nobody listens on right now (bind to it soon: another process may take it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:

@@ -17,7 +17,7 @@ import pytest
 from protocol.errors import ErrorCode
 from protocol.messages import ApiKey
 from protocol.records import encode_batch
-from tests.helpers import raw_request, recreate_topics
+from tests.helpers import raw_fetch, raw_request, recreate_topics
 
 TOPIC = "fetch-past-high-watermark"
 HELD_MS = 4_000  # the log's next fsync round waits this long after its last
@@ -30,10 +30,7 @@ def _produce(port: int, topic: str, value: bytes, acks: int) -> dict:
 
 
 def _fetch(port: int, topic: str, offset: int, max_wait_ms: int = 0) -> dict:
-    partitions = [{"partition": 0, "current_leader_epoch": -1, "fetch_offset": offset, "log_start_offset": -1, "partition_max_bytes": 1 << 20}]
-    answer = raw_request(port, ApiKey.FETCH, 11, {"replica_id": -1, "max_wait_ms": max_wait_ms, "min_bytes": 1, "max_bytes": 1 << 20, "isolation_level": 0, "session_id": 0,
-                                                   "session_epoch": -1, "topics": [{"topic": topic, "partitions": partitions}], "forgotten_topics_data": [], "rack_id": ""})
-    return answer["responses"][0]["partitions"][0]
+    return raw_fetch(port, topic, [offset], max_wait_ms=max_wait_ms, max_bytes=1 << 20)["responses"][0]["partitions"][0]
 
 
 def _held_back_topic(broker, name: str) -> None:

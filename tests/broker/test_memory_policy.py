@@ -13,7 +13,7 @@ import pytest
 
 from protocol.messages import ApiKey
 from protocol.records import encode_batch
-from tests.helpers import create_topic, raw_request
+from tests.helpers import create_topic, raw_fetch, raw_request
 
 pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the policy is glibc's mallopt")
 
@@ -36,9 +36,7 @@ def produce(port: int, value: bytes, counts: list[int]) -> None:
 
 
 def fetch_all(port: int, offsets: list[int]) -> None:
-    partitions = [{"partition": index, "current_leader_epoch": -1, "fetch_offset": offset, "log_start_offset": -1, "partition_max_bytes": 1 << 20} for index, offset in enumerate(offsets)]
-    answer = raw_request(port, ApiKey.FETCH, 11, {"replica_id": -1, "max_wait_ms": 0, "min_bytes": 1, "max_bytes": 8 << 20, "isolation_level": 0, "session_id": 0, "session_epoch": -1,
-                                                  "topics": [{"topic": TOPIC, "partitions": partitions}], "forgotten_topics_data": [], "rack_id": ""})
+    answer = raw_fetch(port, TOPIC, offsets)
     assert all(p["error_code"] == 0 for p in answer["responses"][0]["partitions"]), answer
 
 

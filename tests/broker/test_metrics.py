@@ -21,7 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from broker.broker import EmbeddedBroker
-from tests.helpers import Scrape, create_topic, scrape, wait_for
+from tests.helpers import Scrape, create_topic, raw_fetch, scrape, wait_for
 
 SMALL_INTERNAL = {"offsets.topic.num.partitions": "3", "transaction.state.log.num.partitions": "3"}
 
@@ -372,10 +372,7 @@ def test_error_codes_inside_produce_and_fetch_answers_are_counted(broker):
                "topic_data": [{"name": topic, "partition_data": [{"index": 0, "records": batch}, {"index": 7, "records": batch}]}]}
     answer = raw_request(broker.port, 0, 9, produce)
     assert [p["error_code"] for p in answer["responses"][0]["partition_responses"]] == [0, 3]
-    fetch = {"replica_id": -1, "max_wait_ms": 0, "min_bytes": 0, "max_bytes": 1 << 20, "isolation_level": 0, "session_id": 0, "session_epoch": -1,
-             "topics": [{"topic": topic, "partitions": [{"partition": 0, "current_leader_epoch": -1, "fetch_offset": 99, "log_start_offset": -1, "partition_max_bytes": 1 << 20}]}],
-             "forgotten_topics_data": [], "rack_id": ""}
-    answer = raw_request(broker.port, 1, 11, fetch)
+    answer = raw_fetch(broker.port, topic, [99], min_bytes=0, max_bytes=1 << 20)
     assert answer["responses"][0]["partitions"][0]["error_code"] == 1
     now = scrape(broker)
     assert now.value("onceflow_request_errors_total", api="Produce", error="UNKNOWN_TOPIC_OR_PARTITION") == 1
