@@ -406,6 +406,7 @@ class Broker:
                 pre_authentication_max_frame_size=config.sasl_server_max_receive_size,
                 failed_authentication_delay=config.failed_authentication_delay_ms / 1000.0,
                 sock=self._listening.pop(listener.name, None),
+                arriving=self.fsync_rounds.arriving,
             )
             self.servers[listener.name] = server
             self.ports[listener.name] = await server.listen()

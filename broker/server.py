@@ -74,6 +74,16 @@ from protocol.tasks import ConnectionServer
 
 log = logging.getLogger(__name__)
 
+# The requests whose handling appends to a log and waits for the round that
+# makes it durable: while one of them is read but not yet started, a round
+# about to begin waits for it a turn (``FsyncRounds.arriving``). Others (a
+# Fetch, a heartbeat) hold a round back by no more than the turn their bytes
+# take to be cut.
+APPENDING_APIS = frozenset({
+    ApiKey.PRODUCE, ApiKey.TXN_OFFSET_COMMIT, ApiKey.OFFSET_COMMIT, ApiKey.END_TXN, ApiKey.ADD_PARTITIONS_TO_TXN,
+    ApiKey.ADD_OFFSETS_TO_TXN, ApiKey.INIT_PRODUCER_ID, ApiKey.WRITE_TXN_MARKERS,
+})
+
 # The dispatcher gets the decoded request with the session of the connection it
 # came on and returns the response body (a dict), or None when no response is
 # due (Produce with acks=0).
@@ -240,7 +250,12 @@ class KafkaServer:
         pre_authentication_max_frame_size: int = 524288,
         failed_authentication_delay: float = 0.1,
         sock: socket.socket | None = None,
+        arriving: set | None = None,
     ):
+        # Where a connection with unread request bytes and a request whose
+        # task has not started are kept (the broker's ``FsyncRounds.arriving``:
+        # a round waits a turn or two for them).
+        self._arriving = arriving
         self.listener = listener or Listener(PLAINTEXT, PLAINTEXT, host, port)
         if self.listener.uses_tls and ssl_context is None:
             raise ValueError(f"listener {self.listener} needs a TLS context")
@@ -298,7 +313,7 @@ class KafkaServer:
         framing_ = framing.ServerConnection(
             max_frame_size=max_frame_size, supported_versions=self._supported_versions, in_place_max_bytes=IN_PLACE_FRAME_BYTES
         )
-        return FrameReceiver(framing_, pause_above=READ_AHEAD_BYTES, on_connected=on_connected, server_side=True)
+        return FrameReceiver(framing_, pause_above=READ_AHEAD_BYTES, on_connected=on_connected, server_side=True, arriving=self._arriving)
 
     async def _accept(self, receiver: FrameReceiver, writer: asyncio.StreamWriter) -> None:
         """One connection, counted by the limiter for as long as it is served."""
@@ -439,7 +454,11 @@ class KafkaServer:
                             return
                     await mute.wait()  # a request already read waits out a throttle too
                     await answers.wait_for_room()
-                    answers.add_task(tasks.create_task(self._answer(connection, request, peer, state.session, mute)))
+                    task = tasks.create_task(self._answer(connection, request, peer, state.session, mute))
+                    if self._arriving is not None and request.api_key in APPENDING_APIS:
+                        self._arriving.add(task)  # until it starts (or ends unstarted)
+                        task.add_done_callback(self._arriving.discard)
+                    answers.add_task(task)
             except MalformedFrameError as error:
                 log.warning("closing connection from %s: malformed request: %s", peer, error)
                 # Answer what came before the bad frame, then close.
@@ -488,6 +507,8 @@ class KafkaServer:
         log.info("connection from %s on %s authenticated as %s (%s)", peer, self.listener.name, state.sasl.principal, state.sasl.mechanism)
 
     async def _answer(self, connection, request, peer, session, mute) -> list | None:
+        if self._arriving is not None:
+            self._arriving.discard(asyncio.current_task())
         try:
             body = await self._dispatch(request, session)
         except asyncio.CancelledError:

@@ -55,9 +55,13 @@ class FrameReceiver(asyncio.BufferedProtocol):
         pause_above: int | None = None,
         on_connected: Callable[["FrameReceiver", asyncio.StreamWriter], None] | None = None,
         server_side: bool = False,
+        arriving: set | None = None,
     ):
         super().__init__()
         self.framing = framing
+        # A set this receiver is in while it holds bytes its task has not
+        # looked at yet (a broker's ``FsyncRounds.arriving``).
+        self._arriving = arriving
         self._pause_above = pause_above
         self._on_connected = on_connected
         self._server_side = server_side
@@ -87,6 +91,8 @@ class FrameReceiver(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         self.framing.received(nbytes)
         self._new_bytes = True
+        if self._arriving is not None:
+            self._arriving.add(self)
         if self._pause_above is not None and not self._paused_reading and self.framing.backlog_bytes >= self._pause_above:
             self._paused_reading = True
             self._transport.pause_reading()
@@ -130,6 +136,8 @@ class FrameReceiver(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
+        if self._arriving is not None:
+            self._arriving.discard(self)  # bytes its task will never look at
         if self._writing_paused:
             self._release_drains(exc)
         self._ended = True
@@ -165,4 +173,6 @@ class FrameReceiver(asyncio.BufferedProtocol):
             self._waiter = asyncio.get_running_loop().create_future()
             await self._waiter
         self._new_bytes = False
+        if self._arriving is not None:
+            self._arriving.discard(self)
         return True

@@ -83,6 +83,9 @@ INLINE_FSYNC_FILES = 2
 INLINE_FSYNC_BYTES = 16 * 1024
 # A larger round's files are split among at most this many worker threads.
 WORKER_FSYNCS = 4
+# A round waits at most this many turns of the loop for requests on their way
+# to an append (``FsyncRounds.arriving``).
+SETTLE_TURNS = 3
 
 
 class FlushObserver(Protocol):
@@ -291,6 +294,11 @@ class FsyncRounds:
 
     def __init__(self):
         self.pending: dict[GroupCommitter, None] = {}  # an ordered set: logs asking for a round
+        # Requests on their way to an append, filled by the owner's network
+        # edge (the broker's servers: a connection whose reader has bytes to
+        # look at, a request whose task has not started): a round lets them
+        # join it, for at most SETTLE_TURNS turns of the loop (``_settle``).
+        self.arriving: set = set()
         self.task: asyncio.Task | None = None
         self.asked: asyncio.Event | None = None  # wakes a flusher waiting out an interval
         self.round_over: asyncio.Future | None = None  # done when the running round's fsyncs have returned
@@ -298,6 +306,7 @@ class FsyncRounds:
         self.rounds = 0  # rounds run, and fsyncs made by them (tests, benchmarks)
         self.fsyncs = 0
         self.inline_rounds = 0
+        self.settle_turns = 0  # turns rounds waited for requests on their way
 
     def request(self, committer: GroupCommitter) -> None:
         self.pending[committer] = None
@@ -314,6 +323,7 @@ class FsyncRounds:
         loop = asyncio.get_running_loop()
         try:
             while self.pending:
+                await self._settle()
                 due, wait = self._due(loop.time())
                 if due:
                     await self._round(loop, due)
@@ -327,6 +337,22 @@ class FsyncRounds:
                         self.asked = None
         finally:
             self.task = None
+
+    async def _settle(self) -> None:
+        """Let requests already on their way join the coming round. A client
+        with several requests in flight sends its next one as an answer
+        reaches it, so that request's bytes are often read just after the
+        append that asked for this round, and its append comes a turn or two
+        later (its frame is cut at the next turn, its handler starts at the
+        one after). Started at once, the round would cover one request each
+        time, and the next request would wait for a round of its own; waiting
+        those turns lets both share one fsync. Nothing on its way (a lone
+        client waiting for this very round): no wait at all."""
+        turns = 0
+        while self.arriving and turns < SETTLE_TURNS:
+            await asyncio.sleep(0)
+            turns += 1
+        self.settle_turns += turns
 
     def _due(self, now: float) -> tuple[list[GroupCommitter], float | None]:
         """The logs that join a round now (removed from ``pending``), and how

@@ -17,7 +17,7 @@ import pytest
 from faults.disk import cut_to_durable
 from protocol.records import decode_batch, encode_batch, iter_batches
 from storage.config import LogConfig
-from storage.group_commit import FsyncRounds
+from storage.group_commit import SETTLE_TURNS, FsyncRounds
 from storage.log import LogFailedError, PartitionLog
 from storage.segment import DiskIO
 from tests.storage.worker_fsync import HoldableWorkerFsync
@@ -116,6 +116,67 @@ def test_appends_waiting_on_many_logs_share_one_round(tmp_path):
         assert rounds.task is None
 
     asyncio.run(scenario())
+
+
+def _pipelined(tmp_path, on_its_way: bool) -> FsyncRounds:
+    """A request's append asks for a round while the next request of the same
+    client is on its way (its bytes read, its task not yet at its append):
+    the second request appends two turns of the loop later, to the same log
+    or to another one."""
+    rounds = FsyncRounds()
+    logs = [PartitionLog.open(str(tmp_path / name), group(), io=CountingIO(), fsync_rounds=rounds) for name in ("a", "b")]
+
+    async def scenario():
+        token = object()  # what a broker's server puts there: a connection, a request's task
+        if on_its_way:
+            rounds.arriving.add(token)
+        first = logs[0].append(batch(0))
+
+        async def next_request():
+            await asyncio.sleep(0)  # its frame is cut from the bytes
+            rounds.arriving.discard(token)  # its task starts ...
+            return [partition_log.append(batch(1)) for partition_log in logs]  # ... and appends
+
+        second = await next_request()
+        waits = [logs[0].wait_durable(first.last_offset)] + [partition_log.wait_durable(info.last_offset) for partition_log, info in zip(logs, second)]
+        await asyncio.wait_for(asyncio.gather(*waits), 10)
+        for partition_log in logs:
+            await partition_log.aclose()
+        await rounds.aclose()
+
+    asyncio.run(scenario())
+    return rounds
+
+
+def test_a_round_lets_a_request_on_its_way_join_it(tmp_path):
+    """With a request on its way (``FsyncRounds.arriving`` not empty), the
+    round waits the turns its append takes and covers both requests; with
+    nothing on its way it starts at once and the second request waits for a
+    round of its own (what a client with requests in flight met before: one
+    fsync per request)."""
+    joined = _pipelined(tmp_path / "joined", on_its_way=True)
+    assert joined.rounds == 1 and 1 <= joined.settle_turns <= SETTLE_TURNS
+    alone = _pipelined(tmp_path / "alone", on_its_way=False)
+    assert alone.rounds == 2 and alone.settle_turns == 0
+
+
+def test_a_round_waits_at_most_settle_turns_for_what_never_comes(tmp_path):
+    """Something that stays on its way (a connection whose reader is muted by
+    a quota, a request task never started) holds a round back by at most
+    ``SETTLE_TURNS`` turns of the loop, each time."""
+    rounds = FsyncRounds()
+    partition_log = PartitionLog.open(str(tmp_path / "data"), group(), io=CountingIO(), fsync_rounds=rounds)
+    rounds.arriving.add(object())
+
+    async def scenario():
+        for i in range(3):
+            appended = partition_log.append(batch(i))
+            await asyncio.wait_for(partition_log.wait_durable(appended.last_offset), 10)
+        await partition_log.aclose()
+        await rounds.aclose()
+
+    asyncio.run(scenario())
+    assert rounds.rounds == 3 and rounds.settle_turns == 3 * SETTLE_TURNS
 
 
 def test_a_failed_fsync_fails_only_its_own_log(tmp_path):
