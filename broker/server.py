@@ -29,6 +29,12 @@ A response with ``throttle_time_ms`` > 0 (a client over its quota,
 does (KIP-219): no further request of it is read or started until then,
 whether or not the client honours the field.
 
+A connection whose bytes its reader has not yet looked at, and a request
+that appends (``APPENDING_APIS``) whose task has not started, are on their way
+to an append: the server keeps them in the broker's ``FsyncRounds.arriving``
+for that long, and a round about to start waits a turn or two for them
+(``storage.group_commit``).
+
 Each connection's ``Session`` carries ``close_connection``: what lets the
 broker drop one connection on purpose, as a network failure would (the
 offset-commit watch, ``broker.offset_commit_watch``, wakes a stuck client so).

@@ -27,7 +27,18 @@ round (and the kernel commits the files' journal entries together). Sending
 small rounds to a worker too while fsyncs were slow (a moving average above
 0.3 ms) was tried: on the loaded shared machine it doubled the 4 KiB-batch
 producer and one-record transactions in one A/B and cut a lone copier's
-transactions to a third in another, so the rule stays this simple one. Every state change (high watermark,
+transactions to a third in another, so the rule stays this simple one.
+
+Before a round starts, the flusher lets requests already on their way join
+it (``FsyncRounds.arriving``, filled by the owner's network edge: a
+connection whose reader has bytes to look at, an appending request whose
+task has not started), for at most ``SETTLE_TURNS`` turns of the loop. A
+client with requests in flight sends the next as an answer reaches it, so
+that request's bytes come in just after the append that asked for the round;
+started at once, every round covered one request (a librdkafka idempotent
+producer with 4 KiB batches: 16,646 rounds for 16,667 requests), and with
+the wait two requests share one. With nothing on its way (a lone client
+waiting for this very round) a round starts at once. Every state change (high watermark,
 waiters, checkpoint) stays on the loop. Without a running loop appends
 fsync synchronously. A log opened on its own gets rounds of its own.
 
@@ -347,7 +358,12 @@ class FsyncRounds:
         one after). Started at once, the round would cover one request each
         time, and the next request would wait for a round of its own; waiting
         those turns lets both share one fsync. Nothing on its way (a lone
-        client waiting for this very round): no wait at all."""
+        client waiting for this very round): no wait at all. Only before a
+        round small enough to run on the loop, which holds every request
+        behind it while it fsyncs: a larger one runs on worker threads while
+        the loop goes on appending what comes, for the round after."""
+        if len(self.pending) > INLINE_FSYNC_FILES:
+            return  # a round for worker threads: the loop appends what comes meanwhile, for the next one
         turns = 0
         while self.arriving and turns < SETTLE_TURNS:
             await asyncio.sleep(0)
