@@ -460,11 +460,7 @@ class KafkaServer:
                             return
                     await mute.wait()  # a request already read waits out a throttle too
                     await answers.wait_for_room()
-                    task = tasks.create_task(self._answer(connection, request, peer, state.session, mute))
-                    if self._arriving is not None and request.api_key in APPENDING_APIS:
-                        self._arriving.add(task)  # until it starts (or ends unstarted)
-                        task.add_done_callback(self._arriving.discard)
-                    answers.add_task(task)
+                    answers.add_task(self._on_its_way(tasks.create_task(self._answer(connection, request, peer, state.session, mute)), request.api_key))
             except MalformedFrameError as error:
                 log.warning("closing connection from %s: malformed request: %s", peer, error)
                 # Answer what came before the bad frame, then close.
@@ -511,6 +507,16 @@ class KafkaServer:
         connection.max_frame_size = self._max_frame_size
         state.authenticated.set()
         log.info("connection from %s on %s authenticated as %s (%s)", peer, self.listener.name, state.sasl.principal, state.sasl.mechanism)
+
+    def _on_its_way(self, task: asyncio.Task, api_key: int) -> asyncio.Task:
+        """A request that appends is on its way until its task starts (or
+        ends unstarted). (No name in the reader's loop keeps the task, and
+        with it the request's frame, alive after it is answered: that held a
+        MiB-sized frame per connection, and new memory for the next one.)"""
+        if self._arriving is not None and api_key in APPENDING_APIS:
+            self._arriving.add(task)
+            task.add_done_callback(self._arriving.discard)
+        return task
 
     async def _answer(self, connection, request, peer, session, mute) -> list | None:
         if self._arriving is not None:

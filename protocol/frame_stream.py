@@ -33,6 +33,9 @@ class ReceivingFraming(Protocol):
     @property
     def backlog_bytes(self) -> int: ...
 
+    @property
+    def has_whole_frame(self) -> bool: ...
+
 
 class FrameReceiver(asyncio.BufferedProtocol):
     """One connection's protocol (see the module's doc).
@@ -59,9 +62,9 @@ class FrameReceiver(asyncio.BufferedProtocol):
     ):
         super().__init__()
         self.framing = framing
-        # A set this receiver is in from bytes that came while its task was
-        # waiting for them until the task has looked at them (a broker's
-        # ``FsyncRounds.arriving``).
+        # A set this receiver is in from a whole frame that came while its
+        # task was waiting for bytes until the task has looked at them (a
+        # broker's ``FsyncRounds.arriving``).
         self._arriving = arriving
         self._pause_above = pause_above
         self._on_connected = on_connected
@@ -92,10 +95,10 @@ class FrameReceiver(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         self.framing.received(nbytes)
         self._new_bytes = True
-        if self._arriving is not None and self._waiter is not None and not self._waiter.done():
-            # Its task waits for bytes and cuts them at the next turn; one
-            # held elsewhere (a quota's mute, the in-flight limit) is not on
-            # its way to anything soon.
+        if self._arriving is not None and self._waiter is not None and not self._waiter.done() and self.framing.has_whole_frame:
+            # A whole request, and its task waiting for it: taken at the
+            # next turn. Part of a frame, or a task held elsewhere (a quota's
+            # mute, the in-flight limit), is on its way to nothing soon.
             self._arriving.add(self)
         if self._pause_above is not None and not self._paused_reading and self.framing.backlog_bytes >= self._pause_above:
             self._paused_reading = True

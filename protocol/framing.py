@@ -260,6 +260,11 @@ class FrameBuffer:
         return self._ready_bytes + len(self._buffer) - self._start
 
     @property
+    def has_whole_frame(self) -> bool:
+        """A frame received in place is whole and waits to be taken."""
+        return bool(self._ready)
+
+    @property
     def buffered(self) -> int:
         ready = 4 * len(self._ready) + self._ready_bytes
         large = 4 + len(self._large) if self._large is not None else 0
@@ -328,6 +333,10 @@ class _ReceivesFrames:
     @property
     def backlog_bytes(self) -> int:
         return self._frames.backlog
+
+    @property
+    def has_whole_frame(self) -> bool:
+        return self._frames.has_whole_frame
 
 
 class ServerConnection(_ReceivesFrames):

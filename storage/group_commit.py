@@ -362,7 +362,7 @@ class FsyncRounds:
         round small enough to run on the loop, which holds every request
         behind it while it fsyncs: a larger one runs on worker threads while
         the loop goes on appending what comes, for the round after."""
-        if len(self.pending) > INLINE_FSYNC_FILES:
+        if len(self.pending) > INLINE_FSYNC_FILES or sum(committer.unflushed_bytes for committer in self.pending) > INLINE_FSYNC_BYTES:
             return  # a round for worker threads: the loop appends what comes meanwhile, for the next one
         turns = 0
         while self.arriving and turns < SETTLE_TURNS:
