@@ -29,8 +29,9 @@ A response with ``throttle_time_ms`` > 0 (a client over its quota,
 does (KIP-219): no further request of it is read or started until then,
 whether or not the client honours the field.
 
-A connection whose bytes its reader has not yet looked at, and a request
-that appends (``APPENDING_APIS``) whose task has not started, are on their way
+A connection whose reader was waiting when a whole request came (until the
+reader takes it), and a request that appends (``APPENDING_APIS``) whose task
+has not started, are on their way
 to an append: the server keeps them in the broker's ``FsyncRounds.arriving``
 for that long, and a round about to start waits a turn or two for them
 (``storage.group_commit``).

@@ -31,8 +31,10 @@ transactions to a third in another, so the rule stays this simple one.
 
 Before a round starts, the flusher lets requests already on their way join
 it (``FsyncRounds.arriving``, filled by the owner's network edge: a
-connection whose reader has bytes to look at, an appending request whose
-task has not started), for at most ``SETTLE_TURNS`` turns of the loop. A
+connection whose reader was waiting when a whole request came, until it has
+taken it; an appending request whose task has not started), for at most
+``SETTLE_TURNS`` turns of the loop, and only before a round small enough to
+fsync on the loop (a larger one runs on workers while the loop appends). A
 client with requests in flight sends the next as an answer reaches it, so
 that request's bytes come in just after the append that asked for the round;
 started at once, every round covered one request (a librdkafka idempotent
@@ -306,8 +308,8 @@ class FsyncRounds:
     def __init__(self):
         self.pending: dict[GroupCommitter, None] = {}  # an ordered set: logs asking for a round
         # Requests on their way to an append, filled by the owner's network
-        # edge (the broker's servers: a connection whose reader has bytes to
-        # look at, a request whose task has not started): a round lets them
+        # edge (the broker's servers: a connection with a whole request its
+        # reader has yet to take, a request whose task has not started): a round lets them
         # join it, for at most SETTLE_TURNS turns of the loop (``_settle``).
         self.arriving: set = set()
         self.task: asyncio.Task | None = None
