@@ -40,7 +40,7 @@ that request's bytes come in just after the append that asked for the round;
 started at once, every round covered one request (a librdkafka idempotent
 producer with 4 KiB batches: 16,646 rounds for 16,667 requests), and with
 the wait two requests share one. With nothing on its way (a lone client
-waiting for this very round) a round starts at once. Every state change (high watermark,
+waiting for this very round) a round starts after one turn (``_settle``). Every state change (high watermark,
 waiters, checkpoint) stays on the loop. Without a running loop appends
 fsync synchronously. A log opened on its own gets rounds of its own.
 
@@ -98,7 +98,7 @@ INLINE_FSYNC_BYTES = 16 * 1024
 WORKER_FSYNCS = 4
 # A round waits at most this many turns of the loop for requests on their way
 # to an append (``FsyncRounds.arriving``).
-SETTLE_TURNS = 3
+SETTLE_TURNS = 4
 
 
 class FlushObserver(Protocol):
@@ -319,7 +319,7 @@ class FsyncRounds:
         self.rounds = 0  # rounds run, and fsyncs made by them (tests, benchmarks)
         self.fsyncs = 0
         self.inline_rounds = 0
-        self.settle_turns = 0  # turns rounds waited for requests on their way
+        self.settle_turns = 0  # turns rounds waited for requests on their way (beyond the first)
 
     def request(self, committer: GroupCommitter) -> None:
         self.pending[committer] = None
@@ -360,17 +360,22 @@ class FsyncRounds:
         one after). Started at once, the round would cover one request each
         time, and the next request would wait for a round of its own; waiting
         those turns lets both share one fsync. Nothing on its way (a lone
-        client waiting for this very round): no wait at all. Only before a
+        client waiting for this very round): one turn and no more. Only before a
         round small enough to run on the loop, which holds every request
         behind it while it fsyncs: a larger one runs on worker threads while
         the loop goes on appending what comes, for the round after."""
         if len(self.pending) > INLINE_FSYNC_FILES or sum(committer.unflushed_bytes for committer in self.pending) > INLINE_FSYNC_BYTES:
             return  # a round for worker threads: the loop appends what comes meanwhile, for the next one
-        turns = 0
+        # One turn first whatever the set holds: asyncio's own loop runs the
+        # I/O callbacks of a poll after what was already queued (this step),
+        # so a request its last poll read is not in the set yet (uvloop reads
+        # before it runs the queue: the turn costs a few microseconds there).
+        await asyncio.sleep(0)
+        turns = 1
         while self.arriving and turns < SETTLE_TURNS:
             await asyncio.sleep(0)
             turns += 1
-        self.settle_turns += turns
+        self.settle_turns += turns - 1
 
     def _due(self, now: float) -> tuple[list[GroupCommitter], float | None]:
         """The logs that join a round now (removed from ``pending``), and how
