@@ -31,10 +31,9 @@ whether or not the client honours the field.
 
 A connection whose reader was waiting when a whole request came (until the
 reader takes it), and a request that appends (``APPENDING_APIS``) whose task
-has not started, are on their way
-to an append: the server keeps them in the broker's ``FsyncRounds.arriving``
-for that long, and a round about to start waits a turn or two for them
-(``storage.group_commit``).
+has not started, are on their way to an append: the server keeps them in the
+broker's ``FsyncRounds.arriving`` for that long, and a round about to start
+waits a turn or two for them (``storage.group_commit``).
 
 Each connection's ``Session`` carries ``close_connection``: what lets the
 broker drop one connection on purpose, as a network failure would (the
@@ -259,9 +258,9 @@ class KafkaServer:
         sock: socket.socket | None = None,
         arriving: set | None = None,
     ):
-        # Where a connection with unread request bytes and a request whose
-        # task has not started are kept (the broker's ``FsyncRounds.arriving``:
-        # a round waits a turn or two for them).
+        # Where a connection with a whole request its reader has yet to take
+        # and an appending request whose task has not started are kept (the
+        # broker's ``FsyncRounds.arriving``: a round waits a turn or two for them).
         self._arriving = arriving
         self.listener = listener or Listener(PLAINTEXT, PLAINTEXT, host, port)
         if self.listener.uses_tls and ssl_context is None:
