@@ -519,8 +519,8 @@ class KafkaServer:
         return task
 
     async def _answer(self, connection, request, peer, session, mute) -> list | None:
-        if self._arriving is not None:
-            self._arriving.discard(asyncio.current_task())
+        if self._arriving is not None and request.api_key in APPENDING_APIS:
+            self._arriving.discard(asyncio.current_task())  # started: no longer on its way
         try:
             body = await self._dispatch(request, session)
         except asyncio.CancelledError:

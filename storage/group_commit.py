@@ -101,6 +101,12 @@ WORKER_FSYNCS = 4
 SETTLE_TURNS = 4
 
 
+def fsyncs_on_the_loop(files: int, nbytes: int) -> bool:
+    """Whether a round of ``files`` files and ``nbytes`` bytes is fsynced
+    right on the loop (else on worker threads)."""
+    return files <= INLINE_FSYNC_FILES and nbytes <= INLINE_FSYNC_BYTES
+
+
 class FlushObserver(Protocol):
     """Told after every fsync round that succeeded (a seam the composition
     root fills: ``broker.storage_adapter``)."""
@@ -364,7 +370,8 @@ class FsyncRounds:
         round small enough to run on the loop, which holds every request
         behind it while it fsyncs: a larger one runs on worker threads while
         the loop goes on appending what comes, for the round after."""
-        if len(self.pending) > INLINE_FSYNC_FILES or sum(committer.unflushed_bytes for committer in self.pending) > INLINE_FSYNC_BYTES:
+        pending = self.pending
+        if not fsyncs_on_the_loop(sum(len(committer.unflushed) for committer in pending), sum(committer.unflushed_bytes for committer in pending)):
             return  # a round for worker threads: the loop appends what comes meanwhile, for the next one
         # One turn first whatever the set holds: asyncio's own loop runs the
         # I/O callbacks of a poll after what was already queued (this step),
@@ -409,7 +416,7 @@ class FsyncRounds:
         self.fsyncs += len(work)
         began = time.perf_counter()
         try:
-            if len(work) <= INLINE_FSYNC_FILES and total_bytes <= INLINE_FSYNC_BYTES:
+            if fsyncs_on_the_loop(len(work), total_bytes):
                 self.inline_rounds += 1
                 for committer, segment in work:
                     try:
